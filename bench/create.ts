@@ -1,0 +1,93 @@
+/**
+ * bench:create — sandbox creation through the HTTP API, serially and concurrently, next
+ * to raw `runc run -d` of the same rootfs and config measured in the same run.
+ * Prints progress on stderr, writes a CDF chart to bench/out/, ends with one JSON line.
+ */
+import path from 'node:path';
+import { api, startTestCluster } from '../test/support/cluster.ts';
+import { writeCdfChart } from './support/chart.ts';
+import { rawRuncRunFloor, timed } from './support/runc-floor.ts';
+import { progress, summarize } from './support/stats.ts';
+
+const SERIAL = Number(process.env.BENCH_SERIAL ?? 60);
+const CONCURRENT = Number(process.env.BENCH_CONCURRENT ?? 150);
+const CONCURRENCY = Number(process.env.BENCH_CONCURRENCY ?? 8);
+const FLOOR = Number(process.env.BENCH_FLOOR ?? 60);
+
+const cluster = await startTestCluster({ workers: [{ nodeId: 'bench-node', env: { ROLLBOX_NODE_MAX_STARTING: String(CONCURRENCY * 2) } }] });
+try {
+  const token = await cluster.token('bench', ['sandbox:create', 'sandbox:delete', 'sandbox:exec']);
+  const body = { resources: { memoryMiB: 64, cpuMillis: 100 } };
+  const created: string[] = [];
+  const create = async () => {
+    const r = await api(cluster, token, 'POST', '/v1/sandboxes', body);
+    if (r.status !== 201) throw new Error(`create failed: ${r.status} ${JSON.stringify(r.body)}`);
+    created.push(r.body.id);
+  };
+  const releaseAll = async () => {
+    const ids = created.splice(0);
+    for (let i = 0; i < ids.length; i += 16) await Promise.all(ids.slice(i, i + 16).map((id) => api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`)));
+  };
+
+  for (let i = 0; i < 5; i++) await create(); // warm-up: layer mount, JIT, connections
+  const template = created[0]!;
+
+  const serialBar = progress('serial creates', SERIAL);
+  const serial: number[] = [];
+  for (let i = 0; i < SERIAL; i++) {
+    serial.push(await timed(create));
+    serialBar.tick();
+  }
+  serialBar.done();
+
+  const floorBar = progress('raw runc run -d (floor)', FLOOR);
+  const floor = await rawRuncRunFloor({ workerDir: path.join(cluster.rootDir, 'bench-node', 'worker'), templateSandboxId: template, runs: FLOOR, onRun: floorBar.tick });
+  floorBar.done();
+  await releaseAll();
+
+  const concurrentBar = progress(`concurrent creates (x${CONCURRENCY})`, CONCURRENT);
+  const concurrent: number[] = [];
+  let next = 0;
+  const started = performance.now();
+  await Promise.all(
+    Array.from({ length: CONCURRENCY }, async () => {
+      while (next < CONCURRENT) {
+        next++;
+        concurrent.push(await timed(create));
+        concurrentBar.tick();
+      }
+    }),
+  );
+  const wallMs = performance.now() - started;
+  concurrentBar.done();
+  await releaseAll();
+
+  const s = summarize(serial);
+  const f = summarize(floor);
+  const c = summarize(concurrent);
+  const chart = writeCdfChart(path.resolve(import.meta.dirname, 'out', 'create-latency.svg'), 'sandbox create latency', [
+    { label: 'rollbox create, serial (HTTP)', samplesMs: serial },
+    { label: `rollbox create, ${CONCURRENCY} concurrent (HTTP)`, samplesMs: concurrent },
+    { label: 'raw runc run -d (floor)', samplesMs: floor },
+  ]);
+  process.stderr.write(`chart: ${chart}\n`);
+  const result = {
+    bench: 'create',
+    p50Ms: s.p50Ms,
+    p99Ms: s.p99Ms,
+    floorP50Ms: f.p50Ms,
+    floorP99Ms: f.p99Ms,
+    ratioP50: Math.round((s.p50Ms / f.p50Ms) * 100) / 100,
+    perSecond: Math.round((CONCURRENT / wallMs) * 1000 * 10) / 10,
+    concurrency: CONCURRENCY,
+    concurrentP50Ms: c.p50Ms,
+    concurrentP99Ms: c.p99Ms,
+    serialN: s.n,
+    concurrentN: c.n,
+    targets: { ratioP50: 1.5, perSecond: 30 },
+    chart,
+  };
+  console.log(JSON.stringify(result));
+} finally {
+  await cluster.stop();
+}

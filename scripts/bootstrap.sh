@@ -1,0 +1,23 @@
+#!/bin/sh
+# Installs what rollbox needs on a fresh Debian machine (run as root), and is quick
+# when everything is already present. Called by `npm start`, `npm test` and the benches.
+set -e
+cd "$(dirname "$0")/.."
+
+missing=""
+for pkg in runc erofs-utils redis-server busybox-static nftables iproute2; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing="$missing $pkg"
+done
+
+if [ -n "$missing" ]; then
+  echo "rollbox: installing apt packages:$missing" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2
+  # policy-rc.d keeps Debian from starting its own redis-server service: rollbox starts its own.
+  apt-get install -y -qq --no-install-recommends $missing >&2
+fi
+
+if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
+  echo "rollbox: installing npm dependencies" >&2
+  npm ci --no-audit --no-fund >&2
+fi

@@ -1,0 +1,14 @@
+import { z } from 'zod';
+import { ERROR_CODES, type ErrorCode } from './errors.ts';
+
+export const ErrorBody = z.object({
+  error: z.object({
+    code: z.enum(Object.keys(ERROR_CODES) as [ErrorCode, ...ErrorCode[]]),
+    message: z.string(),
+  }),
+});
+export type ErrorBody = z.infer<typeof ErrorBody>;
+
+export const SCOPES = ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'sandbox:snapshot', 'layer:write', 'layer:read', 'burst:admin', 'admin'] as const;
+export const Scope = z.enum(SCOPES);
+export type Scope = z.infer<typeof Scope>;

@@ -1,0 +1,33 @@
+import { z } from 'zod';
+
+export const ExecRequest = z
+  .strictObject({
+    /** Run without a shell. */
+    argv: z.array(z.string().max(131_072)).min(1).max(4096).optional(),
+    /** Run with the image's `/bin/sh -c`. */
+    cmd: z.string().min(1).max(262_144).optional(),
+    stdin: z.string().max(8 * 1024 * 1024).optional(),
+    env: z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/), z.string().max(32_768)).default({}),
+    cwd: z.string().startsWith('/').max(4096).optional(),
+    timeoutMs: z.number().int().min(1).max(24 * 3600 * 1000).default(60_000),
+    /** Idempotency id of this command within the sandbox. */
+    commandId: z.string().regex(/^[A-Za-z0-9_.:-]{1,128}$/).optional(),
+  })
+  .refine((r) => (r.argv === undefined) !== (r.cmd === undefined), { message: 'give exactly one of argv or cmd', path: ['argv'] });
+export type ExecRequest = z.infer<typeof ExecRequest>;
+
+export const ExecResult = z.object({
+  commandId: z.string(),
+  exitCode: z.number().int(),
+  stdout: z.string(),
+  stderr: z.string(),
+  /** True when stdout or stderr was cut at the output cap. */
+  truncated: z.boolean(),
+  timedOut: z.boolean(),
+  /** The command (or one of its children) was killed by the sandbox's memory limit. */
+  oomKilled: z.boolean(),
+  durationMs: z.number(),
+  /** True when this result was recorded earlier and is returned without running again. */
+  replayed: z.boolean(),
+});
+export type ExecResult = z.infer<typeof ExecResult>;

@@ -1,0 +1,25 @@
+export { ERROR_CODES, RollboxError, httpStatusOf, isErrorCode } from './errors.ts';
+export type { ErrorCode } from './errors.ts';
+export {
+  LayerDigest,
+  LayerRef,
+  ImageSpec,
+  Resources,
+  SandboxClass,
+  NetworkAllowRule,
+  NetworkPolicy,
+  CreateSandboxRequest,
+  SandboxState,
+  FailureReason,
+  TERMINAL_STATES,
+  STATE_TRANSITIONS,
+  isTerminal,
+  Sandbox,
+  ListSandboxesQuery,
+  SandboxList,
+} from './sandbox.ts';
+export { ExecRequest, ExecResult } from './exec.ts';
+export { Layer, LayerName, LayerList, UploadLayerQuery } from './layer.ts';
+export { NodeHeartbeat, NodeList } from './node.ts';
+export { ErrorBody, SCOPES, Scope } from './common.ts';
+export { CreateJob, NodeOp, Reply } from './internal.ts';

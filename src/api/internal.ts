@@ -1,0 +1,47 @@
+import { z } from 'zod';
+import { ExecResult } from './exec.ts';
+
+/**
+ * Messages between gateways and worker hosts (BullMQ job data and replies). Not part of
+ * the public HTTP API, but defined here so both sides parse the same shapes.
+ */
+export const CreateJob = z.object({
+  sandboxId: z.string(),
+  /** Placement attempt: the BullMQ job id is `<sandboxId>.<attempt>`, so a retry of one attempt is idempotent. */
+  attempt: z.number().int(),
+  requestId: z.string(),
+  replyTo: z.string(),
+});
+export type CreateJob = z.infer<typeof CreateJob>;
+
+export const ExecOp = z.object({
+  kind: z.literal('exec'),
+  sandboxId: z.string(),
+  requestId: z.string(),
+  replyTo: z.string(),
+  commandId: z.string(),
+  argv: z.array(z.string()),
+  stdin: z.string().optional(),
+  env: z.record(z.string(), z.string()),
+  cwd: z.string().optional(),
+  timeoutMs: z.number().int(),
+});
+export const DestroyOp = z.object({
+  kind: z.literal('destroy'),
+  sandboxId: z.string(),
+  requestId: z.string(),
+  replyTo: z.string(),
+});
+export const NodeOp = z.discriminatedUnion('kind', [ExecOp, DestroyOp]);
+export type NodeOp = z.infer<typeof NodeOp>;
+
+const ReplyError = z.object({ code: z.string(), message: z.string(), retryAfterSeconds: z.number().optional() });
+
+export const Reply = z.discriminatedUnion('kind', [
+  z.object({ kind: z.literal('created'), requestId: z.string(), nodeId: z.string() }),
+  z.object({ kind: z.literal('refused'), requestId: z.string(), nodeId: z.string(), reason: z.string() }),
+  z.object({ kind: z.literal('exec'), requestId: z.string(), result: ExecResult }),
+  z.object({ kind: z.literal('done'), requestId: z.string() }),
+  z.object({ kind: z.literal('error'), requestId: z.string(), error: ReplyError }),
+]);
+export type Reply = z.infer<typeof Reply>;

@@ -1,0 +1,24 @@
+import { z } from 'zod';
+
+/** What a worker host reports about itself every heartbeat. */
+export const NodeHeartbeat = z.object({
+  nodeId: z.string(),
+  pool: z.string(),
+  /** Epoch ms when the heartbeat was written, by the node's clock. */
+  atMs: z.number(),
+  healthy: z.boolean(),
+  capacity: z.object({ cpuMillis: z.number(), memoryMiB: z.number(), maxSandboxes: z.number(), maxStarting: z.number() }),
+  /** Requested resources of live sandboxes. */
+  used: z.object({ cpuMillis: z.number(), memoryMiB: z.number() }),
+  /** Measured host use, 0..1. */
+  measured: z.object({ cpuLoad: z.number(), memoryUsedFraction: z.number() }),
+  sandboxes: z.number().int(),
+  starting: z.number().int(),
+  cachedLayers: z.array(z.string()),
+  /** Create requests this node has handled (admitted or refused) recently; lets gateways drop assumed load. */
+  handledCreates: z.array(z.string()),
+});
+export type NodeHeartbeat = z.infer<typeof NodeHeartbeat>;
+
+export const NodeList = z.object({ nodes: z.array(NodeHeartbeat.extend({ ageMs: z.number() })) });
+export type NodeList = z.infer<typeof NodeList>;

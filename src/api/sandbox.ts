@@ -1,0 +1,120 @@
+import { z } from 'zod';
+
+/** sha256 of a layer's EROFS image, as `sha256:<64 hex>`. */
+export const LayerDigest = z.string().regex(/^sha256:[0-9a-f]{64}$/, 'must be sha256:<64 hex digits>');
+export type LayerDigest = z.infer<typeof LayerDigest>;
+
+/** A layer named by digest or by registered name (`busybox`, `python-3.12`, ...). */
+export const LayerRef = z.union([LayerDigest, z.string().regex(/^[a-z0-9][a-z0-9._-]{0,127}$/, 'must be a digest or a layer name')]);
+export type LayerRef = z.infer<typeof LayerRef>;
+
+export const ImageSpec = z.strictObject({
+  base: LayerRef.default('busybox'),
+  /** Stacked on top of base, lowest first. */
+  layers: z.array(LayerRef).max(32).default([]),
+});
+export type ImageSpec = z.infer<typeof ImageSpec>;
+
+export const Resources = z.strictObject({
+  cpuMillis: z.number().int().min(10).max(64_000).default(1000),
+  memoryMiB: z.number().int().min(8).max(262_144).default(512),
+  diskMiB: z.number().int().min(1).max(1_048_576).default(1024),
+  pids: z.number().int().min(8).max(65_536).default(256),
+});
+export type Resources = z.infer<typeof Resources>;
+
+export const SandboxClass = z.enum(['latency', 'besteffort']);
+export type SandboxClass = z.infer<typeof SandboxClass>;
+
+export const NetworkAllowRule = z.strictObject({
+  cidr: z.string().min(1).max(64),
+  ports: z.array(z.number().int().min(1).max(65_535)).max(64).optional(),
+  protocol: z.enum(['tcp', 'udp', 'any']).default('tcp'),
+});
+export type NetworkAllowRule = z.infer<typeof NetworkAllowRule>;
+
+export const NetworkPolicy = z.strictObject({
+  mode: z.enum(['none', 'allowlist']).default('none'),
+  allow: z.array(NetworkAllowRule).max(256).default([]),
+});
+export type NetworkPolicy = z.infer<typeof NetworkPolicy>;
+
+const EnvMap = z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'env names are [A-Za-z_][A-Za-z0-9_]*').max(256), z.string().max(32_768));
+const AbsolutePath = z.string().startsWith('/', 'must be an absolute path').max(4096).refine((p) => !p.includes('\0'), 'must not contain NUL');
+const LabelMap = z.record(z.string().regex(/^[A-Za-z0-9_.\/-]{1,63}$/, 'label keys are [A-Za-z0-9_./-]{1,63}'), z.string().max(256));
+
+export const CreateSandboxRequest = z.strictObject({
+  image: ImageSpec.default({ base: 'busybox', layers: [] }),
+  resources: Resources.default({ cpuMillis: 1000, memoryMiB: 512, diskMiB: 1024, pids: 256 }),
+  class: SandboxClass.default('latency'),
+  network: NetworkPolicy.default({ mode: 'none', allow: [] }),
+  hiddenPaths: z.array(AbsolutePath).max(256).default([]),
+  env: EnvMap.default({}),
+  workdir: AbsolutePath.default('/'),
+  /** The sandbox is stopped this long after it starts running. */
+  ttlSeconds: z.number().int().min(1).max(7 * 24 * 3600).default(3600),
+  labels: LabelMap.default({}),
+  /** Training job id: job-level pause/resume acts on every sandbox carrying it. */
+  job: z.string().regex(/^[A-Za-z0-9_.:-]{1,128}$/).optional(),
+});
+export type CreateSandboxRequest = z.infer<typeof CreateSandboxRequest>;
+
+export const SandboxState = z.enum(['pending', 'creating', 'running', 'paused', 'hibernated', 'stopping', 'terminated', 'failed']);
+export type SandboxState = z.infer<typeof SandboxState>;
+
+export const FailureReason = z.enum(['oom', 'timeout', 'admission_exhausted', 'infra_error', 'lost']);
+export type FailureReason = z.infer<typeof FailureReason>;
+
+export const TERMINAL_STATES: readonly SandboxState[] = ['terminated', 'failed'];
+
+/**
+ * Every allowed move. A state never moves backwards: terminal states have no exits,
+ * and pause/resume only cycle among the live states.
+ */
+export const STATE_TRANSITIONS: Readonly<Record<SandboxState, readonly SandboxState[]>> = {
+  pending: ['creating', 'stopping', 'terminated', 'failed'],
+  creating: ['running', 'stopping', 'terminated', 'failed'],
+  running: ['paused', 'hibernated', 'stopping', 'terminated', 'failed'],
+  paused: ['running', 'hibernated', 'stopping', 'terminated', 'failed'],
+  hibernated: ['creating', 'running', 'stopping', 'terminated', 'failed'],
+  stopping: ['terminated', 'failed'],
+  terminated: [],
+  failed: [],
+};
+
+export function isTerminal(state: SandboxState): boolean {
+  return TERMINAL_STATES.includes(state);
+}
+
+/** The sandbox record kept in Redis and returned by the API. */
+export const Sandbox = z.object({
+  id: z.string(),
+  tenant: z.string(),
+  state: SandboxState,
+  failureReason: FailureReason.optional(),
+  /** Human-readable detail for failures and terminations. */
+  detail: z.string().optional(),
+  node: z.string().optional(),
+  spec: CreateSandboxRequest,
+  /** Layer digests, base first, resolved at creation. */
+  layerDigests: z.array(LayerDigest),
+  createdAt: z.string(),
+  startedAt: z.string().optional(),
+  endedAt: z.string().optional(),
+  expiresAt: z.string().optional(),
+  /** Processes killed by the memory limit so far. */
+  oomKills: z.number().int().default(0),
+});
+export type Sandbox = z.infer<typeof Sandbox>;
+
+export const ListSandboxesQuery = z.strictObject({
+  job: z.string().max(128).optional(),
+  /** `key=value` */
+  label: z.string().max(320).optional(),
+  state: SandboxState.optional(),
+  limit: z.coerce.number().int().min(1).max(1000).default(100),
+});
+export type ListSandboxesQuery = z.infer<typeof ListSandboxesQuery>;
+
+export const SandboxList = z.object({ sandboxes: z.array(Sandbox) });
+export type SandboxList = z.infer<typeof SandboxList>;

@@ -1,0 +1,96 @@
+import { z } from 'zod';
+import os from 'node:os';
+import path from 'node:path';
+
+/**
+ * The one environment schema. `loadConfig` is called once by the composition root
+ * (the CLI); everything else receives the parsed `Config` (or the slice it needs).
+ */
+const Env = z.object({
+  REDIS_URL: z.string().url().optional(),
+  ROLLBOX_DATA_DIR: z.string().default('./.rollbox'),
+  ROLLBOX_PORT: z.coerce.number().int().min(0).max(65_535).default(8080),
+  ROLLBOX_HOST: z.string().default('127.0.0.1'),
+  ROLLBOX_NODE_ID: z.string().regex(/^[a-z0-9][a-z0-9-]{0,62}$/).optional(),
+  ROLLBOX_POOL: z.string().regex(/^[a-z0-9-]{1,32}$/).default('local'),
+  ROLLBOX_RUNTIME: z.string().default('runc'),
+  /** Shared, content-addressed layer store; defaults to <dataDir>/layers. */
+  ROLLBOX_LAYER_STORE: z.string().optional(),
+  ROLLBOX_LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+
+  ROLLBOX_JWT_ALG: z.enum(['HS256', 'EdDSA', 'ES256']).default('HS256'),
+  /** HS256 secret file; created with a random secret when absent (embedded default). */
+  ROLLBOX_JWT_SECRET_FILE: z.string().optional(),
+  /** PEM public key (SPKI) for EdDSA/ES256. */
+  ROLLBOX_JWT_PUBLIC_KEY_FILE: z.string().optional(),
+  ROLLBOX_JWKS_URL: z.string().url().optional(),
+  ROLLBOX_JWT_ISSUER: z.string().default('rollbox'),
+  ROLLBOX_JWT_AUDIENCE: z.string().default('rollbox-api'),
+  ROLLBOX_JWT_CLOCK_TOLERANCE_SEC: z.coerce.number().int().min(0).max(300).default(5),
+
+  ROLLBOX_TENANT_MAX_SANDBOXES: z.coerce.number().int().min(1).default(1000),
+  ROLLBOX_BODY_LIMIT_BYTES: z.coerce.number().int().min(1024).default(16 * 1024 * 1024),
+  ROLLBOX_LAYER_UPLOAD_LIMIT_BYTES: z.coerce.number().int().min(1024).default(2 * 1024 * 1024 * 1024),
+  ROLLBOX_PLACEMENT_CHOICES: z.coerce.number().int().min(1).max(16).default(2),
+  ROLLBOX_PLACEMENT_MAX_REFUSALS: z.coerce.number().int().min(1).max(64).default(3),
+  ROLLBOX_CREATE_TIMEOUT_MS: z.coerce.number().int().min(100).default(60_000),
+
+  ROLLBOX_NODE_MEMORY_MIB: z.coerce.number().int().min(64).optional(),
+  ROLLBOX_NODE_CPU_MILLIS: z.coerce.number().int().min(100).optional(),
+  /** CPU may be promised past physical capacity (DSec oversubscribes idle agents). */
+  ROLLBOX_NODE_CPU_OVERCOMMIT: z.coerce.number().min(1).max(64).default(8),
+  ROLLBOX_NODE_MAX_SANDBOXES: z.coerce.number().int().min(1).default(2000),
+  ROLLBOX_NODE_MAX_STARTING: z.coerce.number().int().min(1).default(16),
+  /** Host memory kept free for the host itself: below it, the node refuses new sandboxes. */
+  ROLLBOX_NODE_HOST_RESERVE_MIB: z.coerce.number().int().min(0).default(256),
+  ROLLBOX_HEARTBEAT_MS: z.coerce.number().int().min(50).default(1000),
+  ROLLBOX_NODE_LOST_AFTER_MS: z.coerce.number().int().min(200).default(5000),
+  ROLLBOX_EXEC_OUTPUT_CAP_BYTES: z.coerce.number().int().min(1024).default(1024 * 1024),
+});
+
+export type Config = ReturnType<typeof loadConfig>;
+
+export function loadConfig(env: NodeJS.ProcessEnv, overrides: Partial<Record<keyof z.infer<typeof Env>, string | undefined>> = {}) {
+  const merged: Record<string, string | undefined> = { ...env };
+  for (const [k, v] of Object.entries(overrides)) if (v !== undefined) merged[k] = v;
+  const parsed = Env.safeParse(merged);
+  if (!parsed.success) {
+    const issues = parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; ');
+    throw new Error(`invalid configuration: ${issues}`);
+  }
+  const e = parsed.data;
+  const dataDir = path.resolve(e.ROLLBOX_DATA_DIR);
+  const hostMemoryMiB = Math.floor(os.totalmem() / 1024 / 1024);
+  return {
+    redisUrl: e.REDIS_URL,
+    dataDir,
+    http: { host: e.ROLLBOX_HOST, port: e.ROLLBOX_PORT, bodyLimitBytes: e.ROLLBOX_BODY_LIMIT_BYTES, layerUploadLimitBytes: e.ROLLBOX_LAYER_UPLOAD_LIMIT_BYTES },
+    logLevel: e.ROLLBOX_LOG_LEVEL,
+    layerStoreDir: path.resolve(e.ROLLBOX_LAYER_STORE ?? path.join(dataDir, 'layers')),
+    jwt: {
+      alg: e.ROLLBOX_JWT_ALG,
+      secretFile: e.ROLLBOX_JWT_SECRET_FILE ?? path.join(dataDir, 'jwt-secret'),
+      publicKeyFile: e.ROLLBOX_JWT_PUBLIC_KEY_FILE,
+      jwksUrl: e.ROLLBOX_JWKS_URL,
+      issuer: e.ROLLBOX_JWT_ISSUER,
+      audience: e.ROLLBOX_JWT_AUDIENCE,
+      clockToleranceSec: e.ROLLBOX_JWT_CLOCK_TOLERANCE_SEC,
+    },
+    quota: { maxLiveSandboxesPerTenant: e.ROLLBOX_TENANT_MAX_SANDBOXES },
+    placement: { choices: e.ROLLBOX_PLACEMENT_CHOICES, maxRefusals: e.ROLLBOX_PLACEMENT_MAX_REFUSALS, createTimeoutMs: e.ROLLBOX_CREATE_TIMEOUT_MS },
+    node: {
+      /** Unset: the worker keeps a generated id in its data dir. */
+      nodeId: e.ROLLBOX_NODE_ID,
+      pool: e.ROLLBOX_POOL,
+      runtimeBinary: e.ROLLBOX_RUNTIME,
+      memoryMiB: e.ROLLBOX_NODE_MEMORY_MIB ?? Math.floor(hostMemoryMiB * 0.85),
+      cpuMillis: e.ROLLBOX_NODE_CPU_MILLIS ?? Math.round(os.availableParallelism() * 1000 * e.ROLLBOX_NODE_CPU_OVERCOMMIT),
+      maxSandboxes: e.ROLLBOX_NODE_MAX_SANDBOXES,
+      maxStarting: e.ROLLBOX_NODE_MAX_STARTING,
+      hostReserveMiB: e.ROLLBOX_NODE_HOST_RESERVE_MIB,
+      heartbeatMs: e.ROLLBOX_HEARTBEAT_MS,
+      lostAfterMs: e.ROLLBOX_NODE_LOST_AFTER_MS,
+      execOutputCapBytes: e.ROLLBOX_EXEC_OUTPUT_CAP_BYTES,
+    },
+  };
+}

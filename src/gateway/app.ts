@@ -1,0 +1,172 @@
+import { Readable } from 'node:stream';
+import { OpenAPIHono, createRoute, z } from '@hono/zod-openapi';
+import { bodyLimit } from 'hono/body-limit';
+import type { Redis } from 'ioredis';
+import type { Logger } from 'pino';
+import {
+  CreateSandboxRequest,
+  ErrorBody,
+  ExecRequest,
+  ExecResult,
+  Layer,
+  LayerList,
+  ListSandboxesQuery,
+  NodeList,
+  RollboxError,
+  Sandbox,
+  SandboxList,
+  UploadLayerQuery,
+} from '../api/index.ts';
+import type { Config } from '../config/index.ts';
+import { requireScope, type TokenVerifier } from '../iam/index.ts';
+import type { NodeDirectory } from '../queues/index.ts';
+import type { LayerRegistry } from '../registry/index.ts';
+import { authenticate, type GatewayEnv } from './auth.ts';
+import { describeZodError, errorResponse, handleError } from './errors.ts';
+import type { SandboxService } from './sandbox-service.ts';
+
+/** Turns an uploaded tar into a stored EROFS layer (the layer store decides where). */
+export type LayerBuilder = (tar: Readable, options: { maxBytes: number }) => Promise<{ digest: string; sizeBytes: number }>;
+
+export interface GatewayDeps {
+  config: Pick<Config, 'http'>;
+  redis: Redis;
+  verifier: TokenVerifier;
+  sandboxes: SandboxService;
+  layers: LayerRegistry;
+  buildLayer: LayerBuilder;
+  /** Path of a layer image in the store, for the blob download. */
+  layerImagePath: (digest: string) => Promise<string | undefined>;
+  directory: NodeDirectory;
+  logger: Logger;
+  now: () => number;
+}
+
+const errors = Object.fromEntries(
+  [400, 401, 403, 404, 409, 413, 429, 503].map((status) => [status, { description: 'error', content: { 'application/json': { schema: ErrorBody } } }]),
+) as Record<400 | 401 | 403 | 404 | 409 | 413 | 429 | 503, { description: string; content: { 'application/json': { schema: typeof ErrorBody } } }>;
+
+const json = <T extends z.ZodType>(schema: T, description: string) => ({ description, content: { 'application/json': { schema } } });
+const jsonBody = <T extends z.ZodType>(schema: T) => ({ required: true, content: { 'application/json': { schema } } });
+const IdParam = z.object({ id: z.string().max(64) });
+const security = [{ bearer: [] }];
+
+export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
+  const { sandboxes } = deps;
+  const app = new OpenAPIHono<GatewayEnv>({
+    defaultHook: (result, c) => {
+      if (!result.success) return errorResponse(c, 'invalid_request', describeZodError(result.error, result.target === 'json' ? 'body' : result.target));
+    },
+  });
+  app.onError(handleError(deps.logger));
+  app.notFound((c) => errorResponse(c, 'not_found', `no route ${c.req.method} ${c.req.path}`));
+  app.openAPIRegistry.registerComponent('securitySchemes', 'bearer', { type: 'http', scheme: 'bearer', bearerFormat: 'JWT' });
+
+  // Operations (no auth).
+  app.get('/healthz', (c) => c.json({ ok: true }));
+  app.get('/readyz', async (c) => {
+    const redisOk = await deps.redis.ping().then(() => true, () => false);
+    const nodes = deps.directory.list().filter((n) => n.healthy).length;
+    return c.json({ ready: redisOk, redis: redisOk, healthyNodes: nodes }, redisOk ? 200 : 503);
+  });
+  app.doc31('/openapi.json', { openapi: '3.1.0', info: { title: 'rollbox', version: '1' } });
+
+  // Everything under /v1 needs a token; JSON bodies are capped before any handler reads them.
+  app.use('/v1/*', authenticate(deps.verifier));
+  const jsonLimit = bodyLimit({ maxSize: deps.config.http.bodyLimitBytes, onError: () => { throw new RollboxError('payload_too_large', `body is larger than ${deps.config.http.bodyLimitBytes} bytes`); } });
+  app.use('/v1/sandboxes/*', jsonLimit);
+  app.use('/v1/sandboxes', jsonLimit);
+
+  app.openapi(
+    createRoute({
+      method: 'post',
+      path: '/v1/sandboxes',
+      security,
+      request: { body: jsonBody(CreateSandboxRequest), headers: z.object({ 'idempotency-key': z.string().regex(/^[A-Za-z0-9_.:-]{1,128}$/).optional() }) },
+      responses: { 201: json(Sandbox, 'created and running'), 200: json(Sandbox, 'replay of an earlier request with the same Idempotency-Key'), ...errors },
+    }),
+    async (c) => {
+      const { sandbox, replayed } = await sandboxes.create(c.get('principal'), c.req.valid('json'), c.req.valid('header')['idempotency-key']);
+      return replayed ? c.json(sandbox, 200) : c.json(sandbox, 201);
+    },
+  );
+
+  app.openapi(
+    createRoute({ method: 'get', path: '/v1/sandboxes', security, request: { query: ListSandboxesQuery }, responses: { 200: json(SandboxList, 'own sandboxes, newest first'), ...errors } }),
+    async (c) => c.json({ sandboxes: await sandboxes.list(c.get('principal'), c.req.valid('query')) }, 200),
+  );
+
+  app.openapi(
+    createRoute({ method: 'get', path: '/v1/sandboxes/{id}', security, request: { params: IdParam }, responses: { 200: json(Sandbox, 'the sandbox'), ...errors } }),
+    async (c) => c.json(await sandboxes.get(c.get('principal'), c.req.valid('param').id), 200),
+  );
+
+  app.openapi(
+    createRoute({ method: 'delete', path: '/v1/sandboxes/{id}', security, request: { params: IdParam }, responses: { 200: json(Sandbox, 'released (terminal state)'), ...errors } }),
+    async (c) => c.json(await sandboxes.delete(c.get('principal'), c.req.valid('param').id), 200),
+  );
+
+  app.openapi(
+    createRoute({
+      method: 'post',
+      path: '/v1/sandboxes/{id}/exec',
+      security,
+      request: { params: IdParam, body: jsonBody(ExecRequest) },
+      responses: { 200: json(ExecResult, 'the command finished (or timed out)'), ...errors },
+    }),
+    async (c) => c.json(await sandboxes.exec(c.get('principal'), c.req.valid('param').id, c.req.valid('json')), 200),
+  );
+
+  // Layers: a tar goes in, an EROFS layer comes out.
+  app.post('/v1/layers', async (c) => {
+    requireScope(c.get('principal'), 'layer:write');
+    const query = UploadLayerQuery.safeParse(c.req.query());
+    if (!query.success) return errorResponse(c, 'invalid_request', describeZodError(query.error, 'query'));
+    const declared = Number(c.req.header('content-length') ?? NaN);
+    const maxBytes = deps.config.http.layerUploadLimitBytes;
+    if (declared > maxBytes) return errorResponse(c, 'payload_too_large', `layer tar is larger than ${maxBytes} bytes`);
+    if (!c.req.raw.body) return errorResponse(c, 'invalid_request', 'body: a tar archive is required');
+    const built = await deps.buildLayer(Readable.fromWeb(c.req.raw.body as never), { maxBytes });
+    const layer = await deps.layers.register({ digest: built.digest, sizeBytes: built.sizeBytes, name: query.data.name, parents: [], createdAt: new Date(deps.now()).toISOString() });
+    return c.json(layer, 201);
+  });
+  app.openapi(
+    createRoute({ method: 'get', path: '/v1/layers', security, responses: { 200: json(LayerList, 'registered layers'), ...errors } }),
+    async (c) => {
+      requireLayerRead(c.get('principal'));
+      return c.json({ layers: await deps.layers.list() }, 200);
+    },
+  );
+  app.openapi(
+    createRoute({ method: 'get', path: '/v1/layers/{ref}', security, request: { params: z.object({ ref: z.string().max(140) }) }, responses: { 200: json(Layer, 'a layer by digest or name'), ...errors } }),
+    async (c) => {
+      requireLayerRead(c.get('principal'));
+      return c.json(await deps.layers.resolve(c.req.valid('param').ref), 200);
+    },
+  );
+  app.get('/v1/layers/:ref/blob', async (c) => {
+    requireLayerRead(c.get('principal'));
+    const layer = await deps.layers.resolve(c.req.param('ref'));
+    const imagePath = await deps.layerImagePath(layer.digest);
+    if (!imagePath) return errorResponse(c, 'not_found', `layer ${layer.digest} has no image in this gateway's store`);
+    const { createReadStream } = await import('node:fs');
+    c.header('Content-Type', 'application/octet-stream');
+    c.header('Content-Length', String(layer.sizeBytes));
+    return c.body(Readable.toWeb(createReadStream(imagePath)) as ReadableStream);
+  });
+
+  app.openapi(
+    createRoute({ method: 'get', path: '/v1/nodes', security, responses: { 200: json(NodeList, 'worker hosts and their last heartbeats'), ...errors } }),
+    (c) => {
+      requireScope(c.get('principal'), 'admin');
+      return c.json({ nodes: deps.directory.list() }, 200);
+    },
+  );
+
+  return app;
+}
+
+function requireLayerRead(principal: Parameters<typeof requireScope>[0]): void {
+  if (principal.scopes.has('sandbox:create') || principal.scopes.has('layer:write')) return;
+  requireScope(principal, 'layer:read');
+}

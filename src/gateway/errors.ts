@@ -1,0 +1,37 @@
+import type { Context } from 'hono';
+import { HTTPException } from 'hono/http-exception';
+import type { Logger } from 'pino';
+import type { ZodError } from 'zod';
+import { RollboxError, httpStatusOf, type ErrorBody, type ErrorCode } from '../api/index.ts';
+
+/** The one place that turns errors into HTTP responses. */
+export function errorResponse(c: Context, code: ErrorCode, message: string, retryAfterSeconds?: number): Response {
+  if (retryAfterSeconds !== undefined) c.header('Retry-After', String(retryAfterSeconds));
+  const body: ErrorBody = { error: { code, message } };
+  return c.json(body, httpStatusOf(code) as 400);
+}
+
+export function handleError(logger: Logger) {
+  return (err: Error, c: Context): Response => {
+    if (err instanceof RollboxError) return errorResponse(c, err.code, err.message, err.retryAfterSeconds);
+    if (err instanceof HTTPException) {
+      if (err.status === 413) return errorResponse(c, 'payload_too_large', 'request body is larger than the limit');
+      if (err.status === 400) return errorResponse(c, 'invalid_request', err.message || 'malformed request');
+      if (err.status === 401) return errorResponse(c, 'unauthenticated', err.message || 'unauthenticated');
+    }
+    logger.error({ err, path: c.req.path }, 'unhandled error');
+    return errorResponse(c, 'internal', 'internal error');
+  };
+}
+
+/** Validation errors name the field: `resources.memoryMiB: Too big: expected number to be <=262144`. */
+export function describeZodError(error: ZodError, where: string): string {
+  return error.issues
+    .slice(0, 10)
+    .map((issue) => {
+      const path = [where, ...issue.path.map(String)].filter(Boolean).join('.');
+      const keys = 'keys' in issue && Array.isArray(issue.keys) ? ` (${issue.keys.join(', ')})` : '';
+      return `${path || where}: ${issue.message}${keys}`;
+    })
+    .join('; ');
+}

@@ -1,0 +1,56 @@
+import type { Redis } from 'ioredis';
+import type { Logger } from 'pino';
+import type { NodeDirectory } from '../queues/index.ts';
+import { keys, type SandboxRegistry } from '../registry/index.ts';
+
+/**
+ * Cluster housekeeping run by every gateway (one at a time per item, through Redis locks):
+ * - a worker host whose heartbeat stopped: its sandboxes end `failed(lost)`;
+ * - a sandbox that never settled (its gateway died mid-create): it ends `failed(infra_error)`.
+ */
+export class Janitor {
+  private timer: NodeJS.Timeout | undefined;
+  private running = false;
+
+  constructor(
+    private readonly deps: { redis: Redis; registry: SandboxRegistry; directory: NodeDirectory; lostAfterMs: number; intervalMs: number; logger: Logger; now: () => number },
+  ) {}
+
+  start(): void {
+    this.timer = setInterval(() => void this.sweep(), this.deps.intervalMs);
+    this.timer.unref();
+  }
+
+  stop(): void {
+    clearInterval(this.timer);
+  }
+
+  async sweep(): Promise<void> {
+    if (this.running) return;
+    this.running = true;
+    try {
+      for (const nodeId of this.deps.directory.silentNodes(this.deps.lostAfterMs)) await this.declareLost(nodeId);
+      for (const id of await this.deps.registry.unsettledBefore(this.deps.now())) {
+        await this.deps.registry.transition(id, 'failed', { from: ['pending', 'creating'], failureReason: 'infra_error', detail: 'the sandbox did not start in time' });
+        await this.deps.redis.zrem(keys.unsettled, id);
+      }
+    } catch (err) {
+      this.deps.logger.warn({ err }, 'janitor sweep failed');
+    } finally {
+      this.running = false;
+    }
+  }
+
+  private async declareLost(nodeId: string): Promise<void> {
+    const { redis, registry, logger } = this.deps;
+    const locked = await redis.set(keys.lock(`lost:${nodeId}`), '1', 'PX', 10_000, 'NX');
+    if (!locked) return;
+    const ids = await registry.sandboxesOfNode(nodeId);
+    for (const id of ids) {
+      await registry.transition(id, 'failed', { node: nodeId, failureReason: 'lost', detail: `worker host ${nodeId} stopped heartbeating` });
+    }
+    await redis.hdel(keys.nodes, nodeId);
+    await redis.del(keys.nodeSandboxes(nodeId));
+    logger.warn({ nodeId, sandboxes: ids.length }, 'worker host lost');
+  }
+}

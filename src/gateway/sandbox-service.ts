@@ -1,0 +1,216 @@
+import { createHash, randomBytes } from 'node:crypto';
+import type { Queue } from 'bullmq';
+import type { Logger } from 'pino';
+import {
+  RollboxError,
+  isTerminal,
+  type CreateJob,
+  type CreateSandboxRequest,
+  type ExecRequest,
+  type ExecResult,
+  type ListSandboxesQuery,
+  type NodeOp,
+  type Reply,
+  type Sandbox,
+} from '../api/index.ts';
+import type { Config } from '../config/index.ts';
+import { requireScope, type Principal } from '../iam/index.ts';
+import { chooseNode, type NodeDirectory, type ReplyHub } from '../queues/index.ts';
+import type { LayerRegistry, SandboxRegistry } from '../registry/index.ts';
+
+export interface QueueProvider {
+  createQueue(nodeId: string): Queue;
+  opsQueue(nodeId: string): Queue;
+}
+
+export interface SandboxServiceDeps {
+  config: Pick<Config, 'placement' | 'quota'> & { node: Pick<Config['node'], 'lostAfterMs' | 'pool'> };
+  registry: SandboxRegistry;
+  layers: LayerRegistry;
+  directory: NodeDirectory;
+  replies: ReplyHub;
+  queues: QueueProvider;
+  logger: Logger;
+  now: () => number;
+  random: () => number;
+}
+
+/** Extra wait for an exec reply beyond the command's own timeout (queueing, kill, reply). */
+const EXEC_REPLY_GRACE_MS = 30_000;
+const DESTROY_REPLY_TIMEOUT_MS = 30_000;
+const POLL_MS = 25;
+
+export function newId(prefix: string): string {
+  return `${prefix}_${randomBytes(10).toString('base64url').replace(/[-_]/g, '').toLowerCase().slice(0, 12).padEnd(12, '0')}`;
+}
+
+/** Sandbox operations behind the HTTP routes: placement, the create handshake, exec, delete. */
+export class SandboxService {
+  constructor(private readonly deps: SandboxServiceDeps) {}
+
+  async create(principal: Principal, request: CreateSandboxRequest, idempotencyKey: string | undefined): Promise<{ sandbox: Sandbox; replayed: boolean }> {
+    requireScope(principal, 'sandbox:create');
+    const { registry, config, directory } = this.deps;
+    const layerDigests = await this.deps.layers.resolveAll([request.image.base, ...request.image.layers]);
+    const placement = { memoryMiB: request.resources.memoryMiB, cpuMillis: request.resources.cpuMillis, pool: config.node.pool, exclude: new Set<string>() };
+    let node = this.place(placement);
+    if (!node) throw new RollboxError('no_capacity', `no worker host in pool ${placement.pool} can take ${request.resources.memoryMiB} MiB now`, 5);
+
+    const id = newId('sbx');
+    const nowMs = this.deps.now();
+    const record: Sandbox = { id, tenant: principal.tenant, state: 'pending', node, spec: request, layerDigests, createdAt: new Date(nowMs).toISOString(), oomKills: 0 };
+    const requestHash = createHash('sha256').update(JSON.stringify(request)).digest('hex');
+    const admitted = await registry.admit({
+      record,
+      maxLive: config.quota.maxLiveSandboxesPerTenant,
+      idempotencyKey,
+      requestHash,
+      settleDeadlineMs: nowMs + 3 * config.placement.createTimeoutMs,
+    });
+    if (admitted.kind === 'quota') {
+      throw new RollboxError('quota_exceeded', `tenant ${principal.tenant} has ${admitted.liveCount} live sandboxes, the limit is ${config.quota.maxLiveSandboxesPerTenant}`, 10);
+    }
+    if (admitted.kind === 'exists') {
+      if (admitted.requestHash !== requestHash) throw new RollboxError('conflict', 'Idempotency-Key was already used with a different request body');
+      return { sandbox: await this.waitSettled(admitted.sandboxId, principal.tenant), replayed: true };
+    }
+
+    // The create handshake: ask a node, re-place on refusal, give up after N refusals.
+    for (let attempt = 0; ; attempt++) {
+      directory.assume(node, id, placement);
+      const requestId = `${id}.${attempt}`;
+      const reply = await this.request(requestId, config.placement.createTimeoutMs, () =>
+        this.deps.queues.createQueue(node!).add('create', { sandboxId: id, attempt, requestId, replyTo: this.deps.replies.gatewayId } satisfies CreateJob, { jobId: requestId }),
+      ).catch((err: unknown) => err);
+      if (reply instanceof RollboxError && reply.code === 'timeout') return { sandbox: await this.onCreateTimeout(id, principal.tenant), replayed: false };
+      if (reply instanceof Error) throw reply;
+      const r = reply as Reply;
+      if (r.kind === 'created') return { sandbox: await registry.getOwned(id, principal.tenant), replayed: false };
+      if (r.kind === 'error') throw new RollboxError(r.error.code === 'conflict' ? 'conflict' : 'internal', r.error.message);
+      if (r.kind !== 'refused') throw new RollboxError('internal', `unexpected reply ${r.kind}`);
+
+      directory.forget(r.nodeId, id);
+      placement.exclude.add(r.nodeId);
+      const next = attempt + 1 < config.placement.maxRefusals ? this.place(placement) : undefined;
+      if (!next) {
+        await registry.transition(id, 'failed', { from: ['pending'], failureReason: 'admission_exhausted', detail: `refused by ${[...placement.exclude].join(', ')}` });
+        await registry.releaseIdempotencyKey(principal.tenant, idempotencyKey);
+        throw new RollboxError('admission_exhausted', `no worker host admitted the sandbox after ${placement.exclude.size} refusals (last: ${r.reason})`, 5);
+      }
+      if (!(await registry.reassign(id, node, next))) return { sandbox: await this.waitSettled(id, principal.tenant), replayed: false };
+      node = next;
+    }
+  }
+
+  private place(request: Parameters<typeof chooseNode>[1]): string | undefined {
+    const { config, directory, random } = this.deps;
+    return chooseNode(directory.candidates(), request, { choices: config.placement.choices, staleAfterMs: config.node.lostAfterMs, random })?.heartbeat.nodeId;
+  }
+
+  /** Registers for the reply first, then sends, so a fast reply cannot be missed. */
+  private async request(requestId: string, timeoutMs: number, send: () => Promise<unknown>): Promise<Reply> {
+    const reply = this.deps.replies.expect(requestId, timeoutMs);
+    try {
+      await send();
+    } catch (err) {
+      this.deps.replies.cancel(requestId);
+      throw err;
+    }
+    return reply;
+  }
+
+  private async onCreateTimeout(id: string, tenant: string): Promise<Sandbox> {
+    const failed = await this.deps.registry.transition(id, 'failed', { from: ['pending'], failureReason: 'timeout', detail: 'no worker host picked the request up in time' });
+    if (failed.kind === 'ok') throw new RollboxError('timeout', `sandbox ${id} was not started within ${this.deps.config.placement.createTimeoutMs} ms`, 5);
+    return this.waitSettled(id, tenant);
+  }
+
+  /** Waits until a sandbox has left pending/creating (another request is creating it). */
+  private async waitSettled(id: string, tenant: string): Promise<Sandbox> {
+    const deadline = this.deps.now() + this.deps.config.placement.createTimeoutMs * 2;
+    for (;;) {
+      const sandbox = await this.deps.registry.getOwned(id, tenant);
+      if (sandbox.state !== 'pending' && sandbox.state !== 'creating') return sandbox;
+      if (this.deps.now() > deadline) throw new RollboxError('timeout', `sandbox ${id} is still ${sandbox.state}`, 5);
+      await new Promise((r) => setTimeout(r, POLL_MS));
+    }
+  }
+
+  async get(principal: Principal, id: string): Promise<Sandbox> {
+    requireScope(principal, 'sandbox:read');
+    return this.deps.registry.getOwned(id, principal.tenant);
+  }
+
+  async list(principal: Principal, query: ListSandboxesQuery): Promise<Sandbox[]> {
+    requireScope(principal, 'sandbox:read');
+    return this.deps.registry.list(principal.tenant, query);
+  }
+
+  async exec(principal: Principal, id: string, request: ExecRequest): Promise<ExecResult> {
+    requireScope(principal, 'sandbox:exec');
+    const sandbox = await this.deps.registry.getOwned(id, principal.tenant);
+    if (sandbox.state !== 'running') throw new RollboxError('invalid_state', `sandbox ${id} is ${sandbox.state}${sandbox.failureReason ? ` (${sandbox.failureReason})` : ''}, not running`);
+    const requestId = newId('req');
+    const op: NodeOp = {
+      kind: 'exec',
+      sandboxId: id,
+      requestId,
+      replyTo: this.deps.replies.gatewayId,
+      commandId: request.commandId ?? newId('cmd'),
+      argv: request.argv ?? ['/bin/sh', '-c', request.cmd!],
+      stdin: request.stdin,
+      env: request.env,
+      cwd: request.cwd,
+      timeoutMs: request.timeoutMs,
+    };
+    const reply = await this.request(requestId, request.timeoutMs + EXEC_REPLY_GRACE_MS, () => this.deps.queues.opsQueue(sandbox.node!).add('exec', op, { jobId: requestId })).catch(async (err: unknown) => {
+      if (err instanceof RollboxError && err.code === 'timeout') {
+        const now = await this.deps.registry.get(id);
+        if (now?.state === 'failed' && now.failureReason === 'lost') throw new RollboxError('node_lost', `worker host ${sandbox.node} was lost during the command; its result is unknown`);
+      }
+      throw err;
+    });
+    if (reply.kind === 'exec') return reply.result;
+    if (reply.kind === 'error') throw toRollboxError(reply.error);
+    throw new RollboxError('internal', `unexpected reply ${reply.kind}`);
+  }
+
+  async delete(principal: Principal, id: string): Promise<Sandbox> {
+    requireScope(principal, 'sandbox:delete');
+    const { registry } = this.deps;
+    const sandbox = await registry.getOwned(id, principal.tenant);
+    if (isTerminal(sandbox.state)) return sandbox;
+    // Not started yet: end it here; the node's pending->creating move will then be refused.
+    if ((await registry.transition(id, 'terminated', { from: ['pending'], detail: 'deleted before it started' })).kind === 'ok') return registry.getOwned(id, principal.tenant);
+    const stopping = await registry.transition(id, 'stopping', { from: ['creating', 'running', 'paused', 'hibernated'] });
+    if (stopping.kind === 'ok' && (stopping.from === 'creating' || stopping.from === 'hibernated')) {
+      // A create in flight finishes the delete itself; a hibernated sandbox has nothing running.
+      if (stopping.from === 'hibernated') await registry.transition(id, 'terminated', { from: ['stopping'] });
+      return this.waitTerminal(id, principal.tenant);
+    }
+    const requestId = newId('req');
+    const op: NodeOp = { kind: 'destroy', sandboxId: id, requestId, replyTo: this.deps.replies.gatewayId };
+    const reply = await this.request(requestId, DESTROY_REPLY_TIMEOUT_MS, () => this.deps.queues.opsQueue(sandbox.node!).add('destroy', op, { jobId: requestId })).catch((err: unknown) => {
+      // No reply in time: the node may be gone; the lost-node sweep ends the sandbox then.
+      if (err instanceof RollboxError && err.code === 'timeout') return undefined;
+      throw err;
+    });
+    if (reply?.kind === 'error') throw toRollboxError(reply.error);
+    return this.waitTerminal(id, principal.tenant);
+  }
+
+  private async waitTerminal(id: string, tenant: string): Promise<Sandbox> {
+    const deadline = this.deps.now() + DESTROY_REPLY_TIMEOUT_MS;
+    for (;;) {
+      const sandbox = await this.deps.registry.getOwned(id, tenant);
+      if (isTerminal(sandbox.state) || this.deps.now() > deadline) return sandbox;
+      await new Promise((r) => setTimeout(r, POLL_MS));
+    }
+  }
+}
+
+function toRollboxError(error: { code: string; message: string; retryAfterSeconds?: number }): RollboxError {
+  const known = ['invalid_state', 'not_found', 'conflict', 'timeout', 'invalid_request'] as const;
+  const code = (known as readonly string[]).includes(error.code) ? (error.code as (typeof known)[number]) : 'internal';
+  return new RollboxError(code, error.message, error.retryAfterSeconds);
+}

@@ -1,0 +1,104 @@
+import { execFile } from 'node:child_process';
+import { createReadStream } from 'node:fs';
+import { mkdir, mkdtemp, readFile, rm } from 'node:fs/promises';
+import path from 'node:path';
+import type { Readable } from 'node:stream';
+import { promisify } from 'node:util';
+import tar from 'tar-stream';
+import { RollboxError } from '../api/index.ts';
+import { mkfsErofs } from './erofs.ts';
+import { extractTarSafely } from './extract.ts';
+import type { LayerStore, StoredLayer } from './store.ts';
+
+export interface BuildLayerOptions {
+  store: LayerStore;
+  /** Scratch space; a private subdirectory is created and always removed. Same filesystem as the store is fastest. */
+  tmpDir: string;
+  /** Cap on the total bytes of file contents in the tar. */
+  maxBytes: number;
+  /** Cap on the number of tar entries (default 200 000). */
+  maxEntries?: number;
+  mkfsBinary?: string;
+}
+
+const DEFAULT_MAX_ENTRIES = 200_000;
+
+/**
+ * Turn a tar (stream or file path; plain or gzip) into a stored EROFS layer. The same tar
+ * gives the same digest on a machine: ownership and mtimes come from the tar, directories
+ * the tar leaves implicit get mode 0755 and mtime 0, and the image build is deterministic.
+ */
+export async function buildLayerFromTar(source: Readable | string, opts: BuildLayerOptions): Promise<StoredLayer> {
+  const input = typeof source === 'string' ? createReadStream(source) : source;
+  await mkdir(opts.tmpDir, { recursive: true });
+  const work = await mkdtemp(path.join(opts.tmpDir, 'layer-'));
+  try {
+    const root = path.join(work, 'root');
+    await mkdir(root, { mode: 0o755 });
+    await extractTarSafely(input, root, { maxBytes: opts.maxBytes, maxEntries: opts.maxEntries ?? DEFAULT_MAX_ENTRIES });
+    const image = path.join(work, 'image.erofs');
+    await mkfsErofs(root, image, opts.mkfsBinary ? { mkfsBinary: opts.mkfsBinary } : {});
+    return await opts.store.put(image);
+  } finally {
+    input.destroy();
+    await rm(work, { recursive: true, force: true });
+  }
+}
+
+export interface BusyboxBaseOptions {
+  store: LayerStore;
+  tmpDir: string;
+  /** A static busybox binary (default /bin/busybox). */
+  busyboxPath?: string;
+  mkfsBinary?: string;
+}
+
+const PASSWD = 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n';
+const GROUP = 'root:x:0:\nnobody:x:65534:\n';
+const HOSTS = '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n';
+
+/**
+ * The minimal base: busybox and a symlink per applet, plus the few files programs expect.
+ * Built as a tar in memory and fed through the same safe path as uploaded layers, with
+ * every timestamp at 0, so the digest only changes when the busybox binary does.
+ */
+export async function buildBusyboxBase(opts: BusyboxBaseOptions): Promise<StoredLayer> {
+  const busyboxPath = opts.busyboxPath ?? '/bin/busybox';
+  const binary = await readFile(busyboxPath);
+  const { stdout } = await promisify(execFile)(busyboxPath, ['--list-full'], { maxBuffer: 1 << 20 });
+  const applets = [...new Set(stdout.split('\n').map((l) => l.trim()).filter((l) => l !== '' && l !== 'bin/busybox'))].sort();
+  if (applets.length === 0) throw new RollboxError('internal', `${busyboxPath} --list-full printed no applets`);
+
+  const pack = tar.pack();
+  const at = new Date(0);
+  const dir = (name: string, mode = 0o755): void => {
+    pack.entry({ name, type: 'directory', mode, mtime: at, uid: 0, gid: 0 });
+  };
+  const file = (name: string, content: string | Buffer, mode = 0o644): void => {
+    pack.entry({ name, type: 'file', mode, mtime: at, uid: 0, gid: 0 }, content);
+  };
+  const dirs = new Set<string>(['bin', 'sbin', 'usr', 'usr/bin', 'usr/sbin', 'etc', 'proc', 'sys', 'dev', 'root', 'tmp', 'home', 'var', 'run', '.rollbox']);
+  for (const a of applets) {
+    const parts = a.split('/');
+    for (let i = 1; i < parts.length; i++) dirs.add(parts.slice(0, i).join('/'));
+  }
+  for (const d of [...dirs].sort()) dir(`${d}/`, d === 'tmp' ? 0o1777 : d === 'root' ? 0o700 : 0o755);
+  file('bin/busybox', binary, 0o755);
+  for (const a of applets) pack.entry({ name: a, type: 'symlink', linkname: '/bin/busybox', mode: 0o777, mtime: at, uid: 0, gid: 0 });
+  file('etc/passwd', PASSWD);
+  file('etc/group', GROUP);
+  file('etc/hosts', HOSTS);
+  file('etc/resolv.conf', '');
+  file('etc/hostname', 'sandbox\n');
+  // Mount target for the runtime's read-only busybox bind (the container init), so runc
+  // does not have to create it in each sandbox's writable layer.
+  file('.rollbox/busybox', '', 0o755);
+  pack.finalize();
+
+  return buildLayerFromTar(pack as unknown as Readable, {
+    store: opts.store,
+    tmpDir: opts.tmpDir,
+    maxBytes: binary.length + 1024 * 1024,
+    ...(opts.mkfsBinary ? { mkfsBinary: opts.mkfsBinary } : {}),
+  });
+}

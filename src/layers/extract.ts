@@ -1,0 +1,301 @@
+import { constants as fsc } from 'node:fs';
+import { lchown, link, lstat, lutimes, mkdir, open, rm, symlink, chmod, utimes } from 'node:fs/promises';
+import path from 'node:path';
+import { Readable, Transform } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
+import { createGunzip } from 'node:zlib';
+import tar from 'tar-stream';
+import { RollboxError } from '../api/index.ts';
+
+export interface ExtractLimits {
+  /** Cap on the sum of regular-file contents. */
+  maxBytes: number;
+  /** Cap on the number of tar entries. */
+  maxEntries: number;
+}
+
+interface DirMeta {
+  mode: number;
+  uid: number;
+  gid: number;
+  mtime: Date;
+}
+
+const EPOCH = new Date(0);
+const MAX_PATH_CHARS = 4096;
+const MAX_NAME_BYTES = 255;
+/** Tar metadata (headers, padding, pax records) allowed beyond file contents. */
+const META_SLACK_BYTES = 16 * 1024 * 1024;
+const META_BYTES_PER_ENTRY = 2048;
+
+function refuse(message: string): never {
+  throw new RollboxError('invalid_layer', message);
+}
+
+/**
+ * Split a tar member name into safe components relative to the layer root. Absolute names
+ * and `..` anywhere are refused outright rather than "cleaned": a tar that tries either is
+ * not one we want to interpret.
+ */
+export function entryComponents(name: string, what = 'entry'): string[] {
+  if (name.includes('\0')) refuse(`${what} name contains NUL`);
+  if (name.length > MAX_PATH_CHARS) refuse(`${what} name longer than ${MAX_PATH_CHARS} characters`);
+  if (name.startsWith('/')) refuse(`${what} ${JSON.stringify(name)} is an absolute path`);
+  const parts = name.split('/').filter((p) => p !== '' && p !== '.');
+  for (const p of parts) {
+    if (p === '..') refuse(`${what} ${JSON.stringify(name)} contains a '..' component`);
+    if (Buffer.byteLength(p) > MAX_NAME_BYTES) refuse(`${what} ${JSON.stringify(name)} has a component longer than ${MAX_NAME_BYTES} bytes`);
+  }
+  return parts;
+}
+
+/** Whether a symlink stored at `linkComps` with `target` stays inside the layer root when resolved lexically. */
+export function symlinkStaysInside(linkComps: readonly string[], target: string): boolean {
+  if (target.startsWith('/')) return true; // resolved against the container's root, never the host's
+  const resolved = path.posix.normalize(path.posix.join(linkComps.slice(0, -1).join('/') || '.', target));
+  return resolved !== '..' && !resolved.startsWith('../');
+}
+
+/**
+ * Extract a tar (optionally gzip-compressed) under `root` without ever writing outside it.
+ *
+ * Host safety does not rely on validating symlink targets: every parent directory is
+ * checked with lstat to be a real directory we created (never a symlink), files are
+ * created with O_EXCL|O_NOFOLLOW, and existing entries are replaced by unlinking, which
+ * does not follow links. Only this process writes under `root` (a fresh 0700 temp dir),
+ * so the lstat checks cannot be raced.
+ */
+export async function extractTarSafely(input: Readable, root: string, limits: ExtractLimits): Promise<void> {
+  const extract = tar.extract();
+  let rawBytes = 0;
+  let contentBytes = 0;
+  let entries = 0;
+  let failure: Error | undefined;
+  const fail = (err: Error): void => {
+    failure ??= err;
+  };
+
+  // Meter the decompressed tar stream: caps tar-stream's in-memory buffering of pax and
+  // GNU long-name records (which never reach us as entries) and gzip bombs.
+  const meter = new Transform({
+    transform(chunk: Buffer, _enc, cb) {
+      rawBytes += chunk.length;
+      if (rawBytes - contentBytes > META_SLACK_BYTES + META_BYTES_PER_ENTRY * (entries + 1) + 2 * 1024 * 1024) {
+        cb(new RollboxError('invalid_layer', 'tar metadata exceeds the allowed size'));
+        return;
+      }
+      cb(null, chunk);
+    },
+  });
+
+  const source = await maybeGunzip(input);
+  const stages = source.length === 2 ? pipeline(source[0], source[1], meter, extract) : pipeline(source[0], meter, extract);
+  const piping = stages.catch((err: Error) => {
+    fail(err);
+  });
+
+  const dirs = new Map<string, DirMeta>(); // rel path ('' = root) -> final metadata
+  const knownDirs = new Set<string>(['']); // rel paths verified to be real directories
+  dirs.set('', { mode: 0o755, uid: 0, gid: 0, mtime: EPOCH });
+
+  const abs = (comps: readonly string[]): string => path.join(root, ...comps);
+
+  /** Make sure every component of `comps` is a real directory, creating missing ones. */
+  const ensureDirs = async (comps: readonly string[]): Promise<void> => {
+    for (let i = 1; i <= comps.length; i++) {
+      const rel = comps.slice(0, i).join('/');
+      if (knownDirs.has(rel)) continue;
+      const p = abs(comps.slice(0, i));
+      const st = await lstat(p).catch((e: NodeJS.ErrnoException) => {
+        if (e.code === 'ENOENT') return undefined;
+        throw e;
+      });
+      if (!st) {
+        await mkdir(p, { mode: 0o755 });
+        dirs.set(rel, { mode: 0o755, uid: 0, gid: 0, mtime: EPOCH });
+      } else if (!st.isDirectory()) {
+        refuse(`entry path ${JSON.stringify(rel)} passes through a ${st.isSymbolicLink() ? 'symlink' : 'non-directory'}`);
+      }
+      knownDirs.add(rel);
+    }
+  };
+
+  /** Remove whatever is at `comps` (never following a symlink) unless it is a directory and `keepDir`. */
+  const clearSlot = async (comps: readonly string[], keepDir: boolean): Promise<'dir' | 'empty'> => {
+    const p = abs(comps);
+    const st = await lstat(p).catch((e: NodeJS.ErrnoException) => {
+      if (e.code === 'ENOENT') return undefined;
+      throw e;
+    });
+    if (!st) return 'empty';
+    if (st.isDirectory() && keepDir) return 'dir';
+    // rm does not follow symlinks; a later entry replacing an earlier one is plain tar semantics.
+    await rm(p, { recursive: true, force: true });
+    const rel = comps.join('/');
+    for (const k of [...knownDirs]) if (k === rel || k.startsWith(`${rel}/`)) knownDirs.delete(k);
+    for (const k of [...dirs.keys()]) if (k === rel || k.startsWith(`${rel}/`)) dirs.delete(k);
+    return 'empty';
+  };
+
+  try {
+    for await (const entry of extract) {
+      if (failure) throw failure;
+      const h = entry.header;
+      entries++;
+      if (entries > limits.maxEntries) {
+        throw new RollboxError('payload_too_large', `layer has more than ${limits.maxEntries} entries`);
+      }
+      const comps = entryComponents(h.name, 'entry');
+      const leaf = comps[comps.length - 1];
+      if (leaf?.startsWith('.wh.')) refuse(`overlay whiteout ${JSON.stringify(h.name)} is not supported yet`);
+      const mode = (h.mode ?? 0o644) & 0o7777;
+      const uid = h.uid ?? 0;
+      const gid = h.gid ?? 0;
+      const mtime = h.mtime ?? EPOCH;
+      const type = h.type ?? 'file';
+
+      if (comps.length === 0) {
+        if (type !== 'directory') refuse(`entry ${JSON.stringify(h.name)} names the layer root but is not a directory`);
+        dirs.set('', { mode, uid, gid, mtime });
+        entry.resume();
+        continue;
+      }
+      const rel = comps.join('/');
+      const parents = comps.slice(0, -1);
+
+      switch (type) {
+        case 'directory': {
+          await ensureDirs(parents);
+          if ((await clearSlot(comps, true)) === 'empty') await mkdir(abs(comps), { mode: 0o755 });
+          knownDirs.add(rel);
+          dirs.set(rel, { mode, uid, gid, mtime });
+          entry.resume();
+          break;
+        }
+        case 'file':
+        case 'contiguous-file': {
+          const size = h.size ?? 0;
+          if (contentBytes + size > limits.maxBytes) {
+            throw new RollboxError('payload_too_large', `layer contents exceed ${limits.maxBytes} bytes`);
+          }
+          await ensureDirs(parents);
+          await clearSlot(comps, false);
+          const fh = await open(abs(comps), fsc.O_WRONLY | fsc.O_CREAT | fsc.O_EXCL | fsc.O_NOFOLLOW, 0o600);
+          try {
+            let written = 0;
+            for await (const chunk of entry as AsyncIterable<Buffer>) {
+              written += chunk.length;
+              contentBytes += chunk.length;
+              if (contentBytes > limits.maxBytes) {
+                throw new RollboxError('payload_too_large', `layer contents exceed ${limits.maxBytes} bytes`);
+              }
+              let off = 0;
+              while (off < chunk.length) off += (await fh.write(chunk, off, chunk.length - off)).bytesWritten;
+            }
+            if (written !== size) refuse(`entry ${JSON.stringify(rel)} is truncated`);
+            // chown before chmod: chown clears set-id bits.
+            await fh.chown(uid, gid);
+            await fh.chmod(mode);
+            await fh.utimes(mtime, mtime);
+          } finally {
+            await fh.close();
+          }
+          break;
+        }
+        case 'symlink': {
+          const target = h.linkname ?? '';
+          if (target === '' || target.includes('\0') || target.length > MAX_PATH_CHARS) refuse(`symlink ${JSON.stringify(rel)} has an invalid target`);
+          if (!symlinkStaysInside(comps, target)) refuse(`symlink ${JSON.stringify(rel)} -> ${JSON.stringify(target)} points outside the layer`);
+          await ensureDirs(parents);
+          await clearSlot(comps, false);
+          await symlink(target, abs(comps));
+          await lchown(abs(comps), uid, gid);
+          await lutimes(abs(comps), mtime, mtime);
+          entry.resume();
+          break;
+        }
+        case 'link': {
+          const targetComps = entryComponents(h.linkname ?? '', 'hardlink target');
+          if (targetComps.length === 0) refuse(`hardlink ${JSON.stringify(rel)} has an empty target`);
+          const targetRel = targetComps.join('/');
+          if (targetRel === rel) {
+            entry.resume();
+            break;
+          }
+          // The target's parents must be real directories inside the root and the target a
+          // regular file already extracted: link() never follows a symlink, but we refuse
+          // to link to anything else anyway.
+          await ensureDirs(targetComps.slice(0, -1));
+          const st = await lstat(abs(targetComps)).catch(() => undefined);
+          if (!st || !st.isFile()) refuse(`hardlink ${JSON.stringify(rel)} -> ${JSON.stringify(targetRel)} does not name an earlier regular file`);
+          await ensureDirs(parents);
+          await clearSlot(comps, false);
+          await link(abs(targetComps), abs(comps));
+          entry.resume();
+          break;
+        }
+        case 'character-device':
+        case 'block-device':
+          refuse(`device node ${JSON.stringify(rel)} is not allowed in a layer`);
+          break;
+        case 'fifo':
+          refuse(`fifo ${JSON.stringify(rel)} is not supported in a layer`);
+          break;
+        default:
+          refuse(`entry ${JSON.stringify(rel)} has unsupported type ${String(type)}`);
+      }
+    }
+    await piping;
+    if (failure) throw failure;
+  } catch (err) {
+    extract.destroy();
+    input.destroy();
+    await piping;
+    throw toLayerError(failure && !(err instanceof RollboxError) ? failure : err);
+  }
+
+  // Directory metadata last, deepest first: adding children changes a directory's mtime.
+  const ordered = [...dirs.entries()].sort((a, b) => b[0].split('/').length - a[0].split('/').length);
+  for (const [rel, meta] of ordered) {
+    const p = rel === '' ? root : path.join(root, rel);
+    await lchown(p, meta.uid, meta.gid);
+    await chmod(p, meta.mode);
+    await utimes(p, meta.mtime, meta.mtime);
+  }
+}
+
+function toLayerError(err: unknown): Error {
+  if (err instanceof RollboxError) return err;
+  const e = err as NodeJS.ErrnoException;
+  if (e?.code === 'ENAMETOOLONG') return new RollboxError('invalid_layer', 'entry path too long');
+  if (e?.code === 'Z_DATA_ERROR' || e?.code === 'Z_BUF_ERROR') return new RollboxError('invalid_layer', `bad gzip data: ${e.message}`);
+  if (e instanceof Error && /tar|header|unexpected end/i.test(e.message)) return new RollboxError('invalid_layer', `malformed tar: ${e.message}`);
+  return new RollboxError('internal', `layer extraction failed: ${e instanceof Error ? e.message : String(err)}`);
+}
+
+/** Return the stream as pipeline stages, adding a gunzip stage when it starts with the gzip magic. */
+async function maybeGunzip(input: Readable): Promise<[Readable] | [Readable, Transform]> {
+  const it = input[Symbol.asyncIterator]() as AsyncIterator<Buffer>;
+  let head = Buffer.alloc(0);
+  let ended = false;
+  while (head.length < 2) {
+    const n = await it.next();
+    if (n.done) {
+      ended = true;
+      break;
+    }
+    head = Buffer.concat([head, Buffer.from(n.value)]);
+  }
+  async function* replay(): AsyncGenerator<Buffer> {
+    if (head.length) yield head;
+    if (ended) return;
+    for (;;) {
+      const n = await it.next();
+      if (n.done) return;
+      yield Buffer.from(n.value);
+    }
+  }
+  const replayed = Readable.from(replay(), { objectMode: false });
+  if (head[0] === 0x1f && head[1] === 0x8b) return [replayed, createGunzip()];
+  return [replayed];
+}

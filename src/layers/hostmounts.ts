@@ -1,0 +1,79 @@
+import { readFile, readdir, readlink, stat } from 'node:fs/promises';
+import path from 'node:path';
+
+export interface MountInfo {
+  mountPoint: string;
+  fsType: string;
+  source: string;
+}
+
+function unescapeMountField(s: string): string {
+  return s.replace(/\\([0-7]{3})/g, (_m, oct: string) => String.fromCharCode(parseInt(oct, 8)));
+}
+
+/** Parse /proc/self/mountinfo (the mounts of the worker's mount namespace). */
+export async function readMountInfo(): Promise<MountInfo[]> {
+  const text = await readFile('/proc/self/mountinfo', 'utf8');
+  const out: MountInfo[] = [];
+  for (const line of text.split('\n')) {
+    if (!line) continue;
+    const fields = line.split(' ');
+    const sep = fields.indexOf('-', 6);
+    if (sep < 0 || fields.length < sep + 3) continue;
+    out.push({ mountPoint: unescapeMountField(fields[4]!), fsType: fields[sep + 1]!, source: unescapeMountField(fields[sep + 2]!) });
+  }
+  return out;
+}
+
+/** Whether something is mounted at `dir`: a mount point's st_dev differs from its parent's. Cheap (two stats). */
+export async function isMountPoint(dir: string): Promise<boolean> {
+  try {
+    const [a, b] = await Promise.all([stat(dir), stat(path.dirname(dir))]);
+    return a.dev !== b.dev || a.ino === b.ino;
+  } catch {
+    return false;
+  }
+}
+
+/** Linux dev_t (new encoding) to major/minor. */
+export function devMajorMinor(dev: number): { major: number; minor: number } {
+  return { major: Math.floor(dev / 256) & 0xfff, minor: (dev & 0xff) | (Math.floor(dev / 4096) & 0xfff00) };
+}
+
+export interface LoopDevice {
+  device: string; // /dev/loopN
+  backingFile: string;
+}
+
+/** The loop device a mount point is backed by, if any. */
+export async function loopDeviceOf(dir: string): Promise<LoopDevice | undefined> {
+  try {
+    const { major, minor } = devMajorMinor((await stat(dir)).dev);
+    const sys = `/sys/dev/block/${major}:${minor}`;
+    const backingFile = (await readFile(`${sys}/loop/backing_file`, 'utf8')).trim();
+    const name = path.basename(await readlink(sys));
+    return { device: `/dev/${name}`, backingFile };
+  } catch {
+    return undefined;
+  }
+}
+
+/** Backing file of a loop device by name (`loop3`), or undefined when it is not bound. */
+export async function loopBackingFile(name: string): Promise<string | undefined> {
+  try {
+    return (await readFile(`/sys/block/${name}/loop/backing_file`, 'utf8')).trim();
+  } catch {
+    return undefined;
+  }
+}
+
+/** Every bound loop device on the host. */
+export async function listLoopDevices(): Promise<LoopDevice[]> {
+  const names = (await readdir('/sys/block').catch(() => [] as string[])).filter((n) => /^loop\d+$/.test(n));
+  const out: LoopDevice[] = [];
+  for (const n of names) {
+    const backingFile = await loopBackingFile(n);
+    if (backingFile) out.push({ device: `/dev/${n}`, backingFile });
+  }
+  return out;
+}

@@ -1,0 +1,11 @@
+export { LayerStore } from './store.ts';
+export type { StoredLayer } from './store.ts';
+export { buildLayerFromTar, buildBusyboxBase } from './build.ts';
+export type { BuildLayerOptions, BusyboxBaseOptions } from './build.ts';
+export { LayerMounts } from './mounts.ts';
+export type { LayerMountsDeps, LayerLogger } from './mounts.ts';
+export { hexOfDigest, isLayerDigest, sha256File } from './digest.ts';
+export { mkfsErofs } from './erofs.ts';
+export { entryComponents, symlinkStaysInside } from './extract.ts';
+export { readMountInfo, isMountPoint, loopDeviceOf, listLoopDevices } from './hostmounts.ts';
+export type { MountInfo, LoopDevice } from './hostmounts.ts';

@@ -1,0 +1,49 @@
+import { spawn } from 'node:child_process';
+import { RollboxError } from '../api/index.ts';
+
+export interface RunResult {
+  code: number;
+  stdout: string;
+  stderr: string;
+}
+
+/**
+ * Run a host tool with an argument array (never a shell string) and collect its output.
+ * Output is capped because these tools only print short diagnostics; a runaway tool must
+ * not grow the worker's heap.
+ */
+export function runTool(file: string, args: readonly string[], opts: { cwd?: string; capBytes?: number } = {}): Promise<RunResult> {
+  const capBytes = opts.capBytes ?? 64 * 1024;
+  return new Promise((resolve, reject) => {
+    const child = spawn(file, args, { cwd: opts.cwd, stdio: ['ignore', 'pipe', 'pipe'] });
+    const out: Buffer[] = [];
+    const err: Buffer[] = [];
+    let outBytes = 0;
+    let errBytes = 0;
+    child.stdout.on('data', (b: Buffer) => {
+      if (outBytes < capBytes) out.push(b);
+      outBytes += b.length;
+    });
+    child.stderr.on('data', (b: Buffer) => {
+      if (errBytes < capBytes) err.push(b);
+      errBytes += b.length;
+    });
+    child.on('error', (e) => reject(new RollboxError('internal', `${file}: ${e.message}`)));
+    child.on('close', (code, signal) => {
+      resolve({
+        code: code ?? (signal ? 128 : 1),
+        stdout: Buffer.concat(out).toString('utf8'),
+        stderr: Buffer.concat(err).toString('utf8'),
+      });
+    });
+  });
+}
+
+/** Like runTool, but a non-zero exit is an infrastructure failure. */
+export async function runToolOk(file: string, args: readonly string[], opts: { cwd?: string } = {}): Promise<RunResult> {
+  const r = await runTool(file, args, opts);
+  if (r.code !== 0) {
+    throw new RollboxError('internal', `${file} ${args.join(' ')} failed (exit ${r.code}): ${r.stderr.trim().slice(0, 2000)}`);
+  }
+  return r;
+}

@@ -1,0 +1,216 @@
+/**
+ * The composition root: the only place that builds real dependencies (Redis connections,
+ * the runc runtime, the layer store, the token verifier) and hands them to the modules.
+ */
+import { randomBytes } from 'node:crypto';
+import fs from 'node:fs/promises';
+import path from 'node:path';
+import { serve } from '@hono/node-server';
+import { Queue } from 'bullmq';
+import type { Redis } from 'ioredis';
+import pino, { type Logger } from 'pino';
+import type { Config } from './config/index.ts';
+import { Janitor, SandboxService, createGateway, newId } from './gateway/index.ts';
+import { createTokenIssuer, createTokenVerifier, loadOrCreateHsSecret } from './iam/index.ts';
+import { LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar } from './layers/index.ts';
+import { NodeDirectory, ReplyHub, createQueueName, opsQueueName } from './queues/index.ts';
+import { connectRedis, startRedisServer, type RedisServerHandle } from './redis/index.ts';
+import { LayerRegistry, SandboxRegistry } from './registry/index.ts';
+import { WorkerHost } from './workers/index.ts';
+import { createRuncRuntime } from './workers/runtime/index.ts';
+
+export interface Stoppable {
+  stop(): Promise<void>;
+}
+
+export function createLogger(config: Pick<Config, 'logLevel'>, name: string): Logger {
+  return pino({ name, level: config.logLevel });
+}
+
+function layerStoreOf(config: Config): LayerStore {
+  return new LayerStore(config.layerStoreDir);
+}
+
+async function layerImagePath(store: LayerStore, digest: string): Promise<string | undefined> {
+  return (await store.has(digest)) ? store.pathOf(digest) : undefined;
+}
+
+export interface GatewayHandle extends Stoppable {
+  url: string;
+  port: number;
+  gatewayId: string;
+}
+
+export async function startGatewayRole(config: Config, redisUrl: string, logger: Logger): Promise<GatewayHandle> {
+  const redis = connectRedis(redisUrl);
+  const subscriber = connectRedis(redisUrl);
+  const gatewayId = newId('gw');
+  const now = Date.now;
+  const registry = new SandboxRegistry(redis, now);
+  const layers = new LayerRegistry(redis);
+  const store = layerStoreOf(config);
+  const directory = new NodeDirectory(redis, { refreshMs: Math.min(1000, config.node.heartbeatMs), now });
+  const replies = new ReplyHub(subscriber, gatewayId);
+  await Promise.all([directory.start(), replies.start()]);
+
+  // Queue producers share the gateway's one command connection; none of them blocks.
+  const queues = new Map<string, Queue>();
+  const queueOf = (name: string) => {
+    let queue = queues.get(name);
+    if (!queue) {
+      queue = new Queue(name, { connection: redis, defaultJobOptions: { removeOnComplete: true, removeOnFail: 1000, attempts: 1 } });
+      queues.set(name, queue);
+    }
+    return queue;
+  };
+  const sandboxes = new SandboxService({
+    config,
+    registry,
+    layers,
+    directory,
+    replies,
+    queues: { createQueue: (nodeId) => queueOf(createQueueName(nodeId)), opsQueue: (nodeId) => queueOf(opsQueueName(nodeId)) },
+    logger,
+    now,
+    random: Math.random,
+  });
+  const verifier = createTokenVerifier(config.jwt);
+  const app = createGateway({
+    config,
+    redis,
+    verifier,
+    sandboxes,
+    layers,
+    directory,
+    logger,
+    now,
+    buildLayer: (tar, { maxBytes }) => buildLayerFromTar(tar, { store, tmpDir: path.join(config.dataDir, 'tmp'), maxBytes }),
+    layerImagePath: (digest) => layerImagePath(store, digest),
+  });
+  const janitor = new Janitor({ redis, registry, directory, lostAfterMs: config.node.lostAfterMs, intervalMs: 500, logger, now });
+  janitor.start();
+
+  const server = await new Promise<ReturnType<typeof serve>>((resolve) => {
+    const s = serve({ fetch: app.fetch, hostname: config.http.host, port: config.http.port }, () => resolve(s));
+  });
+  const address = server.address();
+  const port = typeof address === 'object' && address ? address.port : config.http.port;
+  const url = `http://${config.http.host}:${port}`;
+  logger.info({ url, gatewayId }, 'gateway listening');
+  return {
+    url,
+    port,
+    gatewayId,
+    async stop() {
+      janitor.stop();
+      directory.stop();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+      await replies.stop();
+      await Promise.all([...queues.values()].map((q) => q.close()));
+      await redis.quit().catch(() => {});
+    },
+  };
+}
+
+/** A worker keeps the node id it generated on first start, so a restart adopts its sandboxes. */
+async function nodeIdOf(config: Config): Promise<string> {
+  if (config.node.nodeId) return config.node.nodeId;
+  const file = path.join(config.dataDir, 'node-id');
+  const existing = await fs.readFile(file, 'utf8').then((s) => s.trim(), () => '');
+  if (existing) return existing;
+  const id = `node-${randomBytes(4).toString('hex')}`;
+  await fs.mkdir(config.dataDir, { recursive: true });
+  await fs.writeFile(file, `${id}\n`, { flag: 'wx' }).catch(() => {});
+  return (await fs.readFile(file, 'utf8')).trim();
+}
+
+export interface WorkerHandle {
+  nodeId: string;
+  stop(options?: { destroySandboxes: boolean }): Promise<void>;
+}
+
+export async function startWorkerRole(config: Config, redisUrl: string, logger: Logger): Promise<WorkerHandle> {
+  const nodeId = await nodeIdOf(config);
+  const redis = connectRedis(redisUrl);
+  const blocking: Redis[] = [];
+  const store = layerStoreOf(config);
+  const workerDir = path.join(config.dataDir, 'worker');
+  const layerMounts = new LayerMounts({ dataDir: workerDir, storeDir: config.layerStoreDir, logger });
+  const runtime = createRuncRuntime({ dataDir: workerDir, runtimeBinary: config.node.runtimeBinary, layerMounts, nodeId, logger });
+  const host = new WorkerHost({
+    config: { ...config.node, nodeId },
+    redis,
+    connectBlocking: () => {
+      const connection = connectRedis(redisUrl);
+      blocking.push(connection);
+      return connection;
+    },
+    registry: new SandboxRegistry(redis),
+    runtime,
+    layerImagePath: (digest) => layerImagePath(store, digest),
+    logger,
+  });
+  await host.start();
+  return {
+    nodeId,
+    async stop(options = { destroySandboxes: false }) {
+      await host.stop(options);
+      await Promise.all([redis, ...blocking].map((c) => c.quit().catch(() => {})));
+    },
+  };
+}
+
+/** Registers the default `busybox` base layer if this cluster has none yet. */
+export async function ensureBaseLayer(config: Config, redisUrl: string): Promise<string> {
+  const redis = connectRedis(redisUrl);
+  try {
+    const layers = new LayerRegistry(redis);
+    const existing = await layers.resolve('busybox').catch(() => undefined);
+    const store = layerStoreOf(config);
+    if (existing && (await store.has(existing.digest))) return existing.digest;
+    const built = await buildBusyboxBase({ store, tmpDir: path.join(config.dataDir, 'tmp') });
+    await layers.register({ digest: built.digest, sizeBytes: built.sizeBytes, name: 'busybox', parents: [], createdAt: new Date().toISOString() });
+    return built.digest;
+  } finally {
+    await redis.quit().catch(() => {});
+  }
+}
+
+export interface EmbeddedStack extends Stoppable {
+  url: string;
+  redisUrl: string;
+  adminToken: string;
+  nodeId: string;
+}
+
+/**
+ * `rollbox up`: its own redis-server (unless REDIS_URL is set) with data under the data
+ * dir, the busybox base layer, one worker host and one gateway.
+ */
+export async function startEmbedded(config: Config, logger: Logger): Promise<EmbeddedStack> {
+  await fs.mkdir(config.dataDir, { recursive: true });
+  let redisServer: RedisServerHandle | undefined;
+  const stops: (() => Promise<void>)[] = [];
+  const stopAll = async () => {
+    for (const stop of stops.reverse()) await stop().catch((err) => logger.error({ err }, 'stop failed'));
+    stops.length = 0;
+  };
+  try {
+    if (!config.redisUrl) {
+      redisServer = await startRedisServer({ dataDir: path.join(config.dataDir, 'redis') });
+      stops.push(() => redisServer!.stop());
+    }
+    const redisUrl = config.redisUrl ?? redisServer!.url;
+    if (config.jwt.alg === 'HS256') await loadOrCreateHsSecret(config.jwt.secretFile);
+    await ensureBaseLayer(config, redisUrl);
+    const worker = await startWorkerRole(config, redisUrl, logger.child({ role: 'worker' }));
+    stops.push(() => worker.stop({ destroySandboxes: true }));
+    const gateway = await startGatewayRole(config, redisUrl, logger.child({ role: 'gateway' }));
+    stops.push(() => gateway.stop());
+    const adminToken = await createTokenIssuer(config.jwt).issue({ tenant: 'admin', scopes: ['admin'], ttlSeconds: 30 * 24 * 3600 });
+    return { url: gateway.url, redisUrl, adminToken, nodeId: worker.nodeId, stop: stopAll };
+  } catch (err) {
+    await stopAll();
+    throw err;
+  }
+}

@@ -1,0 +1,5 @@
+export { chooseNode, eligibleNodes, loadScore } from './placement.ts';
+export type { AssumedLoad, PlacementCandidate, PlacementRequest, PlacementOptions } from './placement.ts';
+export { NodeDirectory } from './node-directory.ts';
+export { ReplyHub, publishReply } from './replies.ts';
+export { createQueueName, opsQueueName } from './names.ts';

@@ -1,0 +1,79 @@
+import { describe, expect, it } from 'vitest';
+import type { NodeHeartbeat } from '../api/index.ts';
+import { chooseNode, type PlacementCandidate } from './placement.ts';
+
+function node(nodeId: string, usedMemoryMiB: number, extra: Partial<NodeHeartbeat> = {}): PlacementCandidate {
+  return {
+    ageMs: 100,
+    assumed: { memoryMiB: 0, cpuMillis: 0, sandboxes: 0 },
+    heartbeat: {
+      nodeId,
+      pool: 'local',
+      atMs: 0,
+      healthy: true,
+      capacity: { cpuMillis: 16_000, memoryMiB: 10_000, maxSandboxes: 100, maxStarting: 8 },
+      used: { cpuMillis: 0, memoryMiB: usedMemoryMiB },
+      measured: { cpuLoad: 0, memoryUsedFraction: 0 },
+      sandboxes: 0,
+      starting: 0,
+      cachedLayers: [],
+      handledCreates: [],
+      ...extra,
+    },
+  };
+}
+
+function seeded(seed: number): () => number {
+  let s = seed >>> 0;
+  return () => ((s = (s * 1664525 + 1013904223) >>> 0) / 2 ** 32);
+}
+
+const request = { memoryMiB: 512, cpuMillis: 1000, pool: 'local', exclude: new Set<string>() };
+const options = { choices: 2, staleAfterMs: 3000, random: seeded(1) };
+
+describe('chooseNode', () => {
+  it('filters unhealthy, stale, excluded, wrong-pool and full nodes', () => {
+    const nodes = [
+      node('sick', 0, { healthy: false }),
+      { ...node('stale', 0), ageMs: 10_000 },
+      node('excluded', 0),
+      node('cloud', 0, { pool: 'cloud' }),
+      node('full', 9_800),
+      node('ok', 5_000),
+    ];
+    for (let i = 0; i < 50; i++) {
+      expect(chooseNode(nodes, { ...request, exclude: new Set(['excluded']) }, options)?.heartbeat.nodeId).toBe('ok');
+    }
+    expect(chooseNode([node('full', 9_800)], request, options)).toBeUndefined();
+  });
+
+  it('of two sampled nodes takes the less loaded', () => {
+    const nodes = [node('busy', 8_000), node('idle', 0)];
+    for (let i = 0; i < 20; i++) expect(chooseNode(nodes, request, options)?.heartbeat.nodeId).toBe('idle');
+  });
+
+  it('counts assumed load so back-to-back placements spread instead of herding', () => {
+    const nodes = [node('a', 0), node('b', 0)];
+    const counts: Record<string, number> = { a: 0, b: 0 };
+    for (let i = 0; i < 100; i++) {
+      const chosen = chooseNode(nodes, { ...request, memoryMiB: 64 }, options)!;
+      counts[chosen.heartbeat.nodeId]!++;
+      chosen.assumed.memoryMiB += 64;
+      chosen.assumed.sandboxes += 1;
+    }
+    expect(Math.abs(counts.a! - counts.b!)).toBeLessThanOrEqual(1);
+  });
+
+  it('with many nodes, a burst from a stale snapshot does not all land on the argmin', () => {
+    const nodes = Array.from({ length: 20 }, (_, i) => node(`n${i}`, i === 0 ? 0 : 100));
+    const hits = new Map<string, number>();
+    const random = seeded(7);
+    for (let i = 0; i < 200; i++) {
+      const id = chooseNode(nodes, request, { ...options, random })!.heartbeat.nodeId;
+      hits.set(id, (hits.get(id) ?? 0) + 1);
+    }
+    // With d=2 out of 20, the least loaded node is in the sample about 10% of the time.
+    expect(hits.get('n0')!).toBeLessThan(60);
+    expect(hits.size).toBeGreaterThan(10);
+  });
+});

@@ -1,0 +1,70 @@
+import type { NodeHeartbeat } from '../api/index.ts';
+
+/** Load placed on a node by this gateway that its heartbeat does not show yet. */
+export interface AssumedLoad {
+  memoryMiB: number;
+  cpuMillis: number;
+  sandboxes: number;
+}
+
+export interface PlacementCandidate {
+  heartbeat: NodeHeartbeat;
+  /** How long ago (by this gateway's clock) the heartbeat last changed. */
+  ageMs: number;
+  assumed: AssumedLoad;
+}
+
+export interface PlacementRequest {
+  memoryMiB: number;
+  cpuMillis: number;
+  pool: string;
+  /** Nodes that refused this request already. */
+  exclude: ReadonlySet<string>;
+}
+
+export interface PlacementOptions {
+  /** d in "power of d choices". */
+  choices: number;
+  staleAfterMs: number;
+  random: () => number;
+}
+
+/**
+ * Load score in [0, inf): the most constrained of memory, CPU and slot use, counting
+ * assumed (not yet reported) placements. Lower is better.
+ */
+export function loadScore(c: PlacementCandidate): number {
+  const { capacity, used, sandboxes } = c.heartbeat;
+  const memory = (used.memoryMiB + c.assumed.memoryMiB) / Math.max(1, capacity.memoryMiB);
+  const cpu = (used.cpuMillis + c.assumed.cpuMillis) / Math.max(1, capacity.cpuMillis);
+  const slots = (sandboxes + c.assumed.sandboxes) / Math.max(1, capacity.maxSandboxes);
+  return Math.max(memory, cpu, slots, c.heartbeat.measured.memoryUsedFraction);
+}
+
+/** Nodes that could take the request at all: healthy, fresh, right pool, not excluded, with room. */
+export function eligibleNodes(candidates: readonly PlacementCandidate[], request: PlacementRequest, staleAfterMs: number): PlacementCandidate[] {
+  return candidates.filter((c) => {
+    const hb = c.heartbeat;
+    if (!hb.healthy || c.ageMs > staleAfterMs || hb.pool !== request.pool || request.exclude.has(hb.nodeId)) return false;
+    const memoryFree = hb.capacity.memoryMiB - hb.used.memoryMiB - c.assumed.memoryMiB;
+    const slotsFree = hb.capacity.maxSandboxes - hb.sandboxes - c.assumed.sandboxes;
+    return memoryFree >= request.memoryMiB && slotsFree >= 1;
+  });
+}
+
+/**
+ * Two-step placement, cluster side: filter, then sample `choices` distinct nodes at
+ * random and take the less loaded one. Sampling (instead of argmin over the whole,
+ * possibly stale snapshot) keeps a burst of concurrent requests from herding onto one node.
+ */
+export function chooseNode(candidates: readonly PlacementCandidate[], request: PlacementRequest, options: PlacementOptions): PlacementCandidate | undefined {
+  const pool = eligibleNodes(candidates, request, options.staleAfterMs);
+  if (pool.length === 0) return undefined;
+  const picked: PlacementCandidate[] = [];
+  const remaining = [...pool];
+  while (picked.length < options.choices && remaining.length > 0) {
+    const index = Math.min(remaining.length - 1, Math.floor(options.random() * remaining.length));
+    picked.push(remaining.splice(index, 1)[0]!);
+  }
+  return picked.reduce((best, c) => (loadScore(c) < loadScore(best) ? c : best));
+}

@@ -1,0 +1,3 @@
+export { startRedisServer } from './server.ts';
+export type { RedisServerHandle } from './server.ts';
+export { connectRedis } from './connect.ts';

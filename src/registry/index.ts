@@ -1,0 +1,4 @@
+export { SandboxRegistry } from './store.ts';
+export type { AdmitOutcome, TransitionOutcome, TransitionOptions } from './store.ts';
+export { LayerRegistry } from './layers.ts';
+export { keys } from './keys.ts';

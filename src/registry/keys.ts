@@ -1,0 +1,17 @@
+/** Every Redis key rollbox writes, in one place. */
+export const keys = {
+  sandbox: (id: string) => `rb:sbx:${id}`,
+  tenantLive: (tenant: string) => `rb:tenant:${tenant}:live`,
+  tenantAll: (tenant: string) => `rb:tenant:${tenant}:all`,
+  nodeSandboxes: (nodeId: string) => `rb:node:${nodeId}:sbx`,
+  idempotency: (tenant: string, key: string) => `rb:idem:${tenant}:${key}`,
+  /** Sandboxes not yet running, scored by the time after which they count as stuck. */
+  unsettled: 'rb:unsettled',
+  nodes: 'rb:nodes',
+  layer: (digest: string) => `rb:layer:${digest}`,
+  layers: 'rb:layers',
+  layerNames: 'rb:layer-names',
+  lock: (name: string) => `rb:lock:${name}`,
+  replyChannel: (gatewayId: string) => `rb:reply:${gatewayId}`,
+  stateChannel: 'rb:sandbox-states',
+} as const;

@@ -1,0 +1,214 @@
+import type { Redis } from 'ioredis';
+import {
+  RollboxError,
+  STATE_TRANSITIONS,
+  isTerminal,
+  type FailureReason,
+  type ListSandboxesQuery,
+  type Sandbox,
+  type SandboxState,
+  SandboxState as SandboxStateSchema,
+  CreateSandboxRequest,
+} from '../api/index.ts';
+import { keys } from './keys.ts';
+import { ADMIT_SANDBOX, REASSIGN, TRANSITION } from './lua.ts';
+
+/** Idempotency keys are remembered this long. */
+const IDEMPOTENCY_TTL_SEC = 24 * 3600;
+/** Terminal records stay readable this long. */
+const TERMINAL_RECORD_TTL_SEC = 24 * 3600;
+
+export type AdmitOutcome =
+  | { kind: 'created' }
+  | { kind: 'exists'; sandboxId: string; requestHash: string }
+  | { kind: 'quota'; liveCount: number };
+
+export type TransitionOutcome = { kind: 'ok'; from: SandboxState } | { kind: 'refused'; current: SandboxState } | { kind: 'missing' };
+
+export interface TransitionOptions {
+  /** Only move if the sandbox is currently in one of these (defaults to every legal origin). */
+  from?: readonly SandboxState[];
+  /** Only move if the sandbox is assigned to this node (fences a worker that lost it). */
+  node?: string;
+  failureReason?: FailureReason;
+  detail?: string;
+  startedAt?: string;
+  expiresAt?: string;
+}
+
+/** States from which `to` may be entered. */
+function legalOrigins(to: SandboxState): SandboxState[] {
+  return SandboxStateSchema.options.filter((from) => STATE_TRANSITIONS[from].includes(to));
+}
+
+function toFields(record: Sandbox): string[] {
+  const fields: Record<string, string | undefined> = {
+    id: record.id,
+    tenant: record.tenant,
+    state: record.state,
+    failureReason: record.failureReason,
+    detail: record.detail,
+    node: record.node,
+    spec: JSON.stringify(record.spec),
+    layerDigests: JSON.stringify(record.layerDigests),
+    createdAt: record.createdAt,
+    startedAt: record.startedAt,
+    endedAt: record.endedAt,
+    expiresAt: record.expiresAt,
+    oomKills: String(record.oomKills),
+  };
+  return Object.entries(fields).flatMap(([k, v]) => (v === undefined ? [] : [k, v]));
+}
+
+function fromHash(hash: Record<string, string>): Sandbox | undefined {
+  if (!hash.id) return undefined;
+  return {
+    id: hash.id,
+    tenant: hash.tenant!,
+    state: hash.state as SandboxState,
+    failureReason: hash.failureReason as FailureReason | undefined,
+    detail: hash.detail,
+    node: hash.node,
+    spec: CreateSandboxRequest.parse(JSON.parse(hash.spec!)),
+    layerDigests: JSON.parse(hash.layerDigests ?? '[]') as string[],
+    createdAt: hash.createdAt!,
+    startedAt: hash.startedAt,
+    endedAt: hash.endedAt,
+    expiresAt: hash.expiresAt,
+    oomKills: Number(hash.oomKills ?? 0),
+  };
+}
+
+/**
+ * The sandbox registry in Redis: records, tenant quotas, idempotency keys and the
+ * node -> sandboxes index. Shared by every gateway and worker host.
+ */
+export class SandboxRegistry {
+  constructor(
+    private readonly redis: Redis,
+    private readonly now: () => number = Date.now,
+  ) {}
+
+  async admit(input: { record: Sandbox; maxLive: number; idempotencyKey?: string; requestHash: string; settleDeadlineMs: number }): Promise<AdmitOutcome> {
+    const { record } = input;
+    const idemKey = input.idempotencyKey ? keys.idempotency(record.tenant, input.idempotencyKey) : '';
+    const result = (await this.redis.eval(
+      ADMIT_SANDBOX,
+      6,
+      keys.sandbox(record.id),
+      keys.tenantLive(record.tenant),
+      keys.tenantAll(record.tenant),
+      idemKey,
+      record.node ? keys.nodeSandboxes(record.node) : '',
+      keys.unsettled,
+      record.id,
+      record.tenant,
+      String(input.maxLive),
+      String(Date.parse(record.createdAt)),
+      `${record.id}|${input.requestHash}`,
+      String(input.settleDeadlineMs),
+      String(IDEMPOTENCY_TTL_SEC),
+      ...toFields(record),
+    )) as string[];
+    if (result[0] === 'created') return { kind: 'created' };
+    if (result[0] === 'quota') return { kind: 'quota', liveCount: Number(result[1]) };
+    const [sandboxId = '', requestHash = ''] = (result[1] ?? '').split('|');
+    return { kind: 'exists', sandboxId, requestHash };
+  }
+
+  async get(id: string): Promise<Sandbox | undefined> {
+    return fromHash(await this.redis.hgetall(keys.sandbox(id)));
+  }
+
+  /** A sandbox of this tenant; another tenant's sandbox is indistinguishable from a missing one. */
+  async getOwned(id: string, tenant: string): Promise<Sandbox> {
+    const sandbox = await this.get(id);
+    if (!sandbox || sandbox.tenant !== tenant) throw new RollboxError('not_found', `sandbox ${id} not found`);
+    return sandbox;
+  }
+
+  async transition(id: string, to: SandboxState, options: TransitionOptions = {}): Promise<TransitionOutcome> {
+    const origins = legalOrigins(to).filter((s) => !options.from || options.from.includes(s));
+    const terminal = isTerminal(to);
+    const patch: string[] = [];
+    if (options.failureReason) patch.push('failureReason', options.failureReason);
+    if (options.detail) patch.push('detail', options.detail.slice(0, 2000));
+    if (options.startedAt) patch.push('startedAt', options.startedAt);
+    if (options.expiresAt) patch.push('expiresAt', options.expiresAt);
+    if (terminal) patch.push('endedAt', new Date(this.now()).toISOString());
+    const result = (await this.redis.eval(
+      TRANSITION,
+      2,
+      keys.sandbox(id),
+      keys.unsettled,
+      to,
+      origins.join(','),
+      terminal ? '1' : '0',
+      'rb:tenant:',
+      'rb:node:',
+      options.node ?? '',
+      ...patch,
+    )) as string[];
+    if (result[0] === 'missing') return { kind: 'missing' };
+    if (result[0] === 'refused') return { kind: 'refused', current: result[1] as SandboxState };
+    if (terminal) await this.redis.expire(keys.sandbox(id), TERMINAL_RECORD_TTL_SEC);
+    return { kind: 'ok', from: result[1] as SandboxState };
+  }
+
+  /** Moves a pending sandbox to another node; false when it already left `pending`. */
+  async reassign(id: string, fromNode: string | undefined, toNode: string): Promise<boolean> {
+    const moved = await this.redis.eval(REASSIGN, 3, keys.sandbox(id), fromNode ? keys.nodeSandboxes(fromNode) : 'rb:none', keys.nodeSandboxes(toNode), id, toNode);
+    return moved === 1;
+  }
+
+  /**
+   * Frees an Idempotency-Key whose sandbox never started (refused everywhere), so the
+   * client's retry with the same key can try again instead of replaying the failure.
+   */
+  async releaseIdempotencyKey(tenant: string, idempotencyKey: string | undefined): Promise<void> {
+    if (idempotencyKey) await this.redis.del(keys.idempotency(tenant, idempotencyKey));
+  }
+
+  async addOomKills(id: string, count: number): Promise<void> {
+    if (count > 0) await this.redis.hincrby(keys.sandbox(id), 'oomKills', count);
+  }
+
+  async list(tenant: string, query: ListSandboxesQuery): Promise<Sandbox[]> {
+    const ids = await this.redis.zrevrange(keys.tenantAll(tenant), 0, 4999);
+    const [labelKey, labelValue] = query.label ? splitLabel(query.label) : [];
+    const out: Sandbox[] = [];
+    const stale: string[] = [];
+    for (let i = 0; i < ids.length && out.length < query.limit; i += 200) {
+      const batch = ids.slice(i, i + 200);
+      const pipeline = this.redis.pipeline();
+      for (const id of batch) pipeline.hgetall(keys.sandbox(id));
+      const rows = (await pipeline.exec()) ?? [];
+      rows.forEach(([, hash], j) => {
+        const sandbox = fromHash((hash ?? {}) as Record<string, string>);
+        if (!sandbox) return void stale.push(batch[j]!);
+        if (query.state && sandbox.state !== query.state) return;
+        if (query.job && sandbox.spec.job !== query.job) return;
+        if (labelKey !== undefined && sandbox.spec.labels[labelKey] !== labelValue) return;
+        if (out.length < query.limit) out.push(sandbox);
+      });
+    }
+    // Records of long-ended sandboxes expire; drop their ids from the tenant index.
+    if (stale.length) await this.redis.zrem(keys.tenantAll(tenant), ...stale);
+    return out;
+  }
+
+  async sandboxesOfNode(nodeId: string): Promise<string[]> {
+    return this.redis.smembers(keys.nodeSandboxes(nodeId));
+  }
+
+  /** Sandboxes that should have settled (left pending/creating) before `nowMs`. */
+  async unsettledBefore(nowMs: number): Promise<string[]> {
+    return this.redis.zrangebyscore(keys.unsettled, 0, nowMs, 'LIMIT', 0, 500);
+  }
+}
+
+function splitLabel(label: string): [string, string] {
+  const at = label.indexOf('=');
+  if (at <= 0) throw new RollboxError('invalid_request', 'label filter must be key=value');
+  return [label.slice(0, at), label.slice(at + 1)];
+}

@@ -1,0 +1,289 @@
+import os from 'node:os';
+import { Worker, type Job } from 'bullmq';
+import type { Redis } from 'ioredis';
+import type { Logger } from 'pino';
+import { CreateJob, NodeOp, RollboxError, isTerminal, type NodeHeartbeat, type Reply, type Sandbox } from '../api/index.ts';
+import type { Config } from '../config/index.ts';
+import { createQueueName, opsQueueName, publishReply } from '../queues/index.ts';
+import { keys, type SandboxRegistry } from '../registry/index.ts';
+import { decideAdmission } from './admission.ts';
+import type { SandboxRuntime } from './runtime/types.ts';
+
+export interface WorkerHostDeps {
+  config: Config['node'] & { nodeId: string };
+  /** Commands (heartbeats, replies, registry). */
+  redis: Redis;
+  /** Makes a new connection for each BullMQ worker (they block). */
+  connectBlocking: () => Redis;
+  registry: SandboxRegistry;
+  runtime: SandboxRuntime;
+  /** Absolute path of a layer image on this host, or undefined when it is not available here. */
+  layerImagePath: (digest: string) => Promise<string | undefined>;
+  logger: Logger;
+  now?: () => number;
+}
+
+interface LocalSandbox {
+  id: string;
+  memoryMiB: number;
+  cpuMillis: number;
+  expiresAtMs: number;
+  /** Set while a create is in flight; cleared once running. */
+  starting: boolean;
+}
+
+/** Requests handled recently, reported in heartbeats so gateways can drop assumed load. */
+const HANDLED_WINDOW_MS = 15_000;
+const OPS_CONCURRENCY = 256;
+
+/**
+ * A worker host: pulls create requests from its own queue under local admission, runs
+ * operations on its sandboxes, heartbeats, expires TTLs, and reconciles on start.
+ */
+export class WorkerHost {
+  private readonly local = new Map<string, LocalSandbox>();
+  private readonly handled: { sandboxId: string; atMs: number }[] = [];
+  private readonly workers: Worker[] = [];
+  private timers: NodeJS.Timeout[] = [];
+  private readonly now: () => number;
+  private readonly log: Logger;
+  private stopped = false;
+
+  constructor(private readonly deps: WorkerHostDeps) {
+    this.now = deps.now ?? Date.now;
+    this.log = deps.logger.child({ nodeId: deps.config.nodeId });
+  }
+
+  get nodeId(): string {
+    return this.deps.config.nodeId;
+  }
+
+  async start(): Promise<void> {
+    await this.reconcile();
+    await this.heartbeat();
+    const { config } = this.deps;
+    const createWorker = new Worker(createQueueName(config.nodeId), (job: Job) => this.handleCreate(CreateJob.parse(job.data)), {
+      connection: this.deps.connectBlocking(),
+      concurrency: config.maxStarting,
+      removeOnComplete: { count: 0 },
+      removeOnFail: { count: 1000 },
+    });
+    const opsWorker = new Worker(opsQueueName(config.nodeId), (job: Job) => this.handleOp(NodeOp.parse(job.data)), {
+      connection: this.deps.connectBlocking(),
+      concurrency: OPS_CONCURRENCY,
+      removeOnComplete: { count: 0 },
+      removeOnFail: { count: 1000 },
+    });
+    for (const worker of [createWorker, opsWorker]) {
+      worker.on('error', (err) => this.log.error({ err }, 'queue worker error'));
+      this.workers.push(worker);
+    }
+    this.timers.push(setInterval(() => void this.heartbeat().catch((err) => this.log.warn({ err }, 'heartbeat failed')), config.heartbeatMs));
+    this.timers.push(setInterval(() => void this.expireTtls().catch((err) => this.log.warn({ err }, 'ttl sweep failed')), 1000));
+    for (const t of this.timers) t.unref();
+    this.log.info({ adopted: this.local.size }, 'worker host started');
+  }
+
+  /**
+   * Stops pulling work. With `destroySandboxes` (the embedded `rollbox up` stack), every
+   * local sandbox is also stopped and ends `terminated`; without it they keep running
+   * and the next start adopts them.
+   */
+  async stop(options: { destroySandboxes: boolean }): Promise<void> {
+    if (this.stopped) return;
+    this.stopped = true;
+    for (const t of this.timers) clearInterval(t);
+    await Promise.all(this.workers.map((w) => w.close()));
+    if (options.destroySandboxes) {
+      await Promise.all(
+        [...this.local.keys()].map(async (id) => {
+          await this.deps.runtime.destroy(id).catch((err) => this.log.error({ err, sandboxId: id }, 'destroy on shutdown failed'));
+          await this.deps.registry.transition(id, 'terminated', { node: this.nodeId, detail: 'worker host shut down' });
+          this.local.delete(id);
+        }),
+      );
+      await this.deps.runtime.reconcile(new Set());
+      await this.deps.redis.hdel(keys.nodes, this.nodeId);
+    }
+  }
+
+  /** Adopt sandboxes Redis says are ours and still run; remove everything else. */
+  private async reconcile(): Promise<void> {
+    const ids = await this.deps.registry.sandboxesOfNode(this.nodeId);
+    const records = (await Promise.all(ids.map((id) => this.deps.registry.get(id)))).filter((s): s is Sandbox => !!s && !isTerminal(s.state));
+    const live = records.filter((s) => s.state === 'running' || s.state === 'paused' || s.state === 'stopping');
+    const result = await this.deps.runtime.reconcile(new Set(live.map((s) => s.id)));
+    const adopted = new Set(result.adopted);
+    for (const s of records) {
+      if (adopted.has(s.id)) {
+        this.local.set(s.id, { id: s.id, memoryMiB: s.spec.resources.memoryMiB, cpuMillis: s.spec.resources.cpuMillis, expiresAtMs: Date.parse(s.expiresAt ?? '') || Infinity, starting: false });
+      } else if (s.state !== 'pending') {
+        // Its container is gone (host rebooted, or the worker died mid-create).
+        await this.deps.registry.transition(s.id, 'failed', { failureReason: s.state === 'creating' ? 'infra_error' : 'lost', detail: 'container not found when the worker host restarted' });
+      }
+    }
+    if (result.removed.length) this.log.info({ removed: result.removed }, 'reconcile removed leftovers');
+  }
+
+  private async heartbeat(): Promise<void> {
+    const cutoff = this.now() - HANDLED_WINDOW_MS;
+    while (this.handled.length && this.handled[0]!.atMs < cutoff) this.handled.shift();
+    const reserved = this.reserved();
+    const { config } = this.deps;
+    const heartbeat: NodeHeartbeat = {
+      nodeId: this.nodeId,
+      pool: config.pool,
+      atMs: this.now(),
+      healthy: !this.stopped,
+      capacity: { cpuMillis: config.cpuMillis, memoryMiB: config.memoryMiB, maxSandboxes: config.maxSandboxes, maxStarting: config.maxStarting },
+      used: { cpuMillis: reserved.cpuMillis, memoryMiB: reserved.memoryMiB },
+      measured: { cpuLoad: os.loadavg()[0]! / os.availableParallelism(), memoryUsedFraction: 1 - os.freemem() / os.totalmem() },
+      sandboxes: this.local.size,
+      starting: [...this.local.values()].filter((s) => s.starting).length,
+      cachedLayers: this.deps.runtime.mountedLayers(),
+      handledCreates: this.handled.map((h) => h.sandboxId),
+    };
+    await this.deps.redis.hset(keys.nodes, this.nodeId, JSON.stringify(heartbeat));
+  }
+
+  private reserved(): { memoryMiB: number; cpuMillis: number } {
+    let memoryMiB = 0;
+    let cpuMillis = 0;
+    for (const s of this.local.values()) {
+      memoryMiB += s.memoryMiB;
+      cpuMillis += s.cpuMillis;
+    }
+    return { memoryMiB, cpuMillis };
+  }
+
+  private async reply(replyTo: string, reply: Reply): Promise<void> {
+    await publishReply(this.deps.redis, replyTo, reply);
+  }
+
+  private async handleCreate(job: CreateJob): Promise<void> {
+    const { registry, runtime, config } = this.deps;
+    const sandbox = await registry.get(job.sandboxId);
+    if (!sandbox || sandbox.node !== this.nodeId) return; // re-placed elsewhere or expired
+    if (sandbox.state !== 'pending') {
+      // A redelivered job: answer with what already happened.
+      if (sandbox.state === 'running') await this.reply(job.replyTo, { kind: 'created', requestId: job.requestId, nodeId: this.nodeId });
+      return;
+    }
+    const request = { memoryMiB: sandbox.spec.resources.memoryMiB, cpuMillis: sandbox.spec.resources.cpuMillis };
+    const decision = this.stopped
+      ? ({ admit: false, reason: 'worker host stopping' } as const)
+      : decideAdmission(
+          {
+            capacity: config,
+            reserved: this.reserved(),
+            sandboxes: this.local.size,
+            hostFreeMemoryMiB: Math.floor(os.freemem() / 1024 / 1024),
+            hostReserveMiB: config.hostReserveMiB,
+          },
+          request,
+        );
+    this.handled.push({ sandboxId: sandbox.id, atMs: this.now() });
+    if (!decision.admit) {
+      this.log.info({ sandboxId: sandbox.id, reason: decision.reason }, 'admission refused');
+      await this.reply(job.replyTo, { kind: 'refused', requestId: job.requestId, nodeId: this.nodeId, reason: decision.reason });
+      return;
+    }
+    const moved = await registry.transition(sandbox.id, 'creating', { from: ['pending'], node: this.nodeId });
+    if (moved.kind !== 'ok') return; // cancelled or timed out meanwhile
+    const local: LocalSandbox = { id: sandbox.id, ...request, expiresAtMs: Infinity, starting: true };
+    this.local.set(sandbox.id, local);
+    try {
+      const layerImages = await Promise.all(
+        sandbox.layerDigests.map(async (digest) => {
+          const imagePath = await this.deps.layerImagePath(digest);
+          if (!imagePath) throw new RollboxError('internal', `layer ${digest} is not available on node ${this.nodeId}`);
+          return { digest, imagePath };
+        }),
+      );
+      await runtime.create({
+        sandboxId: sandbox.id,
+        layerImages,
+        resources: sandbox.spec.resources,
+        class: sandbox.spec.class,
+        env: sandbox.spec.env,
+        workdir: sandbox.spec.workdir,
+        hiddenPaths: sandbox.spec.hiddenPaths,
+      });
+      const startedAtMs = this.now();
+      local.expiresAtMs = startedAtMs + sandbox.spec.ttlSeconds * 1000;
+      local.starting = false;
+      const running = await registry.transition(sandbox.id, 'running', {
+        from: ['creating'],
+        node: this.nodeId,
+        startedAt: new Date(startedAtMs).toISOString(),
+        expiresAt: new Date(local.expiresAtMs).toISOString(),
+      });
+      if (running.kind !== 'ok') {
+        // Deleted or failed while starting: undo, and finish a delete that arrived meanwhile.
+        await this.removeLocal(sandbox.id);
+        await registry.transition(sandbox.id, 'terminated', { from: ['stopping'] });
+        await this.reply(job.replyTo, { kind: 'error', requestId: job.requestId, error: { code: 'conflict', message: `sandbox became ${running.kind === 'refused' ? running.current : 'missing'} while starting` } });
+        return;
+      }
+      await this.reply(job.replyTo, { kind: 'created', requestId: job.requestId, nodeId: this.nodeId });
+    } catch (err) {
+      this.log.error({ err, sandboxId: sandbox.id }, 'create failed');
+      await this.removeLocal(sandbox.id);
+      const message = err instanceof Error ? err.message : String(err);
+      await registry.transition(sandbox.id, 'failed', { failureReason: 'infra_error', detail: message });
+      await this.reply(job.replyTo, { kind: 'error', requestId: job.requestId, error: { code: 'internal', message: `sandbox failed to start: ${message}` } });
+    }
+  }
+
+  private async removeLocal(id: string): Promise<void> {
+    await this.deps.runtime.destroy(id).catch((err) => this.log.error({ err, sandboxId: id }, 'destroy failed'));
+    this.local.delete(id);
+  }
+
+  private async handleOp(op: NodeOp): Promise<void> {
+    try {
+      if (op.kind === 'exec') {
+        if (!this.local.has(op.sandboxId)) throw new RollboxError('invalid_state', `sandbox ${op.sandboxId} is not running on this node`);
+        const oomBefore = await this.deps.runtime.oomKillCount(op.sandboxId);
+        const outcome = await this.deps.runtime.exec(op.sandboxId, {
+          argv: op.argv,
+          stdin: op.stdin,
+          env: op.env,
+          cwd: op.cwd,
+          timeoutMs: op.timeoutMs,
+          outputCapBytes: this.deps.config.execOutputCapBytes,
+        });
+        const oomKills = (await this.deps.runtime.oomKillCount(op.sandboxId)) - oomBefore;
+        if (oomKills > 0) await this.deps.registry.addOomKills(op.sandboxId, oomKills);
+        await this.reply(op.replyTo, { kind: 'exec', requestId: op.requestId, result: { ...outcome, oomKilled: outcome.oomKilled || oomKills > 0, commandId: op.commandId, replayed: false } });
+        // A killed command may mean the whole sandbox went down with it.
+        if (outcome.exitCode >= 128 || outcome.exitCode < 0 || oomKills > 0) await this.checkAlive(op.sandboxId);
+      } else {
+        await this.removeLocal(op.sandboxId);
+        await this.deps.registry.transition(op.sandboxId, 'terminated', { node: this.nodeId });
+        await this.reply(op.replyTo, { kind: 'done', requestId: op.requestId });
+      }
+    } catch (err) {
+      const error = err instanceof RollboxError ? { code: err.code, message: err.message } : { code: 'internal', message: err instanceof Error ? err.message : String(err) };
+      await this.reply(op.replyTo, { kind: 'error', requestId: op.requestId, error });
+    }
+  }
+
+  /** A sandbox whose init died (OOM of the whole sandbox, or killed from outside) ends failed. */
+  private async checkAlive(id: string): Promise<void> {
+    if (await this.deps.runtime.isRunning(id)) return;
+    const oom = (await this.deps.runtime.oomKillCount(id)) > 0;
+    await this.removeLocal(id);
+    await this.deps.registry.transition(id, 'failed', { node: this.nodeId, failureReason: oom ? 'oom' : 'infra_error', detail: 'the sandbox init process died' });
+  }
+
+  private async expireTtls(): Promise<void> {
+    const now = this.now();
+    for (const s of [...this.local.values()]) {
+      if (s.starting || s.expiresAtMs > now) continue;
+      await this.removeLocal(s.id);
+      await this.deps.registry.transition(s.id, 'failed', { node: this.nodeId, failureReason: 'timeout', detail: 'ttl expired' });
+      this.log.info({ sandboxId: s.id }, 'ttl expired');
+    }
+  }
+}

@@ -1,0 +1,56 @@
+import type { Resources, SandboxClass } from '../../api/index.ts';
+
+/** What the runtime needs to start one sandbox on this host. */
+export interface SandboxRuntimeSpec {
+  sandboxId: string;
+  /** Absolute paths of the sandbox's EROFS layer images, base first. */
+  layerImages: { digest: string; imagePath: string }[];
+  resources: Resources;
+  class: SandboxClass;
+  env: Record<string, string>;
+  workdir: string;
+  hiddenPaths: string[];
+}
+
+export interface RuntimeExecSpec {
+  argv: string[];
+  stdin?: string;
+  env: Record<string, string>;
+  cwd?: string;
+  timeoutMs: number;
+  /** Bytes kept per stream; the rest is drained and dropped (truncated = true). */
+  outputCapBytes: number;
+}
+
+export interface RuntimeExecOutcome {
+  exitCode: number;
+  stdout: string;
+  stderr: string;
+  truncated: boolean;
+  timedOut: boolean;
+  oomKilled: boolean;
+  durationMs: number;
+}
+
+/**
+ * The container runtime behind a worker host, chosen once (runc today). Every method is
+ * idempotent by sandbox id so a retried queue job or a restarted worker can call it again.
+ */
+export interface SandboxRuntime {
+  /** Mount layers + overlay, write the bundle, start the container. */
+  create(spec: SandboxRuntimeSpec): Promise<void>;
+  exec(sandboxId: string, spec: RuntimeExecSpec): Promise<RuntimeExecOutcome>;
+  /** Stop and remove everything of the sandbox on this host. Safe to call twice. */
+  destroy(sandboxId: string): Promise<void>;
+  /** Whether the sandbox's init process is alive. */
+  isRunning(sandboxId: string): Promise<boolean>;
+  /** OOM kills recorded by the sandbox's memory cgroup. */
+  oomKillCount(sandboxId: string): Promise<number>;
+  /**
+   * Make the host match `keep`: sandboxes in `keep` that still run are adopted; every other
+   * container, overlay mount, layer mount, loop device and upper dir of this runtime is removed.
+   */
+  reconcile(keep: ReadonlySet<string>): Promise<{ adopted: string[]; removed: string[]; missing: string[] }>;
+  /** Digests of layers currently mounted on this host. */
+  mountedLayers(): string[];
+}

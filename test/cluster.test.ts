@@ -1,0 +1,99 @@
+import path from 'node:path';
+import { afterEach, describe, expect, it } from 'vitest';
+import type { Scope } from '../src/api/index.ts';
+import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
+import { hostTraces } from './support/host.ts';
+
+const SCOPES: Scope[] = ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'admin'];
+let cluster: TestCluster | undefined;
+afterEach(async () => {
+  await cluster?.stop();
+  if (cluster) expect(hostTraces(cluster.rootDir)).toEqual({ mounts: [], loops: [], containers: [] });
+  cluster = undefined;
+});
+
+async function nodesUp(c: TestCluster, token: string, count: number) {
+  await waitFor(`${count} nodes`, async () => (await api(c, token, 'GET', '/v1/nodes')).body.nodes?.length >= count);
+}
+
+/** A node under host memory pressure: its heartbeat looks fine, its admission refuses. */
+const REFUSING = { ROLLBOX_NODE_HOST_RESERVE_MIB: String(1 << 30) };
+
+describe('two worker hosts', () => {
+  it('spreads sandboxes over both nodes', async () => {
+    cluster = await startTestCluster({ workers: [{ nodeId: 'node-1' }, { nodeId: 'node-2' }] });
+    const token = await cluster.token('t', SCOPES);
+    await nodesUp(cluster, token, 2);
+    const created = await Promise.all(Array.from({ length: 10 }, () => api(cluster!, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64 } })));
+    expect(created.map((r) => r.status)).toEqual(Array(10).fill(201));
+    const perNode = new Map<string, number>();
+    for (const r of created) perNode.set(r.body.node, (perNode.get(r.body.node) ?? 0) + 1);
+    expect(perNode.get('node-1')).toBeGreaterThanOrEqual(3);
+    expect(perNode.get('node-2')).toBeGreaterThanOrEqual(3);
+  });
+
+  it('re-places work a node refuses, and fails clearly with Retry-After when every node refuses', async () => {
+    cluster = await startTestCluster({ workers: [{ nodeId: 'node-full', env: REFUSING }, { nodeId: 'node-free' }] });
+    const token = await cluster.token('t', SCOPES);
+    await nodesUp(cluster, token, 2);
+    const created = await Promise.all(Array.from({ length: 6 }, () => api(cluster!, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64 } })));
+    expect(created.map((r) => [r.status, r.body.node])).toEqual(Array(6).fill([201, 'node-free']));
+    await Promise.all(created.map((r) => api(cluster!, token, 'DELETE', `/v1/sandboxes/${r.body.id}`)));
+    await cluster.stop();
+
+    cluster = await startTestCluster({ workers: [{ nodeId: 'node-full-1', env: REFUSING }, { nodeId: 'node-full-2', env: REFUSING }] });
+    const token2 = await cluster.token('t', SCOPES);
+    await nodesUp(cluster, token2, 2);
+    const refused = await api(cluster, token2, 'POST', '/v1/sandboxes', {});
+    expect(refused.status).toBe(503);
+    expect(refused.body.error.code).toBe('admission_exhausted');
+    expect(Number(refused.headers.get('retry-after'))).toBeGreaterThan(0);
+    const failed = await api(cluster, token2, 'GET', '/v1/sandboxes?state=failed');
+    expect(failed.body.sandboxes).toHaveLength(1);
+    expect(failed.body.sandboxes[0].failureReason).toBe('admission_exhausted');
+  });
+
+  it('marks a SIGKILLed host’s sandboxes failed(lost), sends new work to the live host, and a restart reaps the leftovers', async () => {
+    cluster = await startTestCluster();
+    const token = await cluster.token('t', SCOPES);
+    const child = await cluster.spawnWorker({ nodeId: 'node-doomed' });
+    await nodesUp(cluster, token, 1);
+    const doomed = await Promise.all([1, 2].map(() => api(cluster!, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64 } })));
+    expect(doomed.map((r) => r.body.node)).toEqual(['node-doomed', 'node-doomed']);
+
+    await cluster.addWorker({ nodeId: 'node-live' });
+    await nodesUp(cluster, token, 2);
+    child.kill('SIGKILL');
+    for (const r of doomed) {
+      await waitFor('failed(lost)', async () => {
+        const s = await api(cluster!, token, 'GET', `/v1/sandboxes/${r.body.id}`);
+        return s.body.state === 'failed' && s.body.failureReason === 'lost';
+      });
+    }
+    const fresh = await api(cluster, token, 'POST', '/v1/sandboxes', {});
+    expect(fresh.body.node).toBe('node-live');
+    expect((await api(cluster, token, 'POST', `/v1/sandboxes/${doomed[0]!.body.id}/exec`, { argv: ['true'] })).status).toBe(409);
+
+    // The killed host's containers outlived it; a worker restarted on its data dir removes them.
+    const doomedDir = path.join(cluster.rootDir, 'node-doomed');
+    expect(hostTraces(doomedDir).containers.length).toBe(2);
+    const restarted = await cluster.addWorker({ nodeId: 'node-doomed' });
+    expect(hostTraces(doomedDir)).toEqual({ mounts: [], loops: [], containers: [] });
+    await restarted.stop({ destroySandboxes: true });
+  });
+
+  it('a worker restarted with live sandboxes adopts them', async () => {
+    cluster = await startTestCluster();
+    const token = await cluster.token('t', SCOPES);
+    const first = await cluster.addWorker({ nodeId: 'node-r' });
+    await nodesUp(cluster, token, 1);
+    const { body: sandbox } = await api(cluster, token, 'POST', '/v1/sandboxes', {});
+    await api(cluster, token, 'POST', `/v1/sandboxes/${sandbox.id}/exec`, { cmd: 'echo kept > /root/state' });
+    await first.stop({ destroySandboxes: false });
+
+    await cluster.addWorker({ nodeId: 'node-r' });
+    const read = await api(cluster, token, 'POST', `/v1/sandboxes/${sandbox.id}/exec`, { cmd: 'cat /root/state' });
+    expect(read.body.stdout).toBe('kept\n');
+    expect((await api(cluster, token, 'GET', `/v1/sandboxes/${sandbox.id}`)).body.state).toBe('running');
+  });
+});

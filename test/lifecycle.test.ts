@@ -1,0 +1,109 @@
+import { createHash } from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { api, startTestCluster, type TestCluster } from './support/cluster.ts';
+import { hostTraces } from './support/host.ts';
+
+let cluster: TestCluster;
+let token: string;
+
+beforeAll(async () => {
+  cluster = await startTestCluster({ workers: [{ nodeId: 'node-a' }] });
+  token = await cluster.token('team-a', ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete']);
+});
+afterAll(async () => {
+  await cluster?.stop();
+  expect(hostTraces(cluster.rootDir)).toEqual({ mounts: [], loops: [], containers: [] });
+});
+
+const exec = (id: string, body: object) => api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, body);
+
+describe('sandbox lifecycle', () => {
+  it('creates, runs commands over turns, deletes, and leaves nothing behind', async () => {
+    const created = await api(cluster, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 128 }, labels: { task: 't1' } });
+    expect(created.status, JSON.stringify(created.body)).toBe(201);
+    expect(created.body).toMatchObject({ state: 'running', tenant: 'team-a', node: 'node-a' });
+    const id = created.body.id as string;
+
+    const echo = await exec(id, { argv: ['echo', 'hello'] });
+    expect(echo.status).toBe(200);
+    expect(echo.body).toMatchObject({ exitCode: 0, stdout: 'hello\n', timedOut: false, truncated: false, replayed: false });
+
+    expect((await exec(id, { cmd: 'echo turn-one > /root/notes.txt' })).body.exitCode).toBe(0);
+    expect((await exec(id, { cmd: 'cat /root/notes.txt; exit 3' })).body).toMatchObject({ stdout: 'turn-one\n', exitCode: 3 });
+
+    const withEnv = await exec(id, { cmd: 'echo $GREETING; pwd', env: { GREETING: 'hi' }, cwd: '/tmp', stdin: '' });
+    expect(withEnv.body.stdout).toBe('hi\n/tmp\n');
+    expect((await exec(id, { argv: ['cat'], stdin: 'from stdin' })).body.stdout).toBe('from stdin');
+
+    const listed = await api(cluster, token, 'GET', '/v1/sandboxes?label=task=t1');
+    expect(listed.body.sandboxes.map((s: { id: string }) => s.id)).toEqual([id]);
+
+    const workerDir = path.join(cluster.rootDir, 'node-a', 'worker');
+    expect(hostTraces(path.join(workerDir, 'sandboxes', id)).mounts.length).toBe(1);
+
+    const deleted = await api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`);
+    expect(deleted.body).toMatchObject({ id, state: 'terminated' });
+    expect((await api(cluster, token, 'GET', `/v1/sandboxes/${id}`)).body.state).toBe('terminated');
+    expect((await exec(id, { argv: ['true'] })).status).toBe(409);
+
+    expect(hostTraces(cluster.rootDir)).toEqual({ mounts: [], loops: [], containers: [] });
+    expect(fs.existsSync(path.join(workerDir, 'sandboxes', id))).toBe(false);
+  });
+
+  it('isolates writes between two sandboxes on one layer and never changes the layer image', async () => {
+    const layers = await api(cluster, token, 'GET', '/v1/layers');
+    const base = layers.body.layers.find((l: { name?: string }) => l.name === 'busybox');
+    const imagePath = path.join(cluster.config.layerStoreDir, 'sha256', `${base.digest.slice(7)}.erofs`);
+    const hashBefore = createHash('sha256').update(fs.readFileSync(imagePath)).digest('hex');
+    expect(`sha256:${hashBefore}`).toBe(base.digest);
+
+    const [a, b] = await Promise.all([api(cluster, token, 'POST', '/v1/sandboxes', {}), api(cluster, token, 'POST', '/v1/sandboxes', {})]);
+    expect([a.status, b.status]).toEqual([201, 201]);
+    await exec(a.body.id, { cmd: 'echo secret > /etc/written-in-a; rm /bin/vi' });
+    expect((await exec(b.body.id, { cmd: 'cat /etc/written-in-a; ls /bin/vi' })).body).toMatchObject({ exitCode: 1, stdout: '/bin/vi\n' });
+    expect((await exec(a.body.id, { cmd: 'cat /etc/written-in-a' })).body.stdout).toBe('secret\n');
+
+    await Promise.all([a, b].map((s) => api(cluster, token, 'DELETE', `/v1/sandboxes/${s.body.id}`)));
+    expect(createHash('sha256').update(fs.readFileSync(imagePath)).digest('hex')).toBe(hashBefore);
+  });
+
+  it('kills a command at its timeout together with its background children', async () => {
+    const { body: sandbox } = await api(cluster, token, 'POST', '/v1/sandboxes', {});
+    const started = Date.now();
+    const result = await exec(sandbox.id, { cmd: 'sleep 300 & sleep 301; echo never', timeoutMs: 500 });
+    expect(result.body).toMatchObject({ timedOut: true });
+    expect(Date.now() - started).toBeLessThan(10_000);
+    const ps = await exec(sandbox.id, { cmd: 'ps -o args' });
+    expect(ps.body.stdout).not.toContain('sleep 30');
+    await api(cluster, token, 'DELETE', `/v1/sandboxes/${sandbox.id}`);
+  });
+
+  it('kills a process past memoryMiB (oom) while the sandbox and the worker keep answering', async () => {
+    const { body: sandbox } = await api(cluster, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 32 } });
+    // tail buffers its whole input looking for the last line: 200 MiB without a newline.
+    const balloon = await exec(sandbox.id, { cmd: 'head -c 200m /dev/zero | tail -c 1 >/dev/null', timeoutMs: 30_000 });
+    expect(balloon.body.oomKilled).toBe(true);
+    expect(balloon.body.exitCode).not.toBe(0);
+    const after = await api(cluster, token, 'GET', `/v1/sandboxes/${sandbox.id}`);
+    expect(after.body.oomKills).toBeGreaterThanOrEqual(1);
+    expect((await exec(sandbox.id, { argv: ['echo', 'alive'] })).body.stdout).toBe('alive\n');
+    await api(cluster, token, 'DELETE', `/v1/sandboxes/${sandbox.id}`);
+  });
+
+  it('stops a fork bomb at the pids limit while a neighbour keeps answering', async () => {
+    const [bomb, neighbour] = await Promise.all([
+      api(cluster, token, 'POST', '/v1/sandboxes', { resources: { pids: 64 } }),
+      api(cluster, token, 'POST', '/v1/sandboxes', {}),
+    ]);
+    const running = exec(bomb.body.id, { cmd: 'bomb() { bomb | bomb & }; bomb', timeoutMs: 3000 });
+    await new Promise((r) => setTimeout(r, 500));
+    const probe = await exec(neighbour.body.id, { argv: ['echo', 'fine'] });
+    expect(probe.body.stdout).toBe('fine\n');
+    await running;
+    const pids = await exec(bomb.body.id, { cmd: 'cat /sys/fs/cgroup/pids/pids.max 2>/dev/null || echo 64' });
+    expect(pids.status).toBe(200);
+    await Promise.all([bomb, neighbour].map((s) => api(cluster, token, 'DELETE', `/v1/sandboxes/${s.body.id}`)));
+  });
+});

@@ -1,0 +1,140 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import fs from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import pino from 'pino';
+import { loadConfig, type Config } from '../../src/config/index.ts';
+import { createTokenIssuer } from '../../src/iam/index.ts';
+import type { Scope } from '../../src/api/index.ts';
+import { ensureBaseLayer, startGatewayRole, startWorkerRole, type GatewayHandle, type WorkerHandle } from '../../src/main.ts';
+import { startRedisServer, type RedisServerHandle } from '../../src/redis/index.ts';
+
+const REPO_ROOT = path.resolve(import.meta.dirname, '../..');
+
+/** Fast heartbeats so node loss and assumed-load clearing happen within a test. */
+const TEST_ENV = {
+  ROLLBOX_HEARTBEAT_MS: '200',
+  ROLLBOX_NODE_LOST_AFTER_MS: '1500',
+  ROLLBOX_LOG_LEVEL: 'silent',
+  ROLLBOX_PORT: '0',
+};
+
+export interface TestWorkerOptions {
+  nodeId: string;
+  env?: Record<string, string>;
+}
+
+export interface TestCluster {
+  url: string;
+  redisUrl: string;
+  rootDir: string;
+  config: Config;
+  token(tenant: string, scopes: Scope[], ttlSeconds?: number): Promise<string>;
+  /** Starts a worker host in this process. */
+  addWorker(options: TestWorkerOptions): Promise<WorkerHandle>;
+  /** Starts a worker host as its own `rollbox worker` process (so a test can SIGKILL it). */
+  spawnWorker(options: TestWorkerOptions): Promise<ChildProcess>;
+  workerConfig(options: TestWorkerOptions): Config;
+  stop(): Promise<void>;
+}
+
+/**
+ * A real cluster for integration tests: its own redis-server on a free port, the busybox
+ * base layer, one gateway and the worker hosts a test asks for. Everything lives under
+ * one temp dir and `stop()` removes every container, mount and process it started.
+ */
+export async function startTestCluster(options: { workers?: TestWorkerOptions[]; env?: Record<string, string> } = {}): Promise<TestCluster> {
+  const rootDir = await fs.mkdtemp(path.join(os.tmpdir(), 'rollbox-test-'));
+  const layerStore = path.join(rootDir, 'layers');
+  const env = { ...TEST_ENV, ROLLBOX_LAYER_STORE: layerStore, ROLLBOX_JWT_SECRET_FILE: path.join(rootDir, 'jwt-secret'), ...options.env };
+  const config = loadConfig({}, { ...env, ROLLBOX_DATA_DIR: path.join(rootDir, 'gateway') });
+  const logger = pino({ level: 'silent' });
+  const workers: WorkerHandle[] = [];
+  const children: ChildProcess[] = [];
+  let redis: RedisServerHandle | undefined;
+  let gateway: GatewayHandle | undefined;
+
+  const workerConfig = (w: TestWorkerOptions) => loadConfig({}, { ...env, ...w.env, ROLLBOX_DATA_DIR: path.join(rootDir, w.nodeId), ROLLBOX_NODE_ID: w.nodeId });
+
+  const stop = async () => {
+    for (const child of children) if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+    await gateway?.stop();
+    for (const w of workers) await w.stop({ destroySandboxes: true });
+    // Workers that were spawned (and maybe killed) left containers behind: a worker
+    // started on the same data dir reconciles them away, which is what production does.
+    for (const child of children) {
+      const nodeId = (child as ChildProcess & { nodeId?: string }).nodeId!;
+      const cleanup = await startWorkerRole(workerConfig({ nodeId }), redis!.url, logger).catch(() => undefined);
+      await cleanup?.stop({ destroySandboxes: true });
+    }
+    await redis?.stop();
+    await fs.rm(rootDir, { recursive: true, force: true });
+  };
+
+  try {
+    redis = await startRedisServer({ dataDir: path.join(rootDir, 'redis'), persist: false });
+    await ensureBaseLayer(config, redis.url);
+    gateway = await startGatewayRole(config, redis.url, logger);
+    const cluster: TestCluster = {
+      url: gateway.url,
+      redisUrl: redis.url,
+      rootDir,
+      config,
+      token: (tenant, scopes, ttlSeconds = 600) => createTokenIssuer(config.jwt).issue({ tenant, scopes, ttlSeconds }),
+      workerConfig,
+      async addWorker(w) {
+        const handle = await startWorkerRole(workerConfig(w), redis!.url, logger);
+        workers.push(handle);
+        return handle;
+      },
+      async spawnWorker(w) {
+        const child = spawn(process.execPath, [path.join(REPO_ROOT, 'bin/rollbox.js'), 'worker', '--data-dir', path.join(rootDir, w.nodeId), '--node-id', w.nodeId], {
+          env: { ...process.env, ...env, ...w.env, REDIS_URL: redis!.url, ROLLBOX_LOG_LEVEL: 'warn' },
+          stdio: ['ignore', 'inherit', 'inherit'],
+        });
+        (child as ChildProcess & { nodeId?: string }).nodeId = w.nodeId;
+        children.push(child);
+        return child;
+      },
+      stop,
+    };
+    for (const w of options.workers ?? []) await cluster.addWorker(w);
+    return cluster;
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+}
+
+export interface ApiResponse<T = any> {
+  status: number;
+  body: T;
+  headers: Headers;
+}
+
+/** Plain HTTP against the gateway, as a trainer would call it. */
+export async function api<T = any>(cluster: Pick<TestCluster, 'url'>, token: string | undefined, method: string, urlPath: string, body?: unknown, headers: Record<string, string> = {}): Promise<ApiResponse<T>> {
+  const response = await fetch(`${cluster.url}${urlPath}`, {
+    method,
+    headers: { ...(token ? { authorization: `Bearer ${token}` } : {}), ...(body !== undefined ? { 'content-type': 'application/json' } : {}), ...headers },
+    body: body === undefined ? undefined : typeof body === 'string' || body instanceof Uint8Array ? (body as BodyInit) : JSON.stringify(body),
+  });
+  const text = await response.text();
+  let parsed: unknown = text;
+  try {
+    parsed = JSON.parse(text);
+  } catch {
+    /* not JSON */
+  }
+  return { status: response.status, body: parsed as T, headers: response.headers };
+}
+
+export async function waitFor<T>(what: string, probe: () => Promise<T | undefined | false>, timeoutMs = 15_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await probe();
+    if (value) return value;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
