@@ -53,7 +53,8 @@ export class SandboxService {
     const { registry, config, directory } = this.deps;
     const layerDigests = await this.deps.layers.resolveAll([request.image.base, ...request.image.layers]);
     const placement = { memoryMiB: request.resources.memoryMiB, cpuMillis: request.resources.cpuMillis, pool: config.node.pool, exclude: new Set<string>() };
-    let node = this.place(placement);
+    // A node that joined since the last snapshot refresh should not mean "no capacity".
+    let node = this.place(placement) ?? (await directory.refresh().then(() => this.place(placement)));
     if (!node) throw new RollboxError('no_capacity', `no worker host in pool ${placement.pool} can take ${request.resources.memoryMiB} MiB now`, 5);
 
     const id = newId('sbx');

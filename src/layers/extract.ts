@@ -88,7 +88,12 @@ export async function extractTarSafely(input: Readable, root: string, limits: Ex
     },
   });
 
-  const source = await maybeGunzip(input);
+  let source: [Readable] | [Readable, Transform];
+  try {
+    source = await maybeGunzip(input);
+  } catch (err) {
+    throw toLayerError(err);
+  }
   const stages = source.length === 2 ? pipeline(source[0], source[1], meter, extract) : pipeline(source[0], meter, extract);
   const piping = stages.catch((err: Error) => {
     fail(err);

@@ -5,6 +5,9 @@ export interface MountInfo {
   mountPoint: string;
   fsType: string;
   source: string;
+  /** Root of the mount within its filesystem (bind mounts, cgroup namespaces). */
+  root: string;
+  superOptions: string;
 }
 
 function unescapeMountField(s: string): string {
@@ -20,7 +23,13 @@ export async function readMountInfo(): Promise<MountInfo[]> {
     const fields = line.split(' ');
     const sep = fields.indexOf('-', 6);
     if (sep < 0 || fields.length < sep + 3) continue;
-    out.push({ mountPoint: unescapeMountField(fields[4]!), fsType: fields[sep + 1]!, source: unescapeMountField(fields[sep + 2]!) });
+    out.push({
+      mountPoint: unescapeMountField(fields[4]!),
+      root: unescapeMountField(fields[3]!),
+      fsType: fields[sep + 1]!,
+      source: unescapeMountField(fields[sep + 2]!),
+      superOptions: fields[sep + 3] ?? '',
+    });
   }
   return out;
 }

@@ -175,7 +175,14 @@ export class LayerMounts {
     if (!(await isMountPoint(dir))) return false;
     const loop = await loopDeviceOf(dir);
     const umount = this.deps.umountBinary ?? 'umount';
+    // A sandbox's overlay goes away with its container's mount namespace, which the kernel
+    // may finish tearing down just after the last process is reaped: retry EBUSY briefly.
     let r = await runTool(umount, [dir]);
+    for (let delayMs = 5; r.code !== 0 && delayMs <= 640 && (await isMountPoint(dir)); delayMs *= 2) {
+      await sleep(delayMs);
+      r = await runTool(umount, [dir]);
+    }
+    if (r.code !== 0 && !(await isMountPoint(dir))) r = { ...r, code: 0 };
     if (r.code !== 0 && lazyFallback) {
       this.deps.logger?.warn({ dir, stderr: r.stderr.trim() }, 'layer busy; detaching lazily');
       r = await runTool(umount, ['-l', dir]);

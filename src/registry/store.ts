@@ -197,6 +197,15 @@ export class SandboxRegistry {
     return out;
   }
 
+  /** Current states of many sandboxes in one round trip (undefined: record gone). */
+  async states(ids: readonly string[]): Promise<(SandboxState | undefined)[]> {
+    if (ids.length === 0) return [];
+    const pipeline = this.redis.pipeline();
+    for (const id of ids) pipeline.hget(keys.sandbox(id), 'state');
+    const rows = (await pipeline.exec()) ?? [];
+    return rows.map(([, state]) => (state ?? undefined) as SandboxState | undefined);
+  }
+
   async sandboxesOfNode(nodeId: string): Promise<string[]> {
     return this.redis.smembers(keys.nodeSandboxes(nodeId));
   }

@@ -35,6 +35,7 @@ interface LocalSandbox {
 /** Requests handled recently, reported in heartbeats so gateways can drop assumed load. */
 const HANDLED_WINDOW_MS = 15_000;
 const OPS_CONCURRENCY = 256;
+const REGISTRY_SYNC_MS = 3000;
 
 /**
  * A worker host: pulls create requests from its own queue under local admission, runs
@@ -80,6 +81,7 @@ export class WorkerHost {
     }
     this.timers.push(setInterval(() => void this.heartbeat().catch((err) => this.log.warn({ err }, 'heartbeat failed')), config.heartbeatMs));
     this.timers.push(setInterval(() => void this.expireTtls().catch((err) => this.log.warn({ err }, 'ttl sweep failed')), 1000));
+    this.timers.push(setInterval(() => void this.syncWithRegistry().catch((err) => this.log.warn({ err }, 'registry sync failed')), REGISTRY_SYNC_MS));
     for (const t of this.timers) t.unref();
     this.log.info({ adopted: this.local.size }, 'worker host started');
   }
@@ -275,6 +277,22 @@ export class WorkerHost {
     const oom = (await this.deps.runtime.oomKillCount(id)) > 0;
     await this.removeLocal(id);
     await this.deps.registry.transition(id, 'failed', { node: this.nodeId, failureReason: oom ? 'oom' : 'infra_error', detail: 'the sandbox init process died' });
+  }
+
+  /**
+   * Registry wins: a sandbox that ended while this host could not act on it (declared
+   * lost during a long stall, or a delete whose message was lost) is removed here.
+   */
+  private async syncWithRegistry(): Promise<void> {
+    const ids = [...this.local.values()].filter((s) => !s.starting).map((s) => s.id);
+    const states = await this.deps.registry.states(ids);
+    for (const [i, state] of states.entries()) {
+      const id = ids[i]!;
+      if (state !== undefined && !isTerminal(state) && state !== 'stopping') continue;
+      await this.removeLocal(id);
+      if (state === 'stopping') await this.deps.registry.transition(id, 'terminated', { node: this.nodeId });
+      this.log.info({ sandboxId: id, state }, 'removed a sandbox the registry no longer keeps running here');
+    }
   }
 
   private async expireTtls(): Promise<void> {

@@ -19,12 +19,9 @@ export function hostTraces(dir: string): { mounts: string[]; loops: string[]; co
   return { mounts, loops, containers };
 }
 
+/** runc state roots of the worker data dir `dir`, or of the worker data dirs inside it. */
 function findRuncRoots(dir: string): string[] {
-  const roots: string[] = [];
-  for (const entry of fs.readdirSync(dir, { withFileTypes: true })) {
-    if (!entry.isDirectory()) continue;
-    const candidate = `${dir}/${entry.name}/worker/runc`;
-    if (fs.existsSync(candidate)) roots.push(candidate);
-  }
-  return roots;
+  const candidates = [`${dir}/worker/runc`];
+  for (const entry of fs.readdirSync(dir, { withFileTypes: true })) if (entry.isDirectory()) candidates.push(`${dir}/${entry.name}/worker/runc`);
+  return candidates.filter((candidate) => fs.existsSync(candidate));
 }

@@ -45,6 +45,29 @@ export const MASKED_PATHS = [
 ] as const;
 export const READONLY_PATHS = ['/proc/bus', '/proc/fs', '/proc/irq', '/proc/sys', '/proc/sysrq-trigger'] as const;
 
+/**
+ * A small deny-list on top of the capability set (default: allow). It closes the kernel
+ * surfaces container escapes have come through that capabilities alone leave open to
+ * root in a container: new user namespaces (which hand out a fresh full capability set),
+ * io_uring, the kernel keyring, BPF, perf and userfaultfd. clone3 answers ENOSYS so libc
+ * falls back to clone, whose namespace flags can be filtered (clone3's cannot).
+ */
+const EPERM = 1;
+const ENOSYS = 38;
+const CLONE_NEWUSER = 0x10000000;
+export function seccompProfile(): object {
+  const deny = (names: string[], errno = EPERM): object => ({ names, action: 'SCMP_ACT_ERRNO', errnoRet: errno });
+  return {
+    defaultAction: 'SCMP_ACT_ALLOW',
+    architectures: ['SCMP_ARCH_X86_64', 'SCMP_ARCH_X86', 'SCMP_ARCH_X32', 'SCMP_ARCH_AARCH64', 'SCMP_ARCH_ARM'],
+    syscalls: [
+      deny(['unshare', 'setns', 'keyctl', 'add_key', 'request_key', 'bpf', 'perf_event_open', 'userfaultfd', 'io_uring_setup', 'io_uring_enter', 'io_uring_register', 'open_by_handle_at', 'name_to_handle_at', 'kexec_load', 'kexec_file_load', 'init_module', 'finit_module', 'delete_module', 'mount', 'umount2', 'pivot_root', 'fsopen', 'fsmount', 'move_mount', 'open_tree', 'swapon', 'swapoff', 'acct', 'lookup_dcookie', 'quotactl']),
+      deny(['clone3'], ENOSYS),
+      { names: ['clone'], action: 'SCMP_ACT_ERRNO', errnoRet: EPERM, args: [{ index: 0, value: CLONE_NEWUSER, valueTwo: CLONE_NEWUSER, op: 'SCMP_CMP_MASKED_EQ' }] },
+    ],
+  };
+}
+
 const CPU_PERIOD_US = 100_000;
 const MIB = 1024 * 1024;
 
@@ -59,6 +82,17 @@ export interface ContainerConfigInput {
   cgroupsPath: string;
   /** Host path of the static busybox bound at INIT_BUSYBOX. */
   busyboxPath: string;
+  /**
+   * The sandbox's root filesystem: an overlay runc mounts over the bundle's empty rootfs/
+   * inside the container's own mount namespace (see runtime.ts for why).
+   */
+  rootfs: { lowerdirs: readonly string[]; upperdir: string; workdir: string };
+  /** Whether the host accounts swap (memsw); without it runc cannot set a swap limit. */
+  limitSwap: boolean;
+  /** Apply seccompProfile() (default true). */
+  seccomp?: boolean;
+  /** oom_score_adj given to the init and every exec'd process. */
+  oomScoreAdj: number;
   annotations: Record<string, string>;
 }
 
@@ -90,13 +124,20 @@ export function containerConfig(input: ContainerConfigInput): object {
       // No rlimits: raising any above the worker's needs CAP_SYS_RESOURCE, which this
       // host withholds; processes inherit the worker's limits.
       noNewPrivileges: true,
-      // Explicit 0 so processes never inherit the worker's own oom_score_adj; the init is
-      // lowered separately after start (see runtime.ts).
-      oomScoreAdj: 0,
+      // runc applies this to the init and to every `runc exec` process, so commands never
+      // inherit the worker's own value; positive so a host OOM takes them before the worker.
+      oomScoreAdj: input.oomScoreAdj,
     },
     root: { path: 'rootfs', readonly: false },
     hostname: input.hostname,
     mounts: [
+      // First: every later mount lands on top of it, and pivot_root enters it.
+      {
+        destination: '/',
+        type: 'overlay',
+        source: 'overlay',
+        options: [`lowerdir=${input.rootfs.lowerdirs.join(':')}`, `upperdir=${input.rootfs.upperdir}`, `workdir=${input.rootfs.workdir}`],
+      },
       { destination: '/proc', type: 'proc', source: 'proc', options: ['nosuid', 'noexec', 'nodev'] },
       { destination: '/dev', type: 'tmpfs', source: 'tmpfs', options: ['nosuid', 'strictatime', 'mode=755', 'size=65536k'] },
       { destination: '/dev/pts', type: 'devpts', source: 'devpts', options: ['nosuid', 'noexec', 'newinstance', 'ptmxmode=0666', 'mode=0620', 'gid=5'] },
@@ -111,11 +152,12 @@ export function containerConfig(input: ContainerConfigInput): object {
       resources: {
         devices: [{ allow: false, access: 'rwm' }],
         // swap == limit: no swap beyond the memory limit.
-        memory: { limit: memoryBytes, swap: memoryBytes },
+        memory: input.limitSwap ? { limit: memoryBytes, swap: memoryBytes } : { limit: memoryBytes },
         cpu: { shares: cpuShares(input.resources, input.class), quota: input.resources.cpuMillis * (CPU_PERIOD_US / 1000), period: CPU_PERIOD_US },
         pids: { limit: input.resources.pids },
       },
       namespaces: [{ type: 'pid' }, { type: 'network' }, { type: 'ipc' }, { type: 'uts' }, { type: 'mount' }, { type: 'cgroup' }],
+      ...(input.seccomp === false ? {} : { seccomp: seccompProfile() }),
       maskedPaths: [...MASKED_PATHS, ...input.hiddenPaths],
       readonlyPaths: [...READONLY_PATHS],
     },

@@ -1,0 +1,173 @@
+import { existsSync, mkdirSync, readFileSync, readdirSync, rmdirSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { readMountInfo } from '../../layers/index.ts';
+
+/**
+ * The cgroup hierarchies of this host as runc sees them: one directory per v1 controller
+ * (or named hierarchy) plus the v2 mount of a hybrid host. runc creates a container's
+ * cgroup at the same relative path in every one of them.
+ */
+export interface CgroupHierarchies {
+  /** Every hierarchy's mount point (v1 controllers, named v1, unified). */
+  all: string[];
+  memory: string;
+  pids: string;
+  freezer: string;
+  /** memory.memsw.* exists (swap accounting on): only then can swap be limited. */
+  memsw: boolean;
+}
+
+export async function discoverCgroups(): Promise<CgroupHierarchies> {
+  const mounts = (await readMountInfo()).filter((m) => (m.fsType === 'cgroup' || m.fsType === 'cgroup2') && m.root === '/');
+  const byController = new Map<string, string>();
+  for (const m of mounts) {
+    if (m.fsType !== 'cgroup') continue;
+    for (const opt of m.superOptions.split(',')) byController.set(opt, m.mountPoint);
+  }
+  const need = (c: string): string => {
+    const dir = byController.get(c);
+    if (!dir) throw new Error(`cgroup v1 controller ${c} is not mounted; the runc runtime needs cgroups v1 (hybrid is fine)`);
+    return dir;
+  };
+  const memory = need('memory');
+  return {
+    all: [...new Set(mounts.map((m) => m.mountPoint))],
+    memory,
+    pids: need('pids'),
+    freezer: need('freezer'),
+    memsw: existsSync(path.join(memory, 'memory.memsw.limit_in_bytes')),
+  };
+}
+
+/** The oom_kill counter of a v1 memory cgroup (0 when the cgroup is gone). */
+export function readOomKills(memoryCgroupDir: string): number {
+  try {
+    const text = readFileSync(path.join(memoryCgroupDir, 'memory.oom_control'), 'utf8');
+    const m = /^oom_kill (\d+)$/m.exec(text);
+    return m ? Number(m[1]) : 0;
+  } catch {
+    return 0;
+  }
+}
+
+export function readProcs(cgroupDir: string): number[] {
+  try {
+    return readFileSync(path.join(cgroupDir, 'cgroup.procs'), 'utf8')
+      .split('\n')
+      .filter((l) => l !== '')
+      .map(Number);
+  } catch {
+    return [];
+  }
+}
+
+function killQuietly(pid: number): void {
+  try {
+    process.kill(pid, 'SIGKILL');
+  } catch {
+    // already gone
+  }
+}
+
+function writeFreezer(freezerDir: string | undefined, state: 'FROZEN' | 'THAWED'): void {
+  if (!freezerDir) return;
+  try {
+    writeFileSync(path.join(freezerDir, 'freezer.state'), state);
+  } catch {
+    // the cgroup may be gone already
+  }
+}
+
+/**
+ * SIGKILL every process in a cgroup until it is empty. With a freezer cgroup covering the
+ * same processes we freeze first, so nothing can fork between reading the list and
+ * killing it (a fork bomb cannot outrun us); SIGKILL is delivered to frozen tasks once
+ * thawed. Returns whether the cgroup emptied within `budgetMs`.
+ */
+export async function killCgroup(procsDir: string, freezerDir: string | undefined, budgetMs = 2000): Promise<boolean> {
+  const deadline = Date.now() + budgetMs;
+  for (let round = 0; ; round++) {
+    let pids = readProcs(procsDir);
+    if (pids.length === 0) return true;
+    writeFreezer(freezerDir, 'FROZEN');
+    pids = readProcs(procsDir);
+    for (const pid of pids) killQuietly(pid);
+    writeFreezer(freezerDir, 'THAWED');
+    if (Date.now() > deadline) return readProcs(procsDir).length === 0;
+    await sleep(round < 5 ? 2 : 10);
+  }
+}
+
+/** Move every process of `fromDir` into `toDir` (same hierarchy). */
+export function migrateProcs(fromDir: string, toDir: string): void {
+  for (const pid of readProcs(fromDir)) {
+    try {
+      writeFileSync(path.join(toDir, 'cgroup.procs'), String(pid));
+    } catch {
+      // exited meanwhile
+    }
+  }
+}
+
+export function makeCgroup(dir: string): void {
+  mkdirSync(dir);
+}
+
+/** rmdir a cgroup and its children, deepest first; reports whether it is gone. */
+export function removeCgroupTree(dir: string): boolean {
+  let entries: string[];
+  try {
+    entries = readdirSync(dir, { withFileTypes: true })
+      .filter((d) => d.isDirectory())
+      .map((d) => d.name);
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'ENOENT';
+  }
+  let ok = true;
+  for (const child of entries) ok = removeCgroupTree(path.join(dir, child)) && ok;
+  try {
+    rmdirSync(dir);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'ENOENT') ok = false;
+  }
+  return ok;
+}
+
+/**
+ * Kill every process anywhere under each of `dirs` (one per hierarchy, same sandbox) and
+ * remove the trees. `freezerDir`, the sandbox's freezer cgroup, is frozen around each
+ * kill round (v1 freezing is hierarchical) so nothing forks away from us.
+ */
+export async function destroyCgroupTrees(dirs: readonly string[], freezerDir: string | undefined): Promise<boolean> {
+  for (let attempt = 0; attempt < 50; attempt++) {
+    const busy = dirs.flatMap((d) => walk(d)).filter((d) => readProcs(d).length > 0);
+    if (busy.length > 0) {
+      writeFreezer(freezerDir, 'FROZEN');
+      for (const d of busy) for (const pid of readProcs(d)) killQuietly(pid);
+      writeFreezer(freezerDir, 'THAWED');
+      await sleep(attempt < 5 ? 2 : 10);
+      continue;
+    }
+    let allGone = true;
+    for (const dir of dirs) allGone = removeCgroupTree(dir) && allGone;
+    if (allGone) return true;
+    await sleep(10);
+  }
+  return false;
+}
+
+function walk(dir: string): string[] {
+  const out: string[] = [];
+  let entries: string[];
+  try {
+    entries = readdirSync(dir, { withFileTypes: true })
+      .filter((d) => d.isDirectory())
+      .map((d) => d.name);
+  } catch {
+    return out;
+  }
+  for (const e of entries) out.push(...walk(path.join(dir, e)));
+  out.push(dir);
+  return out;
+}

@@ -1,0 +1,307 @@
+import { execFileSync } from 'node:child_process';
+import { createHash, randomBytes } from 'node:crypto';
+import { existsSync, readFileSync, readdirSync } from 'node:fs';
+import { mkdir, mkdtemp, rm } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { Readable } from 'node:stream';
+import tar from 'tar-stream';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { RollboxError } from '../../api/index.ts';
+import { LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar, readMountInfo, type StoredLayer } from '../../layers/index.ts';
+import { createRuncRuntime, type RuncRuntime } from './index.ts';
+import type { RuntimeExecSpec, SandboxRuntimeSpec } from './types.ts';
+
+let top: string;
+let dataDir: string;
+let store: LayerStore;
+let base: StoredLayer;
+let extra: StoredLayer;
+let cgroupRoots: string[];
+const nodeId = `t${randomBytes(4).toString('hex')}`;
+const runtimes: RuncRuntime[] = [];
+
+function newRuntime(): RuncRuntime {
+  const layerMounts = new LayerMounts({ dataDir, storeDir: store.dir });
+  const rt = createRuncRuntime({ dataDir, nodeId, layerMounts });
+  runtimes.push(rt);
+  return rt;
+}
+
+function spec(sandboxId: string, over: Partial<SandboxRuntimeSpec> = {}): SandboxRuntimeSpec {
+  return {
+    sandboxId,
+    layerImages: [base],
+    resources: { cpuMillis: 1000, memoryMiB: 64, diskMiB: 256, pids: 64 },
+    class: 'latency',
+    env: { GREETING: 'hello' },
+    workdir: '/work',
+    hiddenPaths: [],
+    ...over,
+  };
+}
+
+function cmd(script: string, over: Partial<RuntimeExecSpec> = {}): RuntimeExecSpec {
+  return { argv: ['sh', '-c', script], env: {}, timeoutMs: 10_000, outputCapBytes: 64 * 1024, ...over };
+}
+
+function sha256Hex(file: string): string {
+  return createHash('sha256').update(readFileSync(file)).digest('hex');
+}
+
+async function tarOf(entries: (Partial<tar.Header> & { name: string; content?: string })[]): Promise<Buffer> {
+  const pack = tar.pack();
+  for (const { content, ...h } of entries) pack.entry({ mtime: new Date(0), ...h }, content ?? '');
+  pack.finalize();
+  const chunks: Buffer[] = [];
+  for await (const c of pack as unknown as AsyncIterable<Buffer>) chunks.push(c);
+  return Buffer.concat(chunks);
+}
+
+const mountsUnderTop = (): string[] =>
+  readFileSync('/proc/self/mounts', 'utf8')
+    .split('\n')
+    .map((l) => l.split(' ')[1] ?? '')
+    .filter((mp) => mp.startsWith(`${top}/`));
+const loopsOf = (imagePath: string): string => execFileSync('losetup', ['-j', imagePath], { encoding: 'utf8' }).trim();
+const cgroupDirsOf = (sandboxId: string): string[] => cgroupRoots.map((r) => path.join(r, 'rollbox', nodeId, `rb-${sandboxId}`)).filter((d) => existsSync(d));
+const runcList = (rt: RuncRuntime): string[] => readdirSync(rt.runcRoot).filter((n) => n.startsWith('rb-'));
+
+/** Everything a removed sandbox must not leave behind. */
+function expectGone(rt: RuncRuntime, sandboxId: string): void {
+  expect(runcList(rt)).not.toContain(`rb-${sandboxId}`);
+  expect(existsSync(path.join(rt.sandboxesDir, sandboxId))).toBe(false);
+  expect(cgroupDirsOf(sandboxId)).toEqual([]);
+  expect(mountsUnderTop().filter((m) => m.includes(`/sandboxes/${sandboxId}`))).toEqual([]);
+}
+
+beforeAll(async () => {
+  top = await mkdtemp(path.join(os.tmpdir(), 'rollbox-runtime-'));
+  dataDir = path.join(top, 'node');
+  store = new LayerStore(path.join(top, 'store'));
+  const tmpDir = path.join(top, 'tmp');
+  await mkdir(tmpDir, { recursive: true });
+  base = await buildBusyboxBase({ store, tmpDir });
+  extra = await buildLayerFromTar(
+    Readable.from(
+      await tarOf([
+        { name: 'opt/tool/', type: 'directory', mode: 0o755 },
+        { name: 'opt/tool/VERSION', type: 'file', content: '1.2.3\n' },
+        { name: 'etc/motd', type: 'file', content: 'from the extra layer\n' },
+      ]),
+    ),
+    { store, tmpDir, maxBytes: 1 << 20 },
+  );
+  cgroupRoots = (await readMountInfo()).filter((m) => m.fsType === 'cgroup' || m.fsType === 'cgroup2').map((m) => m.mountPoint);
+});
+
+afterAll(async () => {
+  // The last runtime instance cleans everything this node id owns, whatever the tests did.
+  const rt = runtimes.at(-1) ?? (store ? newRuntime() : undefined);
+  await rt?.reconcile(new Set()).catch((err: unknown) => console.error('final reconcile failed', err));
+  for (const mp of top ? mountsUnderTop().reverse() : []) execFileSync('umount', ['-l', mp]);
+  if (top) await rm(top, { recursive: true, force: true });
+});
+
+describe('runc runtime', () => {
+  it('creates, runs commands that share a filesystem, and destroys without leftovers', async () => {
+    const rt = newRuntime();
+    await rt.create(spec('life', { hiddenPaths: ['/etc/hosts'] }));
+    await rt.create(spec('life')); // a retried create is a no-op
+    expect(await rt.isRunning('life')).toBe(true);
+    expect(rt.mountedLayers()).toEqual([base.digest]);
+
+    const echo = await rt.exec('life', { argv: ['echo', 'hi', 'there'], env: {}, timeoutMs: 5000, outputCapBytes: 1024 });
+    expect(echo).toMatchObject({ exitCode: 0, stdout: 'hi there\n', stderr: '', truncated: false, timedOut: false, oomKilled: false });
+    expect(echo.durationMs).toBeGreaterThan(0);
+
+    expect((await rt.exec('life', cmd('echo "$GREETING $EXTRA" > note.txt', { env: { EXTRA: 'world' } }))).exitCode).toBe(0);
+    const read = await rt.exec('life', cmd('pwd; cat /work/note.txt; cat -; exit 3', { stdin: 'from stdin' }));
+    expect(read).toMatchObject({ exitCode: 3, stdout: '/work\nhello world\nfrom stdin' });
+    expect((await rt.exec('life', cmd('pwd', { cwd: '/tmp' }))).stdout).toBe('/tmp\n');
+    expect((await rt.exec('life', cmd('echo oops >&2; false'))).stderr).toBe('oops\n');
+
+    // Namespaces: own pid 1 (the busybox init), loopback only and up, hidden path empty.
+    const env = await rt.exec('life', cmd('cat /proc/1/cmdline | tr "\\0" " "; echo; ls /sys/class/net; ip link show lo; wc -c < /etc/hosts'));
+    expect(env.stdout).toContain('/.rollbox/busybox sh -c');
+    expect(env.stdout).toContain('lo\n');
+    expect(env.stdout).not.toMatch(/eth|veth/);
+    expect(env.stdout).toMatch(/lo: <LOOPBACK,UP/);
+    expect(env.stdout.trim().endsWith('0')).toBe(true);
+
+    // Hardening: no new privileges, Docker's capability set, seccomp deny-list (no user namespaces).
+    const hard = await rt.exec('life', cmd('grep -E "^(NoNewPrivs|Seccomp|CapBnd):" /proc/self/status; unshare -U true || echo no-userns'));
+    expect(hard.stdout).toMatch(/NoNewPrivs:\s+1/);
+    expect(hard.stdout).toMatch(/Seccomp:\s+2/);
+    expect(hard.stdout).toMatch(/CapBnd:\s+00000000a80425fb/);
+    expect(hard.stdout).toContain('no-userns');
+
+    const big = await rt.exec('life', cmd('head -c 100000 /dev/zero | tr "\\0" a; echo done >&2', { outputCapBytes: 1000 }));
+    expect(big.stdout).toHaveLength(1000);
+    expect(big.truncated).toBe(true);
+    expect(big.stderr).toBe('done\n');
+    expect(big.exitCode).toBe(0);
+
+    const missing = await rt.exec('life', { argv: ['no-such-tool'], env: {}, timeoutMs: 5000, outputCapBytes: 1024 });
+    expect(missing.exitCode).toBe(127);
+    expect(missing.stderr).toMatch(/^rollbox: cannot start command: .*no-such-tool.*not found/);
+    await expect(rt.exec('life', cmd('true', { env: { 'BAD=NAME': 'x' } }))).rejects.toMatchObject({ code: 'invalid_request' });
+    await expect(rt.exec('life', cmd('true', { cwd: 'relative' }))).rejects.toMatchObject({ code: 'invalid_request' });
+
+    await rt.destroy('life');
+    await rt.destroy('life'); // idempotent
+    expect(await rt.isRunning('life')).toBe(false);
+    expectGone(rt, 'life');
+    expect(rt.mountedLayers()).toEqual([]);
+    expect(mountsUnderTop()).toEqual([]);
+    expect(loopsOf(base.imagePath)).toBe('');
+    await expect(rt.exec('life', cmd('true'))).rejects.toMatchObject({ code: 'not_found' });
+    await expect(rt.create(spec('../evil'))).rejects.toBeInstanceOf(RollboxError);
+  });
+
+  it('isolates writes between two sandboxes sharing layers and never changes a layer', async () => {
+    const rt = newRuntime();
+    const before = [sha256Hex(base.imagePath), sha256Hex(extra.imagePath)];
+    const layers = { layerImages: [base, extra] };
+    await Promise.all([rt.create(spec('share-a', layers)), rt.create(spec('share-b', layers))]);
+    // One mount per layer for both sandboxes.
+    expect(rt.mountedLayers().sort()).toEqual([base.digest, extra.digest].sort());
+    expect(mountsUnderTop()).toHaveLength(2);
+
+    const a = await rt.exec('share-a', cmd('cat /opt/tool/VERSION; echo changed > /etc/motd; rm /bin/ls; echo new > /opt/tool/new; cat /etc/motd'));
+    expect(a.stdout).toBe('1.2.3\nchanged\n');
+    const b = await rt.exec('share-b', cmd('cat /etc/motd; ls /opt/tool; test -e /bin/ls && echo has-ls'));
+    expect(b.stdout).toBe('from the extra layer\nVERSION\nhas-ls\n');
+    expect([sha256Hex(base.imagePath), sha256Hex(extra.imagePath)]).toEqual(before);
+
+    await rt.destroy('share-a');
+    expect(rt.mountedLayers().sort()).toEqual([base.digest, extra.digest].sort()); // b still uses them
+    expect((await rt.exec('share-b', cmd('cat /opt/tool/VERSION'))).stdout).toBe('1.2.3\n');
+    await rt.destroy('share-b');
+    expect(rt.mountedLayers()).toEqual([]);
+    expect(loopsOf(base.imagePath)).toBe('');
+    expect(loopsOf(extra.imagePath)).toBe('');
+  });
+
+  it('runs besteffort sandboxes under SCHED_IDLE with minimal CPU weight', async () => {
+    const rt = newRuntime();
+    await rt.create(spec('idle', { class: 'besteffort', resources: { cpuMillis: 250, memoryMiB: 64, diskMiB: 64, pids: 64 } }));
+    // Field 41 of /proc/self/stat is the scheduling policy: 5 = SCHED_IDLE.
+    const r = await rt.exec('idle', cmd('cut -d" " -f41 /proc/self/stat; cat /proc/self/oom_score_adj /proc/1/oom_score_adj'));
+    expect(r.stdout).toBe('5\n500\n0\n');
+    const cpu = cgroupRoots.find((c) => c.endsWith('/cpu'))!;
+    expect(readFileSync(path.join(cpu, 'rollbox', nodeId, 'rb-idle', 'cpu.shares'), 'utf8').trim()).toBe('2');
+    expect(readFileSync(path.join(cpu, 'rollbox', nodeId, 'rb-idle', 'cpu.cfs_quota_us'), 'utf8').trim()).toBe('25000');
+    await rt.destroy('idle');
+    expectGone(rt, 'idle');
+  });
+
+  it('OOM-kills a memory balloon past memoryMiB and the sandbox keeps answering', async () => {
+    const rt = newRuntime();
+    await rt.create(spec('oom', { resources: { cpuMillis: 1000, memoryMiB: 32, diskMiB: 64, pids: 64 } }));
+    expect(await rt.oomKillCount('oom')).toBe(0);
+    // busybox tail keeps the unterminated "line" it reads from /dev/zero: it grows until the
+    // memory cgroup's OOM killer takes it (a shell pipeline can lose its shell too, which
+    // the killer may pick second while the first victim's memory is being freed).
+    const balloon = await rt.exec('oom', { argv: ['tail', '/dev/zero'], env: {}, timeoutMs: 20_000, outputCapBytes: 1024 });
+    expect(balloon).toMatchObject({ oomKilled: true, exitCode: 137, timedOut: false });
+    expect(await rt.oomKillCount('oom')).toBeGreaterThanOrEqual(1);
+    expect(await rt.isRunning('oom')).toBe(true);
+    const after = await rt.exec('oom', cmd('echo alive'));
+    expect(after).toMatchObject({ exitCode: 0, stdout: 'alive\n', oomKilled: false });
+    await rt.destroy('oom');
+    expectGone(rt, 'oom');
+  });
+
+  it('stops a fork bomb at the pids limit while a neighbour answers', async () => {
+    const rt = newRuntime();
+    const small = { resources: { cpuMillis: 500, memoryMiB: 64, diskMiB: 64, pids: 32 } };
+    await Promise.all([rt.create(spec('bomb', small)), rt.create(spec('calm'))]);
+    // ash exits when a fork fails, so this bomb's population churns at the limit (and could
+    // even die out); what matters is that the kernel refused forks at the limit. (v1 counts
+    // pids.events in the forking task's cgroup, the per-exec one, so we check stderr.)
+    const pidsDir = path.join(cgroupRoots.find((r) => r.endsWith('/pids'))!, 'rollbox', nodeId, 'rb-bomb');
+    const bomb = rt.exec('bomb', cmd('b() { while :; do b & done; }; b', { timeoutMs: 2000, outputCapBytes: 512 }));
+    let maxPids = 0;
+    for (let i = 0; i < 12; i++) {
+      await new Promise((r) => setTimeout(r, 50));
+      maxPids = Math.max(maxPids, Number(readFileSync(path.join(pidsDir, 'pids.current'), 'utf8')));
+    }
+    expect(maxPids).toBeLessThanOrEqual(32);
+    const neighbour = await rt.exec('calm', cmd('echo fine'));
+    expect(neighbour).toMatchObject({ exitCode: 0, stdout: 'fine\n' });
+    expect(neighbour.durationMs).toBeLessThan(2000);
+    const result = await bomb;
+    expect(result.durationMs).toBeLessThan(5000);
+    expect(result.stderr).toMatch(/can't fork: Resource temporarily unavailable/); // refused at the limit
+    // Everything the bomb started is gone; the init (and its sleep) survived.
+    expect(Number(readFileSync(path.join(pidsDir, 'pids.current'), 'utf8'))).toBe(2);
+    expect((await rt.exec('bomb', cmd('echo survived'))).stdout).toBe('survived\n');
+    await Promise.all([rt.destroy('bomb'), rt.destroy('calm')]);
+    expectGone(rt, 'bomb');
+  });
+
+  it('timeout kills a command and its backgrounded children; detached daemons outlive their exec', async () => {
+    const rt = newRuntime();
+    await rt.create(spec('tmo'));
+    const started = Date.now();
+    const r = await rt.exec('tmo', cmd('sleep 1000 & sleep 1000', { timeoutMs: 300 }));
+    expect(r.timedOut).toBe(true);
+    expect(Date.now() - started).toBeLessThan(3000);
+    expect((await rt.exec('tmo', cmd('ps -o args'))).stdout).not.toContain('sleep 1000');
+    // A timeout shorter than runc's own start-up still kills the command once it starts.
+    const early = await rt.exec('tmo', { argv: ['sleep', '30'], env: {}, timeoutMs: 1, outputCapBytes: 1024 });
+    expect(early.timedOut).toBe(true);
+    expect(early.durationMs).toBeLessThan(2000);
+    expect((await rt.exec('tmo', cmd('ps -o args'))).stdout).not.toContain('sleep 30');
+
+    // A daemon whose output is detached is not part of the exec's result and keeps running.
+    const d = await rt.exec('tmo', cmd('sleep 999 >/dev/null 2>&1 &', { timeoutMs: 5000 }));
+    expect(d).toMatchObject({ exitCode: 0, timedOut: false });
+    expect((await rt.exec('tmo', cmd('ps -o args'))).stdout).toContain('sleep 999');
+    // No per-exec cgroups are left behind.
+    for (const dir of cgroupDirsOf('tmo')) {
+      expect(readdirSync(dir, { withFileTypes: true }).filter((e) => e.isDirectory()).map((e) => e.name)).toEqual([]);
+    }
+    await rt.destroy('tmo');
+    expectGone(rt, 'tmo');
+  });
+
+  it('reconcile adopts kept sandboxes after a restart and removes everything else', async () => {
+    const previous = newRuntime();
+    await previous.create(spec('keep', { layerImages: [base] }));
+    await previous.create(spec('drop', { layerImages: [base, extra] }));
+    await previous.exec('keep', cmd('echo state > /root/state'));
+
+    // Leftovers of an older, crashed run: a bundle with a host-mounted overlay, a stray
+    // cgroup, and (through "drop") a layer mount nobody kept.
+    const ghost = path.join(previous.sandboxesDir, 'ghost');
+    for (const d of ['upper', 'work', 'rootfs']) await mkdir(path.join(ghost, d), { recursive: true });
+    const baseDir = path.join(dataDir, 'mnt', 'layers', base.digest.slice(7));
+    execFileSync('mount', ['-t', 'overlay', 'overlay', '-o', `lowerdir=${baseDir},upperdir=${ghost}/upper,workdir=${ghost}/work`, `${ghost}/rootfs`]);
+    for (const r of cgroupRoots) await mkdir(path.join(r, 'rollbox', nodeId, 'rb-ghost2'), { recursive: true });
+
+    // "Restart": a fresh runtime and layer-mount instance over the same data dir.
+    const rt = newRuntime();
+    const result = await rt.reconcile(new Set(['keep', 'gone-before-restart']));
+    expect(result.adopted).toEqual(['keep']);
+    expect(result.missing).toEqual(['gone-before-restart']);
+    expect(result.removed).toEqual(expect.arrayContaining(['drop', 'ghost', 'ghost2']));
+    expect(result.removed).not.toContain('keep');
+
+    expect(await rt.isRunning('keep')).toBe(true);
+    expect((await rt.exec('keep', cmd('cat /root/state; pwd'))).stdout).toBe('state\n/work\n');
+    expect(rt.mountedLayers()).toEqual([base.digest]);
+    expect(loopsOf(extra.imagePath)).toBe('');
+    for (const id of ['drop', 'ghost', 'ghost2']) expectGone(rt, id);
+    expect(mountsUnderTop()).toEqual([baseDir]);
+
+    await rt.destroy('keep');
+    expectGone(rt, 'keep');
+    expect(mountsUnderTop()).toEqual([]);
+    expect(loopsOf(base.imagePath)).toBe('');
+    const final = await rt.reconcile(new Set());
+    expect(final.adopted).toEqual([]);
+    expect(cgroupRoots.filter((r) => existsSync(path.join(r, 'rollbox', nodeId)))).toEqual([]);
+  });
+});

@@ -1,0 +1,84 @@
+import fs from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import type { Redis } from 'ioredis';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { CreateSandboxRequest, STATE_TRANSITIONS, type Sandbox, type SandboxState } from '../src/api/index.ts';
+import { connectRedis, startRedisServer, type RedisServerHandle } from '../src/redis/index.ts';
+import { SandboxRegistry } from '../src/registry/index.ts';
+
+let server: RedisServerHandle;
+let redis: Redis;
+let registry: SandboxRegistry;
+let dir: string;
+
+beforeAll(async () => {
+  dir = await fs.mkdtemp(path.join(os.tmpdir(), 'rollbox-registry-'));
+  server = await startRedisServer({ dataDir: dir, persist: false });
+  redis = connectRedis(server.url);
+  registry = new SandboxRegistry(redis);
+});
+afterAll(async () => {
+  await redis?.quit();
+  await server?.stop();
+  await fs.rm(dir, { recursive: true, force: true });
+});
+
+let counter = 0;
+function record(tenant = 't1'): Sandbox {
+  return { id: `sbx_test${++counter}`, tenant, state: 'pending', node: 'n1', spec: CreateSandboxRequest.parse({}), layerDigests: [], createdAt: new Date().toISOString(), oomKills: 0 };
+}
+const admit = (r: Sandbox, extra: { idempotencyKey?: string; requestHash?: string; maxLive?: number } = {}) =>
+  registry.admit({ record: r, maxLive: extra.maxLive ?? 100, idempotencyKey: extra.idempotencyKey, requestHash: extra.requestHash ?? 'h', settleDeadlineMs: Date.now() + 60_000 });
+
+describe('SandboxRegistry', () => {
+  it('enforces the tenant quota atomically under concurrency, and frees a slot on a terminal state', async () => {
+    const outcomes = await Promise.all(Array.from({ length: 10 }, () => admit(record('quota-t'), { maxLive: 4 })));
+    expect(outcomes.filter((o) => o.kind === 'created')).toHaveLength(4);
+    expect(outcomes.filter((o) => o.kind === 'quota')).toHaveLength(6);
+    const live = await registry.list('quota-t', { limit: 100 });
+    await registry.transition(live[0]!.id, 'failed', { failureReason: 'infra_error' });
+    expect((await admit(record('quota-t'), { maxLive: 4 })).kind).toBe('created');
+  });
+
+  it('gives one sandbox per idempotency key even when admitted concurrently', async () => {
+    const outcomes = await Promise.all(Array.from({ length: 8 }, () => admit(record('idem-t'), { idempotencyKey: 'k1', requestHash: 'body-1' })));
+    expect(outcomes.filter((o) => o.kind === 'created')).toHaveLength(1);
+    const ids = new Set(outcomes.flatMap((o) => (o.kind === 'exists' ? [o.sandboxId] : [])));
+    expect(ids.size).toBe(1);
+    expect(outcomes.find((o) => o.kind === 'exists')).toMatchObject({ requestHash: 'body-1' });
+  });
+
+  it('never moves a state backwards and ends each sandbox exactly once', async () => {
+    const r = record();
+    await admit(r);
+    expect((await registry.transition(r.id, 'creating')).kind).toBe('ok');
+    expect((await registry.transition(r.id, 'pending')).kind).toBe('refused');
+    expect((await registry.transition(r.id, 'running', { node: 'other-node' })).kind).toBe('refused');
+    expect((await registry.transition(r.id, 'running', { node: 'n1' })).kind).toBe('ok');
+    const enders = await Promise.all([
+      registry.transition(r.id, 'terminated'),
+      registry.transition(r.id, 'failed', { failureReason: 'lost' }),
+      registry.transition(r.id, 'failed', { failureReason: 'oom' }),
+      registry.transition(r.id, 'terminated'),
+    ]);
+    expect(enders.filter((o) => o.kind === 'ok')).toHaveLength(1);
+    const final = (await registry.get(r.id))!;
+    for (const to of Object.keys(STATE_TRANSITIONS) as SandboxState[]) expect((await registry.transition(r.id, to)).kind).toBe('refused');
+    expect(await registry.get(r.id)).toEqual(final);
+    expect(final.endedAt).toBeDefined();
+    expect(await registry.sandboxesOfNode('n1')).not.toContain(r.id);
+  });
+
+  it('reports missing sandboxes and lists by label, job and state', async () => {
+    expect((await registry.transition('sbx_nope', 'running')).kind).toBe('missing');
+    const a = { ...record('list-t'), spec: CreateSandboxRequest.parse({ labels: { task: 'x' }, job: 'j1' }) };
+    const b = record('list-t');
+    await admit(a);
+    await admit(b);
+    expect((await registry.list('list-t', { limit: 10, label: 'task=x' })).map((s) => s.id)).toEqual([a.id]);
+    expect((await registry.list('list-t', { limit: 10, job: 'j1' })).map((s) => s.id)).toEqual([a.id]);
+    expect((await registry.list('list-t', { limit: 10, state: 'pending' })).length).toBe(2);
+    expect(await registry.list('other-tenant', { limit: 10 })).toEqual([]);
+  });
+});
