@@ -15,6 +15,8 @@ const CONCURRENCY = Number(process.env.BENCH_CONCURRENCY ?? 8);
 const FLOOR = Number(process.env.BENCH_FLOOR ?? 60);
 
 const cluster = await startTestCluster({ workers: [{ nodeId: 'bench-node', env: { ROLLBOX_NODE_MAX_STARTING: String(CONCURRENCY * 2) } }] });
+// Ctrl-C still removes every container, mount and process the bench started.
+process.once('SIGINT', () => void cluster.stop().finally(() => process.exit(130)));
 try {
   const token = await cluster.token('bench', ['sandbox:create', 'sandbox:delete', 'sandbox:exec']);
   const body = { resources: { memoryMiB: 64, cpuMillis: 100 } };
@@ -40,9 +42,13 @@ try {
   }
   serialBar.done();
 
+  const workerDir = path.join(cluster.rootDir, 'bench-node', 'worker');
   const floorBar = progress('raw runc run -d (floor)', FLOOR);
-  const floor = await rawRuncRunFloor({ workerDir: path.join(cluster.rootDir, 'bench-node', 'worker'), templateSandboxId: template, runs: FLOOR, onRun: floorBar.tick });
+  const floor = (await rawRuncRunFloor({ workerDir, templateSandboxId: template, runs: FLOOR, onRun: floorBar.tick })).samplesMs;
   floorBar.done();
+  const floorConcurrentBar = progress(`raw runc run -d (x${CONCURRENCY})`, FLOOR);
+  const floorConcurrent = await rawRuncRunFloor({ workerDir, templateSandboxId: template, runs: FLOOR, concurrency: CONCURRENCY, onRun: floorConcurrentBar.tick });
+  floorConcurrentBar.done();
   await releaseAll();
 
   const concurrentBar = progress(`concurrent creates (x${CONCURRENCY})`, CONCURRENT);
@@ -79,6 +85,8 @@ try {
     floorP99Ms: f.p99Ms,
     ratioP50: Math.round((s.p50Ms / f.p50Ms) * 100) / 100,
     perSecond: Math.round((CONCURRENT / wallMs) * 1000 * 10) / 10,
+    /** Raw `runc run -d` at the same concurrency: the most this machine can start per second. */
+    floorPerSecond: Math.round((FLOOR / floorConcurrent.wallMs) * 1000 * 10) / 10,
     concurrency: CONCURRENCY,
     concurrentP50Ms: c.p50Ms,
     concurrentP99Ms: c.p99Ms,

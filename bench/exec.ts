@@ -12,6 +12,8 @@ const RUNS = Number(process.env.BENCH_RUNS ?? 200);
 const ARGV = ['true'];
 
 const cluster = await startTestCluster({ workers: [{ nodeId: 'bench-node' }] });
+// Ctrl-C still removes every container, mount and process the bench started.
+process.once('SIGINT', () => void cluster.stop().finally(() => process.exit(130)));
 try {
   const token = await cluster.token('bench', ['sandbox:create', 'sandbox:delete', 'sandbox:exec']);
   const { body: sandbox } = await api(cluster, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64 } });

@@ -1,10 +1,22 @@
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { promisify } from 'node:util';
 
 const run = promisify(execFile);
+
+/**
+ * `runc run -d` hands its stdio to the container, so waiting for the pipes to close (as
+ * execFile does) would wait for the container: wait for runc's own exit instead.
+ */
+function runDetached(file: string, args: string[]): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(file, args, { stdio: 'ignore' });
+    child.on('error', reject);
+    child.on('exit', (code) => (code === 0 ? resolve() : reject(new Error(`${file} ${args.join(' ')} exited ${code}`))));
+  });
+}
 
 /** Where the runc runtime keeps a sandbox on a worker host (see src/workers/runtime). */
 export function sandboxPaths(workerDir: string, sandboxId: string) {
@@ -21,32 +33,52 @@ export async function timed(fn: () => Promise<unknown>): Promise<number> {
  * The floor for create: raw `runc run -d` with the very config.json rollbox wrote for a
  * sandbox, on an overlayfs over the same mounted EROFS layer, without rollbox in the path.
  */
-export async function rawRuncRunFloor(opts: { workerDir: string; templateSandboxId: string; runs: number; onRun?: () => void }): Promise<number[]> {
+export async function rawRuncRunFloor(opts: { workerDir: string; templateSandboxId: string; runs: number; concurrency?: number; onRun?: () => void }): Promise<{ samplesMs: number[]; wallMs: number }> {
   const template = sandboxPaths(opts.workerDir, opts.templateSandboxId);
   const config = JSON.parse(await fs.readFile(path.join(template.bundleDir, 'config.json'), 'utf8'));
-  const overlay = (await fs.readFile('/proc/mounts', 'utf8')).split('\n').find((l) => l.includes(` ${path.join(template.bundleDir, 'rootfs')} overlay `));
-  const lowerdir = /lowerdir=([^,]+)/.exec(overlay ?? '')?.[1];
-  if (!lowerdir) throw new Error('cannot find the template sandbox overlay mount');
+  // The sandbox's overlay over the shared layer mounts is the first OCI mount; the floor
+  // keeps it (same lower layers) and gives each run its own upper and work dirs.
+  if (!config.mounts.some((m: { type: string }) => m.type === 'overlay')) throw new Error('template config has no overlay mount');
   const floorDir = path.join(opts.workerDir, 'bench-floor');
   const samples: number[] = [];
   await fs.rm(floorDir, { recursive: true, force: true });
-  for (const d of ['upper', 'work', 'rootfs']) await fs.mkdir(path.join(floorDir, d), { recursive: true });
-  await run('mount', ['-t', 'overlay', 'overlay', '-o', `lowerdir=${lowerdir},upperdir=${floorDir}/upper,workdir=${floorDir}/work`, `${floorDir}/rootfs`]);
-  try {
-    for (let i = 0; i < opts.runs; i++) {
+  const started = performance.now();
+  let next = 0;
+  const runOne = async (i: number) => {
       const id = `rb-floor-${process.pid}-${i}`;
-      config.root.path = path.join(floorDir, 'rootfs');
-      config.linux.cgroupsPath = `/rollbox-bench/${id}`;
-      await fs.writeFile(path.join(floorDir, 'config.json'), JSON.stringify(config));
-      samples.push(await timed(() => run('runc', ['--root', template.runcRoot, 'run', '-d', '--bundle', floorDir, id], { timeout: 30_000 })));
-      await run('runc', ['--root', template.runcRoot, 'delete', '-f', id]);
+      const runDir = path.join(floorDir, String(i));
+      for (const d of ['upper', 'work', 'rootfs']) await fs.mkdir(path.join(runDir, d), { recursive: true });
+      const own = structuredClone(config);
+      own.mounts = own.mounts.map((m: { type: string; options: string[] }) =>
+        m.type !== 'overlay' ? m : { ...m, options: m.options.map((o) => (o.startsWith('upperdir=') ? `upperdir=${runDir}/upper` : o.startsWith('workdir=') ? `workdir=${runDir}/work` : o)) },
+      );
+      own.root.path = path.join(runDir, 'rootfs');
+      own.linux.cgroupsPath = `/rollbox-bench/${id}`;
+      await fs.writeFile(path.join(runDir, 'config.json'), JSON.stringify(own));
+      samples.push(await timed(() => runDetached('runc', ['--root', template.runcRoot, 'run', '-d', '--bundle', runDir, id])));
       opts.onRun?.();
-    }
+      return id;
+  };
+  const ids: string[] = [];
+  try {
+    await Promise.all(
+      Array.from({ length: opts.concurrency ?? 1 }, async () => {
+        while (next < opts.runs) ids.push(await runOne(next++));
+      }),
+    );
+    return { samplesMs: samples, wallMs: performance.now() - started };
   } finally {
-    await run('umount', [`${floorDir}/rootfs`]).catch(() => {});
+    for (const id of ids) await run('runc', ['--root', template.runcRoot, 'delete', '-f', id]).catch(() => {});
     await fs.rm(floorDir, { recursive: true, force: true });
+    await removeCgroups('/rollbox-bench');
   }
-  return samples;
+}
+
+/** runc delete removes each container's cgroups but not the parent the floor made. */
+async function removeCgroups(parent: string): Promise<void> {
+  for (const controller of await fs.readdir('/sys/fs/cgroup')) {
+    await fs.rmdir(path.join('/sys/fs/cgroup', controller, parent)).catch(() => {});
+  }
 }
 
 /** The floor for exec: raw `runc exec` of the same argv in the same container. */
