@@ -23,8 +23,9 @@ export interface Stoppable {
   stop(): Promise<void>;
 }
 
+/** Logs go to stderr, so stdout stays for what a command prints (the `up` banner, a token). */
 export function createLogger(config: Pick<Config, 'logLevel'>, name: string): Logger {
-  return pino({ name, level: config.logLevel });
+  return pino({ name, level: config.logLevel }, pino.destination(2));
 }
 
 function layerStoreOf(config: Config): LayerStore {

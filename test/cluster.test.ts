@@ -82,6 +82,21 @@ describe('two worker hosts', () => {
     await restarted.stop({ destroySandboxes: true });
   });
 
+  it('keeps working across a Redis restart (sandboxes, queues, replies)', async () => {
+    cluster = await startTestCluster({ workers: [{ nodeId: 'node-x' }] });
+    const token = await cluster.token('t', SCOPES);
+    const { body: sandbox } = await api(cluster, token, 'POST', '/v1/sandboxes', {});
+    await api(cluster, token, 'POST', `/v1/sandboxes/${sandbox.id}/exec`, { cmd: 'echo before > /root/f' });
+    await cluster.restartRedis();
+    const read = await waitFor('exec after the restart', async () => {
+      const r = await api(cluster!, token, 'POST', `/v1/sandboxes/${sandbox.id}/exec`, { cmd: 'cat /root/f', timeoutMs: 5000 });
+      return r.status === 200 ? r : undefined;
+    }, 30_000);
+    expect(read.body.stdout).toBe('before\n');
+    const fresh = await api(cluster, token, 'POST', '/v1/sandboxes', {});
+    expect(fresh.status).toBe(201);
+  });
+
   it('a worker restarted with live sandboxes adopts them', async () => {
     cluster = await startTestCluster();
     const token = await cluster.token('t', SCOPES);

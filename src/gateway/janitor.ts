@@ -46,11 +46,12 @@ export class Janitor {
     const locked = await redis.set(keys.lock(`lost:${nodeId}`), '1', 'PX', 10_000, 'NX');
     if (!locked) return;
     const ids = await registry.sandboxesOfNode(nodeId);
+    // Pending creates are left to their gateway, which places them elsewhere (or to the
+    // unsettled sweep if that gateway is gone too).
     for (const id of ids) {
-      await registry.transition(id, 'failed', { node: nodeId, failureReason: 'lost', detail: `worker host ${nodeId} stopped heartbeating` });
+      await registry.transition(id, 'failed', { from: ['creating', 'running', 'paused', 'hibernated', 'stopping'], node: nodeId, failureReason: 'lost', detail: `worker host ${nodeId} stopped heartbeating` });
     }
     await redis.hdel(keys.nodes, nodeId);
-    await redis.del(keys.nodeSandboxes(nodeId));
     logger.warn({ nodeId, sandboxes: ids.length }, 'worker host lost');
   }
 }

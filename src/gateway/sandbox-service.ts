@@ -39,6 +39,8 @@ export interface SandboxServiceDeps {
 const EXEC_REPLY_GRACE_MS = 30_000;
 const DESTROY_REPLY_TIMEOUT_MS = 30_000;
 const POLL_MS = 25;
+/** How often a waiting create checks that its node is still heartbeating. */
+const NODE_CHECK_MS = 500;
 
 export function newId(prefix: string): string {
   return `${prefix}_${randomBytes(10).toString('base64url').replace(/[-_]/g, '').toLowerCase().slice(0, 12).padEnd(12, '0')}`;
@@ -80,14 +82,14 @@ export class SandboxService {
     for (let attempt = 0; ; attempt++) {
       directory.assume(node, id, placement);
       const requestId = `${id}.${attempt}`;
-      const reply = await this.request(requestId, config.placement.createTimeoutMs, () =>
-        this.deps.queues.createQueue(node!).add('create', { sandboxId: id, attempt, requestId, replyTo: this.deps.replies.gatewayId } satisfies CreateJob, { jobId: requestId }),
-      ).catch((err: unknown) => err);
-      if (reply instanceof RollboxError && reply.code === 'timeout') return { sandbox: await this.onCreateTimeout(id, principal.tenant), replayed: false };
+      const job: CreateJob = { sandboxId: id, attempt, requestId, replyTo: this.deps.replies.gatewayId };
+      const targetNode = node;
+      const reply = await this.awaitCreateReply(requestId, targetNode, () => this.deps.queues.createQueue(targetNode).add('create', job, { jobId: requestId })).catch((err: unknown) => err);
+      if (reply instanceof RollboxError && reply.code === 'timeout') return { sandbox: settledOrThrow(await this.onCreateTimeout(id, principal.tenant)), replayed: false };
       if (reply instanceof Error) throw reply;
       const r = reply as Reply;
       if (r.kind === 'created') return { sandbox: await registry.getOwned(id, principal.tenant), replayed: false };
-      if (r.kind === 'error') throw new RollboxError(r.error.code === 'conflict' ? 'conflict' : 'internal', r.error.message);
+      if (r.kind === 'error') return { sandbox: settledOrThrow(await this.waitSettled(id, principal.tenant)), replayed: false };
       if (r.kind !== 'refused') throw new RollboxError('internal', `unexpected reply ${r.kind}`);
 
       directory.forget(r.nodeId, id);
@@ -98,8 +100,24 @@ export class SandboxService {
         await registry.releaseIdempotencyKey(principal.tenant, idempotencyKey);
         throw new RollboxError('admission_exhausted', `no worker host admitted the sandbox after ${placement.exclude.size} refusals (last: ${r.reason})`, 5);
       }
-      if (!(await registry.reassign(id, node, next))) return { sandbox: await this.waitSettled(id, principal.tenant), replayed: false };
+      if (!(await registry.reassign(id, node, next))) return { sandbox: settledOrThrow(await this.waitSettled(id, principal.tenant)), replayed: false };
       node = next;
+    }
+  }
+
+  /**
+   * The node's reply to a create; a node that stops heartbeating while the request waits
+   * counts as a refusal, so the request is placed elsewhere instead of waiting for the timeout.
+   */
+  private async awaitCreateReply(requestId: string, nodeId: string, send: () => Promise<unknown>): Promise<Reply> {
+    const reply = this.request(requestId, this.deps.config.placement.createTimeoutMs, send);
+    for (;;) {
+      const settled = await Promise.race([reply, new Promise<undefined>((r) => setTimeout(r, NODE_CHECK_MS))]);
+      if (settled) return settled;
+      if (this.deps.directory.isSilent(nodeId, this.deps.config.node.lostAfterMs)) {
+        this.deps.replies.cancel(requestId);
+        return { kind: 'refused', requestId, nodeId, reason: `worker host ${nodeId} stopped heartbeating` };
+      }
     }
   }
 
@@ -191,12 +209,12 @@ export class SandboxService {
     }
     const requestId = newId('req');
     const op: NodeOp = { kind: 'destroy', sandboxId: id, requestId, replyTo: this.deps.replies.gatewayId };
-    const reply = await this.request(requestId, DESTROY_REPLY_TIMEOUT_MS, () => this.deps.queues.opsQueue(sandbox.node!).add('destroy', op, { jobId: requestId })).catch((err: unknown) => {
-      // No reply in time: the node may be gone; the lost-node sweep ends the sandbox then.
-      if (err instanceof RollboxError && err.code === 'timeout') return undefined;
-      throw err;
-    });
-    if (reply?.kind === 'error') throw toRollboxError(reply.error);
+    // The node's reply is the fast path; the registry is the truth (a lost node's sandboxes
+    // are ended by the janitor, and the node itself ends a sandbox it finds `stopping`).
+    const reply = this.request(requestId, DESTROY_REPLY_TIMEOUT_MS, () => this.deps.queues.opsQueue(sandbox.node!).add('destroy', op, { jobId: requestId }));
+    const first = await Promise.race([reply.catch(() => undefined), this.waitTerminal(id, principal.tenant)]);
+    this.deps.replies.cancel(requestId);
+    if (first && 'kind' in first && first.kind === 'error') throw toRollboxError(first.error);
     return this.waitTerminal(id, principal.tenant);
   }
 
@@ -207,6 +225,22 @@ export class SandboxService {
       if (isTerminal(sandbox.state) || this.deps.now() > deadline) return sandbox;
       await new Promise((r) => setTimeout(r, POLL_MS));
     }
+  }
+}
+
+/** A create that ended in a failure answers with an error naming it, not with a 201. */
+function settledOrThrow(sandbox: Sandbox): Sandbox {
+  if (sandbox.state !== 'failed') return sandbox;
+  const detail = `sandbox ${sandbox.id} failed (${sandbox.failureReason})${sandbox.detail ? `: ${sandbox.detail}` : ''}`;
+  switch (sandbox.failureReason) {
+    case 'lost':
+      throw new RollboxError('node_lost', detail, 1);
+    case 'admission_exhausted':
+      throw new RollboxError('admission_exhausted', detail, 5);
+    case 'timeout':
+      throw new RollboxError('timeout', detail, 5);
+    default:
+      throw new RollboxError('internal', detail);
   }
 }
 

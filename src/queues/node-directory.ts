@@ -88,6 +88,12 @@ export class NodeDirectory {
     this.clearHandled(nodeId, [sandboxId]);
   }
 
+  /** True when the node is gone from Redis or its heartbeat has not changed for `lostAfterMs`. */
+  isSilent(nodeId: string, lostAfterMs: number): boolean {
+    const observed = this.observed.get(nodeId);
+    return !observed || this.options.now() - observed.changedAtMs > lostAfterMs;
+  }
+
   /** Nodes whose heartbeat has not changed for `lostAfterMs`. */
   silentNodes(lostAfterMs: number): string[] {
     const now = this.options.now();

@@ -1,5 +1,5 @@
 import os from 'node:os';
-import { Worker, type Job } from 'bullmq';
+import { Queue, Worker, type Job } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { CreateJob, NodeOp, RollboxError, isTerminal, type NodeHeartbeat, type Reply, type Sandbox } from '../api/index.ts';
@@ -23,6 +23,17 @@ export interface WorkerHostDeps {
   now?: () => number;
 }
 
+/** A BullMQ worker plus what the watchdog needs to notice it has stopped fetching. */
+interface SupervisedQueue {
+  name: string;
+  queue: Queue;
+  worker: Worker;
+  lastJobAtMs: number;
+  /** Jobs being processed now: a worker busy with long jobs is not stuck. */
+  inFlight: number;
+  restart: () => Worker;
+}
+
 interface LocalSandbox {
   id: string;
   memoryMiB: number;
@@ -36,6 +47,9 @@ interface LocalSandbox {
 const HANDLED_WINDOW_MS = 15_000;
 const OPS_CONCURRENCY = 256;
 const REGISTRY_SYNC_MS = 3000;
+const WATCHDOG_MS = 5000;
+/** A queue with waiting jobs that its worker has not touched for this long is stuck. */
+const STUCK_AFTER_MS = 15_000;
 
 /**
  * A worker host: pulls create requests from its own queue under local admission, runs
@@ -44,7 +58,7 @@ const REGISTRY_SYNC_MS = 3000;
 export class WorkerHost {
   private readonly local = new Map<string, LocalSandbox>();
   private readonly handled: { sandboxId: string; atMs: number }[] = [];
-  private readonly workers: Worker[] = [];
+  private queueWorkers: SupervisedQueue[] = [];
   private timers: NodeJS.Timeout[] = [];
   private readonly now: () => number;
   private readonly log: Logger;
@@ -63,22 +77,11 @@ export class WorkerHost {
     await this.reconcile();
     await this.heartbeat();
     const { config } = this.deps;
-    const createWorker = new Worker(createQueueName(config.nodeId), (job: Job) => this.handleCreate(CreateJob.parse(job.data)), {
-      connection: this.deps.connectBlocking(),
-      concurrency: config.maxStarting,
-      removeOnComplete: { count: 0 },
-      removeOnFail: { count: 1000 },
-    });
-    const opsWorker = new Worker(opsQueueName(config.nodeId), (job: Job) => this.handleOp(NodeOp.parse(job.data)), {
-      connection: this.deps.connectBlocking(),
-      concurrency: OPS_CONCURRENCY,
-      removeOnComplete: { count: 0 },
-      removeOnFail: { count: 1000 },
-    });
-    for (const worker of [createWorker, opsWorker]) {
-      worker.on('error', (err) => this.log.error({ err }, 'queue worker error'));
-      this.workers.push(worker);
-    }
+    this.queueWorkers = [
+      this.superviseQueue(createQueueName(config.nodeId), config.maxStarting, (data) => this.handleCreate(CreateJob.parse(data))),
+      this.superviseQueue(opsQueueName(config.nodeId), OPS_CONCURRENCY, (data) => this.handleOp(NodeOp.parse(data))),
+    ];
+    this.timers.push(setInterval(() => void this.watchQueues().catch((err) => this.log.warn({ err }, 'queue watchdog failed')), WATCHDOG_MS));
     this.timers.push(setInterval(() => void this.heartbeat().catch((err) => this.log.warn({ err }, 'heartbeat failed')), config.heartbeatMs));
     this.timers.push(setInterval(() => void this.expireTtls().catch((err) => this.log.warn({ err }, 'ttl sweep failed')), 1000));
     this.timers.push(setInterval(() => void this.syncWithRegistry().catch((err) => this.log.warn({ err }, 'registry sync failed')), REGISTRY_SYNC_MS));
@@ -95,7 +98,7 @@ export class WorkerHost {
     if (this.stopped) return;
     this.stopped = true;
     for (const t of this.timers) clearInterval(t);
-    await Promise.all(this.workers.map((w) => w.close()));
+    await Promise.all(this.queueWorkers.flatMap((q) => [q.worker.close(), q.queue.close()]));
     if (options.destroySandboxes) {
       await Promise.all(
         [...this.local.keys()].map(async (id) => {
@@ -106,6 +109,52 @@ export class WorkerHost {
       );
       await this.deps.runtime.reconcile(new Set());
       await this.deps.redis.hdel(keys.nodes, this.nodeId);
+    }
+  }
+
+  private superviseQueue(name: string, concurrency: number, handle: (data: unknown) => Promise<void>): SupervisedQueue {
+    const supervised: SupervisedQueue = {
+      name,
+      queue: new Queue(name, { connection: this.deps.redis }),
+      lastJobAtMs: this.now(),
+      inFlight: 0,
+      worker: undefined as unknown as Worker,
+      restart: () => {
+        const worker = new Worker(
+          name,
+          async (job: Job) => {
+            supervised.lastJobAtMs = this.now();
+            supervised.inFlight++;
+            try {
+              await handle(job.data);
+            } finally {
+              supervised.inFlight--;
+            }
+          },
+          { connection: this.deps.connectBlocking(), concurrency, removeOnComplete: { count: 0 }, removeOnFail: { count: 1000 } },
+        );
+        worker.on('error', (err) => this.log.error({ err, queue: name }, 'queue worker error'));
+        return worker;
+      },
+    };
+    supervised.worker = supervised.restart();
+    return supervised;
+  }
+
+  /**
+   * BullMQ workers have been seen to report running while fetching nothing after a Redis
+   * restart or failover (bullmq issues 2964, 4378): recreate one whose queue has waiting
+   * jobs it has not touched for a while.
+   */
+  private async watchQueues(): Promise<void> {
+    for (const q of this.queueWorkers) {
+      if (this.stopped || q.inFlight > 0 || this.now() - q.lastJobAtMs < STUCK_AFTER_MS) continue;
+      if ((await q.queue.getWaitingCount()) === 0) continue;
+      this.log.warn({ queue: q.name }, 'queue worker stopped fetching; recreating it');
+      const stuck = q.worker;
+      q.worker = q.restart();
+      q.lastJobAtMs = this.now();
+      void stuck.close(true).catch(() => {});
     }
   }
 

@@ -35,6 +35,8 @@ export interface TestCluster {
   /** Starts a worker host as its own `rollbox worker` process (so a test can SIGKILL it). */
   spawnWorker(options: TestWorkerOptions): Promise<ChildProcess>;
   workerConfig(options: TestWorkerOptions): Config;
+  /** Stops redis-server and starts it again on the same port and data (its AOF). */
+  restartRedis(): Promise<void>;
   stop(): Promise<void>;
 }
 
@@ -72,7 +74,7 @@ export async function startTestCluster(options: { workers?: TestWorkerOptions[];
   };
 
   try {
-    redis = await startRedisServer({ dataDir: path.join(rootDir, 'redis'), persist: false });
+    redis = await startRedisServer({ dataDir: path.join(rootDir, 'redis'), persist: true });
     await ensureBaseLayer(config, redis.url);
     gateway = await startGatewayRole(config, redis.url, logger);
     const cluster: TestCluster = {
@@ -95,6 +97,11 @@ export async function startTestCluster(options: { workers?: TestWorkerOptions[];
         (child as ChildProcess & { nodeId?: string }).nodeId = w.nodeId;
         children.push(child);
         return child;
+      },
+      async restartRedis() {
+        const port = redis!.port;
+        await redis!.stop();
+        redis = await startRedisServer({ dataDir: path.join(rootDir, 'redis'), persist: true, port });
       },
       stop,
     };
