@@ -113,32 +113,25 @@ export class WorkerHost {
   }
 
   private superviseQueue(name: string, concurrency: number, handle: (data: unknown) => Promise<void>): SupervisedQueue {
-    const supervised: SupervisedQueue = {
-      name,
-      queue: new Queue(name, { connection: this.deps.redis }),
-      lastJobAtMs: this.now(),
-      inFlight: 0,
-      worker: undefined as unknown as Worker,
-      restart: () => {
-        const worker = new Worker(
-          name,
-          async (job: Job) => {
-            supervised.lastJobAtMs = this.now();
-            supervised.inFlight++;
-            try {
-              await handle(job.data);
-            } finally {
-              supervised.inFlight--;
-            }
-          },
-          { connection: this.deps.connectBlocking(), concurrency, removeOnComplete: { count: 0 }, removeOnFail: { count: 1000 } },
-        );
-        worker.on('error', (err) => this.log.error({ err, queue: name }, 'queue worker error'));
-        return worker;
-      },
+    const supervised = { name, queue: new Queue(name, { connection: this.deps.redis }), lastJobAtMs: this.now(), inFlight: 0 };
+    const restart = () => {
+      const worker = new Worker(
+        name,
+        async (job: Job) => {
+          supervised.lastJobAtMs = this.now();
+          supervised.inFlight++;
+          try {
+            await handle(job.data);
+          } finally {
+            supervised.inFlight--;
+          }
+        },
+        { connection: this.deps.connectBlocking(), concurrency, removeOnComplete: { count: 0 }, removeOnFail: { count: 1000 } },
+      );
+      worker.on('error', (err) => this.log.error({ err, queue: name }, 'queue worker error'));
+      return worker;
     };
-    supervised.worker = supervised.restart();
-    return supervised;
+    return Object.assign(supervised, { restart, worker: restart() });
   }
 
   /**
