@@ -15,7 +15,7 @@ import { createTokenIssuer, createTokenVerifier, loadOrCreateHsSecret } from './
 import { LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar } from './layers/index.ts';
 import { NodeDirectory, ReplyHub, createQueueName, opsQueueName } from './queues/index.ts';
 import { connectRedis, startRedisServer, type RedisServerHandle } from './redis/index.ts';
-import { LayerRegistry, SandboxRegistry } from './registry/index.ts';
+import { CommandLog, LayerRegistry, SandboxRegistry } from './registry/index.ts';
 import { WorkerHost } from './workers/index.ts';
 import { createRuncRuntime } from './workers/runtime/index.ts';
 
@@ -48,6 +48,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const gatewayId = newId('gw');
   const now = Date.now;
   const registry = new SandboxRegistry(redis, now);
+  const commands = new CommandLog(redis, now);
   const layers = new LayerRegistry(redis);
   const store = layerStoreOf(config);
   const directory = new NodeDirectory(redis, { refreshMs: Math.min(1000, config.node.heartbeatMs), now });
@@ -67,6 +68,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const sandboxes = new SandboxService({
     config,
     registry,
+    commands,
     layers,
     directory,
     replies,
@@ -88,7 +90,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     buildLayer: (tar, { maxBytes }) => buildLayerFromTar(tar, { store, tmpDir: path.join(config.dataDir, 'tmp'), maxBytes }),
     layerImagePath: (digest) => layerImagePath(store, digest),
   });
-  const janitor = new Janitor({ redis, registry, directory, lostAfterMs: config.node.lostAfterMs, intervalMs: 500, logger, now });
+  const janitor = new Janitor({ redis, registry, commands, directory, lostAfterMs: config.node.lostAfterMs, intervalMs: 500, logger, now });
   janitor.start();
 
   const server = await new Promise<ReturnType<typeof serve>>((resolve) => {
@@ -147,6 +149,7 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
       return connection;
     },
     registry: new SandboxRegistry(redis),
+    commands: new CommandLog(redis),
     runtime,
     layerImagePath: (digest) => layerImagePath(store, digest),
     logger,

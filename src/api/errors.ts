@@ -10,6 +10,8 @@ export const ERROR_CODES = {
   not_found: 404,
   conflict: 409,
   invalid_state: 409,
+  /** A command's worker host died while it ran: it may or may not have taken effect. */
+  result_unknown: 409,
   payload_too_large: 413,
   quota_exceeded: 429,
   internal: 500,

@@ -31,3 +31,29 @@ export const ExecResult = z.object({
   replayed: z.boolean(),
 });
 export type ExecResult = z.infer<typeof ExecResult>;
+
+export const CommandState = z.enum(['queued', 'running', 'done', 'unknown']);
+export type CommandState = z.infer<typeof CommandState>;
+
+/**
+ * One entry of a sandbox's command log (its trajectory). `unknown`: the worker host died
+ * or restarted while the command ran, so whether it had side effects cannot be known;
+ * it is never run again under the same commandId.
+ */
+export const CommandRecord = z.object({
+  commandId: z.string(),
+  argv: z.array(z.string()),
+  state: CommandState,
+  node: z.string(),
+  queuedAt: z.string(),
+  startedAt: z.string().optional(),
+  endedAt: z.string().optional(),
+  result: ExecResult.omit({ replayed: true }).optional(),
+});
+export type CommandRecord = z.infer<typeof CommandRecord>;
+
+export const ListCommandsQuery = z.strictObject({
+  limit: z.coerce.number().int().min(1).max(1000).default(100),
+});
+export const CommandList = z.object({ commands: z.array(CommandRecord) });
+export type CommandList = z.infer<typeof CommandList>;

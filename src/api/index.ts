@@ -18,7 +18,7 @@ export {
   ListSandboxesQuery,
   SandboxList,
 } from './sandbox.ts';
-export { ExecRequest, ExecResult } from './exec.ts';
+export { ExecRequest, ExecResult, CommandState, CommandRecord, ListCommandsQuery, CommandList } from './exec.ts';
 export { Layer, LayerName, LayerList, UploadLayerQuery } from './layer.ts';
 export { NodeHeartbeat, NodeList } from './node.ts';
 export { ErrorBody, SCOPES, Scope } from './common.ts';

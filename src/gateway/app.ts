@@ -4,12 +4,14 @@ import { bodyLimit } from 'hono/body-limit';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import {
+  CommandList,
   CreateSandboxRequest,
   ErrorBody,
   ExecRequest,
   ExecResult,
   Layer,
   LayerList,
+  ListCommandsQuery,
   ListSandboxesQuery,
   NodeList,
   RollboxError,
@@ -115,6 +117,17 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
       responses: { 200: json(ExecResult, 'the command finished (or timed out)'), ...errors },
     }),
     async (c) => c.json(await sandboxes.exec(c.get('principal'), c.req.valid('param').id, c.req.valid('json')), 200),
+  );
+
+  app.openapi(
+    createRoute({
+      method: 'get',
+      path: '/v1/sandboxes/{id}/commands',
+      security,
+      request: { params: IdParam, query: ListCommandsQuery },
+      responses: { 200: json(CommandList, 'the command log (trajectory), oldest first'), ...errors },
+    }),
+    async (c) => c.json({ commands: await sandboxes.commandLog(c.get('principal'), c.req.valid('param').id, c.req.valid('query').limit) }, 200),
   );
 
   // Layers: a tar goes in, an EROFS layer comes out.

@@ -1,7 +1,7 @@
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { NodeDirectory } from '../queues/index.ts';
-import { keys, type SandboxRegistry } from '../registry/index.ts';
+import { keys, type CommandLog, type SandboxRegistry } from '../registry/index.ts';
 
 /**
  * Cluster housekeeping run by every gateway (one at a time per item, through Redis locks):
@@ -13,7 +13,7 @@ export class Janitor {
   private running = false;
 
   constructor(
-    private readonly deps: { redis: Redis; registry: SandboxRegistry; directory: NodeDirectory; lostAfterMs: number; intervalMs: number; logger: Logger; now: () => number },
+    private readonly deps: { redis: Redis; registry: SandboxRegistry; commands: CommandLog; directory: NodeDirectory; lostAfterMs: number; intervalMs: number; logger: Logger; now: () => number },
   ) {}
 
   start(): void {
@@ -51,7 +51,8 @@ export class Janitor {
     for (const id of ids) {
       await registry.transition(id, 'failed', { from: ['creating', 'running', 'paused', 'hibernated', 'stopping'], node: nodeId, failureReason: 'lost', detail: `worker host ${nodeId} stopped heartbeating` });
     }
+    const unknown = await this.deps.commands.settleUnfinished(nodeId, { includeQueued: true });
     await redis.hdel(keys.nodes, nodeId);
-    logger.warn({ nodeId, sandboxes: ids.length }, 'worker host lost');
+    logger.warn({ nodeId, sandboxes: ids.length, commandsUnknown: unknown }, 'worker host lost');
   }
 }

@@ -4,6 +4,7 @@ import type { Logger } from 'pino';
 import {
   RollboxError,
   isTerminal,
+  type CommandRecord,
   type CreateJob,
   type CreateSandboxRequest,
   type ExecRequest,
@@ -16,7 +17,7 @@ import {
 import type { Config } from '../config/index.ts';
 import { requireScope, type Principal } from '../iam/index.ts';
 import { chooseNode, type NodeDirectory, type ReplyHub } from '../queues/index.ts';
-import type { LayerRegistry, SandboxRegistry } from '../registry/index.ts';
+import type { CommandLog, LayerRegistry, SandboxRegistry } from '../registry/index.ts';
 
 export interface QueueProvider {
   createQueue(nodeId: string): Queue;
@@ -26,6 +27,7 @@ export interface QueueProvider {
 export interface SandboxServiceDeps {
   config: Pick<Config, 'placement' | 'quota'> & { node: Pick<Config['node'], 'lostAfterMs' | 'pool'> };
   registry: SandboxRegistry;
+  commands: CommandLog;
   layers: LayerRegistry;
   directory: NodeDirectory;
   replies: ReplyHub;
@@ -165,9 +167,17 @@ export class SandboxService {
     return this.deps.registry.list(principal.tenant, query);
   }
 
+  /**
+   * Runs a command once per commandId: a re-sent command returns the recorded result
+   * (`replayed: true`), waits for the first attempt if it is still running, and answers
+   * `result_unknown` if its host died meanwhile.
+   */
   async exec(principal: Principal, id: string, request: ExecRequest): Promise<ExecResult> {
     requireScope(principal, 'sandbox:exec');
+    const { commands } = this.deps;
     const sandbox = await this.deps.registry.getOwned(id, principal.tenant);
+    const deadlineMs = this.deps.now() + request.timeoutMs + EXEC_REPLY_GRACE_MS;
+    if (request.commandId && (await commands.get(id, request.commandId))) return this.awaitRecorded(id, request.commandId, deadlineMs);
     if (sandbox.state !== 'running') throw new RollboxError('invalid_state', `sandbox ${id} is ${sandbox.state}${sandbox.failureReason ? ` (${sandbox.failureReason})` : ''}, not running`);
     const requestId = newId('req');
     const op: NodeOp = {
@@ -182,16 +192,55 @@ export class SandboxService {
       cwd: request.cwd,
       timeoutMs: request.timeoutMs,
     };
-    const reply = await this.request(requestId, request.timeoutMs + EXEC_REPLY_GRACE_MS, () => this.deps.queues.opsQueue(sandbox.node!).add('exec', op, { jobId: requestId })).catch(async (err: unknown) => {
-      if (err instanceof RollboxError && err.code === 'timeout') {
-        const now = await this.deps.registry.get(id);
-        if (now?.state === 'failed' && now.failureReason === 'lost') throw new RollboxError('node_lost', `worker host ${sandbox.node} was lost during the command; its result is unknown`);
+    if ((await commands.claim({ sandboxId: id, commandId: op.commandId, argv: op.argv, node: sandbox.node!, requestId })) === 'exists') {
+      return this.awaitRecorded(id, op.commandId, deadlineMs);
+    }
+    // The node's reply is the fast path. The command log is the truth: it also tells when the
+    // node died (result unknown) or when the reply was lost in transit.
+    const reply = this.request(requestId, deadlineMs - this.deps.now(), () => this.deps.queues.opsQueue(sandbox.node!).add('exec', op, { jobId: requestId }));
+    const watch = { cancelled: false };
+    const recorded = this.awaitRecorded(id, op.commandId, deadlineMs, false, { firstWaitMs: 1000, watch });
+    try {
+      const first = await Promise.race([reply.catch((err: unknown) => (err instanceof RollboxError && err.code === 'timeout' ? recorded : Promise.reject(err))), recorded]);
+      if ('kind' in first) {
+        if (first.kind === 'exec') return first.result;
+        if (first.kind === 'error') throw toRollboxError(first.error);
+        throw new RollboxError('internal', `unexpected reply ${first.kind}`);
       }
-      throw err;
-    });
-    if (reply.kind === 'exec') return reply.result;
-    if (reply.kind === 'error') throw toRollboxError(reply.error);
-    throw new RollboxError('internal', `unexpected reply ${reply.kind}`);
+      return first;
+    } finally {
+      watch.cancelled = true;
+      this.deps.replies.cancel(requestId);
+      recorded.catch(() => {});
+    }
+  }
+
+  /** The recorded outcome of a command, waiting while it is queued or running. */
+  private async awaitRecorded(
+    sandboxId: string,
+    commandId: string,
+    deadlineMs: number,
+    replayed = true,
+    options: { firstWaitMs?: number; watch?: { cancelled: boolean } } = {},
+  ): Promise<ExecResult> {
+    if (options.firstWaitMs) await new Promise((r) => setTimeout(r, options.firstWaitMs));
+    for (let waitMs = POLL_MS; !options.watch?.cancelled; waitMs = Math.min(500, waitMs * 2)) {
+      const record: CommandRecord | undefined = await this.deps.commands.get(sandboxId, commandId);
+      if (!record) throw new RollboxError('invalid_state', `command ${commandId} was refused before it started; send it again`);
+      if (record.state === 'done' && record.result) return { ...record.result, replayed };
+      if (record.state === 'unknown') {
+        throw new RollboxError('result_unknown', `command ${commandId} was running when its worker host ${record.node} died or restarted; it may or may not have taken effect`);
+      }
+      if (this.deps.now() > deadlineMs) throw new RollboxError('timeout', `command ${commandId} is still ${record.state}`, 5);
+      await new Promise((r) => setTimeout(r, waitMs));
+    }
+    throw new RollboxError('internal', 'stopped waiting');
+  }
+
+  async commandLog(principal: Principal, id: string, limit: number): Promise<CommandRecord[]> {
+    requireScope(principal, 'sandbox:read');
+    await this.deps.registry.getOwned(id, principal.tenant);
+    return this.deps.commands.list(id, limit);
   }
 
   async delete(principal: Principal, id: string): Promise<Sandbox> {
@@ -245,7 +294,7 @@ function settledOrThrow(sandbox: Sandbox): Sandbox {
 }
 
 function toRollboxError(error: { code: string; message: string; retryAfterSeconds?: number }): RollboxError {
-  const known = ['invalid_state', 'not_found', 'conflict', 'timeout', 'invalid_request'] as const;
+  const known = ['invalid_state', 'not_found', 'conflict', 'timeout', 'invalid_request', 'result_unknown'] as const;
   const code = (known as readonly string[]).includes(error.code) ? (error.code as (typeof known)[number]) : 'internal';
   return new RollboxError(code, error.message, error.retryAfterSeconds);
 }

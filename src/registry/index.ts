@@ -1,4 +1,5 @@
 export { SandboxRegistry } from './store.ts';
 export type { AdmitOutcome, TransitionOutcome, TransitionOptions } from './store.ts';
 export { LayerRegistry } from './layers.ts';
+export { CommandLog } from './commands.ts';
 export { keys } from './keys.ts';

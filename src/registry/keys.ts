@@ -4,6 +4,11 @@ export const keys = {
   tenantLive: (tenant: string) => `rb:tenant:${tenant}:live`,
   tenantAll: (tenant: string) => `rb:tenant:${tenant}:all`,
   nodeSandboxes: (nodeId: string) => `rb:node:${nodeId}:sbx`,
+  command: (sandboxId: string, commandId: string) => `rb:cmd:${sandboxId}:${commandId}`,
+  /** A sandbox's commands in the order they were sent (the trajectory). */
+  commandLog: (sandboxId: string) => `rb:cmds:${sandboxId}`,
+  /** Queued or running commands on a node, settled `unknown` if the node dies. */
+  nodeCommands: (nodeId: string) => `rb:node:${nodeId}:cmds`,
   idempotency: (tenant: string, key: string) => `rb:idem:${tenant}:${key}`,
   /** Sandboxes not yet running, scored by the time after which they count as stuck. */
   unsettled: 'rb:unsettled',

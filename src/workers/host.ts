@@ -5,7 +5,7 @@ import type { Logger } from 'pino';
 import { CreateJob, NodeOp, RollboxError, isTerminal, type NodeHeartbeat, type Reply, type Sandbox } from '../api/index.ts';
 import type { Config } from '../config/index.ts';
 import { createQueueName, opsQueueName, publishReply } from '../queues/index.ts';
-import { keys, type SandboxRegistry } from '../registry/index.ts';
+import { keys, type CommandLog, type SandboxRegistry } from '../registry/index.ts';
 import { decideAdmission } from './admission.ts';
 import type { SandboxRuntime } from './runtime/types.ts';
 
@@ -16,6 +16,7 @@ export interface WorkerHostDeps {
   /** Makes a new connection for each BullMQ worker (they block). */
   connectBlocking: () => Redis;
   registry: SandboxRegistry;
+  commands: CommandLog;
   runtime: SandboxRuntime;
   /** Absolute path of a layer image on this host, or undefined when it is not available here. */
   layerImagePath: (digest: string) => Promise<string | undefined>;
@@ -167,6 +168,10 @@ export class WorkerHost {
       }
     }
     if (result.removed.length) this.log.info({ removed: result.removed }, 'reconcile removed leftovers');
+    // Commands that were running when this host went down: their outcome is unknown.
+    // Queued ones stay: they are still in this node's queue.
+    const unknown = await this.deps.commands.settleUnfinished(this.nodeId, { includeQueued: false });
+    if (unknown) this.log.warn({ commands: unknown }, 'commands interrupted by the restart marked unknown');
   }
 
   private async heartbeat(): Promise<void> {
@@ -287,19 +292,30 @@ export class WorkerHost {
   private async handleOp(op: NodeOp): Promise<void> {
     try {
       if (op.kind === 'exec') {
-        if (!this.local.has(op.sandboxId)) throw new RollboxError('invalid_state', `sandbox ${op.sandboxId} is not running on this node`);
-        const oomBefore = await this.deps.runtime.oomKillCount(op.sandboxId);
-        const outcome = await this.deps.runtime.exec(op.sandboxId, {
-          argv: op.argv,
-          stdin: op.stdin,
-          env: op.env,
-          cwd: op.cwd,
-          timeoutMs: op.timeoutMs,
-          outputCapBytes: this.deps.config.execOutputCapBytes,
-        });
-        const oomKills = (await this.deps.runtime.oomKillCount(op.sandboxId)) - oomBefore;
+        const { commands, runtime } = this.deps;
+        if (!this.local.has(op.sandboxId)) {
+          await commands.abandon(op.sandboxId, op.commandId, this.nodeId);
+          throw new RollboxError('invalid_state', `sandbox ${op.sandboxId} is not running on this node`);
+        }
+        // Fencing: a redelivered job (or one whose command already ran) must not run again.
+        if (!(await commands.start(op.sandboxId, op.commandId, op.requestId))) {
+          const record = await commands.get(op.sandboxId, op.commandId);
+          if (record?.state === 'done' && record.result) await this.reply(op.replyTo, { kind: 'exec', requestId: op.requestId, result: { ...record.result, replayed: true } });
+          return;
+        }
+        const oomBefore = await runtime.oomKillCount(op.sandboxId);
+        const outcome = await runtime
+          .exec(op.sandboxId, { argv: op.argv, stdin: op.stdin, env: op.env, cwd: op.cwd, timeoutMs: op.timeoutMs, outputCapBytes: this.deps.config.execOutputCapBytes })
+          .catch(async (err: unknown) => {
+            await commands.markUnknown(op.sandboxId, op.commandId, this.nodeId);
+            throw err;
+          });
+        const oomKills = (await runtime.oomKillCount(op.sandboxId)) - oomBefore;
         if (oomKills > 0) await this.deps.registry.addOomKills(op.sandboxId, oomKills);
-        await this.reply(op.replyTo, { kind: 'exec', requestId: op.requestId, result: { ...outcome, oomKilled: outcome.oomKilled || oomKills > 0, commandId: op.commandId, replayed: false } });
+        const result = { ...outcome, oomKilled: outcome.oomKilled || oomKills > 0, commandId: op.commandId };
+        // Recorded before the reply, so a lost reply or a re-sent command finds the result.
+        await commands.complete(op.sandboxId, this.nodeId, result);
+        await this.reply(op.replyTo, { kind: 'exec', requestId: op.requestId, result: { ...result, replayed: false } });
         // A killed command may mean the whole sandbox went down with it.
         if (outcome.exitCode >= 128 || outcome.exitCode < 0 || oomKills > 0) await this.checkAlive(op.sandboxId);
       } else {

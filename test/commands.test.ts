@@ -1,0 +1,70 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { Scope } from '../src/api/index.ts';
+import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
+
+const SCOPES: Scope[] = ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'admin'];
+let cluster: TestCluster;
+let token: string;
+
+beforeAll(async () => {
+  cluster = await startTestCluster({ workers: [{ nodeId: 'node-c' }] });
+  token = await cluster.token('rl', SCOPES);
+});
+afterAll(async () => cluster?.stop());
+
+const exec = (id: string, body: object) => api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, body);
+
+describe('command log', () => {
+  it('replays a re-sent command instead of running it again, also after the sandbox is gone', async () => {
+    const { body: sandbox } = await api(cluster, token, 'POST', '/v1/sandboxes', {});
+    const append = { cmd: 'echo step >> /root/trajectory; wc -l < /root/trajectory', commandId: 'turn-1' };
+    const first = await exec(sandbox.id, append);
+    expect(first.body).toMatchObject({ commandId: 'turn-1', exitCode: 0, stdout: '1\n', replayed: false });
+    const again = await exec(sandbox.id, append);
+    expect(again.body).toMatchObject({ commandId: 'turn-1', stdout: '1\n', replayed: true });
+    expect((await exec(sandbox.id, { argv: ['cat', '/root/trajectory'] })).body.stdout).toBe('step\n');
+
+    const log = await api(cluster, token, 'GET', `/v1/sandboxes/${sandbox.id}/commands`);
+    expect(log.body.commands.map((c: { commandId: string }) => c.commandId)[0]).toBe('turn-1');
+    expect(log.body.commands[0]).toMatchObject({ state: 'done', argv: ['/bin/sh', '-c', append.cmd], result: { exitCode: 0, stdout: '1\n' } });
+    expect(log.body.commands).toHaveLength(2);
+
+    await api(cluster, token, 'DELETE', `/v1/sandboxes/${sandbox.id}`);
+    expect((await exec(sandbox.id, append)).body).toMatchObject({ stdout: '1\n', replayed: true });
+  });
+
+  it('runs concurrent requests with one commandId once; the second waits for the first', async () => {
+    const { body: sandbox } = await api(cluster, token, 'POST', '/v1/sandboxes', {});
+    const slow = { cmd: 'sleep 1; echo once >> /root/once; cat /root/once', commandId: 'slow-1' };
+    const [a, b] = await Promise.all([exec(sandbox.id, slow), exec(sandbox.id, slow)]);
+    expect([a.body.stdout, b.body.stdout]).toEqual(['once\n', 'once\n']);
+    expect([a.body.replayed, b.body.replayed].sort()).toEqual([false, true]);
+    await api(cluster, token, 'DELETE', `/v1/sandboxes/${sandbox.id}`);
+  });
+
+  it('answers result_unknown, never a silent re-run, when the worker host dies mid-command', async () => {
+    const child = await cluster.spawnWorker({ nodeId: 'node-dies' });
+    await waitFor('node-dies heartbeat', async () => (await api(cluster, token, 'GET', '/v1/nodes')).body.nodes.some((n: { nodeId: string }) => n.nodeId === 'node-dies'));
+    // Place on the doomed node: keep creating until one lands there.
+    let sandbox: { id: string; node: string } | undefined;
+    const others: string[] = [];
+    for (let i = 0; i < 20 && !sandbox; i++) {
+      const { body } = await api(cluster, token, 'POST', '/v1/sandboxes', {});
+      if (body.node === 'node-dies') sandbox = body;
+      else others.push(body.id);
+    }
+    expect(sandbox).toBeDefined();
+    const long = { cmd: 'echo started >> /root/side-effect; sleep 30', commandId: 'long-1', timeoutMs: 60_000 };
+    const pending = exec(sandbox!.id, long);
+    await new Promise((r) => setTimeout(r, 1000));
+    child.kill('SIGKILL');
+    const answer = await pending;
+    expect(answer.status).toBe(409);
+    expect(answer.body.error.code).toBe('result_unknown');
+    const resent = await exec(sandbox!.id, long);
+    expect(resent.body.error.code).toBe('result_unknown');
+    const log = await api(cluster, token, 'GET', `/v1/sandboxes/${sandbox!.id}/commands`);
+    expect(log.body.commands[0]).toMatchObject({ commandId: 'long-1', state: 'unknown' });
+    await Promise.all(others.map((id) => api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`)));
+  });
+});
