@@ -35,6 +35,9 @@ export interface TestCluster {
   /** Starts a worker host as its own `rollbox worker` process (so a test can SIGKILL it). */
   spawnWorker(options: TestWorkerOptions): Promise<ChildProcess>;
   workerConfig(options: TestWorkerOptions): Config;
+  /** Stops the gateway; `startGateway` brings it back on the same port. */
+  stopGateway(): Promise<void>;
+  startGateway(): Promise<void>;
   /** Stops redis-server and starts it again on the same port and data (its AOF). */
   restartRedis(): Promise<void>;
   stop(): Promise<void>;
@@ -97,6 +100,14 @@ export async function startTestCluster(options: { workers?: TestWorkerOptions[];
         (child as ChildProcess & { nodeId?: string }).nodeId = w.nodeId;
         children.push(child);
         return child;
+      },
+      async stopGateway() {
+        await gateway?.stop();
+        gateway = undefined;
+      },
+      async startGateway() {
+        const port = new URL(cluster.url).port;
+        gateway = await startGatewayRole(loadConfig({}, { ...env, ROLLBOX_DATA_DIR: path.join(rootDir, 'gateway'), ROLLBOX_PORT: port }), redis!.url, logger);
       },
       async restartRedis() {
         const port = redis!.port;

@@ -1,0 +1,135 @@
+import { randomUUID } from 'node:crypto';
+import type { z } from 'zod';
+import {
+  CommandList,
+  ExecResult,
+  Layer,
+  LayerList,
+  Sandbox,
+  SandboxList,
+  type CreateSandboxRequest,
+  type ErrorCode,
+  type ExecRequest,
+  type ListSandboxesQuery,
+} from '../api/index.ts';
+
+export interface RetryPolicy {
+  /** Tries in all, the first included. */
+  attempts: number;
+  baseDelayMs: number;
+  maxDelayMs: number;
+}
+
+export interface RollboxClientOptions {
+  baseUrl: string;
+  token: string;
+  retry?: Partial<RetryPolicy>;
+  fetch?: typeof fetch;
+}
+
+/** An error answer from the API, with its code from the error table. */
+export class RollboxApiError extends Error {
+  override readonly name = 'RollboxApiError';
+  constructor(
+    readonly status: number,
+    readonly code: ErrorCode | 'network',
+    message: string,
+    readonly retryAfterSeconds?: number,
+  ) {
+    super(message);
+  }
+}
+
+/** Statuses worth another try: the request may not have been served, or may succeed later. */
+const RETRYABLE_STATUS = new Set([429, 502, 503, 504]);
+const RETRYABLE_CODES = new Set(['timeout', 'no_capacity', 'admission_exhausted', 'unavailable', 'quota_exceeded']);
+
+/**
+ * Typed client for the rollbox HTTP API. Every retry reuses the same Idempotency-Key
+ * (creates) and commandId (execs), so a retry after a dropped connection or a gateway
+ * restart never creates a second sandbox or runs a command twice: it gets the first
+ * result back (`replayed: true`).
+ */
+export class RollboxClient {
+  private readonly retry: RetryPolicy;
+  private readonly fetch: typeof fetch;
+
+  constructor(private readonly options: RollboxClientOptions) {
+    this.retry = { attempts: 8, baseDelayMs: 100, maxDelayMs: 5000, ...options.retry };
+    this.fetch = options.fetch ?? fetch;
+  }
+
+  async createSandbox(request: z.input<typeof CreateSandboxRequest> = {}, options: { idempotencyKey?: string } = {}): Promise<Sandbox> {
+    const idempotencyKey = options.idempotencyKey ?? `cli-${randomUUID()}`;
+    return Sandbox.parse(await this.call('POST', '/v1/sandboxes', request, { 'idempotency-key': idempotencyKey }));
+  }
+
+  async getSandbox(id: string): Promise<Sandbox> {
+    return Sandbox.parse(await this.call('GET', `/v1/sandboxes/${encodeURIComponent(id)}`));
+  }
+
+  async listSandboxes(query: Partial<Pick<ListSandboxesQuery, 'job' | 'label' | 'state' | 'limit'>> = {}): Promise<Sandbox[]> {
+    const params = new URLSearchParams(Object.entries(query).flatMap(([k, v]) => (v === undefined ? [] : [[k, String(v)]])));
+    return SandboxList.parse(await this.call('GET', `/v1/sandboxes?${params}`)).sandboxes;
+  }
+
+  async deleteSandbox(id: string): Promise<Sandbox> {
+    return Sandbox.parse(await this.call('DELETE', `/v1/sandboxes/${encodeURIComponent(id)}`));
+  }
+
+  /** Runs a command; give `commandId` to make re-sending it (e.g. after a preemption) safe. */
+  async exec(id: string, request: z.input<typeof ExecRequest>): Promise<ExecResult> {
+    const withId: ExecRequest | z.input<typeof ExecRequest> = { ...request, commandId: request.commandId ?? `c-${randomUUID()}` };
+    return ExecResult.parse(await this.call('POST', `/v1/sandboxes/${encodeURIComponent(id)}/exec`, withId));
+  }
+
+  async commands(id: string, limit = 1000) {
+    return CommandList.parse(await this.call('GET', `/v1/sandboxes/${encodeURIComponent(id)}/commands?limit=${limit}`)).commands;
+  }
+
+  async uploadLayer(tar: Uint8Array, name?: string): Promise<Layer> {
+    return Layer.parse(await this.call('POST', `/v1/layers${name ? `?name=${encodeURIComponent(name)}` : ''}`, tar));
+  }
+
+  async listLayers(): Promise<Layer[]> {
+    return LayerList.parse(await this.call('GET', '/v1/layers')).layers;
+  }
+
+  private async call(method: string, path: string, body?: unknown, headers: Record<string, string> = {}): Promise<unknown> {
+    const isTar = body instanceof Uint8Array;
+    const init: RequestInit = {
+      method,
+      headers: {
+        authorization: `Bearer ${this.options.token}`,
+        ...(isTar ? { 'content-type': 'application/x-tar' } : body !== undefined ? { 'content-type': 'application/json' } : {}),
+        ...headers,
+      },
+      body: isTar ? (body as unknown as BodyInit) : body !== undefined ? JSON.stringify(body) : undefined,
+    };
+    for (let attempt = 1; ; attempt++) {
+      let error: RollboxApiError;
+      try {
+        const response = await this.fetch(`${this.options.baseUrl.replace(/\/$/, '')}${path}`, init);
+        const text = await response.text();
+        const parsed: unknown = text ? JSON.parse(text) : undefined;
+        if (response.ok) return parsed;
+        const apiError = (parsed as { error?: { code?: ErrorCode; message?: string } } | undefined)?.error;
+        const retryAfter = Number(response.headers.get('retry-after') ?? NaN);
+        error = new RollboxApiError(response.status, apiError?.code ?? 'internal', apiError?.message ?? `HTTP ${response.status}`, Number.isFinite(retryAfter) ? retryAfter : undefined);
+      } catch (err) {
+        // A dropped connection or a gateway that is restarting: the request may or may not
+        // have arrived; the idempotency key / commandId makes the retry safe either way.
+        error = new RollboxApiError(0, 'network', err instanceof Error ? err.message : String(err));
+      }
+      if (!isRetryable(error) || attempt >= this.retry.attempts) throw error;
+      const backoffMs = Math.min(this.retry.maxDelayMs, this.retry.baseDelayMs * 2 ** (attempt - 1)) * (0.5 + Math.random() / 2);
+      await new Promise((r) => setTimeout(r, Math.max(backoffMs, (error.retryAfterSeconds ?? 0) * 1000)));
+    }
+  }
+}
+
+function isRetryable(error: RollboxApiError): boolean {
+  if (error.code === 'network') return true;
+  if (!RETRYABLE_STATUS.has(error.status)) return false;
+  return error.status === 502 ? error.code !== 'node_lost' : RETRYABLE_CODES.has(error.code);
+}
