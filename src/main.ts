@@ -10,7 +10,7 @@ import { Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
 import pino, { type Logger } from 'pino';
 import type { Config } from './config/index.ts';
-import { Janitor, SandboxService, createGateway, newId } from './gateway/index.ts';
+import { Janitor, SandboxService, createGateway, createMetrics, newId } from './gateway/index.ts';
 import { createTokenIssuer, createTokenVerifier, loadOrCreateHsSecret } from './iam/index.ts';
 import { LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar } from './layers/index.ts';
 import { NodeDirectory, ReplyHub, createQueueName, opsQueueName } from './queues/index.ts';
@@ -55,6 +55,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const replies = new ReplyHub(subscriber, gatewayId);
   await Promise.all([directory.start(), replies.start()]);
 
+  const metrics = createMetrics(directory);
   // Queue producers share the gateway's one command connection; none of them blocks.
   const queues = new Map<string, Queue>();
   const queueOf = (name: string) => {
@@ -73,6 +74,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     directory,
     replies,
     queues: { createQueue: (nodeId) => queueOf(createQueueName(nodeId)), opsQueue: (nodeId) => queueOf(opsQueueName(nodeId)) },
+    metrics,
     logger,
     now,
     random: Math.random,
@@ -85,6 +87,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     sandboxes,
     layers,
     directory,
+    metrics,
     logger,
     now,
     buildLayer: (tar, { maxBytes }) => buildLayerFromTar(tar, { store, tmpDir: path.join(config.dataDir, 'tmp'), maxBytes }),

@@ -148,6 +148,9 @@ describe('bad input', () => {
     expect(Object.keys(doc.body.paths)).toEqual(expect.arrayContaining(['/v1/sandboxes', '/v1/sandboxes/{id}/exec']));
     expect((await api(cluster, undefined, 'GET', '/healthz')).status).toBe(200);
     expect((await api(cluster, undefined, 'GET', '/readyz')).body.ready).toBe(true);
+    const metrics = await api(cluster, undefined, 'GET', '/metrics');
+    expect(metrics.body).toContain('rollbox_sandbox_creates_total{outcome="running"}');
+    expect(metrics.body).toContain('rollbox_http_request_duration_seconds_bucket');
     expect(path.isAbsolute(cluster.rootDir)).toBe(true);
   });
 });

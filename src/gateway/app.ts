@@ -25,6 +25,7 @@ import type { NodeDirectory } from '../queues/index.ts';
 import type { LayerRegistry } from '../registry/index.ts';
 import { authenticate, type GatewayEnv } from './auth.ts';
 import { describeZodError, errorResponse, handleError } from './errors.ts';
+import type { GatewayMetrics } from './metrics.ts';
 import type { SandboxService } from './sandbox-service.ts';
 
 /** Turns an uploaded tar into a stored EROFS layer (the layer store decides where). */
@@ -40,6 +41,7 @@ export interface GatewayDeps {
   /** Path of a layer image in the store, for the blob download. */
   layerImagePath: (digest: string) => Promise<string | undefined>;
   directory: NodeDirectory;
+  metrics: Pick<GatewayMetrics, 'registry' | 'middleware'>;
   logger: Logger;
   now: () => number;
 }
@@ -64,8 +66,11 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   app.notFound((c) => errorResponse(c, 'not_found', `no route ${c.req.method} ${c.req.path}`));
   app.openAPIRegistry.registerComponent('securitySchemes', 'bearer', { type: 'http', scheme: 'bearer', bearerFormat: 'JWT' });
 
-  // Operations (no auth).
+  app.use('*', deps.metrics.middleware);
+
+  // Operations (no auth: scraped and probed from inside the cluster).
   app.get('/healthz', (c) => c.json({ ok: true }));
+  app.get('/metrics', async (c) => c.text(await deps.metrics.registry.metrics(), 200, { 'content-type': deps.metrics.registry.contentType }));
   app.get('/readyz', async (c) => {
     const redisOk = await deps.redis.ping().then(() => true, () => false);
     const nodes = deps.directory.list().filter((n) => n.healthy).length;

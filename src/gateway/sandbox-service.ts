@@ -18,6 +18,7 @@ import type { Config } from '../config/index.ts';
 import { requireScope, type Principal } from '../iam/index.ts';
 import { chooseNode, type NodeDirectory, type ReplyHub } from '../queues/index.ts';
 import type { CommandLog, LayerRegistry, SandboxRegistry } from '../registry/index.ts';
+import type { GatewayMetrics } from './metrics.ts';
 
 export interface QueueProvider {
   createQueue(nodeId: string): Queue;
@@ -32,6 +33,7 @@ export interface SandboxServiceDeps {
   directory: NodeDirectory;
   replies: ReplyHub;
   queues: QueueProvider;
+  metrics: Pick<GatewayMetrics, 'creates' | 'refusals' | 'execs'>;
   logger: Logger;
   now: () => number;
   random: () => number;
@@ -53,6 +55,18 @@ export class SandboxService {
   constructor(private readonly deps: SandboxServiceDeps) {}
 
   async create(principal: Principal, request: CreateSandboxRequest, idempotencyKey: string | undefined): Promise<{ sandbox: Sandbox; replayed: boolean }> {
+    const { creates } = this.deps.metrics;
+    try {
+      const outcome = await this.createOnce(principal, request, idempotencyKey);
+      creates.inc({ outcome: outcome.replayed ? 'replayed' : outcome.sandbox.state });
+      return outcome;
+    } catch (err) {
+      creates.inc({ outcome: err instanceof RollboxError ? err.code : 'internal' });
+      throw err;
+    }
+  }
+
+  private async createOnce(principal: Principal, request: CreateSandboxRequest, idempotencyKey: string | undefined): Promise<{ sandbox: Sandbox; replayed: boolean }> {
     requireScope(principal, 'sandbox:create');
     const { registry, config, directory } = this.deps;
     const layerDigests = await this.deps.layers.resolveAll([request.image.base, ...request.image.layers]);
@@ -95,6 +109,7 @@ export class SandboxService {
       if (r.kind !== 'refused') throw new RollboxError('internal', `unexpected reply ${r.kind}`);
 
       directory.forget(r.nodeId, id);
+      this.deps.metrics.refusals.inc({ node: r.nodeId });
       placement.exclude.add(r.nodeId);
       const next = attempt + 1 < config.placement.maxRefusals ? this.place(placement) : undefined;
       if (!next) {
@@ -173,6 +188,18 @@ export class SandboxService {
    * `result_unknown` if its host died meanwhile.
    */
   async exec(principal: Principal, id: string, request: ExecRequest): Promise<ExecResult> {
+    const { execs } = this.deps.metrics;
+    try {
+      const result = await this.execOnce(principal, id, request);
+      execs.inc({ outcome: result.replayed ? 'replayed' : result.timedOut ? 'timed_out' : 'finished' });
+      return result;
+    } catch (err) {
+      execs.inc({ outcome: err instanceof RollboxError ? err.code : 'internal' });
+      throw err;
+    }
+  }
+
+  private async execOnce(principal: Principal, id: string, request: ExecRequest): Promise<ExecResult> {
     requireScope(principal, 'sandbox:exec');
     const { commands } = this.deps;
     const sandbox = await this.deps.registry.getOwned(id, principal.tenant);

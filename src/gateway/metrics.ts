@@ -1,0 +1,51 @@
+import type { MiddlewareHandler } from 'hono';
+import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+import type { NodeDirectory } from '../queues/index.ts';
+
+/**
+ * Gateway metrics in Prometheus format. One registry per gateway (not prom-client's
+ * global one), so several gateways can live in one process in tests. They follow what
+ * DSec says to watch: environment-creation waiting, tool execution time, refusals.
+ */
+export function createMetrics(directory: NodeDirectory) {
+  const registry = new Registry();
+  const http = new Histogram({
+    name: 'rollbox_http_request_duration_seconds',
+    help: 'HTTP request latency by route and status',
+    labelNames: ['method', 'route', 'status'] as const,
+    buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
+    registers: [registry],
+  });
+  const creates = new Counter({ name: 'rollbox_sandbox_creates_total', help: 'sandbox create requests by outcome', labelNames: ['outcome'] as const, registers: [registry] });
+  const refusals = new Counter({ name: 'rollbox_placement_refusals_total', help: 'create requests a node handed back', labelNames: ['node'] as const, registers: [registry] });
+  const execs = new Counter({ name: 'rollbox_execs_total', help: 'exec requests by outcome', labelNames: ['outcome'] as const, registers: [registry] });
+  new Gauge({
+    name: 'rollbox_node_sandboxes',
+    help: 'sandboxes per worker host, from its last heartbeat',
+    labelNames: ['node', 'pool'] as const,
+    registers: [registry],
+    collect() {
+      this.reset();
+      for (const node of directory.list()) this.set({ node: node.nodeId, pool: node.pool }, node.sandboxes);
+    },
+  });
+  new Gauge({
+    name: 'rollbox_node_memory_reserved_ratio',
+    help: 'requested memory of live sandboxes over capacity, per worker host',
+    labelNames: ['node', 'pool'] as const,
+    registers: [registry],
+    collect() {
+      this.reset();
+      for (const node of directory.list()) this.set({ node: node.nodeId, pool: node.pool }, node.used.memoryMiB / Math.max(1, node.capacity.memoryMiB));
+    },
+  });
+
+  const middleware: MiddlewareHandler = async (c, next) => {
+    const started = performance.now();
+    await next();
+    http.observe({ method: c.req.method, route: c.req.routePath, status: String(c.res.status) }, (performance.now() - started) / 1000);
+  };
+  return { registry, middleware, creates, refusals, execs };
+}
+
+export type GatewayMetrics = ReturnType<typeof createMetrics>;
