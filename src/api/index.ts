@@ -17,6 +17,8 @@ export {
   Sandbox,
   ListSandboxesQuery,
   SandboxList,
+  PauseRequest,
+  JobActionResult,
 } from './sandbox.ts';
 export { ExecRequest, ExecResult, CommandState, CommandRecord, ListCommandsQuery, CommandList } from './exec.ts';
 export { Layer, LayerName, LayerList, UploadLayerQuery } from './layer.ts';

@@ -32,7 +32,13 @@ export const DestroyOp = z.object({
   requestId: z.string(),
   replyTo: z.string(),
 });
-export const NodeOp = z.discriminatedUnion('kind', [ExecOp, DestroyOp]);
+export const FreezeOp = z.object({
+  kind: z.enum(['pause', 'resume']),
+  sandboxId: z.string(),
+  requestId: z.string(),
+  replyTo: z.string(),
+});
+export const NodeOp = z.discriminatedUnion('kind', [ExecOp, DestroyOp, FreezeOp]);
 export type NodeOp = z.infer<typeof NodeOp>;
 
 const ReplyError = z.object({ code: z.string(), message: z.string(), retryAfterSeconds: z.number().optional() });

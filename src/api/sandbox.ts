@@ -118,3 +118,24 @@ export type ListSandboxesQuery = z.infer<typeof ListSandboxesQuery>;
 
 export const SandboxList = z.object({ sandboxes: z.array(Sandbox) });
 export type SandboxList = z.infer<typeof SandboxList>;
+
+export const PauseRequest = z.strictObject({
+  /** freeze: cgroup freezer (memory stays); hibernate: pack the writable layer and free memory (not available yet). */
+  mode: z.enum(['freeze', 'hibernate']).default('freeze'),
+});
+export type PauseRequest = z.infer<typeof PauseRequest>;
+
+export const JobActionResult = z.object({
+  job: z.string(),
+  results: z.array(
+    z.object({
+      id: z.string(),
+      node: z.string().optional(),
+      /** done: changed now; unchanged: it already was; failed: see error. */
+      outcome: z.enum(['done', 'unchanged', 'failed']),
+      state: SandboxState,
+      error: z.object({ code: z.string(), message: z.string() }).optional(),
+    }),
+  ),
+});
+export type JobActionResult = z.infer<typeof JobActionResult>;

@@ -10,8 +10,10 @@ import {
   ExecRequest,
   ExecResult,
   Layer,
+  JobActionResult,
   LayerList,
   ListCommandsQuery,
+  PauseRequest,
   ListSandboxesQuery,
   NodeList,
   RollboxError,
@@ -83,6 +85,7 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   const jsonLimit = bodyLimit({ maxSize: deps.config.http.bodyLimitBytes, onError: () => { throw new RollboxError('payload_too_large', `body is larger than ${deps.config.http.bodyLimitBytes} bytes`); } });
   app.use('/v1/sandboxes/*', jsonLimit);
   app.use('/v1/sandboxes', jsonLimit);
+  app.use('/v1/jobs/*', jsonLimit);
 
   app.openapi(
     createRoute({
@@ -134,6 +137,25 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
     }),
     async (c) => c.json({ commands: await sandboxes.commandLog(c.get('principal'), c.req.valid('param').id, c.req.valid('query').limit) }, 200),
   );
+
+  for (const action of ['pause', 'resume'] as const) {
+    const paused = action === 'pause';
+    const body = { required: false, content: { 'application/json': { schema: PauseRequest } } };
+    app.openapi(
+      createRoute({ method: 'post', path: `/v1/sandboxes/{id}/${action}`, security, request: { params: IdParam, body }, responses: { 200: json(Sandbox, `the sandbox after ${action}`), ...errors } }),
+      async (c) => c.json(await sandboxes.setPaused(c.get('principal'), c.req.valid('param').id, paused, c.req.valid('json')?.mode), 200),
+    );
+    app.openapi(
+      createRoute({
+        method: 'post',
+        path: `/v1/jobs/{job}/${action}`,
+        security,
+        request: { params: z.object({ job: z.string().max(128) }), body },
+        responses: { 200: json(JobActionResult, `every live sandbox of the job, with its outcome`), ...errors },
+      }),
+      async (c) => c.json(await sandboxes.setJobPaused(c.get('principal'), c.req.valid('param').job, paused, c.req.valid('json')?.mode), 200),
+    );
+  }
 
   // Layers: a tar goes in, an EROFS layer comes out.
   app.post('/v1/layers', async (c) => {

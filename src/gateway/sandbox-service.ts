@@ -8,6 +8,8 @@ import {
   type CreateJob,
   type CreateSandboxRequest,
   type ExecRequest,
+  type JobActionResult,
+  type PauseRequest,
   type ExecResult,
   type ListSandboxesQuery,
   type NodeOp,
@@ -41,6 +43,7 @@ export interface SandboxServiceDeps {
 
 /** Extra wait for an exec reply beyond the command's own timeout (queueing, kill, reply). */
 const EXEC_REPLY_GRACE_MS = 30_000;
+/** Lifecycle operations (destroy, pause, resume) take milliseconds; this bounds a lost reply. */
 const DESTROY_REPLY_TIMEOUT_MS = 30_000;
 const POLL_MS = 25;
 /** How often a waiting create checks that its node is still heartbeating. */
@@ -268,6 +271,42 @@ export class SandboxService {
     requireScope(principal, 'sandbox:read');
     await this.deps.registry.getOwned(id, principal.tenant);
     return this.deps.commands.list(id, limit);
+  }
+
+  /** Freeze (`pause`) or thaw (`resume`) one sandbox. */
+  async setPaused(principal: Principal, id: string, paused: boolean, mode: PauseRequest['mode'] = 'freeze'): Promise<Sandbox> {
+    requireScope(principal, 'sandbox:exec');
+    return (await this.freezeOne(await this.deps.registry.getOwned(id, principal.tenant), paused, mode)).sandbox;
+  }
+
+  /** Pause or resume every live sandbox of a training job, across all worker hosts at once. */
+  async setJobPaused(principal: Principal, job: string, paused: boolean, mode: PauseRequest['mode'] = 'freeze'): Promise<JobActionResult> {
+    requireScope(principal, 'sandbox:exec');
+    const sandboxes = (await this.deps.registry.list(principal.tenant, { job, limit: 1000 })).filter((s) => !isTerminal(s.state));
+    const results = await Promise.all(
+      sandboxes.map(async (sandbox) => {
+        try {
+          const { sandbox: after, changed } = await this.freezeOne(sandbox, paused, mode);
+          return { id: sandbox.id, node: sandbox.node, outcome: changed ? ('done' as const) : ('unchanged' as const), state: after.state };
+        } catch (err) {
+          const error = err instanceof RollboxError ? { code: err.code, message: err.message } : { code: 'internal', message: String(err) };
+          return { id: sandbox.id, node: sandbox.node, outcome: 'failed' as const, state: sandbox.state, error };
+        }
+      }),
+    );
+    return { job, results };
+  }
+
+  private async freezeOne(sandbox: Sandbox, paused: boolean, mode: PauseRequest['mode']): Promise<{ sandbox: Sandbox; changed: boolean }> {
+    if (mode === 'hibernate') throw new RollboxError('invalid_request', 'mode hibernate is not available yet; use freeze');
+    const [from, to] = paused ? (['running', 'paused'] as const) : (['paused', 'running'] as const);
+    if (sandbox.state === to) return { sandbox, changed: false };
+    if (sandbox.state !== from) throw new RollboxError('invalid_state', `sandbox ${sandbox.id} is ${sandbox.state}, not ${from}`);
+    const requestId = newId('req');
+    const op: NodeOp = { kind: paused ? 'pause' : 'resume', sandboxId: sandbox.id, requestId, replyTo: this.deps.replies.gatewayId };
+    const reply = await this.request(requestId, DESTROY_REPLY_TIMEOUT_MS, () => this.deps.queues.opsQueue(sandbox.node!).add(op.kind, op, { jobId: requestId }));
+    if (reply.kind === 'error') throw toRollboxError(reply.error);
+    return { sandbox: await this.deps.registry.getOwned(sandbox.id, sandbox.tenant), changed: true };
   }
 
   async delete(principal: Principal, id: string): Promise<Sandbox> {

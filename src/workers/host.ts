@@ -318,9 +318,15 @@ export class WorkerHost {
         await this.reply(op.replyTo, { kind: 'exec', requestId: op.requestId, result: { ...result, replayed: false } });
         // A killed command may mean the whole sandbox went down with it.
         if (outcome.exitCode >= 128 || outcome.exitCode < 0 || oomKills > 0) await this.checkAlive(op.sandboxId);
-      } else {
+      } else if (op.kind === 'destroy') {
         await this.removeLocal(op.sandboxId);
         await this.deps.registry.transition(op.sandboxId, 'terminated', { node: this.nodeId });
+        await this.reply(op.replyTo, { kind: 'done', requestId: op.requestId });
+      } else {
+        if (!this.local.has(op.sandboxId)) throw new RollboxError('invalid_state', `sandbox ${op.sandboxId} is not running on this node`);
+        const pausing = op.kind === 'pause';
+        await (pausing ? this.deps.runtime.pause(op.sandboxId) : this.deps.runtime.resume(op.sandboxId));
+        await this.deps.registry.transition(op.sandboxId, pausing ? 'paused' : 'running', { from: [pausing ? 'running' : 'paused'], node: this.nodeId });
         await this.reply(op.replyTo, { kind: 'done', requestId: op.requestId });
       }
     } catch (err) {

@@ -599,6 +599,16 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     return { adopted: [...adopted], removed: [...removed], missing: [...keep].filter((id) => !adopted.has(id)) };
   }
 
+  /**
+   * Freeze or thaw every process of the sandbox (the cgroup freezer, through runc): CPU
+   * time stops advancing while memory, files and processes stay. Idempotent.
+   */
+  async function setFrozen(id: string, frozen: boolean): Promise<void> {
+    const r = await runQuiet(runcBin, runcArgs(frozen ? 'pause' : 'resume', containerIdOf(id)));
+    if (r.code === 0 || (frozen ? /already paused|is paused/i : /not paused|is running/i).test(r.stderr)) return;
+    throw new RollboxError('internal', `runc ${frozen ? 'pause' : 'resume'} ${id}: ${r.stderr.trim() || `exit ${r.code}`}`);
+  }
+
   return {
     runcRoot,
     sandboxesDir,
@@ -607,6 +617,8 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     create,
     exec,
     destroy,
+    pause: (id: string) => setFrozen(id, true),
+    resume: (id: string) => setFrozen(id, false),
     isRunning,
     oomKillCount,
     reconcile,

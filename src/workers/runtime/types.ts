@@ -42,6 +42,9 @@ export interface SandboxRuntime {
   exec(sandboxId: string, spec: RuntimeExecSpec): Promise<RuntimeExecOutcome>;
   /** Stop and remove everything of the sandbox on this host. Safe to call twice. */
   destroy(sandboxId: string): Promise<void>;
+  /** Freeze every process of the sandbox (cgroup freezer): CPU stops, memory and processes stay. */
+  pause(sandboxId: string): Promise<void>;
+  resume(sandboxId: string): Promise<void>;
   /** Whether the sandbox's init process is alive. */
   isRunning(sandboxId: string): Promise<boolean>;
   /** OOM kills recorded by the sandbox's memory cgroup. */

@@ -1,0 +1,68 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { Scope } from '../src/api/index.ts';
+import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
+
+const SCOPES: Scope[] = ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'admin'];
+let cluster: TestCluster;
+let token: string;
+
+beforeAll(async () => {
+  cluster = await startTestCluster({ workers: [{ nodeId: 'node-p1' }, { nodeId: 'node-p2' }] });
+  token = await cluster.token('pauser', SCOPES);
+  await waitFor('two nodes', async () => (await api(cluster, token, 'GET', '/v1/nodes')).body.nodes?.length === 2);
+});
+afterAll(async () => cluster?.stop());
+
+const exec = (id: string, body: object) => api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, body);
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+describe('pause and resume (freeze)', () => {
+  it('stops CPU time while frozen, refuses exec with 409, and keeps files and processes', async () => {
+    const { body: sandbox } = await api(cluster, token, 'POST', '/v1/sandboxes', {});
+    await exec(sandbox.id, { cmd: 'echo kept > /root/file' });
+    const started = await exec(sandbox.id, { cmd: "sh -c 'while :; do :; done' >/dev/null 2>&1 & echo $!" });
+    const pid = started.body.stdout.trim();
+    const cpuTicks = async () => Number((await exec(sandbox.id, { cmd: `awk '{print $14 + $15}' /proc/${pid}/stat` })).body.stdout.trim());
+
+    const runningBefore = await cpuTicks();
+    await sleep(1000);
+    const runningAfter = await cpuTicks();
+    expect(runningAfter - runningBefore).toBeGreaterThan(20); // about 100 ticks per second of one core
+
+    const paused = await api(cluster, token, 'POST', `/v1/sandboxes/${sandbox.id}/pause`, { mode: 'freeze' });
+    expect(paused.body.state).toBe('paused');
+    const refused = await exec(sandbox.id, { argv: ['true'] });
+    expect(refused.status).toBe(409);
+    expect(refused.body.error.code).toBe('invalid_state');
+    await sleep(1000);
+    const resumed = await api(cluster, token, 'POST', `/v1/sandboxes/${sandbox.id}/resume`, {});
+    expect(resumed.body.state).toBe('running');
+    const afterPause = await cpuTicks();
+    // Frozen for a second: what advanced is only the moments around pause and resume.
+    expect(afterPause - runningAfter).toBeLessThan((runningAfter - runningBefore) / 2);
+
+    expect((await exec(sandbox.id, { cmd: `cat /root/file; kill -0 ${pid} && echo alive` })).body.stdout).toBe('kept\nalive\n');
+    expect((await api(cluster, token, 'POST', `/v1/sandboxes/${sandbox.id}/resume`, {})).body.state).toBe('running'); // idempotent
+    expect((await api(cluster, token, 'POST', `/v1/sandboxes/${sandbox.id}/pause`, { mode: 'hibernate' })).status).toBe(400);
+    await api(cluster, token, 'DELETE', `/v1/sandboxes/${sandbox.id}`);
+  });
+
+  it('pauses and resumes every sandbox of a training job across worker hosts in one call', async () => {
+    const created = await Promise.all(Array.from({ length: 6 }, () => api(cluster, token, 'POST', '/v1/sandboxes', { job: 'train-1', resources: { memoryMiB: 64 } })));
+    const other = await api(cluster, token, 'POST', '/v1/sandboxes', { job: 'train-2' });
+    expect(new Set(created.map((r) => r.body.node))).toEqual(new Set(['node-p1', 'node-p2']));
+
+    const paused = await api(cluster, token, 'POST', '/v1/jobs/train-1/pause', {});
+    expect(paused.status).toBe(200);
+    expect(paused.body.results).toHaveLength(6);
+    expect(paused.body.results.every((r: { outcome: string; state: string }) => r.outcome === 'done' && r.state === 'paused')).toBe(true);
+    expect((await api(cluster, token, 'GET', `/v1/sandboxes/${other.body.id}`)).body.state).toBe('running');
+    const again = await api(cluster, token, 'POST', '/v1/jobs/train-1/pause', {});
+    expect(again.body.results.map((r: { outcome: string }) => r.outcome)).toEqual(Array(6).fill('unchanged'));
+
+    const resumed = await api(cluster, token, 'POST', '/v1/jobs/train-1/resume', {});
+    expect(resumed.body.results.every((r: { state: string }) => r.state === 'running')).toBe(true);
+    for (const r of created) expect((await exec(r.body.id, { argv: ['echo', 'back'] })).body.stdout).toBe('back\n');
+    await Promise.all([...created, other].map((r) => api(cluster, token, 'DELETE', `/v1/sandboxes/${r.body.id}`)));
+  });
+});
