@@ -1,6 +1,6 @@
 import { spawn } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs';
-import { mkdir, readFile, readdir, rm, rmdir } from 'node:fs/promises';
+import { mkdir, readFile, readdir, rm, rmdir, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -600,13 +600,22 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
   }
 
   /**
-   * Freeze or thaw every process of the sandbox (the cgroup freezer, through runc): CPU
-   * time stops advancing while memory, files and processes stay. Idempotent.
+   * Freeze or thaw every process of the sandbox with the cgroup freezer: CPU time stops
+   * advancing while memory, files and processes stay. Written directly (as `runc pause`
+   * does, and runc reads its status from the same file) to save a runc process per call.
+   * Idempotent.
    */
   async function setFrozen(id: string, frozen: boolean): Promise<void> {
-    const r = await runQuiet(runcBin, runcArgs(frozen ? 'pause' : 'resume', containerIdOf(id)));
-    if (r.code === 0 || (frozen ? /already paused|is paused/i : /not paused|is running/i).test(r.stderr)) return;
-    throw new RollboxError('internal', `runc ${frozen ? 'pause' : 'resume'} ${id}: ${r.stderr.trim() || `exit ${r.code}`}`);
+    const stateFile = path.join((await cgroups()).freezer, cgroupRel(id), 'freezer.state');
+    const target = frozen ? 'FROZEN' : 'THAWED';
+    await writeFile(stateFile, target).catch(() => {
+      throw new RollboxError('not_found', `sandbox ${id} has no freezer cgroup on this host`);
+    });
+    // v1 freezing is asynchronous: the state reads FREEZING until every task has stopped.
+    for (const deadline = Date.now() + 5000; ; await sleep(1)) {
+      if ((await readFile(stateFile, 'utf8')).trim() === target) return;
+      if (Date.now() > deadline) throw new RollboxError('internal', `sandbox ${id} did not reach ${target} within 5 s`);
+    }
   }
 
   return {

@@ -1,0 +1,79 @@
+/**
+ * bench:pause — freeze and resume through the HTTP API next to raw `runc pause` /
+ * `runc resume` of the same container in the same run. Hibernate is not built yet.
+ * Ends with one JSON line.
+ */
+import { execFile } from 'node:child_process';
+import path from 'node:path';
+import { promisify } from 'node:util';
+import { api, startTestCluster } from '../test/support/cluster.ts';
+import { writeCdfChart } from './support/chart.ts';
+import { sandboxPaths, timed } from './support/runc-floor.ts';
+import { progress, summarize } from './support/stats.ts';
+
+const run = promisify(execFile);
+const RUNS = Number(process.env.BENCH_RUNS ?? 100);
+
+const cluster = await startTestCluster({ workers: [{ nodeId: 'bench-node' }] });
+process.once('SIGINT', () => void cluster.stop().finally(() => process.exit(130)));
+try {
+  const token = await cluster.token('bench', ['sandbox:create', 'sandbox:delete', 'sandbox:exec']);
+  const { body: sandbox } = await api(cluster, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64 } });
+  const call = async (action: 'pause' | 'resume') => {
+    const r = await api(cluster, token, 'POST', `/v1/sandboxes/${sandbox.id}/${action}`, {});
+    if (r.status !== 200) throw new Error(`${action} failed: ${r.status} ${JSON.stringify(r.body)}`);
+  };
+  const pauses: number[] = [];
+  const resumes: number[] = [];
+  const bar = progress('pause + resume via HTTP', RUNS);
+  for (let i = 0; i < RUNS; i++) {
+    pauses.push(await timed(() => call('pause')));
+    resumes.push(await timed(() => call('resume')));
+    bar.tick();
+  }
+  bar.done();
+
+  const { runcRoot, containerId } = sandboxPaths(path.join(cluster.rootDir, 'bench-node', 'worker'), sandbox.id);
+  const floorPauses: number[] = [];
+  const floorResumes: number[] = [];
+  const floorBar = progress('raw runc pause + resume', RUNS);
+  for (let i = 0; i < RUNS; i++) {
+    floorPauses.push(await timed(() => run('runc', ['--root', runcRoot, 'pause', containerId])));
+    floorResumes.push(await timed(() => run('runc', ['--root', runcRoot, 'resume', containerId])));
+    floorBar.tick();
+  }
+  floorBar.done();
+  await api(cluster, token, 'DELETE', `/v1/sandboxes/${sandbox.id}`);
+
+  const p = summarize(pauses);
+  const r = summarize(resumes);
+  const fp = summarize(floorPauses);
+  const fr = summarize(floorResumes);
+  const chart = writeCdfChart(path.resolve(import.meta.dirname, 'out', 'pause-latency.svg'), 'freeze / resume latency', [
+    { label: 'rollbox pause (HTTP)', samplesMs: pauses },
+    { label: 'rollbox resume (HTTP)', samplesMs: resumes },
+    { label: 'raw runc pause', samplesMs: floorPauses },
+    { label: 'raw runc resume', samplesMs: floorResumes },
+  ]);
+  process.stderr.write(`chart: ${chart}\n`);
+  console.log(
+    JSON.stringify({
+      bench: 'pause',
+      p50Ms: p.p50Ms,
+      p99Ms: p.p99Ms,
+      floorP50Ms: fp.p50Ms,
+      ratioP50: Math.round((p.p50Ms / fp.p50Ms) * 100) / 100,
+      resumeP50Ms: r.p50Ms,
+      resumeP99Ms: r.p99Ms,
+      resumeFloorP50Ms: fr.p50Ms,
+      resumeRatioP50: Math.round((r.p50Ms / fr.p50Ms) * 100) / 100,
+      perSecond: Math.round((1000 / (p.meanMs + r.meanMs)) * 10) / 10,
+      n: RUNS,
+      hibernate: 'not built yet',
+      reference: { cubeSandboxSnapshotMs: 46, cubeSandboxResumeMs: 42 },
+      chart,
+    }),
+  );
+} finally {
+  await cluster.stop();
+}
