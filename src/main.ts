@@ -68,6 +68,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   };
   const sandboxes = new SandboxService({
     config,
+    redis,
     registry,
     commands,
     layers,

@@ -25,6 +25,8 @@ export const ExecOp = z.object({
   env: z.record(z.string(), z.string()),
   cwd: z.string().optional(),
   timeoutMs: z.number().int(),
+  /** Also append output to the command's output stream as it is produced. */
+  stream: z.boolean().default(false),
 });
 export const DestroyOp = z.object({
   kind: z.literal('destroy'),

@@ -1,6 +1,7 @@
 import { Readable } from 'node:stream';
 import { OpenAPIHono, createRoute, z } from '@hono/zod-openapi';
 import { bodyLimit } from 'hono/body-limit';
+import { streamSSE } from 'hono/streaming';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import {
@@ -124,7 +125,21 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
       request: { params: IdParam, body: jsonBody(ExecRequest) },
       responses: { 200: json(ExecResult, 'the command finished (or timed out)'), ...errors },
     }),
-    async (c) => c.json(await sandboxes.exec(c.get('principal'), c.req.valid('param').id, c.req.valid('json')), 200),
+    async (c) => {
+      const { id } = c.req.valid('param');
+      if (!c.req.header('accept')?.includes('text/event-stream')) return c.json(await sandboxes.exec(c.get('principal'), id, c.req.valid('json')), 200);
+      // Streaming: errors before the first event still answer as JSON with their status.
+      const events = sandboxes.streamExec(c.get('principal'), id, c.req.valid('json'), c.req.header('last-event-id') || '0');
+      const first = await events.next();
+      return streamSSE(c, async (sse) => {
+        try {
+          for (let next = first; !next.done; next = await events.next()) await sse.writeSSE(next.value);
+        } catch (err) {
+          const error = err instanceof RollboxError ? { code: err.code, message: err.message } : { code: 'internal', message: 'internal error' };
+          await sse.writeSSE({ event: 'error', data: JSON.stringify({ error }) });
+        }
+      }) as never; // an SSE response, outside the JSON response types of the route
+    },
   );
 
   app.openapi(

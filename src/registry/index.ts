@@ -2,4 +2,6 @@ export { SandboxRegistry } from './store.ts';
 export type { AdmitOutcome, TransitionOutcome, TransitionOptions } from './store.ts';
 export { LayerRegistry } from './layers.ts';
 export { CommandLog } from './commands.ts';
+export { OutputWriter, readOutput } from './output.ts';
+export type { OutputChunk } from './output.ts';
 export { keys } from './keys.ts';

@@ -5,6 +5,8 @@ export const keys = {
   tenantAll: (tenant: string) => `rb:tenant:${tenant}:all`,
   nodeSandboxes: (nodeId: string) => `rb:node:${nodeId}:sbx`,
   command: (sandboxId: string, commandId: string) => `rb:cmd:${sandboxId}:${commandId}`,
+  /** Output of a streaming exec, as a Redis stream of chunks. */
+  commandOutput: (sandboxId: string, commandId: string) => `rb:out:${sandboxId}:${commandId}`,
   /** A sandbox's commands in the order they were sent (the trajectory). */
   commandLog: (sandboxId: string) => `rb:cmds:${sandboxId}`,
   /** Queued or running commands on a node, settled `unknown` if the node dies. */

@@ -5,7 +5,7 @@ import type { Logger } from 'pino';
 import { CreateJob, NodeOp, RollboxError, isTerminal, type NodeHeartbeat, type Reply, type Sandbox } from '../api/index.ts';
 import type { Config } from '../config/index.ts';
 import { createQueueName, opsQueueName, publishReply } from '../queues/index.ts';
-import { keys, type CommandLog, type SandboxRegistry } from '../registry/index.ts';
+import { OutputWriter, keys, type CommandLog, type SandboxRegistry } from '../registry/index.ts';
 import { decideAdmission } from './admission.ts';
 import type { SandboxRuntime } from './runtime/types.ts';
 
@@ -304,8 +304,17 @@ export class WorkerHost {
           return;
         }
         const oomBefore = await runtime.oomKillCount(op.sandboxId);
+        const output = op.stream ? new OutputWriter(this.deps.redis, op.sandboxId, op.commandId) : undefined;
         const outcome = await runtime
-          .exec(op.sandboxId, { argv: op.argv, stdin: op.stdin, env: op.env, cwd: op.cwd, timeoutMs: op.timeoutMs, outputCapBytes: this.deps.config.execOutputCapBytes })
+          .exec(op.sandboxId, {
+            argv: op.argv,
+            stdin: op.stdin,
+            env: op.env,
+            cwd: op.cwd,
+            timeoutMs: op.timeoutMs,
+            outputCapBytes: this.deps.config.execOutputCapBytes,
+            onOutput: output && ((stream, chunk) => output.write(stream, chunk)),
+          })
           .catch(async (err: unknown) => {
             await commands.markUnknown(op.sandboxId, op.commandId, this.nodeId);
             throw err;
@@ -313,7 +322,8 @@ export class WorkerHost {
         const oomKills = (await runtime.oomKillCount(op.sandboxId)) - oomBefore;
         if (oomKills > 0) await this.deps.registry.addOomKills(op.sandboxId, oomKills);
         const result = { ...outcome, oomKilled: outcome.oomKilled || oomKills > 0, commandId: op.commandId };
-        // Recorded before the reply, so a lost reply or a re-sent command finds the result.
+        // Output first, then the result, then the reply: whoever sees the result finds all output.
+        await output?.flush();
         await commands.complete(op.sandboxId, this.nodeId, result);
         await this.reply(op.replyTo, { kind: 'exec', requestId: op.requestId, result: { ...result, replayed: false } });
         // A killed command may mean the whole sandbox went down with it.

@@ -128,21 +128,22 @@ class CappedBuffer {
   private readonly chunks: Buffer[] = [];
   private kept = 0;
   truncated = false;
-  constructor(private readonly capBytes: number) {}
+  constructor(
+    private readonly capBytes: number,
+    /** Sees every kept chunk as it arrives (streaming exec). */
+    private readonly onKept?: (chunk: Buffer) => void,
+  ) {}
   push(b: Buffer): void {
     const room = this.capBytes - this.kept;
     if (room <= 0) {
       if (b.length > 0) this.truncated = true;
       return;
     }
-    if (b.length > room) {
-      this.chunks.push(b.subarray(0, room));
-      this.kept += room;
-      this.truncated = true;
-    } else {
-      this.chunks.push(b);
-      this.kept += b.length;
-    }
+    const kept = b.length > room ? b.subarray(0, room) : b;
+    if (b.length > room) this.truncated = true;
+    this.chunks.push(kept);
+    this.kept += kept.length;
+    this.onKept?.(kept);
   }
   text(): string {
     return Buffer.concat(this.chunks).toString('utf8');
@@ -397,8 +398,8 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     const [file, fileArgs] = withClass(rec.besteffort, args);
 
     const started = performance.now();
-    const stdout = new CappedBuffer(spec.outputCapBytes);
-    const stderr = new CappedBuffer(spec.outputCapBytes);
+    const stdout = new CappedBuffer(spec.outputCapBytes, spec.onOutput && ((chunk) => spec.onOutput!('stdout', chunk)));
+    const stderr = new CappedBuffer(spec.outputCapBytes, spec.onOutput && ((chunk) => spec.onOutput!('stderr', chunk)));
     let timedOut = false;
     let exitCode: number;
     let killer: NodeJS.Timeout | undefined;

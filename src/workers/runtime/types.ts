@@ -20,6 +20,8 @@ export interface RuntimeExecSpec {
   timeoutMs: number;
   /** Bytes kept per stream; the rest is drained and dropped (truncated = true). */
   outputCapBytes: number;
+  /** Called with each kept chunk as the command produces it, in order per stream. */
+  onOutput?: (stream: 'stdout' | 'stderr', chunk: Buffer) => void;
 }
 
 export interface RuntimeExecOutcome {

@@ -1,0 +1,68 @@
+import type { Redis } from 'ioredis';
+import { keys } from './keys.ts';
+
+/** Streamed output is for following a command live; the command log keeps the result. */
+const OUTPUT_TTL_SEC = 3600;
+/** Chunks are coalesced for this long before one XADD, so a chatty command costs few calls. */
+const FLUSH_MS = 20;
+const FLUSH_BYTES = 64 * 1024;
+
+export interface OutputChunk {
+  /** Redis stream entry id: the SSE event id a reconnecting client resumes from. */
+  id: string;
+  stream: 'stdout' | 'stderr';
+  data: string;
+}
+
+/** Appends a command's output, in order, to its Redis stream. */
+export class OutputWriter {
+  private pending: { stream: 'stdout' | 'stderr'; data: Buffer }[] = [];
+  private pendingBytes = 0;
+  private timer: NodeJS.Timeout | undefined;
+  private chain: Promise<unknown> = Promise.resolve();
+  private readonly key: string;
+
+  constructor(
+    private readonly redis: Redis,
+    sandboxId: string,
+    commandId: string,
+  ) {
+    this.key = keys.commandOutput(sandboxId, commandId);
+  }
+
+  write(stream: 'stdout' | 'stderr', data: Buffer): void {
+    const last = this.pending.at(-1);
+    if (last && last.stream === stream) last.data = Buffer.concat([last.data, data]);
+    else this.pending.push({ stream, data });
+    this.pendingBytes += data.length;
+    if (this.pendingBytes >= FLUSH_BYTES) void this.flush();
+    else this.timer ??= setTimeout(() => void this.flush(), FLUSH_MS);
+  }
+
+  /** Resolves once everything written so far is in Redis. */
+  flush(): Promise<unknown> {
+    clearTimeout(this.timer);
+    this.timer = undefined;
+    const batch = this.pending;
+    this.pending = [];
+    this.pendingBytes = 0;
+    if (batch.length > 0) {
+      this.chain = this.chain.then(() => {
+        const multi = this.redis.multi();
+        for (const { stream, data } of batch) multi.xadd(this.key, '*', 's', stream, 'd', data.toString('utf8'));
+        return multi.expire(this.key, OUTPUT_TTL_SEC).exec();
+      });
+    }
+    return this.chain;
+  }
+}
+
+/** Reads a command's output stream after `afterId` (exclusive). */
+export async function readOutput(redis: Redis, sandboxId: string, commandId: string, afterId: string, count = 200): Promise<OutputChunk[]> {
+  const rows = await redis.xrange(keys.commandOutput(sandboxId, commandId), `(${afterId}`, '+', 'COUNT', count);
+  return rows.map(([id, fields]) => {
+    const map: Record<string, string> = {};
+    for (let i = 0; i + 1 < fields.length; i += 2) map[fields[i]!] = fields[i + 1]!;
+    return { id, stream: map.s === 'stderr' ? 'stderr' : 'stdout', data: map.d ?? '' };
+  });
+}
