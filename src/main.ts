@@ -10,7 +10,7 @@ import { Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
 import pino, { type Logger } from 'pino';
 import type { Config } from './config/index.ts';
-import { Janitor, SandboxService, createGateway, createMetrics, newId } from './gateway/index.ts';
+import { ExecService, Janitor, NodeRequests, SandboxService, createGateway, createMetrics, newId } from './gateway/index.ts';
 import { createTokenIssuer, createTokenVerifier, loadOrCreateHsSecret } from './iam/index.ts';
 import { LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar } from './layers/index.ts';
 import { NodeDirectory, ReplyHub, createQueueName, opsQueueName } from './queues/index.ts';
@@ -66,26 +66,17 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     }
     return queue;
   };
-  const sandboxes = new SandboxService({
-    config,
-    redis,
-    registry,
-    commands,
-    layers,
-    directory,
-    replies,
-    queues: { createQueue: (nodeId) => queueOf(createQueueName(nodeId)), opsQueue: (nodeId) => queueOf(opsQueueName(nodeId)) },
-    metrics,
-    logger,
-    now,
-    random: Math.random,
-  });
+  const queueProvider = { createQueue: (nodeId: string) => queueOf(createQueueName(nodeId)), opsQueue: (nodeId: string) => queueOf(opsQueueName(nodeId)) };
+  const nodes = new NodeRequests(replies);
+  const sandboxes = new SandboxService({ config, registry, layers, directory, replies, queues: queueProvider, nodes, metrics, now, random: Math.random });
+  const execs = new ExecService({ redis, registry, commands, replies, queues: queueProvider, nodes, metrics, now });
   const verifier = createTokenVerifier(config.jwt);
   const app = createGateway({
     config,
     redis,
     verifier,
     sandboxes,
+    execs,
     layers,
     directory,
     metrics,

@@ -29,6 +29,7 @@ import type { LayerRegistry } from '../registry/index.ts';
 import { authenticate, type GatewayEnv } from './auth.ts';
 import { describeZodError, errorResponse, handleError } from './errors.ts';
 import type { GatewayMetrics } from './metrics.ts';
+import type { ExecService } from './exec-service.ts';
 import type { SandboxService } from './sandbox-service.ts';
 
 /** Turns an uploaded tar into a stored EROFS layer (the layer store decides where). */
@@ -39,6 +40,7 @@ export interface GatewayDeps {
   redis: Redis;
   verifier: TokenVerifier;
   sandboxes: SandboxService;
+  execs: ExecService;
   layers: LayerRegistry;
   buildLayer: LayerBuilder;
   /** Path of a layer image in the store, for the blob download. */
@@ -59,7 +61,7 @@ const IdParam = z.object({ id: z.string().max(64) });
 const security = [{ bearer: [] }];
 
 export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
-  const { sandboxes } = deps;
+  const { sandboxes, execs } = deps;
   const app = new OpenAPIHono<GatewayEnv>({
     defaultHook: (result, c) => {
       if (!result.success) return errorResponse(c, 'invalid_request', describeZodError(result.error, result.target === 'json' ? 'body' : result.target));
@@ -127,9 +129,9 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
     }),
     async (c) => {
       const { id } = c.req.valid('param');
-      if (!c.req.header('accept')?.includes('text/event-stream')) return c.json(await sandboxes.exec(c.get('principal'), id, c.req.valid('json')), 200);
+      if (!c.req.header('accept')?.includes('text/event-stream')) return c.json(await execs.exec(c.get('principal'), id, c.req.valid('json')), 200);
       // Streaming: errors before the first event still answer as JSON with their status.
-      const events = sandboxes.streamExec(c.get('principal'), id, c.req.valid('json'), c.req.header('last-event-id') || '0');
+      const events = execs.streamExec(c.get('principal'), id, c.req.valid('json'), c.req.header('last-event-id') || '0');
       const first = await events.next();
       return streamSSE(c, async (sse) => {
         try {
@@ -150,7 +152,7 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
       request: { params: IdParam, query: ListCommandsQuery },
       responses: { 200: json(CommandList, 'the command log (trajectory), oldest first'), ...errors },
     }),
-    async (c) => c.json({ commands: await sandboxes.commandLog(c.get('principal'), c.req.valid('param').id, c.req.valid('query').limit) }, 200),
+    async (c) => c.json({ commands: await execs.commandLog(c.get('principal'), c.req.valid('param').id, c.req.valid('query').limit) }, 200),
   );
 
   for (const action of ['pause', 'resume'] as const) {

@@ -1,7 +1,12 @@
 export { createGateway } from './app.ts';
 export type { GatewayDeps, LayerBuilder } from './app.ts';
-export { SandboxService, newId } from './sandbox-service.ts';
-export type { SandboxServiceDeps, QueueProvider } from './sandbox-service.ts';
+export { SandboxService } from './sandbox-service.ts';
+export type { SandboxServiceDeps } from './sandbox-service.ts';
+export { ExecService } from './exec-service.ts';
+export type { ExecServiceDeps, ExecEvent } from './exec-service.ts';
+export { NodeRequests } from './node-requests.ts';
+export type { QueueProvider } from './node-requests.ts';
+export { newId } from './ids.ts';
 export { Janitor } from './janitor.ts';
 export { createMetrics } from './metrics.ts';
 export type { GatewayMetrics } from './metrics.ts';
