@@ -147,6 +147,8 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
     commands: new CommandLog(redis),
     runtime,
     layerImagePath: (digest) => layerImagePath(store, digest),
+    storeLayerImage: (tmpImagePath) => store.put(tmpImagePath),
+    tmpDir: path.join(workerDir, 'tmp'),
     logger,
   });
   await host.start();

@@ -21,7 +21,7 @@ export {
   JobActionResult,
 } from './sandbox.ts';
 export { ExecRequest, ExecResult, CommandState, CommandRecord, ListCommandsQuery, CommandList } from './exec.ts';
-export { Layer, LayerName, LayerList, UploadLayerQuery } from './layer.ts';
+export { Layer, LayerName, LayerList, UploadLayerQuery, SnapshotRequest } from './layer.ts';
 export { NodeHeartbeat, NodeList } from './node.ts';
 export { ErrorBody, SCOPES, Scope } from './common.ts';
 export { CreateJob, NodeOp, Reply } from './internal.ts';

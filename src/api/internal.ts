@@ -40,7 +40,14 @@ export const FreezeOp = z.object({
   requestId: z.string(),
   replyTo: z.string(),
 });
-export const NodeOp = z.discriminatedUnion('kind', [ExecOp, DestroyOp, FreezeOp]);
+export const SnapshotOp = z.object({
+  kind: z.literal('snapshot'),
+  sandboxId: z.string(),
+  requestId: z.string(),
+  replyTo: z.string(),
+  exclude: z.array(z.string()),
+});
+export const NodeOp = z.discriminatedUnion('kind', [ExecOp, DestroyOp, FreezeOp, SnapshotOp]);
 export type NodeOp = z.infer<typeof NodeOp>;
 
 const ReplyError = z.object({ code: z.string(), message: z.string(), retryAfterSeconds: z.number().optional() });
@@ -50,6 +57,7 @@ export const Reply = z.discriminatedUnion('kind', [
   z.object({ kind: z.literal('refused'), requestId: z.string(), nodeId: z.string(), reason: z.string() }),
   z.object({ kind: z.literal('exec'), requestId: z.string(), result: ExecResult }),
   z.object({ kind: z.literal('done'), requestId: z.string() }),
+  z.object({ kind: z.literal('snapshot'), requestId: z.string(), digest: z.string(), sizeBytes: z.number() }),
   z.object({ kind: z.literal('error'), requestId: z.string(), error: ReplyError }),
 ]);
 export type Reply = z.infer<typeof Reply>;

@@ -20,3 +20,13 @@ export type UploadLayerQuery = z.infer<typeof UploadLayerQuery>;
 
 export const LayerList = z.object({ layers: z.array(Layer) });
 export type LayerList = z.infer<typeof LayerList>;
+
+const SandboxPath = z.string().startsWith('/', 'must be an absolute path').max(4096).refine((p) => !p.includes('\0') && !p.split('/').includes('..'), 'must not contain NUL or ..');
+
+/** pack_diff: the sandbox's writable layer becomes a new layer on top of its own layers. */
+export const SnapshotRequest = z.strictObject({
+  name: LayerName.optional(),
+  /** Paths left out of the layer (reference answers, caches), with everything under them. */
+  exclude: z.array(SandboxPath).max(256).default([]),
+});
+export type SnapshotRequest = z.infer<typeof SnapshotRequest>;

@@ -15,6 +15,7 @@ import {
   LayerList,
   ListCommandsQuery,
   PauseRequest,
+  SnapshotRequest,
   ListSandboxesQuery,
   NodeList,
   RollboxError,
@@ -173,6 +174,17 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
       async (c) => c.json(await sandboxes.setJobPaused(c.get('principal'), c.req.valid('param').job, paused, c.req.valid('json')?.mode), 200),
     );
   }
+
+  app.openapi(
+    createRoute({
+      method: 'post',
+      path: '/v1/sandboxes/{id}/snapshot',
+      security,
+      request: { params: IdParam, body: { required: false, content: { 'application/json': { schema: SnapshotRequest } } } },
+      responses: { 201: json(Layer, 'the new layer (pack_diff of the writable layer), with its parents'), ...errors },
+    }),
+    async (c) => c.json(await sandboxes.snapshot(c.get('principal'), c.req.valid('param').id, c.req.valid('json') ?? { exclude: [] }), 201),
+  );
 
   // Layers: a tar goes in, an EROFS layer comes out.
   app.post('/v1/layers', async (c) => {

@@ -5,6 +5,8 @@ import {
   type CreateJob,
   type CreateSandboxRequest,
   type JobActionResult,
+  type Layer,
+  type SnapshotRequest,
   type PauseRequest,
   type ListSandboxesQuery,
   type NodeOp,
@@ -35,6 +37,8 @@ export interface SandboxServiceDeps {
 
 /** Lifecycle operations (destroy, pause, resume) take milliseconds; this bounds a lost reply. */
 const LIFECYCLE_REPLY_TIMEOUT_MS = 30_000;
+/** Packing a large writable layer takes a while (about the time to read it once). */
+const SNAPSHOT_REPLY_TIMEOUT_MS = 10 * 60_000;
 const POLL_MS = 25;
 /** How often a waiting create checks that its node is still heartbeating. */
 const NODE_CHECK_MS = 500;
@@ -193,6 +197,22 @@ export class SandboxService {
     const reply = await this.deps.nodes.request(requestId, LIFECYCLE_REPLY_TIMEOUT_MS, () => this.deps.queues.opsQueue(sandbox.node!).add(op.kind, op, { jobId: requestId }));
     if (reply.kind === 'error') throw toRollboxError(reply.error);
     return { sandbox: await this.deps.registry.getOwned(sandbox.id, sandbox.tenant), changed: true };
+  }
+
+  /**
+   * pack_diff: the sandbox's writable layer becomes a new layer whose parents are the
+   * sandbox's layers. A builder's scope, distinct from the runtime agent's.
+   */
+  async snapshot(principal: Principal, id: string, request: SnapshotRequest): Promise<Layer> {
+    requireScope(principal, 'sandbox:snapshot');
+    const sandbox = await this.deps.registry.getOwned(id, principal.tenant);
+    if (sandbox.state !== 'running' && sandbox.state !== 'paused') throw new RollboxError('invalid_state', `sandbox ${id} is ${sandbox.state}; only a running or paused sandbox can be snapshotted`);
+    const requestId = newId('req');
+    const op: NodeOp = { kind: 'snapshot', sandboxId: id, requestId, replyTo: this.deps.replies.gatewayId, exclude: request.exclude };
+    const reply = await this.deps.nodes.request(requestId, SNAPSHOT_REPLY_TIMEOUT_MS, () => this.deps.queues.opsQueue(sandbox.node!).add('snapshot', op, { jobId: requestId }));
+    if (reply.kind === 'error') throw toRollboxError(reply.error);
+    if (reply.kind !== 'snapshot') throw new RollboxError('internal', `unexpected reply ${reply.kind}`);
+    return this.deps.layers.register({ digest: reply.digest, sizeBytes: reply.sizeBytes, name: request.name, parents: sandbox.layerDigests, createdAt: new Date(this.deps.now()).toISOString() });
   }
 
   async delete(principal: Principal, id: string): Promise<Sandbox> {

@@ -18,10 +18,25 @@ const FEATURE_COMPAT_SB_CHKSUM = 0x1;
  * visible timestamp (a file whose mtime equals the build instant to the microsecond is
  * the only exception and is not a real-world case).
  */
-export async function mkfsErofs(srcDir: string, outPath: string, opts: { mkfsBinary?: string } = {}): Promise<void> {
+export async function mkfsErofs(
+  srcDir: string,
+  outPath: string,
+  opts: {
+    mkfsBinary?: string;
+    /**
+     * Keep extended attributes. Needed for an overlay upper dir (pack_diff): its opaque
+     * directories are marked `trusted.overlay.opaque`; its whiteouts are 0:0 char devices,
+     * which EROFS keeps as they are, so the image works as a lower layer.
+     */
+    keepXattrs?: boolean;
+    /** Paths relative to srcDir to leave out, each with everything under it. */
+    excludePaths?: readonly string[];
+  } = {},
+): Promise<void> {
   await runToolOk(opts.mkfsBinary ?? 'mkfs.erofs', [
     '--quiet',
-    '-x-1',
+    opts.keepXattrs ? '-x2' : '-x-1',
+    ...(opts.excludePaths ?? []).map((p) => `--exclude-path=${p}`),
     '-U',
     '00000000-0000-0000-0000-000000000000',
     '--preserve-mtime',

@@ -1,4 +1,6 @@
+import { mkdir, rm } from 'node:fs/promises';
 import os from 'node:os';
+import path from 'node:path';
 import { Queue, Worker, type Job } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
@@ -20,6 +22,10 @@ export interface WorkerHostDeps {
   runtime: SandboxRuntime;
   /** Absolute path of a layer image on this host, or undefined when it is not available here. */
   layerImagePath: (digest: string) => Promise<string | undefined>;
+  /** Moves a freshly built image into the layer store (content-addressed). */
+  storeLayerImage: (tmpImagePath: string) => Promise<{ digest: string; sizeBytes: number }>;
+  /** Scratch space for images being built. */
+  tmpDir: string;
   logger: Logger;
   now?: () => number;
 }
@@ -332,6 +338,17 @@ export class WorkerHost {
         await this.removeLocal(op.sandboxId);
         await this.deps.registry.transition(op.sandboxId, 'terminated', { node: this.nodeId });
         await this.reply(op.replyTo, { kind: 'done', requestId: op.requestId });
+      } else if (op.kind === 'snapshot') {
+        if (!this.local.has(op.sandboxId)) throw new RollboxError('invalid_state', `sandbox ${op.sandboxId} is not running on this node`);
+        await mkdir(this.deps.tmpDir, { recursive: true });
+        const outPath = path.join(this.deps.tmpDir, `snapshot-${op.requestId}.erofs`);
+        try {
+          await this.deps.runtime.snapshot(op.sandboxId, { outPath, excludePaths: op.exclude });
+          const stored = await this.deps.storeLayerImage(outPath);
+          await this.reply(op.replyTo, { kind: 'snapshot', requestId: op.requestId, ...stored });
+        } finally {
+          await rm(outPath, { force: true });
+        }
       } else {
         if (!this.local.has(op.sandboxId)) throw new RollboxError('invalid_state', `sandbox ${op.sandboxId} is not running on this node`);
         const pausing = op.kind === 'pause';

@@ -18,6 +18,7 @@ import {
   type CgroupHierarchies,
 } from './cgroups.ts';
 import { isProcessAlive, lastRuncError, readRuncState, runQuiet } from './runc.ts';
+import { packUpperDir, upperDirOfBundle } from './snapshot.ts';
 import { containerConfig, envList } from './spec.ts';
 import type { RuntimeExecOutcome, RuntimeExecSpec, SandboxRuntime, SandboxRuntimeSpec } from './types.ts';
 
@@ -627,6 +628,12 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     create,
     exec,
     destroy,
+    snapshot: async (id: string, options: { outPath: string; excludePaths: readonly string[] }) =>
+      packUpperDir({
+        upperDir: await upperDirOfBundle(bundleOf(id)),
+        freezerStateFile: path.join((await cgroups()).freezer, cgroupRel(id), 'freezer.state'),
+        ...options,
+      }),
     pause: (id: string) => setFrozen(id, true),
     resume: (id: string) => setFrozen(id, false),
     isRunning,

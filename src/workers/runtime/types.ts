@@ -47,6 +47,12 @@ export interface SandboxRuntime {
   /** Freeze every process of the sandbox (cgroup freezer): CPU stops, memory and processes stay. */
   pause(sandboxId: string): Promise<void>;
   resume(sandboxId: string): Promise<void>;
+  /**
+   * pack_diff: write the sandbox's writable layer (its overlay upper dir, whiteouts and
+   * opaque dirs included) as an EROFS image at `outPath`, leaving out `excludePaths`
+   * (absolute paths inside the sandbox). The sandbox is frozen while the image is built.
+   */
+  snapshot(sandboxId: string, options: { outPath: string; excludePaths: readonly string[] }): Promise<void>;
   /** Whether the sandbox's init process is alive. */
   isRunning(sandboxId: string): Promise<boolean>;
   /** OOM kills recorded by the sandbox's memory cgroup. */
