@@ -7,6 +7,8 @@ import { RollboxError, httpStatusOf, type ErrorBody, type ErrorCode } from '../a
 /** The one place that turns errors into HTTP responses. */
 export function errorResponse(c: Context, code: ErrorCode, message: string, retryAfterSeconds?: number): Response {
   if (retryAfterSeconds !== undefined) c.header('Retry-After', String(retryAfterSeconds));
+  // The body was not read: the connection cannot carry another request, tell the client.
+  if (code === 'payload_too_large') c.header('Connection', 'close');
   const body: ErrorBody = { error: { code, message } };
   return c.json(body, httpStatusOf(code) as 400);
 }

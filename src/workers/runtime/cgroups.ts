@@ -1,6 +1,8 @@
 import { existsSync, mkdirSync, readFileSync, readdirSync, rmdirSync, writeFileSync } from 'node:fs';
+import { readFile, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { RollboxError } from '../../api/index.ts';
 import { readMountInfo } from '../../layers/index.ts';
 
 /**
@@ -170,4 +172,15 @@ function walk(dir: string): string[] {
   for (const e of entries) out.push(...walk(path.join(dir, e)));
   out.push(dir);
   return out;
+}
+
+/**
+ * Sets a v1 freezer cgroup to FROZEN or THAWED and waits until it is there: freezing is
+ * asynchronous (the state reads FREEZING until every task has stopped).
+ */
+export async function setFreezerState(stateFile: string, target: 'FROZEN' | 'THAWED', timeoutMs = 5000): Promise<void> {
+  await writeFile(stateFile, target);
+  for (const deadline = Date.now() + timeoutMs; (await readFile(stateFile, 'utf8')).trim() !== target; await sleep(1)) {
+    if (Date.now() > deadline) throw new RollboxError('internal', `${stateFile} did not reach ${target} within ${timeoutMs} ms`);
+  }
 }

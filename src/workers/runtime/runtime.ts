@@ -1,6 +1,6 @@
 import { spawn } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs';
-import { mkdir, readFile, readdir, rm, rmdir, writeFile } from 'node:fs/promises';
+import { mkdir, readFile, readdir, rm, rmdir } from 'node:fs/promises';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -15,6 +15,7 @@ import {
   readOomKills,
   readProcs,
   removeCgroupTree,
+  setFreezerState,
   type CgroupHierarchies,
 } from './cgroups.ts';
 import { isProcessAlive, lastRuncError, readRuncState, runQuiet } from './runc.ts';
@@ -605,19 +606,11 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
    * Freeze or thaw every process of the sandbox with the cgroup freezer: CPU time stops
    * advancing while memory, files and processes stay. Written directly (as `runc pause`
    * does, and runc reads its status from the same file) to save a runc process per call.
-   * Idempotent.
    */
   async function setFrozen(id: string, frozen: boolean): Promise<void> {
     const stateFile = path.join((await cgroups()).freezer, cgroupRel(id), 'freezer.state');
-    const target = frozen ? 'FROZEN' : 'THAWED';
-    await writeFile(stateFile, target).catch(() => {
-      throw new RollboxError('not_found', `sandbox ${id} has no freezer cgroup on this host`);
-    });
-    // v1 freezing is asynchronous: the state reads FREEZING until every task has stopped.
-    for (const deadline = Date.now() + 5000; ; await sleep(1)) {
-      if ((await readFile(stateFile, 'utf8')).trim() === target) return;
-      if (Date.now() > deadline) throw new RollboxError('internal', `sandbox ${id} did not reach ${target} within 5 s`);
-    }
+    if (!existsSync(stateFile)) throw new RollboxError('not_found', `sandbox ${id} has no freezer cgroup on this host`);
+    await setFreezerState(stateFile, frozen ? 'FROZEN' : 'THAWED');
   }
 
   return {

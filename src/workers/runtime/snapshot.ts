@@ -1,8 +1,8 @@
-import { readFile, writeFile } from 'node:fs/promises';
+import { readFile } from 'node:fs/promises';
 import path from 'node:path';
-import { setTimeout as sleep } from 'node:timers/promises';
 import { RollboxError } from '../../api/index.ts';
 import { mkfsErofs } from '../../layers/index.ts';
+import { setFreezerState } from './cgroups.ts';
 
 /** The overlay upper dir a bundle's config.json gives runc: the one source of truth for where writes land. */
 export async function upperDirOfBundle(bundleDir: string): Promise<string> {
@@ -13,13 +13,6 @@ export async function upperDirOfBundle(bundleDir: string): Promise<string> {
   return upper;
 }
 
-async function setFreezer(stateFile: string, target: 'FROZEN' | 'THAWED'): Promise<void> {
-  await writeFile(stateFile, target);
-  for (const deadline = Date.now() + 5000; (await readFile(stateFile, 'utf8')).trim() !== target; await sleep(1)) {
-    if (Date.now() > deadline) throw new RollboxError('internal', `${stateFile} did not reach ${target}`);
-  }
-}
-
 /**
  * pack_diff: the upper dir as an EROFS image. Whiteouts (0:0 char devices) and opaque
  * directories (`trusted.overlay.opaque`) are kept, so the image stacked over the same
@@ -28,13 +21,13 @@ async function setFreezer(stateFile: string, target: 'FROZEN' | 'THAWED'): Promi
  */
 export async function packUpperDir(options: { upperDir: string; outPath: string; excludePaths: readonly string[]; freezerStateFile: string }): Promise<void> {
   const wasFrozen = (await readFile(options.freezerStateFile, 'utf8')).trim() === 'FROZEN';
-  if (!wasFrozen) await setFreezer(options.freezerStateFile, 'FROZEN');
+  if (!wasFrozen) await setFreezerState(options.freezerStateFile, 'FROZEN');
   try {
     await mkfsErofs(options.upperDir, options.outPath, {
       keepXattrs: true,
       excludePaths: options.excludePaths.map((p) => p.replace(/^\/+/, '').replace(/\/+$/, '')).filter(Boolean),
     });
   } finally {
-    if (!wasFrozen) await setFreezer(options.freezerStateFile, 'THAWED');
+    if (!wasFrozen) await setFreezerState(options.freezerStateFile, 'THAWED');
   }
 }
