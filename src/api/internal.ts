@@ -35,7 +35,8 @@ export const DestroyOp = z.object({
   replyTo: z.string(),
 });
 export const FreezeOp = z.object({
-  kind: z.enum(['pause', 'resume']),
+  /** hibernate: pack the writable layer into a layer, then stop the container (memory freed). */
+  kind: z.enum(['pause', 'resume', 'hibernate']),
   sandboxId: z.string(),
   requestId: z.string(),
   replyTo: z.string(),

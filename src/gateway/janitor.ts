@@ -47,9 +47,9 @@ export class Janitor {
     if (!locked) return;
     const ids = await registry.sandboxesOfNode(nodeId);
     // Pending creates are left to their gateway, which places them elsewhere (or to the
-    // unsettled sweep if that gateway is gone too).
+    // unsettled sweep if that gateway is gone too); hibernated ones run nowhere.
     for (const id of ids) {
-      await registry.transition(id, 'failed', { from: ['creating', 'running', 'paused', 'hibernated', 'stopping'], node: nodeId, failureReason: 'lost', detail: `worker host ${nodeId} stopped heartbeating` });
+      await registry.transition(id, 'failed', { from: ['creating', 'running', 'paused', 'stopping'], node: nodeId, failureReason: 'lost', detail: `worker host ${nodeId} stopped heartbeating` });
     }
     const unknown = await this.deps.commands.settleUnfinished(nodeId, { includeQueued: true });
     await redis.hdel(keys.nodes, nodeId);

@@ -16,7 +16,7 @@ import {
 import type { Config } from '../config/index.ts';
 import { newId } from './ids.ts';
 import { requireScope, type Principal } from '../iam/index.ts';
-import { chooseNode, type NodeDirectory, type ReplyHub } from '../queues/index.ts';
+import { chooseNode, type NodeDirectory, type PlacementRequest, type ReplyHub } from '../queues/index.ts';
 import type { QueueProvider } from './node-requests.ts';
 import type { LayerRegistry, SandboxRegistry } from '../registry/index.ts';
 import type { GatewayMetrics } from './metrics.ts';
@@ -87,30 +87,45 @@ export class SandboxService {
       return { sandbox: await this.waitSettled(admitted.sandboxId, principal.tenant), replayed: true };
     }
 
-    // The create handshake: ask a node, re-place on refusal, give up after N refusals.
-    for (let attempt = 0; ; attempt++) {
+    const started = await this.startOnNodes(id, principal.tenant, placement, node, `${id}.`);
+    if (started.kind === 'started') return { sandbox: started.sandbox, replayed: false };
+    if (started.kind === 'timeout') return { sandbox: settledOrThrow(await this.onCreateTimeout(id, principal.tenant)), replayed: false };
+    await registry.transition(id, 'failed', { from: ['pending'], failureReason: 'admission_exhausted', detail: started.detail });
+    await registry.releaseIdempotencyKey(principal.tenant, idempotencyKey);
+    throw new RollboxError('admission_exhausted', started.detail, 5);
+  }
+
+  /**
+   * The start handshake (a new sandbox, or a hibernated one coming back): ask a node,
+   * re-place on refusal excluding the nodes that refused, stop after N refusals.
+   */
+  private async startOnNodes(
+    id: string,
+    tenant: string,
+    placement: PlacementRequest & { exclude: Set<string> },
+    firstNode: string,
+    requestPrefix: string,
+  ): Promise<{ kind: 'started'; sandbox: Sandbox } | { kind: 'exhausted'; detail: string } | { kind: 'timeout' }> {
+    const { registry, config, directory } = this.deps;
+    for (let attempt = 0, node = firstNode; ; attempt++) {
       directory.assume(node, id, placement);
-      const requestId = `${id}.${attempt}`;
+      const requestId = `${requestPrefix}${attempt}`;
       const job: CreateJob = { sandboxId: id, attempt, requestId, replyTo: this.deps.replies.gatewayId };
       const targetNode = node;
       const reply = await this.awaitCreateReply(requestId, targetNode, () => this.deps.queues.createQueue(targetNode).add('create', job, { jobId: requestId })).catch((err: unknown) => err);
-      if (reply instanceof RollboxError && reply.code === 'timeout') return { sandbox: settledOrThrow(await this.onCreateTimeout(id, principal.tenant)), replayed: false };
+      if (reply instanceof RollboxError && reply.code === 'timeout') return { kind: 'timeout' };
       if (reply instanceof Error) throw reply;
       const r = reply as Reply;
-      if (r.kind === 'created') return { sandbox: await registry.getOwned(id, principal.tenant), replayed: false };
-      if (r.kind === 'error') return { sandbox: settledOrThrow(await this.waitSettled(id, principal.tenant)), replayed: false };
+      if (r.kind === 'created') return { kind: 'started', sandbox: await registry.getOwned(id, tenant) };
+      if (r.kind === 'error') return { kind: 'started', sandbox: settledOrThrow(await this.waitSettled(id, tenant)) };
       if (r.kind !== 'refused') throw new RollboxError('internal', `unexpected reply ${r.kind}`);
 
       directory.forget(r.nodeId, id);
       this.deps.metrics.refusals.inc({ node: r.nodeId });
       placement.exclude.add(r.nodeId);
       const next = attempt + 1 < config.placement.maxRefusals ? this.place(placement) : undefined;
-      if (!next) {
-        await registry.transition(id, 'failed', { from: ['pending'], failureReason: 'admission_exhausted', detail: `refused by ${[...placement.exclude].join(', ')}` });
-        await registry.releaseIdempotencyKey(principal.tenant, idempotencyKey);
-        throw new RollboxError('admission_exhausted', `no worker host admitted the sandbox after ${placement.exclude.size} refusals (last: ${r.reason})`, 5);
-      }
-      if (!(await registry.reassign(id, node, next))) return { sandbox: settledOrThrow(await this.waitSettled(id, principal.tenant)), replayed: false };
+      if (!next) return { kind: 'exhausted', detail: `no worker host admitted sandbox ${id} after ${placement.exclude.size} refusals (last: ${r.reason})` };
+      if (!(await registry.reassign(id, node, next))) return { kind: 'started', sandbox: settledOrThrow(await this.waitSettled(id, tenant)) };
       node = next;
     }
   }
@@ -131,7 +146,7 @@ export class SandboxService {
     }
   }
 
-  private place(request: Parameters<typeof chooseNode>[1]): string | undefined {
+  private place(request: PlacementRequest): string | undefined {
     const { config, directory, random } = this.deps;
     return chooseNode(directory.candidates(), request, { choices: config.placement.choices, staleAfterMs: config.node.lostAfterMs, random })?.heartbeat.nodeId;
   }
@@ -188,15 +203,32 @@ export class SandboxService {
   }
 
   private async freezeOne(sandbox: Sandbox, paused: boolean, mode: PauseRequest['mode']): Promise<{ sandbox: Sandbox; changed: boolean }> {
-    if (mode === 'hibernate') throw new RollboxError('invalid_request', 'mode hibernate is not available yet; use freeze');
-    const [from, to] = paused ? (['running', 'paused'] as const) : (['paused', 'running'] as const);
-    if (sandbox.state === to) return { sandbox, changed: false };
-    if (sandbox.state !== from) throw new RollboxError('invalid_state', `sandbox ${sandbox.id} is ${sandbox.state}, not ${from}`);
+    if (!paused && sandbox.state === 'hibernated') return { sandbox: await this.wake(sandbox), changed: true };
+    const target = paused ? (mode === 'hibernate' ? 'hibernated' : 'paused') : 'running';
+    if (sandbox.state === target || (paused && sandbox.state === 'hibernated')) return { sandbox, changed: false };
+    const allowed = paused ? (mode === 'hibernate' ? ['running', 'paused'] : ['running']) : ['paused'];
+    if (!allowed.includes(sandbox.state)) throw new RollboxError('invalid_state', `sandbox ${sandbox.id} is ${sandbox.state}; it cannot become ${target}`);
     const requestId = newId('req');
-    const op: NodeOp = { kind: paused ? 'pause' : 'resume', sandboxId: sandbox.id, requestId, replyTo: this.deps.replies.gatewayId };
-    const reply = await this.deps.nodes.request(requestId, LIFECYCLE_REPLY_TIMEOUT_MS, () => this.deps.queues.opsQueue(sandbox.node!).add(op.kind, op, { jobId: requestId }));
+    const kind = paused ? (mode === 'hibernate' ? 'hibernate' : 'pause') : 'resume';
+    const op: NodeOp = { kind, sandboxId: sandbox.id, requestId, replyTo: this.deps.replies.gatewayId };
+    const timeoutMs = kind === 'hibernate' ? SNAPSHOT_REPLY_TIMEOUT_MS : LIFECYCLE_REPLY_TIMEOUT_MS;
+    const reply = await this.deps.nodes.request(requestId, timeoutMs, () => this.deps.queues.opsQueue(sandbox.node!).add(op.kind, op, { jobId: requestId }));
     if (reply.kind === 'error') throw toRollboxError(reply.error);
     return { sandbox: await this.deps.registry.getOwned(sandbox.id, sandbox.tenant), changed: true };
+  }
+
+  /** A hibernated sandbox comes back on any node that can take it, from its packed writable layer. */
+  private async wake(sandbox: Sandbox): Promise<Sandbox> {
+    const { resources } = sandbox.spec;
+    const placement = { memoryMiB: resources.memoryMiB, cpuMillis: resources.cpuMillis, pool: this.deps.config.node.pool, exclude: new Set<string>() };
+    const node = this.place(placement) ?? (await this.deps.directory.refresh().then(() => this.place(placement)));
+    if (!node) throw new RollboxError('no_capacity', `no worker host can take sandbox ${sandbox.id} back now`, 5);
+    if (!(await this.deps.registry.reassign(sandbox.id, sandbox.node, node))) return this.waitSettled(sandbox.id, sandbox.tenant);
+    const started = await this.startOnNodes(sandbox.id, sandbox.tenant, placement, node, `${sandbox.id}.wake${this.deps.now()}.`);
+    if (started.kind === 'started') return started.sandbox;
+    // Still hibernated: nothing was lost, the caller may try again.
+    if (started.kind === 'timeout') throw new RollboxError('timeout', `sandbox ${sandbox.id} did not come back in time; it stays hibernated`, 5);
+    throw new RollboxError('admission_exhausted', started.detail, 5);
   }
 
   /**

@@ -34,6 +34,8 @@ export interface TransitionOptions {
   detail?: string;
   startedAt?: string;
   expiresAt?: string;
+  /** Replaces the sandbox's layers (hibernate appends its packed writable layer). */
+  layerDigests?: readonly string[];
 }
 
 /** States from which `to` may be entered. */
@@ -135,6 +137,7 @@ export class SandboxRegistry {
     if (options.detail) patch.push('detail', options.detail.slice(0, 2000));
     if (options.startedAt) patch.push('startedAt', options.startedAt);
     if (options.expiresAt) patch.push('expiresAt', options.expiresAt);
+    if (options.layerDigests) patch.push('layerDigests', JSON.stringify(options.layerDigests));
     if (terminal) patch.push('endedAt', new Date(this.now()).toISOString());
     const result = (await this.redis.eval(
       TRANSITION,
@@ -155,7 +158,7 @@ export class SandboxRegistry {
     return { kind: 'ok', from: result[1] as SandboxState };
   }
 
-  /** Moves a pending sandbox to another node; false when it already left `pending`. */
+  /** Moves a pending or hibernated sandbox to another node; false when it is in neither state. */
   async reassign(id: string, fromNode: string | undefined, toNode: string): Promise<boolean> {
     const moved = await this.redis.eval(REASSIGN, 3, keys.sandbox(id), fromNode ? keys.nodeSandboxes(fromNode) : 'rb:none', keys.nodeSandboxes(toNode), id, toNode);
     return moved === 1;

@@ -168,7 +168,7 @@ export class WorkerHost {
     for (const s of records) {
       if (adopted.has(s.id)) {
         this.local.set(s.id, { id: s.id, memoryMiB: s.spec.resources.memoryMiB, cpuMillis: s.spec.resources.cpuMillis, expiresAtMs: Date.parse(s.expiresAt ?? '') || Infinity, starting: false });
-      } else if (s.state !== 'pending') {
+      } else if (s.state !== 'pending' && s.state !== 'hibernated') {
         // Its container is gone (host rebooted, or the worker died mid-create).
         await this.deps.registry.transition(s.id, 'failed', { failureReason: s.state === 'creating' ? 'infra_error' : 'lost', detail: 'container not found when the worker host restarted' });
       }
@@ -219,7 +219,8 @@ export class WorkerHost {
     const { registry, runtime, config } = this.deps;
     const sandbox = await registry.get(job.sandboxId);
     if (!sandbox || sandbox.node !== this.nodeId) return; // re-placed elsewhere or expired
-    if (sandbox.state !== 'pending') {
+    // pending: a new sandbox; hibernated: one coming back from its packed writable layer.
+    if (sandbox.state !== 'pending' && sandbox.state !== 'hibernated') {
       // A redelivered job: answer with what already happened.
       if (sandbox.state === 'running') await this.reply(job.replyTo, { kind: 'created', requestId: job.requestId, nodeId: this.nodeId });
       return;
@@ -243,7 +244,7 @@ export class WorkerHost {
       await this.reply(job.replyTo, { kind: 'refused', requestId: job.requestId, nodeId: this.nodeId, reason: decision.reason });
       return;
     }
-    const moved = await registry.transition(sandbox.id, 'creating', { from: ['pending'], node: this.nodeId });
+    const moved = await registry.transition(sandbox.id, 'creating', { from: ['pending', 'hibernated'], node: this.nodeId });
     if (moved.kind !== 'ok') return; // cancelled or timed out meanwhile
     const local: LocalSandbox = { id: sandbox.id, ...request, expiresAtMs: Infinity, starting: true };
     this.local.set(sandbox.id, local);
@@ -265,7 +266,8 @@ export class WorkerHost {
         hiddenPaths: sandbox.spec.hiddenPaths,
       });
       const startedAtMs = this.now();
-      local.expiresAtMs = startedAtMs + sandbox.spec.ttlSeconds * 1000;
+      // A sandbox back from hibernation keeps the TTL it started with.
+      local.expiresAtMs = Date.parse(sandbox.expiresAt ?? '') || startedAtMs + sandbox.spec.ttlSeconds * 1000;
       local.starting = false;
       const running = await registry.transition(sandbox.id, 'running', {
         from: ['creating'],
@@ -339,16 +341,22 @@ export class WorkerHost {
         await this.deps.registry.transition(op.sandboxId, 'terminated', { node: this.nodeId });
         await this.reply(op.replyTo, { kind: 'done', requestId: op.requestId });
       } else if (op.kind === 'snapshot') {
-        if (!this.local.has(op.sandboxId)) throw new RollboxError('invalid_state', `sandbox ${op.sandboxId} is not running on this node`);
-        await mkdir(this.deps.tmpDir, { recursive: true });
-        const outPath = path.join(this.deps.tmpDir, `snapshot-${op.requestId}.erofs`);
-        try {
-          await this.deps.runtime.snapshot(op.sandboxId, { outPath, excludePaths: op.exclude });
-          const stored = await this.deps.storeLayerImage(outPath);
-          await this.reply(op.replyTo, { kind: 'snapshot', requestId: op.requestId, ...stored });
-        } finally {
-          await rm(outPath, { force: true });
-        }
+        const stored = await this.packWritableLayer(op.sandboxId, op.requestId, op.exclude);
+        await this.reply(op.replyTo, { kind: 'snapshot', requestId: op.requestId, ...stored });
+      } else if (op.kind === 'hibernate') {
+        // Pack the writable layer, then stop the container: its memory goes back to the
+        // host. Waking it starts a new container over [its layers..., that layer].
+        const sandbox = await this.deps.registry.get(op.sandboxId);
+        if (!sandbox) throw new RollboxError('not_found', `sandbox ${op.sandboxId} not found`);
+        const stored = await this.packWritableLayer(op.sandboxId, op.requestId, []);
+        await this.removeLocal(op.sandboxId);
+        const moved = await this.deps.registry.transition(op.sandboxId, 'hibernated', {
+          from: ['running', 'paused'],
+          node: this.nodeId,
+          layerDigests: [...sandbox.layerDigests, stored.digest],
+        });
+        if (moved.kind !== 'ok') throw new RollboxError('conflict', `sandbox ${op.sandboxId} changed state while hibernating`);
+        await this.reply(op.replyTo, { kind: 'done', requestId: op.requestId });
       } else {
         if (!this.local.has(op.sandboxId)) throw new RollboxError('invalid_state', `sandbox ${op.sandboxId} is not running on this node`);
         const pausing = op.kind === 'pause';
@@ -359,6 +367,18 @@ export class WorkerHost {
     } catch (err) {
       const error = err instanceof RollboxError ? { code: err.code, message: err.message } : { code: 'internal', message: err instanceof Error ? err.message : String(err) };
       await this.reply(op.replyTo, { kind: 'error', requestId: op.requestId, error });
+    }
+  }
+
+  private async packWritableLayer(sandboxId: string, requestId: string, exclude: readonly string[]): Promise<{ digest: string; sizeBytes: number }> {
+    if (!this.local.has(sandboxId)) throw new RollboxError('invalid_state', `sandbox ${sandboxId} is not running on this node`);
+    await mkdir(this.deps.tmpDir, { recursive: true });
+    const outPath = path.join(this.deps.tmpDir, `pack-${requestId}.erofs`);
+    try {
+      await this.deps.runtime.snapshot(sandboxId, { outPath, excludePaths: exclude });
+      return await this.deps.storeLayerImage(outPath);
+    } finally {
+      await rm(outPath, { force: true });
     }
   }
 
