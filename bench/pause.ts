@@ -1,6 +1,7 @@
 /**
  * bench:pause — freeze and resume through the HTTP API next to raw `runc pause` /
- * `runc resume` of the same container in the same run. Hibernate is not built yet.
+ * `runc resume` of the same container in the same run, then hibernate and wake against the
+ * size of the writable layer.
  * Ends with one JSON line.
  */
 import { execFile } from 'node:child_process';
@@ -12,6 +13,10 @@ import { sandboxPaths, timed } from './support/runc-floor.ts';
 import { progress, summarize } from './support/stats.ts';
 
 const run = promisify(execFile);
+
+function assertOk(response: { status: number; body: unknown }): void {
+  if (response.status !== 200) throw new Error(`HTTP ${response.status}: ${JSON.stringify(response.body)}`);
+}
 const RUNS = Number(process.env.BENCH_RUNS ?? 100);
 
 const cluster = await startTestCluster({ workers: [{ nodeId: 'bench-node' }] });
@@ -45,6 +50,27 @@ try {
   floorBar.done();
   await api(cluster, token, 'DELETE', `/v1/sandboxes/${sandbox.id}`);
 
+  // Hibernate and wake against the size of the writable layer.
+  const hibernation: { writableMiB: number; hibernateP50Ms: number; wakeP50Ms: number }[] = [];
+  const sizes = (process.env.BENCH_HIBERNATE_MIB ?? '0,16,64').split(',').map(Number);
+  const hibernateRuns = Number(process.env.BENCH_HIBERNATE_RUNS ?? 5);
+  const hBar = progress('hibernate + wake', sizes.length * hibernateRuns);
+  for (const mib of sizes) {
+    const hib: number[] = [];
+    const wake: number[] = [];
+    // A fresh sandbox each run: after one wake the data lives in a layer, not the writable one.
+    for (let i = 0; i < hibernateRuns; i++) {
+      const { body: s } = await api(cluster, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 256 } });
+      await api(cluster, token, 'POST', `/v1/sandboxes/${s.id}/exec`, { cmd: `head -c ${mib * 1024 * 1024} /dev/urandom > /root/blob`, timeoutMs: 120_000 });
+      hib.push(await timed(async () => assertOk(await api(cluster, token, 'POST', `/v1/sandboxes/${s.id}/pause`, { mode: 'hibernate' }))));
+      wake.push(await timed(async () => assertOk(await api(cluster, token, 'POST', `/v1/sandboxes/${s.id}/resume`, {}))));
+      await api(cluster, token, 'DELETE', `/v1/sandboxes/${s.id}`);
+      hBar.tick();
+    }
+    hibernation.push({ writableMiB: mib, hibernateP50Ms: summarize(hib).p50Ms, wakeP50Ms: summarize(wake).p50Ms });
+  }
+  hBar.done();
+
   const p = summarize(pauses);
   const r = summarize(resumes);
   const fp = summarize(floorPauses);
@@ -69,7 +95,7 @@ try {
       resumeRatioP50: Math.round((r.p50Ms / fr.p50Ms) * 100) / 100,
       perSecond: Math.round((1000 / (p.meanMs + r.meanMs)) * 10) / 10,
       n: RUNS,
-      hibernate: 'not built yet',
+      hibernation,
       reference: { cubeSandboxSnapshotMs: 46, cubeSandboxResumeMs: 42 },
       chart,
     }),
