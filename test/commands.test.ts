@@ -68,3 +68,29 @@ describe('command log', () => {
     await Promise.all(others.map((id) => api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`)));
   });
 });
+
+describe('background commands', () => {
+  it('return at once with a handle, keep running across turns, and report status and output', async () => {
+    const { body: sandbox } = await api(cluster, token, 'POST', '/v1/sandboxes', {});
+    const started = await exec(sandbox.id, { cmd: 'i=0; while [ $i -lt 3 ]; do echo tick$i; i=$((i+1)); sleep 0.4; done', background: true, commandId: 'bg-1' });
+    expect(started.status).toBe(202);
+    expect(started.body).toMatchObject({ commandId: 'bg-1', state: expect.stringMatching(/queued|running/) });
+    const server = await exec(sandbox.id, { cmd: 'echo listening; sleep 30', background: true, commandId: 'server' });
+    expect(server.status).toBe(202);
+
+    // Other turns run meanwhile.
+    expect((await exec(sandbox.id, { argv: ['echo', 'turn'] })).body.stdout).toBe('turn\n');
+    const done = await waitFor('bg-1 done', async () => {
+      const status = await api(cluster, token, 'GET', `/v1/sandboxes/${sandbox.id}/commands/bg-1`);
+      return status.body.state === 'done' ? status.body : undefined;
+    });
+    expect(done).toMatchObject({ stdout: 'tick0\ntick1\ntick2\n', result: { exitCode: 0 } });
+    const serving = await waitFor('server output', async () => {
+      const status = await api(cluster, token, 'GET', `/v1/sandboxes/${sandbox.id}/commands/server`);
+      return status.body.stdout === 'listening\n' ? status.body : undefined;
+    });
+    expect(serving.state).toBe('running');
+    expect((await api(cluster, token, 'GET', `/v1/sandboxes/${sandbox.id}/commands/nope`)).status).toBe(404);
+    await api(cluster, token, 'DELETE', `/v1/sandboxes/${sandbox.id}`);
+  });
+});

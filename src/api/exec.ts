@@ -9,7 +9,10 @@ export const ExecRequest = z
     stdin: z.string().max(8 * 1024 * 1024).optional(),
     env: z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/), z.string().max(32_768)).default({}),
     cwd: z.string().startsWith('/').max(4096).optional(),
-    timeoutMs: z.number().int().min(1).max(24 * 3600 * 1000).default(60_000),
+    /** Default 60 s; for `background` commands, 24 h. */
+    timeoutMs: z.number().int().min(1).max(24 * 3600 * 1000).optional(),
+    /** Return at once with the command's id; read its status and output later (GET .../commands/:commandId). */
+    background: z.boolean().default(false),
     /** Idempotency id of this command within the sandbox. */
     commandId: z.string().regex(/^[A-Za-z0-9_.:-]{1,128}$/).optional(),
   })
@@ -57,3 +60,13 @@ export const ListCommandsQuery = z.strictObject({
 });
 export const CommandList = z.object({ commands: z.array(CommandRecord) });
 export type CommandList = z.infer<typeof CommandList>;
+
+/** A command's record plus the output it has produced so far (streamed from a background or streaming exec). */
+export const CommandStatus = CommandRecord.extend({
+  stdout: z.string(),
+  stderr: z.string(),
+});
+export type CommandStatus = z.infer<typeof CommandStatus>;
+
+export const DEFAULT_EXEC_TIMEOUT_MS = 60_000;
+export const DEFAULT_BACKGROUND_TIMEOUT_MS = 24 * 3600 * 1000;

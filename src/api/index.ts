@@ -20,7 +20,7 @@ export {
   PauseRequest,
   JobActionResult,
 } from './sandbox.ts';
-export { ExecRequest, ExecResult, CommandState, CommandRecord, ListCommandsQuery, CommandList } from './exec.ts';
+export { ExecRequest, ExecResult, CommandState, CommandRecord, CommandStatus, ListCommandsQuery, CommandList, DEFAULT_EXEC_TIMEOUT_MS, DEFAULT_BACKGROUND_TIMEOUT_MS } from './exec.ts';
 export { Layer, LayerName, LayerList, UploadLayerQuery, SnapshotRequest } from './layer.ts';
 export { NodeHeartbeat, NodeList } from './node.ts';
 export { ErrorBody, SCOPES, Scope } from './common.ts';

@@ -2,6 +2,7 @@ import { randomUUID } from 'node:crypto';
 import type { z } from 'zod';
 import {
   CommandList,
+  CommandStatus,
   ExecResult,
   Layer,
   LayerList,
@@ -81,6 +82,16 @@ export class RollboxClient {
   async exec(id: string, request: z.input<typeof ExecRequest>): Promise<ExecResult> {
     const withId: ExecRequest | z.input<typeof ExecRequest> = { ...request, commandId: request.commandId ?? `c-${randomUUID()}` };
     return ExecResult.parse(await this.call('POST', `/v1/sandboxes/${encodeURIComponent(id)}/exec`, withId));
+  }
+
+  /** Starts a command in the background; poll `commandStatus` for its state and output. */
+  async execBackground(id: string, request: Omit<z.input<typeof ExecRequest>, 'background'>): Promise<CommandStatus> {
+    const withId = { ...request, background: true, commandId: request.commandId ?? `c-${randomUUID()}` };
+    return CommandStatus.parse(await this.call('POST', `/v1/sandboxes/${encodeURIComponent(id)}/exec`, withId));
+  }
+
+  async commandStatus(id: string, commandId: string): Promise<CommandStatus> {
+    return CommandStatus.parse(await this.call('GET', `/v1/sandboxes/${encodeURIComponent(id)}/commands/${encodeURIComponent(commandId)}`));
   }
 
   async commands(id: string, limit = 1000) {

@@ -6,6 +6,7 @@ import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import {
   CommandList,
+  CommandStatus,
   CreateSandboxRequest,
   ErrorBody,
   ExecRequest,
@@ -126,13 +127,15 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
       path: '/v1/sandboxes/{id}/exec',
       security,
       request: { params: IdParam, body: jsonBody(ExecRequest) },
-      responses: { 200: json(ExecResult, 'the command finished (or timed out)'), ...errors },
+      responses: { 200: json(ExecResult, 'the command finished (or timed out)'), 202: json(CommandStatus, 'background: the command was started'), ...errors },
     }),
     async (c) => {
       const { id } = c.req.valid('param');
-      if (!c.req.header('accept')?.includes('text/event-stream')) return c.json(await execs.exec(c.get('principal'), id, c.req.valid('json')), 200);
+      const request = c.req.valid('json');
+      if (request.background) return c.json(await execs.startBackground(c.get('principal'), id, request), 202);
+      if (!c.req.header('accept')?.includes('text/event-stream')) return c.json(await execs.exec(c.get('principal'), id, request), 200);
       // Streaming: errors before the first event still answer as JSON with their status.
-      const events = execs.streamExec(c.get('principal'), id, c.req.valid('json'), c.req.header('last-event-id') || '0');
+      const events = execs.streamExec(c.get('principal'), id, request, c.req.header('last-event-id') || '0');
       const first = await events.next();
       return streamSSE(c, async (sse) => {
         try {
@@ -154,6 +157,17 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
       responses: { 200: json(CommandList, 'the command log (trajectory), oldest first'), ...errors },
     }),
     async (c) => c.json({ commands: await execs.commandLog(c.get('principal'), c.req.valid('param').id, c.req.valid('query').limit) }, 200),
+  );
+
+  app.openapi(
+    createRoute({
+      method: 'get',
+      path: '/v1/sandboxes/{id}/commands/{commandId}',
+      security,
+      request: { params: z.object({ id: z.string().max(64), commandId: z.string().max(128) }) },
+      responses: { 200: json(CommandStatus, 'a command (e.g. a background one): state, result, output so far'), ...errors },
+    }),
+    async (c) => c.json(await execs.commandStatus(c.get('principal'), c.req.valid('param').id, c.req.valid('param').commandId), 200),
   );
 
   for (const action of ['pause', 'resume'] as const) {

@@ -1,5 +1,15 @@
 import type { Redis } from 'ioredis';
-import { RollboxError, type CommandRecord, type ExecRequest, type ExecResult, type NodeOp, type Reply } from '../api/index.ts';
+import {
+  DEFAULT_BACKGROUND_TIMEOUT_MS,
+  DEFAULT_EXEC_TIMEOUT_MS,
+  RollboxError,
+  type CommandRecord,
+  type CommandStatus,
+  type ExecRequest,
+  type ExecResult,
+  type NodeOp,
+  type Reply,
+} from '../api/index.ts';
 import { requireScope, type Principal } from '../iam/index.ts';
 import type { ReplyHub } from '../queues/index.ts';
 import { readOutput, type CommandLog, type SandboxRegistry } from '../registry/index.ts';
@@ -51,7 +61,7 @@ export class ExecService {
   }
 
   private async execOnce(principal: Principal, id: string, request: ExecRequest): Promise<ExecResult> {
-    const deadlineMs = this.deps.now() + request.timeoutMs + EXEC_REPLY_GRACE_MS;
+    const deadlineMs = this.deps.now() + timeoutOf(request) + EXEC_REPLY_GRACE_MS;
     const started = await this.startExec(principal, id, request, { stream: false });
     if (!started.reply) return this.awaitRecorded(id, started.commandId, deadlineMs, !started.launched);
     // The node's reply is the fast path. The command log is the truth: it also tells when the
@@ -100,7 +110,7 @@ export class ExecService {
       stdin: request.stdin,
       env: request.env,
       cwd: request.cwd,
-      timeoutMs: request.timeoutMs,
+      timeoutMs: timeoutOf(request),
       stream: options.stream,
     };
     if ((await commands.claim({ sandboxId: id, commandId, argv: op.argv, node: sandbox.node!, requestId })) === 'exists') return { commandId, requestId, launched: false };
@@ -109,7 +119,7 @@ export class ExecService {
       await send();
       return { commandId, requestId, launched: true };
     }
-    return { commandId, requestId, launched: true, reply: this.deps.nodes.request(requestId, request.timeoutMs + EXEC_REPLY_GRACE_MS, send) };
+    return { commandId, requestId, launched: true, reply: this.deps.nodes.request(requestId, timeoutOf(request) + EXEC_REPLY_GRACE_MS, send) };
   }
 
   /**
@@ -119,7 +129,7 @@ export class ExecService {
    */
   async *streamExec(principal: Principal, id: string, request: ExecRequest, lastEventId = '0'): AsyncGenerator<ExecEvent> {
     const { commandId, launched } = await this.startExec(principal, id, request, { stream: true });
-    const deadlineMs = this.deps.now() + request.timeoutMs + EXEC_REPLY_GRACE_MS;
+    const deadlineMs = this.deps.now() + timeoutOf(request) + EXEC_REPLY_GRACE_MS;
     let afterId = lastEventId;
     for (let idleMs = POLL_MS; ; ) {
       const chunks = await readOutput(this.deps.redis, id, commandId, afterId);
@@ -173,9 +183,31 @@ export class ExecService {
     throw new RollboxError('internal', 'stopped waiting');
   }
 
+  /** A background command: started (or found by its commandId), answered at once. */
+  async startBackground(principal: Principal, id: string, request: ExecRequest): Promise<CommandStatus> {
+    const { commandId } = await this.startExec(principal, id, request, { stream: true });
+    return this.commandStatus(principal, id, commandId);
+  }
+
+  /** A command's record with the output it has produced so far. */
+  async commandStatus(principal: Principal, id: string, commandId: string): Promise<CommandStatus> {
+    requireScope(principal, 'sandbox:read');
+    await this.deps.registry.getOwned(id, principal.tenant);
+    const record = await this.deps.commands.get(id, commandId);
+    if (!record) throw new RollboxError('not_found', `command ${commandId} not found in sandbox ${id}`);
+    if (record.result) return { ...record, stdout: record.result.stdout, stderr: record.result.stderr };
+    const chunks = await readOutput(this.deps.redis, id, commandId, '0', 100_000);
+    const joined = (stream: 'stdout' | 'stderr') => chunks.filter((c) => c.stream === stream).map((c) => c.data).join('');
+    return { ...record, stdout: joined('stdout'), stderr: joined('stderr') };
+  }
+
   async commandLog(principal: Principal, id: string, limit: number): Promise<CommandRecord[]> {
     requireScope(principal, 'sandbox:read');
     await this.deps.registry.getOwned(id, principal.tenant);
     return this.deps.commands.list(id, limit);
   }
+}
+
+function timeoutOf(request: ExecRequest): number {
+  return request.timeoutMs ?? (request.background ? DEFAULT_BACKGROUND_TIMEOUT_MS : DEFAULT_EXEC_TIMEOUT_MS);
 }
