@@ -299,75 +299,88 @@ export class WorkerHost {
 
   private async handleOp(op: NodeOp): Promise<void> {
     try {
-      if (op.kind === 'exec') {
-        const { commands, runtime } = this.deps;
-        if (!this.local.has(op.sandboxId)) {
-          await commands.abandon(op.sandboxId, op.commandId, this.nodeId);
-          throw new RollboxError('invalid_state', `sandbox ${op.sandboxId} is not running on this node`);
+      switch (op.kind) {
+        case 'exec':
+          return await this.runExec(op);
+        case 'destroy':
+          await this.removeLocal(op.sandboxId);
+          await this.deps.registry.transition(op.sandboxId, 'terminated', { node: this.nodeId });
+          return await this.reply(op.replyTo, { kind: 'done', requestId: op.requestId });
+        case 'snapshot': {
+          const stored = await this.packWritableLayer(op.sandboxId, op.requestId, op.exclude);
+          return await this.reply(op.replyTo, { kind: 'snapshot', requestId: op.requestId, ...stored });
         }
-        // Fencing: a redelivered job (or one whose command already ran) must not run again.
-        if (!(await commands.start(op.sandboxId, op.commandId, op.requestId))) {
-          const record = await commands.get(op.sandboxId, op.commandId);
-          if (record?.state === 'done' && record.result) await this.reply(op.replyTo, { kind: 'exec', requestId: op.requestId, result: { ...record.result, replayed: true } });
-          return;
-        }
-        const oomBefore = await runtime.oomKillCount(op.sandboxId);
-        const output = op.stream ? new OutputWriter(this.deps.redis, op.sandboxId, op.commandId) : undefined;
-        const outcome = await runtime
-          .exec(op.sandboxId, {
-            argv: op.argv,
-            stdin: op.stdin,
-            env: op.env,
-            cwd: op.cwd,
-            timeoutMs: op.timeoutMs,
-            outputCapBytes: this.deps.config.execOutputCapBytes,
-            onOutput: output && ((stream, chunk) => output.write(stream, chunk)),
-          })
-          .catch(async (err: unknown) => {
-            await commands.markUnknown(op.sandboxId, op.commandId, this.nodeId);
-            throw err;
-          });
-        const oomKills = (await runtime.oomKillCount(op.sandboxId)) - oomBefore;
-        if (oomKills > 0) await this.deps.registry.addOomKills(op.sandboxId, oomKills);
-        const result = { ...outcome, oomKilled: outcome.oomKilled || oomKills > 0, commandId: op.commandId };
-        // Output first, then the result, then the reply: whoever sees the result finds all output.
-        await output?.flush();
-        await commands.complete(op.sandboxId, this.nodeId, result);
-        await this.reply(op.replyTo, { kind: 'exec', requestId: op.requestId, result: { ...result, replayed: false } });
-        // A killed command may mean the whole sandbox went down with it.
-        if (outcome.exitCode >= 128 || outcome.exitCode < 0 || oomKills > 0) await this.checkAlive(op.sandboxId);
-      } else if (op.kind === 'destroy') {
-        await this.removeLocal(op.sandboxId);
-        await this.deps.registry.transition(op.sandboxId, 'terminated', { node: this.nodeId });
-        await this.reply(op.replyTo, { kind: 'done', requestId: op.requestId });
-      } else if (op.kind === 'snapshot') {
-        const stored = await this.packWritableLayer(op.sandboxId, op.requestId, op.exclude);
-        await this.reply(op.replyTo, { kind: 'snapshot', requestId: op.requestId, ...stored });
-      } else if (op.kind === 'hibernate') {
-        // Pack the writable layer, then stop the container: its memory goes back to the
-        // host. Waking it starts a new container over [its layers..., that layer].
-        const sandbox = await this.deps.registry.get(op.sandboxId);
-        if (!sandbox) throw new RollboxError('not_found', `sandbox ${op.sandboxId} not found`);
-        const stored = await this.packWritableLayer(op.sandboxId, op.requestId, []);
-        await this.removeLocal(op.sandboxId);
-        const moved = await this.deps.registry.transition(op.sandboxId, 'hibernated', {
-          from: ['running', 'paused'],
-          node: this.nodeId,
-          layerDigests: [...sandbox.layerDigests, stored.digest],
-        });
-        if (moved.kind !== 'ok') throw new RollboxError('conflict', `sandbox ${op.sandboxId} changed state while hibernating`);
-        await this.reply(op.replyTo, { kind: 'done', requestId: op.requestId });
-      } else {
-        if (!this.local.has(op.sandboxId)) throw new RollboxError('invalid_state', `sandbox ${op.sandboxId} is not running on this node`);
-        const pausing = op.kind === 'pause';
-        await (pausing ? this.deps.runtime.pause(op.sandboxId) : this.deps.runtime.resume(op.sandboxId));
-        await this.deps.registry.transition(op.sandboxId, pausing ? 'paused' : 'running', { from: [pausing ? 'running' : 'paused'], node: this.nodeId });
-        await this.reply(op.replyTo, { kind: 'done', requestId: op.requestId });
+        case 'hibernate':
+          await this.hibernate(op.sandboxId, op.requestId);
+          return await this.reply(op.replyTo, { kind: 'done', requestId: op.requestId });
+        case 'pause':
+        case 'resume':
+          await this.setPaused(op.sandboxId, op.kind === 'pause');
+          return await this.reply(op.replyTo, { kind: 'done', requestId: op.requestId });
       }
     } catch (err) {
       const error = err instanceof RollboxError ? { code: err.code, message: err.message } : { code: 'internal', message: err instanceof Error ? err.message : String(err) };
       await this.reply(op.replyTo, { kind: 'error', requestId: op.requestId, error });
     }
+  }
+
+  /** One command, once: fenced by the command log, recorded before the reply. */
+  private async runExec(op: Extract<NodeOp, { kind: 'exec' }>): Promise<void> {
+    const { commands, runtime } = this.deps;
+    if (!this.local.has(op.sandboxId)) {
+      await commands.abandon(op.sandboxId, op.commandId, this.nodeId);
+      throw new RollboxError('invalid_state', `sandbox ${op.sandboxId} is not running on this node`);
+    }
+    // Fencing: a redelivered job (or one whose command already ran) must not run again.
+    if (!(await commands.start(op.sandboxId, op.commandId, op.requestId))) {
+      const record = await commands.get(op.sandboxId, op.commandId);
+      if (record?.state === 'done' && record.result) await this.reply(op.replyTo, { kind: 'exec', requestId: op.requestId, result: { ...record.result, replayed: true } });
+      return;
+    }
+    const oomBefore = await runtime.oomKillCount(op.sandboxId);
+    const output = op.stream ? new OutputWriter(this.deps.redis, op.sandboxId, op.commandId) : undefined;
+    const outcome = await runtime
+      .exec(op.sandboxId, {
+        argv: op.argv,
+        stdin: op.stdin,
+        env: op.env,
+        cwd: op.cwd,
+        timeoutMs: op.timeoutMs,
+        outputCapBytes: this.deps.config.execOutputCapBytes,
+        onOutput: output && ((stream, chunk) => output.write(stream, chunk)),
+      })
+      .catch(async (err: unknown) => {
+        await commands.markUnknown(op.sandboxId, op.commandId, this.nodeId);
+        throw err;
+      });
+    const oomKills = (await runtime.oomKillCount(op.sandboxId)) - oomBefore;
+    if (oomKills > 0) await this.deps.registry.addOomKills(op.sandboxId, oomKills);
+    const result = { ...outcome, oomKilled: outcome.oomKilled || oomKills > 0, commandId: op.commandId };
+    // Output first, then the result, then the reply: whoever sees the result finds all output.
+    await output?.flush();
+    await commands.complete(op.sandboxId, this.nodeId, result);
+    await this.reply(op.replyTo, { kind: 'exec', requestId: op.requestId, result: { ...result, replayed: false } });
+    // A killed command may mean the whole sandbox went down with it.
+    if (outcome.exitCode >= 128 || outcome.exitCode < 0 || oomKills > 0) await this.checkAlive(op.sandboxId);
+  }
+
+  /**
+   * Pack the writable layer, then stop the container: its memory goes back to the host.
+   * Waking it starts a new container over [its layers..., that layer].
+   */
+  private async hibernate(sandboxId: string, requestId: string): Promise<void> {
+    const sandbox = await this.deps.registry.get(sandboxId);
+    if (!sandbox) throw new RollboxError('not_found', `sandbox ${sandboxId} not found`);
+    const stored = await this.packWritableLayer(sandboxId, requestId, []);
+    await this.removeLocal(sandboxId);
+    const moved = await this.deps.registry.transition(sandboxId, 'hibernated', { from: ['running', 'paused'], node: this.nodeId, layerDigests: [...sandbox.layerDigests, stored.digest] });
+    if (moved.kind !== 'ok') throw new RollboxError('conflict', `sandbox ${sandboxId} changed state while hibernating`);
+  }
+
+  private async setPaused(sandboxId: string, paused: boolean): Promise<void> {
+    if (!this.local.has(sandboxId)) throw new RollboxError('invalid_state', `sandbox ${sandboxId} is not running on this node`);
+    await (paused ? this.deps.runtime.pause(sandboxId) : this.deps.runtime.resume(sandboxId));
+    await this.deps.registry.transition(sandboxId, paused ? 'paused' : 'running', { from: [paused ? 'running' : 'paused'], node: this.nodeId });
   }
 
   private async packWritableLayer(sandboxId: string, requestId: string, exclude: readonly string[]): Promise<{ digest: string; sizeBytes: number }> {
