@@ -25,7 +25,7 @@ export interface Stoppable {
 
 /** Logs go to stderr, so stdout stays for what a command prints (the `up` banner, a token). */
 export function createLogger(config: Pick<Config, 'logLevel'>, name: string): Logger {
-  return pino({ name, level: config.logLevel }, pino.destination(2));
+  return pino({ name, level: config.logLevel }, pino.destination({ dest: 2, sync: true }));
 }
 
 function layerStoreOf(config: Config): LayerStore {

@@ -46,7 +46,9 @@ export async function startRedisServer(opts: { dataDir: string; port?: number; a
     '--loglevel', 'warning',
     '--logfile', '',
   ];
-  const child: ChildProcess = spawn('redis-server', args, { stdio: ['ignore', 'ignore', 'pipe'] });
+  // Its own process group: Ctrl-C in a terminal signals the whole foreground group, and
+  // Redis must outlive that signal until the worker has ended its sandboxes through it.
+  const child: ChildProcess = spawn('redis-server', args, { stdio: ['ignore', 'ignore', 'pipe'], detached: true });
   let stderr = '';
   child.stderr?.on('data', (d: Buffer) => {
     stderr = (stderr + d.toString()).slice(-4000);

@@ -1,6 +1,6 @@
 import { execFileSync } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
-import { existsSync, readFileSync, readdirSync } from 'node:fs';
+import { existsSync, readFileSync, readdirSync, statSync, statfsSync } from 'node:fs';
 import { mkdir, mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -20,10 +20,13 @@ let extra: StoredLayer;
 let cgroupRoots: string[];
 const nodeId = `t${randomBytes(4).toString('hex')}`;
 const runtimes: RuncRuntime[] = [];
+const SCRATCH_GIB = 4;
+const MIB = 1024 * 1024;
 
 function newRuntime(): RuncRuntime {
   const layerMounts = new LayerMounts({ dataDir, storeDir: store.dir });
-  const rt = createRuncRuntime({ dataDir, nodeId, layerMounts });
+  // A small scratch filesystem, so the "does not fit" case is cheap to reach.
+  const rt = createRuncRuntime({ dataDir, nodeId, layerMounts, scratchSizeGiB: SCRATCH_GIB });
   runtimes.push(rt);
   return rt;
 }
@@ -63,7 +66,15 @@ const mountsUnderTop = (): string[] =>
     .split('\n')
     .map((l) => l.split(' ')[1] ?? '')
     .filter((mp) => mp.startsWith(`${top}/`));
+/** Mounts under top other than the scratch filesystem and sandbox disks (layers, overlays). */
+const layerMountsUnderTop = (): string[] => mountsUnderTop().filter((m) => !m.endsWith('/scratch') && !m.endsWith('/disk'));
 const loopsOf = (imagePath: string): string => execFileSync('losetup', ['-j', imagePath], { encoding: 'utf8' }).trim();
+/** Every loop device whose backing file is under top (layers, scratch, sandbox disks). */
+const loopsUnderTop = (): string[] =>
+  execFileSync('losetup', ['-a', '-n', '-O', 'NAME,BACK-FILE'], { encoding: 'utf8' })
+    .split('\n')
+    .filter((l) => l.includes(`${top}/`));
+
 const cgroupDirsOf = (sandboxId: string): string[] => cgroupRoots.map((r) => path.join(r, 'rollbox', nodeId, `rb-${sandboxId}`)).filter((d) => existsSync(d));
 const runcList = (rt: RuncRuntime): string[] => readdirSync(rt.runcRoot).filter((n) => n.startsWith('rb-'));
 
@@ -73,6 +84,7 @@ function expectGone(rt: RuncRuntime, sandboxId: string): void {
   expect(existsSync(path.join(rt.sandboxesDir, sandboxId))).toBe(false);
   expect(cgroupDirsOf(sandboxId)).toEqual([]);
   expect(mountsUnderTop().filter((m) => m.includes(`/sandboxes/${sandboxId}`))).toEqual([]);
+  expect(existsSync(path.join(rt.scratchDir, 'disks', `${sandboxId}.img`))).toBe(false);
 }
 
 beforeAll(async () => {
@@ -153,6 +165,17 @@ describe('runc runtime', () => {
     expect(await rt.isRunning('life')).toBe(false);
     expectGone(rt, 'life');
     expect(rt.mountedLayers()).toEqual([]);
+    // The last disk took the scratch filesystem with it; its image stays for the next sandbox.
+    expect(mountsUnderTop()).toEqual([]);
+    expect(loopsUnderTop()).toEqual([]);
+    const scratchImage = path.join(dataDir, 'scratch.img');
+    expect(existsSync(scratchImage)).toBe(true);
+    // The next sandbox mounts that same image again rather than formatting a new one.
+    const inode = statSync(scratchImage).ino;
+    await rt.create(spec('life2'));
+    expect(statSync(scratchImage).ino).toBe(inode);
+    expect(mountsUnderTop()).toContain(rt.scratchDir);
+    await rt.destroy('life2');
     expect(mountsUnderTop()).toEqual([]);
     expect(loopsOf(base.imagePath)).toBe('');
     await expect(rt.exec('life', cmd('true'))).rejects.toMatchObject({ code: 'not_found' });
@@ -166,7 +189,7 @@ describe('runc runtime', () => {
     await Promise.all([rt.create(spec('share-a', layers)), rt.create(spec('share-b', layers))]);
     // One mount per layer for both sandboxes.
     expect(rt.mountedLayers().sort()).toEqual([base.digest, extra.digest].sort());
-    expect(mountsUnderTop()).toHaveLength(2);
+    expect(layerMountsUnderTop()).toHaveLength(2);
 
     const a = await rt.exec('share-a', cmd('cat /opt/tool/VERSION; echo changed > /etc/motd; rm /bin/ls; echo new > /opt/tool/new; cat /etc/motd'));
     expect(a.stdout).toBe('1.2.3\nchanged\n');
@@ -267,9 +290,78 @@ describe('runc runtime', () => {
     expectGone(rt, 'tmo');
   });
 
+  it('caps the writable layer at diskMiB with ENOSPC while a neighbour keeps writing; space is reusable', async () => {
+    const rt = newRuntime();
+    const small = { resources: { cpuMillis: 1000, memoryMiB: 64, diskMiB: 16, pids: 64 } };
+    await Promise.all([rt.create(spec('full', small)), rt.create(spec('roomy'))]);
+
+    // The sandbox sees a filesystem of its own size...
+    const df = await rt.exec('full', cmd('df -k / | tail -1'));
+    const totalKiB = Number(df.stdout.trim().split(/\s+/)[1]);
+    expect(totalKiB).toBeGreaterThan(14 * 1024);
+    expect(totalKiB).toBeLessThanOrEqual(16 * 1024);
+    // ...and writing past it fails with ENOSPC; what was written stays under the cap.
+    const dd = await rt.exec('full', cmd('dd if=/dev/zero of=/root/big bs=1M count=24'));
+    expect(dd.exitCode).not.toBe(0);
+    expect(dd.stderr).toMatch(/No space left on device/);
+    const size = Number((await rt.exec('full', cmd('stat -c %s /root/big'))).stdout);
+    expect(size).toBeGreaterThan(8 * MIB);
+    expect(size).toBeLessThanOrEqual(16 * MIB);
+    // Topped up to the last block, not even a small new file fits.
+    expect((await rt.exec('full', cmd('dd if=/dev/zero of=/root/rest bs=4k 2>/dev/null; echo more > /root/note'))).stderr).toMatch(/No space left on device/);
+    expect((await rt.exec('full', cmd('rm /root/rest'))).exitCode).toBe(0);
+
+    // The neighbour is not affected.
+    const neighbour = await rt.exec('roomy', cmd('dd if=/dev/zero of=/root/big bs=1M count=24 && stat -c %s /root/big'));
+    expect(neighbour).toMatchObject({ exitCode: 0, stdout: `${24 * MIB}\n` });
+
+    // Deleting frees the space inside the sandbox.
+    expect((await rt.exec('full', cmd('rm /root/big && dd if=/dev/zero of=/root/big bs=1M count=8'))).exitCode).toBe(0);
+
+    // Inodes are capped too (16 MiB: 4096), with ENOSPC. `true > f` creates a file without
+    // a fork (with `:`, a special builtin, the failed redirect would end the shell).
+    const flood = await rt.exec('full', cmd('mkdir /root/many && cd /root/many && i=0; while true > f$i; do i=$((i+1)); done; echo $i', { timeoutMs: 30_000 }));
+    const files = Number(flood.stdout.trim());
+    expect(flood.stderr).toMatch(/No space left on device/);
+    expect(files).toBeGreaterThan(4000);
+    expect(files).toBeLessThanOrEqual(4096);
+    expect((await rt.exec('roomy', cmd('mkdir /root/d && : > /root/d/x && echo ok'))).stdout).toBe('ok\n');
+
+    // After destroy the disk and its space are gone; the same id gets a fresh, empty disk.
+    const scratchFree = (): number => statfsSync(rt.scratchDir).bfree;
+    const freeBefore = scratchFree();
+    await rt.destroy('full');
+    expectGone(rt, 'full');
+    const freeAfterDestroy = scratchFree();
+    expect(freeAfterDestroy).toBeGreaterThanOrEqual(freeBefore + (16 * MIB) / 4096 - 64);
+    await rt.create(spec('full', small));
+    const again = await rt.exec('full', cmd('ls /root; dd if=/dev/zero of=/root/big bs=1M count=12 2>/dev/null && echo wrote'));
+    expect(again).toMatchObject({ exitCode: 0, stdout: 'wrote\n' }); // and /root was empty
+    await rt.destroy('full');
+    expect(scratchFree()).toBeGreaterThanOrEqual(freeAfterDestroy - 8);
+    // Loop devices of sandbox disks detach themselves once their overlay is gone.
+    expect(loopsUnderTop().filter((l) => l.includes('/scratch/disks/full.img'))).toEqual([]);
+    await rt.destroy('roomy');
+    expectGone(rt, 'roomy');
+    expect(loopsUnderTop().filter((l) => l.includes('/scratch/disks/'))).toEqual([]);
+  });
+
+  it('refuses a disk that does not fit in the scratch filesystem and leaves nothing behind', async () => {
+    const rt = newRuntime();
+    const huge = { resources: { cpuMillis: 1000, memoryMiB: 64, diskMiB: (SCRATCH_GIB + 1) * 1024, pids: 64 } };
+    await expect(rt.create(spec('huge', huge))).rejects.toMatchObject({ code: 'no_capacity' });
+    expectGone(rt, 'huge');
+    await expect(rt.create(spec('bad-disk', { resources: { cpuMillis: 1000, memoryMiB: 64, diskMiB: 0, pids: 64 } }))).rejects.toMatchObject({ code: 'invalid_request' });
+    // The scratch filesystem is still usable.
+    await rt.create(spec('fits'));
+    expect((await rt.exec('fits', cmd('echo ok > /root/x && cat /root/x'))).stdout).toBe('ok\n');
+    await rt.destroy('fits');
+    expectGone(rt, 'fits');
+  });
+
   it('reconcile adopts kept sandboxes after a restart and removes everything else', async () => {
     const previous = newRuntime();
-    await previous.create(spec('keep', { layerImages: [base] }));
+    await previous.create(spec('keep', { layerImages: [base], resources: { cpuMillis: 1000, memoryMiB: 64, diskMiB: 8, pids: 64 } }));
     await previous.create(spec('drop', { layerImages: [base, extra] }));
     await previous.exec('keep', cmd('echo state > /root/state'));
 
@@ -291,10 +383,14 @@ describe('runc runtime', () => {
 
     expect(await rt.isRunning('keep')).toBe(true);
     expect((await rt.exec('keep', cmd('cat /root/state; pwd'))).stdout).toBe('state\n/work\n');
+    // Its disk cap survived the restart.
+    expect((await rt.exec('keep', cmd('dd if=/dev/zero of=/root/big bs=1M count=16'))).stderr).toMatch(/No space left on device/);
     expect(rt.mountedLayers()).toEqual([base.digest]);
     expect(loopsOf(extra.imagePath)).toBe('');
     for (const id of ['drop', 'ghost', 'ghost2']) expectGone(rt, id);
-    expect(mountsUnderTop()).toEqual([baseDir]);
+    // The scratch filesystem was reused, with the kept sandbox's disk still in it.
+    expect(mountsUnderTop().sort()).toEqual([baseDir, rt.scratchDir, path.join(rt.sandboxesDir, 'keep', 'disk')].sort());
+    expect(readdirSync(path.join(rt.scratchDir, 'disks'))).toEqual(['keep.img']);
 
     await rt.destroy('keep');
     expectGone(rt, 'keep');
@@ -302,6 +398,10 @@ describe('runc runtime', () => {
     expect(loopsOf(base.imagePath)).toBe('');
     const final = await rt.reconcile(new Set());
     expect(final.adopted).toEqual([]);
+    // Nothing is left: no mount, no loop device, no scratch image.
+    expect(mountsUnderTop()).toEqual([]);
+    expect(loopsUnderTop()).toEqual([]);
+    expect(existsSync(path.join(dataDir, 'scratch.img'))).toBe(false);
     expect(cgroupRoots.filter((r) => existsSync(path.join(r, 'rollbox', nodeId)))).toEqual([]);
   });
 });

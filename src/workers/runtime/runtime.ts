@@ -19,6 +19,8 @@ import {
   type CgroupHierarchies,
 } from './cgroups.ts';
 import { isProcessAlive, lastRuncError, readRuncState, runQuiet } from './runc.ts';
+import { DiskHelper } from './diskhelper.ts';
+import { ScratchDisks } from './scratch.ts';
 import { packUpperDir, upperDirOfBundle } from './snapshot.ts';
 import { containerConfig, envList } from './spec.ts';
 import type { RuntimeExecOutcome, RuntimeExecSpec, SandboxRuntime, SandboxRuntimeSpec } from './types.ts';
@@ -52,11 +54,24 @@ export interface RuncRuntimeDeps {
   seccomp?: boolean;
   /** After an exec's timeout kill, how long to wait for runc before killing runc itself. */
   execKillGraceMs?: number;
+  /**
+   * Size of the host's scratch filesystem that holds every sandbox's disk (see scratch.ts).
+   * Default: half the free space under dataDir when it is created, at most 64 GiB.
+   */
+  scratchSizeGiB?: number;
+  /** Reserve each sandbox's whole diskMiB in the scratch filesystem (default true; see scratch.ts). */
+  preallocateDisks?: boolean;
+  /** Runs the disk syscalls (loop attach, mount, umount); see diskhelper.ts. Default `perl`. */
+  perlBinary?: string;
+  mkfsBinary?: string;
+  losetupBinary?: string;
 }
 
 export interface RuncRuntime extends SandboxRuntime {
   readonly runcRoot: string;
   readonly sandboxesDir: string;
+  /** Mount point of the host's scratch filesystem (sandbox disks live in it). */
+  readonly scratchDir: string;
   /** Cgroup parent (relative to each hierarchy's root): `rollbox/<nodeId>`. */
   readonly cgroupParent: string;
   containerIdOf(sandboxId: string): string;
@@ -109,6 +124,7 @@ function validateCreate(spec: SandboxRuntimeSpec): void {
   const absolute = (p: string): boolean => p.startsWith('/') && !p.includes('\0');
   if (!absolute(spec.workdir)) bad('workdir must be an absolute path');
   if (!spec.hiddenPaths.every(absolute)) bad('hidden paths must be absolute');
+  if (!Number.isInteger(spec.resources.diskMiB) || spec.resources.diskMiB < 1) bad('diskMiB must be a positive integer');
   for (const [k, v] of Object.entries(spec.env)) if (!ENV_NAME_RE.test(k) || v.includes('\0')) bad(`invalid env ${JSON.stringify(k).slice(0, 100)}`);
 }
 
@@ -177,6 +193,16 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
   const cgroupParent = `rollbox/${deps.nodeId}`;
   const log = deps.logger;
   const layerMounts = deps.layerMounts;
+  const diskHelper = new DiskHelper({ perlBinary: deps.perlBinary });
+  const scratch = new ScratchDisks({
+    dataDir,
+    helper: diskHelper,
+    sizeGiB: deps.scratchSizeGiB,
+    preallocate: deps.preallocateDisks,
+    mkfsBinary: deps.mkfsBinary,
+    losetupBinary: deps.losetupBinary,
+    logger: log,
+  });
 
   const sandboxes = new Map<string, SandboxRecord>();
   const locks = new Map<string, Promise<unknown>>();
@@ -190,6 +216,8 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     (dirsReady ??= Promise.all([mkdir(runcRoot, { recursive: true, mode: 0o700 }), mkdir(sandboxesDir, { recursive: true, mode: 0o700 })]).then(() => undefined));
   const containerIdOf = (id: string): string => `rb-${id}`;
   const bundleOf = (id: string): string => path.join(sandboxesDir, id);
+  /** The sandbox's own filesystem (capped at diskMiB); the overlay's upper/ and work/ are in it. */
+  const diskOf = (id: string): string => path.join(bundleOf(id), 'disk');
   const cgroupRel = (id: string): string => `${cgroupParent}/${containerIdOf(id)}`;
   const runcArgs = (...args: string[]): string[] => ['--root', runcRoot, ...args];
   const withClass = (besteffort: boolean, args: string[]): [string, string[]] => (besteffort ? [chrtBin, ['--idle', '0', runcBin, ...args]] : [runcBin, args]);
@@ -269,6 +297,9 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
         held.map((l) => layerMounts.release(l.digest).catch((err: unknown) => log?.warn({ sandboxId: id, digest: l.digest, err: String(err) }, 'layer release failed'))),
       );
     }
+    // Its disk: unmounted here (the overlay, gone with the container, held the other
+    // reference), so the loop device detaches itself; then the image is deleted.
+    await scratch.detach(id, diskOf(id));
     // Never rm -r through a live mount.
     if (await isMountPoint(rootfs)) throw new RollboxError('internal', `${rootfs} is still mounted`);
     await rm(bundle, { recursive: true, force: true });
@@ -290,7 +321,8 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
    */
   function lowerDirs(bundle: string, layers: { digest: string }[]): string[] {
     const dirs = [...layers].reverse().map((l) => layerMounts.dirOf(l.digest));
-    if (dirs.join(':').length + bundle.length * 2 < 3000) return dirs;
+    // The option string also holds upperdir=<bundle>/disk/upper and workdir=<bundle>/disk/work.
+    if (dirs.join(':').length + (bundle.length + 12) * 2 < 3000) return dirs;
     mkdirSync(path.join(bundle, 'l'));
     dirs.forEach((d, i) => symlinkSync(d, path.join(bundle, 'l', String(i))));
     return dirs.map((_d, i) => path.join(bundle, 'l', String(i)));
@@ -313,12 +345,16 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
       const besteffort = spec.class === 'besteffort';
       const rec: SandboxRecord = { id, containerId: cid, bundle, layers: [], workdir: spec.workdir, besteffort };
       try {
-        await acquireLayers(layers, rec);
         // Synchronous on purpose, here and below: each of these local-fs calls takes
         // microseconds, while a round trip through libuv's thread pool costs ~0.2-0.5 ms
-        // and create's own overhead is meant to stay at about a millisecond.
+        // and create's own overhead is meant to stay small.
         mkdirSync(bundle, { mode: 0o700 });
-        for (const d of ['upper', 'work', 'rootfs']) mkdirSync(path.join(bundle, d));
+        for (const d of ['disk', 'rootfs']) mkdirSync(path.join(bundle, d));
+        // The disk (copy, loop attach, mount: ~3-5 ms) overlaps mounting layers not yet mounted.
+        const disk = diskOf(id);
+        // allSettled: the cleanup below must not start while either is still running.
+        const settled = await Promise.allSettled([acquireLayers(layers, rec), scratch.attach(id, spec.resources.diskMiB, disk)]);
+        for (const r of settled) if (r.status === 'rejected') throw r.reason;
         const lowerdirs = lowerDirs(bundle, layers);
         const config = containerConfig({
           hostname: cid.slice(0, 63),
@@ -329,7 +365,7 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
           hiddenPaths: spec.hiddenPaths,
           cgroupsPath: `/${cgroupRel(id)}`,
           busyboxPath,
-          rootfs: { lowerdirs, upperdir: path.join(bundle, 'upper'), workdir: path.join(bundle, 'work') },
+          rootfs: { lowerdirs, upperdir: path.join(disk, 'upper'), workdir: path.join(disk, 'work') },
           oomScoreAdj: sandboxOomScoreAdj,
           limitSwap: (await cgroups()).memsw,
           seccomp: deps.seccomp ?? true,
@@ -592,9 +628,14 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     const inUse = new Set<string>();
     for (const id of adopted) for (const l of sandboxes.get(id)?.layers ?? []) inUse.add(l.digest);
     await layerMounts.reconcile(inUse);
+    // 6. Disk images without a sandbox; with no sandbox left, the scratch filesystem itself.
+    scratch.removeStrayImages(adopted, await readdir(scratch.disksDir).catch(() => [] as string[]));
     if (adopted.size === 0) {
+      await scratch.teardown();
+      diskHelper.close();
       for (const h of cg.all) {
-        removeCgroupTree(path.join(h, cgroupParent));
+        // A just-emptied child cgroup can keep its parent busy for a moment (memcg offlining).
+        for (let tries = 0; !removeCgroupTree(path.join(h, cgroupParent)) && tries < 40; tries++) await sleep(25);
         // Shared by every node id on the host: only goes when empty.
         await rmdir(path.join(h, 'rollbox')).catch(() => undefined);
       }
@@ -616,6 +657,7 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
   return {
     runcRoot,
     sandboxesDir,
+    scratchDir: scratch.mountPoint,
     cgroupParent,
     containerIdOf,
     create,
