@@ -104,6 +104,19 @@ describe('sandbox lifecycle', () => {
     await api(cluster, token, 'DELETE', `/v1/sandboxes/${sandbox.id}`);
   });
 
+  it('caps the writable layer at diskMiB: writes past it fail with ENOSPC, a neighbour still writes', async () => {
+    const [small, neighbour] = await Promise.all([
+      api(cluster, token, 'POST', '/v1/sandboxes', { resources: { diskMiB: 16 } }),
+      api(cluster, token, 'POST', '/v1/sandboxes', { resources: { diskMiB: 64 } }),
+    ]);
+    const fill = await exec(small.body.id, { cmd: 'dd if=/dev/zero of=/root/big bs=1M count=64 2>&1; ls -l /root/big' });
+    expect(fill.body.stdout).toContain('No space left on device');
+    const size = Number(/\s(\d+)\s+\w+\s+\d+\s+[\d:]+\s+\/root\/big/.exec(fill.body.stdout)?.[1] ?? NaN);
+    expect(size).toBeLessThanOrEqual(16 * 1024 * 1024);
+    expect((await exec(neighbour.body.id, { cmd: 'dd if=/dev/zero of=/root/ok bs=1M count=32 2>/dev/null && echo wrote' })).body.stdout).toBe('wrote\n');
+    await Promise.all([small, neighbour].map((s) => api(cluster, token, 'DELETE', `/v1/sandboxes/${s.body.id}`)));
+  });
+
   it('stops a fork bomb at the pids limit while a neighbour keeps answering', async () => {
     const [bomb, neighbour] = await Promise.all([
       api(cluster, token, 'POST', '/v1/sandboxes', { resources: { pids: 64 } }),
