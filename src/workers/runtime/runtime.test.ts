@@ -26,7 +26,7 @@ const MIB = 1024 * 1024;
 function newRuntime(): RuncRuntime {
   const layerMounts = new LayerMounts({ dataDir, storeDir: store.dir });
   // A small scratch filesystem, so the "does not fit" case is cheap to reach.
-  const rt = createRuncRuntime({ dataDir, nodeId, layerMounts, scratchSizeGiB: SCRATCH_GIB });
+  const rt = createRuncRuntime({ dataDir, nodeId, layerMounts, scratchSizeGiB: SCRATCH_GIB, preallocateDisks: true });
   runtimes.push(rt);
   return rt;
 }

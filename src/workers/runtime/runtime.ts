@@ -59,7 +59,7 @@ export interface RuncRuntimeDeps {
    * Default: half the free space under dataDir when it is created, at most 64 GiB.
    */
   scratchSizeGiB?: number;
-  /** Reserve each sandbox's whole diskMiB in the scratch filesystem (default true; see scratch.ts). */
+  /** Reserve each sandbox's whole diskMiB in the scratch filesystem (default false; see scratch.ts). */
   preallocateDisks?: boolean;
   /** Runs the disk syscalls (loop attach, mount, umount); see diskhelper.ts. Default `perl`. */
   perlBinary?: string;

@@ -41,7 +41,9 @@ export interface ScratchDisksDeps {
    */
   sizeGiB?: number;
   /**
-   * Reserve each sandbox's whole disk in the scratch filesystem at create (default true). The
+   * Reserve each sandbox's whole disk in the scratch filesystem at create (default false:
+   * like CPU, disk is overcommitted, since most agents write a small part of what they
+   * may; with 1 GiB per sandbox a reservation would cap a host at a few dozen). The
    * reservation costs no host disk (the scratch image stays sparse) but caps the sum of
    * live diskMiB at the scratch size: a create that does not fit fails cleanly with
    * no_capacity. With false, disks are sparse and overcommit the scratch filesystem; if it
@@ -273,7 +275,7 @@ export class ScratchDisks {
     await this.ensureMounted();
     const image = this.imageOf(sandboxId);
     rmSync(image, { force: true }); // a leftover of a failed attempt; the caller holds the sandbox lock
-    const preallocate = this.deps.preallocate ?? true;
+    const preallocate = this.deps.preallocate ?? false;
     if (!preallocate) this.checkFree();
     for (let attempt = 0; ; attempt++) {
       const tpl = await this.template(diskMiB);
