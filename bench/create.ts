@@ -19,7 +19,7 @@ const cluster = await startTestCluster({ workers: [{ nodeId: 'bench-node', env: 
 process.once('SIGINT', () => void cluster.stop().finally(() => process.exit(130)));
 try {
   const token = await cluster.token('bench', ['sandbox:create', 'sandbox:delete', 'sandbox:exec']);
-  const body = { resources: { memoryMiB: 64, cpuMillis: 100 } };
+  const body = { resources: { memoryMiB: 64, cpuMillis: 100, diskMiB: Number(process.env.BENCH_DISK_MIB ?? 1024) } };
   const created: string[] = [];
   const create = async () => {
     const r = await api(cluster, token, 'POST', '/v1/sandboxes', body);
