@@ -88,4 +88,14 @@ describe('pause and resume (freeze)', () => {
     expect((await exec(sandbox.id, { cmd: 'ps -o args | grep "[s]leep 1000" || echo none' })).body.stdout).toBe('none\n');
     await api(cluster, token, 'DELETE', `/v1/sandboxes/${sandbox.id}`);
   });
+
+  it('ends a hibernated sandbox at its TTL with failed(timeout)', async () => {
+    const { body: sandbox } = await api(cluster, token, 'POST', '/v1/sandboxes', { ttlSeconds: 2 });
+    expect((await api(cluster, token, 'POST', `/v1/sandboxes/${sandbox.id}/pause`, { mode: 'hibernate' })).body.state).toBe('hibernated');
+    const ended = await waitFor('ttl while hibernated', async () => {
+      const s = await api(cluster, token, 'GET', `/v1/sandboxes/${sandbox.id}`);
+      return s.body.state === 'failed' ? s.body : undefined;
+    });
+    expect(ended).toMatchObject({ failureReason: 'timeout', detail: 'ttl expired while hibernated' });
+  });
 });

@@ -6,7 +6,8 @@ import { keys, type CommandLog, type SandboxRegistry } from '../registry/index.t
 /**
  * Cluster housekeeping run by every gateway (one at a time per item, through Redis locks):
  * - a worker host whose heartbeat stopped: its sandboxes end `failed(lost)`;
- * - a sandbox that never settled (its gateway died mid-create): it ends `failed(infra_error)`.
+ * - a sandbox that never settled (its gateway died mid-create): it ends `failed(infra_error)`;
+ * - a hibernated sandbox past its TTL: it ends `failed(timeout)`.
  */
 export class Janitor {
   private timer: NodeJS.Timeout | undefined;
@@ -30,6 +31,10 @@ export class Janitor {
     this.running = true;
     try {
       for (const nodeId of this.deps.directory.silentNodes(this.deps.lostAfterMs)) await this.declareLost(nodeId);
+      // TTLs of hibernated sandboxes (no worker host runs them, so none expires them).
+      const expired = await this.deps.registry.hibernatedPastTtl(this.deps.now());
+      for (const id of expired) await this.deps.registry.transition(id, 'failed', { from: ['hibernated'], failureReason: 'timeout', detail: 'ttl expired while hibernated' });
+      await this.deps.registry.unwatchHibernatedTtl(expired);
       for (const id of await this.deps.registry.unsettledBefore(this.deps.now())) {
         await this.deps.registry.transition(id, 'failed', { from: ['pending', 'creating'], failureReason: 'infra_error', detail: 'the sandbox did not start in time' });
         await this.deps.redis.zrem(keys.unsettled, id);

@@ -15,6 +15,8 @@ export const keys = {
   /** Sandboxes not yet running, scored by the time after which they count as stuck. */
   unsettled: 'rb:unsettled',
   nodes: 'rb:nodes',
+  /** Hibernated sandboxes scored by when their TTL ends (no worker watches them). */
+  hibernatedExpiry: 'rb:hibernated-expiry',
   layer: (digest: string) => `rb:layer:${digest}`,
   layers: 'rb:layers',
   layerNames: 'rb:layer-names',

@@ -200,6 +200,20 @@ export class SandboxRegistry {
     return out;
   }
 
+  /** A hibernated sandbox runs on no node, so its TTL is watched here (see `hibernatedPastTtl`). */
+  async watchHibernatedTtl(id: string, expiresAtMs: number): Promise<void> {
+    await this.redis.zadd(keys.hibernatedExpiry, expiresAtMs, id);
+  }
+
+  /** Sandboxes whose TTL ended while hibernated (or that left hibernation since: the caller's transition decides). */
+  async hibernatedPastTtl(nowMs: number): Promise<string[]> {
+    return this.redis.zrangebyscore(keys.hibernatedExpiry, 0, nowMs, 'LIMIT', 0, 500);
+  }
+
+  async unwatchHibernatedTtl(ids: readonly string[]): Promise<void> {
+    if (ids.length) await this.redis.zrem(keys.hibernatedExpiry, ...ids);
+  }
+
   /** Current states of many sandboxes in one round trip (undefined: record gone). */
   async states(ids: readonly string[]): Promise<(SandboxState | undefined)[]> {
     if (ids.length === 0) return [];

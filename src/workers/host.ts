@@ -375,6 +375,8 @@ export class WorkerHost {
     await this.removeLocal(sandboxId);
     const moved = await this.deps.registry.transition(sandboxId, 'hibernated', { from: ['running', 'paused'], node: this.nodeId, layerDigests: [...sandbox.layerDigests, stored.digest] });
     if (moved.kind !== 'ok') throw new RollboxError('conflict', `sandbox ${sandboxId} changed state while hibernating`);
+    const expiresAtMs = Date.parse(sandbox.expiresAt ?? '');
+    if (expiresAtMs) await this.deps.registry.watchHibernatedTtl(sandboxId, expiresAtMs);
   }
 
   private async setPaused(sandboxId: string, paused: boolean): Promise<void> {
