@@ -67,9 +67,9 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     return queue;
   };
   const queueProvider = { createQueue: (nodeId: string) => queueOf(createQueueName(nodeId)), opsQueue: (nodeId: string) => queueOf(opsQueueName(nodeId)) };
-  const nodes = new NodeRequests(replies);
-  const sandboxes = new SandboxService({ config, registry, layers, directory, replies, queues: queueProvider, nodes, metrics, now, random: Math.random });
-  const execs = new ExecService({ redis, registry, commands, replies, queues: queueProvider, nodes, metrics, now });
+  const nodes = new NodeRequests(replies, queueProvider);
+  const sandboxes = new SandboxService({ config, registry, layers, directory, nodes, metrics, now, random: Math.random });
+  const execs = new ExecService({ redis, registry, commands, nodes, metrics, now });
   const verifier = createTokenVerifier(config.jwt);
   const app = createGateway({
     config,

@@ -7,22 +7,18 @@ import {
   type CommandStatus,
   type ExecRequest,
   type ExecResult,
-  type NodeOp,
   type Reply,
 } from '../api/index.ts';
 import { requireScope, type Principal } from '../iam/index.ts';
-import type { ReplyHub } from '../queues/index.ts';
 import { readOutput, type CommandLog, type SandboxRegistry } from '../registry/index.ts';
 import { newId } from './ids.ts';
 import type { GatewayMetrics } from './metrics.ts';
-import { toRollboxError, type NodeRequests, type QueueProvider } from './node-requests.ts';
+import { toRollboxError, type NodeRequests } from './node-requests.ts';
 
 export interface ExecServiceDeps {
   redis: Redis;
   registry: SandboxRegistry;
   commands: CommandLog;
-  replies: ReplyHub;
-  queues: QueueProvider;
   nodes: NodeRequests;
   metrics: Pick<GatewayMetrics, 'execs'>;
   now: () => number;
@@ -78,7 +74,7 @@ export class ExecService {
       return first;
     } finally {
       watch.cancelled = true;
-      this.deps.replies.cancel(started.requestId);
+      this.deps.nodes.cancel(started.requestId);
       recorded.catch(() => {});
     }
   }
@@ -100,11 +96,10 @@ export class ExecService {
     const commandId = request.commandId ?? newId('cmd');
     if (request.commandId && (await commands.get(id, commandId))) return { commandId, requestId, launched: false };
     if (sandbox.state !== 'running') throw new RollboxError('invalid_state', `sandbox ${id} is ${sandbox.state}${sandbox.failureReason ? ` (${sandbox.failureReason})` : ''}, not running`);
-    const op: NodeOp = {
-      kind: 'exec',
+    const op = {
+      kind: 'exec' as const,
       sandboxId: id,
       requestId,
-      replyTo: this.deps.replies.gatewayId,
       commandId,
       argv: request.argv ?? ['/bin/sh', '-c', request.cmd!],
       stdin: request.stdin,
@@ -114,12 +109,11 @@ export class ExecService {
       stream: options.stream,
     };
     if ((await commands.claim({ sandboxId: id, commandId, argv: op.argv, node: sandbox.node!, requestId })) === 'exists') return { commandId, requestId, launched: false };
-    const send = () => this.deps.queues.opsQueue(sandbox.node!).add('exec', op, { jobId: requestId });
     if (options.stream) {
-      await send();
+      await this.deps.nodes.postOp(sandbox.node!, op);
       return { commandId, requestId, launched: true };
     }
-    return { commandId, requestId, launched: true, reply: this.deps.nodes.request(requestId, timeoutOf(request) + EXEC_REPLY_GRACE_MS, send) };
+    return { commandId, requestId, launched: true, reply: this.deps.nodes.sendOp(sandbox.node!, op, timeoutOf(request) + EXEC_REPLY_GRACE_MS) };
   }
 
   /**

@@ -2,22 +2,19 @@ import { createHash } from 'node:crypto';
 import {
   RollboxError,
   isTerminal,
-  type CreateJob,
   type CreateSandboxRequest,
   type JobActionResult,
   type Layer,
   type SnapshotRequest,
   type PauseRequest,
   type ListSandboxesQuery,
-  type NodeOp,
   type Reply,
   type Sandbox,
 } from '../api/index.ts';
 import type { Config } from '../config/index.ts';
 import { newId } from './ids.ts';
 import { requireScope, type Principal } from '../iam/index.ts';
-import { chooseNode, type NodeDirectory, type PlacementRequest, type ReplyHub } from '../queues/index.ts';
-import type { QueueProvider } from './node-requests.ts';
+import { chooseNode, type NodeDirectory, type PlacementRequest } from '../queues/index.ts';
 import type { LayerRegistry, SandboxRegistry } from '../registry/index.ts';
 import type { GatewayMetrics } from './metrics.ts';
 import { toRollboxError, type NodeRequests } from './node-requests.ts';
@@ -27,8 +24,6 @@ export interface SandboxServiceDeps {
   registry: SandboxRegistry;
   layers: LayerRegistry;
   directory: NodeDirectory;
-  replies: ReplyHub;
-  queues: QueueProvider;
   nodes: NodeRequests;
   metrics: Pick<GatewayMetrics, 'creates' | 'refusals'>;
   now: () => number;
@@ -110,9 +105,8 @@ export class SandboxService {
     for (let attempt = 0, node = firstNode; ; attempt++) {
       directory.assume(node, id, placement);
       const requestId = `${requestPrefix}${attempt}`;
-      const job: CreateJob = { sandboxId: id, attempt, requestId, replyTo: this.deps.replies.gatewayId };
       const targetNode = node;
-      const reply = await this.awaitCreateReply(requestId, targetNode, () => this.deps.queues.createQueue(targetNode).add('create', job, { jobId: requestId })).catch((err: unknown) => err);
+      const reply = await this.awaitCreateReply(requestId, targetNode, (timeoutMs) => this.deps.nodes.sendCreate(targetNode, { sandboxId: id, attempt, requestId }, timeoutMs)).catch((err: unknown) => err);
       if (reply instanceof RollboxError && reply.code === 'timeout') return { kind: 'timeout' };
       if (reply instanceof Error) throw reply;
       const r = reply as Reply;
@@ -134,13 +128,13 @@ export class SandboxService {
    * The node's reply to a create; a node that stops heartbeating while the request waits
    * counts as a refusal, so the request is placed elsewhere instead of waiting for the timeout.
    */
-  private async awaitCreateReply(requestId: string, nodeId: string, send: () => Promise<unknown>): Promise<Reply> {
-    const reply = this.deps.nodes.request(requestId, this.deps.config.placement.createTimeoutMs, send);
+  private async awaitCreateReply(requestId: string, nodeId: string, send: (timeoutMs: number) => Promise<Reply>): Promise<Reply> {
+    const reply = send(this.deps.config.placement.createTimeoutMs);
     for (;;) {
       const settled = await Promise.race([reply, new Promise<undefined>((r) => setTimeout(r, NODE_CHECK_MS))]);
       if (settled) return settled;
       if (this.deps.directory.isSilent(nodeId, this.deps.config.node.lostAfterMs)) {
-        this.deps.replies.cancel(requestId);
+        this.deps.nodes.cancel(requestId);
         return { kind: 'refused', requestId, nodeId, reason: `worker host ${nodeId} stopped heartbeating` };
       }
     }
@@ -210,9 +204,8 @@ export class SandboxService {
     if (!allowed.includes(sandbox.state)) throw new RollboxError('invalid_state', `sandbox ${sandbox.id} is ${sandbox.state}; it cannot become ${target}`);
     const requestId = newId('req');
     const kind = paused ? (mode === 'hibernate' ? 'hibernate' : 'pause') : 'resume';
-    const op: NodeOp = { kind, sandboxId: sandbox.id, requestId, replyTo: this.deps.replies.gatewayId };
     const timeoutMs = kind === 'hibernate' ? SNAPSHOT_REPLY_TIMEOUT_MS : LIFECYCLE_REPLY_TIMEOUT_MS;
-    const reply = await this.deps.nodes.request(requestId, timeoutMs, () => this.deps.queues.opsQueue(sandbox.node!).add(op.kind, op, { jobId: requestId }));
+    const reply = await this.deps.nodes.sendOp(sandbox.node!, { kind, sandboxId: sandbox.id, requestId }, timeoutMs);
     if (reply.kind === 'error') throw toRollboxError(reply.error);
     return { sandbox: await this.deps.registry.getOwned(sandbox.id, sandbox.tenant), changed: true };
   }
@@ -240,8 +233,7 @@ export class SandboxService {
     const sandbox = await this.deps.registry.getOwned(id, principal.tenant);
     if (sandbox.state !== 'running' && sandbox.state !== 'paused') throw new RollboxError('invalid_state', `sandbox ${id} is ${sandbox.state}; only a running or paused sandbox can be snapshotted`);
     const requestId = newId('req');
-    const op: NodeOp = { kind: 'snapshot', sandboxId: id, requestId, replyTo: this.deps.replies.gatewayId, exclude: request.exclude };
-    const reply = await this.deps.nodes.request(requestId, SNAPSHOT_REPLY_TIMEOUT_MS, () => this.deps.queues.opsQueue(sandbox.node!).add('snapshot', op, { jobId: requestId }));
+    const reply = await this.deps.nodes.sendOp(sandbox.node!, { kind: 'snapshot', sandboxId: id, requestId, exclude: request.exclude }, SNAPSHOT_REPLY_TIMEOUT_MS);
     if (reply.kind === 'error') throw toRollboxError(reply.error);
     if (reply.kind !== 'snapshot') throw new RollboxError('internal', `unexpected reply ${reply.kind}`);
     return this.deps.layers.register({ digest: reply.digest, sizeBytes: reply.sizeBytes, name: request.name, parents: sandbox.layerDigests, createdAt: new Date(this.deps.now()).toISOString() });
@@ -261,12 +253,11 @@ export class SandboxService {
       return this.waitTerminal(id, principal.tenant);
     }
     const requestId = newId('req');
-    const op: NodeOp = { kind: 'destroy', sandboxId: id, requestId, replyTo: this.deps.replies.gatewayId };
     // The node's reply is the fast path; the registry is the truth (a lost node's sandboxes
     // are ended by the janitor, and the node itself ends a sandbox it finds `stopping`).
-    const reply = this.deps.nodes.request(requestId, LIFECYCLE_REPLY_TIMEOUT_MS, () => this.deps.queues.opsQueue(sandbox.node!).add('destroy', op, { jobId: requestId }));
+    const reply = this.deps.nodes.sendOp(sandbox.node!, { kind: 'destroy', sandboxId: id, requestId }, LIFECYCLE_REPLY_TIMEOUT_MS);
     const first = await Promise.race([reply.catch(() => undefined), this.waitTerminal(id, principal.tenant)]);
-    this.deps.replies.cancel(requestId);
+    this.deps.nodes.cancel(requestId);
     if (first && 'kind' in first && first.kind === 'error') throw toRollboxError(first.error);
     return this.waitTerminal(id, principal.tenant);
   }
