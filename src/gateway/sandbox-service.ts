@@ -153,11 +153,17 @@ export class SandboxService {
 
   /** Waits until a sandbox has left pending/creating (another request is creating it). */
   private async waitSettled(id: string, tenant: string): Promise<Sandbox> {
-    const deadline = this.deps.now() + this.deps.config.placement.createTimeoutMs * 2;
+    const sandbox = await this.pollUntil(id, tenant, (s) => s.state !== 'pending' && s.state !== 'creating', this.deps.config.placement.createTimeoutMs * 2);
+    if (sandbox.state === 'pending' || sandbox.state === 'creating') throw new RollboxError('timeout', `sandbox ${id} is still ${sandbox.state}`, 5);
+    return sandbox;
+  }
+
+  /** The sandbox once `done(it)` holds, or as it is when `waitMs` has passed. */
+  private async pollUntil(id: string, tenant: string, done: (sandbox: Sandbox) => boolean, waitMs: number): Promise<Sandbox> {
+    const deadline = this.deps.now() + waitMs;
     for (;;) {
       const sandbox = await this.deps.registry.getOwned(id, tenant);
-      if (sandbox.state !== 'pending' && sandbox.state !== 'creating') return sandbox;
-      if (this.deps.now() > deadline) throw new RollboxError('timeout', `sandbox ${id} is still ${sandbox.state}`, 5);
+      if (done(sandbox) || this.deps.now() > deadline) return sandbox;
       await new Promise((r) => setTimeout(r, POLL_MS));
     }
   }
@@ -262,14 +268,10 @@ export class SandboxService {
     return this.waitTerminal(id, principal.tenant);
   }
 
-  private async waitTerminal(id: string, tenant: string): Promise<Sandbox> {
-    const deadline = this.deps.now() + LIFECYCLE_REPLY_TIMEOUT_MS;
-    for (;;) {
-      const sandbox = await this.deps.registry.getOwned(id, tenant);
-      if (isTerminal(sandbox.state) || this.deps.now() > deadline) return sandbox;
-      await new Promise((r) => setTimeout(r, POLL_MS));
-    }
+  private waitTerminal(id: string, tenant: string): Promise<Sandbox> {
+    return this.pollUntil(id, tenant, (s) => isTerminal(s.state), LIFECYCLE_REPLY_TIMEOUT_MS);
   }
+
 }
 
 /** A create that ended in a failure answers with an error naming it, not with a 201. */
