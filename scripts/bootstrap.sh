@@ -17,7 +17,12 @@ if [ -n "$missing" ]; then
   apt-get install -y -qq --no-install-recommends $missing >&2
 fi
 
-if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
+# Installed dependencies are stamped with the lockfile's hash: a content check, because
+# mtimes lie in fresh checkouts and worktrees (and a needless `npm ci` wipes node_modules).
+lock_hash=$(sha256sum package-lock.json | cut -d' ' -f1)
+stamp=node_modules/.rollbox-lock-sha256
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$lock_hash" ]; then
   echo "rollbox: installing npm dependencies" >&2
   npm ci --no-audit --no-fund >&2
+  echo "$lock_hash" > "$stamp"
 fi
