@@ -5,6 +5,8 @@ export type { SandboxServiceDeps } from './sandbox-service.ts';
 export { ExecService } from './exec-service.ts';
 export type { ExecServiceDeps, ExecEvent } from './exec-service.ts';
 export { NodeRequests } from './node-requests.ts';
+export { FilesService } from './files-service.ts';
+export type { FilesServiceDeps } from './files-service.ts';
 export type { QueueProvider } from './node-requests.ts';
 export { newId } from './ids.ts';
 export { Janitor } from './janitor.ts';

@@ -21,6 +21,8 @@ export const keys = {
   layers: 'rb:layers',
   layerNames: 'rb:layer-names',
   lock: (name: string) => `rb:lock:${name}`,
+  /** Bytes of one files API request in transit between gateway and worker (short TTL). */
+  filesTransfer: (requestId: string) => `rb:files:${requestId}`,
   replyChannel: (gatewayId: string) => `rb:reply:${gatewayId}`,
   stateChannel: 'rb:sandbox-states',
 } as const;

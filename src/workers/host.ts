@@ -9,6 +9,7 @@ import type { Config } from '../config/index.ts';
 import { createQueueName, opsQueueName, publishReply } from '../queues/index.ts';
 import { OutputWriter, keys, type CommandLog, type SandboxRegistry } from '../registry/index.ts';
 import { decideAdmission } from './admission.ts';
+import { readSandboxFiles, writeSandboxFiles } from './files.ts';
 import type { SandboxRuntime } from './runtime/types.ts';
 
 export interface WorkerHostDeps {
@@ -317,6 +318,12 @@ export class WorkerHost {
         case 'resume':
           await this.setPaused(op.sandboxId, op.kind === 'pause');
           return await this.reply(op.replyTo, { kind: 'done', requestId: op.requestId });
+        case 'files_read':
+          this.requireLocal(op.sandboxId);
+          return await this.reply(op.replyTo, await readSandboxFiles(this.deps, op));
+        case 'files_write':
+          this.requireLocal(op.sandboxId);
+          return await this.reply(op.replyTo, await writeSandboxFiles(this.deps, op));
       }
     } catch (err) {
       const error = err instanceof RollboxError ? { code: err.code, message: err.message } : { code: 'internal', message: err instanceof Error ? err.message : String(err) };
@@ -377,6 +384,10 @@ export class WorkerHost {
     if (moved.kind !== 'ok') throw new RollboxError('conflict', `sandbox ${sandboxId} changed state while hibernating`);
     const expiresAtMs = Date.parse(sandbox.expiresAt ?? '');
     if (expiresAtMs) await this.deps.registry.watchHibernatedTtl(sandboxId, expiresAtMs);
+  }
+
+  private requireLocal(sandboxId: string): void {
+    if (!this.local.has(sandboxId)) throw new RollboxError('invalid_state', `sandbox ${sandboxId} is not running on this node`);
   }
 
   private async setPaused(sandboxId: string, paused: boolean): Promise<void> {
