@@ -549,8 +549,8 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
       stdin: spec.stdin,
       env: {},
       timeoutMs: spec.timeoutMs,
-      // One byte past the cap tells "exactly the cap" from "more than the cap".
-      outputCapBytes: spec.maxStdoutBytes + 1,
+      // Kept up to the cap; one byte more marks it truncated and stops the command.
+      outputCapBytes: spec.maxStdoutBytes,
       stderrCapBytes: 64 * 1024,
       stopAtStdoutCap: true,
     });
