@@ -257,9 +257,13 @@ export class WorkerHost {
           return { digest, imagePath };
         }),
       );
+      const hibernated = sandbox.hibernationLayer;
+      const restoreImage = hibernated && (await this.deps.layerImagePath(hibernated));
+      if (hibernated && !restoreImage) throw new RollboxError('internal', `hibernation layer ${hibernated} is not available on node ${this.nodeId}`);
       await runtime.create({
         sandboxId: sandbox.id,
         layerImages,
+        restoreUpper: hibernated ? { digest: hibernated, imagePath: restoreImage! } : undefined,
         resources: sandbox.spec.resources,
         class: sandbox.spec.class,
         env: sandbox.spec.env,
@@ -275,6 +279,8 @@ export class WorkerHost {
         node: this.nodeId,
         startedAt: new Date(startedAtMs).toISOString(),
         expiresAt: new Date(local.expiresAtMs).toISOString(),
+        // Its contents are in the upper dir again; the layer is left to garbage collection.
+        hibernationLayer: hibernated ? '' : undefined,
       });
       if (running.kind !== 'ok') {
         // Deleted or failed while starting: undo, and finish a delete that arrived meanwhile.
@@ -373,14 +379,15 @@ export class WorkerHost {
 
   /**
    * Pack the writable layer, then stop the container: its memory goes back to the host.
-   * Waking it starts a new container over [its layers..., that layer].
+   * Waking it starts a new container over its layers with that layer copied back into the
+   * upper dir, so hibernating again replaces the layer instead of stacking another.
    */
   private async hibernate(sandboxId: string, requestId: string): Promise<void> {
     const sandbox = await this.deps.registry.get(sandboxId);
     if (!sandbox) throw new RollboxError('not_found', `sandbox ${sandboxId} not found`);
     const stored = await this.packWritableLayer(sandboxId, requestId, []);
     await this.removeLocal(sandboxId);
-    const moved = await this.deps.registry.transition(sandboxId, 'hibernated', { from: ['running', 'paused'], node: this.nodeId, layerDigests: [...sandbox.layerDigests, stored.digest] });
+    const moved = await this.deps.registry.transition(sandboxId, 'hibernated', { from: ['running', 'paused'], node: this.nodeId, hibernationLayer: stored.digest });
     if (moved.kind !== 'ok') throw new RollboxError('conflict', `sandbox ${sandboxId} changed state while hibernating`);
     const expiresAtMs = Date.parse(sandbox.expiresAt ?? '');
     if (expiresAtMs) await this.deps.registry.watchHibernatedTtl(sandboxId, expiresAtMs);

@@ -331,6 +331,22 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     return dirs.map((_d, i) => path.join(bundle, 'l', String(i)));
   }
 
+  /**
+   * Waking from hibernation: the packed writable layer goes back into the new upper dir as
+   * it was (whiteouts as 0:0 devices, opaque dirs by their xattr), so the next hibernation
+   * packs one layer again instead of stacking one more: the chain stays bounded. `cp -a`
+   * copies into a fresh, empty dir and copies links as links, never through them.
+   */
+  async function restoreUpper(layer: { digest: string; imagePath: string }, upperDir: string): Promise<void> {
+    const dir = await layerMounts.acquire(layer.digest, layer.imagePath);
+    try {
+      const r = await runQuiet('cp', ['-a', '--', `${dir}/.`, `${upperDir}/`]);
+      if (r.code !== 0) throw new RollboxError('internal', `restoring the hibernated writable layer failed: ${r.stderr.trim().slice(0, 500)}`);
+    } finally {
+      await layerMounts.release(layer.digest);
+    }
+  }
+
   async function create(spec: SandboxRuntimeSpec): Promise<void> {
     const id = spec.sandboxId;
     checkSandboxId(id);
@@ -358,6 +374,7 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
         // allSettled: the cleanup below must not start while either is still running.
         const settled = await Promise.allSettled([acquireLayers(layers, rec), scratch.attach(id, spec.resources.diskMiB, disk)]);
         for (const r of settled) if (r.status === 'rejected') throw r.reason;
+        if (spec.restoreUpper) await restoreUpper(spec.restoreUpper, path.join(disk, 'upper'));
         const lowerdirs = lowerDirs(bundle, layers);
         const config = containerConfig({
           hostname: cid.slice(0, 63),
