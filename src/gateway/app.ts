@@ -19,6 +19,7 @@ import {
   Layer,
   JobActionResult,
   LayerList,
+  LayerName,
   ListCommandsQuery,
   PauseRequest,
   SnapshotRequest,
@@ -269,6 +270,19 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
     async (c) => {
       requireLayerRead(c.get('principal'));
       return c.json(await deps.layers.resolve(c.req.valid('param').ref), 200);
+    },
+  );
+  app.openapi(
+    createRoute({
+      method: 'delete',
+      path: '/v1/layers/{name}',
+      security,
+      request: { params: z.object({ name: LayerName }) },
+      responses: { 200: json(Layer, 'the layer without that name; once nothing references it, garbage collection removes it after the grace period'), ...errors },
+    }),
+    async (c) => {
+      requireScope(c.get('principal'), 'layer:write');
+      return c.json(await deps.layers.unname(c.req.valid('param').name), 200);
     },
   );
   app.get('/v1/layers/:ref/blob', async (c) => {

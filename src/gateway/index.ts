@@ -10,5 +10,7 @@ export type { FilesServiceDeps } from './files-service.ts';
 export type { QueueProvider } from './node-requests.ts';
 export { newId } from './ids.ts';
 export { Janitor } from './janitor.ts';
+export { LayerCollector } from './layer-gc.ts';
+export type { LayerCollectorDeps } from './layer-gc.ts';
 export { createMetrics } from './metrics.ts';
 export type { GatewayMetrics } from './metrics.ts';

@@ -20,6 +20,8 @@ export const keys = {
   layer: (digest: string) => `rb:layer:${digest}`,
   layers: 'rb:layers',
   layerNames: 'rb:layer-names',
+  /** Unreferenced layers, scored by when garbage collection first saw them unreferenced. */
+  layerGcCandidates: 'rb:layer-gc-candidates',
   lock: (name: string) => `rb:lock:${name}`,
   /** Bytes of one files API request in transit between gateway and worker (short TTL). */
   filesTransfer: (requestId: string) => `rb:files:${requestId}`,
