@@ -155,6 +155,19 @@ describe('files', () => {
     expect(big.status).toBe(413);
     expect(big.body.error.code).toBe('payload_too_large');
     expect((await put('/root/fits', new Uint8Array(MAX_BYTES))).status).toBe(200);
+    // Chunked, without Content-Length: cut off at the limit all the same.
+    const chunk = new Uint8Array(64 * 1024);
+    let sent = 0;
+    const stream = new ReadableStream<Uint8Array>({
+      pull(controller) {
+        if (sent > MAX_BYTES) return controller.close();
+        sent += chunk.length;
+        controller.enqueue(chunk);
+      },
+    });
+    const chunked = await fetch(`${cluster.url}${filesUrl(sandboxId, '/root/chunked')}`, { method: 'PUT', headers: { authorization: `Bearer ${token}` }, body: stream, duplex: 'half' } as RequestInit);
+    expect(chunked.status).toBe(413);
+    expect((await sh('ls /root/chunked 2>&1')).stdout).toContain('No such file');
     await sh(`head -c ${MAX_BYTES + 1} /dev/zero > /root/big`);
     const tooBig = await get('/root/big');
     expect(tooBig.status).toBe(413);
@@ -177,5 +190,9 @@ describe('files', () => {
       expect((await api(cluster, token, 'POST', `/v1/sandboxes/${sandboxId}/resume`, {})).body.state).toBe('running');
     }
     expect((await get('/root/fits')).status).toBe(200);
+
+    const paths = (await api(cluster, undefined, 'GET', '/openapi.json')).body.paths;
+    expect(Object.keys(paths['/v1/sandboxes/{id}/files'])).toEqual(expect.arrayContaining(['get', 'put']));
+    expect(Object.keys(paths['/v1/layers/{name}'])).toContain('delete');
   });
 });
