@@ -2,10 +2,11 @@ import { createHash } from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { extract, pack, type Header as TarHeader } from 'tar-stream';
+import { extract } from 'tar-stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { RollboxClient } from '../src/client/index.ts';
 import { api, startTestCluster, type TestCluster } from './support/cluster.ts';
+import { tarOf as tarBuffer, type TarEntry } from './support/tar.ts';
 
 const MAX_BYTES = 1024 * 1024;
 let cluster: TestCluster;
@@ -27,17 +28,8 @@ afterAll(async () => {
   if (hostDir) fs.rmSync(hostDir, { recursive: true, force: true });
 });
 
-type Entry = Partial<TarHeader> & { name: string; content?: string };
-async function tarOf(entries: Entry[]): Promise<Uint8Array> {
-  const archive = pack();
-  const chunks: Buffer[] = [];
-  archive.on('data', (c: unknown) => void chunks.push(c as Buffer));
-  const done = new Promise<void>((resolve) => archive.on('end', () => resolve()));
-  for (const { content, ...header } of entries) archive.entry(header, content ?? '');
-  archive.finalize();
-  await done;
-  return new Uint8Array(Buffer.concat(chunks));
-}
+type Entry = TarEntry;
+const tarOf = async (entries: Entry[]) => new Uint8Array(await tarBuffer(entries));
 async function entriesOf(tar: Uint8Array): Promise<Record<string, string>> {
   const out: Record<string, string> = {};
   const ex = extract();

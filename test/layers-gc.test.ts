@@ -1,9 +1,9 @@
 import fs from 'node:fs';
 import path from 'node:path';
-import { pack } from 'tar-stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { hostTraces } from './support/host.ts';
+import { tarOf } from './support/tar.ts';
 
 let cluster: TestCluster;
 let token: string;
@@ -30,14 +30,8 @@ const snapshot = async (id: string, name?: string) => {
   return r.body as { digest: string; parents: string[] };
 };
 async function upload(name: string, file: string): Promise<string> {
-  const archive = pack();
-  const chunks: Buffer[] = [];
-  archive.on('data', (c: unknown) => void chunks.push(c as Buffer));
-  const done = new Promise<void>((resolve) => archive.on('end', () => resolve()));
-  archive.entry({ name: file }, `${name}\n`);
-  archive.finalize();
-  await done;
-  const r = await api(cluster, token, 'POST', `/v1/layers?name=${name}`, new Uint8Array(Buffer.concat(chunks)), { 'content-type': 'application/x-tar' });
+  const tar = await tarOf([{ name: file, content: `${name}\n` }]);
+  const r = await api(cluster, token, 'POST', `/v1/layers?name=${name}`, new Uint8Array(tar), { 'content-type': 'application/x-tar' });
   expect(r.status, JSON.stringify(r.body)).toBe(201);
   return r.body.digest;
 }

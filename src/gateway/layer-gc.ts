@@ -39,8 +39,8 @@ export class LayerCollector {
     const lock = keys.lock('layer-gc');
     if (!(await redis.set(lock, '1', 'PX', LOCK_MS, 'NX'))) return [];
     try {
-      const referenced = await this.referenced();
-      const { registered } = await layers.digests();
+      const { registered, named } = await layers.digests();
+      const referenced = await this.referenced(named);
       const known = new Set([...registered, ...(await store.list())]);
       const unreferenced = [...known].filter((d) => !referenced.has(d));
       const nowMs = now();
@@ -71,9 +71,9 @@ export class LayerCollector {
     }
   }
 
-  private async referenced(): Promise<Set<string>> {
+  private async referenced(named: readonly string[]): Promise<Set<string>> {
     const { redis, layers } = this.deps;
-    const roots = new Set((await layers.digests()).named);
+    const roots = new Set(named);
     // Every sandbox not yet terminated is in its tenant's live set.
     const liveSets: string[] = [];
     let cursor = '0';

@@ -565,6 +565,7 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
       argv: spec.argv,
       stdin: spec.stdin,
       env: {},
+      cwd: '/', // the sandbox's workdir may be gone
       timeoutMs: spec.timeoutMs,
       // Kept up to the cap; one byte more marks it truncated and stops the command.
       outputCapBytes: spec.maxStdoutBytes,
