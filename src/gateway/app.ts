@@ -228,7 +228,7 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
       const accept = c.req.header('accept') ?? '';
       const format = accept.includes(FILES_TAR_TYPE) && !accept.includes(FILES_BYTES_TYPE) ? 'tar' : query.format;
       const { body, tar } = await deps.files.read(c.get('principal'), c.req.valid('param').id, { ...query, format });
-      return c.body(new Uint8Array(body), 200, { 'content-type': tar ? FILES_TAR_TYPE : FILES_BYTES_TYPE }) as never; // binary, outside the JSON response types
+      return c.body(body as Uint8Array<ArrayBuffer>, 200, { 'content-type': tar ? FILES_TAR_TYPE : FILES_BYTES_TYPE }) as never; // binary, outside the JSON response types
     },
   );
   app.openapi(

@@ -250,20 +250,12 @@ export class WorkerHost {
     const local: LocalSandbox = { id: sandbox.id, ...request, expiresAtMs: Infinity, starting: true };
     this.local.set(sandbox.id, local);
     try {
-      const layerImages = await Promise.all(
-        sandbox.layerDigests.map(async (digest) => {
-          const imagePath = await this.deps.layerImagePath(digest);
-          if (!imagePath) throw new RollboxError('internal', `layer ${digest} is not available on node ${this.nodeId}`);
-          return { digest, imagePath };
-        }),
-      );
+      const layerImages = await Promise.all(sandbox.layerDigests.map((digest) => this.layerImage(digest)));
       const hibernated = sandbox.hibernationLayer;
-      const restoreImage = hibernated && (await this.deps.layerImagePath(hibernated));
-      if (hibernated && !restoreImage) throw new RollboxError('internal', `hibernation layer ${hibernated} is not available on node ${this.nodeId}`);
       await runtime.create({
         sandboxId: sandbox.id,
         layerImages,
-        restoreUpper: hibernated ? { digest: hibernated, imagePath: restoreImage! } : undefined,
+        restoreUpper: hibernated ? await this.layerImage(hibernated) : undefined,
         resources: sandbox.spec.resources,
         class: sandbox.spec.class,
         env: sandbox.spec.env,
@@ -297,6 +289,12 @@ export class WorkerHost {
       await registry.transition(sandbox.id, 'failed', { failureReason: 'infra_error', detail: message });
       await this.reply(job.replyTo, { kind: 'error', requestId: job.requestId, error: { code: 'internal', message: `sandbox failed to start: ${message}` } });
     }
+  }
+
+  private async layerImage(digest: string): Promise<{ digest: string; imagePath: string }> {
+    const imagePath = await this.deps.layerImagePath(digest);
+    if (!imagePath) throw new RollboxError('internal', `layer ${digest} is not available on node ${this.nodeId}`);
+    return { digest, imagePath };
   }
 
   private async removeLocal(id: string): Promise<void> {
