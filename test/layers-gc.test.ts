@@ -82,7 +82,8 @@ describe('layer garbage collection', () => {
     await collected(parent); // its only referrer was the child's lineage
     await api(cluster, token, 'DELETE', `/v1/sandboxes/${user}`);
     await collected(inUse);
-    expect(hostTraces(cluster.rootDir).loops.join('\n')).not.toContain(inUse.slice('sha256:'.length));
+    // The worker host unmounts a layer (and frees its loop device) once no sandbox uses it.
+    await waitFor('loop device released', async () => !hostTraces(cluster.rootDir).loops.join('\n').includes(inUse.slice('sha256:'.length)));
     expect(stored(hibernated)).toBe(true);
     await api(cluster, token, 'DELETE', `/v1/sandboxes/${sleeper}`);
     await collected(hibernated);

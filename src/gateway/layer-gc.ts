@@ -18,13 +18,13 @@ const SCAN_COUNT = 1000;
 
 /**
  * Layer garbage collection. Referenced: the layers (and the hibernation layer) of every
- * sandbox not yet terminated, every named layer, and the parents (lineage) of anything
- * referenced. Everything else known to the registry or present in the layer store is a
+ * sandbox not yet terminated, every named layer, layers pinned between their image
+ * landing in the store and the record that uses them (snapshot, hibernation; see
+ * LayerRegistry.pin), and the parents (lineage) of anything referenced. Everything else known to the registry or present in the layer store is a
  * candidate from the first pass that sees it unreferenced, and is removed (record, then
  * image) once it has stayed unreferenced for `graceMs` and its image was not stored again
- * meanwhile. The grace covers the moments a reference is about to appear: a layer just
- * uploaded before the create that names it, a snapshot or hibernation layer between its
- * image landing in the store and its record.
+ * meanwhile. The grace covers the moments a reference is about to appear, like a layer
+ * just uploaded before the create that names it.
  *
  * Worker hosts need nothing: a layer mount is refcounted and unmounted (loop device
  * detached) when its last sandbox on the host releases it, and a referenced layer is
@@ -73,7 +73,7 @@ export class LayerCollector {
 
   private async referenced(named: readonly string[]): Promise<Set<string>> {
     const { redis, layers } = this.deps;
-    const roots = new Set(named);
+    const roots = new Set([...named, ...(await layers.pinned(this.deps.now()))]);
     // Every sandbox not yet terminated is in its tenant's live set.
     const liveSets: string[] = [];
     let cursor = '0';

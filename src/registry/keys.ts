@@ -22,6 +22,8 @@ export const keys = {
   layerNames: 'rb:layer-names',
   /** Unreferenced layers, scored by when garbage collection first saw them unreferenced. */
   layerGcCandidates: 'rb:layer-gc-candidates',
+  /** Layers stored but not yet recorded where they are used (snapshot, hibernation), scored by when the pin lapses. */
+  layerPins: 'rb:layer-pins',
   lock: (name: string) => `rb:lock:${name}`,
   /** Bytes of one files API request in transit between gateway and worker (short TTL). */
   filesTransfer: (requestId: string) => `rb:files:${requestId}`,

@@ -63,6 +63,24 @@ export class LayerRegistry {
     return updated;
   }
 
+  /**
+   * Keeps a just-stored layer from garbage collection until the record that uses it is
+   * written (a hibernated sandbox's, a snapshot's), or until `untilMs` if that never happens.
+   */
+  async pin(digest: string, untilMs: number): Promise<void> {
+    await this.redis.zadd(keys.layerPins, String(untilMs), digest);
+  }
+
+  async unpin(digest: string): Promise<void> {
+    await this.redis.zrem(keys.layerPins, digest);
+  }
+
+  /** Layers pinned now (lapsed pins are dropped). */
+  async pinned(nowMs: number): Promise<string[]> {
+    await this.redis.zremrangebyscore(keys.layerPins, '-inf', String(nowMs));
+    return this.redis.zrange(keys.layerPins, '0', '-1');
+  }
+
   /** Digests of every registered layer and of every named one. */
   async digests(): Promise<{ registered: string[]; named: string[] }> {
     const [registered, named] = await Promise.all([this.redis.smembers(keys.layers), this.redis.hvals(keys.layerNames)]);

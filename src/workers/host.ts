@@ -7,7 +7,7 @@ import type { Logger } from 'pino';
 import { CreateJob, NodeOp, RollboxError, isTerminal, type NodeHeartbeat, type Reply, type Sandbox } from '../api/index.ts';
 import type { Config } from '../config/index.ts';
 import { createQueueName, opsQueueName, publishReply } from '../queues/index.ts';
-import { OutputWriter, keys, type CommandLog, type SandboxRegistry } from '../registry/index.ts';
+import { LayerRegistry, OutputWriter, keys, type CommandLog, type SandboxRegistry } from '../registry/index.ts';
 import { decideAdmission } from './admission.ts';
 import { readSandboxFiles, writeSandboxFiles } from './files.ts';
 import type { SandboxRuntime } from './runtime/types.ts';
@@ -58,6 +58,8 @@ const REGISTRY_SYNC_MS = 3000;
 const WATCHDOG_MS = 5000;
 /** A queue with waiting jobs that its worker has not touched for this long is stuck. */
 const STUCK_AFTER_MS = 15_000;
+/** A packed layer is safe from garbage collection this long if its record is never written. */
+const LAYER_PIN_MS = 30 * 60_000;
 
 /**
  * A worker host: pulls create requests from its own queue under local admission, runs
@@ -386,6 +388,7 @@ export class WorkerHost {
     const stored = await this.packWritableLayer(sandboxId, requestId, []);
     await this.removeLocal(sandboxId);
     const moved = await this.deps.registry.transition(sandboxId, 'hibernated', { from: ['running', 'paused'], node: this.nodeId, hibernationLayer: stored.digest });
+    await new LayerRegistry(this.deps.redis).unpin(stored.digest);
     if (moved.kind !== 'ok') throw new RollboxError('conflict', `sandbox ${sandboxId} changed state while hibernating`);
     const expiresAtMs = Date.parse(sandbox.expiresAt ?? '');
     if (expiresAtMs) await this.deps.registry.watchHibernatedTtl(sandboxId, expiresAtMs);
@@ -407,7 +410,10 @@ export class WorkerHost {
     const outPath = path.join(this.deps.tmpDir, `pack-${requestId}.erofs`);
     try {
       await this.deps.runtime.snapshot(sandboxId, { outPath, excludePaths: exclude });
-      return await this.deps.storeLayerImage(outPath);
+      const stored = await this.deps.storeLayerImage(outPath);
+      // Unreferenced until the hibernated sandbox or the snapshot's record names it.
+      await new LayerRegistry(this.deps.redis).pin(stored.digest, this.now() + LAYER_PIN_MS);
+      return stored;
     } finally {
       await rm(outPath, { force: true });
     }
