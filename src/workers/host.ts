@@ -72,11 +72,14 @@ export class WorkerHost {
   private timers: NodeJS.Timeout[] = [];
   private readonly now: () => number;
   private readonly log: Logger;
+  /** Pins of packed layers (see packWritableLayer). */
+  private readonly layers: LayerRegistry;
   private stopped = false;
 
   constructor(private readonly deps: WorkerHostDeps) {
     this.now = deps.now ?? Date.now;
     this.log = deps.logger.child({ nodeId: deps.config.nodeId });
+    this.layers = new LayerRegistry(deps.redis);
   }
 
   get nodeId(): string {
@@ -388,7 +391,7 @@ export class WorkerHost {
     const stored = await this.packWritableLayer(sandboxId, requestId, []);
     await this.removeLocal(sandboxId);
     const moved = await this.deps.registry.transition(sandboxId, 'hibernated', { from: ['running', 'paused'], node: this.nodeId, hibernationLayer: stored.digest });
-    await new LayerRegistry(this.deps.redis).unpin(stored.digest);
+    await this.layers.unpin(stored.digest);
     if (moved.kind !== 'ok') throw new RollboxError('conflict', `sandbox ${sandboxId} changed state while hibernating`);
     const expiresAtMs = Date.parse(sandbox.expiresAt ?? '');
     if (expiresAtMs) await this.deps.registry.watchHibernatedTtl(sandboxId, expiresAtMs);
@@ -412,7 +415,7 @@ export class WorkerHost {
       await this.deps.runtime.snapshot(sandboxId, { outPath, excludePaths: exclude });
       const stored = await this.deps.storeLayerImage(outPath);
       // Unreferenced until the hibernated sandbox or the snapshot's record names it.
-      await new LayerRegistry(this.deps.redis).pin(stored.digest, this.now() + LAYER_PIN_MS);
+      await this.layers.pin(stored.digest, this.now() + LAYER_PIN_MS);
       return stored;
     } finally {
       await rm(outPath, { force: true });
