@@ -58,7 +58,8 @@ try {
   for (const mib of sizes) {
     const hib: number[] = [];
     const wake: number[] = [];
-    // A fresh sandbox each run: after one wake the data lives in a layer, not the writable one.
+    // A fresh sandbox each run, so each hibernation packs exactly the blob (a woken sandbox
+    // gets its packed layer copied back into its writable layer).
     for (let i = 0; i < hibernateRuns; i++) {
       const { body: s } = await api(cluster, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 256 } });
       await api(cluster, token, 'POST', `/v1/sandboxes/${s.id}/exec`, { cmd: `head -c ${mib * 1024 * 1024} /dev/urandom > /root/blob`, timeoutMs: 120_000 });

@@ -10,7 +10,7 @@ import { Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
 import pino, { type Logger } from 'pino';
 import type { Config } from './config/index.ts';
-import { ExecService, Janitor, NodeRequests, SandboxService, createGateway, createMetrics, newId } from './gateway/index.ts';
+import { ExecService, FilesService, Janitor, LayerCollector, NodeRequests, SandboxService, createGateway, createMetrics, newId } from './gateway/index.ts';
 import { createTokenIssuer, createTokenVerifier, loadOrCreateHsSecret } from './iam/index.ts';
 import { LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar } from './layers/index.ts';
 import { NodeDirectory, ReplyHub, createQueueName, opsQueueName } from './queues/index.ts';
@@ -70,6 +70,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const nodes = new NodeRequests(replies, queueProvider);
   const sandboxes = new SandboxService({ config, registry, layers, directory, nodes, metrics, now, random: Math.random });
   const execs = new ExecService({ redis, registry, commands, nodes, metrics, now });
+  const files = new FilesService({ config, redis, registry, nodes });
   const verifier = createTokenVerifier(config.jwt);
   const app = createGateway({
     config,
@@ -77,6 +78,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     verifier,
     sandboxes,
     execs,
+    files,
     layers,
     directory,
     metrics,
@@ -85,7 +87,9 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     buildLayer: (tar, { maxBytes }) => buildLayerFromTar(tar, { store, tmpDir: path.join(config.dataDir, 'tmp'), maxBytes }),
     layerImagePath: (digest) => layerImagePath(store, digest),
   });
-  const janitor = new Janitor({ redis, registry, commands, directory, lostAfterMs: config.node.lostAfterMs, intervalMs: 500, logger, now });
+  const collector = new LayerCollector({ redis, layers, store, graceMs: config.layerGc.graceMs, logger, now });
+  const layerGc = { collector, intervalMs: config.layerGc.intervalMs };
+  const janitor = new Janitor({ redis, registry, commands, directory, lostAfterMs: config.node.lostAfterMs, intervalMs: 500, logger, now, layerGc });
   janitor.start();
 
   const server = await new Promise<ReturnType<typeof serve>>((resolve) => {

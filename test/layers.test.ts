@@ -1,8 +1,8 @@
 import fs from 'node:fs';
 import path from 'node:path';
-import { pack, type Header as TarHeaders } from 'tar-stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { api, startTestCluster, type TestCluster } from './support/cluster.ts';
+import { tarOf, type TarEntry as Entry } from './support/tar.ts';
 
 let cluster: TestCluster;
 let token: string;
@@ -12,19 +12,6 @@ beforeAll(async () => {
   token = await cluster.token('builder', ['layer:write', 'sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete']);
 });
 afterAll(async () => cluster?.stop());
-
-type Entry = Partial<TarHeaders> & { name: string; content?: string };
-
-async function tarOf(entries: Entry[]): Promise<Buffer> {
-  const archive = pack();
-  const chunks: Buffer[] = [];
-  archive.on('data', (c: unknown) => void chunks.push(c as Buffer));
-  const done = new Promise<void>((resolve) => archive.on('end', () => resolve()));
-  for (const { content, ...header } of entries) archive.entry(header, content ?? '');
-  archive.finalize();
-  await done;
-  return Buffer.concat(chunks);
-}
 
 const upload = (tar: Buffer, name?: string) =>
   api(cluster, token, 'POST', `/v1/layers${name ? `?name=${name}` : ''}`, new Uint8Array(tar), { 'content-type': 'application/x-tar' });

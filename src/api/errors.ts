@@ -5,6 +5,8 @@
 export const ERROR_CODES = {
   invalid_request: 400,
   invalid_layer: 400,
+  /** A tar for the files API that names paths outside its directory, or is malformed. */
+  invalid_archive: 400,
   unauthenticated: 401,
   forbidden: 403,
   not_found: 404,

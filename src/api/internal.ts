@@ -48,7 +48,31 @@ export const SnapshotOp = z.object({
   replyTo: z.string(),
   exclude: z.array(z.string()),
 });
-export const NodeOp = z.discriminatedUnion('kind', [ExecOp, DestroyOp, FreezeOp, SnapshotOp]);
+/** Files API: bytes travel through a short-lived Redis key, the I/O runs inside the sandbox. */
+export const FilesReadOp = z.object({
+  kind: z.literal('files_read'),
+  sandboxId: z.string(),
+  requestId: z.string(),
+  replyTo: z.string(),
+  path: z.string(),
+  format: z.enum(['auto', 'tar']),
+  maxBytes: z.number().int(),
+  /** Where the worker puts what it read. */
+  resultKey: z.string(),
+});
+export const FilesWriteOp = z.object({
+  kind: z.literal('files_write'),
+  sandboxId: z.string(),
+  requestId: z.string(),
+  replyTo: z.string(),
+  path: z.string(),
+  /** A (checked) tar to extract into the directory at path, or the file's bytes. */
+  tar: z.boolean(),
+  mode: z.string().optional(),
+  /** Where the gateway put the bytes. */
+  bodyKey: z.string(),
+});
+export const NodeOp = z.discriminatedUnion('kind', [ExecOp, DestroyOp, FreezeOp, SnapshotOp, FilesReadOp, FilesWriteOp]);
 export type NodeOp = z.infer<typeof NodeOp>;
 
 const ReplyError = z.object({ code: z.string(), message: z.string(), retryAfterSeconds: z.number().optional() });
@@ -59,6 +83,7 @@ export const Reply = z.discriminatedUnion('kind', [
   z.object({ kind: z.literal('exec'), requestId: z.string(), result: ExecResult }),
   z.object({ kind: z.literal('done'), requestId: z.string() }),
   z.object({ kind: z.literal('snapshot'), requestId: z.string(), digest: z.string(), sizeBytes: z.number() }),
+  z.object({ kind: z.literal('files'), requestId: z.string(), tar: z.boolean(), sizeBytes: z.number() }),
   z.object({ kind: z.literal('error'), requestId: z.string(), error: ReplyError }),
 ]);
 export type Reply = z.infer<typeof Reply>;

@@ -98,6 +98,8 @@ export const Sandbox = z.object({
   spec: CreateSandboxRequest,
   /** Layer digests, base first, resolved at creation. */
   layerDigests: z.array(LayerDigest),
+  /** While hibernated: the packed writable layer, restored into the upper dir on wake. */
+  hibernationLayer: LayerDigest.optional(),
   createdAt: z.string(),
   startedAt: z.string().optional(),
   endedAt: z.string().optional(),

@@ -4,6 +4,7 @@ import {
   CommandList,
   CommandStatus,
   ExecResult,
+  FilesWriteResult,
   Layer,
   LayerList,
   Sandbox,
@@ -98,6 +99,26 @@ export class RollboxClient {
     return CommandList.parse(await this.call('GET', `/v1/sandboxes/${encodeURIComponent(id)}/commands?limit=${limit}`)).commands;
   }
 
+  /** A regular file of the sandbox, as bytes (paths resolve inside the sandbox). */
+  async readFile(id: string, path: string): Promise<Uint8Array> {
+    return (await this.call('GET', filesPath(id, { path }), undefined, { accept: 'application/octet-stream' }, { bytes: true })) as Uint8Array;
+  }
+
+  /** A directory of the sandbox (or one file) as a tar. */
+  async getTar(id: string, path: string): Promise<Uint8Array> {
+    return (await this.call('GET', filesPath(id, { path, format: 'tar' }), undefined, {}, { bytes: true })) as Uint8Array;
+  }
+
+  /** Writes a file (parents created). Idempotent, so it is retried like every call. */
+  async writeFile(id: string, path: string, bytes: Uint8Array, options: { mode?: string } = {}): Promise<FilesWriteResult> {
+    return FilesWriteResult.parse(await this.call('PUT', filesPath(id, { path, mode: options.mode }), bytes, { 'content-type': 'application/octet-stream' }));
+  }
+
+  /** Extracts a tar into the directory at path (created if missing). */
+  async putTar(id: string, path: string, tar: Uint8Array): Promise<FilesWriteResult> {
+    return FilesWriteResult.parse(await this.call('PUT', filesPath(id, { path }), tar, { 'content-type': 'application/x-tar' }));
+  }
+
   async uploadLayer(tar: Uint8Array, name?: string): Promise<Layer> {
     return Layer.parse(await this.call('POST', `/v1/layers${name ? `?name=${encodeURIComponent(name)}` : ''}`, tar));
   }
@@ -106,7 +127,7 @@ export class RollboxClient {
     return LayerList.parse(await this.call('GET', '/v1/layers')).layers;
   }
 
-  private async call(method: string, path: string, body?: unknown, headers: Record<string, string> = {}): Promise<unknown> {
+  private async call(method: string, path: string, body?: unknown, headers: Record<string, string> = {}, options: { bytes?: boolean } = {}): Promise<unknown> {
     const isTar = body instanceof Uint8Array;
     const init: RequestInit = {
       method,
@@ -121,6 +142,7 @@ export class RollboxClient {
       let error: RollboxApiError;
       try {
         const response = await this.fetch(`${this.options.baseUrl.replace(/\/$/, '')}${path}`, init);
+        if (response.ok && options.bytes) return new Uint8Array(await response.arrayBuffer());
         const text = await response.text();
         const parsed: unknown = text ? JSON.parse(text) : undefined;
         if (response.ok) return parsed;
@@ -137,6 +159,11 @@ export class RollboxClient {
       await new Promise((r) => setTimeout(r, Math.max(backoffMs, (error.retryAfterSeconds ?? 0) * 1000)));
     }
   }
+}
+
+function filesPath(id: string, query: Record<string, string | undefined>): string {
+  const params = new URLSearchParams(Object.entries(query).flatMap(([k, v]) => (v === undefined ? [] : [[k, v]])));
+  return `/v1/sandboxes/${encodeURIComponent(id)}/files?${params}`;
 }
 
 function isRetryable(error: RollboxApiError): boolean {

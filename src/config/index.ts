@@ -46,6 +46,11 @@ const Env = z.object({
   ROLLBOX_HEARTBEAT_MS: z.coerce.number().int().min(50).default(1000),
   ROLLBOX_NODE_LOST_AFTER_MS: z.coerce.number().int().min(200).default(5000),
   ROLLBOX_EXEC_OUTPUT_CAP_BYTES: z.coerce.number().int().min(1024).default(1024 * 1024),
+  /** Largest file or tar the files API moves in one request (it travels through Redis). */
+  ROLLBOX_FILES_MAX_BYTES: z.coerce.number().int().min(1024).max(512 * 1024 * 1024).default(64 * 1024 * 1024),
+  /** A layer nothing references is collected once it has stayed unreferenced this long. */
+  ROLLBOX_LAYER_GC_GRACE_MS: z.coerce.number().int().min(0).default(10 * 60_000),
+  ROLLBOX_LAYER_GC_INTERVAL_MS: z.coerce.number().int().min(100).default(60_000),
 });
 
 export type Config = ReturnType<typeof loadConfig>;
@@ -77,6 +82,8 @@ export function loadConfig(env: NodeJS.ProcessEnv, overrides: Partial<Record<key
       clockToleranceSec: e.ROLLBOX_JWT_CLOCK_TOLERANCE_SEC,
     },
     quota: { maxLiveSandboxesPerTenant: e.ROLLBOX_TENANT_MAX_SANDBOXES },
+    files: { maxBytes: e.ROLLBOX_FILES_MAX_BYTES },
+    layerGc: { graceMs: e.ROLLBOX_LAYER_GC_GRACE_MS, intervalMs: e.ROLLBOX_LAYER_GC_INTERVAL_MS },
     placement: { choices: e.ROLLBOX_PLACEMENT_CHOICES, maxRefusals: e.ROLLBOX_PLACEMENT_MAX_REFUSALS, createTimeoutMs: e.ROLLBOX_CREATE_TIMEOUT_MS },
     node: {
       /** Unset: the worker keeps a generated id in its data dir. */

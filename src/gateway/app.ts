@@ -11,9 +11,15 @@ import {
   ErrorBody,
   ExecRequest,
   ExecResult,
+  FILES_BYTES_TYPE,
+  FILES_TAR_TYPE,
+  FilesReadQuery,
+  FilesWriteQuery,
+  FilesWriteResult,
   Layer,
   JobActionResult,
   LayerList,
+  LayerName,
   ListCommandsQuery,
   PauseRequest,
   SnapshotRequest,
@@ -32,17 +38,19 @@ import { authenticate, type GatewayEnv } from './auth.ts';
 import { describeZodError, errorResponse, handleError } from './errors.ts';
 import type { GatewayMetrics } from './metrics.ts';
 import type { ExecService } from './exec-service.ts';
+import type { FilesService } from './files-service.ts';
 import type { SandboxService } from './sandbox-service.ts';
 
 /** Turns an uploaded tar into a stored EROFS layer (the layer store decides where). */
 export type LayerBuilder = (tar: Readable, options: { maxBytes: number }) => Promise<{ digest: string; sizeBytes: number }>;
 
 export interface GatewayDeps {
-  config: Pick<Config, 'http'>;
+  config: Pick<Config, 'http' | 'files'>;
   redis: Redis;
   verifier: TokenVerifier;
   sandboxes: SandboxService;
   execs: ExecService;
+  files: FilesService;
   layers: LayerRegistry;
   buildLayer: LayerBuilder;
   /** Path of a layer image in the store, for the blob download. */
@@ -88,7 +96,9 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   // Everything under /v1 needs a token; JSON bodies are capped before any handler reads them.
   app.use('/v1/*', authenticate(deps.verifier));
   const jsonLimit = bodyLimit({ maxSize: deps.config.http.bodyLimitBytes, onError: () => { throw new RollboxError('payload_too_large', `body is larger than ${deps.config.http.bodyLimitBytes} bytes`); } });
-  app.use('/v1/sandboxes/*', jsonLimit);
+  // File uploads have their own (larger) cap.
+  const filesLimit = bodyLimit({ maxSize: deps.config.files.maxBytes, onError: () => { throw new RollboxError('payload_too_large', `body is larger than the files limit of ${deps.config.files.maxBytes} bytes`); } });
+  app.use('/v1/sandboxes/*', (c, next) => (/^\/v1\/sandboxes\/[^/]+\/files$/.test(c.req.path) ? filesLimit(c, next) : jsonLimit(c, next)));
   app.use('/v1/sandboxes', jsonLimit);
   app.use('/v1/jobs/*', jsonLimit);
 
@@ -200,6 +210,41 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
     async (c) => c.json(await sandboxes.snapshot(c.get('principal'), c.req.valid('param').id, c.req.valid('json') ?? { exclude: [] }), 201),
   );
 
+  // Files: paths resolve inside the sandbox (src/workers/files.ts).
+  const binary = (description: string) => ({
+    description,
+    content: { [FILES_BYTES_TYPE]: { schema: z.string().openapi({ format: 'binary' }) }, [FILES_TAR_TYPE]: { schema: z.string().openapi({ format: 'binary' }) } },
+  });
+  app.openapi(
+    createRoute({
+      method: 'get',
+      path: '/v1/sandboxes/{id}/files',
+      security,
+      request: { params: IdParam, query: FilesReadQuery },
+      responses: { 200: binary(`a regular file as its bytes (${FILES_BYTES_TYPE}); a directory, or anything with format=tar or Accept: ${FILES_TAR_TYPE}, as a tar`), ...errors },
+    }),
+    async (c) => {
+      const query = c.req.valid('query');
+      const accept = c.req.header('accept') ?? '';
+      const format = accept.includes(FILES_TAR_TYPE) && !accept.includes(FILES_BYTES_TYPE) ? 'tar' : query.format;
+      const { body, tar } = await deps.files.read(c.get('principal'), c.req.valid('param').id, { ...query, format });
+      return c.body(body as Uint8Array<ArrayBuffer>, 200, { 'content-type': tar ? FILES_TAR_TYPE : FILES_BYTES_TYPE }) as never; // binary, outside the JSON response types
+    },
+  );
+  app.openapi(
+    createRoute({
+      method: 'put',
+      path: '/v1/sandboxes/{id}/files',
+      security,
+      request: { params: IdParam, query: FilesWriteQuery, body: { required: true, ...binary(`${FILES_TAR_TYPE}: extracted into the directory at path; anything else: written as the file at path`) } },
+      responses: { 200: json(FilesWriteResult, 'written'), ...errors },
+    }),
+    async (c) => {
+      const body = Buffer.from(await c.req.arrayBuffer());
+      return c.json(await deps.files.write(c.get('principal'), c.req.valid('param').id, c.req.valid('query'), body, c.req.header('content-type')), 200);
+    },
+  );
+
   // Layers: a tar goes in, an EROFS layer comes out.
   app.post('/v1/layers', async (c) => {
     requireScope(c.get('principal'), 'layer:write');
@@ -225,6 +270,19 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
     async (c) => {
       requireLayerRead(c.get('principal'));
       return c.json(await deps.layers.resolve(c.req.valid('param').ref), 200);
+    },
+  );
+  app.openapi(
+    createRoute({
+      method: 'delete',
+      path: '/v1/layers/{name}',
+      security,
+      request: { params: z.object({ name: LayerName }) },
+      responses: { 200: json(Layer, 'the layer without that name; once nothing references it, garbage collection removes it after the grace period'), ...errors },
+    }),
+    async (c) => {
+      requireScope(c.get('principal'), 'layer:write');
+      return c.json(await deps.layers.unname(c.req.valid('param').name), 200);
     },
   );
   app.get('/v1/layers/:ref/blob', async (c) => {

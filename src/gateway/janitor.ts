@@ -2,19 +2,22 @@ import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { NodeDirectory } from '../queues/index.ts';
 import { keys, type CommandLog, type SandboxRegistry } from '../registry/index.ts';
+import type { LayerCollector } from './layer-gc.ts';
 
 /**
  * Cluster housekeeping run by every gateway (one at a time per item, through Redis locks):
  * - a worker host whose heartbeat stopped: its sandboxes end `failed(lost)`;
  * - a sandbox that never settled (its gateway died mid-create): it ends `failed(infra_error)`;
- * - a hibernated sandbox past its TTL: it ends `failed(timeout)`.
+ * - a hibernated sandbox past its TTL: it ends `failed(timeout)`;
+ * - every `layerGc.intervalMs`: unreferenced layers are collected (see layer-gc.ts).
  */
 export class Janitor {
   private timer: NodeJS.Timeout | undefined;
   private running = false;
+  private lastLayerGcMs = 0;
 
   constructor(
-    private readonly deps: { redis: Redis; registry: SandboxRegistry; commands: CommandLog; directory: NodeDirectory; lostAfterMs: number; intervalMs: number; logger: Logger; now: () => number },
+    private readonly deps: { redis: Redis; registry: SandboxRegistry; commands: CommandLog; directory: NodeDirectory; lostAfterMs: number; intervalMs: number; logger: Logger; now: () => number; layerGc?: { collector: LayerCollector; intervalMs: number } },
   ) {}
 
   start(): void {
@@ -38,6 +41,11 @@ export class Janitor {
       for (const id of await this.deps.registry.unsettledBefore(this.deps.now())) {
         await this.deps.registry.transition(id, 'failed', { from: ['pending', 'creating'], failureReason: 'infra_error', detail: 'the sandbox did not start in time' });
         await this.deps.redis.zrem(keys.unsettled, id);
+      }
+      const { layerGc } = this.deps;
+      if (layerGc && this.deps.now() - this.lastLayerGcMs >= layerGc.intervalMs) {
+        this.lastLayerGcMs = this.deps.now();
+        await layerGc.collector.collect();
       }
     } catch (err) {
       this.deps.logger.warn({ err }, 'janitor sweep failed');

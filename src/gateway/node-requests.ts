@@ -54,7 +54,7 @@ export class NodeRequests {
 
 /** A worker host's error reply as a typed error (codes it may send; anything else is internal). */
 export function toRollboxError(error: { code: string; message: string; retryAfterSeconds?: number }): RollboxError {
-  const known = ['invalid_state', 'not_found', 'conflict', 'timeout', 'invalid_request', 'result_unknown'] as const;
+  const known = ['invalid_state', 'not_found', 'conflict', 'timeout', 'invalid_request', 'result_unknown', 'payload_too_large'] as const;
   const code = (known as readonly string[]).includes(error.code) ? (error.code as (typeof known)[number]) : 'internal';
   return new RollboxError(code, error.message, error.retryAfterSeconds);
 }

@@ -242,7 +242,9 @@ export class SandboxService {
     const reply = await this.deps.nodes.sendOp(sandbox.node!, { kind: 'snapshot', sandboxId: id, requestId, exclude: request.exclude }, SNAPSHOT_REPLY_TIMEOUT_MS);
     if (reply.kind === 'error') throw toRollboxError(reply.error);
     if (reply.kind !== 'snapshot') throw new RollboxError('internal', `unexpected reply ${reply.kind}`);
-    return this.deps.layers.register({ digest: reply.digest, sizeBytes: reply.sizeBytes, name: request.name, parents: sandbox.layerDigests, createdAt: new Date(this.deps.now()).toISOString() });
+    const layer = await this.deps.layers.register({ digest: reply.digest, sizeBytes: reply.sizeBytes, name: request.name, parents: sandbox.layerDigests, createdAt: new Date(this.deps.now()).toISOString() });
+    await this.deps.layers.unpin(layer.digest); // recorded: garbage collection may judge it now
+    return layer;
   }
 
   async delete(principal: Principal, id: string): Promise<Sandbox> {

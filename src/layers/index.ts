@@ -9,3 +9,4 @@ export { mkfsErofs } from './erofs.ts';
 export { entryComponents, symlinkStaysInside } from './extract.ts';
 export { readMountInfo, isMountPoint, loopDeviceOf, listLoopDevices } from './hostmounts.ts';
 export type { MountInfo, LoopDevice } from './hostmounts.ts';
+export { checkFilesArchive } from './archive.ts';

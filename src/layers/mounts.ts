@@ -22,6 +22,8 @@ export interface LayerMountsDeps {
   losetupBinary?: string;
 }
 
+const UNMOUNT_RETRY_MS = 1000;
+
 interface Entry {
   refs: number;
   mounted: boolean;
@@ -102,6 +104,26 @@ export class LayerMounts {
           e.mounted = false;
         }
       });
+    } catch (err) {
+      // Still busy (the overlay of a container that just died can hold it a while): try
+      // again shortly, detaching lazily, so a layer no sandbox uses never stays mounted.
+      setTimeout(() => void this.unmountIfUnused(digest, e), UNMOUNT_RETRY_MS).unref();
+      throw err;
+    } finally {
+      this.forgetIfIdle(digest, e);
+    }
+  }
+
+  private async unmountIfUnused(digest: string, e: Entry): Promise<void> {
+    try {
+      await this.serialize(e, async () => {
+        if (e.refs === 0 && e.mounted) {
+          await this.unmountDir(this.dirOf(digest), true);
+          e.mounted = false;
+        }
+      });
+    } catch (err) {
+      this.deps.logger?.warn({ digest, err: String(err) }, 'layer still mounted');
     } finally {
       this.forgetIfIdle(digest, e);
     }

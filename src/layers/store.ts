@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { copyFile, chmod, mkdir, rename, rm, stat, unlink } from 'node:fs/promises';
+import { copyFile, chmod, mkdir, readdir, rename, rm, stat, unlink, utimes } from 'node:fs/promises';
 import path from 'node:path';
 import { hexOfDigest, sha256File } from './digest.ts';
 
@@ -44,6 +44,9 @@ export class LayerStore {
     await mkdir(path.dirname(imagePath), { recursive: true });
     if (await this.has(digest)) {
       await unlink(tmpImagePath).catch(() => undefined);
+      // Stored again: a fresh mtime tells garbage collection the image is in use again.
+      const now = new Date();
+      await utimes(imagePath, now, now).catch(() => undefined);
       return { digest, sizeBytes, imagePath };
     }
     await chmod(tmpImagePath, 0o444);
@@ -65,6 +68,17 @@ export class LayerStore {
       await unlink(tmpImagePath).catch(() => undefined);
     }
     return { digest, sizeBytes, imagePath };
+  }
+
+  /** Digests of every stored image. */
+  async list(): Promise<string[]> {
+    const names = await readdir(path.join(this.dir, 'sha256')).catch(() => [] as string[]);
+    return names.flatMap((n) => (/^[0-9a-f]{64}\.erofs$/.test(n) ? [`sha256:${n.slice(0, 64)}`] : []));
+  }
+
+  /** When the image was last stored (undefined: not stored). */
+  async storedAtMs(digest: string): Promise<number | undefined> {
+    return stat(this.pathOf(digest)).then((s) => s.mtimeMs, () => undefined);
   }
 
   /** Delete an image. Callers make sure no sandbox still uses it (a mounted loop device keeps its inode alive anyway). */

@@ -20,7 +20,13 @@ export const keys = {
   layer: (digest: string) => `rb:layer:${digest}`,
   layers: 'rb:layers',
   layerNames: 'rb:layer-names',
+  /** Unreferenced layers, scored by when garbage collection first saw them unreferenced. */
+  layerGcCandidates: 'rb:layer-gc-candidates',
+  /** Layers stored but not yet recorded where they are used (snapshot, hibernation), scored by when the pin lapses. */
+  layerPins: 'rb:layer-pins',
   lock: (name: string) => `rb:lock:${name}`,
+  /** Bytes of one files API request in transit between gateway and worker (short TTL). */
+  filesTransfer: (requestId: string) => `rb:files:${requestId}`,
   replyChannel: (gatewayId: string) => `rb:reply:${gatewayId}`,
   stateChannel: 'rb:sandbox-states',
 } as const;

@@ -4,6 +4,14 @@ import { keys } from './keys.ts';
 
 const DIGEST = /^sha256:[0-9a-f]{64}$/;
 
+/** KEYS: layer record, layer set, names   ARGV: digest.  Returns 1 if removed, 0 if a name points to it. */
+const FORGET_LAYER = `
+for _, d in ipairs(redis.call('HVALS', KEYS[3])) do if d == ARGV[1] then return 0 end end
+redis.call('DEL', KEYS[1])
+redis.call('SREM', KEYS[2], ARGV[1])
+return 1
+`;
+
 /** Layer metadata (the registry); the images themselves live in the layer store. */
 export class LayerRegistry {
   constructor(private readonly redis: Redis) {}
@@ -37,6 +45,54 @@ export class LayerRegistry {
 
   async resolveAll(refs: readonly string[]): Promise<LayerDigest[]> {
     return Promise.all(refs.map(async (ref) => (await this.resolve(ref)).digest));
+  }
+
+  /** Drops a name; the layer stays (unreferenced, garbage collection takes it later). */
+  async unname(name: string): Promise<Layer> {
+    const digest = await this.redis.hget(keys.layerNames, name);
+    if (!digest) throw new RollboxError('not_found', `layer name ${name} not found`);
+    await this.redis.hdel(keys.layerNames, name);
+    const layer = await this.get(digest);
+    if (!layer) throw new RollboxError('not_found', `layer ${digest} not found`);
+    if (layer.name !== name) return layer;
+    // The record shows one of its names: another one if it has more, else none.
+    const other = Object.entries(await this.redis.hgetall(keys.layerNames)).find(([, d]) => d === digest)?.[0];
+    const { name: _dropped, ...rest } = layer;
+    const updated: Layer = other ? { ...rest, name: other } : rest;
+    await this.redis.hset(keys.layer(digest), 'json', JSON.stringify(updated));
+    return updated;
+  }
+
+  /**
+   * Keeps a just-stored layer from garbage collection until the record that uses it is
+   * written (a hibernated sandbox's, a snapshot's), or until `untilMs` if that never happens.
+   */
+  async pin(digest: string, untilMs: number): Promise<void> {
+    await this.redis.zadd(keys.layerPins, String(untilMs), digest);
+  }
+
+  async unpin(digest: string): Promise<void> {
+    await this.redis.zrem(keys.layerPins, digest);
+  }
+
+  /** Layers pinned now (lapsed pins are dropped). */
+  async pinned(nowMs: number): Promise<string[]> {
+    await this.redis.zremrangebyscore(keys.layerPins, '-inf', String(nowMs));
+    return this.redis.zrange(keys.layerPins, '0', '-1');
+  }
+
+  /** Digests of every registered layer and of every named one. */
+  async digests(): Promise<{ registered: string[]; named: string[] }> {
+    const [registered, named] = await Promise.all([this.redis.smembers(keys.layers), this.redis.hvals(keys.layerNames)]);
+    return { registered, named };
+  }
+
+  /**
+   * Removes a layer's record unless a name points to it (checked and done in one script,
+   * so a name given meanwhile keeps it). Returns whether it was removed.
+   */
+  async forget(digest: string): Promise<boolean> {
+    return (await this.redis.eval(FORGET_LAYER, 3, keys.layer(digest), keys.layers, keys.layerNames, digest)) === 1;
   }
 
   async list(): Promise<Layer[]> {

@@ -34,8 +34,10 @@ export interface TransitionOptions {
   detail?: string;
   startedAt?: string;
   expiresAt?: string;
-  /** Replaces the sandbox's layers (hibernate appends its packed writable layer). */
+  /** Replaces the sandbox's layers. */
   layerDigests?: readonly string[];
+  /** The packed writable layer of a hibernated sandbox; '' clears it (woken). */
+  hibernationLayer?: string;
 }
 
 /** States from which `to` may be entered. */
@@ -53,6 +55,7 @@ function toFields(record: Sandbox): string[] {
     node: record.node,
     spec: JSON.stringify(record.spec),
     layerDigests: JSON.stringify(record.layerDigests),
+    hibernationLayer: record.hibernationLayer,
     createdAt: record.createdAt,
     startedAt: record.startedAt,
     endedAt: record.endedAt,
@@ -73,6 +76,7 @@ function fromHash(hash: Record<string, string>): Sandbox | undefined {
     node: hash.node,
     spec: CreateSandboxRequest.parse(JSON.parse(hash.spec!)),
     layerDigests: JSON.parse(hash.layerDigests ?? '[]') as string[],
+    hibernationLayer: hash.hibernationLayer || undefined,
     createdAt: hash.createdAt!,
     startedAt: hash.startedAt,
     endedAt: hash.endedAt,
@@ -138,6 +142,7 @@ export class SandboxRegistry {
     if (options.startedAt) patch.push('startedAt', options.startedAt);
     if (options.expiresAt) patch.push('expiresAt', options.expiresAt);
     if (options.layerDigests) patch.push('layerDigests', JSON.stringify(options.layerDigests));
+    if (options.hibernationLayer !== undefined) patch.push('hibernationLayer', options.hibernationLayer);
     if (terminal) patch.push('endedAt', new Date(this.now()).toISOString());
     const result = (await this.redis.eval(
       TRANSITION,

@@ -7,8 +7,9 @@ import type { Logger } from 'pino';
 import { CreateJob, NodeOp, RollboxError, isTerminal, type NodeHeartbeat, type Reply, type Sandbox } from '../api/index.ts';
 import type { Config } from '../config/index.ts';
 import { createQueueName, opsQueueName, publishReply } from '../queues/index.ts';
-import { OutputWriter, keys, type CommandLog, type SandboxRegistry } from '../registry/index.ts';
+import { LayerRegistry, OutputWriter, keys, type CommandLog, type SandboxRegistry } from '../registry/index.ts';
 import { decideAdmission } from './admission.ts';
+import { readSandboxFiles, writeSandboxFiles } from './files.ts';
 import type { SandboxRuntime } from './runtime/types.ts';
 
 export interface WorkerHostDeps {
@@ -57,6 +58,8 @@ const REGISTRY_SYNC_MS = 3000;
 const WATCHDOG_MS = 5000;
 /** A queue with waiting jobs that its worker has not touched for this long is stuck. */
 const STUCK_AFTER_MS = 15_000;
+/** A packed layer is safe from garbage collection this long if its record is never written. */
+const LAYER_PIN_MS = 30 * 60_000;
 
 /**
  * A worker host: pulls create requests from its own queue under local admission, runs
@@ -69,11 +72,14 @@ export class WorkerHost {
   private timers: NodeJS.Timeout[] = [];
   private readonly now: () => number;
   private readonly log: Logger;
+  /** Pins of packed layers (see packWritableLayer). */
+  private readonly layers: LayerRegistry;
   private stopped = false;
 
   constructor(private readonly deps: WorkerHostDeps) {
     this.now = deps.now ?? Date.now;
     this.log = deps.logger.child({ nodeId: deps.config.nodeId });
+    this.layers = new LayerRegistry(deps.redis);
   }
 
   get nodeId(): string {
@@ -249,16 +255,12 @@ export class WorkerHost {
     const local: LocalSandbox = { id: sandbox.id, ...request, expiresAtMs: Infinity, starting: true };
     this.local.set(sandbox.id, local);
     try {
-      const layerImages = await Promise.all(
-        sandbox.layerDigests.map(async (digest) => {
-          const imagePath = await this.deps.layerImagePath(digest);
-          if (!imagePath) throw new RollboxError('internal', `layer ${digest} is not available on node ${this.nodeId}`);
-          return { digest, imagePath };
-        }),
-      );
+      const layerImages = await Promise.all(sandbox.layerDigests.map((digest) => this.layerImage(digest)));
+      const hibernated = sandbox.hibernationLayer;
       await runtime.create({
         sandboxId: sandbox.id,
         layerImages,
+        restoreUpper: hibernated ? await this.layerImage(hibernated) : undefined,
         resources: sandbox.spec.resources,
         class: sandbox.spec.class,
         env: sandbox.spec.env,
@@ -274,6 +276,8 @@ export class WorkerHost {
         node: this.nodeId,
         startedAt: new Date(startedAtMs).toISOString(),
         expiresAt: new Date(local.expiresAtMs).toISOString(),
+        // Its contents are in the upper dir again; the layer is left to garbage collection.
+        hibernationLayer: hibernated ? '' : undefined,
       });
       if (running.kind !== 'ok') {
         // Deleted or failed while starting: undo, and finish a delete that arrived meanwhile.
@@ -290,6 +294,12 @@ export class WorkerHost {
       await registry.transition(sandbox.id, 'failed', { failureReason: 'infra_error', detail: message });
       await this.reply(job.replyTo, { kind: 'error', requestId: job.requestId, error: { code: 'internal', message: `sandbox failed to start: ${message}` } });
     }
+  }
+
+  private async layerImage(digest: string): Promise<{ digest: string; imagePath: string }> {
+    const imagePath = await this.deps.layerImagePath(digest);
+    if (!imagePath) throw new RollboxError('internal', `layer ${digest} is not available on node ${this.nodeId}`);
+    return { digest, imagePath };
   }
 
   private async removeLocal(id: string): Promise<void> {
@@ -317,6 +327,12 @@ export class WorkerHost {
         case 'resume':
           await this.setPaused(op.sandboxId, op.kind === 'pause');
           return await this.reply(op.replyTo, { kind: 'done', requestId: op.requestId });
+        case 'files_read':
+          this.requireLocal(op.sandboxId);
+          return await this.reply(op.replyTo, await readSandboxFiles(this.deps, op));
+        case 'files_write':
+          this.requireLocal(op.sandboxId);
+          return await this.reply(op.replyTo, await writeSandboxFiles(this.deps, op));
       }
     } catch (err) {
       const error = err instanceof RollboxError ? { code: err.code, message: err.message } : { code: 'internal', message: err instanceof Error ? err.message : String(err) };
@@ -366,17 +382,23 @@ export class WorkerHost {
 
   /**
    * Pack the writable layer, then stop the container: its memory goes back to the host.
-   * Waking it starts a new container over [its layers..., that layer].
+   * Waking it starts a new container over its layers with that layer copied back into the
+   * upper dir, so hibernating again replaces the layer instead of stacking another.
    */
   private async hibernate(sandboxId: string, requestId: string): Promise<void> {
     const sandbox = await this.deps.registry.get(sandboxId);
     if (!sandbox) throw new RollboxError('not_found', `sandbox ${sandboxId} not found`);
     const stored = await this.packWritableLayer(sandboxId, requestId, []);
     await this.removeLocal(sandboxId);
-    const moved = await this.deps.registry.transition(sandboxId, 'hibernated', { from: ['running', 'paused'], node: this.nodeId, layerDigests: [...sandbox.layerDigests, stored.digest] });
+    const moved = await this.deps.registry.transition(sandboxId, 'hibernated', { from: ['running', 'paused'], node: this.nodeId, hibernationLayer: stored.digest });
+    await this.layers.unpin(stored.digest);
     if (moved.kind !== 'ok') throw new RollboxError('conflict', `sandbox ${sandboxId} changed state while hibernating`);
     const expiresAtMs = Date.parse(sandbox.expiresAt ?? '');
     if (expiresAtMs) await this.deps.registry.watchHibernatedTtl(sandboxId, expiresAtMs);
+  }
+
+  private requireLocal(sandboxId: string): void {
+    if (!this.local.has(sandboxId)) throw new RollboxError('invalid_state', `sandbox ${sandboxId} is not running on this node`);
   }
 
   private async setPaused(sandboxId: string, paused: boolean): Promise<void> {
@@ -391,7 +413,10 @@ export class WorkerHost {
     const outPath = path.join(this.deps.tmpDir, `pack-${requestId}.erofs`);
     try {
       await this.deps.runtime.snapshot(sandboxId, { outPath, excludePaths: exclude });
-      return await this.deps.storeLayerImage(outPath);
+      const stored = await this.deps.storeLayerImage(outPath);
+      // Unreferenced until the hibernated sandbox or the snapshot's record names it.
+      await this.layers.pin(stored.digest, this.now() + LAYER_PIN_MS);
+      return stored;
     } finally {
       await rm(outPath, { force: true });
     }

@@ -23,7 +23,7 @@ import { DiskHelper } from './diskhelper.ts';
 import { ScratchDisks } from './scratch.ts';
 import { packUpperDir, upperDirOfBundle } from './snapshot.ts';
 import { containerConfig, envList } from './spec.ts';
-import type { RuntimeExecOutcome, RuntimeExecSpec, SandboxRuntime, SandboxRuntimeSpec } from './types.ts';
+import type { RuntimeExecOutcome, RuntimeExecSpec, RuntimeRawExecOutcome, RuntimeRawExecSpec, SandboxRuntime, SandboxRuntimeSpec } from './types.ts';
 
 export interface RuntimeLogger {
   warn(obj: object, msg?: string): void;
@@ -163,8 +163,11 @@ class CappedBuffer {
     this.kept += kept.length;
     this.onKept?.(kept);
   }
+  bytes(): Buffer {
+    return Buffer.concat(this.chunks);
+  }
   text(): string {
-    return Buffer.concat(this.chunks).toString('utf8');
+    return this.bytes().toString('utf8');
   }
 }
 
@@ -328,6 +331,22 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     return dirs.map((_d, i) => path.join(bundle, 'l', String(i)));
   }
 
+  /**
+   * Waking from hibernation: the packed writable layer goes back into the new upper dir as
+   * it was (whiteouts as 0:0 devices, opaque dirs by their xattr), so the next hibernation
+   * packs one layer again instead of stacking one more: the chain stays bounded. `cp -a`
+   * copies into a fresh, empty dir and copies links as links, never through them.
+   */
+  async function restoreUpper(layer: { digest: string; imagePath: string }, upperDir: string): Promise<void> {
+    const dir = await layerMounts.acquire(layer.digest, layer.imagePath);
+    try {
+      const r = await runQuiet('cp', ['-a', '--', `${dir}/.`, `${upperDir}/`]);
+      if (r.code !== 0) throw new RollboxError('internal', `restoring the hibernated writable layer failed: ${r.stderr.trim().slice(0, 500)}`);
+    } finally {
+      await layerMounts.release(layer.digest);
+    }
+  }
+
   async function create(spec: SandboxRuntimeSpec): Promise<void> {
     const id = spec.sandboxId;
     checkSandboxId(id);
@@ -355,6 +374,7 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
         // allSettled: the cleanup below must not start while either is still running.
         const settled = await Promise.allSettled([acquireLayers(layers, rec), scratch.attach(id, spec.resources.diskMiB, disk)]);
         for (const r of settled) if (r.status === 'rejected') throw r.reason;
+        if (spec.restoreUpper) await restoreUpper(spec.restoreUpper, path.join(disk, 'upper'));
         const lowerdirs = lowerDirs(bundle, layers);
         const config = containerConfig({
           hostname: cid.slice(0, 63),
@@ -403,11 +423,26 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     });
   }
 
-  async function exec(sandboxId: string, spec: RuntimeExecSpec): Promise<RuntimeExecOutcome> {
+  interface ExecRun {
+    exitCode: number;
+    stdout: CappedBuffer;
+    stderr: CappedBuffer;
+    timedOut: boolean;
+    /** Stopped because stdout passed its cap (`stopAtStdoutCap`). */
+    overflowed: boolean;
+    oomKilled: boolean;
+    durationMs: number;
+  }
+
+  /** One command in the sandbox through `runc exec`, in its own exec cgroup (see below). */
+  async function runExec(
+    sandboxId: string,
+    spec: Omit<RuntimeExecSpec, 'stdin'> & { stdin?: string | Buffer; stderrCapBytes?: number; stopAtStdoutCap?: boolean },
+  ): Promise<ExecRun> {
     checkSandboxId(sandboxId);
     const rec = sandboxes.get(sandboxId);
     if (!rec) throw new RollboxError('not_found', `sandbox ${sandboxId} is not on this host`);
-    validateExec(spec);
+    validateExec({ ...spec, stdin: undefined });
     const cg = await cgroups();
     const rel = cgroupRel(sandboxId);
     const memDir = path.join(cg.memory, rel);
@@ -437,25 +472,22 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
 
     const started = performance.now();
     const stdout = new CappedBuffer(spec.outputCapBytes, spec.onOutput && ((chunk) => spec.onOutput!('stdout', chunk)));
-    const stderr = new CappedBuffer(spec.outputCapBytes, spec.onOutput && ((chunk) => spec.onOutput!('stderr', chunk)));
+    const stderr = new CappedBuffer(spec.stderrCapBytes ?? spec.outputCapBytes, spec.onOutput && ((chunk) => spec.onOutput!('stderr', chunk)));
     let timedOut = false;
+    let overflowed = false;
     let exitCode: number;
     let killer: NodeJS.Timeout | undefined;
     try {
       exitCode = await new Promise<number>((resolve, reject) => {
         const child = spawn(file, fileArgs, { stdio: [spec.stdin !== undefined ? 'pipe' : 'ignore', 'pipe', 'pipe'] });
-        child.stdout!.on('data', (b: Buffer) => stdout.push(b));
-        child.stderr!.on('data', (b: Buffer) => stderr.push(b));
-        if (spec.stdin !== undefined && child.stdin) {
-          child.stdin.on('error', () => undefined); // the command may exit without reading (EPIPE)
-          child.stdin.end(spec.stdin);
-        }
-        const timer = setTimeout(() => {
-          timedOut = true;
+        let stopping = false;
+        // Kill the exec cgroup's processes, and again every 20 ms until runc returns: a
+        // process that had not joined the cgroup yet (a very short timeout) is caught on
+        // a later round. If runc itself does not return, stop it too.
+        const stop = (): void => {
+          if (stopping) return;
+          stopping = true;
           const killedAt = Date.now();
-          // Kill the exec cgroup's processes, and again every 20 ms until runc returns: a
-          // process that had not joined the cgroup yet (a very short timeout) is caught on
-          // a later round. If runc itself does not return, stop it too.
           const round = (): void => {
             void killCgroup(pidsSub, freezerSub, 100).finally(() => {
               if (child.exitCode !== null || child.signalCode !== null) return;
@@ -469,6 +501,22 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
             });
           };
           round();
+        };
+        child.stdout!.on('data', (b: Buffer) => {
+          stdout.push(b);
+          if (spec.stopAtStdoutCap && stdout.truncated && !overflowed) {
+            overflowed = true;
+            stop();
+          }
+        });
+        child.stderr!.on('data', (b: Buffer) => stderr.push(b));
+        if (spec.stdin !== undefined && child.stdin) {
+          child.stdin.on('error', () => undefined); // the command may exit without reading (EPIPE)
+          child.stdin.end(spec.stdin);
+        }
+        const timer = setTimeout(() => {
+          timedOut = true;
+          stop();
         }, spec.timeoutMs);
         child.on('error', (e) => {
           clearTimeout(timer);
@@ -485,9 +533,9 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     const durationMs = performance.now() - started;
 
     // Whatever is left in the exec cgroup detached from its output (a daemon started with
-    // `cmd >log 2>&1 &`): it outlives this exec unless the exec timed out.
+    // `cmd >log 2>&1 &`): it outlives this exec unless the exec was stopped.
     if (readProcs(pidsSub).length > 0 || readProcs(freezerSub).length > 0) {
-      if (timedOut) await killCgroup(pidsSub, freezerSub);
+      if (timedOut || overflowed) await killCgroup(pidsSub, freezerSub);
       else {
         migrateProcs(pidsSub, pidsParent);
         migrateProcs(freezerSub, freezerParent);
@@ -495,16 +543,36 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     }
     if (!removeCgroupTree(pidsSub) || !removeCgroupTree(freezerSub)) void retireExecCgroup(pidsSub, freezerSub, pidsParent, freezerParent);
     const oomKilled = readOomKills(memDir) > oomBefore;
-    const startFailure = exitCode === 255 ? parseStartFailure(stderr.text()) : undefined;
+    return { exitCode, stdout, stderr, timedOut, overflowed, oomKilled, durationMs: Math.round(durationMs * 1000) / 1000 };
+  }
+
+  async function exec(sandboxId: string, spec: RuntimeExecSpec): Promise<RuntimeExecOutcome> {
+    const run = await runExec(sandboxId, spec);
+    const startFailure = run.exitCode === 255 ? parseStartFailure(run.stderr.text()) : undefined;
     return {
-      exitCode: startFailure?.exitCode ?? exitCode,
-      stdout: stdout.text(),
-      stderr: startFailure?.stderr ?? stderr.text(),
-      truncated: stdout.truncated || stderr.truncated,
-      timedOut,
-      oomKilled,
-      durationMs: Math.round(durationMs * 1000) / 1000,
+      exitCode: startFailure?.exitCode ?? run.exitCode,
+      stdout: run.stdout.text(),
+      stderr: startFailure?.stderr ?? run.stderr.text(),
+      truncated: run.stdout.truncated || run.stderr.truncated,
+      timedOut: run.timedOut,
+      oomKilled: run.oomKilled,
+      durationMs: run.durationMs,
     };
+  }
+
+  async function execRaw(sandboxId: string, spec: RuntimeRawExecSpec): Promise<RuntimeRawExecOutcome> {
+    const run = await runExec(sandboxId, {
+      argv: spec.argv,
+      stdin: spec.stdin,
+      env: {},
+      cwd: '/', // the sandbox's workdir may be gone
+      timeoutMs: spec.timeoutMs,
+      // Kept up to the cap; one byte more marks it truncated and stops the command.
+      outputCapBytes: spec.maxStdoutBytes,
+      stderrCapBytes: 64 * 1024,
+      stopAtStdoutCap: true,
+    });
+    return { exitCode: run.exitCode, stdout: run.stdout.bytes(), stderr: run.stderr.text(), overflowed: run.overflowed, timedOut: run.timedOut };
   }
 
   /** Off the hot path: a process forking while it was migrated can keep a child cgroup busy briefly. */
@@ -662,6 +730,7 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     containerIdOf,
     create,
     exec,
+    execRaw,
     destroy,
     snapshot: async (id: string, options: { outPath: string; excludePaths: readonly string[] }) =>
       packUpperDir({

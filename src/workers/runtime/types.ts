@@ -10,6 +10,11 @@ export interface SandboxRuntimeSpec {
   env: Record<string, string>;
   workdir: string;
   hiddenPaths: string[];
+  /**
+   * A packed writable layer (hibernation) whose contents, whiteouts and opaque dirs
+   * included, are copied into the new upper dir before the container starts.
+   */
+  restoreUpper?: { digest: string; imagePath: string };
 }
 
 export interface RuntimeExecSpec {
@@ -22,6 +27,24 @@ export interface RuntimeExecSpec {
   outputCapBytes: number;
   /** Called with each kept chunk as the command produces it, in order per stream. */
   onOutput?: (stream: 'stdout' | 'stderr', chunk: Buffer) => void;
+}
+
+/** A command with binary stdin and stdout (the files API): stdout is kept as bytes. */
+export interface RuntimeRawExecSpec {
+  argv: string[];
+  stdin?: Buffer;
+  timeoutMs: number;
+  /** Past this many stdout bytes the command is killed and `overflowed` is set. */
+  maxStdoutBytes: number;
+}
+
+export interface RuntimeRawExecOutcome {
+  exitCode: number;
+  stdout: Buffer;
+  /** At most 64 KiB of it. */
+  stderr: string;
+  overflowed: boolean;
+  timedOut: boolean;
 }
 
 export interface RuntimeExecOutcome {
@@ -42,6 +65,8 @@ export interface SandboxRuntime {
   /** Mount layers + overlay, write the bundle, start the container. */
   create(spec: SandboxRuntimeSpec): Promise<void>;
   exec(sandboxId: string, spec: RuntimeExecSpec): Promise<RuntimeExecOutcome>;
+  /** Like exec, inside the sandbox (its namespaces, cgroups, seccomp), with bytes in and out. */
+  execRaw(sandboxId: string, spec: RuntimeRawExecSpec): Promise<RuntimeRawExecOutcome>;
   /** Stop and remove everything of the sandbox on this host. Safe to call twice. */
   destroy(sandboxId: string): Promise<void>;
   /** Freeze every process of the sandbox (cgroup freezer): CPU stops, memory and processes stay. */

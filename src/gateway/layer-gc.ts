@@ -1,0 +1,108 @@
+import type { Redis } from 'ioredis';
+import type { Logger } from 'pino';
+import type { LayerStore } from '../layers/index.ts';
+import { keys, type LayerRegistry } from '../registry/index.ts';
+
+export interface LayerCollectorDeps {
+  redis: Redis;
+  layers: LayerRegistry;
+  store: Pick<LayerStore, 'list' | 'storedAtMs' | 'remove'>;
+  /** A layer goes only after it has stayed unreferenced this long. */
+  graceMs: number;
+  logger: Logger;
+  now: () => number;
+}
+
+const LOCK_MS = 60_000;
+const SCAN_COUNT = 1000;
+
+/**
+ * Layer garbage collection. Referenced: the layers (and the hibernation layer) of every
+ * sandbox not yet terminated, every named layer, layers pinned between their image
+ * landing in the store and the record that uses them (snapshot, hibernation; see
+ * LayerRegistry.pin), and the parents (lineage) of anything referenced. Everything else known to the registry or present in the layer store is a
+ * candidate from the first pass that sees it unreferenced, and is removed (record, then
+ * image) once it has stayed unreferenced for `graceMs` and its image was not stored again
+ * meanwhile. The grace covers the moments a reference is about to appear, like a layer
+ * just uploaded before the create that names it.
+ *
+ * Worker hosts need nothing: a layer mount is refcounted and unmounted (loop device
+ * detached) when its last sandbox on the host releases it, and a referenced layer is
+ * never collected.
+ */
+export class LayerCollector {
+  constructor(private readonly deps: LayerCollectorDeps) {}
+
+  /** One pass (one gateway at a time, through a Redis lock). Returns the digests removed. */
+  async collect(): Promise<string[]> {
+    const { redis, layers, store, graceMs, now } = this.deps;
+    const lock = keys.lock('layer-gc');
+    if (!(await redis.set(lock, '1', 'PX', LOCK_MS, 'NX'))) return [];
+    try {
+      const { registered, named } = await layers.digests();
+      const referenced = await this.referenced(named);
+      const known = new Set([...registered, ...(await store.list())]);
+      const unreferenced = [...known].filter((d) => !referenced.has(d));
+      const nowMs = now();
+      const seen = await redis.zrange(keys.layerGcCandidates, '0', '-1', 'WITHSCORES');
+      const firstSeen = new Map<string, number>();
+      for (let i = 0; i < seen.length; i += 2) firstSeen.set(seen[i]!, Number(seen[i + 1]));
+      const stale = [...firstSeen.keys()].filter((d) => referenced.has(d) || !known.has(d));
+      const fresh = unreferenced.filter((d) => !firstSeen.has(d));
+      const update = redis.multi();
+      if (stale.length) update.zrem(keys.layerGcCandidates, ...stale);
+      for (const d of fresh) update.zadd(keys.layerGcCandidates, 'NX', String(nowMs), d);
+      await update.exec();
+
+      const removed: string[] = [];
+      for (const digest of unreferenced) {
+        const since = firstSeen.get(digest);
+        if (since === undefined || nowMs - since < graceMs) continue;
+        if (nowMs - ((await store.storedAtMs(digest)) ?? 0) < graceMs) continue;
+        if (!(await layers.forget(digest))) continue; // named meanwhile
+        await store.remove(digest);
+        await redis.zrem(keys.layerGcCandidates, digest);
+        removed.push(digest);
+      }
+      if (removed.length) this.deps.logger.info({ layers: removed }, 'unreferenced layers collected');
+      return removed;
+    } finally {
+      await redis.del(lock);
+    }
+  }
+
+  private async referenced(named: readonly string[]): Promise<Set<string>> {
+    const { redis, layers } = this.deps;
+    const roots = new Set([...named, ...(await layers.pinned(this.deps.now()))]);
+    // Every sandbox not yet terminated is in its tenant's live set.
+    const liveSets: string[] = [];
+    let cursor = '0';
+    do {
+      const [next, found] = await redis.scan(cursor, 'MATCH', keys.tenantLive('*'), 'COUNT', SCAN_COUNT);
+      liveSets.push(...found);
+      cursor = next;
+    } while (cursor !== '0');
+    for (const set of liveSets) {
+      const ids = await redis.smembers(set);
+      for (let i = 0; i < ids.length; i += 500) {
+        const pipeline = redis.pipeline();
+        for (const id of ids.slice(i, i + 500)) pipeline.hmget(keys.sandbox(id), 'layerDigests', 'hibernationLayer');
+        for (const [, row] of (await pipeline.exec()) ?? []) {
+          const [digests, hibernation] = (row ?? []) as (string | null)[];
+          for (const d of JSON.parse(digests ?? '[]') as string[]) roots.add(d);
+          if (hibernation) roots.add(hibernation);
+        }
+      }
+    }
+    // Lineage: a referenced layer keeps its parents.
+    const referenced = new Set<string>();
+    const queue = [...roots];
+    while (queue.length) {
+      const digest = queue.pop()!;
+      if (referenced.has(digest)) continue;
+      referenced.add(digest);
+      for (const parent of (await layers.get(digest))?.parents ?? []) if (!referenced.has(parent)) queue.push(parent);
+    }
+    return referenced;
+  }
+}

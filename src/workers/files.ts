@@ -1,0 +1,89 @@
+import type { Redis } from 'ioredis';
+import { RollboxError, type NodeOp, type Reply } from '../api/index.ts';
+import { INIT_BUSYBOX } from './runtime/spec.ts';
+import type { RuntimeRawExecOutcome, SandboxRuntime } from './runtime/types.ts';
+
+/**
+ * The files API on a worker host. Every read and write is done by the host's static
+ * busybox (bind-mounted read-only at INIT_BUSYBOX in every container) run with `runc exec`
+ * inside the sandbox: its mount namespace, root, cgroups, capabilities and seccomp. So a
+ * path, and every symlink on it, resolves in the sandbox's own root: a link to
+ * /etc/shadow or to a host path reaches only the sandbox's file of that name. Nothing
+ * here joins a sandbox path to a host directory.
+ */
+
+/** Bytes in transit live this long in Redis; the gateway deletes them as soon as it is done. */
+const FILES_TRANSFER_TTL_MS = 120_000;
+/** Reading or writing 64 MiB inside a sandbox takes well under a second; this bounds a stuck one. */
+const FILES_EXEC_TIMEOUT_MS = 90_000;
+
+type FilesReadOp = Extract<NodeOp, { kind: 'files_read' }>;
+type FilesWriteOp = Extract<NodeOp, { kind: 'files_write' }>;
+
+const EXIT_NOT_FOUND = 44;
+const EXIT_NOT_FILE = 45;
+const EXIT_CANNOT = 46;
+
+const B = INIT_BUSYBOX;
+/**
+ * $1 path, $2 format. Prints one marker byte, then the content: `f` and the file's bytes,
+ * or `t` and a tar (of a directory's contents, or with format=tar of the one file).
+ */
+const READ_SCRIPT = `p="$1"
+if [ -d "$p" ]; then cd "$p" || exit ${EXIT_CANNOT}; printf t; exec ${B} tar -cf - .; fi
+[ -e "$p" ] || { echo "$p: no such file or directory" >&2; exit ${EXIT_NOT_FOUND}; }
+[ -f "$p" ] || { echo "$p: not a regular file or a directory" >&2; exit ${EXIT_NOT_FILE}; }
+if [ "$2" = tar ]; then cd "$(${B} dirname "$p")" || exit ${EXIT_CANNOT}; printf t; exec ${B} tar -cf - "./$(${B} basename "$p")"; fi
+printf f; exec ${B} cat "$p"`;
+
+/** $1 path, $2 mode or ''. The file's bytes on stdin; parent directories are created. */
+const WRITE_FILE_SCRIPT = `p="$1"
+[ -d "$p" ] && { echo "$p is a directory" >&2; exit ${EXIT_NOT_FILE}; }
+${B} mkdir -p "$(${B} dirname "$p")" || exit ${EXIT_CANNOT}
+${B} cat > "$p" || exit ${EXIT_CANNOT}
+[ -z "$2" ] || ${B} chmod "$2" "$p" || exit ${EXIT_CANNOT}`;
+
+/** $1 directory (created if missing). A tar on stdin, already checked by the gateway. */
+const WRITE_TAR_SCRIPT = `p="$1"
+if [ -e "$p" ] && [ ! -d "$p" ]; then echo "$p exists and is not a directory" >&2; exit ${EXIT_NOT_FILE}; fi
+${B} mkdir -p "$p" && cd "$p" || exit ${EXIT_CANNOT}
+exec ${B} tar -xf -`;
+
+interface FilesDeps {
+  runtime: SandboxRuntime;
+  redis: Redis;
+}
+
+export async function readSandboxFiles(deps: FilesDeps, op: FilesReadOp): Promise<Reply> {
+  // One byte more than the cap: the marker.
+  const run = await deps.runtime.execRaw(op.sandboxId, { argv: shell(READ_SCRIPT, op.path, op.format), timeoutMs: FILES_EXEC_TIMEOUT_MS, maxStdoutBytes: op.maxBytes + 1 });
+  if (run.overflowed) throw new RollboxError('payload_too_large', `${op.path} is larger than the files limit of ${op.maxBytes} bytes`);
+  checkExit(run, op.path);
+  const tar = run.stdout[0] === 't'.charCodeAt(0);
+  const body = run.stdout.subarray(1);
+  await deps.redis.set(op.resultKey, body, 'PX', FILES_TRANSFER_TTL_MS);
+  return { kind: 'files', requestId: op.requestId, tar, sizeBytes: body.length };
+}
+
+export async function writeSandboxFiles(deps: FilesDeps, op: FilesWriteOp): Promise<Reply> {
+  const body = await deps.redis.getBuffer(op.bodyKey);
+  if (!body) throw new RollboxError('timeout', 'the upload expired before the worker host read it; send it again');
+  const script = op.tar ? shell(WRITE_TAR_SCRIPT, op.path) : shell(WRITE_FILE_SCRIPT, op.path, op.mode ?? '');
+  const run = await deps.runtime.execRaw(op.sandboxId, { argv: script, stdin: body, timeoutMs: FILES_EXEC_TIMEOUT_MS, maxStdoutBytes: 64 * 1024 });
+  checkExit(run, op.path);
+  return { kind: 'files', requestId: op.requestId, tar: op.tar, sizeBytes: body.length };
+}
+
+function shell(script: string, ...args: string[]): string[] {
+  return [B, 'sh', '-c', script, 'rollbox-files', ...args];
+}
+
+function checkExit(run: RuntimeRawExecOutcome, path: string): void {
+  if (run.timedOut) throw new RollboxError('timeout', `reading or writing ${path} took longer than ${FILES_EXEC_TIMEOUT_MS} ms`);
+  if (run.exitCode === 0) return;
+  const why = run.stderr.trim().split('\n').slice(-3).join('; ') || `exit code ${run.exitCode}`;
+  if (run.exitCode === EXIT_NOT_FOUND) throw new RollboxError('not_found', why);
+  // 255: runc could not start the command at all (the sandbox is going away).
+  if (run.exitCode === 255) throw new RollboxError('internal', `files command could not run in the sandbox: ${why}`);
+  throw new RollboxError('invalid_request', why);
+}

@@ -1,0 +1,115 @@
+import fs from 'node:fs';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
+import { hostTraces } from './support/host.ts';
+import { tarOf } from './support/tar.ts';
+
+let cluster: TestCluster;
+let token: string;
+
+beforeAll(async () => {
+  cluster = await startTestCluster({ workers: [{ nodeId: 'node-gc' }], env: { ROLLBOX_LAYER_GC_GRACE_MS: '1500', ROLLBOX_LAYER_GC_INTERVAL_MS: '300' } });
+  token = await cluster.token('gc', ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'sandbox:snapshot', 'layer:write']);
+});
+afterAll(async () => cluster?.stop());
+
+const imageOf = (digest: string) => path.join(cluster.rootDir, 'layers', 'sha256', `${digest.slice('sha256:'.length)}.erofs`);
+const stored = (digest: string) => fs.existsSync(imageOf(digest));
+const registered = async (digest: string) => (await api(cluster, token, 'GET', `/v1/layers/${digest}`)).status === 200;
+const collected = (digest: string) => waitFor(`layer ${digest} collected`, async () => !stored(digest) && !(await registered(digest)), 30_000);
+const create = async (layers: string[] = []) => {
+  const r = await api(cluster, token, 'POST', '/v1/sandboxes', { image: { base: 'busybox', layers }, resources: { memoryMiB: 64 } });
+  expect(r.status, JSON.stringify(r.body)).toBe(201);
+  return r.body.id as string;
+};
+const sh = async (id: string, cmd: string) => (await api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, { cmd })).body.stdout as string;
+const snapshot = async (id: string, name?: string) => {
+  const r = await api(cluster, token, 'POST', `/v1/sandboxes/${id}/snapshot`, name ? { name } : {});
+  expect(r.status, JSON.stringify(r.body)).toBe(201);
+  return r.body as { digest: string; parents: string[] };
+};
+async function upload(name: string, file: string): Promise<string> {
+  const tar = await tarOf([{ name: file, content: `${name}\n` }]);
+  const r = await api(cluster, token, 'POST', `/v1/layers?name=${name}`, new Uint8Array(tar), { 'content-type': 'application/x-tar' });
+  expect(r.status, JSON.stringify(r.body)).toBe(201);
+  return r.body.digest;
+}
+const state = async (id: string) => (await api(cluster, token, 'GET', `/v1/sandboxes/${id}`)).body;
+const setPaused = async (id: string, action: 'pause' | 'resume') => {
+  const r = await api(cluster, token, 'POST', `/v1/sandboxes/${id}/${action}`, action === 'pause' ? { mode: 'hibernate' } : {});
+  expect(r.status, JSON.stringify(r.body)).toBe(200);
+  return r.body;
+};
+
+describe('layer garbage collection', () => {
+  it('collects unreferenced layers after the grace, keeps named, used, hibernated and parent layers', async () => {
+    const base = (await api(cluster, token, 'GET', '/v1/layers/busybox')).body.digest as string;
+    const build = await create();
+    await sh(build, 'echo one > /root/one');
+    const unnamed = await snapshot(build);
+    await sh(build, 'echo two > /root/two');
+    const named = await snapshot(build, 'keep-me');
+
+    const inUse = await upload('in-use', 'used.txt');
+    const user = await create(['in-use']);
+    expect((await api(cluster, token, 'DELETE', '/v1/layers/in-use')).status).toBe(200);
+    expect((await api(cluster, token, 'GET', '/v1/layers/in-use')).status).toBe(404);
+    expect((await api(cluster, token, 'DELETE', '/v1/layers/in-use')).status).toBe(404);
+
+    const parent = await upload('parent', 'parent.txt');
+    const onParent = await create(['parent']);
+    await sh(onParent, 'echo child > /root/child');
+    const child = await snapshot(onParent, 'child');
+    expect(child.parents).toEqual([base, parent]);
+    await api(cluster, token, 'DELETE', `/v1/sandboxes/${onParent}`);
+    await api(cluster, token, 'DELETE', '/v1/layers/parent');
+
+    const sleeper = await create();
+    await sh(sleeper, 'echo zzz > /root/z');
+    const hibernated = (await setPaused(sleeper, 'pause')).hibernationLayer as string;
+    expect(stored(hibernated)).toBe(true);
+
+    await collected(unnamed.digest);
+    // Everything below was at least as old as the collected layer: still there, referenced.
+    for (const digest of [base, named.digest, inUse, parent, child.digest, hibernated]) expect(stored(digest), digest).toBe(true);
+    for (const digest of [base, named.digest, inUse, parent, child.digest]) expect(await registered(digest), digest).toBe(true);
+
+    await api(cluster, token, 'DELETE', '/v1/layers/keep-me');
+    await collected(named.digest);
+    await api(cluster, token, 'DELETE', '/v1/layers/child');
+    await collected(child.digest);
+    await collected(parent); // its only referrer was the child's lineage
+    await api(cluster, token, 'DELETE', `/v1/sandboxes/${user}`);
+    await collected(inUse);
+    // The worker host unmounts a layer (and frees its loop device) once no sandbox uses it.
+    await waitFor('loop device released', async () => !hostTraces(cluster.rootDir).loops.join('\n').includes(inUse.slice('sha256:'.length)));
+    expect(stored(hibernated)).toBe(true);
+    await api(cluster, token, 'DELETE', `/v1/sandboxes/${sleeper}`);
+    await collected(hibernated);
+    expect(stored(base) && (await registered(base))).toBe(true);
+    await api(cluster, token, 'DELETE', `/v1/sandboxes/${build}`);
+  });
+
+  it('keeps one hibernation layer per sandbox across repeated hibernate and wake', async () => {
+    const id = await create();
+    // A deleted file (whiteout), an emptied and refilled directory (opaque), a new file.
+    await sh(id, 'rm /bin/vi; rm -rf /etc && mkdir /etc && echo only > /etc/only; echo 0 > /root/n');
+    const tree = 'ls /bin/vi 2>&1; ls /etc; cat /root/n';
+    const layerDigests = (await state(id)).layerDigests;
+    let previous: string | undefined;
+    for (let round = 1; round <= 3; round++) {
+      const asleep = await setPaused(id, 'pause');
+      expect(asleep.layerDigests).toEqual(layerDigests); // the image layers never grow
+      expect(asleep.hibernationLayer).not.toBe(previous);
+      const woken = await setPaused(id, 'resume');
+      expect(woken.hibernationLayer).toBeUndefined();
+      expect(await sh(id, tree)).toBe(`ls: /bin/vi: No such file or directory\nonly\n${round - 1}\n`);
+      await sh(id, `echo ${round} > /root/n`);
+      if (previous) await collected(previous);
+      previous = asleep.hibernationLayer;
+    }
+    await api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`);
+    await collected(previous!);
+  });
+});
