@@ -4,19 +4,22 @@
  * by the whole file, still answers with its own state intact. Probes are kept small (16 MiB
  * disks, 32 MiB memory, 64 pids) so the file runs in a few tens of seconds.
  */
+import type { ChildProcess } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 import { pack } from 'tar-stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DEFAULT_CAPABILITIES } from '../src/workers/runtime/spec.ts';
-import { api, startTestCluster, type TestCluster } from './support/cluster.ts';
+import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { hostTraces } from './support/host.ts';
 import { SYSCALLS, syscallProbe } from './support/syscall-probe.ts';
 
 const NODE = 'node-adv';
 let cluster: TestCluster;
 let token: string;
+/** The worker host runs as its own process: its memory can be read, and its death would show. */
+let worker: ChildProcess;
 let neighbour: string;
 const NEIGHBOUR_MARKER = `neighbour-${randomBytes(6).toString('hex')}`;
 
@@ -45,6 +48,7 @@ const release = (...ids: string[]) => Promise.all(ids.map((id) => api(cluster, t
 
 /** The neighbour still runs commands, and still has what it wrote before the probe. */
 async function expectNeighbourUnaffected(): Promise<void> {
+  expect(worker.exitCode ?? worker.signalCode).toBeNull();
   const r = await run(neighbour, 'cat /root/marker; echo $((6 * 7))');
   expect(r).toMatchObject({ exitCode: 0, stdout: `${NEIGHBOUR_MARKER}\n42\n` });
 }
@@ -57,8 +61,10 @@ const freeMiB = (dir: string) => {
 };
 
 beforeAll(async () => {
-  cluster = await startTestCluster({ workers: [{ nodeId: NODE }] });
-  token = await cluster.token('adversary', ['layer:write', 'sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete']);
+  cluster = await startTestCluster();
+  worker = await cluster.spawnWorker({ nodeId: NODE });
+  token = await cluster.token('adversary', ['layer:write', 'sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'admin']);
+  await waitFor('worker heartbeat', async () => (await api(cluster, token, 'GET', '/v1/nodes')).body.nodes?.length === 1);
   neighbour = await createSandbox({ resources: { memoryMiB: 64, diskMiB: 64 } });
   expect((await run(neighbour, `echo ${NEIGHBOUR_MARKER} > /root/marker`)).exitCode).toBe(0);
 });
@@ -125,6 +131,44 @@ describe('resource walls', () => {
     expect(files).toBeLessThanOrEqual(4096); // inodesForDisk(16)
     expect(hostInodesBefore - fs.statfsSync(cluster.rootDir).ffree).toBeLessThan(100);
     await release(filler);
+    await expectNeighbourUnaffected();
+  });
+});
+
+/** Peak and current resident memory of a process, MiB. */
+function memoryMiB(pid: number): { rss: number; peak: number } {
+  const status = fs.readFileSync(`/proc/${pid}/status`, 'utf8');
+  const kib = (field: string) => Number(new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(status)![1]) / 1024;
+  return { rss: kib('VmRSS'), peak: kib('VmHWM') };
+}
+
+describe('output flood', () => {
+  it('keeps worker memory bounded while a command floods stdout, plain and streamed', async () => {
+    const flooder = await createSandbox({ resources: { memoryMiB: 64 } });
+    await run(flooder, 'echo warm'); // warm-up: first exec paths, JIT
+    const floodBytes = 128 * 1024 * 1024;
+    const before = memoryMiB(worker.pid!);
+    // head only finishes once the worker has read every byte from the pipe; it keeps the cap.
+    const plain = await run(flooder, `head -c ${floodBytes} /dev/zero; echo flooded >&2`, { timeoutMs: 120_000 });
+    expect(plain.stderr).toBe('flooded\n');
+    expect(plain).toMatchObject({ exitCode: 0, truncated: true, timedOut: false });
+    expect(plain.stdout.length).toBe(cluster.config.node.execOutputCapBytes);
+
+    // Streamed (SSE): only the capped part goes to Redis and to the client.
+    const streamed = await fetch(`${cluster.url}/v1/sandboxes/${flooder}/exec`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json', accept: 'text/event-stream' },
+      body: JSON.stringify({ cmd: `head -c ${floodBytes} /dev/zero`, timeoutMs: 120_000 }),
+    });
+    const events = await streamed.text();
+    expect(streamed.status).toBe(200);
+    expect(events).toContain('"truncated":true');
+    expect(events.length).toBeLessThan(4 * cluster.config.node.execOutputCapBytes);
+
+    const after = memoryMiB(worker.pid!);
+    // 256 MiB went through the worker; its peak resident memory grew by far less.
+    expect(after.peak - before.peak, JSON.stringify({ before, after })).toBeLessThan(100);
+    await release(flooder);
     await expectNeighbourUnaffected();
   });
 });
