@@ -675,5 +675,6 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     oomKillCount,
     reconcile,
     mountedLayers: () => layerMounts.mounted(),
+    diskSpace: () => ({ ...scratch.space(), preallocated: deps.preallocateDisks ?? false }),
   };
 }
