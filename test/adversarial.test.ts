@@ -173,6 +173,22 @@ describe('output flood', () => {
   });
 });
 
+describe('cpu classes', () => {
+  it('runs every besteffort process under SCHED_IDLE with a tiny CPU weight; latency stays normal', async () => {
+    const [besteffort, latency] = await Promise.all([createSandbox({ class: 'besteffort' }), createSandbox({ class: 'latency' })]);
+    // The init, the exec'd command, and a child it starts (SCHED_IDLE is 5, SCHED_OTHER 0).
+    const policies = "for p in 1 self; do grep -h '^policy' /proc/$p/sched; done; sleep 5 & grep -h '^policy' /proc/$!/sched; kill $!";
+    const policyOf = async (id: string) => (await run(id, policies)).stdout.split('\n').filter(Boolean).map((line) => Number(line.split(':')[1]));
+    expect(await policyOf(besteffort)).toEqual([5, 5, 5]);
+    expect(await policyOf(latency)).toEqual([0, 0, 0]);
+    const shares = (id: string) => Number(fs.readFileSync(`/sys/fs/cgroup/cpu/rollbox/${NODE}/rb-${id}/cpu.shares`, 'utf8'));
+    expect(shares(besteffort)).toBe(2);
+    expect(shares(latency)).toBe(1024); // cpuMillis 1000
+    await release(besteffort, latency);
+    await expectNeighbourUnaffected();
+  });
+});
+
 describe('file walls', () => {
   it('keeps hiddenPaths unreadable to root by every route tried', async () => {
     const secret = `ANSWER-${randomBytes(6).toString('hex')}`;
