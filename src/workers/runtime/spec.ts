@@ -102,7 +102,7 @@ export function envList(env: Record<string, string>): string[] {
   return Object.entries(env).map(([k, v]) => `${k}=${v}`);
 }
 
-/** CPU weight: besteffort sandboxes yield to latency ones (cgroup v1 has no cpu.idle). */
+/** CPU weight: besteffort sandboxes yield to latency ones (runtime.ts also sets their cpu.idle). */
 export function cpuShares(resources: Resources, cls: SandboxClass): number {
   if (cls === 'besteffort') return 2;
   return Math.max(2, Math.min(262_144, Math.round((resources.cpuMillis * 1024) / 1000)));
