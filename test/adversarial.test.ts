@@ -10,6 +10,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { pack } from 'tar-stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { ExecResult } from '../src/api/index.ts';
 import { DEFAULT_CAPABILITIES } from '../src/workers/runtime/spec.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { hostTraces } from './support/host.ts';
@@ -23,19 +24,10 @@ let worker: ChildProcess;
 let neighbour: string;
 const NEIGHBOUR_MARKER = `neighbour-${randomBytes(6).toString('hex')}`;
 
-interface ExecBody {
-  exitCode: number;
-  stdout: string;
-  stderr: string;
-  truncated: boolean;
-  timedOut: boolean;
-  oomKilled: boolean;
-}
-
-const run = async (id: string, cmd: string, extra: object = {}): Promise<ExecBody> => {
-  const r = await api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, { cmd, ...extra });
+const run = async (id: string, cmd: string, extra: object = {}): Promise<ExecResult> => {
+  const r = await api<ExecResult>(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, { cmd, ...extra });
   expect(r.status, JSON.stringify(r.body)).toBe(200);
-  return r.body as ExecBody;
+  return r.body;
 };
 
 async function createSandbox(body: object = {}): Promise<string> {
