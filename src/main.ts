@@ -138,7 +138,7 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
   const store = layerStoreOf(config);
   const workerDir = path.join(config.dataDir, 'worker');
   const layerMounts = new LayerMounts({ dataDir: workerDir, storeDir: config.layerStoreDir, logger });
-  const runtime = createRuncRuntime({ dataDir: workerDir, runtimeBinary: config.node.runtimeBinary, layerMounts, nodeId, logger });
+  const runtime = createRuncRuntime({ dataDir: workerDir, runtimeBinary: config.node.runtimeBinary, layerMounts, nodeId, logger, scratchSizeGiB: config.node.scratchSizeGiB });
   const host = new WorkerHost({
     config: { ...config.node, nodeId },
     redis,

@@ -1,3 +1,4 @@
+import path from 'node:path';
 import { z } from 'zod';
 
 export const ExecRequest = z
@@ -8,7 +9,17 @@ export const ExecRequest = z
     cmd: z.string().min(1).max(262_144).optional(),
     stdin: z.string().max(8 * 1024 * 1024).optional(),
     env: z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/), z.string().max(32_768)).default({}),
-    cwd: z.string().startsWith('/').max(4096).optional(),
+    /**
+     * Not under /proc: a working directory there (/proc/self/fd/N) is how runc's fd leaks
+     * reached the host (CVE-2024-21626). runc itself refuses it too; a symlink made inside
+     * the sandbox gets past this check and meets that second wall.
+     */
+    cwd: z
+      .string()
+      .startsWith('/')
+      .max(4096)
+      .refine((p) => !/^\/proc(\/|$)/.test(path.posix.normalize(p)), 'must not be under /proc')
+      .optional(),
     /** Default 60 s; for `background` commands, 24 h. */
     timeoutMs: z.number().int().min(1).max(24 * 3600 * 1000).optional(),
     /** Return at once with the command's id; read its status and output later (GET .../commands/:commandId). */

@@ -7,9 +7,10 @@ export const NodeHeartbeat = z.object({
   /** Epoch ms when the heartbeat was written, by the node's clock. */
   atMs: z.number(),
   healthy: z.boolean(),
-  capacity: z.object({ cpuMillis: z.number(), memoryMiB: z.number(), maxSandboxes: z.number(), maxStarting: z.number() }),
+  /** diskMiB: the sum of sandbox diskMiB the node promises (scratch space x overcommit). */
+  capacity: z.object({ cpuMillis: z.number(), memoryMiB: z.number(), maxSandboxes: z.number(), maxStarting: z.number(), diskMiB: z.number().optional() }),
   /** Requested resources of live sandboxes. */
-  used: z.object({ cpuMillis: z.number(), memoryMiB: z.number() }),
+  used: z.object({ cpuMillis: z.number(), memoryMiB: z.number(), diskMiB: z.number().optional() }),
   /** Measured host use, 0..1. */
   measured: z.object({ cpuLoad: z.number(), memoryUsedFraction: z.number() }),
   sandboxes: z.number().int(),

@@ -40,6 +40,10 @@ const Env = z.object({
   /** CPU may be promised past physical capacity (DSec oversubscribes idle agents). */
   ROLLBOX_NODE_CPU_OVERCOMMIT: z.coerce.number().min(1).max(64).default(8),
   ROLLBOX_NODE_MAX_SANDBOXES: z.coerce.number().int().min(1).default(2000),
+  /** Sum of diskMiB promised, as a multiple of the scratch space (disks are sparse; see scratch.ts). */
+  ROLLBOX_NODE_DISK_OVERCOMMIT: z.coerce.number().min(1).max(1000).default(8),
+  /** Size of the scratch filesystem holding sandbox disks; default half the free space under the data dir, at most 64. */
+  ROLLBOX_NODE_SCRATCH_GIB: z.coerce.number().positive().optional(),
   ROLLBOX_NODE_MAX_STARTING: z.coerce.number().int().min(1).default(16),
   /** Host memory kept free for the host itself: below it, the node refuses new sandboxes. */
   ROLLBOX_NODE_HOST_RESERVE_MIB: z.coerce.number().int().min(0).default(256),
@@ -93,6 +97,8 @@ export function loadConfig(env: NodeJS.ProcessEnv, overrides: Partial<Record<key
       memoryMiB: e.ROLLBOX_NODE_MEMORY_MIB ?? Math.floor(hostMemoryMiB * 0.85),
       cpuMillis: e.ROLLBOX_NODE_CPU_MILLIS ?? Math.round(os.availableParallelism() * 1000 * e.ROLLBOX_NODE_CPU_OVERCOMMIT),
       maxSandboxes: e.ROLLBOX_NODE_MAX_SANDBOXES,
+      diskOvercommit: e.ROLLBOX_NODE_DISK_OVERCOMMIT,
+      scratchSizeGiB: e.ROLLBOX_NODE_SCRATCH_GIB,
       maxStarting: e.ROLLBOX_NODE_MAX_STARTING,
       hostReserveMiB: e.ROLLBOX_NODE_HOST_RESERVE_MIB,
       heartbeatMs: e.ROLLBOX_HEARTBEAT_MS,

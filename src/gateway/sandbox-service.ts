@@ -58,10 +58,10 @@ export class SandboxService {
     requireScope(principal, 'sandbox:create');
     const { registry, config, directory } = this.deps;
     const layerDigests = await this.deps.layers.resolveAll([request.image.base, ...request.image.layers]);
-    const placement = { memoryMiB: request.resources.memoryMiB, cpuMillis: request.resources.cpuMillis, pool: config.node.pool, exclude: new Set<string>() };
+    const placement = { memoryMiB: request.resources.memoryMiB, cpuMillis: request.resources.cpuMillis, diskMiB: request.resources.diskMiB, pool: config.node.pool, exclude: new Set<string>() };
     // A node that joined since the last snapshot refresh should not mean "no capacity".
     let node = this.place(placement) ?? (await directory.refresh().then(() => this.place(placement)));
-    if (!node) throw new RollboxError('no_capacity', `no worker host in pool ${placement.pool} can take ${request.resources.memoryMiB} MiB now`, 5);
+    if (!node) throw new RollboxError('no_capacity', `no worker host in pool ${placement.pool} can take ${request.resources.memoryMiB} MiB of memory and ${request.resources.diskMiB} MiB of disk now`, 5);
 
     const id = newId('sbx');
     const nowMs = this.deps.now();
@@ -219,7 +219,7 @@ export class SandboxService {
   /** A hibernated sandbox comes back on any node that can take it, from its packed writable layer. */
   private async wake(sandbox: Sandbox): Promise<Sandbox> {
     const { resources } = sandbox.spec;
-    const placement = { memoryMiB: resources.memoryMiB, cpuMillis: resources.cpuMillis, pool: this.deps.config.node.pool, exclude: new Set<string>() };
+    const placement = { memoryMiB: resources.memoryMiB, cpuMillis: resources.cpuMillis, diskMiB: resources.diskMiB, pool: this.deps.config.node.pool, exclude: new Set<string>() };
     const node = this.place(placement) ?? (await this.deps.directory.refresh().then(() => this.place(placement)));
     if (!node) throw new RollboxError('no_capacity', `no worker host can take sandbox ${sandbox.id} back now`, 5);
     if (!(await this.deps.registry.reassign(sandbox.id, sandbox.node, node))) return this.waitSettled(sandbox.id, sandbox.tenant);

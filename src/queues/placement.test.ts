@@ -47,6 +47,18 @@ describe('chooseNode', () => {
     expect(chooseNode([node('full', 9_800)], request, options)).toBeUndefined();
   });
 
+  it('filters nodes whose reported disk cannot take diskMiB; nodes not reporting disk stay eligible', () => {
+    const disk = (nodeId: string, usedDiskMiB: number) => {
+      const c = node(nodeId, 0);
+      c.heartbeat.capacity.diskMiB = 1000;
+      c.heartbeat.used.diskMiB = usedDiskMiB;
+      return c;
+    };
+    expect(chooseNode([disk('full', 900), disk('ok', 800)], { ...request, diskMiB: 200 }, options)?.heartbeat.nodeId).toBe('ok');
+    expect(chooseNode([disk('full', 900)], { ...request, diskMiB: 200 }, options)).toBeUndefined();
+    expect(chooseNode([node('legacy', 0)], { ...request, diskMiB: 200 }, options)?.heartbeat.nodeId).toBe('legacy');
+  });
+
   it('of two sampled nodes takes the less loaded', () => {
     const nodes = [node('busy', 8_000), node('idle', 0)];
     for (let i = 0; i < 20; i++) expect(chooseNode(nodes, request, options)?.heartbeat.nodeId).toBe('idle');

@@ -17,6 +17,7 @@ export interface PlacementCandidate {
 export interface PlacementRequest {
   memoryMiB: number;
   cpuMillis: number;
+  diskMiB?: number;
   pool: string;
   /** Nodes that refused this request already. */
   exclude: ReadonlySet<string>;
@@ -48,7 +49,10 @@ export function eligibleNodes(candidates: readonly PlacementCandidate[], request
     if (!hb.healthy || c.ageMs > staleAfterMs || hb.pool !== request.pool || request.exclude.has(hb.nodeId)) return false;
     const memoryFree = hb.capacity.memoryMiB - hb.used.memoryMiB - c.assumed.memoryMiB;
     const slotsFree = hb.capacity.maxSandboxes - hb.sandboxes - c.assumed.sandboxes;
-    return memoryFree >= request.memoryMiB && slotsFree >= 1;
+    // Disk as the node last reported it (not counted in assumed load: the node's own
+    // admission refuses a disk that no longer fits, and the request is placed again).
+    const diskFree = (hb.capacity.diskMiB ?? Infinity) - (hb.used.diskMiB ?? 0);
+    return memoryFree >= request.memoryMiB && slotsFree >= 1 && diskFree >= (request.diskMiB ?? 0);
   });
 }
 

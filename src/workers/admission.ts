@@ -2,26 +2,44 @@
 export interface AdmissionState {
   capacity: { memoryMiB: number; cpuMillis: number; maxSandboxes: number };
   /** Requested resources of sandboxes live or starting here. */
-  reserved: { memoryMiB: number; cpuMillis: number };
+  reserved: { memoryMiB: number; cpuMillis: number; diskMiB: number };
   sandboxes: number;
   /** Physical memory the host has free right now, MiB. */
   hostFreeMemoryMiB: number;
   /** Memory the host keeps for itself whatever the sandboxes requested, MiB. */
   hostReserveMiB: number;
+  /** The scratch filesystem that holds every sandbox disk (see diskCapacityMiB). */
+  disk: { capacityMiB: number; freeMiB: number; sizeMiB: number };
 }
 
 export type AdmissionDecision = { admit: true } | { admit: false; reason: string };
+
+/** Below this share of the scratch filesystem free, no new disk is admitted (overcommit's safety margin). */
+const SCRATCH_MIN_FREE_FRACTION = 0.05;
+
+/**
+ * diskMiB the node promises in total: the scratch size times the overcommit (most agents
+ * write a small part of their diskMiB), or exactly the scratch size when every disk
+ * reserves its blocks at create (preallocated disks cannot be overcommitted).
+ */
+export function diskCapacityMiB(space: { sizeMiB: number; preallocated: boolean }, overcommit: number): number {
+  return Math.floor(space.sizeMiB * (space.preallocated ? 1 : overcommit));
+}
 
 /**
  * Node-side admission (the second step of placement): decided from the node's own,
  * current state so a stale cluster snapshot can never overcommit it.
  */
-export function decideAdmission(state: AdmissionState, request: { memoryMiB: number; cpuMillis: number }): AdmissionDecision {
+export function decideAdmission(state: AdmissionState, request: { memoryMiB: number; cpuMillis: number; diskMiB: number }): AdmissionDecision {
   if (state.sandboxes + 1 > state.capacity.maxSandboxes) return { admit: false, reason: `sandbox limit ${state.capacity.maxSandboxes} reached` };
   if (state.reserved.memoryMiB + request.memoryMiB > state.capacity.memoryMiB)
     return { admit: false, reason: `memory: ${state.reserved.memoryMiB} MiB reserved + ${request.memoryMiB} MiB requested > ${state.capacity.memoryMiB} MiB capacity` };
   if (state.reserved.cpuMillis + request.cpuMillis > state.capacity.cpuMillis)
     return { admit: false, reason: `cpu: ${state.reserved.cpuMillis}m reserved + ${request.cpuMillis}m requested > ${state.capacity.cpuMillis}m capacity` };
+  if (state.reserved.diskMiB + request.diskMiB > state.disk.capacityMiB)
+    return { admit: false, reason: `disk: ${state.reserved.diskMiB} MiB reserved + ${request.diskMiB} MiB requested > ${state.disk.capacityMiB} MiB capacity` };
+  if (state.disk.freeMiB < state.disk.sizeMiB * SCRATCH_MIN_FREE_FRACTION)
+    return { admit: false, reason: `disk pressure: ${state.disk.freeMiB} MiB of ${state.disk.sizeMiB} MiB scratch space free` };
   if (state.hostFreeMemoryMiB < state.hostReserveMiB) return { admit: false, reason: `host memory pressure: ${state.hostFreeMemoryMiB} MiB free` };
   return { admit: true };
 }

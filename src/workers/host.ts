@@ -8,7 +8,7 @@ import { CreateJob, NodeOp, RollboxError, isTerminal, type NodeHeartbeat, type R
 import type { Config } from '../config/index.ts';
 import { createQueueName, opsQueueName, publishReply } from '../queues/index.ts';
 import { LayerRegistry, OutputWriter, keys, type CommandLog, type SandboxRegistry } from '../registry/index.ts';
-import { decideAdmission } from './admission.ts';
+import { decideAdmission, diskCapacityMiB } from './admission.ts';
 import { readSandboxFiles, writeSandboxFiles } from './files.ts';
 import type { SandboxRuntime } from './runtime/types.ts';
 
@@ -46,6 +46,7 @@ interface LocalSandbox {
   id: string;
   memoryMiB: number;
   cpuMillis: number;
+  diskMiB: number;
   expiresAtMs: number;
   /** Set while a create is in flight; cleared once running. */
   starting: boolean;
@@ -173,7 +174,7 @@ export class WorkerHost {
     const adopted = new Set(result.adopted);
     for (const s of records) {
       if (adopted.has(s.id)) {
-        this.local.set(s.id, { id: s.id, memoryMiB: s.spec.resources.memoryMiB, cpuMillis: s.spec.resources.cpuMillis, expiresAtMs: Date.parse(s.expiresAt ?? '') || Infinity, starting: false });
+        this.local.set(s.id, { id: s.id, memoryMiB: s.spec.resources.memoryMiB, cpuMillis: s.spec.resources.cpuMillis, diskMiB: s.spec.resources.diskMiB, expiresAtMs: Date.parse(s.expiresAt ?? '') || Infinity, starting: false });
       } else if (s.state !== 'pending' && s.state !== 'hibernated') {
         // Its container is gone (host rebooted, or the worker died mid-create).
         await this.deps.registry.transition(s.id, 'failed', { failureReason: s.state === 'creating' ? 'infra_error' : 'lost', detail: 'container not found when the worker host restarted' });
@@ -196,8 +197,8 @@ export class WorkerHost {
       pool: config.pool,
       atMs: this.now(),
       healthy: !this.stopped,
-      capacity: { cpuMillis: config.cpuMillis, memoryMiB: config.memoryMiB, maxSandboxes: config.maxSandboxes, maxStarting: config.maxStarting },
-      used: { cpuMillis: reserved.cpuMillis, memoryMiB: reserved.memoryMiB },
+      capacity: { cpuMillis: config.cpuMillis, memoryMiB: config.memoryMiB, maxSandboxes: config.maxSandboxes, maxStarting: config.maxStarting, diskMiB: this.diskSpace().capacityMiB },
+      used: reserved,
       measured: { cpuLoad: os.loadavg()[0]! / os.availableParallelism(), memoryUsedFraction: 1 - os.freemem() / os.totalmem() },
       sandboxes: this.local.size,
       starting: [...this.local.values()].filter((s) => s.starting).length,
@@ -207,14 +208,21 @@ export class WorkerHost {
     await this.deps.redis.hset(keys.nodes, this.nodeId, JSON.stringify(heartbeat));
   }
 
-  private reserved(): { memoryMiB: number; cpuMillis: number } {
+  private reserved(): { memoryMiB: number; cpuMillis: number; diskMiB: number } {
     let memoryMiB = 0;
     let cpuMillis = 0;
+    let diskMiB = 0;
     for (const s of this.local.values()) {
       memoryMiB += s.memoryMiB;
       cpuMillis += s.cpuMillis;
+      diskMiB += s.diskMiB;
     }
-    return { memoryMiB, cpuMillis };
+    return { memoryMiB, cpuMillis, diskMiB };
+  }
+
+  private diskSpace(): { capacityMiB: number; freeMiB: number; sizeMiB: number } {
+    const space = this.deps.runtime.diskSpace();
+    return { capacityMiB: diskCapacityMiB(space, this.deps.config.diskOvercommit), freeMiB: space.freeMiB, sizeMiB: space.sizeMiB };
   }
 
   private async reply(replyTo: string, reply: Reply): Promise<void> {
@@ -231,7 +239,7 @@ export class WorkerHost {
       if (sandbox.state === 'running') await this.reply(job.replyTo, { kind: 'created', requestId: job.requestId, nodeId: this.nodeId });
       return;
     }
-    const request = { memoryMiB: sandbox.spec.resources.memoryMiB, cpuMillis: sandbox.spec.resources.cpuMillis };
+    const request = { memoryMiB: sandbox.spec.resources.memoryMiB, cpuMillis: sandbox.spec.resources.cpuMillis, diskMiB: sandbox.spec.resources.diskMiB };
     const decision = this.stopped
       ? ({ admit: false, reason: 'worker host stopping' } as const)
       : decideAdmission(
@@ -241,6 +249,7 @@ export class WorkerHost {
             sandboxes: this.local.size,
             hostFreeMemoryMiB: Math.floor(os.freemem() / 1024 / 1024),
             hostReserveMiB: config.hostReserveMiB,
+            disk: this.diskSpace(),
           },
           request,
         );

@@ -16,6 +16,8 @@ export interface CgroupHierarchies {
   memory: string;
   pids: string;
   freezer: string;
+  /** The v1 cpu controller, if mounted (for cpu.idle of besteffort sandboxes). */
+  cpu?: string;
   /** memory.memsw.* exists (swap accounting on): only then can swap be limited. */
   memsw: boolean;
 }
@@ -37,6 +39,7 @@ export async function discoverCgroups(): Promise<CgroupHierarchies> {
     all: [...new Set(mounts.map((m) => m.mountPoint))],
     memory,
     pids: need('pids'),
+    cpu: byController.get('cpu'),
     freezer: need('freezer'),
     memsw: existsSync(path.join(memory, 'memory.memsw.limit_in_bytes')),
   };

@@ -213,7 +213,9 @@ describe('runc runtime', () => {
     const r = await rt.exec('idle', cmd('cut -d" " -f41 /proc/self/stat; cat /proc/self/oom_score_adj /proc/1/oom_score_adj'));
     expect(r.stdout).toBe('5\n500\n0\n');
     const cpu = cgroupRoots.find((c) => c.endsWith('/cpu'))!;
-    expect(readFileSync(path.join(cpu, 'rollbox', nodeId, 'rb-idle', 'cpu.shares'), 'utf8').trim()).toBe('2');
+    // shares 2 as configured; with cpu.idle set the group reads the idle weight, 3.
+    expect(readFileSync(path.join(cpu, 'rollbox', nodeId, 'rb-idle', 'cpu.shares'), 'utf8').trim()).toBe('3');
+    expect(readFileSync(path.join(cpu, 'rollbox', nodeId, 'rb-idle', 'cpu.idle'), 'utf8').trim()).toBe('1');
     expect(readFileSync(path.join(cpu, 'rollbox', nodeId, 'rb-idle', 'cpu.cfs_quota_us'), 'utf8').trim()).toBe('25000');
     await rt.destroy('idle');
     expectGone(rt, 'idle');

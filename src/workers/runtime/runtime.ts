@@ -414,6 +414,12 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
         } catch {
           // not permitted below the worker's own floor: the init keeps the sandbox value
         }
+        // cpu.idle (kernel >= 5.15, v1 too): the besteffort group as a whole is SCHED_IDLE
+        // next to its latency siblings, so their wakeups preempt it at once; its tasks' own
+        // SCHED_IDLE only orders them against tasks of the same group. Best effort.
+        const cpuHierarchy = (await cgroups()).cpu;
+        const cpuIdleFile = cpuHierarchy && path.join(cpuHierarchy, cgroupRel(id), 'cpu.idle');
+        if (besteffort && cpuIdleFile && existsSync(cpuIdleFile)) writeFileSync(cpuIdleFile, '1');
         sandboxes.set(id, rec);
       } catch (err) {
         await teardown(id, rec).catch((e: unknown) => log?.warn({ sandboxId: id, err: String(e) }, 'cleanup after failed create failed'));
@@ -744,5 +750,6 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     oomKillCount,
     reconcile,
     mountedLayers: () => layerMounts.mounted(),
+    diskSpace: () => ({ ...scratch.space(), preallocated: deps.preallocateDisks ?? false }),
   };
 }

@@ -298,6 +298,19 @@ export class ScratchDisks {
     }
   }
 
+  /**
+   * Size and free space of the scratch filesystem, MiB. Before it exists (no sandbox yet),
+   * the size it will get and all of it free.
+   */
+  space(): { sizeMiB: number; freeMiB: number } {
+    if (this.isMounted()) {
+      const fs = statfsSync(this.mountPoint);
+      return { sizeMiB: Math.floor((fs.blocks * fs.bsize) / MIB), freeMiB: Math.floor((fs.bavail * fs.bsize) / MIB) };
+    }
+    const sizeMiB = Math.floor(this.scratchSizeBytes() / MIB);
+    return { sizeMiB, freeMiB: sizeMiB };
+  }
+
   private freeBytes(): number {
     try {
       const fs = statfsSync(this.mountPoint);

@@ -49,7 +49,9 @@ export const READONLY_PATHS = ['/proc/bus', '/proc/fs', '/proc/irq', '/proc/sys'
  * A small deny-list on top of the capability set (default: allow). It closes the kernel
  * surfaces container escapes have come through that capabilities alone leave open to
  * root in a container: new user namespaces (which hand out a fresh full capability set),
- * io_uring, the kernel keyring, BPF, perf and userfaultfd. clone3 answers ENOSYS so libc
+ * io_uring, the kernel keyring, BPF, perf and userfaultfd; and ptrace (with the process_vm_*
+ * calls), which lets one command of an agent read or rewrite another (a grader run in the
+ * same sandbox, say) that runs as the same uid. clone3 answers ENOSYS so libc
  * falls back to clone, whose namespace flags can be filtered (clone3's cannot).
  */
 const EPERM = 1;
@@ -61,7 +63,7 @@ export function seccompProfile(): object {
     defaultAction: 'SCMP_ACT_ALLOW',
     architectures: ['SCMP_ARCH_X86_64', 'SCMP_ARCH_X86', 'SCMP_ARCH_X32', 'SCMP_ARCH_AARCH64', 'SCMP_ARCH_ARM'],
     syscalls: [
-      deny(['unshare', 'setns', 'keyctl', 'add_key', 'request_key', 'bpf', 'perf_event_open', 'userfaultfd', 'io_uring_setup', 'io_uring_enter', 'io_uring_register', 'open_by_handle_at', 'name_to_handle_at', 'kexec_load', 'kexec_file_load', 'init_module', 'finit_module', 'delete_module', 'mount', 'umount2', 'pivot_root', 'fsopen', 'fsmount', 'move_mount', 'open_tree', 'swapon', 'swapoff', 'acct', 'lookup_dcookie', 'quotactl']),
+      deny(['unshare', 'setns', 'ptrace', 'process_vm_readv', 'process_vm_writev', 'keyctl', 'add_key', 'request_key', 'bpf', 'perf_event_open', 'userfaultfd', 'io_uring_setup', 'io_uring_enter', 'io_uring_register', 'open_by_handle_at', 'name_to_handle_at', 'kexec_load', 'kexec_file_load', 'init_module', 'finit_module', 'delete_module', 'mount', 'umount2', 'pivot_root', 'fsopen', 'fsmount', 'move_mount', 'open_tree', 'swapon', 'swapoff', 'acct', 'lookup_dcookie', 'quotactl']),
       deny(['clone3'], ENOSYS),
       { names: ['clone'], action: 'SCMP_ACT_ERRNO', errnoRet: EPERM, args: [{ index: 0, value: CLONE_NEWUSER, valueTwo: CLONE_NEWUSER, op: 'SCMP_CMP_MASKED_EQ' }] },
     ],
@@ -100,7 +102,7 @@ export function envList(env: Record<string, string>): string[] {
   return Object.entries(env).map(([k, v]) => `${k}=${v}`);
 }
 
-/** CPU weight: besteffort sandboxes yield to latency ones (cgroup v1 has no cpu.idle). */
+/** CPU weight: besteffort sandboxes yield to latency ones (runtime.ts also sets their cpu.idle). */
 export function cpuShares(resources: Resources, cls: SandboxClass): number {
   if (cls === 'besteffort') return 2;
   return Math.max(2, Math.min(262_144, Math.round((resources.cpuMillis * 1024) / 1000)));

@@ -89,4 +89,9 @@ export interface SandboxRuntime {
   reconcile(keep: ReadonlySet<string>): Promise<{ adopted: string[]; removed: string[]; missing: string[] }>;
   /** Digests of layers currently mounted on this host. */
   mountedLayers(): string[];
+  /**
+   * The host space sandbox disks (diskMiB) live in, MiB, and whether each disk reserves its
+   * whole size there (then it cannot be overcommitted).
+   */
+  diskSpace(): { sizeMiB: number; freeMiB: number; preallocated: boolean };
 }

@@ -1,0 +1,132 @@
+/**
+ * bench:interference — exec round trip of one `latency` sandbox alone, then with neighbours
+ * burning every core as `besteffort` (protected: SCHED_IDLE + cpu.shares 2), then with the
+ * same neighbours as `latency` (unprotected: normal scheduling, normal weight). Two commands:
+ * a small shell loop (CPU-bound, so contention shows) and `true`. Phases are interleaved
+ * over several rounds so that drift in the host's other load hits all three alike.
+ * Progress on stderr, CDF charts in bench/out/, one JSON line at the end.
+ */
+import os from 'node:os';
+import path from 'node:path';
+import { api, startTestCluster } from '../test/support/cluster.ts';
+import { writeCdfChart } from './support/chart.ts';
+import { timed } from './support/runc-floor.ts';
+import { progress, summarize } from './support/stats.ts';
+
+const RUNS = Number(process.env.BENCH_RUNS ?? 120);
+const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
+const NEIGHBOURS = Number(process.env.BENCH_NEIGHBOURS ?? os.availableParallelism());
+const COMPUTE = "i=0; while [ $i -lt 2000 ]; do i=$((i+1)); done";
+const COMMANDS = { compute: { cmd: COMPUTE }, true: { argv: ['true'] } } as const;
+type Phase = 'alone' | 'protected' | 'unprotected';
+const PHASES: Phase[] = ['alone', 'protected', 'unprotected'];
+
+const cluster = await startTestCluster({ workers: [{ nodeId: 'bench-node' }] });
+// Ctrl-C still removes every container, mount and process the bench started.
+process.once('SIGINT', () => void cluster.stop().finally(() => process.exit(130)));
+try {
+  const token = await cluster.token('bench', ['sandbox:create', 'sandbox:delete', 'sandbox:exec', 'sandbox:read']);
+  const create = async (body: object): Promise<string> => {
+    const r = await api(cluster, token, 'POST', '/v1/sandboxes', body);
+    if (r.status !== 201) throw new Error(`create failed: ${r.status} ${JSON.stringify(r.body)}`);
+    return r.body.id;
+  };
+  const exec = async (id: string, body: object) => {
+    const r = await api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, body);
+    // 202: a background command was started.
+    if ((r.status !== 200 && r.status !== 202) || (r.status === 200 && r.body.exitCode !== 0)) throw new Error(`exec failed: ${r.status} ${JSON.stringify(r.body)}`);
+    return r.body;
+  };
+  const probe = await create({ class: 'latency', resources: { memoryMiB: 64, cpuMillis: 1000 } });
+  for (let i = 0; i < 10; i++) for (const body of Object.values(COMMANDS)) await exec(probe, body);
+
+  /** One busy loop per core, each in its own sandbox of `cls`; resolves once they all burn. */
+  async function startNeighbours(cls: 'besteffort' | 'latency'): Promise<string[]> {
+    const ids = await Promise.all(Array.from({ length: NEIGHBOURS }, () => create({ class: cls, resources: { memoryMiB: 32, cpuMillis: 1000 } })));
+    await Promise.all(ids.map((id) => exec(id, { cmd: 'while :; do :; done', background: true, timeoutMs: 3_600_000 })));
+    await new Promise((r) => setTimeout(r, 300)); // let the loops reach full speed
+    return ids;
+  }
+  const stopNeighbours = (ids: string[]) => Promise.all(ids.map((id) => api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`)));
+
+  const samples: Record<Phase, Record<keyof typeof COMMANDS, number[]>> = {
+    alone: { compute: [], true: [] },
+    protected: { compute: [], true: [] },
+    unprotected: { compute: [], true: [] },
+  };
+  const perRound = Math.ceil(RUNS / ROUNDS);
+  for (let round = 1; round <= ROUNDS; round++) {
+    for (const phase of PHASES) {
+      // Deleting a neighbour ends its busy loop (and the background command running it).
+      const neighbours = phase === 'alone' ? [] : await startNeighbours(phase === 'protected' ? 'besteffort' : 'latency');
+      const bar = progress(`round ${round}/${ROUNDS} ${phase}`, perRound);
+      try {
+        for (let i = 0; i < perRound; i++) {
+          for (const [name, body] of Object.entries(COMMANDS) as [keyof typeof COMMANDS, object][]) samples[phase][name].push(await timed(() => exec(probe, body)));
+          bar.tick();
+        }
+      } finally {
+        bar.done();
+        await stopNeighbours(neighbours);
+      }
+    }
+  }
+  await api(cluster, token, 'DELETE', `/v1/sandboxes/${probe}`);
+
+  const stats = Object.fromEntries(
+    PHASES.map((phase) => [phase, { compute: summarize(samples[phase].compute), true: summarize(samples[phase].true) }]),
+  ) as Record<Phase, Record<keyof typeof COMMANDS, ReturnType<typeof summarize>>>;
+  const pct = (x: number, base: number) => Math.round((x / base - 1) * 1000) / 10;
+  const ratio = (x: number, base: number) => Math.round((x / base) * 100) / 100;
+  const charts = (Object.keys(COMMANDS) as (keyof typeof COMMANDS)[]).map((name) =>
+    writeCdfChart(
+      path.resolve(import.meta.dirname, 'out', `interference-${name}.svg`),
+      `exec round trip of a latency sandbox (${name === 'compute' ? '2000-step shell loop' : 'true'}), ${NEIGHBOURS} busy neighbours`,
+      [
+        { label: 'alone', samplesMs: samples.alone[name] },
+        { label: 'besteffort neighbours (protected)', samplesMs: samples.protected[name] },
+        { label: 'latency neighbours (unprotected)', samplesMs: samples.unprotected[name] },
+      ],
+    ),
+  );
+  for (const name of Object.keys(COMMANDS) as (keyof typeof COMMANDS)[]) {
+    const [a, p, u] = PHASES.map((phase) => stats[phase][name]);
+    process.stderr.write(
+      `${name.padEnd(8)} p50/p99 ms: alone ${a!.p50Ms}/${a!.p99Ms}  protected ${p!.p50Ms}/${p!.p99Ms} (+${pct(p!.p50Ms, a!.p50Ms)}%)  unprotected ${u!.p50Ms}/${u!.p99Ms} (+${pct(u!.p50Ms, a!.p50Ms)}%)\n`,
+    );
+  }
+  process.stderr.write(`charts: ${charts.join(' ')}\n`);
+  const { alone, protected: prot, unprotected } = stats;
+  console.log(
+    JSON.stringify({
+      bench: 'interference',
+      command: 'compute',
+      p50Ms: prot.compute.p50Ms,
+      p99Ms: prot.compute.p99Ms,
+      floorP50Ms: alone.compute.p50Ms,
+      floorP99Ms: alone.compute.p99Ms,
+      ratioP50: ratio(prot.compute.p50Ms, alone.compute.p50Ms),
+      unprotectedP50Ms: unprotected.compute.p50Ms,
+      unprotectedP99Ms: unprotected.compute.p99Ms,
+      unprotectedRatioP50: ratio(unprotected.compute.p50Ms, alone.compute.p50Ms),
+      protectedIncreasePct: pct(prot.compute.p50Ms, alone.compute.p50Ms),
+      unprotectedIncreasePct: pct(unprotected.compute.p50Ms, alone.compute.p50Ms),
+      protectedIncreaseP99Pct: pct(prot.compute.p99Ms, alone.compute.p99Ms),
+      unprotectedIncreaseP99Pct: pct(unprotected.compute.p99Ms, alone.compute.p99Ms),
+      true: {
+        p50Ms: prot.true.p50Ms,
+        p99Ms: prot.true.p99Ms,
+        floorP50Ms: alone.true.p50Ms,
+        unprotectedP50Ms: unprotected.true.p50Ms,
+        protectedIncreasePct: pct(prot.true.p50Ms, alone.true.p50Ms),
+        unprotectedIncreasePct: pct(unprotected.true.p50Ms, alone.true.p50Ms),
+      },
+      neighbours: NEIGHBOURS,
+      n: prot.compute.n,
+      targets: { protectedIncreasePct: 20 },
+      charts,
+    }),
+  );
+} finally {
+  await cluster.stop();
+}
