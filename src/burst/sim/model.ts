@@ -23,6 +23,13 @@ export const SimModel = z.strictObject({
   cloudProvisioningDelayMs: z.number().int().min(0).default(90_000),
   /** Syncing the layer set before the host reports ready. */
   cloudLayerSyncDelayMs: z.number().int().min(0).default(30_000),
+  /**
+   * A diverted create that finds no free cloud slot waits this long for one (while a host
+   * is provisioning or the cap allows another) before falling back to local placement.
+   * 0: it falls back at once and waits in the shared queue, where a cloud slot that frees
+   * may still take it. The live controller (src/burst/controller) waits createTimeoutMs / 2.
+   */
+  cloudWaitMs: z.number().int().min(0).max(86_400_000).default(0),
   /** Layers pre-synced to the cloud pool; empty = take the trace header's list. */
   syncedLayers: z.array(z.string()).default([]),
   seed: z.number().int().default(1),
@@ -37,7 +44,7 @@ export interface SimResult {
   refused: number;
   /** Decided 'cloud' by the policy. */
   diverted: number;
-  /** Diverted, but no cloud slot was free at arrival so it ran or waited locally. */
+  /** Diverted, but found no cloud slot (at arrival, or within cloudWaitMs) and went to local placement. */
   divertedFellBackLocal: number;
   /** Stayed local while diverting: layers not synced or stayLocal. */
   ineligible: number;

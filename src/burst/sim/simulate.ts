@@ -34,6 +34,7 @@ const END_CLOUD = 1;
 const TICK = 2;
 const CLOUD_READY = 3;
 const GIVE_UP = 4;
+const CLOUD_WAIT_OVER = 5;
 
 interface SimEvent {
   atMs: number;
@@ -47,6 +48,8 @@ interface SimEvent {
 
 // Outcome of a create; 0 = not arrived yet.
 const WAITING = 1;
+/** Diverted, waiting for a cloud slot only (model.cloudWaitMs), before falling back to local. */
+const WAITING_FOR_CLOUD = 5;
 const STARTED_LOCAL = 2;
 const STARTED_CLOUD = 3;
 const REFUSED = 4;
@@ -161,9 +164,8 @@ export function simulate(events: readonly TraceEvent[], policy: BurstPolicy, mod
   let utilizationSum = 0;
   let peakUtilization = 0;
 
-  const isWaiting = (id: number) => outcome[id] === WAITING;
-  const localQueue = new WaitQueue(isWaiting);
-  const cloudQueue = new WaitQueue(isWaiting);
+  const localQueue = new WaitQueue((id) => outcome[id] === WAITING);
+  const cloudQueue = new WaitQueue((id) => outcome[id] === WAITING || outcome[id] === WAITING_FOR_CLOUD);
 
   const leaveDivertedDemand = (id: number) => {
     if (divertedOutsideCloud[id]) {
@@ -173,7 +175,7 @@ export function simulate(events: readonly TraceEvent[], policy: BurstPolicy, mod
   };
 
   const markStarted = (id: number, how: number) => {
-    if (outcome[id] === WAITING) waiting--;
+    if (outcome[id] === WAITING || outcome[id] === WAITING_FOR_CLOUD) waiting--;
     outcome[id] = how;
     waitMs[id] = nowMs - events[id]!.atMs;
     running++;
@@ -210,6 +212,9 @@ export function simulate(events: readonly TraceEvent[], policy: BurstPolicy, mod
     }
     return best;
   };
+
+  /** Each create's own placement stream: what other creates did never shifts its draws. */
+  const placementRandomOf = (id: number) => mulberry32((placementSeed + Math.imul(id, 0x9e3779b1)) >>> 0);
 
   const placeLocal = (id: number, random: () => number): boolean => {
     const event = events[id]!;
@@ -254,7 +259,7 @@ export function simulate(events: readonly TraceEvent[], policy: BurstPolicy, mod
     const event = events[id]!;
     // Drawn for every create, diverting or not, so the streams stay aligned across policies.
     const shareDraw = shareRandom();
-    const placementRandom = mulberry32((placementSeed + Math.imul(id, 0x9e3779b1)) >>> 0);
+    const placementRandom = placementRandomOf(id);
     if (!admission.some((state) => decideAdmission(state, event).admit)) {
       overflowAtArrival[id] = 1;
       counts.overflow++;
@@ -265,16 +270,35 @@ export function simulate(events: readonly TraceEvent[], policy: BurstPolicy, mod
       counts.diverted++;
       const host = cloudHostWithSlot();
       if (host >= 0) return startCloud(id, host);
-      counts.divertedFellBackLocal++;
       divertedOutsideCloud[id] = 1;
       pendingDivertedDemand++;
+      if (model.cloudWaitMs > 0 && cloudPoolCanGrow()) {
+        outcome[id] = WAITING_FOR_CLOUD;
+        waiting++;
+        cloudQueue.push(id);
+        schedule(nowMs + model.maxQueueWaitMs, GIVE_UP, id, 0);
+        schedule(nowMs + model.cloudWaitMs, CLOUD_WAIT_OVER, id, 0);
+        return;
+      }
+      counts.divertedFellBackLocal++;
+      placeOrQueueLocal(id, placementRandom, true);
+      return;
     }
-    if (placeLocal(id, placementRandom)) return;
+    placeOrQueueLocal(id, placementRandom, false);
+  };
+
+  /** As the live controller judges it: a host is on its way, or one may still be started. */
+  const cloudPoolCanGrow = () => liveCloudHosts.some((h) => h.state === 'provisioning') || liveCloudHosts.length < policy.maxCloudHosts;
+
+  const placeOrQueueLocal = (id: number, random: () => number, cloudMayTakeIt: boolean) => {
+    if (placeLocal(id, random)) return;
+    if (outcome[id] !== WAITING_FOR_CLOUD) {
+      waiting++;
+      schedule(events[id]!.atMs + model.maxQueueWaitMs, GIVE_UP, id, 0);
+    }
     outcome[id] = WAITING;
-    waiting++;
     localQueue.push(id);
-    if (decision.target === 'cloud') cloudQueue.push(id);
-    schedule(nowMs + model.maxQueueWaitMs, GIVE_UP, id, 0);
+    if (cloudMayTakeIt) cloudQueue.push(id);
   };
 
   const heartbeat = () => {
@@ -383,8 +407,13 @@ export function simulate(events: readonly TraceEvent[], policy: BurstPolicy, mod
         pullCloud(event.where);
         break;
       }
+      case CLOUD_WAIT_OVER:
+        if (outcome[event.id] !== WAITING_FOR_CLOUD) break;
+        counts.divertedFellBackLocal++;
+        placeOrQueueLocal(event.id, placementRandomOf(event.id), true);
+        break;
       case GIVE_UP:
-        if (outcome[event.id] !== WAITING) break;
+        if (outcome[event.id] !== WAITING && outcome[event.id] !== WAITING_FOR_CLOUD) break;
         outcome[event.id] = REFUSED;
         waitMs[event.id] = model.maxQueueWaitMs;
         waiting--;
