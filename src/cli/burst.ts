@@ -73,6 +73,7 @@ interface ModelFlags {
   maxRefusals?: string;
   provisioningDelay?: string;
   syncDelay?: string;
+  cloudWait?: string;
   syncedLayers?: string;
   seed?: string;
   policy?: string;
@@ -92,6 +93,7 @@ function addModelOptions(command: Command): Command {
     .option('--max-refusals <n>', 'node refusals before a create waits in the queue (default 3)')
     .option('--provisioning-delay <duration>', 'cloud VM boot time (default 90s)')
     .option('--sync-delay <duration>', 'cloud layer sync before ready (default 30s)')
+    .option('--cloud-wait <duration>', 'a diverted create waits this long for a cloud host before going local (default 0; the live controller waits half the create timeout)')
     .option('--synced-layers <list>', 'layers pre-synced to the cloud (default: the trace header list)')
     .option('--seed <n>', 'random seed (default 1)')
     .option('--progress', 'draw a progress bar on stderr even when it is not a terminal');
@@ -110,6 +112,7 @@ function loadInputs(flags: ModelFlags & { trace: string }) {
     maxRefusals: flags.maxRefusals && Number(flags.maxRefusals),
     cloudProvisioningDelayMs: flags.provisioningDelay && durationMs(flags.provisioningDelay),
     cloudLayerSyncDelayMs: flags.syncDelay && durationMs(flags.syncDelay),
+    cloudWaitMs: flags.cloudWait && durationMs(flags.cloudWait),
     syncedLayers: flags.syncedLayers && stringList(flags.syncedLayers),
     seed: flags.seed && Number(flags.seed),
   };
