@@ -56,6 +56,8 @@ const REFUSED = 4;
 
 interface CloudHost {
   id: string;
+  /** Position in cloudHosts. */
+  index: number;
   state: 'provisioning' | 'ready' | 'terminated';
   sandboxes: number;
   idleSinceMs: number | null;
@@ -205,12 +207,12 @@ export function simulate(events: readonly TraceEvent[], policy: BurstPolicy, mod
 
   /** The ready host with a free slot that is fullest: packing lets the others idle out. */
   const cloudHostWithSlot = (): number => {
-    let best = -1;
+    let best: CloudHost | undefined;
     for (const host of liveCloudHosts) {
       if (host.state !== 'ready' || host.sandboxes >= policy.cloudHostSandboxes) continue;
-      if (best < 0 || host.sandboxes > cloudHosts[best]!.sandboxes) best = cloudHosts.indexOf(host);
+      if (best === undefined || host.sandboxes > best.sandboxes) best = host;
     }
-    return best;
+    return best?.index ?? -1;
   };
 
   /** Each create's own placement stream: what other creates did never shifts its draws. */
@@ -345,11 +347,11 @@ export function simulate(events: readonly TraceEvent[], policy: BurstPolicy, mod
       liveCloudHosts = liveCloudHosts.filter((h) => h.state !== 'terminated');
     }
     for (let k = 0; k < plan.provision; k++) {
-      const host: CloudHost = { id: `cloud-${cloudHosts.length}`, state: 'provisioning', sandboxes: 0, idleSinceMs: null, provisionedAtMs: nowMs };
+      const host: CloudHost = { id: `cloud-${cloudHosts.length}`, index: cloudHosts.length, state: 'provisioning', sandboxes: 0, idleSinceMs: null, provisionedAtMs: nowMs };
       cloudHosts.push(host);
       liveCloudHosts.push(host);
       provisionTimesMs.push(nowMs);
-      schedule(nowMs + model.cloudProvisioningDelayMs + model.cloudLayerSyncDelayMs, CLOUD_READY, cloudHosts.length - 1, cloudHosts.length - 1);
+      schedule(nowMs + model.cloudProvisioningDelayMs + model.cloudLayerSyncDelayMs, CLOUD_READY, host.index, host.index);
     }
     peakCloudHosts = Math.max(peakCloudHosts, liveCloudHosts.length);
   };

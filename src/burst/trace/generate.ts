@@ -29,7 +29,7 @@ export interface TraceGeneratorOptions {
 export const DEFAULT_TRACE_OPTIONS: TraceGeneratorOptions = {
   durationMs: 3_600_000,
   seed: 1,
-  baseRatePerSecond: 3,
+  baseRatePerSecond: 2.5,
   diurnalAmplitude: 0.4,
   burstsPerDay: 12,
   burstMultiplier: 1.6,
