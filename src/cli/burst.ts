@@ -93,7 +93,7 @@ function addModelOptions(command: Command): Command {
     .option('--max-refusals <n>', 'node refusals before a create waits in the queue (default 3)')
     .option('--provisioning-delay <duration>', 'cloud VM boot time (default 90s)')
     .option('--sync-delay <duration>', 'cloud layer sync before ready (default 30s)')
-    .option('--cloud-wait <duration>', 'a diverted create waits this long for a cloud host before going local (default 0; the live controller waits half the create timeout)')
+    .option('--cloud-wait <duration>', 'a diverted create with no free cloud slot waits this long for one before going local (default 0: at once, as the live controller does)')
     .option('--synced-layers <list>', 'layers pre-synced to the cloud (default: the trace header list)')
     .option('--seed <n>', 'random seed (default 1)')
     .option('--progress', 'draw a progress bar on stderr even when it is not a terminal');
@@ -130,8 +130,9 @@ function resultTable(result: SimResult, events: readonly TraceEvent[]): string {
     ['creates', String(result.creates)],
     ['trace span', seconds(events.length ? events[events.length - 1]!.atMs - events[0]!.atMs : 0)],
     ['started local / cloud', `${result.startedLocal} / ${result.startedCloud}`],
-    ['overflow (no local room at arrival)', String(result.overflow)],
+    ['overflow (not started locally at arrival)', String(result.overflow)],
     ['overflow absorbed by cloud', `${result.overflowAbsorbedByCloud} (${(result.overflowAbsorbedShare * 100).toFixed(1)}%)`],
+    ['no local room at arrival', String(result.noLocalRoomAtArrival)],
     ['queue wait p50 / p99 / mean', `${seconds(result.queueWaitP50Ms)} / ${seconds(result.queueWaitP99Ms)} / ${seconds(result.queueWaitMeanMs)}`],
     ['waited at all', String(result.waited)],
     ['refused (gave up waiting)', String(result.refused)],

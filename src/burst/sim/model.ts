@@ -27,7 +27,8 @@ export const SimModel = z.strictObject({
    * A diverted create that finds no free cloud slot waits this long for one (while a host
    * is provisioning or the cap allows another) before falling back to local placement.
    * 0: it falls back at once and waits in the shared queue, where a cloud slot that frees
-   * may still take it. The live controller (src/burst/controller) waits createTimeoutMs / 2.
+   * may still take it (what the live controller does). A positive value models the
+   * alternative, waiting for a VM first, to show what it costs.
    */
   cloudWaitMs: z.number().int().min(0).max(86_400_000).default(0),
   /** Layers pre-synced to the cloud pool; empty = take the trace header's list. */
@@ -49,10 +50,13 @@ export interface SimResult {
   /** Stayed local while diverting: layers not synced or stayLocal. */
   ineligible: number;
   byReason: Record<string, number>;
-  /** Could not start locally at arrival: no local node had room for it right then. */
+  /** Did not start on a local host at arrival: went to the cloud, or waited. */
   overflow: number;
+  /** Overflow that ran in the cloud (every cloud start is overflow). */
   overflowAbsorbedByCloud: number;
   overflowAbsorbedShare: number;
+  /** Arrived when no local host had room for it (true state, not the snapshot). */
+  noLocalRoomAtArrival: number;
   /** Time from arrival to start; refused creates count at their give-up wait. */
   queueWaitP50Ms: number;
   queueWaitP99Ms: number;

@@ -151,13 +151,12 @@ export function simulate(events: readonly TraceEvent[], policy: BurstPolicy, mod
 
   const outcome = new Uint8Array(n);
   const waitMs = new Float64Array(n);
-  const overflowAtArrival = new Uint8Array(n);
   /** Diverted but not (yet) in the cloud: counted in the pending diverted demand. */
   const divertedOutsideCloud = new Uint8Array(n);
   let pendingDivertedDemand = 0;
   let waiting = 0;
   let running = 0;
-  const counts = { diverted: 0, divertedFellBackLocal: 0, overflow: 0, overflowAbsorbedByCloud: 0 };
+  const counts = { diverted: 0, divertedFellBackLocal: 0, overflow: 0, noLocalRoomAtArrival: 0 };
   const byReason: Record<string, number> = { not_diverting: 0, stay_local: 0, layers_not_synced: 0, share: 0, diverted: 0 };
 
   let diversion = INITIAL_DIVERSION_STATE;
@@ -201,7 +200,6 @@ export function simulate(events: readonly TraceEvent[], policy: BurstPolicy, mod
     cloudLoad.memoryMiB += events[id]!.memoryMiB;
     markStarted(id, STARTED_CLOUD);
     leaveDivertedDemand(id);
-    if (overflowAtArrival[id]) counts.overflowAbsorbedByCloud++;
     schedule(nowMs + events[id]!.lifetimeMs, END_CLOUD, id, hostIndex);
   };
 
@@ -258,14 +256,16 @@ export function simulate(events: readonly TraceEvent[], policy: BurstPolicy, mod
   };
 
   const arrive = (id: number) => {
+    route(id);
+    if (outcome[id] !== STARTED_LOCAL) counts.overflow++;
+  };
+
+  const route = (id: number) => {
     const event = events[id]!;
     // Drawn for every create, diverting or not, so the streams stay aligned across policies.
     const shareDraw = shareRandom();
     const placementRandom = placementRandomOf(id);
-    if (!admission.some((state) => decideAdmission(state, event).admit)) {
-      overflowAtArrival[id] = 1;
-      counts.overflow++;
-    }
+    if (!admission.some((state) => decideAdmission(state, event).admit)) counts.noLocalRoomAtArrival++;
     const decision = decideCreate(diversion, event, syncedLayers, shareDraw, policy);
     byReason[decision.reason]!++;
     if (decision.target === 'cloud') {
@@ -476,8 +476,9 @@ export function simulate(events: readonly TraceEvent[], policy: BurstPolicy, mod
     ineligible: byReason.stay_local! + byReason.layers_not_synced!,
     byReason,
     overflow: counts.overflow,
-    overflowAbsorbedByCloud: counts.overflowAbsorbedByCloud,
-    overflowAbsorbedShare: round(counts.overflow === 0 ? 0 : counts.overflowAbsorbedByCloud / counts.overflow, 4),
+    overflowAbsorbedByCloud: startedCloud,
+    overflowAbsorbedShare: round(counts.overflow === 0 ? 0 : startedCloud / counts.overflow, 4),
+    noLocalRoomAtArrival: counts.noLocalRoomAtArrival,
     queueWaitP50Ms: round(percentile(50)),
     queueWaitP99Ms: round(percentile(99)),
     queueWaitMeanMs: round(n === 0 ? 0 : waitSum / n, 1),

@@ -52,6 +52,7 @@ const CSV_RESULT_COLUMNS = [
   'peakCloudHosts',
   'overflow',
   'overflowAbsorbedShare',
+  'noLocalRoomAtArrival',
   'diverted',
   'divertedFellBackLocal',
   'ineligible',
