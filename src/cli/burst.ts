@@ -45,13 +45,13 @@ function parseOrExplain<T>(what: string, parse: () => T): T {
 
 /** A one-line bar on stderr, drawn only on a terminal or when asked, so tests and pipes stay quiet. */
 function progressBar(label: string, enabled: boolean): { update(fraction: number, note?: string): void; done(): void } {
-  let last = -1;
+  let last = '';
   return {
     update(fraction, note = '') {
       if (!enabled) return;
       const percent = Math.floor(fraction * 100);
-      if (percent === last && !note) return;
-      last = percent;
+      if (`${percent} ${note}` === last) return;
+      last = `${percent} ${note}`;
       const width = 30;
       const filled = Math.round(fraction * width);
       process.stderr.write(`\r${label} [${'#'.repeat(filled)}${'.'.repeat(width - filled)}] ${String(percent).padStart(3)}% ${note}`);
@@ -215,7 +215,7 @@ export function registerBurstCommands(program: Command): void {
     const { policy, model, events, synced } = loadInputs(flags);
     const grid = { thresholds: numberList(flags.thresholds), gaps: numberList(flags.gaps), caps: numberList(flags.caps) };
     const bar = progressBar('sweep', Boolean(flags.progress) || process.stderr.isTTY);
-    const rows = runSweep(events, synced, policy, model, grid, (done, total) => bar.update(done / total, `${done}/${total} runs`));
+    const rows = runSweep(events, synced, policy, model, grid, (fraction, done, total) => bar.update(fraction, `${done}/${total} runs`));
     bar.done();
     fs.mkdirSync(flags.out, { recursive: true });
     const csvFile = path.join(flags.out, 'sweep.csv');

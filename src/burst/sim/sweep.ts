@@ -27,7 +27,8 @@ export function runSweep(
   basePolicy: BurstPolicy,
   model: SimModel,
   grid: SweepGrid,
-  onRun?: (done: number, total: number) => void,
+  /** Share of the whole sweep done (0..1), runs finished, runs in all. */
+  onProgress?: (doneFraction: number, runsDone: number, runs: number) => void,
 ): SweepRow[] {
   const rows: SweepRow[] = [];
   const total = grid.thresholds.length * grid.gaps.length * grid.caps.length;
@@ -36,11 +37,13 @@ export function runSweep(
       for (const threshold of grid.thresholds) {
         const stopBelow = Math.max(0, Math.round((threshold - gap) * 1000) / 1000);
         const policy = BurstPolicy.parse({ ...basePolicy, divertAboveUtilization: threshold, stopBelowUtilization: stopBelow, maxCloudHosts: cap });
-        rows.push({ divertAboveUtilization: threshold, stopBelowUtilization: stopBelow, gap, maxCloudHosts: cap, result: simulate(events, policy, model, syncedLayers) });
-        onRun?.(rows.length, total);
+        const done = rows.length;
+        const result = simulate(events, policy, model, syncedLayers, { onProgress: (f) => onProgress?.((done + f) / total, done, total) });
+        rows.push({ divertAboveUtilization: threshold, stopBelowUtilization: stopBelow, gap, maxCloudHosts: cap, result });
       }
     }
   }
+  onProgress?.(1, total, total);
   return rows;
 }
 
