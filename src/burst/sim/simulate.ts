@@ -11,9 +11,10 @@
  *   the create elsewhere, up to maxRefusals; then it waits in a FIFO queue that nodes
  *   pull from as capacity frees, until it starts or gives up after maxQueueWaitMs.
  * - A create the policy diverts goes to a ready cloud host with a free slot; with none
- *   free it falls back to local placement (and queue) rather than wait for a VM, and
- *   while it waits a cloud slot that frees may still take it. Diverted creates alive
- *   outside the cloud are the "pending diverted demand" that drives scale-up.
+ *   free it falls back to local placement (and queue) at once, or after model.cloudWaitMs
+ *   of waiting for a VM, and while it queues a cloud slot that frees may still take it.
+ *   Diverted creates alive outside the cloud are the "pending diverted demand" that
+ *   drives scale-up.
  * - Cloud hosts are ready cloudProvisioningDelayMs + cloudLayerSyncDelayMs after the
  *   provision call, have policy.cloudHostSandboxes slots, and are billed from provision
  *   to termination.
