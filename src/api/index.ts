@@ -26,3 +26,4 @@ export { NodeHeartbeat, NodeList } from './node.ts';
 export { FilesReadQuery, FilesWriteQuery, FilesWriteResult, FILES_TAR_TYPE, FILES_BYTES_TYPE } from './files.ts';
 export { ErrorBody, SCOPES, Scope } from './common.ts';
 export { CreateJob, NodeOp, Reply } from './internal.ts';
+export { BurstPolicy, UtilizationBasis, TraceEvent, TraceHeader, TRACE_FORMAT, BurstDecisionReason, CloudHostState, BurstCloudHost, BurstStatus } from './burst.ts';

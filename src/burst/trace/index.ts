@@ -1,0 +1,3 @@
+export { generateTrace, DEFAULT_TRACE_OPTIONS } from './generate.ts';
+export type { TraceGeneratorOptions } from './generate.ts';
+export { traceLine, writeTraceFile, readTraceFile, parseTrace } from './file.ts';
