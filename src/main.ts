@@ -12,10 +12,10 @@ import pino, { type Logger } from 'pino';
 import type { Config } from './config/index.ts';
 import { ExecService, Janitor, NodeRequests, SandboxService, createGateway, createMetrics, newId } from './gateway/index.ts';
 import { createTokenIssuer, createTokenVerifier, loadOrCreateHsSecret } from './iam/index.ts';
-import { LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar } from './layers/index.ts';
+import { LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar, fetchLayers } from './layers/index.ts';
 import { NodeDirectory, ReplyHub, createQueueName, opsQueueName } from './queues/index.ts';
 import { connectRedis, startRedisServer, type RedisServerHandle } from './redis/index.ts';
-import { CommandLog, LayerRegistry, SandboxRegistry } from './registry/index.ts';
+import { CommandLog, LayerRegistry, SandboxRegistry, keys } from './registry/index.ts';
 import { WorkerHost } from './workers/index.ts';
 import { createRuncRuntime } from './workers/runtime/index.ts';
 
@@ -150,6 +150,7 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
     storeLayerImage: (tmpImagePath) => store.put(tmpImagePath),
     tmpDir: path.join(workerDir, 'tmp'),
     logger,
+    syncLayers: config.node.syncLayers.length ? layerSyncOf(config, redis, store, path.join(workerDir, 'tmp')) : undefined,
   });
   await host.start();
   return {
@@ -158,6 +159,27 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
       await host.stop(options);
       await Promise.all([redis, ...blocking].map((c) => c.quit().catch(() => {})));
     },
+  };
+}
+
+/**
+ * A host that shares no disk with the cluster (a cloud host) copies its layer set from a
+ * gateway into its own store. "cluster" names the set the burst controller publishes.
+ */
+function layerSyncOf(config: Config, redis: Redis, store: LayerStore, tmpDir: string): (signal: AbortSignal) => Promise<string[]> {
+  const { gatewayUrl, gatewayToken, syncLayers } = config.node;
+  if (!gatewayUrl || !gatewayToken) throw new Error('ROLLBOX_SYNC_LAYERS needs ROLLBOX_GATEWAY_URL and ROLLBOX_GATEWAY_TOKEN (a token with layer read scope)');
+  const layers = new LayerRegistry(redis);
+  return async (signal) => {
+    const digests = new Set<string>();
+    for (const ref of syncLayers) {
+      if (ref === 'cluster') {
+        const published = await redis.smembers(keys.burstSyncedLayers);
+        if (!published.length) throw new Error('the cluster has not published its pre-synced layer set yet (a gateway does at start)');
+        for (const d of published) digests.add(d);
+      } else digests.add((await layers.resolve(ref)).digest);
+    }
+    return fetchLayers([...digests].sort(), { gatewayUrl, token: gatewayToken, store, tmpDir, signal });
   };
 }
 

@@ -9,3 +9,5 @@ export { mkfsErofs } from './erofs.ts';
 export { entryComponents, symlinkStaysInside } from './extract.ts';
 export { readMountInfo, isMountPoint, loopDeviceOf, listLoopDevices } from './hostmounts.ts';
 export type { MountInfo, LoopDevice } from './hostmounts.ts';
+export { fetchLayers } from './sync.ts';
+export type { LayerFetchOptions } from './sync.ts';

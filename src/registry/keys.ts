@@ -23,4 +23,6 @@ export const keys = {
   lock: (name: string) => `rb:lock:${name}`,
   replyChannel: (gatewayId: string) => `rb:reply:${gatewayId}`,
   stateChannel: 'rb:sandbox-states',
+  /** Cloud burst: the cluster's pre-synced layer digests (a set). */
+  burstSyncedLayers: 'rb:burst:synced-layers',
 } as const;

@@ -28,6 +28,11 @@ export interface WorkerHostDeps {
   tmpDir: string;
   logger: Logger;
   now?: () => number;
+  /**
+   * A cloud host's layer sync: copies its layer set into its own store and returns the
+   * digests held. Runs before the host reports ready; retried until it succeeds.
+   */
+  syncLayers?: (signal: AbortSignal) => Promise<string[]>;
 }
 
 /** A BullMQ worker plus what the watchdog needs to notice it has stopped fetching. */
@@ -57,6 +62,7 @@ const REGISTRY_SYNC_MS = 3000;
 const WATCHDOG_MS = 5000;
 /** A queue with waiting jobs that its worker has not touched for this long is stuck. */
 const STUCK_AFTER_MS = 15_000;
+const SYNC_RETRY_MS = 1000;
 
 /**
  * A worker host: pulls create requests from its own queue under local admission, runs
@@ -70,8 +76,13 @@ export class WorkerHost {
   private readonly now: () => number;
   private readonly log: Logger;
   private stopped = false;
+  /** False while a cloud host syncs its layers: placement skips it. */
+  private ready: boolean;
+  private syncedLayers: string[] | undefined;
+  private readonly stopping = new AbortController();
 
   constructor(private readonly deps: WorkerHostDeps) {
+    this.ready = !deps.syncLayers;
     this.now = deps.now ?? Date.now;
     this.log = deps.logger.child({ nodeId: deps.config.nodeId });
   }
@@ -83,6 +94,8 @@ export class WorkerHost {
   async start(): Promise<void> {
     await this.reconcile();
     await this.heartbeat();
+    await this.syncLayersBeforeReady();
+    if (this.stopped) return;
     const { config } = this.deps;
     this.queueWorkers = [
       this.superviseQueue(createQueueName(config.nodeId), config.maxStarting, (data) => this.handleCreate(CreateJob.parse(data))),
@@ -96,6 +109,30 @@ export class WorkerHost {
     this.log.info({ adopted: this.local.size }, 'worker host started');
   }
 
+  /** Heartbeats say `ready: false` until the layer set is in this host's own store. */
+  private async syncLayersBeforeReady(): Promise<void> {
+    const { syncLayers } = this.deps;
+    if (!syncLayers) return;
+    const beat = setInterval(() => void this.heartbeat().catch((err) => this.log.warn({ err }, 'heartbeat failed')), this.deps.config.heartbeatMs);
+    try {
+      while (!this.stopped) {
+        try {
+          this.syncedLayers = await syncLayers(this.stopping.signal);
+          break;
+        } catch (err) {
+          if (this.stopped) return;
+          this.log.warn({ err }, 'layer sync failed; retrying');
+          await new Promise((r) => setTimeout(r, SYNC_RETRY_MS));
+        }
+      }
+    } finally {
+      clearInterval(beat);
+    }
+    this.ready = true;
+    this.log.info({ layers: this.syncedLayers?.length }, 'layers synced; ready');
+    await this.heartbeat();
+  }
+
   /**
    * Stops pulling work. With `destroySandboxes` (the embedded `rollbox up` stack), every
    * local sandbox is also stopped and ends `terminated`; without it they keep running
@@ -104,6 +141,7 @@ export class WorkerHost {
   async stop(options: { destroySandboxes: boolean }): Promise<void> {
     if (this.stopped) return;
     this.stopped = true;
+    this.stopping.abort();
     for (const t of this.timers) clearInterval(t);
     await Promise.all(this.queueWorkers.flatMap((q) => [q.worker.close(), q.queue.close()]));
     if (options.destroySandboxes) {
@@ -190,6 +228,7 @@ export class WorkerHost {
       pool: config.pool,
       atMs: this.now(),
       healthy: !this.stopped,
+      ...(this.deps.syncLayers ? { ready: this.ready, syncedLayers: this.syncedLayers ?? [] } : {}),
       capacity: { cpuMillis: config.cpuMillis, memoryMiB: config.memoryMiB, maxSandboxes: config.maxSandboxes, maxStarting: config.maxStarting },
       used: { cpuMillis: reserved.cpuMillis, memoryMiB: reserved.memoryMiB },
       measured: { cpuLoad: os.loadavg()[0]! / os.availableParallelism(), memoryUsedFraction: 1 - os.freemem() / os.totalmem() },
