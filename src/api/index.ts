@@ -25,3 +25,4 @@ export { Layer, LayerName, LayerList, UploadLayerQuery, SnapshotRequest } from '
 export { NodeHeartbeat, NodeList } from './node.ts';
 export { ErrorBody, SCOPES, Scope } from './common.ts';
 export { CreateJob, NodeOp, Reply } from './internal.ts';
+export { BurstPolicy, UtilizationBasis, TraceEvent, TraceHeader, TRACE_FORMAT, BurstDecisionReason, CloudHostState, BurstCloudHost, BurstStatus } from './burst.ts';
