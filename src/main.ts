@@ -12,6 +12,7 @@ import pino, { type Logger } from 'pino';
 import type { Config } from './config/index.ts';
 import { ExecService, Janitor, NodeRequests, SandboxService, createGateway, createMetrics, newId } from './gateway/index.ts';
 import { createTokenIssuer, createTokenVerifier, loadOrCreateHsSecret } from './iam/index.ts';
+import { BurstController, CommandProvider, LocalProvider, TraceRecorder, type CloudProvider } from './burst/index.ts';
 import { LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar, fetchLayers } from './layers/index.ts';
 import { NodeDirectory, ReplyHub, createQueueName, opsQueueName } from './queues/index.ts';
 import { connectRedis, startRedisServer, type RedisServerHandle } from './redis/index.ts';
@@ -68,7 +69,25 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   };
   const queueProvider = { createQueue: (nodeId: string) => queueOf(createQueueName(nodeId)), opsQueue: (nodeId: string) => queueOf(opsQueueName(nodeId)) };
   const nodes = new NodeRequests(replies, queueProvider);
-  const sandboxes = new SandboxService({ config, registry, layers, directory, nodes, metrics, now, random: Math.random });
+  let url = '';
+  const provider = burstProviderOf(config);
+  const tokens = createTokenIssuer(config.jwt);
+  const burst = new BurstController({
+    redis,
+    directory,
+    layers,
+    provider,
+    config: { ...config.burst, localPool: config.node.pool, lostAfterMs: config.node.lostAfterMs, createTimeoutMs: config.placement.createTimeoutMs, redisUrl },
+    gatewayId,
+    gatewayUrl: () => config.burst.gatewayUrl ?? url,
+    issueHostToken: () => tokens.issue({ tenant: 'burst', scopes: ['layer:read'], ttlSeconds: 7 * 24 * 3600, subject: 'cloud-host' }),
+    recorder: new TraceRecorder(redis, config.burst.traceMaxEvents),
+    metricsRegistry: metrics.registry,
+    logger,
+    now,
+    random: Math.random,
+  });
+  const sandboxes = new SandboxService({ config, registry, layers, directory, nodes, metrics, now, random: Math.random, burst });
   const execs = new ExecService({ redis, registry, commands, nodes, metrics, now });
   const verifier = createTokenVerifier(config.jwt);
   const app = createGateway({
@@ -82,6 +101,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     metrics,
     logger,
     now,
+    burst,
     buildLayer: (tar, { maxBytes }) => buildLayerFromTar(tar, { store, tmpDir: path.join(config.dataDir, 'tmp'), maxBytes }),
     layerImagePath: (digest) => layerImagePath(store, digest),
   });
@@ -93,14 +113,17 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   });
   const address = server.address();
   const port = typeof address === 'object' && address ? address.port : config.http.port;
-  const url = `http://${config.http.host}:${port}`;
+  url = `http://${config.http.host}:${port}`;
   logger.info({ url, gatewayId }, 'gateway listening');
+  await burst.start();
   return {
     url,
     port,
     gatewayId,
     async stop() {
       janitor.stop();
+      await burst.stop();
+      await provider?.close?.();
       directory.stop();
       await new Promise<void>((resolve) => server.close(() => resolve()));
       await replies.stop();
@@ -108,6 +131,24 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
       await redis.quit().catch(() => {});
     },
   };
+}
+
+/** How this gateway starts cloud hosts when it leads the burst controller. */
+function burstProviderOf(config: Config): CloudProvider | undefined {
+  const { burst } = config;
+  if (burst.provider === 'local') {
+    return new LocalProvider({
+      baseDir: path.join(config.dataDir, 'burst-hosts'),
+      rollboxBin: path.resolve(import.meta.dirname, '../bin/rollbox.js'),
+      env: { ROLLBOX_LOG_LEVEL: config.logLevel === 'silent' ? 'warn' : config.logLevel, ROLLBOX_HEARTBEAT_MS: String(config.node.heartbeatMs), ROLLBOX_NODE_LOST_AFTER_MS: String(config.node.lostAfterMs) },
+    });
+  }
+  if (burst.provider === 'command') {
+    const { provision, terminate, list, timeoutMs } = burst.commands;
+    if (!provision || !terminate || !list) throw new Error('ROLLBOX_BURST_PROVIDER=command needs ROLLBOX_BURST_PROVISION_CMD, ROLLBOX_BURST_TERMINATE_CMD and ROLLBOX_BURST_LIST_CMD');
+    return new CommandProvider({ provision, terminate, list, timeoutMs });
+  }
+  return undefined;
 }
 
 /** A worker keeps the node id it generated on first start, so a restart adopts its sandboxes. */

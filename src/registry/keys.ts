@@ -25,4 +25,14 @@ export const keys = {
   stateChannel: 'rb:sandbox-states',
   /** Cloud burst: the cluster's pre-synced layer digests (a set). */
   burstSyncedLayers: 'rb:burst:synced-layers',
+  /** The BurstPolicy (JSON) set by PUT /v1/burst/policy. */
+  burstPolicy: 'rb:burst:policy',
+  /** The controller's state (JSON): diversion, utilization, cloud hosts. */
+  burstState: 'rb:burst:state',
+  /** Create decisions counted by every gateway (a hash of counters). */
+  burstCounts: 'rb:burst:counts',
+  /** Diverted creates waiting for a cloud slot, scored by when they stop waiting. */
+  burstWaiting: 'rb:burst:waiting',
+  /** Create events for `rollbox burst record` (a stream). */
+  burstTrace: 'rb:burst:trace',
 } as const;

@@ -1,0 +1,2 @@
+export { TraceRecorder, exportTrace } from './recorder.ts';
+export type { ExportedTrace } from './recorder.ts';
