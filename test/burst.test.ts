@@ -44,6 +44,10 @@ const create = (body: object) => api(cluster, token, 'POST', '/v1/sandboxes', { 
 const burst = async () => (await api(cluster, token, 'GET', '/v1/burst')).body;
 const poolOf = async (nodeId: string) => (await api(cluster, token, 'GET', '/v1/nodes')).body.nodes.find((n: { nodeId: string }) => n.nodeId === nodeId)?.pool;
 
+async function readyCloudHost(): Promise<string> {
+  return waitFor('a ready cloud host', async () => (await burst()).cloudHosts.find((h: { state: string }) => h.state === 'ready')?.id, 30_000);
+}
+
 /** The pid of one cloud host process, found by its exact node id (the test kills only that pid). */
 function pidOfHost(hostId: string): number {
   for (const entry of fs.readdirSync('/proc')) {
@@ -78,11 +82,15 @@ describe('live cloud burst (local provider, real runc)', () => {
     expect(status.utilization).toBeGreaterThan(0.3);
     expect(status.syncedLayers).toHaveLength(1); // busybox only
 
-    // Eligible: waits while a cloud host is provisioned and syncs its layers, then lands there.
+    // Eligible, but no cloud host yet: it falls back to local and counts as diverted
+    // demand, for which the controller provisions a host that syncs its layers, then
+    // reports ready; the next eligible create lands there.
+    const fellBack = await create({});
+    expect(fellBack.body.node).toBe('local-1');
+    const hostId = await readyCloudHost();
     const diverted = await create({});
     expect(diverted.status).toBe(201);
-    const hostId: string = diverted.body.node;
-    expect(hostId).toMatch(/^cloud-/);
+    expect(diverted.body.node).toBe(hostId);
     expect(await poolOf(hostId)).toBe('cloud');
     const onCloud = await api(cluster, token, 'POST', `/v1/sandboxes/${diverted.body.id}/exec`, { argv: ['echo', 'from the cloud'] });
     expect(onCloud.body.stdout).toBe('from the cloud\n');
@@ -97,9 +105,10 @@ describe('live cloud burst (local provider, real runc)', () => {
     const counts = (await burst()).counts;
     expect(counts.diverted).toBe(1);
     expect(counts.ineligible).toBe(2);
-    expect(counts.byReason).toMatchObject({ stay_local: 1, layers_not_synced: 1, diverted: 1 });
+    expect(counts.byReason).toMatchObject({ stay_local: 1, layers_not_synced: 1, diverted: 2 });
     const metrics = await (await fetch(`${cluster.url}/metrics`)).text();
     expect(metrics).toContain('rollbox_burst_creates_total{target="cloud",reason="diverted"} 1');
+    expect(metrics).toContain('rollbox_burst_fallbacks_total 1');
 
     // The cloud host vanishes: its sandbox ends failed(lost), new work goes to a new host.
     process.kill(pidOfHost(hostId), 'SIGKILL');
@@ -108,14 +117,15 @@ describe('live cloud burst (local provider, real runc)', () => {
       return s.state === 'failed' && s.failureReason === 'lost';
     });
     await waitFor('the controller to forget the host', async () => !(await burst()).cloudHosts.some((h: { id: string }) => h.id === hostId));
+    // The fallen-back sandbox is still diverted demand: a new host comes up for it.
+    const replacementHost = await readyCloudHost();
+    expect(replacementHost).not.toBe(hostId);
     const replacement = await create({});
-    expect(replacement.status).toBe(201);
-    expect(replacement.body.node).toMatch(/^cloud-/);
-    expect(replacement.body.node).not.toBe(hostId);
+    expect(replacement.body.node).toBe(replacementHost);
     await reapKilledHost(hostId);
 
     // Local utilization falls below the lower threshold: after the dwell, diversion stops.
-    for (const s of [first, second, stayLocal, unsynced, replacement]) await api(cluster, token, 'DELETE', `/v1/sandboxes/${s.body.id}`);
+    for (const s of [first, second, fellBack, stayLocal, unsynced, replacement]) await api(cluster, token, 'DELETE', `/v1/sandboxes/${s.body.id}`);
     await waitFor('diversion to stop', async () => !(await burst()).diverting);
     const after = await create({});
     expect(after.body.node).toBe('local-1');

@@ -1,6 +1,7 @@
 import { Command, Option } from 'commander';
 import { loadConfig, type Config } from '../config/index.ts';
 import { issueTokenCommand } from '../iam/index.ts';
+import { addBurstRecordCommand } from './burst-record.ts';
 import { createLogger, ensureBaseLayer, startEmbedded, startGatewayRole, startWorkerRole } from '../main.ts';
 
 /** Flags override the environment; the result is parsed once into a Config. */
@@ -106,6 +107,8 @@ export async function runCli(argv: string[]): Promise<void> {
       const value = await issueTokenCommand({ jwtConfig: config.jwt, tenant: flags.tenant, scopes: String(flags.scopes).split(','), ttl: flags.ttl });
       process.stdout.write(`${value}\n`);
     });
+
+  addBurstRecordCommand(program);
 
   try {
     await program.parseAsync(argv);

@@ -22,6 +22,7 @@ import { toRollboxError, type NodeRequests } from './node-requests.ts';
 /** Cloud burst routing and the create trace (src/burst); without it every create goes to the local pool. */
 export interface CreateRouting {
   placeCreate(
+    sandboxId: string,
     request: CreateSandboxRequest,
     layerDigests: readonly string[],
     local: PlacementRequest,
@@ -73,15 +74,15 @@ export class SandboxService {
     requireScope(principal, 'sandbox:create');
     const { registry, config, directory } = this.deps;
     const layerDigests = await this.deps.layers.resolveAll([request.image.base, ...request.image.layers]);
+    const id = newId('sbx');
     const local = { memoryMiB: request.resources.memoryMiB, cpuMillis: request.resources.cpuMillis, pool: config.node.pool, exclude: new Set<string>() };
     // A node that joined since the last snapshot refresh should not mean "no capacity".
     const placeFresh = async (p: PlacementRequest) => this.place(p) ?? (await directory.refresh().then(() => this.place(p)));
-    const routed = this.deps.burst ? await this.deps.burst.placeCreate(request, layerDigests, local, placeFresh) : { placement: local, node: await placeFresh(local) };
+    const routed = this.deps.burst ? await this.deps.burst.placeCreate(id, request, layerDigests, local, placeFresh) : { placement: local, node: await placeFresh(local) };
     const placement = { ...routed.placement, exclude: new Set<string>() };
     const node = routed.node;
     if (!node) throw new RollboxError('no_capacity', `no worker host in pool ${placement.pool} can take ${request.resources.memoryMiB} MiB now`, 5);
 
-    const id = newId('sbx');
     const nowMs = this.deps.now();
     const record: Sandbox = { id, tenant: principal.tenant, state: 'pending', node, spec: request, layerDigests, createdAt: new Date(nowMs).toISOString(), oomKills: 0 };
     const requestHash = createHash('sha256').update(JSON.stringify(request)).digest('hex');

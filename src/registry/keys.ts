@@ -31,8 +31,8 @@ export const keys = {
   burstState: 'rb:burst:state',
   /** Create decisions counted by every gateway (a hash of counters). */
   burstCounts: 'rb:burst:counts',
-  /** Diverted creates waiting for a cloud slot, scored by when they stop waiting. */
-  burstWaiting: 'rb:burst:waiting',
+  /** Diverted creates that found no cloud slot and went local (pending demand), scored by time. */
+  burstFellBack: 'rb:burst:fell-back',
   /** Create events for `rollbox burst record` (a stream). */
   burstTrace: 'rb:burst:trace',
 } as const;

@@ -2,9 +2,9 @@ import { randomBytes } from 'node:crypto';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { Counter, Gauge, type Registry } from 'prom-client';
-import { BurstPolicy, BurstStatus, type BurstDecisionReason, type CloudHostState, type CreateSandboxRequest, type Sandbox } from '../../api/index.ts';
+import { BurstPolicy, BurstStatus, isTerminal, type BurstDecisionReason, type CloudHostState, type CreateSandboxRequest, type Sandbox } from '../../api/index.ts';
 import type { NodeDirectory, PlacementCandidate, PlacementRequest } from '../../queues/index.ts';
-import { keys, type LayerRegistry } from '../../registry/index.ts';
+import { keys, type LayerRegistry, type SandboxRegistry } from '../../registry/index.ts';
 import { INITIAL_DIVERSION_STATE, decideCreate, planCloudScaling, stepDiversion, utilizationOf, type DiversionState, type NodeUsage } from '../policy/index.ts';
 import type { CloudProvider } from '../providers/index.ts';
 import type { TraceRecorder } from '../trace/index.ts';
@@ -38,7 +38,8 @@ const INITIAL_STATE: SharedState = { diversion: INITIAL_DIVERSION_STATE, utiliza
 const RETIRED_KEEP_MS = 10 * 60_000;
 /** A host that has not reported ready this long after provisioning is given up on. */
 const PROVISION_TIMEOUT_MS = 10 * 60_000;
-const WAIT_POLL_MS = 100;
+/** A diverted create refused outright (no cloud slot, no local room) counts as demand this long. */
+const UNMET_DEMAND_MS = 30_000;
 
 /** Renew the lock if we hold it, take it if free. */
 const HOLD_LOCK_LUA = `
@@ -51,6 +52,7 @@ export interface BurstControllerDeps {
   redis: Redis;
   directory: NodeDirectory;
   layers: LayerRegistry;
+  registry: SandboxRegistry;
   /** Undefined: nothing is provisioned; cloud hosts that operators start are still used. */
   provider: CloudProvider | undefined;
   config: {
@@ -59,7 +61,6 @@ export interface BurstControllerDeps {
     syncLayers: readonly string[];
     localPool: string;
     lostAfterMs: number;
-    createTimeoutMs: number;
     redisUrl: string;
   };
   gatewayId: string;
@@ -188,8 +189,7 @@ export class BurstController {
       hosts.push({ id: c.heartbeat.nodeId, providerId: null, state: 'ready', sandboxes: c.heartbeat.sandboxes, provisionedAtMs: nowMs, idleSinceMs: null, terminatingSinceMs: null });
     }
 
-    await this.deps.redis.zremrangebyscore(keys.burstWaiting, '-inf', nowMs);
-    const pendingDivertedDemand = await this.deps.redis.zcard(keys.burstWaiting);
+    const pendingDivertedDemand = await this.pendingDivertedDemand(nowMs);
     const recentProvisionsMs = previous.recentProvisionsMs.filter((t) => nowMs - t < 60_000);
     const active = hosts.filter((h) => h.state !== 'terminating');
     const plan = planCloudScaling(
@@ -253,55 +253,57 @@ export class BurstController {
 
   /**
    * Where a new create goes. Local: the local pool as before. Cloud: a ready cloud host
-   * holding every layer of the request (d-choice among them). When none is ready yet
-   * the create waits for one (counting as demand the controller provisions for) up to
-   * half the create timeout, then falls back to the local pool.
+   * holding every layer of the request (d-choice among them). When no cloud host has a
+   * slot, it falls back to the local pool at once (as the simulator models it) and counts
+   * as pending diverted demand, which the controller provisions cloud hosts for.
    */
   async placeCreate(
+    sandboxId: string,
     request: CreateSandboxRequest,
     layerDigests: readonly string[],
     local: PlacementRequest,
     place: (placement: PlacementRequest) => Promise<string | undefined>,
   ): Promise<{ placement: PlacementRequest; node: string | undefined }> {
     const decision = decideCreate(this.state.diversion, { layers: layerDigests, stayLocal: request.placement?.stayLocal }, this.synced, this.deps.random(), this.policy);
-    if (decision.target === 'local') {
-      this.count('local', decision.reason);
-      return { placement: local, node: await place(local) };
+    if (decision.target === 'cloud') {
+      const draining = new Set(this.state.hosts.filter((h) => h.state === 'terminating').map((h) => h.id));
+      const cloud: PlacementRequest = { ...local, pool: CLOUD_POOL, avoid: draining, requiredLayers: [...layerDigests] };
+      const node = await place(cloud);
+      if (node) {
+        this.count('cloud', decision.reason);
+        return { placement: cloud, node };
+      }
+      this.metrics.fallbacks.inc();
+      await this.deps.redis.zadd(keys.burstFellBack, this.deps.now(), sandboxId);
     }
-    const draining = new Set(this.state.hosts.filter((h) => h.state === 'terminating').map((h) => h.id));
-    const cloud: PlacementRequest = { ...local, pool: CLOUD_POOL, avoid: draining, requiredLayers: [...layerDigests] };
-    const node = (await place(cloud)) ?? (this.canGrow() ? await this.waitForCloudHost(cloud, place) : undefined);
-    if (node) {
-      this.count('cloud', decision.reason);
-      return { placement: cloud, node };
-    }
-    this.metrics.fallbacks.inc();
     this.count('local', decision.reason);
     return { placement: local, node: await place(local) };
   }
 
-  /** Worth waiting for a cloud host: one is on its way, or the controller may start one. */
-  private canGrow(): boolean {
-    const hosts = this.state.hosts.filter((h) => h.state !== 'terminating');
-    return hosts.some((h) => h.state === 'provisioning') || (!!this.deps.provider && hosts.length < this.policy.maxCloudHosts);
-  }
-
-  private async waitForCloudHost(cloud: PlacementRequest, place: (p: PlacementRequest) => Promise<string | undefined>): Promise<string | undefined> {
-    const { redis, now } = this.deps;
-    const waitId = randomBytes(8).toString('hex');
-    const deadlineMs = now() + this.deps.config.createTimeoutMs / 2;
-    await redis.zadd(keys.burstWaiting, deadlineMs, waitId);
-    try {
-      while (now() < deadlineMs) {
-        await new Promise((r) => setTimeout(r, WAIT_POLL_MS));
-        const node = await place(cloud);
-        if (node) return node;
-        if (!this.canGrow()) return undefined;
-      }
-      return undefined;
-    } finally {
-      await redis.zrem(keys.burstWaiting, waitId);
+  /**
+   * Diverted creates that went local for want of a cloud slot: those still live, plus
+   * those refused outright in the last UNMET_DEMAND_MS (they never got a sandbox).
+   */
+  private async pendingDivertedDemand(nowMs: number): Promise<number> {
+    const { redis } = this.deps;
+    const entries = await redis.zrange(keys.burstFellBack, '0', '-1', 'WITHSCORES');
+    const ids: string[] = [];
+    const atMs: number[] = [];
+    for (let i = 0; i < entries.length; i += 2) {
+      ids.push(entries[i]!);
+      atMs.push(Number(entries[i + 1]));
     }
+    const states = await this.deps.registry.states(ids);
+    const gone: string[] = [];
+    let pending = 0;
+    for (const [i, state] of states.entries()) {
+      const live = state !== undefined && !isTerminal(state);
+      const recentlyRefused = (state === undefined || state === 'failed') && nowMs - atMs[i]! < UNMET_DEMAND_MS;
+      if (live || recentlyRefused) pending++;
+      else gone.push(ids[i]!);
+    }
+    if (gone.length) await redis.zrem(keys.burstFellBack, ...gone);
+    return pending;
   }
 
   private count(target: 'local' | 'cloud', reason: BurstDecisionReason): void {
