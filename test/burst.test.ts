@@ -2,13 +2,17 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { pack } from 'tar-stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { Scope } from '../src/api/index.ts';
+import { execFileSync } from 'node:child_process';
+import { BurstPolicy, type Scope } from '../src/api/index.ts';
+import { SimModel, simulate } from '../src/burst/sim/index.ts';
+import { readTraceFile } from '../src/burst/trace/index.ts';
 import { loadConfig } from '../src/config/index.ts';
 import { startWorkerRole } from '../src/main.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { hostTraces } from './support/host.ts';
 import pino from 'pino';
 
+const REPO_ROOT = path.resolve(import.meta.dirname, '..');
 const SCOPES: Scope[] = ['sandbox:create', 'sandbox:read', 'sandbox:delete', 'sandbox:exec', 'layer:write', 'admin'];
 /** A small local pool: two 256 MiB sandboxes put it at 0.5 utilization. */
 const LOCAL_NODE = { nodeId: 'local-1', env: { ROLLBOX_NODE_MEMORY_MIB: '1024', ROLLBOX_NODE_CPU_MILLIS: '8000' } };
@@ -134,6 +138,19 @@ describe('live cloud burst (local provider, real runc)', () => {
     // The idle cloud host is drained, then terminated.
     await waitFor('idle cloud host terminated', async () => (await burst()).cloudHosts.length === 0 && !(await poolOf(replacement.body.node)), 30_000);
     expect((await burst()).counts.byReason.not_diverting).toBeGreaterThanOrEqual(3);
+
+    // The recorder: every create above, as a trace the simulator replays.
+    const traceFile = path.join(cluster.rootDir, 'recorded.jsonl');
+    execFileSync(process.execPath, [path.join(REPO_ROOT, 'bin/rollbox.js'), 'burst', 'record', '--out', traceFile, '--since', '10m'], { env: { ...process.env, REDIS_URL: cluster.redisUrl, ROLLBOX_LOG_LEVEL: 'silent' }, stdio: ['ignore', 'ignore', 'ignore'] });
+    const { header, events } = readTraceFile(traceFile);
+    expect(header).toMatchObject({ format: 'rollbox-burst-trace', source: 'recorder', syncedLayers: status.syncedLayers });
+    expect(events).toHaveLength(8);
+    expect(events[0]!.atMs).toBe(0);
+    expect(events.filter((e) => e.stayLocal)).toHaveLength(1);
+    expect(events.filter((e) => e.layers.length === 2 && e.layers[1] === extra.body.digest)).toHaveLength(1);
+    expect(events.every((e) => e.lifetimeMs > 0 && e.memoryMiB >= 64)).toBe(true);
+    const replay = simulate(events, BurstPolicy.parse(POLICY), SimModel.parse({ localNodes: 1, nodeMemoryMiB: 1024, cloudProvisioningDelayMs: 1000, cloudLayerSyncDelayMs: 500 }), new Set(header!.syncedLayers));
+    expect(replay.creates).toBe(8);
   });
 });
 
