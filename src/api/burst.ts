@@ -25,6 +25,14 @@ export const BurstPolicy = z
     /** Stop diverting only after utilization stayed below this for `dwellMs` (hysteresis). */
     stopBelowUtilization: Fraction.default(0.7),
     dwellMs: z.number().int().min(0).max(86_400_000).default(60_000),
+    /**
+     * Judge "below stopBelow" on the load the local pool would carry if the cloud's
+     * sandboxes came home, not on local load alone. Without it, cloud capacity that
+     * absorbs a burst makes the local pool look cool, diversion stops mid-burst and the
+     * next creates overflow locally again (the simulator shows queue waits then rise with
+     * more cloud hosts).
+     */
+    stopCountsCloudLoad: z.boolean().default(true),
     /** Share of eligible new creates sent to the cloud while diverting (DSec diverts "part"). */
     divertShare: Fraction.default(1),
     utilizationBasis: UtilizationBasis.default('requested'),

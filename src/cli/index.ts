@@ -2,6 +2,7 @@ import { Command, Option } from 'commander';
 import { loadConfig, type Config } from '../config/index.ts';
 import { issueTokenCommand } from '../iam/index.ts';
 import { addBurstRecordCommand } from './burst-record.ts';
+import { registerBurstCommands } from './burst.ts';
 import { createLogger, ensureBaseLayer, startEmbedded, startGatewayRole, startWorkerRole } from '../main.ts';
 
 /** Flags override the environment; the result is parsed once into a Config. */
@@ -108,6 +109,7 @@ export async function runCli(argv: string[]): Promise<void> {
       process.stdout.write(`${value}\n`);
     });
 
+  registerBurstCommands(program);
   addBurstRecordCommand(program);
 
   try {

@@ -152,8 +152,19 @@ export class BurstController {
     const candidates = directory.candidates();
     const alive = (c: PlacementCandidate | undefined): c is PlacementCandidate => !!c && c.heartbeat.healthy && c.ageMs <= config.lostAfterMs;
     const local = candidates.filter((c) => alive(c) && c.heartbeat.pool === config.localPool);
-    const utilization = utilizationOf(local.map(usageOf), policy.utilizationBasis);
-    const diversion = stepDiversion(previous.diversion, utilization, nowMs, policy);
+    const localUsage = local.map(usageOf);
+    const utilization = utilizationOf(localUsage, policy.utilizationBasis);
+    // What the cloud runs now would land locally if diversion stopped (stopCountsCloudLoad).
+    const cloudLoad = { cpuMillis: 0, memoryMiB: 0 };
+    for (const c of candidates) {
+      if (!alive(c) || c.heartbeat.pool !== CLOUD_POOL) continue;
+      const u = usageOf(c);
+      const measured = policy.utilizationBasis === 'measured';
+      cloudLoad.cpuMillis += measured ? u.measured.cpuFraction * u.capacity.cpuMillis : u.requested.cpuMillis;
+      cloudLoad.memoryMiB += measured ? u.measured.memoryFraction * u.capacity.memoryMiB : u.requested.memoryMiB;
+    }
+    const utilizationWithCloudLoad = utilizationOf(localUsage, policy.utilizationBasis, cloudLoad);
+    const diversion = stepDiversion(previous.diversion, utilization, nowMs, policy, utilizationWithCloudLoad);
     if (diversion.diverting !== previous.diversion.diverting) this.log.info({ utilization, diverting: diversion.diverting }, diversion.diverting ? 'burst: diverting eligible creates to the cloud pool' : 'burst: diversion stopped');
 
     const byId = new Map(candidates.map((c) => [c.heartbeat.nodeId, c]));

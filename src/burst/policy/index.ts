@@ -19,13 +19,15 @@ export interface NodeUsage {
 /**
  * Pool utilization, 0..1: the more constrained of CPU and memory, each pooled over all
  * nodes (sum used / sum capacity), so a big node weighs more than a small one. An empty
- * pool counts as full: there is nowhere local to put anything.
+ * pool counts as full: there is nowhere local to put anything. `extraLoad` (in the
+ * basis's terms) is added to the nodes' use: the cloud's sandboxes, for the stop rule of
+ * stepDiversion.
  */
-export function utilizationOf(nodes: readonly NodeUsage[], basis: UtilizationBasis): number {
+export function utilizationOf(nodes: readonly NodeUsage[], basis: UtilizationBasis, extraLoad: { cpuMillis: number; memoryMiB: number } = NO_LOAD): number {
   let cpuCapacity = 0;
   let memoryCapacity = 0;
-  let cpuUsed = 0;
-  let memoryUsed = 0;
+  let cpuUsed = extraLoad.cpuMillis;
+  let memoryUsed = extraLoad.memoryMiB;
   for (const node of nodes) {
     cpuCapacity += node.capacity.cpuMillis;
     memoryCapacity += node.capacity.memoryMiB;
@@ -41,6 +43,8 @@ export function utilizationOf(nodes: readonly NodeUsage[], basis: UtilizationBas
   return Math.min(1, Math.max(cpuUsed / cpuCapacity, memoryUsed / memoryCapacity, 0));
 }
 
+const NO_LOAD = { cpuMillis: 0, memoryMiB: 0 };
+
 export interface DiversionState {
   diverting: boolean;
   divertingSinceMs: number | null;
@@ -55,12 +59,15 @@ export const INITIAL_DIVERSION_STATE: DiversionState = { diverting: false, diver
  * divertAbove; stops only once it has stayed below stopBelow for dwellMs, so a pool
  * hovering at the threshold does not flap. "Stayed below" is judged from the
  * observations: the first one below starts the dwell clock, any one at or above resets it.
+ * With policy.stopCountsCloudLoad the stop rule looks at `utilizationWithCloudLoad`
+ * (utilizationOf with the cloud's sandboxes as extraLoad) when the caller passes it.
  */
-export function stepDiversion(state: DiversionState, utilization: number, nowMs: number, policy: BurstPolicy): DiversionState {
+export function stepDiversion(state: DiversionState, utilization: number, nowMs: number, policy: BurstPolicy, utilizationWithCloudLoad?: number): DiversionState {
   if (!state.diverting) {
     return utilization > policy.divertAboveUtilization ? { diverting: true, divertingSinceMs: nowMs, belowStopSinceMs: null } : state;
   }
-  if (utilization >= policy.stopBelowUtilization) return state.belowStopSinceMs === null ? state : { ...state, belowStopSinceMs: null };
+  const stopUtilization = policy.stopCountsCloudLoad && utilizationWithCloudLoad !== undefined ? Math.max(utilization, utilizationWithCloudLoad) : utilization;
+  if (stopUtilization >= policy.stopBelowUtilization) return state.belowStopSinceMs === null ? state : { ...state, belowStopSinceMs: null };
   const belowStopSinceMs = state.belowStopSinceMs ?? nowMs;
   if (nowMs - belowStopSinceMs >= policy.dwellMs) return INITIAL_DIVERSION_STATE;
   return belowStopSinceMs === state.belowStopSinceMs ? state : { ...state, belowStopSinceMs };

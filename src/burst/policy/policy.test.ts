@@ -84,17 +84,28 @@ describe('stepDiversion', () => {
     expect(s).toEqual(INITIAL_DIVERSION_STATE);
   });
 
+  it('with stopCountsCloudLoad, the cloud sandboxes keep it diverting until local plus cloud load is below stopBelow', () => {
+    const diverting: DiversionState = { diverting: true, divertingSinceMs: 0, belowStopSinceMs: null };
+    const nodes = [node(1000, 2048)]; // 25% local
+    const withCloud = utilizationOf(nodes, 'requested', { cpuMillis: 2000, memoryMiB: 0 }); // 75% if the cloud's sandboxes came home
+    expect(withCloud).toBeCloseTo(0.75);
+    const local = utilizationOf(nodes, 'requested');
+    expect(stepDiversion(diverting, local, 0, { ...policy, dwellMs: 0 }, withCloud).diverting).toBe(true);
+    expect(stepDiversion(diverting, local, 0, { ...policy, dwellMs: 0, stopCountsCloudLoad: false }, withCloud).diverting).toBe(false);
+    expect(stepDiversion(diverting, local, 0, { ...policy, dwellMs: 0 }).diverting).toBe(false); // caller without cloud load: local alone
+  });
+
   it('property: with divertAbove 1.0 it never diverts; every start and stop is justified', () => {
     const random = mulberry32(2);
     const never = BurstPolicy.parse({ divertAboveUtilization: 1, stopBelowUtilization: 0.9 });
-    for (let trial = 0; trial < 200; trial++) {
+    for (let trial = 0; trial < 100; trial++) {
       const divertAboveUtilization = 0.5 + random() * 0.5;
       const p = BurstPolicy.parse({ divertAboveUtilization, stopBelowUtilization: divertAboveUtilization * random(), dwellMs: Math.floor(random() * 20_000) });
       let s: DiversionState = INITIAL_DIVERSION_STATE;
       let off: DiversionState = INITIAL_DIVERSION_STATE;
       let nowMs = 0;
       const history: { nowMs: number; utilization: number }[] = [];
-      for (let step = 0; step < 200; step++) {
+      for (let step = 0; step < 100; step++) {
         nowMs += Math.floor(random() * 3000);
         const utilization = random();
         history.push({ nowMs, utilization });

@@ -137,6 +137,8 @@ export function simulate(events: readonly TraceEvent[], policy: BurstPolicy, mod
 
   const cloudHosts: CloudHost[] = [];
   let liveCloudHosts: CloudHost[] = [];
+  /** Requested resources of the sandboxes running in the cloud. */
+  const cloudLoad = { cpuMillis: 0, memoryMiB: 0 };
   const provisionTimesMs: number[] = [];
   let provisionWindowStart = 0;
   let cloudVmMs = 0;
@@ -191,6 +193,8 @@ export function simulate(events: readonly TraceEvent[], policy: BurstPolicy, mod
     const host = cloudHosts[hostIndex]!;
     host.sandboxes++;
     host.idleSinceMs = null;
+    cloudLoad.cpuMillis += events[id]!.cpuMillis;
+    cloudLoad.memoryMiB += events[id]!.memoryMiB;
     markStarted(id, STARTED_CLOUD);
     leaveDivertedDemand(id);
     if (overflowAtArrival[id]) counts.overflowAbsorbedByCloud++;
@@ -330,7 +334,9 @@ export function simulate(events: readonly TraceEvent[], policy: BurstPolicy, mod
   const tick = () => {
     heartbeat();
     const utilization = utilizationOf(usages, policy.utilizationBasis);
-    diversion = stepDiversion(diversion, utilization, nowMs, policy);
+    const share = policy.utilizationBasis === 'measured' ? model.measuredShareOfRequest : 1;
+    const utilizationWithCloudLoad = utilizationOf(usages, policy.utilizationBasis, { cpuMillis: share * cloudLoad.cpuMillis, memoryMiB: share * cloudLoad.memoryMiB });
+    diversion = stepDiversion(diversion, utilization, nowMs, policy, utilizationWithCloudLoad);
     if (nextArrival < n) {
       ticksDuringTrace++;
       utilizationSum += utilization;
@@ -362,6 +368,8 @@ export function simulate(events: readonly TraceEvent[], policy: BurstPolicy, mod
       case END_CLOUD: {
         const host = cloudHosts[event.where]!;
         host.sandboxes--;
+        cloudLoad.cpuMillis -= events[event.id]!.cpuMillis;
+        cloudLoad.memoryMiB -= events[event.id]!.memoryMiB;
         running--;
         if (host.sandboxes === 0) host.idleSinceMs = nowMs;
         pullCloud(event.where);
