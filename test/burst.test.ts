@@ -49,7 +49,7 @@ const burst = async () => (await api(cluster, token, 'GET', '/v1/burst')).body;
 const poolOf = async (nodeId: string) => (await api(cluster, token, 'GET', '/v1/nodes')).body.nodes.find((n: { nodeId: string }) => n.nodeId === nodeId)?.pool;
 
 async function readyCloudHost(): Promise<string> {
-  return waitFor('a ready cloud host', async () => (await burst()).cloudHosts.find((h: { state: string }) => h.state === 'ready')?.id, 30_000);
+  return waitFor('a ready cloud host', async () => (await burst()).cloudHosts.find((h: { state: string }) => h.state === 'ready')?.id, 60_000);
 }
 
 /** The pid of one cloud host process, found by its exact node id (the test kills only that pid). */
@@ -76,12 +76,12 @@ describe('live cloud burst (local provider, real runc)', () => {
 
     // Below the threshold everything stays local. (Before the worker joined, the empty
     // local pool counted as full, so diversion may be on until the dwell has passed.)
-    await waitFor('no diversion while the local pool is idle', async () => !(await burst()).diverting);
+    await waitFor('no diversion while the local pool is idle', async () => !(await burst()).diverting, 30_000);
     const first = await create({ resources: { memoryMiB: 256 } });
     expect(first.body.node).toBe('local-1');
     const second = await create({ resources: { memoryMiB: 256 } });
     expect(second.body.node).toBe('local-1');
-    await waitFor('diversion to start', async () => (await burst()).diverting);
+    await waitFor('diversion to start', async () => (await burst()).diverting, 30_000);
     const status = await burst();
     expect(status.utilization).toBeGreaterThan(0.3);
     expect(status.syncedLayers).toHaveLength(1); // busybox only
@@ -119,8 +119,8 @@ describe('live cloud burst (local provider, real runc)', () => {
     await waitFor('failed(lost)', async () => {
       const s = (await api(cluster, token, 'GET', `/v1/sandboxes/${diverted.body.id}`)).body;
       return s.state === 'failed' && s.failureReason === 'lost';
-    });
-    await waitFor('the controller to forget the host', async () => !(await burst()).cloudHosts.some((h: { id: string }) => h.id === hostId));
+    }, 30_000);
+    await waitFor('the controller to forget the host', async () => !(await burst()).cloudHosts.some((h: { id: string }) => h.id === hostId), 30_000);
     // The fallen-back sandbox is still diverted demand: a new host comes up for it.
     const replacementHost = await readyCloudHost();
     expect(replacementHost).not.toBe(hostId);
@@ -130,13 +130,13 @@ describe('live cloud burst (local provider, real runc)', () => {
 
     // Local utilization falls below the lower threshold: after the dwell, diversion stops.
     for (const s of [first, second, fellBack, stayLocal, unsynced, replacement]) await api(cluster, token, 'DELETE', `/v1/sandboxes/${s.body.id}`);
-    await waitFor('diversion to stop', async () => !(await burst()).diverting);
+    await waitFor('diversion to stop', async () => !(await burst()).diverting, 30_000);
     const after = await create({});
     expect(after.body.node).toBe('local-1');
     await api(cluster, token, 'DELETE', `/v1/sandboxes/${after.body.id}`);
 
     // The idle cloud host is drained, then terminated.
-    await waitFor('idle cloud host terminated', async () => (await burst()).cloudHosts.length === 0 && !(await poolOf(replacement.body.node)), 30_000);
+    await waitFor('idle cloud host terminated', async () => (await burst()).cloudHosts.length === 0 && !(await poolOf(replacement.body.node)), 60_000);
     expect((await burst()).counts.byReason.not_diverting).toBeGreaterThanOrEqual(3);
 
     // The recorder: every create above, as a trace the simulator replays.
@@ -151,7 +151,7 @@ describe('live cloud burst (local provider, real runc)', () => {
     expect(events.every((e) => e.lifetimeMs > 0 && e.memoryMiB >= 64)).toBe(true);
     const replay = simulate(events, BurstPolicy.parse(POLICY), SimModel.parse({ localNodes: 1, nodeMemoryMiB: 1024, cloudProvisioningDelayMs: 1000, cloudLayerSyncDelayMs: 500 }), new Set(header!.syncedLayers));
     expect(replay.creates).toBe(8);
-  });
+  }, 180_000); // about 25 s alone; cloud hosts boot slower while other tests load the machine
 });
 
 /** A SIGKILLed worker leaves containers behind; a worker started on its data dir removes them. */
