@@ -35,6 +35,8 @@ interface SharedState {
 }
 
 const INITIAL_STATE: SharedState = { diversion: INITIAL_DIVERSION_STATE, utilization: 0, utilizationAtMs: 0, hosts: [], recentProvisionsMs: [], retired: [] };
+/** How often the leader compares its hosts with the provider's list. */
+const LIST_EVERY_MS = 30_000;
 const RETIRED_KEEP_MS = 10 * 60_000;
 /** A host that has not reported ready this long after provisioning is given up on. */
 const PROVISION_TIMEOUT_MS = 10 * 60_000;
@@ -87,6 +89,7 @@ export class BurstController {
   private synced = new Set<string>();
   private timer: NodeJS.Timeout | undefined;
   private ticking = false;
+  private lastListAtMs = 0;
   private readonly terminations = new Set<Promise<void>>();
   private readonly log: Logger;
   private readonly metrics;
@@ -173,6 +176,7 @@ export class BurstController {
       retired.push({ id: host.id, atMs: nowMs });
       this.terminate(host, why);
     };
+    const listed = await this.listProviderHosts(nowMs);
     const hosts: HostRecord[] = [];
     for (const host of previous.hosts) {
       const c = byId.get(host.id);
@@ -180,6 +184,7 @@ export class BurstController {
       if (host.state === 'provisioning') {
         if (alive(c) && c.heartbeat.ready !== false) hosts.push({ ...host, state: 'ready', sandboxes, idleSinceMs: sandboxes === 0 ? nowMs : null });
         else if (nowMs - host.provisionedAtMs > PROVISION_TIMEOUT_MS) retire(host, 'never became ready');
+        else if (listed && host.providerId !== null && !listed.has(host.providerId) && nowMs - host.provisionedAtMs > LIST_EVERY_MS) retire(host, 'the provider no longer lists it');
         else hosts.push(host);
       } else if (!alive(c)) {
         // Vanished: the janitor ends its sandboxes failed(lost); the controller forgets it.
@@ -221,6 +226,22 @@ export class BurstController {
       }
     }
     return { diversion, utilization, utilizationAtMs: nowMs, hosts, recentProvisionsMs, retired };
+  }
+
+  /** The provider's machines, asked now and then (a command provider runs a program for it). */
+  private async listProviderHosts(nowMs: number): Promise<Set<string> | undefined> {
+    if (!this.deps.provider || nowMs - this.lastListAtMs < LIST_EVERY_MS) return undefined;
+    this.lastListAtMs = nowMs;
+    try {
+      const ids = new Set((await this.deps.provider.list()).map((h) => h.id));
+      const known = new Set(this.state.hosts.map((h) => h.providerId));
+      const orphans = [...ids].filter((id) => !known.has(id));
+      if (orphans.length) this.log.warn({ orphans }, 'burst: the provider lists machines this controller does not know (left alone)');
+      return ids;
+    } catch (err) {
+      this.log.warn({ err }, 'burst: provider list failed');
+      return undefined;
+    }
   }
 
   /** Long enough for every gateway to have read the draining state. */
