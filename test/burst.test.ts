@@ -70,6 +70,8 @@ describe('live cloud burst (local provider, real runc)', () => {
     expect((await api(cluster, token, 'PUT', '/v1/burst/policy', { divertAboveUtilization: 0.5, stopBelowUtilization: 0.6 })).status).toBe(400);
     const agent = await cluster.token('agent', ['sandbox:create', 'sandbox:read']);
     expect((await api(cluster, agent, 'PUT', '/v1/burst/policy', POLICY)).status).toBe(403);
+    expect((await api(cluster, agent, 'GET', '/v1/burst')).status).toBe(200);
+    expect(Object.keys((await api(cluster, undefined, 'GET', '/openapi.json')).body.paths)).toEqual(expect.arrayContaining(['/v1/burst', '/v1/burst/policy']));
     const stored = await api(cluster, token, 'PUT', '/v1/burst/policy', POLICY);
     expect(stored.status).toBe(200);
     expect(stored.body).toMatchObject({ ...POLICY, utilizationBasis: 'requested' });
