@@ -50,6 +50,10 @@ if v == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
 if not v then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
 return 0`;
 
+const SET_IF_LEADER_LUA = `
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[2], ARGV[2]) return 1 end
+return 0`;
+
 export interface BurstControllerDeps {
   redis: Redis;
   directory: NodeDirectory;
@@ -124,7 +128,8 @@ export class BurstController {
       if ((await redis.eval(HOLD_LOCK_LUA, 1, keys.lock('burst-controller'), this.deps.gatewayId, leaseMs)) === 1) {
         await this.publishSyncedLayers();
         this.state = await this.lead(this.state);
-        await redis.set(keys.burstState, JSON.stringify(this.state));
+        // Fenced: a leader that lost the lock mid-tick (a slow provider call) does not overwrite its successor.
+        await redis.eval(SET_IF_LEADER_LUA, 2, keys.lock('burst-controller'), keys.burstState, this.deps.gatewayId, JSON.stringify(this.state));
       }
       this.synced = new Set(await redis.smembers(keys.burstSyncedLayers));
     } catch (err) {
