@@ -12,10 +12,11 @@ import pino, { type Logger } from 'pino';
 import type { Config } from './config/index.ts';
 import { ExecService, FilesService, Janitor, LayerCollector, NodeRequests, SandboxService, createGateway, createMetrics, newId } from './gateway/index.ts';
 import { createTokenIssuer, createTokenVerifier, loadOrCreateHsSecret } from './iam/index.ts';
-import { LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar } from './layers/index.ts';
+import { BurstController, CommandProvider, LocalProvider, TraceRecorder, type CloudProvider } from './burst/index.ts';
+import { LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar, fetchLayers } from './layers/index.ts';
 import { NodeDirectory, ReplyHub, createQueueName, opsQueueName } from './queues/index.ts';
 import { connectRedis, startRedisServer, type RedisServerHandle } from './redis/index.ts';
-import { CommandLog, LayerRegistry, SandboxRegistry } from './registry/index.ts';
+import { CommandLog, LayerRegistry, SandboxRegistry, keys } from './registry/index.ts';
 import { WorkerHost } from './workers/index.ts';
 import { createRuncRuntime } from './workers/runtime/index.ts';
 
@@ -68,7 +69,26 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   };
   const queueProvider = { createQueue: (nodeId: string) => queueOf(createQueueName(nodeId)), opsQueue: (nodeId: string) => queueOf(opsQueueName(nodeId)) };
   const nodes = new NodeRequests(replies, queueProvider);
-  const sandboxes = new SandboxService({ config, registry, layers, directory, nodes, metrics, now, random: Math.random });
+  let url = '';
+  const provider = burstProviderOf(config);
+  const tokens = createTokenIssuer(config.jwt);
+  const burst = new BurstController({
+    redis,
+    directory,
+    layers,
+    registry,
+    provider,
+    config: { ...config.burst, localPool: config.node.pool, lostAfterMs: config.node.lostAfterMs, redisUrl },
+    gatewayId,
+    gatewayUrl: () => config.burst.gatewayUrl ?? url,
+    issueHostToken: () => tokens.issue({ tenant: 'burst', scopes: ['layer:read'], ttlSeconds: 7 * 24 * 3600, subject: 'cloud-host' }),
+    recorder: new TraceRecorder(redis, config.burst.traceMaxEvents),
+    metricsRegistry: metrics.registry,
+    logger,
+    now,
+    random: Math.random,
+  });
+  const sandboxes = new SandboxService({ config, registry, layers, directory, nodes, metrics, now, random: Math.random, burst });
   const execs = new ExecService({ redis, registry, commands, nodes, metrics, now });
   const files = new FilesService({ config, redis, registry, nodes });
   const verifier = createTokenVerifier(config.jwt);
@@ -84,6 +104,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     metrics,
     logger,
     now,
+    burst,
     buildLayer: (tar, { maxBytes }) => buildLayerFromTar(tar, { store, tmpDir: path.join(config.dataDir, 'tmp'), maxBytes }),
     layerImagePath: (digest) => layerImagePath(store, digest),
   });
@@ -97,14 +118,17 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   });
   const address = server.address();
   const port = typeof address === 'object' && address ? address.port : config.http.port;
-  const url = `http://${config.http.host}:${port}`;
+  url = `http://${config.http.host}:${port}`;
   logger.info({ url, gatewayId }, 'gateway listening');
+  await burst.start();
   return {
     url,
     port,
     gatewayId,
     async stop() {
       janitor.stop();
+      await burst.stop();
+      await provider?.close?.();
       directory.stop();
       await new Promise<void>((resolve) => server.close(() => resolve()));
       await replies.stop();
@@ -112,6 +136,24 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
       await redis.quit().catch(() => {});
     },
   };
+}
+
+/** How this gateway starts cloud hosts when it leads the burst controller. */
+function burstProviderOf(config: Config): CloudProvider | undefined {
+  const { burst } = config;
+  if (burst.provider === 'local') {
+    return new LocalProvider({
+      baseDir: path.join(config.dataDir, 'burst-hosts'),
+      rollboxBin: path.resolve(import.meta.dirname, '../bin/rollbox.js'),
+      env: { ROLLBOX_LOG_LEVEL: config.logLevel === 'silent' ? 'warn' : config.logLevel, ROLLBOX_HEARTBEAT_MS: String(config.node.heartbeatMs), ROLLBOX_NODE_LOST_AFTER_MS: String(config.node.lostAfterMs) },
+    });
+  }
+  if (burst.provider === 'command') {
+    const { provision, terminate, list, timeoutMs } = burst.commands;
+    if (!provision || !terminate || !list) throw new Error('ROLLBOX_BURST_PROVIDER=command needs ROLLBOX_BURST_PROVISION_CMD, ROLLBOX_BURST_TERMINATE_CMD and ROLLBOX_BURST_LIST_CMD');
+    return new CommandProvider({ provision, terminate, list, timeoutMs });
+  }
+  return undefined;
 }
 
 /** A worker keeps the node id it generated on first start, so a restart adopts its sandboxes. */
@@ -154,6 +196,7 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
     storeLayerImage: (tmpImagePath) => store.put(tmpImagePath),
     tmpDir: path.join(workerDir, 'tmp'),
     logger,
+    syncLayers: config.node.syncLayers.length ? layerSyncOf(config, redis, store, path.join(workerDir, 'tmp')) : undefined,
   });
   await host.start();
   return {
@@ -162,6 +205,27 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
       await host.stop(options);
       await Promise.all([redis, ...blocking].map((c) => c.quit().catch(() => {})));
     },
+  };
+}
+
+/**
+ * A host that shares no disk with the cluster (a cloud host) copies its layer set from a
+ * gateway into its own store. "cluster" names the set the burst controller publishes.
+ */
+function layerSyncOf(config: Config, redis: Redis, store: LayerStore, tmpDir: string): (signal: AbortSignal) => Promise<string[]> {
+  const { gatewayUrl, gatewayToken, syncLayers } = config.node;
+  if (!gatewayUrl || !gatewayToken) throw new Error('ROLLBOX_SYNC_LAYERS needs ROLLBOX_GATEWAY_URL and ROLLBOX_GATEWAY_TOKEN (a token with layer read scope)');
+  const layers = new LayerRegistry(redis);
+  return async (signal) => {
+    const digests = new Set<string>();
+    for (const ref of syncLayers) {
+      if (ref === 'cluster') {
+        const published = await redis.smembers(keys.burstSyncedLayers);
+        if (!published.length) throw new Error('the cluster has not published its pre-synced layer set yet (a gateway does at start)');
+        for (const d of published) digests.add(d);
+      } else digests.add((await layers.resolve(ref)).digest);
+    }
+    return fetchLayers([...digests].sort(), { gatewayUrl, token: gatewayToken, store, tmpDir, signal });
   };
 }
 

@@ -7,6 +7,8 @@ export const NodeHeartbeat = z.object({
   /** Epoch ms when the heartbeat was written, by the node's clock. */
   atMs: z.number(),
   healthy: z.boolean(),
+  /** False while the host is still syncing its layer set (a cloud host); absent means ready. */
+  ready: z.boolean().optional(),
   /** diskMiB: the sum of sandbox diskMiB the node promises (scratch space x overcommit). */
   capacity: z.object({ cpuMillis: z.number(), memoryMiB: z.number(), maxSandboxes: z.number(), maxStarting: z.number(), diskMiB: z.number().optional() }),
   /** Requested resources of live sandboxes. */
@@ -16,6 +18,8 @@ export const NodeHeartbeat = z.object({
   sandboxes: z.number().int(),
   starting: z.number().int(),
   cachedLayers: z.array(z.string()),
+  /** Layer digests this host holds in its own store (a cloud host's pre-synced set). */
+  syncedLayers: z.array(z.string()).optional(),
   /** Create requests this node has handled (admitted or refused) recently; lets gateways drop assumed load. */
   handledCreates: z.array(z.string()),
 });

@@ -56,6 +56,8 @@ export const CreateSandboxRequest = z.strictObject({
   labels: LabelMap.default({}),
   /** Training job id: job-level pause/resume acts on every sandbox carrying it. */
   job: z.string().regex(/^[A-Za-z0-9_.:-]{1,128}$/).optional(),
+  /** stayLocal: never divert this sandbox to the cloud pool (cloud burst). */
+  placement: z.strictObject({ stayLocal: z.boolean().default(false) }).optional(),
 });
 export type CreateSandboxRequest = z.infer<typeof CreateSandboxRequest>;
 

@@ -1,6 +1,7 @@
 import { Command, Option } from 'commander';
 import { loadConfig, type Config } from '../config/index.ts';
 import { issueTokenCommand } from '../iam/index.ts';
+import { addBurstRecordCommand } from './burst-record.ts';
 import { registerBurstCommands } from './burst.ts';
 import { createLogger, ensureBaseLayer, startEmbedded, startGatewayRole, startWorkerRole } from '../main.ts';
 
@@ -109,6 +110,7 @@ export async function runCli(argv: string[]): Promise<void> {
     });
 
   registerBurstCommands(program);
+  addBurstRecordCommand(program);
 
   try {
     await program.parseAsync(argv);

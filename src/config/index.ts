@@ -55,6 +55,25 @@ const Env = z.object({
   /** A layer nothing references is collected once it has stayed unreferenced this long. */
   ROLLBOX_LAYER_GC_GRACE_MS: z.coerce.number().int().min(0).default(10 * 60_000),
   ROLLBOX_LAYER_GC_INTERVAL_MS: z.coerce.number().int().min(100).default(60_000),
+
+  /** Worker host: layers (names or digests, comma-separated) to sync into its own store before it reports ready; "cluster" = the cluster's pre-synced set. Default: "cluster" in pool cloud, none elsewhere. */
+  ROLLBOX_SYNC_LAYERS: z.string().optional(),
+  /** Worker host: gateway to fetch layer blobs from, and a token with layer read scope. */
+  ROLLBOX_GATEWAY_URL: z.string().url().optional(),
+  ROLLBOX_GATEWAY_TOKEN: z.string().optional(),
+  /** Gateway: the cluster's pre-synced layer set (names or digests, comma-separated); only requests within it may burst. */
+  ROLLBOX_BURST_SYNC_LAYERS: z.string().default('busybox'),
+  /** Gateway: how cloud hosts are started: none (operators run them), local (processes here, for demos and tests), command. */
+  ROLLBOX_BURST_PROVIDER: z.enum(['none', 'local', 'command']).default('none'),
+  ROLLBOX_BURST_PROVISION_CMD: z.string().optional(),
+  ROLLBOX_BURST_TERMINATE_CMD: z.string().optional(),
+  ROLLBOX_BURST_LIST_CMD: z.string().optional(),
+  ROLLBOX_BURST_CMD_TIMEOUT_MS: z.coerce.number().int().min(100).default(60_000),
+  ROLLBOX_BURST_TICK_MS: z.coerce.number().int().min(50).default(1000),
+  /** The gateway URL cloud hosts use (default: this gateway's own URL). */
+  ROLLBOX_BURST_GATEWAY_URL: z.string().url().optional(),
+  /** Create events kept in the trace stream (`rollbox burst record` exports them); 0 turns recording off. */
+  ROLLBOX_BURST_TRACE_MAX_EVENTS: z.coerce.number().int().min(0).default(1_000_000),
 });
 
 export type Config = ReturnType<typeof loadConfig>;
@@ -104,6 +123,21 @@ export function loadConfig(env: NodeJS.ProcessEnv, overrides: Partial<Record<key
       heartbeatMs: e.ROLLBOX_HEARTBEAT_MS,
       lostAfterMs: e.ROLLBOX_NODE_LOST_AFTER_MS,
       execOutputCapBytes: e.ROLLBOX_EXEC_OUTPUT_CAP_BYTES,
+      syncLayers: parseList(e.ROLLBOX_SYNC_LAYERS ?? (e.ROLLBOX_POOL === 'cloud' ? 'cluster' : '')),
+      gatewayUrl: e.ROLLBOX_GATEWAY_URL,
+      gatewayToken: e.ROLLBOX_GATEWAY_TOKEN,
+    },
+    burst: {
+      syncLayers: parseList(e.ROLLBOX_BURST_SYNC_LAYERS),
+      provider: e.ROLLBOX_BURST_PROVIDER,
+      commands: { provision: e.ROLLBOX_BURST_PROVISION_CMD, terminate: e.ROLLBOX_BURST_TERMINATE_CMD, list: e.ROLLBOX_BURST_LIST_CMD, timeoutMs: e.ROLLBOX_BURST_CMD_TIMEOUT_MS },
+      tickMs: e.ROLLBOX_BURST_TICK_MS,
+      gatewayUrl: e.ROLLBOX_BURST_GATEWAY_URL,
+      traceMaxEvents: e.ROLLBOX_BURST_TRACE_MAX_EVENTS,
     },
   };
+}
+
+function parseList(value: string): string[] {
+  return value.split(',').map((s) => s.trim()).filter(Boolean);
 }

@@ -5,6 +5,8 @@ import { streamSSE } from 'hono/streaming';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import {
+  BurstPolicy,
+  BurstStatus,
   CommandList,
   CommandStatus,
   CreateSandboxRequest,
@@ -59,6 +61,8 @@ export interface GatewayDeps {
   metrics: Pick<GatewayMetrics, 'registry' | 'middleware'>;
   logger: Logger;
   now: () => number;
+  /** Cloud burst status and policy (src/burst). */
+  burst?: { status(): Promise<BurstStatus>; setPolicy(policy: BurstPolicy): Promise<BurstPolicy> };
 }
 
 const errors = Object.fromEntries(
@@ -304,7 +308,30 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
     },
   );
 
+  registerBurstRoutes(app, deps.burst, jsonLimit);
   return app;
+}
+
+function registerBurstRoutes(app: OpenAPIHono<GatewayEnv>, burst: GatewayDeps['burst'], jsonLimit: ReturnType<typeof bodyLimit>): void {
+  const enabled = () => {
+    if (!burst) throw new RollboxError('not_found', 'cloud burst is not enabled on this gateway');
+    return burst;
+  };
+  app.openapi(
+    createRoute({ method: 'get', path: '/v1/burst', security, responses: { 200: json(BurstStatus, 'diversion state, local utilization, counts, cloud hosts'), ...errors } }),
+    async (c) => {
+      requireScope(c.get('principal'), 'sandbox:read');
+      return c.json(await enabled().status(), 200);
+    },
+  );
+  app.use('/v1/burst/*', jsonLimit);
+  app.openapi(
+    createRoute({ method: 'put', path: '/v1/burst/policy', security, request: { body: jsonBody(BurstPolicy) }, responses: { 200: json(BurstPolicy, 'the stored policy, defaults filled in'), ...errors } }),
+    async (c) => {
+      requireScope(c.get('principal'), 'burst:admin');
+      return c.json(await enabled().setPolicy(c.req.valid('json')), 200);
+    },
+  );
 }
 
 function requireLayerRead(principal: Parameters<typeof requireScope>[0]): void {

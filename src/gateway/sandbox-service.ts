@@ -19,6 +19,18 @@ import type { LayerRegistry, SandboxRegistry } from '../registry/index.ts';
 import type { GatewayMetrics } from './metrics.ts';
 import { toRollboxError, type NodeRequests } from './node-requests.ts';
 
+/** Cloud burst routing and the create trace (src/burst); without it every create goes to the local pool. */
+export interface CreateRouting {
+  placeCreate(
+    sandboxId: string,
+    request: CreateSandboxRequest,
+    layerDigests: readonly string[],
+    local: PlacementRequest,
+    place: (placement: PlacementRequest) => Promise<string | undefined>,
+  ): Promise<{ placement: PlacementRequest; node: string | undefined }>;
+  recordCreate(atEpochMs: number, tenant: string, request: CreateSandboxRequest, sandbox: Sandbox | undefined): void;
+}
+
 export interface SandboxServiceDeps {
   config: Pick<Config, 'placement' | 'quota'> & { node: Pick<Config['node'], 'lostAfterMs' | 'pool'> };
   registry: SandboxRegistry;
@@ -28,6 +40,7 @@ export interface SandboxServiceDeps {
   metrics: Pick<GatewayMetrics, 'creates' | 'refusals'>;
   now: () => number;
   random: () => number;
+  burst?: CreateRouting;
 }
 
 /** Lifecycle operations (destroy, pause, resume) take milliseconds; this bounds a lost reply. */
@@ -44,12 +57,15 @@ export class SandboxService {
 
   async create(principal: Principal, request: CreateSandboxRequest, idempotencyKey: string | undefined): Promise<{ sandbox: Sandbox; replayed: boolean }> {
     const { creates } = this.deps.metrics;
+    const arrivedAtMs = this.deps.now();
     try {
       const outcome = await this.createOnce(principal, request, idempotencyKey);
       creates.inc({ outcome: outcome.replayed ? 'replayed' : outcome.sandbox.state });
+      if (!outcome.replayed) this.deps.burst?.recordCreate(arrivedAtMs, principal.tenant, request, outcome.sandbox);
       return outcome;
     } catch (err) {
       creates.inc({ outcome: err instanceof RollboxError ? err.code : 'internal' });
+      if (err instanceof RollboxError && ['no_capacity', 'admission_exhausted', 'timeout', 'node_lost'].includes(err.code)) this.deps.burst?.recordCreate(arrivedAtMs, principal.tenant, request, undefined);
       throw err;
     }
   }
@@ -58,12 +74,15 @@ export class SandboxService {
     requireScope(principal, 'sandbox:create');
     const { registry, config, directory } = this.deps;
     const layerDigests = await this.deps.layers.resolveAll([request.image.base, ...request.image.layers]);
-    const placement = { memoryMiB: request.resources.memoryMiB, cpuMillis: request.resources.cpuMillis, diskMiB: request.resources.diskMiB, pool: config.node.pool, exclude: new Set<string>() };
+    const id = newId('sbx');
+    const local = { memoryMiB: request.resources.memoryMiB, cpuMillis: request.resources.cpuMillis, diskMiB: request.resources.diskMiB, pool: config.node.pool, exclude: new Set<string>() };
     // A node that joined since the last snapshot refresh should not mean "no capacity".
-    let node = this.place(placement) ?? (await directory.refresh().then(() => this.place(placement)));
+    const placeFresh = async (p: PlacementRequest) => this.place(p) ?? (await directory.refresh().then(() => this.place(p)));
+    const routed = this.deps.burst ? await this.deps.burst.placeCreate(id, request, layerDigests, local, placeFresh) : { placement: local, node: await placeFresh(local) };
+    const placement = { ...routed.placement, exclude: new Set<string>() };
+    const node = routed.node;
     if (!node) throw new RollboxError('no_capacity', `no worker host in pool ${placement.pool} can take ${request.resources.memoryMiB} MiB of memory and ${request.resources.diskMiB} MiB of disk now`, 5);
 
-    const id = newId('sbx');
     const nowMs = this.deps.now();
     const record: Sandbox = { id, tenant: principal.tenant, state: 'pending', node, spec: request, layerDigests, createdAt: new Date(nowMs).toISOString(), oomKills: 0 };
     const requestHash = createHash('sha256').update(JSON.stringify(request)).digest('hex');

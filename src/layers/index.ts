@@ -10,3 +10,5 @@ export { entryComponents, symlinkStaysInside } from './extract.ts';
 export { readMountInfo, isMountPoint, loopDeviceOf, listLoopDevices } from './hostmounts.ts';
 export type { MountInfo, LoopDevice } from './hostmounts.ts';
 export { checkFilesArchive } from './archive.ts';
+export { fetchLayers } from './sync.ts';
+export type { LayerFetchOptions } from './sync.ts';

@@ -59,6 +59,20 @@ describe('chooseNode', () => {
     expect(chooseNode([node('legacy', 0)], { ...request, diskMiB: 200 }, options)?.heartbeat.nodeId).toBe('legacy');
   });
 
+  it('skips hosts still syncing, hosts to avoid (draining), and hosts missing a required layer', () => {
+    const cloud = { ...request, pool: 'cloud' };
+    const nodes = [
+      node('syncing', 0, { pool: 'cloud', ready: false, syncedLayers: ['sha256:a'] }),
+      node('draining', 0, { pool: 'cloud', syncedLayers: ['sha256:a'] }),
+      node('without-a', 0, { pool: 'cloud', syncedLayers: ['sha256:b'] }),
+      node('with-a', 5_000, { pool: 'cloud', syncedLayers: ['sha256:a', 'sha256:b'] }),
+    ];
+    for (let i = 0; i < 30; i++) {
+      expect(chooseNode(nodes, { ...cloud, avoid: new Set(['draining']), requiredLayers: ['sha256:a'] }, options)?.heartbeat.nodeId).toBe('with-a');
+    }
+    expect(chooseNode(nodes, { ...cloud, requiredLayers: ['sha256:c'] }, options)).toBeUndefined();
+  });
+
   it('of two sampled nodes takes the less loaded', () => {
     const nodes = [node('busy', 8_000), node('idle', 0)];
     for (let i = 0; i < 20; i++) expect(chooseNode(nodes, request, options)?.heartbeat.nodeId).toBe('idle');

@@ -21,6 +21,10 @@ export interface PlacementRequest {
   pool: string;
   /** Nodes that refused this request already. */
   exclude: ReadonlySet<string>;
+  /** Nodes not to place on (e.g. cloud hosts draining before termination). */
+  avoid?: ReadonlySet<string>;
+  /** The node must hold every one of these layers (a cloud host's synced set). */
+  requiredLayers?: readonly string[];
 }
 
 export interface PlacementOptions {
@@ -47,6 +51,7 @@ export function eligibleNodes(candidates: readonly PlacementCandidate[], request
   return candidates.filter((c) => {
     const hb = c.heartbeat;
     if (!hb.healthy || c.ageMs > staleAfterMs || hb.pool !== request.pool || request.exclude.has(hb.nodeId)) return false;
+    if (hb.ready === false || request.avoid?.has(hb.nodeId) || !holdsLayers(hb, request.requiredLayers)) return false;
     const memoryFree = hb.capacity.memoryMiB - hb.used.memoryMiB - c.assumed.memoryMiB;
     const slotsFree = hb.capacity.maxSandboxes - hb.sandboxes - c.assumed.sandboxes;
     // Disk as the node last reported it (not counted in assumed load: the node's own
@@ -54,6 +59,12 @@ export function eligibleNodes(candidates: readonly PlacementCandidate[], request
     const diskFree = (hb.capacity.diskMiB ?? Infinity) - (hb.used.diskMiB ?? 0);
     return memoryFree >= request.memoryMiB && slotsFree >= 1 && diskFree >= (request.diskMiB ?? 0);
   });
+}
+
+function holdsLayers(hb: NodeHeartbeat, layers: readonly string[] | undefined): boolean {
+  if (!layers?.length) return true;
+  const held = new Set([...hb.cachedLayers, ...(hb.syncedLayers ?? [])]);
+  return layers.every((digest) => held.has(digest));
 }
 
 /**

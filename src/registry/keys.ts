@@ -29,4 +29,16 @@ export const keys = {
   filesTransfer: (requestId: string) => `rb:files:${requestId}`,
   replyChannel: (gatewayId: string) => `rb:reply:${gatewayId}`,
   stateChannel: 'rb:sandbox-states',
+  /** Cloud burst: the cluster's pre-synced layer digests (a set). */
+  burstSyncedLayers: 'rb:burst:synced-layers',
+  /** The BurstPolicy (JSON) set by PUT /v1/burst/policy. */
+  burstPolicy: 'rb:burst:policy',
+  /** The controller's state (JSON): diversion, utilization, cloud hosts. */
+  burstState: 'rb:burst:state',
+  /** Create decisions counted by every gateway (a hash of counters). */
+  burstCounts: 'rb:burst:counts',
+  /** Diverted creates that found no cloud slot and went local (pending demand), scored by time. */
+  burstFellBack: 'rb:burst:fell-back',
+  /** Create events for `rollbox burst record` (a stream). */
+  burstTrace: 'rb:burst:trace',
 } as const;

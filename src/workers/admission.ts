@@ -30,14 +30,16 @@ export function diskCapacityMiB(space: { sizeMiB: number; preallocated: boolean 
  * Node-side admission (the second step of placement): decided from the node's own,
  * current state so a stale cluster snapshot can never overcommit it.
  */
-export function decideAdmission(state: AdmissionState, request: { memoryMiB: number; cpuMillis: number; diskMiB: number }): AdmissionDecision {
+/** A request without diskMiB (the burst simulator's traces) asks for no disk. */
+export function decideAdmission(state: AdmissionState, request: { memoryMiB: number; cpuMillis: number; diskMiB?: number }): AdmissionDecision {
+  const diskMiB = request.diskMiB ?? 0;
   if (state.sandboxes + 1 > state.capacity.maxSandboxes) return { admit: false, reason: `sandbox limit ${state.capacity.maxSandboxes} reached` };
   if (state.reserved.memoryMiB + request.memoryMiB > state.capacity.memoryMiB)
     return { admit: false, reason: `memory: ${state.reserved.memoryMiB} MiB reserved + ${request.memoryMiB} MiB requested > ${state.capacity.memoryMiB} MiB capacity` };
   if (state.reserved.cpuMillis + request.cpuMillis > state.capacity.cpuMillis)
     return { admit: false, reason: `cpu: ${state.reserved.cpuMillis}m reserved + ${request.cpuMillis}m requested > ${state.capacity.cpuMillis}m capacity` };
-  if (state.reserved.diskMiB + request.diskMiB > state.disk.capacityMiB)
-    return { admit: false, reason: `disk: ${state.reserved.diskMiB} MiB reserved + ${request.diskMiB} MiB requested > ${state.disk.capacityMiB} MiB capacity` };
+  if (state.reserved.diskMiB + diskMiB > state.disk.capacityMiB)
+    return { admit: false, reason: `disk: ${state.reserved.diskMiB} MiB reserved + ${diskMiB} MiB requested > ${state.disk.capacityMiB} MiB capacity` };
   if (state.disk.freeMiB < state.disk.sizeMiB * SCRATCH_MIN_FREE_FRACTION)
     return { admit: false, reason: `disk pressure: ${state.disk.freeMiB} MiB of ${state.disk.sizeMiB} MiB scratch space free` };
   if (state.hostFreeMemoryMiB < state.hostReserveMiB) return { admit: false, reason: `host memory pressure: ${state.hostFreeMemoryMiB} MiB free` };

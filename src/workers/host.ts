@@ -29,6 +29,11 @@ export interface WorkerHostDeps {
   tmpDir: string;
   logger: Logger;
   now?: () => number;
+  /**
+   * A cloud host's layer sync: copies its layer set into its own store and returns the
+   * digests held. Runs before the host reports ready; retried until it succeeds.
+   */
+  syncLayers?: (signal: AbortSignal) => Promise<string[]>;
 }
 
 /** A BullMQ worker plus what the watchdog needs to notice it has stopped fetching. */
@@ -61,6 +66,7 @@ const WATCHDOG_MS = 5000;
 const STUCK_AFTER_MS = 15_000;
 /** A packed layer is safe from garbage collection this long if its record is never written. */
 const LAYER_PIN_MS = 30 * 60_000;
+const SYNC_RETRY_MS = 1000;
 
 /**
  * A worker host: pulls create requests from its own queue under local admission, runs
@@ -76,8 +82,13 @@ export class WorkerHost {
   /** Pins of packed layers (see packWritableLayer). */
   private readonly layers: LayerRegistry;
   private stopped = false;
+  /** False while a cloud host syncs its layers: placement skips it. */
+  private ready: boolean;
+  private syncedLayers: string[] | undefined;
+  private readonly stopping = new AbortController();
 
   constructor(private readonly deps: WorkerHostDeps) {
+    this.ready = !deps.syncLayers;
     this.now = deps.now ?? Date.now;
     this.log = deps.logger.child({ nodeId: deps.config.nodeId });
     this.layers = new LayerRegistry(deps.redis);
@@ -90,6 +101,8 @@ export class WorkerHost {
   async start(): Promise<void> {
     await this.reconcile();
     await this.heartbeat();
+    await this.syncLayersBeforeReady();
+    if (this.stopped) return;
     const { config } = this.deps;
     this.queueWorkers = [
       this.superviseQueue(createQueueName(config.nodeId), config.maxStarting, (data) => this.handleCreate(CreateJob.parse(data))),
@@ -103,6 +116,30 @@ export class WorkerHost {
     this.log.info({ adopted: this.local.size }, 'worker host started');
   }
 
+  /** Heartbeats say `ready: false` until the layer set is in this host's own store. */
+  private async syncLayersBeforeReady(): Promise<void> {
+    const { syncLayers } = this.deps;
+    if (!syncLayers) return;
+    const beat = setInterval(() => void this.heartbeat().catch((err) => this.log.warn({ err }, 'heartbeat failed')), this.deps.config.heartbeatMs);
+    try {
+      while (!this.stopped) {
+        try {
+          this.syncedLayers = await syncLayers(this.stopping.signal);
+          break;
+        } catch (err) {
+          if (this.stopped) return;
+          this.log.warn({ err }, 'layer sync failed; retrying');
+          await new Promise((r) => setTimeout(r, SYNC_RETRY_MS));
+        }
+      }
+    } finally {
+      clearInterval(beat);
+    }
+    this.ready = true;
+    this.log.info({ layers: this.syncedLayers?.length }, 'layers synced; ready');
+    await this.heartbeat();
+  }
+
   /**
    * Stops pulling work. With `destroySandboxes` (the embedded `rollbox up` stack), every
    * local sandbox is also stopped and ends `terminated`; without it they keep running
@@ -111,6 +148,7 @@ export class WorkerHost {
   async stop(options: { destroySandboxes: boolean }): Promise<void> {
     if (this.stopped) return;
     this.stopped = true;
+    this.stopping.abort();
     for (const t of this.timers) clearInterval(t);
     await Promise.all(this.queueWorkers.flatMap((q) => [q.worker.close(), q.queue.close()]));
     if (options.destroySandboxes) {
@@ -197,6 +235,7 @@ export class WorkerHost {
       pool: config.pool,
       atMs: this.now(),
       healthy: !this.stopped,
+      ...(this.deps.syncLayers ? { ready: this.ready, syncedLayers: this.syncedLayers ?? [] } : {}),
       capacity: { cpuMillis: config.cpuMillis, memoryMiB: config.memoryMiB, maxSandboxes: config.maxSandboxes, maxStarting: config.maxStarting, diskMiB: this.diskSpace().capacityMiB },
       used: reserved,
       measured: { cpuLoad: os.loadavg()[0]! / os.availableParallelism(), memoryUsedFraction: 1 - os.freemem() / os.totalmem() },

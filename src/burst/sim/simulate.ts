@@ -118,7 +118,8 @@ export function simulate(events: readonly TraceEvent[], policy: BurstPolicy, mod
   const nodeIndex = new Map<string, number>();
   for (let i = 0; i < model.localNodes; i++) {
     const capacity = { cpuMillis: model.nodeCpuMillis, memoryMiB: model.nodeMemoryMiB, maxSandboxes: model.nodeMaxSandboxes };
-    admission.push({ capacity, reserved: { cpuMillis: 0, memoryMiB: 0 }, sandboxes: 0, hostFreeMemoryMiB: Infinity, hostReserveMiB: 0 });
+    // Traces carry no diskMiB: the model's disks never run out.
+    admission.push({ capacity, reserved: { cpuMillis: 0, memoryMiB: 0, diskMiB: 0 }, sandboxes: 0, hostFreeMemoryMiB: Infinity, hostReserveMiB: 0, disk: { capacityMiB: Infinity, freeMiB: Infinity, sizeMiB: Infinity } });
     const nodeId = `local-${i}`;
     nodeIndex.set(nodeId, i);
     candidates.push({

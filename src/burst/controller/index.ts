@@ -1,0 +1,430 @@
+import { randomBytes } from 'node:crypto';
+import type { Redis } from 'ioredis';
+import type { Logger } from 'pino';
+import { Counter, Gauge, type Registry } from 'prom-client';
+import { BurstPolicy, BurstStatus, isTerminal, type BurstDecisionReason, type CloudHostState, type CreateSandboxRequest, type Sandbox } from '../../api/index.ts';
+import type { NodeDirectory, PlacementCandidate, PlacementRequest } from '../../queues/index.ts';
+import { keys, type LayerRegistry, type SandboxRegistry } from '../../registry/index.ts';
+import { INITIAL_DIVERSION_STATE, decideCreate, planCloudScaling, stepDiversion, utilizationOf, type DiversionState, type NodeUsage } from '../policy/index.ts';
+import type { CloudProvider } from '../providers/index.ts';
+import type { TraceRecorder } from '../trace/index.ts';
+
+export const CLOUD_POOL = 'cloud';
+
+/** One cloud host the controller knows of. `providerId` is null for hosts it did not start (operators run them). */
+interface HostRecord {
+  id: string;
+  providerId: string | null;
+  state: CloudHostState;
+  sandboxes: number;
+  provisionedAtMs: number;
+  idleSinceMs: number | null;
+  terminatingSinceMs: number | null;
+}
+
+/** What the leading controller publishes in Redis each tick; every gateway reads it. */
+interface SharedState {
+  diversion: DiversionState;
+  utilization: number;
+  utilizationAtMs: number;
+  hosts: HostRecord[];
+  /** Start times of provisions in the last minute (the rate cap). */
+  recentProvisionsMs: number[];
+  /** Hosts terminated or forgotten recently: their last heartbeats must not look like new hosts. */
+  retired: { id: string; atMs: number }[];
+}
+
+const INITIAL_STATE: SharedState = { diversion: INITIAL_DIVERSION_STATE, utilization: 0, utilizationAtMs: 0, hosts: [], recentProvisionsMs: [], retired: [] };
+/** How often the leader compares its hosts with the provider's list. */
+const LIST_EVERY_MS = 30_000;
+const RETIRED_KEEP_MS = 10 * 60_000;
+/** A host that has not reported ready this long after provisioning is given up on. */
+const PROVISION_TIMEOUT_MS = 10 * 60_000;
+/** A diverted create refused outright (no cloud slot, no local room) counts as demand this long. */
+const UNMET_DEMAND_MS = 30_000;
+
+/** Renew the lock if we hold it, take it if free. */
+const HOLD_LOCK_LUA = `
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
+if not v then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
+return 0`;
+
+const SET_IF_LEADER_LUA = `
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[2], ARGV[2]) return 1 end
+return 0`;
+
+export interface BurstControllerDeps {
+  redis: Redis;
+  directory: NodeDirectory;
+  layers: LayerRegistry;
+  registry: SandboxRegistry;
+  /** Undefined: nothing is provisioned; cloud hosts that operators start are still used. */
+  provider: CloudProvider | undefined;
+  config: {
+    tickMs: number;
+    /** The cluster's pre-synced layer set, names or digests. */
+    syncLayers: readonly string[];
+    localPool: string;
+    lostAfterMs: number;
+    redisUrl: string;
+  };
+  gatewayId: string;
+  /** The URL cloud hosts fetch layers from (known once the gateway listens). */
+  gatewayUrl: () => string;
+  /** A token cloud hosts use to fetch layer blobs. */
+  issueHostToken: () => Promise<string>;
+  recorder: TraceRecorder;
+  metricsRegistry: Registry;
+  logger: Logger;
+  now: () => number;
+  random: () => number;
+}
+
+/**
+ * Live cloud burst. Every gateway runs one: it reads the shared state each tick and
+ * routes its own creates (local, or a ready cloud host) with the pure policy module.
+ * Only the gateway holding the Redis lock leads: it computes local utilization from the
+ * heartbeats, steps diversion, and provisions, drains and terminates cloud hosts.
+ */
+export class BurstController {
+  private policy: BurstPolicy = BurstPolicy.parse({});
+  private state: SharedState = INITIAL_STATE;
+  private synced = new Set<string>();
+  private timer: NodeJS.Timeout | undefined;
+  private ticking = false;
+  private lastListAtMs = 0;
+  private readonly terminations = new Set<Promise<void>>();
+  private readonly log: Logger;
+  private readonly metrics;
+
+  constructor(private readonly deps: BurstControllerDeps) {
+    this.log = deps.logger.child({ component: 'burst' });
+    this.metrics = burstMetrics(deps.metricsRegistry, () => this.state);
+  }
+
+  async start(): Promise<void> {
+    await this.tick();
+    this.timer = setInterval(() => void this.tick(), this.deps.config.tickMs);
+    this.timer.unref();
+  }
+
+  async stop(): Promise<void> {
+    clearInterval(this.timer);
+    while (this.ticking) await new Promise((r) => setTimeout(r, 20));
+    await Promise.all(this.terminations);
+    await this.deps.redis.eval(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`, 1, keys.lock('burst-controller'), this.deps.gatewayId).catch(() => {});
+  }
+
+  async tick(): Promise<void> {
+    if (this.ticking) return;
+    this.ticking = true;
+    try {
+      const { redis } = this.deps;
+      const [policyJson = null, stateJson = null] = await redis.mget(keys.burstPolicy, keys.burstState);
+      this.policy = parseOr(policyJson, (v) => BurstPolicy.parse(v), this.policy);
+      this.state = parseOr(stateJson, (v) => v as SharedState, this.state);
+      const leaseMs = Math.max(3 * this.deps.config.tickMs, 3000);
+      if ((await redis.eval(HOLD_LOCK_LUA, 1, keys.lock('burst-controller'), this.deps.gatewayId, leaseMs)) === 1) {
+        await this.publishSyncedLayers();
+        this.state = await this.lead(this.state);
+        // Fenced: a leader that lost the lock mid-tick (a slow provider call) does not overwrite its successor.
+        await redis.eval(SET_IF_LEADER_LUA, 2, keys.lock('burst-controller'), keys.burstState, this.deps.gatewayId, JSON.stringify(this.state));
+      }
+      this.synced = new Set(await redis.smembers(keys.burstSyncedLayers));
+    } catch (err) {
+      this.log.warn({ err }, 'burst tick failed');
+    } finally {
+      this.ticking = false;
+    }
+  }
+
+  /** Names resolve once registered; a layer uploaded later joins the set then. */
+  private async publishSyncedLayers(): Promise<void> {
+    const digests: string[] = [];
+    for (const ref of this.deps.config.syncLayers) {
+      const layer = await this.deps.layers.resolve(ref).catch(() => undefined);
+      if (layer) digests.push(layer.digest);
+    }
+    const current = new Set(await this.deps.redis.smembers(keys.burstSyncedLayers));
+    if (digests.length === current.size && digests.every((d) => current.has(d))) return;
+    const multi = this.deps.redis.multi().del(keys.burstSyncedLayers);
+    if (digests.length) multi.sadd(keys.burstSyncedLayers, ...digests);
+    await multi.exec();
+  }
+
+  private async lead(previous: SharedState): Promise<SharedState> {
+    const { directory, config } = this.deps;
+    const policy = this.policy;
+    const nowMs = this.deps.now();
+    const candidates = directory.candidates();
+    const alive = (c: PlacementCandidate | undefined): c is PlacementCandidate => !!c && c.heartbeat.healthy && c.ageMs <= config.lostAfterMs;
+    const local = candidates.filter((c) => alive(c) && c.heartbeat.pool === config.localPool);
+    const localUsage = local.map(usageOf);
+    const utilization = utilizationOf(localUsage, policy.utilizationBasis);
+    // What the cloud runs now would land locally if diversion stopped (stopCountsCloudLoad).
+    const cloudLoad = { cpuMillis: 0, memoryMiB: 0 };
+    for (const c of candidates) {
+      if (!alive(c) || c.heartbeat.pool !== CLOUD_POOL) continue;
+      const u = usageOf(c);
+      const measured = policy.utilizationBasis === 'measured';
+      cloudLoad.cpuMillis += measured ? u.measured.cpuFraction * u.capacity.cpuMillis : u.requested.cpuMillis;
+      cloudLoad.memoryMiB += measured ? u.measured.memoryFraction * u.capacity.memoryMiB : u.requested.memoryMiB;
+    }
+    const utilizationWithCloudLoad = utilizationOf(localUsage, policy.utilizationBasis, cloudLoad);
+    const diversion = stepDiversion(previous.diversion, utilization, nowMs, policy, utilizationWithCloudLoad);
+    if (diversion.diverting !== previous.diversion.diverting) this.log.info({ utilization, diverting: diversion.diverting }, diversion.diverting ? 'burst: diverting eligible creates to the cloud pool' : 'burst: diversion stopped');
+
+    const byId = new Map(candidates.map((c) => [c.heartbeat.nodeId, c]));
+    const retired = (previous.retired ?? []).filter((r) => nowMs - r.atMs < RETIRED_KEEP_MS);
+    const retire = (host: HostRecord, why: string) => {
+      retired.push({ id: host.id, atMs: nowMs });
+      this.terminate(host, why);
+    };
+    const listed = await this.listProviderHosts(nowMs);
+    const hosts: HostRecord[] = [];
+    for (const host of previous.hosts) {
+      const c = byId.get(host.id);
+      const sandboxes = c?.heartbeat.sandboxes ?? 0;
+      if (host.state === 'provisioning') {
+        if (alive(c) && c.heartbeat.ready !== false) hosts.push({ ...host, state: 'ready', sandboxes, idleSinceMs: sandboxes === 0 ? nowMs : null });
+        else if (nowMs - host.provisionedAtMs > PROVISION_TIMEOUT_MS) retire(host, 'never became ready');
+        else if (listed && host.providerId !== null && !listed.has(host.providerId) && nowMs - host.provisionedAtMs > LIST_EVERY_MS) retire(host, 'the provider no longer lists it');
+        else hosts.push(host);
+      } else if (!alive(c)) {
+        // Vanished: the janitor ends its sandboxes failed(lost); the controller forgets it.
+        this.log.warn({ hostId: host.id }, 'burst: cloud host vanished');
+        retire(host, 'vanished');
+      } else if (host.state === 'terminating') {
+        if (sandboxes > 0) hosts.push({ ...host, state: 'ready', sandboxes, idleSinceMs: null, terminatingSinceMs: null }); // a create raced the drain
+        else if (nowMs - host.terminatingSinceMs! >= this.drainGraceMs()) retire(host, 'idle');
+        else hosts.push(host);
+      } else {
+        hosts.push({ ...host, sandboxes, idleSinceMs: sandboxes > 0 ? null : (host.idleSinceMs ?? nowMs) });
+      }
+    }
+    // Cloud hosts started by operators (no provider) are used, never terminated.
+    const known = new Set([...hosts.map((h) => h.id), ...retired.map((r) => r.id)]);
+    for (const c of candidates) {
+      if (c.heartbeat.pool !== CLOUD_POOL || known.has(c.heartbeat.nodeId) || !alive(c) || c.heartbeat.ready === false) continue;
+      hosts.push({ id: c.heartbeat.nodeId, providerId: null, state: 'ready', sandboxes: c.heartbeat.sandboxes, provisionedAtMs: nowMs, idleSinceMs: null, terminatingSinceMs: null });
+    }
+
+    const pendingDivertedDemand = await this.pendingDivertedDemand(nowMs);
+    const recentProvisionsMs = previous.recentProvisionsMs.filter((t) => nowMs - t < 60_000);
+    const active = hosts.filter((h) => h.state !== 'terminating');
+    const plan = planCloudScaling(
+      { cloudHosts: active.map((h) => ({ id: h.id, state: h.state === 'ready' ? 'ready' : 'provisioning', sandboxes: h.sandboxes, idleSinceMs: h.idleSinceMs })), pendingDivertedDemand, provisionsInLastMinute: recentProvisionsMs.length, nowMs },
+      policy,
+    );
+    for (const id of plan.terminate) {
+      const host = hosts.find((h) => h.id === id)!;
+      // Drain first: gateways stop placing on it when they read this state; terminate after a grace.
+      if (host.providerId !== null) Object.assign(host, { state: 'terminating', terminatingSinceMs: nowMs });
+    }
+    if (this.deps.provider) {
+      for (let i = 0; i < plan.provision; i++) {
+        const host = await this.provision(nowMs);
+        if (!host) break;
+        hosts.push(host);
+        recentProvisionsMs.push(nowMs);
+      }
+    }
+    return { diversion, utilization, utilizationAtMs: nowMs, hosts, recentProvisionsMs, retired };
+  }
+
+  /** The provider's machines, asked now and then (a command provider runs a program for it). */
+  private async listProviderHosts(nowMs: number): Promise<Set<string> | undefined> {
+    if (!this.deps.provider || nowMs - this.lastListAtMs < LIST_EVERY_MS) return undefined;
+    this.lastListAtMs = nowMs;
+    try {
+      const ids = new Set((await this.deps.provider.list()).map((h) => h.id));
+      const known = new Set(this.state.hosts.map((h) => h.providerId));
+      const orphans = [...ids].filter((id) => !known.has(id));
+      if (orphans.length) this.log.warn({ orphans }, 'burst: the provider lists machines this controller does not know (left alone)');
+      return ids;
+    } catch (err) {
+      this.log.warn({ err }, 'burst: provider list failed');
+      return undefined;
+    }
+  }
+
+  /** Long enough for every gateway to have read the draining state. */
+  private drainGraceMs(): number {
+    return 2 * this.deps.config.tickMs + 1000;
+  }
+
+  private async provision(nowMs: number): Promise<HostRecord | undefined> {
+    const hostId = `cloud-${randomBytes(4).toString('hex')}`;
+    try {
+      const { id } = await this.deps.provider!.provision({
+        hostId,
+        pool: CLOUD_POOL,
+        gatewayUrl: this.deps.gatewayUrl(),
+        token: await this.deps.issueHostToken(),
+        redisUrl: this.deps.config.redisUrl,
+        layers: [...this.synced].sort(),
+        slots: this.policy.cloudHostSandboxes,
+      });
+      this.metrics.provisions.inc({ outcome: 'ok' });
+      this.log.info({ hostId, providerId: id }, 'burst: cloud host provisioned');
+      return { id: hostId, providerId: id, state: 'provisioning', sandboxes: 0, provisionedAtMs: nowMs, idleSinceMs: null, terminatingSinceMs: null };
+    } catch (err) {
+      this.metrics.provisions.inc({ outcome: 'error' });
+      this.log.error({ err, hostId }, 'burst: provisioning failed');
+      return undefined;
+    }
+  }
+
+  /** Runs in the background: a provider may take a while to stop a machine. */
+  private terminate(host: HostRecord, why: string): void {
+    if (host.providerId === null || !this.deps.provider) return;
+    const providerId = host.providerId;
+    const done = this.deps.provider
+      .terminate(providerId)
+      .then(() => this.log.info({ hostId: host.id, why }, 'burst: cloud host terminated'))
+      .catch((err: unknown) => this.log.error({ err, hostId: host.id }, 'burst: terminate failed'))
+      .finally(() => this.terminations.delete(done));
+    this.terminations.add(done);
+  }
+
+  /**
+   * Where a new create goes. Local: the local pool as before. Cloud: a ready cloud host
+   * holding every layer of the request (d-choice among them). When no cloud host has a
+   * slot, it falls back to the local pool at once (as the simulator models it) and counts
+   * as pending diverted demand, which the controller provisions cloud hosts for.
+   */
+  async placeCreate(
+    sandboxId: string,
+    request: CreateSandboxRequest,
+    layerDigests: readonly string[],
+    local: PlacementRequest,
+    place: (placement: PlacementRequest) => Promise<string | undefined>,
+  ): Promise<{ placement: PlacementRequest; node: string | undefined }> {
+    const decision = decideCreate(this.state.diversion, { layers: layerDigests, stayLocal: request.placement?.stayLocal }, this.synced, this.deps.random(), this.policy);
+    if (decision.target === 'cloud') {
+      const draining = new Set(this.state.hosts.filter((h) => h.state === 'terminating').map((h) => h.id));
+      const cloud: PlacementRequest = { ...local, pool: CLOUD_POOL, avoid: draining, requiredLayers: [...layerDigests] };
+      const node = await place(cloud);
+      if (node) {
+        this.count('cloud', decision.reason);
+        return { placement: cloud, node };
+      }
+      this.metrics.fallbacks.inc();
+      await this.deps.redis.zadd(keys.burstFellBack, this.deps.now(), sandboxId);
+    }
+    this.count('local', decision.reason);
+    return { placement: local, node: await place(local) };
+  }
+
+  /**
+   * Diverted creates that went local for want of a cloud slot: those still live, plus
+   * those refused outright in the last UNMET_DEMAND_MS (they never got a sandbox).
+   */
+  private async pendingDivertedDemand(nowMs: number): Promise<number> {
+    const { redis } = this.deps;
+    const entries = await redis.zrange(keys.burstFellBack, '0', '-1', 'WITHSCORES');
+    const ids: string[] = [];
+    const atMs: number[] = [];
+    for (let i = 0; i < entries.length; i += 2) {
+      ids.push(entries[i]!);
+      atMs.push(Number(entries[i + 1]));
+    }
+    const states = await this.deps.registry.states(ids);
+    const gone: string[] = [];
+    let pending = 0;
+    for (const [i, state] of states.entries()) {
+      const live = state !== undefined && !isTerminal(state);
+      const recentlyRefused = (state === undefined || state === 'failed') && nowMs - atMs[i]! < UNMET_DEMAND_MS;
+      if (live || recentlyRefused) pending++;
+      else gone.push(ids[i]!);
+    }
+    if (gone.length) await redis.zrem(keys.burstFellBack, ...gone);
+    return pending;
+  }
+
+  private count(target: 'local' | 'cloud', reason: BurstDecisionReason): void {
+    this.metrics.creates.inc({ target, reason });
+    const multi = this.deps.redis.multi().hincrby(keys.burstCounts, target === 'cloud' ? 'diverted' : 'local', 1).hincrby(keys.burstCounts, `reason:${reason}`, 1);
+    if (reason === 'stay_local' || reason === 'layers_not_synced') multi.hincrby(keys.burstCounts, 'ineligible', 1);
+    void multi.exec().catch((err: unknown) => this.log.warn({ err }, 'burst counters not updated'));
+  }
+
+  recordCreate(atEpochMs: number, tenant: string, request: CreateSandboxRequest, sandbox: Sandbox | undefined): void {
+    this.deps.recorder.record(atEpochMs, tenant, request, sandbox);
+  }
+
+  async status(): Promise<BurstStatus> {
+    const counts = await this.deps.redis.hgetall(keys.burstCounts);
+    const n = (field: string) => Number(counts[field] ?? 0);
+    const reasons: BurstDecisionReason[] = ['not_diverting', 'stay_local', 'layers_not_synced', 'share', 'diverted'];
+    return {
+      diverting: this.state.diversion.diverting,
+      divertingSinceMs: this.state.diversion.divertingSinceMs,
+      utilization: this.state.utilization,
+      utilizationAtMs: this.state.utilizationAtMs,
+      policy: this.policy,
+      syncedLayers: [...this.synced].sort(),
+      counts: { diverted: n('diverted'), local: n('local'), ineligible: n('ineligible'), byReason: Object.fromEntries(reasons.map((r) => [r, n(`reason:${r}`)])) as Record<BurstDecisionReason, number> },
+      cloudHosts: this.state.hosts.map((h) => ({ id: h.id, state: h.state, sandboxes: h.sandboxes, slots: this.policy.cloudHostSandboxes, provisionedAtMs: h.provisionedAtMs, idleSinceMs: h.idleSinceMs })),
+    };
+  }
+
+  /** Stored in Redis: every gateway (and the next start) uses it from its next tick. */
+  async setPolicy(policy: BurstPolicy): Promise<BurstPolicy> {
+    await this.deps.redis.set(keys.burstPolicy, JSON.stringify(policy));
+    this.policy = policy;
+    return policy;
+  }
+}
+
+function usageOf(c: PlacementCandidate): NodeUsage {
+  const hb = c.heartbeat;
+  return {
+    capacity: { cpuMillis: hb.capacity.cpuMillis, memoryMiB: hb.capacity.memoryMiB },
+    requested: { cpuMillis: hb.used.cpuMillis, memoryMiB: hb.used.memoryMiB },
+    measured: { cpuFraction: Math.min(1, hb.measured.cpuLoad), memoryFraction: hb.measured.memoryUsedFraction },
+  };
+}
+
+function parseOr<T>(json: string | null, parse: (value: unknown) => T, fallback: T): T {
+  if (!json) return fallback;
+  try {
+    return parse(JSON.parse(json));
+  } catch {
+    return fallback;
+  }
+}
+
+function burstMetrics(registry: Registry, state: () => SharedState) {
+  const creates = new Counter({ name: 'rollbox_burst_creates_total', help: 'create requests by where burst routing sent them and the policy reason', labelNames: ['target', 'reason'] as const, registers: [registry] });
+  const fallbacks = new Counter({ name: 'rollbox_burst_fallbacks_total', help: 'diverted creates that found no cloud host in time and went local', registers: [registry] });
+  const provisions = new Counter({ name: 'rollbox_burst_provisions_total', help: 'cloud host provisioning attempts by outcome', labelNames: ['outcome'] as const, registers: [registry] });
+  new Gauge({
+    name: 'rollbox_burst_local_utilization',
+    help: 'local pool utilization as the burst controller last computed it',
+    registers: [registry],
+    collect() {
+      this.set(state().utilization);
+    },
+  });
+  new Gauge({
+    name: 'rollbox_burst_diverting',
+    help: '1 while eligible creates are diverted to the cloud pool',
+    registers: [registry],
+    collect() {
+      this.set(state().diversion.diverting ? 1 : 0);
+    },
+  });
+  new Gauge({
+    name: 'rollbox_burst_cloud_hosts',
+    help: 'cloud hosts by state',
+    labelNames: ['state'] as const,
+    registers: [registry],
+    collect() {
+      this.reset();
+      for (const s of ['provisioning', 'ready', 'terminating'] as const) this.set({ state: s }, state().hosts.filter((h) => h.state === s).length);
+    },
+  });
+  return { creates, fallbacks, provisions };
+}
