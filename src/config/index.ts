@@ -46,6 +46,14 @@ const Env = z.object({
   ROLLBOX_HEARTBEAT_MS: z.coerce.number().int().min(50).default(1000),
   ROLLBOX_NODE_LOST_AFTER_MS: z.coerce.number().int().min(200).default(5000),
   ROLLBOX_EXEC_OUTPUT_CAP_BYTES: z.coerce.number().int().min(1024).default(1024 * 1024),
+  /** Veth addresses of allowlist sandboxes, one /30 each; shared by the workers of a host. */
+  ROLLBOX_NET_POOL: z.string().default('10.200.0.0/16'),
+  /** Host-wide address leases of that pool (one file per /30). */
+  ROLLBOX_NET_LEASE_DIR: z.string().default('/run/rollbox/net'),
+  /** Comma-separated CIDRs no sandbox may reach, on top of the built-in list (e.g. internal services). */
+  ROLLBOX_NET_BLOCK: z.string().default(''),
+  /** `name=ip|ip,name2=ip`: allowlisted hostnames resolved from this map instead of the host's resolver. */
+  ROLLBOX_NET_STATIC_HOSTS: z.string().default(''),
 });
 
 export type Config = ReturnType<typeof loadConfig>;
@@ -91,6 +99,17 @@ export function loadConfig(env: NodeJS.ProcessEnv, overrides: Partial<Record<key
       heartbeatMs: e.ROLLBOX_HEARTBEAT_MS,
       lostAfterMs: e.ROLLBOX_NODE_LOST_AFTER_MS,
       execOutputCapBytes: e.ROLLBOX_EXEC_OUTPUT_CAP_BYTES,
+    },
+    network: {
+      poolCidr: e.ROLLBOX_NET_POOL,
+      leaseDir: e.ROLLBOX_NET_LEASE_DIR,
+      blockedCidrs: e.ROLLBOX_NET_BLOCK.split(',').map((c) => c.trim()).filter(Boolean),
+      staticHosts: new Map(
+        e.ROLLBOX_NET_STATIC_HOSTS.split(',')
+          .map((entry) => entry.trim().split('='))
+          .filter((kv): kv is [string, string] => kv.length === 2 && !!kv[0])
+          .map(([name, ips]) => [name.toLowerCase(), ips.split('|').filter(Boolean)]),
+      ),
     },
   };
 }

@@ -16,6 +16,7 @@ import {
   LayerList,
   ListCommandsQuery,
   PauseRequest,
+  PolicyPatch,
   SnapshotRequest,
   ListSandboxesQuery,
   NodeList,
@@ -198,6 +199,17 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
       responses: { 201: json(Layer, 'the new layer (pack_diff of the writable layer), with its parents'), ...errors },
     }),
     async (c) => c.json(await sandboxes.snapshot(c.get('principal'), c.req.valid('param').id, c.req.valid('json') ?? { exclude: [] }), 201),
+  );
+
+  app.openapi(
+    createRoute({
+      method: 'patch',
+      path: '/v1/sandboxes/{id}/policy',
+      security,
+      request: { params: IdParam, body: jsonBody(PolicyPatch) },
+      responses: { 200: json(Sandbox, 'the sandbox with its new stage policy, in force'), ...errors },
+    }),
+    async (c) => c.json(await sandboxes.setPolicy(c.get('principal'), c.req.valid('param').id, c.req.valid('json')), 200),
   );
 
   // Layers: a tar goes in, an EROFS layer comes out.
