@@ -30,10 +30,12 @@ while (@ops) {
     my @st = lstat($path);
     if (!@st) { next if $!{ENOENT}; die "lstat $path: $!\n" }
     die "$path is a symbolic link; hide its target instead\n" if -l _;
+    # perl's syscall wants writable strings: copies, not literals.
+    my ($source, $fstype, $data, $null) = ('rollbox-hidden', 'tmpfs', 'size=4k,mode=000', '/dev/null');
     if (-d _) {
-      syscall($SYS_mount, 'rollbox-hidden', $path, 'tmpfs', $MS_RDONLY | $MS_NOSUID | $MS_NODEV | $MS_NOEXEC, 'size=4k,mode=000') == 0 or die "hide $path: $!\n";
+      syscall($SYS_mount, $source, $path, $fstype, $MS_RDONLY | $MS_NOSUID | $MS_NODEV | $MS_NOEXEC, $data) == 0 or die "hide $path: $!\n";
     } else {
-      syscall($SYS_mount, '/dev/null', $path, 0, $MS_BIND, 0) == 0 or die "hide $path: $!\n";
+      syscall($SYS_mount, $null, $path, 0, $MS_BIND, 0) == 0 or die "hide $path: $!\n";
       syscall($SYS_mount, 0, $path, 0, $MS_BIND | $MS_REMOUNT | $MS_RDONLY, 0) == 0 or die "hide $path (read-only): $!\n";
     }
   } elsif ($op eq 'reveal') {
