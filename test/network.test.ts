@@ -14,11 +14,13 @@ const SCOPES: Scope[] = ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sand
 const PORT_A = 7001;
 const PORT_B = 7002;
 const HOLD_PORT = 7003;
-const NODES = ['node-net1', 'node-net2'];
+const NODES = ['node-net1', 'node-net2', 'node-net3'];
 const LEASE_DIR = '/run/rollbox/net';
 
 let cluster: TestCluster;
 let token: string;
+/** Each cluster signs its own tokens. */
+const tokens = new Map<TestCluster, string>();
 let target: TargetNetns;
 /** A listener on every host address: what reaches it reached the host. */
 let hostListener: net.Server;
@@ -33,11 +35,9 @@ beforeAll(async () => {
   });
   await new Promise<void>((r) => hostListener.listen(0, '0.0.0.0', () => r()));
   hostListenerPort = (hostListener.address() as net.AddressInfo).port;
-  cluster = await startTestCluster({
-    workers: NODES.map((nodeId) => ({ nodeId })),
-    env: { ROLLBOX_NET_STATIC_HOSTS: `allowed.name=${target.address},other.name=${target.otherAddress}` },
-  });
+  cluster = await startTestCluster({ workers: [{ nodeId: 'node-net1' }, { nodeId: 'node-net2' }], env: netEnv() });
   token = await cluster.token('netter', SCOPES);
+  tokens.set(cluster, token);
 }, 60_000);
 
 afterAll(async () => {
@@ -48,31 +48,35 @@ afterAll(async () => {
   expect(execFileSync('ip', ['-o', 'link'], { encoding: 'utf8' })).not.toMatch(/\brb[0-9a-f]{13}\b/);
   const tables = execFileSync('nft', ['list', 'tables'], { encoding: 'utf8' });
   for (const node of NODES) expect(tables).not.toContain(`rollbox-${node}`);
-  const leases = fs.existsSync(LEASE_DIR) ? fs.readdirSync(LEASE_DIR).map((f) => fs.readFileSync(`${LEASE_DIR}/${f}`, 'utf8')) : [];
-  for (const node of NODES) expect(leases.filter((l) => l.startsWith(`${node} `))).toEqual([]);
+  for (const node of NODES) expect(leasesOf(node)).toEqual([]);
   expect(execFileSync('ip', ['netns', 'list'], { encoding: 'utf8' })).not.toContain(target.name);
 }, 60_000);
 
-async function createSandbox(body: object): Promise<{ id: string; node: string }> {
-  const created = await api(cluster, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64 }, ...body });
+const netEnv = () => ({ ROLLBOX_NET_STATIC_HOSTS: `allowed.name=${target.address},other.name=${target.otherAddress}` });
+
+async function createSandbox(body: object, on: TestCluster = cluster): Promise<{ id: string; node: string }> {
+  const created = await api(on, tokens.get(on)!, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64 }, ...body });
   expect(created.status, JSON.stringify(created.body)).toBe(201);
   return created.body;
 }
 
-async function sh(id: string, cmd: string, timeoutMs = 20_000): Promise<{ exitCode: number; stdout: string; stderr: string }> {
-  const r = await api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, { cmd, timeoutMs });
+async function sh(id: string, cmd: string, timeoutMs = 20_000, on: TestCluster = cluster): Promise<{ exitCode: number; stdout: string; stderr: string }> {
+  const r = await api(on, tokens.get(on)!, 'POST', `/v1/sandboxes/${id}/exec`, { cmd, timeoutMs });
   expect(r.status, JSON.stringify(r.body)).toBe(200);
   return r.body;
 }
 
 /** Whether a TCP connection from the sandbox gets the target's greeting (nc gives up after 3 s). */
-async function reaches(id: string, host: string, port: number): Promise<boolean> {
-  const r = await sh(id, `echo | nc -w 3 ${host} ${port}`);
+async function reaches(id: string, host: string, port: number, on: TestCluster = cluster): Promise<boolean> {
+  const r = await sh(id, `echo | nc -w 3 ${host} ${port}`, 20_000, on);
   return r.stdout.includes(`hello ${port}`);
 }
 
+const leasesOf = (node: string) => (fs.existsSync(LEASE_DIR) ? fs.readdirSync(LEASE_DIR).filter((f) => fs.readFileSync(`${LEASE_DIR}/${f}`, 'utf8').startsWith(`${node} `)) : []);
+const hostChains = (node: string) => (execFileSync('nft', ['list', 'table', 'inet', `rollbox-${node}`], { encoding: 'utf8' }).match(/chain eg_rb[0-9a-f]{13}/g) ?? []).length;
+
 const policyTo = (ports: (number | string)[], extra: object[] = []) => ({ mode: 'allowlist', allow: [{ cidr: `${target.address}/32`, ports }, ...extra] });
-const patch = (id: string, body: object, withToken = token) => api(cluster, withToken, 'PATCH', `/v1/sandboxes/${id}/policy`, body);
+const patch = (id: string, body: object, withToken?: string, on: TestCluster = cluster) => api(on, withToken ?? tokens.get(on)!, 'PATCH', `/v1/sandboxes/${id}/policy`, body);
 const remove = (id: string) => api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`);
 
 describe('network mode none', () => {
@@ -274,4 +278,41 @@ describe('policy API', () => {
     await remove(s.id);
     expect((await patch(s.id, { hiddenPaths: [] })).status).toBe(409);
   });
+});
+
+describe('worker restart', () => {
+  it('adopts live sandboxes with their rules and resolver, and removes the network of dead ones', async () => {
+    // A long lost-after so the janitor does not end the sandboxes while their worker is down.
+    const other = await startTestCluster({ env: { ...netEnv(), ROLLBOX_NODE_LOST_AFTER_MS: '60000' } });
+    try {
+      tokens.set(other, await other.token('netter', SCOPES));
+      const child = await other.spawnWorker({ nodeId: 'node-net3' });
+      await waitFor('the spawned worker', async () => (await api(other, await other.token('netter', ['admin']), 'GET', '/v1/nodes')).body.nodes?.length === 1, 30_000);
+      const network = { mode: 'allowlist', allow: [{ host: 'allowed.name', ports: [PORT_A] }] };
+      const kept = await createSandbox({ network }, other);
+      const dead = await createSandbox({ network }, other);
+      expect(await reaches(kept.id, 'allowed.name', PORT_A, other)).toBe(true);
+      expect(leasesOf('node-net3')).toHaveLength(2);
+
+      const exited = new Promise((r) => child.once('close', r));
+      child.kill('SIGKILL');
+      await exited;
+      // One container dies while no worker watches: its veth goes with its namespace, its lease and host chain stay behind.
+      const state = JSON.parse(fs.readFileSync(`${other.rootDir}/node-net3/worker/runc/rb-${dead.id}/state.json`, 'utf8'));
+      process.kill(state.init_process_pid, 'SIGKILL');
+      await waitFor('the dead container', async () => !fs.existsSync(`/proc/${state.init_process_pid}/stat`) || fs.readFileSync(`/proc/${state.init_process_pid}/stat`, 'utf8').split(') ')[1]!.startsWith('Z'));
+
+      await other.addWorker({ nodeId: 'node-net3' });
+      expect(leasesOf('node-net3')).toHaveLength(1);
+      expect(hostChains('node-net3')).toBe(1);
+      expect((await api(other, tokens.get(other)!, 'GET', `/v1/sandboxes/${dead.id}`)).body.state).toBe('failed');
+      // The adopted sandbox: rules intact, and the platform resolver answers again.
+      expect(await reaches(kept.id, 'allowed.name', PORT_A, other)).toBe(true);
+      expect(await reaches(kept.id, target.address, PORT_B, other)).toBe(false);
+      expect((await patch(kept.id, { network: policyTo([PORT_B]) }, undefined, other)).status).toBe(200);
+      expect(await reaches(kept.id, target.address, PORT_B, other)).toBe(true);
+    } finally {
+      await other.stop();
+    }
+  }, 120_000);
 });
