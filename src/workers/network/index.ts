@@ -103,6 +103,8 @@ export class SandboxNetworks {
   private readonly leaseDir: string;
   private readonly table: string;
   private baseReady: Promise<void> | undefined;
+  /** This worker's leases (sandbox id -> slot index), read from the lease dir once. */
+  private leaseIndex: Promise<Map<string, number>> | undefined;
   private readonly log: NetworkLogger | undefined;
 
   constructor(private readonly deps: SandboxNetworksDeps) {
@@ -130,13 +132,13 @@ export class SandboxNetworks {
     }
     const { rules, names } = await this.resolve(policy);
     const blocked = await this.blockedRanges();
-    let net = this.attached.get(sandboxId);
+    const net = this.attached.get(sandboxId);
     if (!net) {
-      net = await this.attach(sandboxId, pid, rules, blocked);
-    } else {
-      await this.nft(renderHostSandboxChain(this.table, net.veth, net.slot.sandboxAddress, rules));
-      await must('nsenter', [`--net=/proc/${pid}/ns/net`, '--', 'nft', '-f', '-'], renderSandboxRuleset({ rules, blocked, hostAddress: net.slot.hostAddress }));
+      (await this.attach(sandboxId, pid, rules, blocked)).dns.setNames(names);
+      return;
     }
+    await this.nft(renderHostSandboxChain(this.table, net.veth, net.slot.sandboxAddress, rules));
+    await must('nsenter', [`--net=/proc/${pid}/ns/net`, '--', 'nft', '-f', '-'], renderSandboxRuleset({ rules, blocked, hostAddress: net.slot.hostAddress }));
     net.dns.setNames(names);
     await this.cutDisallowedFlows(pid, (ip, port) => allows(rules, blocked, ip, port, 'tcp'));
   }
@@ -186,7 +188,10 @@ export class SandboxNetworks {
     const net = this.attached.get(sandboxId);
     this.attached.delete(sandboxId);
     net?.dns.close();
-    const index = net?.slot.index ?? (await this.leases()).find((l) => l.sandboxId === sandboxId)?.index;
+    const leases = await this.leases();
+    const index = leases.get(sandboxId);
+    // No lease: the sandbox never had a network here (mode none), nothing to remove.
+    if (index === undefined) return;
     await this.removeHostSide(sandboxId, vethOf(sandboxId), index);
   }
 
@@ -201,7 +206,10 @@ export class SandboxNetworks {
         for (const line of renderHostSandboxRemoval(this.table, veth).split('\n').filter(Boolean)) await run('nft', line.split(' '));
       }
     }
-    if (leaseIndex !== undefined) await unlink(path.join(this.leaseDir, String(leaseIndex))).catch(() => undefined);
+    if (leaseIndex !== undefined) {
+      await unlink(path.join(this.leaseDir, String(leaseIndex))).catch(() => undefined);
+      (await this.leases()).delete(sandboxId);
+    }
   }
 
   /**
@@ -212,18 +220,19 @@ export class SandboxNetworks {
    */
   async reconcile(live: ReadonlyMap<string, { pid: number; policy: NetworkPolicy }>): Promise<{ removed: string[] }> {
     const removed: string[] = [];
-    for (const lease of await this.leases()) {
-      if (live.has(lease.sandboxId) && live.get(lease.sandboxId)!.policy.mode === 'allowlist') continue;
-      await this.release(lease.sandboxId);
-      removed.push(lease.sandboxId);
+    const leases = await this.leases();
+    for (const sandboxId of [...leases.keys()]) {
+      if (live.get(sandboxId)?.policy.mode === 'allowlist') continue;
+      await this.release(sandboxId);
+      removed.push(sandboxId);
     }
     for (const [id, { pid, policy }] of live) {
-      if (policy.mode !== 'allowlist' || this.attached.has(id)) continue;
-      const lease = (await this.leases()).find((l) => l.sandboxId === id);
-      if (!lease) continue;
+      const index = leases.get(id);
+      if (policy.mode !== 'allowlist' || this.attached.has(id) || index === undefined) continue;
       await this.ensureBase();
-      const dns = await DnsResponder.start(slotOf(this.poolCidr, lease.index).hostAddress, slotOf(this.poolCidr, lease.index).sandboxAddress, (err) => this.log?.warn({ sandboxId: id, err: String(err) }, 'dns responder error'));
-      this.attached.set(id, { slot: slotOf(this.poolCidr, lease.index), veth: vethOf(id), pid, dns });
+      const slot = slotOf(this.poolCidr, index);
+      const dns = await DnsResponder.start(slot.hostAddress, slot.sandboxAddress, (err) => this.log?.warn({ sandboxId: id, err: String(err) }, 'dns responder error'));
+      this.attached.set(id, { slot, veth: vethOf(id), pid, dns });
       await this.apply(id, pid, policy);
     }
     // Host chains whose lease is gone (a crash between the two).
@@ -314,28 +323,33 @@ export class SandboxNetworks {
     if (killed.code !== 0) this.log?.warn({ pid, stderr: killed.stderr.trim() }, 'could not reset connections the new policy forbids');
   }
 
-  private async leases(): Promise<{ index: number; sandboxId: string }[]> {
-    const out: { index: number; sandboxId: string }[] = [];
-    for (const name of await readdir(this.leaseDir).catch(() => [] as string[])) {
-      if (!/^\d+$/.test(name)) continue;
-      const text = await readFile(path.join(this.leaseDir, name), 'utf8').catch(() => '');
-      const [nodeId, sandboxId] = text.trim().split(' ');
-      if (nodeId === this.deps.nodeId && sandboxId) out.push({ index: Number(name), sandboxId });
-    }
-    return out;
+  private leases(): Promise<Map<string, number>> {
+    this.leaseIndex ??= (async () => {
+      const out = new Map<string, number>();
+      for (const name of await readdir(this.leaseDir).catch(() => [] as string[])) {
+        if (!/^\d+$/.test(name)) continue;
+        const text = await readFile(path.join(this.leaseDir, name), 'utf8').catch(() => '');
+        const [nodeId, sandboxId] = text.trim().split(' ');
+        if (nodeId === this.deps.nodeId && sandboxId) out.set(sandboxId, Number(name));
+      }
+      return out;
+    })();
+    return this.leaseIndex;
   }
 
   /** A free /30 of the pool, claimed with an exclusive create (several workers may share the host). */
   private async claimSlot(sandboxId: string): Promise<Slot> {
     mkdirSync(this.leaseDir, { recursive: true, mode: 0o700 });
-    const existing = (await this.leases()).find((l) => l.sandboxId === sandboxId);
-    if (existing) return slotOf(this.poolCidr, existing.index);
+    const leases = await this.leases();
+    const existing = leases.get(sandboxId);
+    if (existing !== undefined) return slotOf(this.poolCidr, existing);
     const slots = poolSlots(this.poolCidr);
     const start = Math.floor(Math.random() * slots);
     for (let i = 0; i < slots; i++) {
       const index = (start + i) % slots;
       try {
         await writeFile(path.join(this.leaseDir, String(index)), `${this.deps.nodeId} ${sandboxId}\n`, { flag: 'wx' });
+        leases.set(sandboxId, index);
         return slotOf(this.poolCidr, index);
       } catch (err) {
         if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;

@@ -711,9 +711,11 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     return locked(id, async () => {
       const pid = await initPidOf(id);
       const current = await readPolicy(id);
-      const next: SandboxPolicy = { network: change.network ?? current.network, hiddenPaths: [...new Set(change.hiddenPaths ?? current.hiddenPaths)] };
+      // `/grader/` and `/grader` are one mount point.
+      const normalized = change.hiddenPaths?.map((p) => path.posix.normalize(p).replace(/(.)\/$/, '$1'));
+      const next: SandboxPolicy = { network: change.network ?? current.network, hiddenPaths: [...new Set(normalized ?? current.hiddenPaths)] };
       if (change.network) await applyNetwork(id, pid, next.network);
-      if (change.hiddenPaths) {
+      if (normalized) {
         const reveal = current.hiddenPaths.filter((p) => !next.hiddenPaths.includes(p) && !(MASKED_PATHS as readonly string[]).includes(p));
         const hide = next.hiddenPaths.filter((p) => !current.hiddenPaths.includes(p));
         if (!next.hiddenPaths.every((p) => p.startsWith('/') && !p.includes('\0'))) throw new RollboxError('invalid_request', 'hidden paths must be absolute');
