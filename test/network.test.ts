@@ -146,10 +146,10 @@ describe('network mode allowlist', () => {
       [otherAddress, 7005],
       [otherGateway, hostListenerPort],
     ];
-    for (const [host, port] of probes) {
-      const r = await sh(s.id, `echo | nc -w 3 ${host} ${port}; echo "exit=$?"`);
-      expect(r.stdout, `${host}:${port}`).not.toMatch(/exit=0/);
-    }
+    const script = probes.map(([host, port]) => `echo | nc -w 3 ${host} ${port} >/dev/null 2>&1; echo "${host}:${port} exit=$?"`).join('\n');
+    const results = (await sh(s.id, script, 120_000)).stdout.trim().split('\n');
+    expect(results).toHaveLength(probes.length);
+    for (const line of results) expect(line).toMatch(/ exit=[1-9]/);
     expect(target.connections(80).length).toBe(metadataBefore);
     expect(hostConnections).toBe(0);
     // IPv6: the sandbox has none, whatever its allowlist says.
