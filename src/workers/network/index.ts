@@ -154,7 +154,7 @@ export class SandboxNetworks {
       const ruleset = renderSandboxRuleset({ rules, blocked, hostAddress: slot.hostAddress });
       const script = [
         'set -e',
-        'echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6',
+        // No IPv6 on interfaces created from here on (eth0); loopback keeps ::1.
         'echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6',
         'nft -f -',
         // The peer is created in pid 1's namespace: the host's.
