@@ -202,8 +202,11 @@ describe('network mode allowlist', () => {
     expect((await patch(s.id, { network: { mode: 'none' } })).status).toBe(200);
     expect(await reaches(s.id, target.address, PORT_A)).toBe(false);
     expect((await sh(s.id, 'ip -o link | grep -v " lo:" | wc -l')).stdout.trim()).toBe('0');
-    // And a sandbox created without a network gets one at a later stage.
+    // And a sandbox without a network gets one at a later stage. Its resolv.conf is written
+    // from the host only if it is a regular file (here the agent left a FIFO with a reader).
+    await sh(s.id, 'rm /etc/resolv.conf && mkfifo /etc/resolv.conf && (cat /etc/resolv.conf > /tmp/got 2>&1 </dev/null &)');
     expect((await patch(s.id, { network: policyTo([PORT_A]) })).status).toBe(200);
+    expect((await sh(s.id, 'cat /tmp/got; ls -l /etc/resolv.conf')).stdout).toMatch(/^p/);
     expect(await reaches(s.id, target.address, PORT_A)).toBe(true);
     expect((await api(cluster, token, 'GET', `/v1/sandboxes/${s.id}`)).body.spec.network.allow[0].ports).toEqual([PORT_A]);
     await remove(s.id);

@@ -16,7 +16,7 @@ import { RollboxError } from '../../api/index.ts';
 const SCRIPT = String.raw`
 use strict;
 use warnings;
-use Fcntl qw(O_RDONLY O_WRONLY O_CREAT O_TRUNC O_NOFOLLOW);
+use Fcntl qw(O_RDONLY O_WRONLY O_CREAT O_NOFOLLOW O_NONBLOCK O_NOCTTY);
 my ($SYS_setns, $SYS_mount, $SYS_umount2, $pid, @ops) = @ARGV;
 my ($MS_RDONLY, $MS_NOSUID, $MS_NODEV, $MS_NOEXEC, $MS_REMOUNT, $MS_BIND) = (1, 2, 4, 8, 32, 4096);
 my $UMOUNT_NOFOLLOW = 8;
@@ -41,7 +41,11 @@ while (@ops) {
   } elsif ($op eq 'reveal') {
     syscall($SYS_umount2, $path, $UMOUNT_NOFOLLOW) == 0 or die "reveal $path: $!\n";
   } elsif ($op eq 'write') {
-    sysopen(my $f, $path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0644) or die "open $path: $!\n";
+    # Only into a regular file: the agent may have put a device node or a FIFO there
+    # (CAP_MKNOD), and this process is host root outside the sandbox's device cgroup.
+    sysopen(my $f, $path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY, 0644) or die "open $path: $!\n";
+    die "$path is not a regular file\n" unless -f $f;
+    truncate($f, 0) or die "truncate $path: $!\n";
     defined syswrite($f, $input) or die "write $path: $!\n";
     close($f);
   } else {

@@ -697,7 +697,12 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     if (!deps.network) return;
     await deps.network.apply(id, pid, network);
     const resolver = deps.network.resolverOf(id);
-    if (resolver) await inMountNamespace(pid, [{ op: 'write', path: '/etc/resolv.conf' }], `nameserver ${resolver}\n`, deps.perlBinary);
+    // Best effort: an agent that replaced its resolv.conf with something else only loses DNS.
+    if (resolver) {
+      await inMountNamespace(pid, [{ op: 'write', path: '/etc/resolv.conf' }], `nameserver ${resolver}\n`, deps.perlBinary).catch((err: unknown) =>
+        log?.warn({ sandboxId: id, err: String(err) }, 'could not point resolv.conf at the platform resolver'),
+      );
+    }
   }
 
   /**
