@@ -152,16 +152,20 @@ export class SandboxNetworks {
       // before both rulesets are in place.
       await this.nft(renderHostSandboxChain(this.table, veth, slot.sandboxAddress, rules));
       const ruleset = renderSandboxRuleset({ rules, blocked, hostAddress: slot.hostAddress });
+      // One shell in the sandbox's network namespace (host binaries: only the network
+      // namespace is entered); the ruleset comes on stdin, the link setup as one ip batch.
       const script = [
         'set -e',
         // No IPv6 on interfaces created from here on (eth0); loopback keeps ::1.
         'echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6',
         'nft -f -',
+        `ip -batch - <<'EOF'`,
         // The peer is created in pid 1's namespace: the host's.
-        `ip link add eth0 type veth peer name ${veth} netns 1`,
-        `ip addr add ${slot.sandboxAddress}/30 dev eth0`,
-        'ip link set eth0 up',
-        `ip route add default via ${slot.hostAddress} dev eth0 onlink`,
+        `link add eth0 type veth peer name ${veth} netns 1`,
+        `addr add ${slot.sandboxAddress}/30 dev eth0`,
+        'link set eth0 up',
+        `route add default via ${slot.hostAddress} dev eth0 onlink`,
+        'EOF',
       ].join('\n');
       await must('nsenter', [`--net=/proc/${pid}/ns/net`, '--', 'sh', '-c', script], ruleset);
       await writeFile(`/proc/sys/net/ipv6/conf/${veth}/disable_ipv6`, '1').catch(() => undefined);
