@@ -2,6 +2,7 @@ import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { mkdirSync } from 'node:fs';
 import { readFile, readdir, unlink, writeFile } from 'node:fs/promises';
+import os from 'node:os';
 import path from 'node:path';
 import { RollboxError, type NetworkPolicy } from '../../api/index.ts';
 import { DnsResponder } from './dns.ts';
@@ -138,9 +139,10 @@ export class SandboxNetworks {
       return;
     }
     await this.nft(renderHostSandboxChain(this.table, net.veth, net.slot.sandboxAddress, rules));
-    await must('nsenter', [`--net=/proc/${pid}/ns/net`, '--', 'nft', '-f', '-'], renderSandboxRuleset({ rules, blocked, hostAddress: net.slot.hostAddress }));
+    // The new ruleset, then (same process) the connections open now, to reset the forbidden ones.
+    const open = await must('nsenter', [`--net=/proc/${pid}/ns/net`, '--', 'sh', '-c', 'nft -f - && ss -tnH state established'], renderSandboxRuleset({ rules, blocked, hostAddress: net.slot.hostAddress }));
     net.dns.setNames(names);
-    await this.cutDisallowedFlows(pid, (ip, port) => allows(rules, blocked, ip, port, 'tcp'));
+    await this.cutDisallowedFlows(pid, open, (ip, port) => allows(rules, blocked, ip, port, 'tcp'));
   }
 
   private async attach(sandboxId: string, pid: number, rules: ResolvedRule[], blocked: [number, number][]): Promise<Attached> {
@@ -183,8 +185,8 @@ export class SandboxNetworks {
   /** allowlist -> none while the sandbox runs: its veth, rules and open connections go. */
   private async detach(sandboxId: string, pid: number): Promise<void> {
     await this.release(sandboxId);
-    await run('nsenter', [`--net=/proc/${pid}/ns/net`, '--', 'nft', 'delete', 'table', 'inet', 'rollbox']);
-    await this.cutDisallowedFlows(pid, () => false);
+    const open = await run('nsenter', [`--net=/proc/${pid}/ns/net`, '--', 'sh', '-c', 'nft delete table inet rollbox; ss -tnH state established']);
+    await this.cutDisallowedFlows(pid, open.stdout, () => false);
   }
 
   /** Everything of the sandbox on the host side (its namespace dies with the container). Idempotent. */
@@ -283,9 +285,15 @@ export class SandboxNetworks {
 
   /** Always blocked: the fixed list, configured extras, the pool (other sandboxes), every address of this host. */
   private async blockedRanges(): Promise<[number, number][]> {
-    const hostAddrs: string[] = [];
-    const listed = JSON.parse((await must('ip', ['-j', '-4', 'addr', 'show'])) || '[]') as { addr_info?: { local?: string }[] }[];
-    for (const link of listed) for (const a of link.addr_info ?? []) if (a.local) hostAddrs.push(a.local);
+    // The host's addresses, read now without spawning anything: those the kernel delivers
+    // locally (the LOCAL /32s of the routing trie, down links included) and getifaddrs.
+    const hostAddrs = Object.values(os.networkInterfaces()).flatMap((addrs) => (addrs ?? []).filter((a) => a.family === 'IPv4').map((a) => a.address));
+    let last = '';
+    for (const line of (await readFile('/proc/net/fib_trie', 'utf8').catch(() => '')).split('\n')) {
+      const leaf = /\|-- (\d+\.\d+\.\d+\.\d+)$/.exec(line);
+      if (leaf) last = leaf[1]!;
+      else if (/\/32 host LOCAL/.test(line) && last) hostAddrs.push(last);
+    }
     const cidrs = [...ALWAYS_BLOCKED_V4, ...(this.deps.blockedCidrs ?? []), this.poolCidr, ...hostAddrs];
     return mergeRanges(cidrs.map((c) => ipv4Range(c)).filter((r): r is [number, number] => !!r));
   }
@@ -310,12 +318,11 @@ export class SandboxNetworks {
     return { rules, names };
   }
 
-  /** Reset open TCP connections of the sandbox whose peer the policy no longer allows. */
-  private async cutDisallowedFlows(pid: number, allowed: (ip: string, port: number) => boolean): Promise<void> {
+  /** Reset the sandbox's open TCP connections (`ss -tnH state established` output) whose peer the policy no longer allows. */
+  private async cutDisallowedFlows(pid: number, established: string, allowed: (ip: string, port: number) => boolean): Promise<void> {
     const netns = `--net=/proc/${pid}/ns/net`;
-    const listed = await run('nsenter', [netns, '--', 'ss', '-tnH', 'state', 'established']);
     const filters: string[][] = [];
-    for (const line of listed.stdout.split('\n')) {
+    for (const line of established.split('\n')) {
       const peer = line.trim().split(/\s+/)[3];
       const m = peer && /^(?:\[::ffff:)?(\d+\.\d+\.\d+\.\d+)\]?:(\d+)$/.exec(peer);
       if (!m || m[1]!.startsWith('127.') || allowed(m[1]!, Number(m[2]))) continue;
