@@ -158,9 +158,11 @@ describe('network mode allowlist', () => {
     expect(v6.stdout).not.toMatch(/exit=0/);
     expect(target.events.filter((e) => e.ev === 'conn' && e.from.includes(':'))).toEqual([]);
     // The agent is root without CAP_NET_ADMIN: it cannot flush or replace the rules.
-    const flush = await sh(s.id, 'nft flush ruleset 2>&1; ip link set eth0 down 2>&1; ip route add 169.254.169.254 dev eth0 2>&1; echo done');
-    expect(flush.stdout).toContain('done');
-    expect(await reaches(s.id, target.address, PORT_A)).toBe(false);
+    const tamper = await sh(s.id, `ip link set eth0 down 2>&1; ip route add 169.254.169.254 dev eth0 2>&1; ip addr add ${target.otherAddress}/32 dev eth0 2>&1; echo done`);
+    expect(tamper.stdout.match(/not permitted/g), tamper.stdout).toHaveLength(3);
+    const { init_process_pid: pid } = JSON.parse(fs.readFileSync(`${cluster.rootDir}/${s.node}/worker/runc/rb-${s.id}/state.json`, 'utf8'));
+    const ruleset = execFileSync('nsenter', [`--net=/proc/${pid}/ns/net`, 'nft', 'list', 'table', 'inet', 'rollbox'], { encoding: 'utf8' });
+    expect(ruleset).toContain('type filter hook output priority filter; policy drop;');
     await remove(s.id);
     await remove(other.id);
   });
