@@ -162,8 +162,8 @@ export class SandboxNetworks {
         'echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6',
         'nft -f -',
         `ip -batch - <<'EOF'`,
-        // The peer is created in pid 1's namespace: the host's.
-        `link add eth0 type veth peer name ${veth} netns 1`,
+        // The peer is created in the worker's own network namespace (the host's).
+        `link add eth0 type veth peer name ${veth} netns ${process.pid}`,
         `addr add ${slot.sandboxAddress}/30 dev eth0`,
         'link set eth0 up',
         `route add default via ${slot.hostAddress} dev eth0 onlink`,
