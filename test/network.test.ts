@@ -259,10 +259,14 @@ describe('stage changes of hidden paths', () => {
     expect((await patch(s.id, { hiddenPaths: ['/grader', '/proc/timer_list'] })).status).toBe(200);
     expect((await patch(s.id, { hiddenPaths: ['/grader'] })).status).toBe(200);
     expect((await sh(s.id, 'wc -c < /proc/timer_list')).stdout.trim()).toBe('0');
-    // A symlink is refused, not followed.
-    const trap = await patch(s.id, { hiddenPaths: ['/grader', '/trap'] });
+    // A symlink is refused, not followed, and the whole change with it.
+    const trap = await patch(s.id, { hiddenPaths: ['/trap'] });
     expect(trap.status).toBe(400);
+    expect((await sh(s.id, visible)).stdout).not.toContain('answer42');
     expect((await sh(s.id, 'wc -c < /proc/timer_list')).stdout.trim()).toBe('0');
+    // Nested: the directory is revealed first, then the file inside it hidden.
+    expect((await patch(s.id, { hiddenPaths: ['/grader/key'] })).status).toBe(200);
+    expect((await sh(s.id, 'ls /grader; cat /grader/key')).stdout).toBe('key\n');
     await remove(s.id);
   });
 });

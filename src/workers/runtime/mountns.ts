@@ -24,6 +24,11 @@ my $input = do { local $/; <STDIN> } // '';
 sysopen(my $ns, "/proc/$pid/ns/mnt", O_RDONLY) or die "open mount namespace of $pid: $!\n";
 syscall($SYS_setns, fileno($ns), 0x00020000) == 0 or die "setns: $!\n";
 chdir('/') or die "chdir: $!\n";
+# Refuse before changing anything: a stage change applies whole or not at all (as far as
+# the kernel lets us: a mount that fails past this check leaves the earlier ones done).
+for (my $i = 0; $i < @ops; $i += 2) {
+  die "$ops[$i + 1] is a symbolic link; hide its target instead\n" if $ops[$i] eq 'hide' && -l $ops[$i + 1];
+}
 while (@ops) {
   my ($op, $path) = splice(@ops, 0, 2);
   if ($op eq 'hide') {

@@ -719,7 +719,7 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
       // `/grader/` and `/grader` are one mount point.
       const normalized = change.hiddenPaths?.map((p) => path.posix.normalize(p).replace(/(.)\/$/, '$1'));
       const next: SandboxPolicy = { network: change.network ?? current.network, hiddenPaths: [...new Set(normalized ?? current.hiddenPaths)] };
-      if (change.network) await applyNetwork(id, pid, next.network);
+      // Hidden paths first: their failures come from the request (a symlink), and then nothing changed.
       if (normalized) {
         const reveal = current.hiddenPaths.filter((p) => !next.hiddenPaths.includes(p) && !(MASKED_PATHS as readonly string[]).includes(p));
         const hide = next.hiddenPaths.filter((p) => !current.hiddenPaths.includes(p));
@@ -738,6 +738,7 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
           }
         }
       }
+      if (change.network) await applyNetwork(id, pid, next.network);
       writeFileSync(path.join(bundleOf(id), POLICY_FILE), JSON.stringify(next));
       return next;
     });
