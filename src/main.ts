@@ -3,6 +3,7 @@
  * the runc runtime, the layer store, the token verifier) and hands them to the modules.
  */
 import { randomBytes } from 'node:crypto';
+import dns from 'node:dns/promises';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { serve } from '@hono/node-server';
@@ -18,6 +19,7 @@ import { NodeDirectory, ReplyHub, createQueueName, opsQueueName } from './queues
 import { connectRedis, startRedisServer, type RedisServerHandle } from './redis/index.ts';
 import { CommandLog, LayerRegistry, SandboxRegistry, keys } from './registry/index.ts';
 import { WorkerHost } from './workers/index.ts';
+import { SandboxNetworks } from './workers/network/index.ts';
 import { createRuncRuntime } from './workers/runtime/index.ts';
 
 export interface Stoppable {
@@ -180,7 +182,16 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
   const store = layerStoreOf(config);
   const workerDir = path.join(config.dataDir, 'worker');
   const layerMounts = new LayerMounts({ dataDir: workerDir, storeDir: config.layerStoreDir, logger });
-  const runtime = createRuncRuntime({ dataDir: workerDir, runtimeBinary: config.node.runtimeBinary, layerMounts, nodeId, logger, scratchSizeGiB: config.node.scratchSizeGiB });
+  const network = new SandboxNetworks({
+    nodeId,
+    poolCidr: config.network.poolCidr,
+    leaseDir: config.network.leaseDir,
+    // Redis on another machine is a platform service too.
+    blockedCidrs: [...config.network.blockedCidrs, ...ipv4HostOf(redisUrl)],
+    resolveHost: async (name) => config.network.staticHosts.get(name) ?? (await dns.resolve4(name)),
+    logger,
+  });
+  const runtime = createRuncRuntime({ dataDir: workerDir, runtimeBinary: config.node.runtimeBinary, layerMounts, nodeId, logger, network, scratchSizeGiB: config.node.scratchSizeGiB });
   const host = new WorkerHost({
     config: { ...config.node, nodeId },
     redis,
@@ -227,6 +238,11 @@ function layerSyncOf(config: Config, redis: Redis, store: LayerStore, tmpDir: st
     }
     return fetchLayers([...digests].sort(), { gatewayUrl, token: gatewayToken, store, tmpDir, signal });
   };
+}
+
+function ipv4HostOf(url: string): string[] {
+  const host = new URL(url).hostname;
+  return /^\d+\.\d+\.\d+\.\d+$/.test(host) ? [host] : [];
 }
 
 /** Registers the default `busybox` base layer if this cluster has none yet. */

@@ -18,6 +18,7 @@ export {
   ListSandboxesQuery,
   SandboxList,
   PauseRequest,
+  PolicyPatch,
   JobActionResult,
 } from './sandbox.ts';
 export { ExecRequest, ExecResult, CommandState, CommandRecord, CommandStatus, ListCommandsQuery, CommandList, DEFAULT_EXEC_TIMEOUT_MS, DEFAULT_BACKGROUND_TIMEOUT_MS } from './exec.ts';

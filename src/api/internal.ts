@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { ExecResult } from './exec.ts';
+import { NetworkPolicy } from './sandbox.ts';
 
 /**
  * Messages between gateways and worker hosts (BullMQ job data and replies). Not part of
@@ -72,7 +73,16 @@ export const FilesWriteOp = z.object({
   /** Where the gateway put the bytes. */
   bodyKey: z.string(),
 });
-export const NodeOp = z.discriminatedUnion('kind', [ExecOp, DestroyOp, FreezeOp, SnapshotOp, FilesReadOp, FilesWriteOp]);
+/** A task stage change: the worker applies it, then records it in the registry. */
+export const PolicyOp = z.object({
+  kind: z.literal('policy'),
+  sandboxId: z.string(),
+  requestId: z.string(),
+  replyTo: z.string(),
+  network: NetworkPolicy.optional(),
+  hiddenPaths: z.array(z.string()).optional(),
+});
+export const NodeOp = z.discriminatedUnion('kind', [ExecOp, DestroyOp, FreezeOp, SnapshotOp, FilesReadOp, FilesWriteOp, PolicyOp]);
 export type NodeOp = z.infer<typeof NodeOp>;
 
 const ReplyError = z.object({ code: z.string(), message: z.string(), retryAfterSeconds: z.number().optional() });

@@ -26,11 +26,36 @@ export type Resources = z.infer<typeof Resources>;
 export const SandboxClass = z.enum(['latency', 'besteffort']);
 export type SandboxClass = z.infer<typeof SandboxClass>;
 
-export const NetworkAllowRule = z.strictObject({
-  cidr: z.string().min(1).max(64),
-  ports: z.array(z.number().int().min(1).max(65_535)).max(64).optional(),
-  protocol: z.enum(['tcp', 'udp', 'any']).default('tcp'),
-});
+const PortSpec = z.union([
+  z.number().int().min(1).max(65_535),
+  z
+    .string()
+    .regex(/^\d{1,5}-\d{1,5}$/, 'a port range is "from-to"')
+    .refine((r) => {
+      const [from, to] = r.split('-').map(Number);
+      return from! >= 1 && to! <= 65_535 && from! <= to!;
+    }, 'a port range is "from-to" with 1 <= from <= to <= 65535'),
+]);
+
+/**
+ * One allowed destination: `cidr` (an address or CIDR; IPv6 is accepted but has no effect,
+ * sandboxes have no IPv6) or `host` (resolved by the platform's resolver when the policy is
+ * applied; the sandbox's DNS answers that name with those addresses). Destinations that are
+ * always blocked (link-local, the host's addresses, other sandboxes) stay blocked when listed.
+ */
+export const NetworkAllowRule = z
+  .strictObject({
+    cidr: z.union([z.ipv4(), z.cidrv4(), z.ipv6(), z.cidrv6()]).optional(),
+    host: z
+      .string()
+      .max(253)
+      .regex(/^(?=.{1,253}$)([a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?\.)*[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?$/, 'must be a hostname')
+      .optional(),
+    /** Ports or "from-to" ranges; absent: every port. */
+    ports: z.array(PortSpec).min(1).max(64).optional(),
+    protocol: z.enum(['tcp', 'udp', 'any']).default('tcp'),
+  })
+  .refine((r) => (r.cidr === undefined) !== (r.host === undefined), 'an allow entry has exactly one of cidr and host');
 export type NetworkAllowRule = z.infer<typeof NetworkAllowRule>;
 
 export const NetworkPolicy = z.strictObject({
@@ -128,6 +153,15 @@ export const PauseRequest = z.strictObject({
   mode: z.enum(['freeze', 'hibernate']).default('freeze'),
 });
 export type PauseRequest = z.infer<typeof PauseRequest>;
+
+/** A new task stage: the parts given replace the sandbox's current ones. */
+export const PolicyPatch = z
+  .strictObject({
+    network: NetworkPolicy.optional(),
+    hiddenPaths: z.array(AbsolutePath).max(256).optional(),
+  })
+  .refine((p) => p.network !== undefined || p.hiddenPaths !== undefined, 'give network, hiddenPaths or both');
+export type PolicyPatch = z.infer<typeof PolicyPatch>;
 
 export const JobActionResult = z.object({
   job: z.string(),

@@ -13,6 +13,7 @@ import {
   type ErrorCode,
   type ExecRequest,
   type ListSandboxesQuery,
+  type PolicyPatch,
 } from '../api/index.ts';
 
 export interface RetryPolicy {
@@ -77,6 +78,11 @@ export class RollboxClient {
 
   async deleteSandbox(id: string): Promise<Sandbox> {
     return Sandbox.parse(await this.call('DELETE', `/v1/sandboxes/${encodeURIComponent(id)}`));
+  }
+
+  /** A new task stage: the given network policy and/or hidden paths replace the current ones (a retry is harmless). */
+  async setPolicy(id: string, patch: z.input<typeof PolicyPatch>): Promise<Sandbox> {
+    return Sandbox.parse(await this.call('PATCH', `/v1/sandboxes/${encodeURIComponent(id)}/policy`, patch));
   }
 
   /** Runs a command; give `commandId` to make re-sending it (e.g. after a preemption) safe. */

@@ -74,6 +74,14 @@ const Env = z.object({
   ROLLBOX_BURST_GATEWAY_URL: z.string().url().optional(),
   /** Create events kept in the trace stream (`rollbox burst record` exports them); 0 turns recording off. */
   ROLLBOX_BURST_TRACE_MAX_EVENTS: z.coerce.number().int().min(0).default(1_000_000),
+  /** Veth addresses of allowlist sandboxes, one /30 each; shared by the workers of a host. */
+  ROLLBOX_NET_POOL: z.string().default('10.200.0.0/16'),
+  /** Host-wide address leases of that pool (one file per /30). */
+  ROLLBOX_NET_LEASE_DIR: z.string().default('/run/rollbox/net'),
+  /** Comma-separated CIDRs no sandbox may reach, on top of the built-in list (e.g. internal services). */
+  ROLLBOX_NET_BLOCK: z.string().default(''),
+  /** `name=ip|ip,name2=ip`: allowlisted hostnames resolved from this map instead of the host's resolver. */
+  ROLLBOX_NET_STATIC_HOSTS: z.string().default(''),
 });
 
 export type Config = ReturnType<typeof loadConfig>;
@@ -134,6 +142,17 @@ export function loadConfig(env: NodeJS.ProcessEnv, overrides: Partial<Record<key
       tickMs: e.ROLLBOX_BURST_TICK_MS,
       gatewayUrl: e.ROLLBOX_BURST_GATEWAY_URL,
       traceMaxEvents: e.ROLLBOX_BURST_TRACE_MAX_EVENTS,
+    },
+    network: {
+      poolCidr: e.ROLLBOX_NET_POOL,
+      leaseDir: e.ROLLBOX_NET_LEASE_DIR,
+      blockedCidrs: e.ROLLBOX_NET_BLOCK.split(',').map((c) => c.trim()).filter(Boolean),
+      staticHosts: new Map(
+        e.ROLLBOX_NET_STATIC_HOSTS.split(',')
+          .map((entry) => entry.trim().split('='))
+          .filter((kv): kv is [string, string] => kv.length === 2 && !!kv[0])
+          .map(([name, ips]) => [name.toLowerCase(), ips.split('|').filter(Boolean)]),
+      ),
     },
   };
 }

@@ -24,6 +24,7 @@ import {
   LayerName,
   ListCommandsQuery,
   PauseRequest,
+  PolicyPatch,
   SnapshotRequest,
   ListSandboxesQuery,
   NodeList,
@@ -247,6 +248,16 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
       const body = Buffer.from(await c.req.arrayBuffer());
       return c.json(await deps.files.write(c.get('principal'), c.req.valid('param').id, c.req.valid('query'), body, c.req.header('content-type')), 200);
     },
+  );
+  app.openapi(
+    createRoute({
+      method: 'patch',
+      path: '/v1/sandboxes/{id}/policy',
+      security,
+      request: { params: IdParam, body: jsonBody(PolicyPatch) },
+      responses: { 200: json(Sandbox, 'the sandbox with its new stage policy, in force'), ...errors },
+    }),
+    async (c) => c.json(await sandboxes.setPolicy(c.get('principal'), c.req.valid('param').id, c.req.valid('json')), 200),
   );
 
   // Layers: a tar goes in, an EROFS layer comes out.

@@ -7,6 +7,7 @@ import {
   type Layer,
   type SnapshotRequest,
   type PauseRequest,
+  type PolicyPatch,
   type ListSandboxesQuery,
   type Reply,
   type Sandbox,
@@ -264,6 +265,22 @@ export class SandboxService {
     const layer = await this.deps.layers.register({ digest: reply.digest, sizeBytes: reply.sizeBytes, name: request.name, parents: sandbox.layerDigests, createdAt: new Date(this.deps.now()).toISOString() });
     await this.deps.layers.unpin(layer.digest); // recorded: garbage collection may judge it now
     return layer;
+  }
+
+  /**
+   * A new task stage: network and hidden paths change in the running sandbox (its node
+   * applies them, then records them), or only in the record of a hibernated one (applied
+   * when it wakes). An operator's action, not the agent's: its own scope.
+   */
+  async setPolicy(principal: Principal, id: string, patch: PolicyPatch): Promise<Sandbox> {
+    requireScope(principal, 'sandbox:policy');
+    const sandbox = await this.deps.registry.getOwned(id, principal.tenant);
+    const change = { network: patch.network, hiddenPaths: patch.hiddenPaths };
+    if (sandbox.state === 'hibernated') return this.deps.registry.patchSpec(id, change);
+    if (sandbox.state !== 'running' && sandbox.state !== 'paused') throw new RollboxError('invalid_state', `sandbox ${id} is ${sandbox.state}; a policy changes only in a running, paused or hibernated sandbox`);
+    const reply = await this.deps.nodes.sendOp(sandbox.node!, { kind: 'policy', sandboxId: id, requestId: newId('req'), ...change }, LIFECYCLE_REPLY_TIMEOUT_MS);
+    if (reply.kind === 'error') throw toRollboxError(reply.error);
+    return this.deps.registry.getOwned(id, principal.tenant);
   }
 
   async delete(principal: Principal, id: string): Promise<Sandbox> {

@@ -163,6 +163,15 @@ export class SandboxRegistry {
     return { kind: 'ok', from: result[1] as SandboxState };
   }
 
+  /** Replaces the stage policy (network, hidden paths) in a sandbox's spec. */
+  async patchSpec(id: string, patch: Partial<Pick<CreateSandboxRequest, 'network' | 'hiddenPaths'>>): Promise<Sandbox> {
+    const current = await this.get(id);
+    if (!current) throw new RollboxError('not_found', `sandbox ${id} not found`);
+    const spec = CreateSandboxRequest.parse({ ...current.spec, ...patch });
+    await this.redis.hset(keys.sandbox(id), 'spec', JSON.stringify(spec));
+    return { ...current, spec };
+  }
+
   /** Moves a pending or hibernated sandbox to another node; false when it is in neither state. */
   async reassign(id: string, fromNode: string | undefined, toNode: string): Promise<boolean> {
     const moved = await this.redis.eval(REASSIGN, 3, keys.sandbox(id), fromNode ? keys.nodeSandboxes(fromNode) : 'rb:none', keys.nodeSandboxes(toNode), id, toNode);

@@ -75,6 +75,8 @@ const SYNC_RETRY_MS = 1000;
 export class WorkerHost {
   private readonly local = new Map<string, LocalSandbox>();
   private readonly handled: { sandboxId: string; atMs: number }[] = [];
+  /** Stage changes of one sandbox apply in the order they arrived. */
+  private readonly policyChanges = new Map<string, Promise<void>>();
   private queueWorkers: SupervisedQueue[] = [];
   private timers: NodeJS.Timeout[] = [];
   private readonly now: () => number;
@@ -314,6 +316,7 @@ export class WorkerHost {
         env: sandbox.spec.env,
         workdir: sandbox.spec.workdir,
         hiddenPaths: sandbox.spec.hiddenPaths,
+        network: sandbox.spec.network,
       });
       const startedAtMs = this.now();
       // A sandbox back from hibernation keeps the TTL it started with.
@@ -370,6 +373,9 @@ export class WorkerHost {
         }
         case 'hibernate':
           await this.hibernate(op.sandboxId, op.requestId);
+          return await this.reply(op.replyTo, { kind: 'done', requestId: op.requestId });
+        case 'policy':
+          await this.applyPolicy(op);
           return await this.reply(op.replyTo, { kind: 'done', requestId: op.requestId });
         case 'pause':
         case 'resume':
@@ -447,6 +453,22 @@ export class WorkerHost {
 
   private requireLocal(sandboxId: string): void {
     if (!this.local.has(sandboxId)) throw new RollboxError('invalid_state', `sandbox ${sandboxId} is not running on this node`);
+  }
+
+  /** A task stage change: applied here first, then recorded so a wake or an adoption uses it. */
+  private async applyPolicy(op: Extract<NodeOp, { kind: 'policy' }>): Promise<void> {
+    this.requireLocal(op.sandboxId);
+    const previous = this.policyChanges.get(op.sandboxId) ?? Promise.resolve();
+    const change = previous.catch(() => undefined).then(async () => {
+      const policy = await this.deps.runtime.applyPolicy(op.sandboxId, { network: op.network, hiddenPaths: op.hiddenPaths });
+      await this.deps.registry.patchSpec(op.sandboxId, policy);
+    });
+    this.policyChanges.set(op.sandboxId, change);
+    try {
+      await change;
+    } finally {
+      if (this.policyChanges.get(op.sandboxId) === change) this.policyChanges.delete(op.sandboxId);
+    }
   }
 
   private async setPaused(sandboxId: string, paused: boolean): Promise<void> {

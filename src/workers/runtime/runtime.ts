@@ -18,12 +18,15 @@ import {
   setFreezerState,
   type CgroupHierarchies,
 } from './cgroups.ts';
+import type { NetworkPolicy } from '../../api/index.ts';
+import type { SandboxNetworks } from '../network/index.ts';
+import { inMountNamespace, mountPointsOf, type MountNsOp } from './mountns.ts';
 import { isProcessAlive, lastRuncError, readRuncState, runQuiet } from './runc.ts';
 import { DiskHelper } from './diskhelper.ts';
 import { ScratchDisks } from './scratch.ts';
 import { packUpperDir, upperDirOfBundle } from './snapshot.ts';
-import { containerConfig, envList } from './spec.ts';
-import type { RuntimeExecOutcome, RuntimeExecSpec, RuntimeRawExecOutcome, RuntimeRawExecSpec, SandboxRuntime, SandboxRuntimeSpec } from './types.ts';
+import { MASKED_PATHS, containerConfig, envList } from './spec.ts';
+import type { RuntimeExecOutcome, RuntimeExecSpec, RuntimeRawExecOutcome, RuntimeRawExecSpec, SandboxPolicy, SandboxRuntime, SandboxRuntimeSpec } from './types.ts';
 
 export interface RuntimeLogger {
   warn(obj: object, msg?: string): void;
@@ -65,6 +68,8 @@ export interface RuncRuntimeDeps {
   perlBinary?: string;
   mkfsBinary?: string;
   losetupBinary?: string;
+  /** Sandbox networking (`network.mode: allowlist`); without it only `none` is available. */
+  network?: SandboxNetworks;
 }
 
 export interface RuncRuntime extends SandboxRuntime {
@@ -92,6 +97,9 @@ const NODE_ID_RE = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/;
 const LAYERS_ANNOTATION = 'io.rollbox.layers';
 const WORKDIR_ANNOTATION = 'io.rollbox.workdir';
 const CLASS_ANNOTATION = 'io.rollbox.class';
+/** The sandbox's current stage policy (network, hidden paths), kept in its bundle for adoption. */
+const POLICY_FILE = 'policy.json';
+const NO_NETWORK: NetworkPolicy = { mode: 'none', allow: [] };
 
 function checkSandboxId(id: string): void {
   if (!SANDBOX_ID_RE.test(id) || id.includes('..')) {
@@ -284,6 +292,8 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
       if (r.code !== 0 && !/does not exist/.test(r.stderr)) log?.warn({ sandboxId: id, stderr: r.stderr.trim() }, 'runc delete failed');
       if (!(await killContainer(id))) log?.warn({ sandboxId: id }, 'cgroups of sandbox could not be removed');
     }
+    // Its network namespace went with the processes; the host side (veth lease, chain, DNS) goes here.
+    await deps.network?.release(id);
     // With every process gone the container is stopped; its runc state is just files.
     await rm(stateDir, { recursive: true, force: true });
     // The overlay lived in the container's mount namespace and went with it; a rootfs
@@ -408,9 +418,9 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
         // CAP_SYS_RESOURCE (which this host withholds) as long as we stay at or above the
         // worker's own value, hence 0 rather than -1000; best effort.
         // (The pid comes from runc's state.json; --pid-file measurably slows `runc run`.)
+        const { init_process_pid: pid } = JSON.parse(readFileSync(path.join(runcRoot, cid, 'state.json'), 'utf8')) as { init_process_pid: number };
         try {
-          const state = JSON.parse(readFileSync(path.join(runcRoot, cid, 'state.json'), 'utf8')) as { init_process_pid: number };
-          writeFileSync(`/proc/${state.init_process_pid}/oom_score_adj`, '0');
+          writeFileSync(`/proc/${pid}/oom_score_adj`, '0');
         } catch {
           // not permitted below the worker's own floor: the init keeps the sandbox value
         }
@@ -420,6 +430,10 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
         const cpuHierarchy = (await cgroups()).cpu;
         const cpuIdleFile = cpuHierarchy && path.join(cpuHierarchy, cgroupRel(id), 'cpu.idle');
         if (besteffort && cpuIdleFile && existsSync(cpuIdleFile)) writeFileSync(cpuIdleFile, '1');
+        // Before the sandbox is reported running (no command has run in it yet).
+        const policy: SandboxPolicy = { network: spec.network ?? NO_NETWORK, hiddenPaths: spec.hiddenPaths };
+        await applyNetwork(id, pid, policy.network);
+        writeFileSync(path.join(bundle, POLICY_FILE), JSON.stringify(policy));
         sandboxes.set(id, rec);
       } catch (err) {
         await teardown(id, rec).catch((e: unknown) => log?.warn({ sandboxId: id, err: String(e) }, 'cleanup after failed create failed'));
@@ -680,6 +694,15 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
       if (SANDBOX_ID_RE.test(name) && !name.includes('..')) await removeOne(name);
       else log?.warn({ name }, 'unexpected entry in sandboxes dir left alone');
     }
+    // Network: adopted sandboxes get their rules and DNS responder back, the rest their host side removed.
+    if (deps.network) {
+      const live = new Map<string, { pid: number; policy: NetworkPolicy }>();
+      for (const id of adopted) {
+        const pid = await initPidOf(id).catch(() => undefined);
+        if (pid) live.set(id, { pid, policy: (await readPolicy(id).catch(() => undefined))?.network ?? NO_NETWORK });
+      }
+      await deps.network.reconcile(live);
+    }
     // 3. Overlay mounts under our sandboxes dir that no bundle accounted for.
     for (const m of await readMountInfo()) {
       if (!m.mountPoint.startsWith(`${sandboxesDir}/`)) continue;
@@ -728,6 +751,73 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     await setFreezerState(stateFile, frozen ? 'FROZEN' : 'THAWED');
   }
 
+  async function initPidOf(id: string): Promise<number> {
+    const state = await readRuncState(path.join(runcRoot, containerIdOf(id), 'state.json'));
+    if (!state || !(await isProcessAlive(state.init_process_pid, state.init_process_start))) throw new RollboxError('invalid_state', `sandbox ${id} is not running`);
+    return state.init_process_pid;
+  }
+
+  async function readPolicy(id: string): Promise<SandboxPolicy> {
+    const stored = await readFile(path.join(bundleOf(id), POLICY_FILE), 'utf8').catch(() => '');
+    if (stored) return JSON.parse(stored) as SandboxPolicy;
+    // A sandbox from before stage changes existed: its create-time hidden paths.
+    const ann = (JSON.parse(await readFile(path.join(bundleOf(id), 'config.json'), 'utf8')) as { linux?: { maskedPaths?: string[] } }).linux?.maskedPaths ?? [];
+    return { network: NO_NETWORK, hiddenPaths: ann.filter((p) => !(MASKED_PATHS as readonly string[]).includes(p)) };
+  }
+
+  /** Network rules, then the sandbox's resolv.conf pointing at the platform's resolver. */
+  async function applyNetwork(id: string, pid: number, network: NetworkPolicy): Promise<void> {
+    if (network.mode === 'allowlist' && !deps.network) throw new RollboxError('invalid_request', 'network mode allowlist is not available on this worker host');
+    if (!deps.network) return;
+    await deps.network.apply(id, pid, network);
+    const resolver = deps.network.resolverOf(id);
+    // Best effort: an agent that replaced its resolv.conf with something else only loses DNS.
+    if (resolver) {
+      await inMountNamespace(pid, [{ op: 'write', path: '/etc/resolv.conf' }], `nameserver ${resolver}\n`, deps.perlBinary).catch((err: unknown) =>
+        log?.warn({ sandboxId: id, err: String(err) }, 'could not point resolv.conf at the platform resolver'),
+      );
+    }
+  }
+
+  /**
+   * A task stage change: the network policy is replaced atomically, then paths are hidden
+   * or revealed inside the running sandbox, with its processes frozen so nothing races the
+   * change. Only paths rollbox hid are ever revealed (runc's masked defaults never are).
+   */
+  async function applyPolicy(id: string, change: Partial<SandboxPolicy>): Promise<SandboxPolicy> {
+    checkSandboxId(id);
+    if (!sandboxes.has(id)) throw new RollboxError('not_found', `sandbox ${id} is not on this host`);
+    return locked(id, async () => {
+      const pid = await initPidOf(id);
+      const current = await readPolicy(id);
+      // `/grader/` and `/grader` are one mount point.
+      const normalized = change.hiddenPaths?.map((p) => path.posix.normalize(p).replace(/(.)\/$/, '$1'));
+      const next: SandboxPolicy = { network: change.network ?? current.network, hiddenPaths: [...new Set(normalized ?? current.hiddenPaths)] };
+      // Hidden paths first: their failures come from the request (a symlink), and then nothing changed.
+      if (normalized) {
+        const reveal = current.hiddenPaths.filter((p) => !next.hiddenPaths.includes(p) && !(MASKED_PATHS as readonly string[]).includes(p));
+        const hide = next.hiddenPaths.filter((p) => !current.hiddenPaths.includes(p));
+        if (!next.hiddenPaths.every((p) => p.startsWith('/') && !p.includes('\0'))) throw new RollboxError('invalid_request', 'hidden paths must be absolute');
+        if (reveal.length || hide.length) {
+          const stateFile = path.join((await cgroups()).freezer, cgroupRel(id), 'freezer.state');
+          const wasFrozen = (await readFile(stateFile, 'utf8')).trim() === 'FROZEN';
+          if (!wasFrozen) await setFreezerState(stateFile, 'FROZEN');
+          try {
+            // Reveal only what is a mount point at exactly that path (what we or runc mounted).
+            const mounted = await mountPointsOf(pid);
+            const ops: MountNsOp[] = [...reveal.filter((p) => mounted.has(p)).map((p) => ({ op: 'reveal' as const, path: p })), ...hide.map((p) => ({ op: 'hide' as const, path: p }))];
+            await inMountNamespace(pid, ops, '', deps.perlBinary);
+          } finally {
+            if (!wasFrozen) await setFreezerState(stateFile, 'THAWED');
+          }
+        }
+      }
+      if (change.network) await applyNetwork(id, pid, next.network);
+      writeFileSync(path.join(bundleOf(id), POLICY_FILE), JSON.stringify(next));
+      return next;
+    });
+  }
+
   return {
     runcRoot,
     sandboxesDir,
@@ -744,6 +834,7 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
         freezerStateFile: path.join((await cgroups()).freezer, cgroupRel(id), 'freezer.state'),
         ...options,
       }),
+    applyPolicy,
     pause: (id: string) => setFrozen(id, true),
     resume: (id: string) => setFrozen(id, false),
     isRunning,

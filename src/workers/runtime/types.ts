@@ -1,4 +1,4 @@
-import type { Resources, SandboxClass } from '../../api/index.ts';
+import type { NetworkPolicy, Resources, SandboxClass } from '../../api/index.ts';
 
 /** What the runtime needs to start one sandbox on this host. */
 export interface SandboxRuntimeSpec {
@@ -15,6 +15,14 @@ export interface SandboxRuntimeSpec {
    * included, are copied into the new upper dir before the container starts.
    */
   restoreUpper?: { digest: string; imagePath: string };
+  /** Default: mode none (loopback only). */
+  network?: NetworkPolicy;
+}
+
+/** What a task stage sets: the sandbox's network policy and the paths hidden from it. */
+export interface SandboxPolicy {
+  network: NetworkPolicy;
+  hiddenPaths: string[];
 }
 
 export interface RuntimeExecSpec {
@@ -69,6 +77,8 @@ export interface SandboxRuntime {
   execRaw(sandboxId: string, spec: RuntimeRawExecSpec): Promise<RuntimeRawExecOutcome>;
   /** Stop and remove everything of the sandbox on this host. Safe to call twice. */
   destroy(sandboxId: string): Promise<void>;
+  /** A task stage change in a running (or paused) sandbox; returns the policy now in force. */
+  applyPolicy(sandboxId: string, change: Partial<SandboxPolicy>): Promise<SandboxPolicy>;
   /** Freeze every process of the sandbox (cgroup freezer): CPU stops, memory and processes stay. */
   pause(sandboxId: string): Promise<void>;
   resume(sandboxId: string): Promise<void>;

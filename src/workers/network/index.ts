@@ -1,0 +1,371 @@
+import { spawn } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { mkdirSync } from 'node:fs';
+import { readFile, readdir, unlink, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { RollboxError, type NetworkPolicy } from '../../api/index.ts';
+import { DnsResponder } from './dns.ts';
+import {
+  ALWAYS_BLOCKED_V4,
+  allows,
+  ipv4Range,
+  mergeRanges,
+  normalizeCidr,
+  parseIpv4,
+  parsePortSpec,
+  poolSlots,
+  renderHostBase,
+  renderHostSandboxChain,
+  renderHostSandboxRemoval,
+  renderSandboxRuleset,
+  slotOf,
+  type ResolvedRule,
+  type Slot,
+} from './rules.ts';
+
+export { answer as dnsAnswer, parseQuery as parseDnsQuery } from './dns.ts';
+export { renderSandboxRuleset, renderHostBase, renderHostSandboxChain, ALWAYS_BLOCKED_V4 } from './rules.ts';
+
+export interface NetworkLogger {
+  warn(obj: object, msg?: string): void;
+  info(obj: object, msg?: string): void;
+}
+
+export interface SandboxNetworksDeps {
+  nodeId: string;
+  /** Veth addresses, one /30 per sandbox (default 10.200.0.0/16). Shared by every worker on the host. */
+  poolCidr?: string;
+  /** Host-wide directory of address leases (one file per /30), shared by the workers of this host. */
+  leaseDir?: string;
+  /** More destinations to block whatever the policy says (e.g. Redis when it runs on another machine). */
+  blockedCidrs?: readonly string[];
+  /** Resolves an allowlisted hostname to IPv4 addresses (the platform's resolver). */
+  resolveHost: (name: string) => Promise<string[]>;
+  logger?: NetworkLogger;
+}
+
+interface Attached {
+  slot: Slot;
+  veth: string;
+  pid: number;
+  dns: DnsResponder;
+}
+
+interface Tool {
+  code: number;
+  stdout: string;
+  stderr: string;
+}
+
+function run(file: string, args: readonly string[], input?: string): Promise<Tool> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(file, args, { stdio: ['pipe', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (b: Buffer) => (stdout += b.toString('utf8')));
+    child.stderr.on('data', (b: Buffer) => {
+      if (stderr.length < 16_384) stderr += b.toString('utf8');
+    });
+    child.stdin.on('error', () => undefined);
+    child.stdin.end(input ?? '');
+    child.on('error', (e) => reject(new RollboxError('internal', `${file}: ${e.message}`)));
+    child.on('close', (code) => resolve({ code: code ?? 1, stdout, stderr }));
+  });
+}
+
+async function must(file: string, args: readonly string[], input?: string): Promise<string> {
+  const r = await run(file, args, input);
+  if (r.code !== 0) throw new RollboxError('internal', `${file} ${args.slice(0, 4).join(' ')} failed: ${r.stderr.trim().slice(0, 500)}`);
+  return r.stdout;
+}
+
+/** The host end of a sandbox's veth: `rb` + 13 hex of its id's hash (interface names stop at 15 chars). */
+export function vethOf(sandboxId: string): string {
+  return `rb${createHash('sha256').update(sandboxId).digest('hex').slice(0, 13)}`;
+}
+
+/**
+ * Network policy of the sandboxes of one worker host. `mode: none` is runc's own empty
+ * network namespace (loopback only) and needs nothing here. `mode: allowlist` adds to that
+ * namespace (the container's, entered through its init pid) a veth to the host with a /30
+ * from the pool, a default route, and nftables rules inside it; on the host, a chain on
+ * the forward path that repeats the allowlist, NAT, and a DNS responder on the veth's host
+ * end. Policy changes replace both rulesets atomically and cut open connections the new
+ * policy no longer allows.
+ *
+ * Everything is found again from kernel state and lease files, so a restarted worker
+ * adopts or removes what an earlier one left: the veth disappears with the container's
+ * namespace, the lease and host chain are removed by `release`/`reconcile`.
+ */
+export class SandboxNetworks {
+  private readonly attached = new Map<string, Attached>();
+  private readonly poolCidr: string;
+  private readonly leaseDir: string;
+  private readonly table: string;
+  private baseReady: Promise<void> | undefined;
+  /** This worker's leases (sandbox id -> slot index), read from the lease dir once. */
+  private leaseIndex: Promise<Map<string, number>> | undefined;
+  private readonly log: NetworkLogger | undefined;
+
+  constructor(private readonly deps: SandboxNetworksDeps) {
+    this.poolCidr = normalizeCidr(deps.poolCidr ?? '10.200.0.0/16') ?? '';
+    if (!this.poolCidr || poolSlots(this.poolCidr) < 1) throw new RollboxError('invalid_request', `invalid veth pool ${deps.poolCidr}`);
+    for (const c of deps.blockedCidrs ?? []) if (!ipv4Range(c)) throw new RollboxError('invalid_request', `invalid blocked CIDR ${c}`);
+    this.leaseDir = deps.leaseDir ?? '/run/rollbox/net';
+    this.table = `rollbox-${deps.nodeId}`;
+    this.log = deps.logger;
+  }
+
+  /** The host address a sandbox's DNS queries go to (its resolv.conf), when it has a network. */
+  resolverOf(sandboxId: string): string | undefined {
+    return this.attached.get(sandboxId)?.slot.hostAddress;
+  }
+
+  /**
+   * Make the sandbox's network match `policy` (create, stage change, adoption, wake).
+   * `pid` is the container's init (its network namespace). Idempotent.
+   */
+  async apply(sandboxId: string, pid: number, policy: NetworkPolicy): Promise<void> {
+    if (policy.mode === 'none') {
+      if (this.attached.has(sandboxId)) await this.detach(sandboxId, pid);
+      return;
+    }
+    const { rules, names } = await this.resolve(policy);
+    const blocked = await this.blockedRanges();
+    const net = this.attached.get(sandboxId);
+    if (!net) {
+      (await this.attach(sandboxId, pid, rules, blocked)).dns.setNames(names);
+      return;
+    }
+    await this.nft(renderHostSandboxChain(this.table, net.veth, net.slot.sandboxAddress, rules));
+    // The new ruleset, then (same process) the connections open now, to reset the forbidden ones.
+    const open = await must('nsenter', [`--net=/proc/${pid}/ns/net`, '--', 'sh', '-c', 'nft -f - && ss -tnH state established'], renderSandboxRuleset({ rules, blocked, hostAddress: net.slot.hostAddress }));
+    net.dns.setNames(names);
+    await this.cutDisallowedFlows(pid, open, (ip, port) => allows(rules, blocked, ip, port, 'tcp'));
+  }
+
+  private async attach(sandboxId: string, pid: number, rules: ResolvedRule[], blocked: [number, number][]): Promise<Attached> {
+    await this.ensureBase();
+    const slot = await this.claimSlot(sandboxId);
+    const veth = vethOf(sandboxId);
+    try {
+      // Host chain first, then the sandbox's own rules, then the veth: no packet can pass
+      // before both rulesets are in place.
+      await this.nft(renderHostSandboxChain(this.table, veth, slot.sandboxAddress, rules));
+      const ruleset = renderSandboxRuleset({ rules, blocked, hostAddress: slot.hostAddress });
+      // One shell in the sandbox's network namespace (host binaries: only the network
+      // namespace is entered); the ruleset comes on stdin, the link setup as one ip batch.
+      const script = [
+        'set -e',
+        // No IPv6 on interfaces created from here on (eth0); loopback keeps ::1.
+        'echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6',
+        'nft -f -',
+        `ip -batch - <<'EOF'`,
+        // The peer is created in the worker's own network namespace (the host's).
+        `link add eth0 type veth peer name ${veth} netns ${process.pid}`,
+        `addr add ${slot.sandboxAddress}/30 dev eth0`,
+        'link set eth0 up',
+        `route add default via ${slot.hostAddress} dev eth0 onlink`,
+        'EOF',
+      ].join('\n');
+      await must('nsenter', [`--net=/proc/${pid}/ns/net`, '--', 'sh', '-c', script], ruleset);
+      await writeFile(`/proc/sys/net/ipv6/conf/${veth}/disable_ipv6`, '1').catch(() => undefined);
+      await must('ip', ['-batch', '-'], `addr add ${slot.hostAddress}/30 dev ${veth}\nlink set ${veth} up\n`);
+      const dns = await DnsResponder.start(slot.hostAddress, slot.sandboxAddress, (err) => this.log?.warn({ sandboxId, err: String(err) }, 'dns responder error'));
+      const net = { slot, veth, pid, dns };
+      this.attached.set(sandboxId, net);
+      return net;
+    } catch (err) {
+      await this.removeHostSide(sandboxId, veth, slot.index);
+      throw err;
+    }
+  }
+
+  /** allowlist -> none while the sandbox runs: its veth, rules and open connections go. */
+  private async detach(sandboxId: string, pid: number): Promise<void> {
+    await this.release(sandboxId);
+    const open = await run('nsenter', [`--net=/proc/${pid}/ns/net`, '--', 'sh', '-c', 'nft delete table inet rollbox; ss -tnH state established']);
+    await this.cutDisallowedFlows(pid, open.stdout, () => false);
+  }
+
+  /** Everything of the sandbox on the host side (its namespace dies with the container). Idempotent. */
+  async release(sandboxId: string): Promise<void> {
+    const net = this.attached.get(sandboxId);
+    this.attached.delete(sandboxId);
+    net?.dns.close();
+    const leases = await this.leases();
+    const index = leases.get(sandboxId);
+    // No lease: the sandbox never had a network here (mode none), nothing to remove.
+    if (index === undefined) return;
+    await this.removeHostSide(sandboxId, vethOf(sandboxId), index);
+  }
+
+  private async removeHostSide(sandboxId: string, veth: string, leaseIndex: number | undefined): Promise<void> {
+    // The veth first (its peer in the sandbox goes with it), then the chain that guarded it.
+    const del = await run('ip', ['link', 'del', veth]);
+    if (del.code !== 0 && !/Cannot find device|does not exist/.test(del.stderr)) this.log?.warn({ sandboxId, stderr: del.stderr.trim() }, 'veth removal failed');
+    if (this.baseReady || (await this.tableExists())) {
+      const r = await run('nft', ['-f', '-'], renderHostSandboxRemoval(this.table, veth));
+      if (r.code !== 0 && !/No such file|does not exist/.test(r.stderr)) {
+        // Part of it may be gone already: remove what is left piece by piece.
+        for (const line of renderHostSandboxRemoval(this.table, veth).split('\n').filter(Boolean)) await run('nft', line.split(' '));
+      }
+    }
+    if (leaseIndex !== undefined) {
+      await unlink(path.join(this.leaseDir, String(leaseIndex))).catch(() => undefined);
+      (await this.leases()).delete(sandboxId);
+    }
+  }
+
+  /**
+   * Worker start or stop: `live` maps the sandboxes still running here to their init pid
+   * and stored policy; they are adopted (rules re-applied, DNS responder back). Leases and
+   * host chains of this worker that belong to no live sandbox are removed; with none left,
+   * the worker's host table goes too.
+   */
+  async reconcile(live: ReadonlyMap<string, { pid: number; policy: NetworkPolicy }>): Promise<{ removed: string[] }> {
+    const removed: string[] = [];
+    const leases = await this.leases();
+    for (const sandboxId of [...leases.keys()]) {
+      if (live.get(sandboxId)?.policy.mode === 'allowlist') continue;
+      await this.release(sandboxId);
+      removed.push(sandboxId);
+    }
+    for (const [id, { pid, policy }] of live) {
+      const index = leases.get(id);
+      if (policy.mode !== 'allowlist' || this.attached.has(id) || index === undefined) continue;
+      await this.ensureBase();
+      const slot = slotOf(this.poolCidr, index);
+      const dns = await DnsResponder.start(slot.hostAddress, slot.sandboxAddress, (err) => this.log?.warn({ sandboxId: id, err: String(err) }, 'dns responder error'));
+      this.attached.set(id, { slot, veth: vethOf(id), pid, dns });
+      await this.apply(id, pid, policy);
+    }
+    // Host chains whose lease is gone (a crash between the two).
+    const keepVeths = new Set([...this.attached.keys()].map(vethOf));
+    if (await this.tableExists()) {
+      const listed = await run('nft', ['-j', 'list', 'map', 'inet', this.table, 'egress']);
+      const elems = listed.stdout.match(/"rb[0-9a-f]{13}"/g) ?? [];
+      for (const quoted of elems) {
+        const veth = quoted.slice(1, -1);
+        if (!keepVeths.has(veth)) await this.removeHostSide(veth, veth, undefined);
+      }
+      if (this.attached.size === 0) {
+        await run('nft', ['delete', 'table', 'inet', this.table]);
+        this.baseReady = undefined;
+      }
+    }
+    return { removed };
+  }
+
+  private async tableExists(): Promise<boolean> {
+    return (await run('nft', ['list', 'table', 'inet', this.table])).code === 0;
+  }
+
+  private async nft(script: string): Promise<void> {
+    await must('nft', ['-f', '-'], script);
+  }
+
+  private ensureBase(): Promise<void> {
+    this.baseReady ??= (async () => {
+      // Forwarding is needed for any sandbox traffic to leave the host; what may be
+      // forwarded from a sandbox is decided by the chains below.
+      const forward = await readFile('/proc/sys/net/ipv4/ip_forward', 'utf8');
+      if (forward.trim() !== '1') {
+        await writeFile('/proc/sys/net/ipv4/ip_forward', '1');
+        this.log?.info({}, 'enabled net.ipv4.ip_forward for sandbox networking');
+      }
+      await this.nft(renderHostBase({ table: this.table, poolCidr: this.poolCidr, blocked: await this.blockedRanges() }));
+    })().catch((err: unknown) => {
+      this.baseReady = undefined;
+      throw err;
+    });
+    return this.baseReady;
+  }
+
+  /** Always blocked: the fixed list, configured extras, the pool (other sandboxes), every address of this host. */
+  private async blockedRanges(): Promise<[number, number][]> {
+    // The host's addresses, read now without spawning anything: those the kernel delivers
+    // locally (the LOCAL /32s of the routing trie, down links included) and getifaddrs.
+    const hostAddrs = Object.values(os.networkInterfaces()).flatMap((addrs) => (addrs ?? []).filter((a) => a.family === 'IPv4').map((a) => a.address));
+    let last = '';
+    for (const line of (await readFile('/proc/net/fib_trie', 'utf8').catch(() => '')).split('\n')) {
+      const leaf = /\|-- (\d+\.\d+\.\d+\.\d+)$/.exec(line);
+      if (leaf) last = leaf[1]!;
+      else if (/\/32 host LOCAL/.test(line) && last) hostAddrs.push(last);
+    }
+    const cidrs = [...ALWAYS_BLOCKED_V4, ...(this.deps.blockedCidrs ?? []), this.poolCidr, ...hostAddrs];
+    return mergeRanges(cidrs.map((c) => ipv4Range(c)).filter((r): r is [number, number] => !!r));
+  }
+
+  private async resolve(policy: NetworkPolicy): Promise<{ rules: ResolvedRule[]; names: Map<string, string[]> }> {
+    const rules: ResolvedRule[] = [];
+    const names = new Map<string, string[]>();
+    for (const entry of policy.allow) {
+      const ports = entry.ports?.map((p) => parsePortSpec(p)).filter((p): p is [number, number] => !!p);
+      const add = (cidr: string) => rules.push({ cidr, ports, protocol: entry.protocol });
+      if (entry.cidr !== undefined) {
+        // IPv6 entries have no effect: sandboxes have no IPv6.
+        const cidr = normalizeCidr(entry.cidr);
+        if (cidr) add(cidr);
+        continue;
+      }
+      const host = entry.host!.toLowerCase();
+      const ips = (await this.deps.resolveHost(host).catch(() => [] as string[])).filter((ip) => parseIpv4(ip) !== undefined);
+      names.set(host, [...new Set([...(names.get(host) ?? []), ...ips])]);
+      for (const ip of ips) add(`${ip}/32`);
+    }
+    return { rules, names };
+  }
+
+  /** Reset the sandbox's open TCP connections (`ss -tnH state established` output) whose peer the policy no longer allows. */
+  private async cutDisallowedFlows(pid: number, established: string, allowed: (ip: string, port: number) => boolean): Promise<void> {
+    const netns = `--net=/proc/${pid}/ns/net`;
+    const filters: string[][] = [];
+    for (const line of established.split('\n')) {
+      const peer = line.trim().split(/\s+/)[3];
+      const m = peer && /^(?:\[::ffff:)?(\d+\.\d+\.\d+\.\d+)\]?:(\d+)$/.exec(peer);
+      if (!m || m[1]!.startsWith('127.') || allowed(m[1]!, Number(m[2]))) continue;
+      filters.push(['dst', m[1]!, 'and', 'dport', '=', `:${m[2]}`]);
+    }
+    if (filters.length === 0) return;
+    const expr = filters.flatMap((f, i) => [...(i ? ['or'] : []), '(', ...f, ')']);
+    const killed = await run('nsenter', [netns, '--', 'ss', '-K', '-tnH', 'state', 'established', ...expr]);
+    if (killed.code !== 0) this.log?.warn({ pid, stderr: killed.stderr.trim() }, 'could not reset connections the new policy forbids');
+  }
+
+  private leases(): Promise<Map<string, number>> {
+    this.leaseIndex ??= (async () => {
+      const out = new Map<string, number>();
+      for (const name of await readdir(this.leaseDir).catch(() => [] as string[])) {
+        if (!/^\d+$/.test(name)) continue;
+        const text = await readFile(path.join(this.leaseDir, name), 'utf8').catch(() => '');
+        const [nodeId, sandboxId] = text.trim().split(' ');
+        if (nodeId === this.deps.nodeId && sandboxId) out.set(sandboxId, Number(name));
+      }
+      return out;
+    })();
+    return this.leaseIndex;
+  }
+
+  /** A free /30 of the pool, claimed with an exclusive create (several workers may share the host). */
+  private async claimSlot(sandboxId: string): Promise<Slot> {
+    mkdirSync(this.leaseDir, { recursive: true, mode: 0o700 });
+    const leases = await this.leases();
+    const existing = leases.get(sandboxId);
+    if (existing !== undefined) return slotOf(this.poolCidr, existing);
+    const slots = poolSlots(this.poolCidr);
+    const start = Math.floor(Math.random() * slots);
+    for (let i = 0; i < slots; i++) {
+      const index = (start + i) % slots;
+      try {
+        await writeFile(path.join(this.leaseDir, String(index)), `${this.deps.nodeId} ${sandboxId}\n`, { flag: 'wx' });
+        leases.set(sandboxId, index);
+        return slotOf(this.poolCidr, index);
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+      }
+    }
+    throw new RollboxError('no_capacity', `no free address in the veth pool ${this.poolCidr}`);
+  }
+}
