@@ -68,7 +68,8 @@ afterAll(async () => {
 
 describe('resource walls', () => {
   it('stops a fork bomb at the pids limit; the bombed sandbox recovers', async () => {
-    const bomb = await createSandbox({ resources: { pids: 64, memoryMiB: 128 } });
+    // A CPU quota keeps the bomb from starving the other test files running beside this one.
+    const bomb = await createSandbox({ resources: { pids: 64, memoryMiB: 128, cpuMillis: 250 } });
     const running = run(bomb, 'bomb() { bomb | bomb & }; bomb', { timeoutMs: 3000 });
     await new Promise((r) => setTimeout(r, 500));
     await expectNeighbourUnaffected(); // while the bomb is going off
