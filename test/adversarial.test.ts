@@ -26,7 +26,11 @@ const NEIGHBOUR_MARKER = `neighbour-${randomBytes(6).toString('hex')}`;
 
 const run = async (id: string, cmd: string, extra: object = {}): Promise<ExecResult> => {
   const r = await api<ExecResult>(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, { cmd, ...extra });
-  expect(r.status, JSON.stringify(r.body)).toBe(200);
+  if (r.status !== 200) {
+    // Say what became of the sandbox and the worker, not only that the exec was refused.
+    const sandbox = await api(cluster, token, 'GET', `/v1/sandboxes/${id}`);
+    expect.fail(`exec ${r.status} ${JSON.stringify(r.body)}; sandbox ${JSON.stringify(sandbox.body)}; worker exit ${worker.exitCode ?? worker.signalCode}`);
+  }
   return r.body;
 };
 
@@ -156,7 +160,7 @@ describe('output flood', () => {
       body: JSON.stringify({ cmd: `head -c ${floodBytes} /dev/zero`, timeoutMs: 120_000 }),
     });
     const events = await streamed.text();
-    expect(streamed.status).toBe(200);
+    expect(streamed.status, events.slice(0, 500)).toBe(200);
     expect(events).toContain('"truncated":true');
     expect(events.length).toBeLessThan(4 * cluster.config.node.execOutputCapBytes);
 
