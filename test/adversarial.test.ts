@@ -127,7 +127,9 @@ describe('resource walls', () => {
     const files = Number(fill.stdout.trim());
     expect(files).toBeGreaterThan(1000);
     expect(files).toBeLessThanOrEqual(4096); // inodesForDisk(16)
-    expect(hostInodesBefore - fs.statfsSync(cluster.rootDir).ffree).toBeLessThan(100);
+    // The sandbox's thousands of files are not host inodes (other test files on the host
+    // create some meanwhile, hence a margin).
+    expect(hostInodesBefore - fs.statfsSync(cluster.rootDir).ffree).toBeLessThan(files / 2);
     await release(filler);
     await expectNeighbourUnaffected();
   });
