@@ -304,8 +304,12 @@ export class ScratchDisks {
    */
   space(): { sizeMiB: number; freeMiB: number } {
     if (this.isMounted()) {
-      const fs = statfsSync(this.mountPoint);
-      return { sizeMiB: Math.floor((fs.blocks * fs.bsize) / MIB), freeMiB: Math.floor((fs.bavail * fs.bsize) / MIB) };
+      try {
+        const fs = statfsSync(this.mountPoint);
+        return { sizeMiB: Math.floor((fs.blocks * fs.bsize) / MIB), freeMiB: Math.floor((fs.bavail * fs.bsize) / MIB) };
+      } catch {
+        // unmounted meanwhile (its last disk just went): as if never mounted
+      }
     }
     const sizeMiB = Math.floor(this.scratchSizeBytes() / MIB);
     return { sizeMiB, freeMiB: sizeMiB };
