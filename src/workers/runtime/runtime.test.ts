@@ -75,6 +75,15 @@ const loopsUnderTop = (): string[] =>
     .split('\n')
     .filter((l) => l.includes(`${top}/`));
 
+/**
+ * The kernel detaches an autoclear loop device only once the last opener is gone, which
+ * after an unmount happens asynchronously: wait (up to 5 s) for the list to empty.
+ */
+async function loopsAfterRelease<T extends string | string[]>(read: () => T): Promise<T> {
+  for (let i = 0; i < 50 && read().length > 0; i++) await new Promise((r) => setTimeout(r, 100));
+  return read();
+}
+
 const cgroupDirsOf = (sandboxId: string): string[] => cgroupRoots.map((r) => path.join(r, 'rollbox', nodeId, `rb-${sandboxId}`)).filter((d) => existsSync(d));
 const runcList = (rt: RuncRuntime): string[] => readdirSync(rt.runcRoot).filter((n) => n.startsWith('rb-'));
 
@@ -167,7 +176,7 @@ describe('runc runtime', () => {
     expect(rt.mountedLayers()).toEqual([]);
     // The last disk took the scratch filesystem with it; its image stays for the next sandbox.
     expect(mountsUnderTop()).toEqual([]);
-    expect(loopsUnderTop()).toEqual([]);
+    expect(await loopsAfterRelease(loopsUnderTop)).toEqual([]);
     const scratchImage = path.join(dataDir, 'scratch.img');
     expect(existsSync(scratchImage)).toBe(true);
     // The next sandbox mounts that same image again rather than formatting a new one.
@@ -177,7 +186,7 @@ describe('runc runtime', () => {
     expect(mountsUnderTop()).toContain(rt.scratchDir);
     await rt.destroy('life2');
     expect(mountsUnderTop()).toEqual([]);
-    expect(loopsOf(base.imagePath)).toBe('');
+    expect(await loopsAfterRelease(() => loopsOf(base.imagePath))).toBe('');
     await expect(rt.exec('life', cmd('true'))).rejects.toMatchObject({ code: 'not_found' });
     await expect(rt.create(spec('../evil'))).rejects.toBeInstanceOf(RollboxError);
   });
@@ -202,8 +211,8 @@ describe('runc runtime', () => {
     expect((await rt.exec('share-b', cmd('cat /opt/tool/VERSION'))).stdout).toBe('1.2.3\n');
     await rt.destroy('share-b');
     expect(rt.mountedLayers()).toEqual([]);
-    expect(loopsOf(base.imagePath)).toBe('');
-    expect(loopsOf(extra.imagePath)).toBe('');
+    expect(await loopsAfterRelease(() => loopsOf(base.imagePath))).toBe('');
+    expect(await loopsAfterRelease(() => loopsOf(extra.imagePath))).toBe('');
   });
 
   it('runs besteffort sandboxes under SCHED_IDLE with minimal CPU weight', async () => {
@@ -342,10 +351,10 @@ describe('runc runtime', () => {
     await rt.destroy('full');
     expect(scratchFree()).toBeGreaterThanOrEqual(freeAfterDestroy - 8);
     // Loop devices of sandbox disks detach themselves once their overlay is gone.
-    expect(loopsUnderTop().filter((l) => l.includes('/scratch/disks/full.img'))).toEqual([]);
+    expect(await loopsAfterRelease(() => loopsUnderTop().filter((l) => l.includes('/scratch/disks/full.img')))).toEqual([]);
     await rt.destroy('roomy');
     expectGone(rt, 'roomy');
-    expect(loopsUnderTop().filter((l) => l.includes('/scratch/disks/'))).toEqual([]);
+    expect(await loopsAfterRelease(() => loopsUnderTop().filter((l) => l.includes('/scratch/disks/')))).toEqual([]);
   });
 
   it('refuses a disk that does not fit in the scratch filesystem and leaves nothing behind', async () => {
@@ -388,7 +397,7 @@ describe('runc runtime', () => {
     // Its disk cap survived the restart.
     expect((await rt.exec('keep', cmd('dd if=/dev/zero of=/root/big bs=1M count=16'))).stderr).toMatch(/No space left on device/);
     expect(rt.mountedLayers()).toEqual([base.digest]);
-    expect(loopsOf(extra.imagePath)).toBe('');
+    expect(await loopsAfterRelease(() => loopsOf(extra.imagePath))).toBe('');
     for (const id of ['drop', 'ghost', 'ghost2']) expectGone(rt, id);
     // The scratch filesystem was reused, with the kept sandbox's disk still in it.
     expect(mountsUnderTop().sort()).toEqual([baseDir, rt.scratchDir, path.join(rt.sandboxesDir, 'keep', 'disk')].sort());
@@ -397,12 +406,12 @@ describe('runc runtime', () => {
     await rt.destroy('keep');
     expectGone(rt, 'keep');
     expect(mountsUnderTop()).toEqual([]);
-    expect(loopsOf(base.imagePath)).toBe('');
+    expect(await loopsAfterRelease(() => loopsOf(base.imagePath))).toBe('');
     const final = await rt.reconcile(new Set());
     expect(final.adopted).toEqual([]);
     // Nothing is left: no mount, no loop device, no scratch image.
     expect(mountsUnderTop()).toEqual([]);
-    expect(loopsUnderTop()).toEqual([]);
+    expect(await loopsAfterRelease(loopsUnderTop)).toEqual([]);
     expect(existsSync(path.join(dataDir, 'scratch.img'))).toBe(false);
     expect(cgroupRoots.filter((r) => existsSync(path.join(r, 'rollbox', nodeId)))).toEqual([]);
   });
