@@ -106,7 +106,10 @@ export async function startTargetNetns(options: { subnet: number; holdPort: numb
       inNs('ip', 'addr', 'add', '169.254.169.254/32', 'dev', nsVeth);
       sh('ip', ['route', 'add', '169.254.169.254/32', 'dev', hostVeth]);
     }
-    child = spawn('ip', ['netns', 'exec', name, process.execPath, '-e', LISTENER, String(options.holdPort), ...options.ports.map(String)], { stdio: ['ignore', 'pipe', 'inherit'] });
+    // nsenter --net, not `ip netns exec`: the latter also makes a new mount namespace, a
+    // copy of every host mount of the moment (other tests' layer loops, sandbox disks),
+    // and this long-lived listener would keep those filesystems and loop devices busy.
+    child = spawn('nsenter', [`--net=/run/netns/${name}`, '--', process.execPath, '-e', LISTENER, String(options.holdPort), ...options.ports.map(String)], { stdio: ['ignore', 'pipe', 'inherit'] });
     const ready = new Promise<void>((resolve, reject) => {
       child!.once('close', (code) => reject(new Error(`target listener exited ${code}`)));
       createInterface({ input: child!.stdout! }).on('line', (line) => {
