@@ -79,8 +79,9 @@ describe('resource walls', () => {
     await expectNeighbourUnaffected(); // while the bomb is going off
     const bombed = await running;
     expect(bombed.stderr).toMatch(/can't fork|Resource temporarily unavailable/);
-    expect(bombed.timedOut).toBe(true);
-    // Once the bomb's command is killed at its timeout, the sandbox answers again.
+    // EAGAIN on fork is the pids limit (memory would say ENOMEM). The bomb may burn out
+    // before its timeout (shells that cannot fork exit), so timedOut is not asserted.
+    // Once the bomb's command has ended (burnt out or killed at its timeout), the sandbox answers again.
     expect((await run(bomb, 'echo recovered')).stdout).toBe('recovered\n');
     await release(bomb);
     await expectNeighbourUnaffected();
