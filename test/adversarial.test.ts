@@ -11,7 +11,7 @@ import path from 'node:path';
 import { pack } from 'tar-stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ExecResult } from '../src/api/index.ts';
-import { DEFAULT_CAPABILITIES } from '../src/workers/runtime/spec.ts';
+import { BESTEFFORT_ROOT, DEFAULT_CAPABILITIES } from '../src/workers/runtime/index.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { hostTraces } from './support/host.ts';
 import { SYSCALLS, syscallProbe } from './support/syscall-probe.ts';
@@ -183,7 +183,8 @@ describe('cpu classes', () => {
     const policyOf = async (id: string) => (await run(id, policies)).stdout.split('\n').filter(Boolean).map((line) => Number(line.split(':')[1]));
     expect(await policyOf(besteffort)).toEqual([5, 5, 5]);
     expect(await policyOf(latency)).toEqual([0, 0, 0]);
-    const cpu = (id: string, file: string) => Number(fs.readFileSync(`/sys/fs/cgroup/cpu/rollbox/${NODE}/rb-${id}/${file}`, 'utf8'));
+    const cpu = (id: string, file: string) => Number(fs.readFileSync(`/sys/fs/cgroup/cpu/${id === besteffort ? BESTEFFORT_ROOT : 'rollbox'}/${NODE}/rb-${id}/${file}`, 'utf8'));
+    expect(fs.readFileSync(`/sys/fs/cgroup/cpu/${BESTEFFORT_ROOT}/cpu.idle`, 'utf8').trim()).toBe('1');
     expect(cpu(besteffort, 'cpu.shares')).toBeLessThanOrEqual(3); // 2 as set; an idle group reads the idle weight, 3
     expect(cpu(latency, 'cpu.shares')).toBe(1024); // cpuMillis 1000
     expect([cpu(besteffort, 'cpu.idle'), cpu(latency, 'cpu.idle')]).toEqual([1, 0]);

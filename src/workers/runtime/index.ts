@@ -1,4 +1,4 @@
-export { createRuncRuntime } from './runtime.ts';
+export { BESTEFFORT_ROOT, createRuncRuntime } from './runtime.ts';
 export type { RuncRuntime, RuncRuntimeDeps, RuntimeLogger } from './runtime.ts';
 export { containerConfig, seccompProfile, DEFAULT_CAPABILITIES, MASKED_PATHS, READONLY_PATHS, INIT_ARGS, INIT_BUSYBOX } from './spec.ts';
 export type { ContainerConfigInput } from './spec.ts';

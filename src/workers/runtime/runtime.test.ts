@@ -9,7 +9,7 @@ import tar from 'tar-stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { RollboxError } from '../../api/index.ts';
 import { LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar, readMountInfo, type StoredLayer } from '../../layers/index.ts';
-import { createRuncRuntime, type RuncRuntime } from './index.ts';
+import { BESTEFFORT_ROOT, createRuncRuntime, type RuncRuntime } from './index.ts';
 import type { RuntimeExecSpec, SandboxRuntimeSpec } from './types.ts';
 
 let top: string;
@@ -84,7 +84,8 @@ async function loopsAfterRelease<T extends string | string[]>(read: () => T): Pr
   return read();
 }
 
-const cgroupDirsOf = (sandboxId: string): string[] => cgroupRoots.map((r) => path.join(r, 'rollbox', nodeId, `rb-${sandboxId}`)).filter((d) => existsSync(d));
+const cgroupDirsOf = (sandboxId: string): string[] =>
+  cgroupRoots.flatMap((r) => ['rollbox', BESTEFFORT_ROOT].map((top) => path.join(r, top, nodeId, `rb-${sandboxId}`))).filter((d) => existsSync(d));
 const runcList = (rt: RuncRuntime): string[] => readdirSync(rt.runcRoot).filter((n) => n.startsWith('rb-'));
 
 /** Everything a removed sandbox must not leave behind. */
@@ -222,10 +223,13 @@ describe('runc runtime', () => {
     const r = await rt.exec('idle', cmd('cut -d" " -f41 /proc/self/stat; cat /proc/self/oom_score_adj /proc/1/oom_score_adj'));
     expect(r.stdout).toBe('5\n500\n0\n');
     const cpu = cgroupRoots.find((c) => c.endsWith('/cpu'))!;
+    // Its own idle tree next to the host's tasks, not under rollbox/ (see besteffortParent).
+    expect(readFileSync(path.join(cpu, BESTEFFORT_ROOT, 'cpu.idle'), 'utf8').trim()).toBe('1');
+    expect(existsSync(path.join(cpu, 'rollbox', nodeId, 'rb-idle'))).toBe(false);
     // shares 2 as configured; with cpu.idle set the group reads the idle weight, 3.
-    expect(readFileSync(path.join(cpu, 'rollbox', nodeId, 'rb-idle', 'cpu.shares'), 'utf8').trim()).toBe('3');
-    expect(readFileSync(path.join(cpu, 'rollbox', nodeId, 'rb-idle', 'cpu.idle'), 'utf8').trim()).toBe('1');
-    expect(readFileSync(path.join(cpu, 'rollbox', nodeId, 'rb-idle', 'cpu.cfs_quota_us'), 'utf8').trim()).toBe('25000');
+    expect(readFileSync(path.join(cpu, BESTEFFORT_ROOT, nodeId, 'rb-idle', 'cpu.shares'), 'utf8').trim()).toBe('3');
+    expect(readFileSync(path.join(cpu, BESTEFFORT_ROOT, nodeId, 'rb-idle', 'cpu.idle'), 'utf8').trim()).toBe('1');
+    expect(readFileSync(path.join(cpu, BESTEFFORT_ROOT, nodeId, 'rb-idle', 'cpu.cfs_quota_us'), 'utf8').trim()).toBe('25000');
     await rt.destroy('idle');
     expectGone(rt, 'idle');
   });

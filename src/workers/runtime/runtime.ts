@@ -99,6 +99,8 @@ const WORKDIR_ANNOTATION = 'io.rollbox.workdir';
 const CLASS_ANNOTATION = 'io.rollbox.class';
 /** The sandbox's current stage policy (network, hidden paths), kept in its bundle for adoption. */
 const POLICY_FILE = 'policy.json';
+/** Top-level cgroup of every besteffort sandbox on the host (see besteffortParent). */
+export const BESTEFFORT_ROOT = 'rollbox-besteffort';
 const NO_NETWORK: NetworkPolicy = { mode: 'none', allow: [] };
 
 function checkSandboxId(id: string): void {
@@ -202,6 +204,15 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
   const runcRoot = path.join(dataDir, 'runc');
   const sandboxesDir = path.join(dataDir, 'sandboxes');
   const cgroupParent = `rollbox/${deps.nodeId}`;
+  /**
+   * Besteffort sandboxes live in their own top-level tree whose cpu cgroup has cpu.idle
+   * set: next to the host's own tasks (this worker, the `runc exec` of a latency command)
+   * the whole tree is SCHED_IDLE. Under `rollbox/` it would compete at full weight as part
+   * of that parent (cgroup v1 does not pass a child's small weight up), and a latency
+   * exec lost ~35% to busy besteffort neighbours (bench:interference).
+   */
+  const besteffortParent = `${BESTEFFORT_ROOT}/${deps.nodeId}`;
+  const cgroupParents = [cgroupParent, besteffortParent];
   const log = deps.logger;
   const layerMounts = deps.layerMounts;
   const diskHelper = new DiskHelper({ perlBinary: deps.perlBinary });
@@ -229,9 +240,20 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
   const bundleOf = (id: string): string => path.join(sandboxesDir, id);
   /** The sandbox's own filesystem (capped at diskMiB); the overlay's upper/ and work/ are in it. */
   const diskOf = (id: string): string => path.join(bundleOf(id), 'disk');
-  const cgroupRel = (id: string): string => `${cgroupParent}/${containerIdOf(id)}`;
+  const cgroupRelOf = (id: string, besteffort: boolean): string => `${besteffort ? besteffortParent : cgroupParent}/${containerIdOf(id)}`;
+  /** The cgroup (same relative path in every v1 hierarchy) of a sandbox this runtime holds. */
+  const cgroupRel = (id: string): string => cgroupRelOf(id, sandboxes.get(id)?.besteffort ?? false);
   const runcArgs = (...args: string[]): string[] => ['--root', runcRoot, ...args];
   const withClass = (besteffort: boolean, args: string[]): [string, string[]] => (besteffort ? [chrtBin, ['--idle', '0', runcBin, ...args]] : [runcBin, args]);
+
+  /** The besteffort tree's top: idle in the cpu hierarchy before any sandbox runs in it. */
+  async function ensureBesteffortRoot(): Promise<void> {
+    const cpu = (await cgroups()).cpu;
+    if (!cpu) return;
+    const root = path.join(cpu, BESTEFFORT_ROOT);
+    mkdirSync(root, { recursive: true });
+    if (existsSync(path.join(root, 'cpu.idle'))) writeFileSync(path.join(root, 'cpu.idle'), '1');
+  }
 
   /** Serialize create/destroy/adopt per sandbox id; exec does not take the lock. */
   async function locked<T>(id: string, fn: () => Promise<T>): Promise<T> {
@@ -272,6 +294,9 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
   async function killContainer(id: string): Promise<boolean> {
     const cg = await cgroups();
     const rel = cgroupRel(id);
+    const other = cgroupRelOf(id, !(sandboxes.get(id)?.besteffort ?? false));
+    // A leftover's class may be unknown: its cgroups may be in either tree.
+    if (cg.all.some((h) => existsSync(path.join(h, other)))) await destroyCgroupTrees(cg.all.map((h) => path.join(h, other)), path.join(cg.freezer, other));
     return destroyCgroupTrees(
       cg.all.map((h) => path.join(h, rel)),
       path.join(cg.freezer, rel),
@@ -385,6 +410,7 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
         const settled = await Promise.allSettled([acquireLayers(layers, rec), scratch.attach(id, spec.resources.diskMiB, disk)]);
         for (const r of settled) if (r.status === 'rejected') throw r.reason;
         if (spec.restoreUpper) await restoreUpper(spec.restoreUpper, path.join(disk, 'upper'));
+        if (besteffort) await ensureBesteffortRoot();
         const lowerdirs = lowerDirs(bundle, layers);
         const config = containerConfig({
           hostname: cid.slice(0, 63),
@@ -393,7 +419,7 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
           resources: spec.resources,
           class: spec.class,
           hiddenPaths: spec.hiddenPaths,
-          cgroupsPath: `/${cgroupRel(id)}`,
+          cgroupsPath: `/${cgroupRelOf(id, besteffort)}`,
           busyboxPath,
           rootfs: { lowerdirs, upperdir: path.join(disk, 'upper'), workdir: path.join(disk, 'work') },
           oomScoreAdj: sandboxOomScoreAdj,
@@ -424,11 +450,11 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
         } catch {
           // not permitted below the worker's own floor: the init keeps the sandbox value
         }
-        // cpu.idle (kernel >= 5.15, v1 too): the besteffort group as a whole is SCHED_IDLE
-        // next to its latency siblings, so their wakeups preempt it at once; its tasks' own
-        // SCHED_IDLE only orders them against tasks of the same group. Best effort.
+        // cpu.idle (kernel >= 5.15, v1 too) on the sandbox's group as well: SCHED_IDLE
+        // next to its besteffort siblings; its tasks' own SCHED_IDLE only orders them
+        // against tasks of the same group. Best effort.
         const cpuHierarchy = (await cgroups()).cpu;
-        const cpuIdleFile = cpuHierarchy && path.join(cpuHierarchy, cgroupRel(id), 'cpu.idle');
+        const cpuIdleFile = cpuHierarchy && path.join(cpuHierarchy, cgroupRelOf(id, besteffort), 'cpu.idle');
         if (besteffort && cpuIdleFile && existsSync(cpuIdleFile)) writeFileSync(cpuIdleFile, '1');
         // Before the sandbox is reported running (no command has run in it yet).
         const policy: SandboxPolicy = { network: spec.network ?? NO_NETWORK, hiddenPaths: spec.hiddenPaths };
@@ -652,7 +678,7 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     // Exec cgroups of commands whose worker died: nobody will collect their results.
     const cg = await cgroups();
     for (const h of cg.all) {
-      const dir = path.join(h, cgroupRel(id));
+      const dir = path.join(h, cgroupRelOf(id, rec.besteffort));
       const subs = await readdir(dir, { withFileTypes: true }).catch(() => []);
       for (const s of subs) {
         if (!s.isDirectory()) continue;
@@ -712,13 +738,14 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     }
     // 4. Cgroups under our parent that belong to no adopted sandbox.
     for (const h of cg.all) {
-      const parent = path.join(h, cgroupParent);
-      for (const e of await readdir(parent, { withFileTypes: true }).catch(() => [])) {
-        if (!e.isDirectory()) continue;
-        const id = idOfContainer(e.name);
-        if (id && adopted.has(id)) continue;
-        await destroyCgroupTrees([path.join(parent, e.name)], h === cg.freezer ? path.join(parent, e.name) : undefined);
-        if (id) removed.add(id);
+      for (const parent of cgroupParents.map((p) => path.join(h, p))) {
+        for (const e of await readdir(parent, { withFileTypes: true }).catch(() => [])) {
+          if (!e.isDirectory()) continue;
+          const id = idOfContainer(e.name);
+          if (id && adopted.has(id)) continue;
+          await destroyCgroupTrees([path.join(parent, e.name)], h === cg.freezer ? path.join(parent, e.name) : undefined);
+          if (id) removed.add(id);
+        }
       }
     }
     // 5. Layer mounts no adopted sandbox uses (and their loop devices).
@@ -732,9 +759,9 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
       diskHelper.close();
       for (const h of cg.all) {
         // A just-emptied child cgroup can keep its parent busy for a moment (memcg offlining).
-        for (let tries = 0; !removeCgroupTree(path.join(h, cgroupParent)) && tries < 40; tries++) await sleep(25);
-        // Shared by every node id on the host: only goes when empty.
-        await rmdir(path.join(h, 'rollbox')).catch(() => undefined);
+        for (const parent of cgroupParents) for (let tries = 0; !removeCgroupTree(path.join(h, parent)) && tries < 40; tries++) await sleep(25);
+        // Shared by every node id on the host: only go when empty.
+        for (const root of ['rollbox', BESTEFFORT_ROOT]) await rmdir(path.join(h, root)).catch(() => undefined);
       }
     }
     return { adopted: [...adopted], removed: [...removed], missing: [...keep].filter((id) => !adopted.has(id)) };
