@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { RollboxApiError, RollboxClient } from '../src/client/index.ts';
+import { RollboxApiError, RollboxClient, type ExecStreamEvent } from '../src/client/index.ts';
 import { startTestCluster, type TestCluster } from './support/cluster.ts';
 
 let cluster: TestCluster;
@@ -41,6 +41,29 @@ describe('TypeScript client', () => {
     expect((await pending).stdout).toBe('once\n');
     expect(await client.exec(sandbox.id, { cmd: 'echo once >> /root/o; cat /root/o', commandId: 'during-restart' })).toMatchObject({ stdout: 'once\n', replayed: true });
     await client.deleteSandbox(sandbox.id);
+  });
+
+  it('streams output chunks, then the exit; pauses, resumes and snapshots', async () => {
+    const builder = await cluster.token('trainer', ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'sandbox:snapshot']);
+    const client = new RollboxClient({ baseUrl: cluster.url, token: builder });
+    const sandbox = await client.createSandbox({ job: 'job-c' });
+    const events: ExecStreamEvent[] = [];
+    for await (const e of client.streamExec(sandbox.id, { cmd: 'echo one; sleep 0.3; echo two >&2; echo three', commandId: 'stream-1' })) events.push(e);
+    const text = (stream: string) => events.flatMap((e) => (e.type === stream && 'data' in e ? [e.data] : [])).join('');
+    expect([text('stdout'), text('stderr')]).toEqual(['one\nthree\n', 'two\n']);
+    expect(events.at(-1)).toMatchObject({ type: 'exit', result: { exitCode: 0 } });
+
+    expect((await client.pause(sandbox.id)).state).toBe('paused');
+    expect((await client.resume(sandbox.id)).state).toBe('running');
+    const job = await client.pauseJob('job-c');
+    expect(job.results.map((r) => r.id)).toEqual([sandbox.id]);
+    await client.resumeJob('job-c');
+    await client.exec(sandbox.id, { cmd: 'echo kept > /root/k' });
+    const layer = await client.snapshot(sandbox.id, { exclude: ['/tmp'] });
+    expect(layer.parents.length).toBeGreaterThan(0);
+    const restored = await client.createSandbox({ image: { base: 'busybox', layers: [layer.digest] } });
+    expect((await client.exec(restored.id, { cmd: 'cat /root/k' })).stdout).toBe('kept\n');
+    await Promise.all([client.deleteSandbox(sandbox.id), client.deleteSandbox(restored.id)]);
   });
 
   it('surfaces API errors with their code and does not retry them', async () => {

@@ -5,6 +5,7 @@ import {
   CommandStatus,
   ExecResult,
   FilesWriteResult,
+  JobActionResult,
   Layer,
   LayerList,
   Sandbox,
@@ -14,7 +15,13 @@ import {
   type ExecRequest,
   type ListSandboxesQuery,
   type PolicyPatch,
+  type SnapshotRequest,
 } from '../api/index.ts';
+
+/** One event of a streaming exec: output chunks in order, then the outcome (output not repeated). */
+export type ExecStreamEvent =
+  | { type: 'stdout' | 'stderr'; data: string }
+  | { type: 'exit'; result: Omit<ExecResult, 'stdout' | 'stderr'> & Partial<Pick<ExecResult, 'stdout' | 'stderr'>> };
 
 export interface RetryPolicy {
   /** Tries in all, the first included. */
@@ -92,6 +99,64 @@ export class RollboxClient {
   }
 
   /** Starts a command in the background; poll `commandStatus` for its state and output. */
+  /**
+   * A streaming exec (server-sent events). A dropped stream, or a gateway restart, is
+   * resumed with the same commandId and the last event id seen: the command runs once
+   * and no chunk is delivered twice or lost.
+   */
+  async *streamExec(id: string, request: Omit<z.input<typeof ExecRequest>, 'background'>): AsyncGenerator<ExecStreamEvent> {
+    const body = { ...request, commandId: request.commandId ?? randomUUID() };
+    let lastEventId = '0';
+    for (let attempt = 1; ; attempt++) {
+      let error: RollboxApiError;
+      try {
+        const response = await this.fetch(this.url(`/v1/sandboxes/${encodeURIComponent(id)}/exec`), {
+          method: 'POST',
+          headers: { ...this.authHeader(), 'content-type': 'application/json', accept: 'text/event-stream', 'last-event-id': lastEventId },
+          body: JSON.stringify(body),
+        });
+        if (!response.ok || !response.body) throw await apiErrorOf(response);
+        for await (const event of serverSentEvents(response.body)) {
+          if (event.id) lastEventId = event.id;
+          if (event.event === 'exit') {
+            yield { type: 'exit', result: JSON.parse(event.data) };
+            return;
+          }
+          if (event.event === 'stdout' || event.event === 'stderr') yield { type: event.event, data: event.data };
+          attempt = 0; // progress: a later drop starts its retries afresh
+        }
+        error = new RollboxApiError(0, 'network', 'the event stream ended before the exit event');
+      } catch (err) {
+        error = err instanceof RollboxApiError ? err : new RollboxApiError(0, 'network', err instanceof Error ? err.message : String(err));
+      }
+      if (!isRetryable(error) || attempt >= this.retry.attempts) throw error;
+      await this.backoff(attempt, error);
+    }
+  }
+
+  /** mode freeze (cgroup freezer, memory kept) or hibernate (writable layer packed, memory freed). */
+  async pause(id: string, mode: 'freeze' | 'hibernate' = 'freeze'): Promise<Sandbox> {
+    return Sandbox.parse(await this.call('POST', `/v1/sandboxes/${encodeURIComponent(id)}/pause`, { mode }));
+  }
+
+  async resume(id: string): Promise<Sandbox> {
+    return Sandbox.parse(await this.call('POST', `/v1/sandboxes/${encodeURIComponent(id)}/resume`));
+  }
+
+  /** Every live sandbox labelled with the training job, on every worker host; each one's outcome. */
+  async pauseJob(job: string, mode: 'freeze' | 'hibernate' = 'freeze'): Promise<JobActionResult> {
+    return JobActionResult.parse(await this.call('POST', `/v1/jobs/${encodeURIComponent(job)}/pause`, { mode }));
+  }
+
+  async resumeJob(job: string): Promise<JobActionResult> {
+    return JobActionResult.parse(await this.call('POST', `/v1/jobs/${encodeURIComponent(job)}/resume`));
+  }
+
+  /** pack_diff: the writable layer as a new layer (needs the builder scope sandbox:snapshot). */
+  async snapshot(id: string, request: z.input<typeof SnapshotRequest> = {}): Promise<Layer> {
+    return Layer.parse(await this.call('POST', `/v1/sandboxes/${encodeURIComponent(id)}/snapshot`, request));
+  }
+
   async execBackground(id: string, request: Omit<z.input<typeof ExecRequest>, 'background'>): Promise<CommandStatus> {
     const withId = { ...request, background: true, commandId: request.commandId ?? `c-${randomUUID()}` };
     return CommandStatus.parse(await this.call('POST', `/v1/sandboxes/${encodeURIComponent(id)}/exec`, withId));
@@ -138,7 +203,7 @@ export class RollboxClient {
     const init: RequestInit = {
       method,
       headers: {
-        authorization: `Bearer ${this.options.token}`,
+        ...this.authHeader(),
         ...(isTar ? { 'content-type': 'application/x-tar' } : body !== undefined ? { 'content-type': 'application/json' } : {}),
         ...headers,
       },
@@ -147,22 +212,75 @@ export class RollboxClient {
     for (let attempt = 1; ; attempt++) {
       let error: RollboxApiError;
       try {
-        const response = await this.fetch(`${this.options.baseUrl.replace(/\/$/, '')}${path}`, init);
+        const response = await this.fetch(this.url(path), init);
         if (response.ok && options.bytes) return new Uint8Array(await response.arrayBuffer());
+        if (!response.ok) throw await apiErrorOf(response);
         const text = await response.text();
-        const parsed: unknown = text ? JSON.parse(text) : undefined;
-        if (response.ok) return parsed;
-        const apiError = (parsed as { error?: { code?: ErrorCode; message?: string } } | undefined)?.error;
-        const retryAfter = Number(response.headers.get('retry-after') ?? NaN);
-        error = new RollboxApiError(response.status, apiError?.code ?? 'internal', apiError?.message ?? `HTTP ${response.status}`, Number.isFinite(retryAfter) ? retryAfter : undefined);
+        return text ? JSON.parse(text) : undefined;
       } catch (err) {
+        if (err instanceof RollboxApiError) {
+          if (!isRetryable(err) || attempt >= this.retry.attempts) throw err;
+          await this.backoff(attempt, err);
+          continue;
+        }
         // A dropped connection or a gateway that is restarting: the request may or may not
         // have arrived; the idempotency key / commandId makes the retry safe either way.
         error = new RollboxApiError(0, 'network', err instanceof Error ? err.message : String(err));
       }
       if (!isRetryable(error) || attempt >= this.retry.attempts) throw error;
-      const backoffMs = Math.min(this.retry.maxDelayMs, this.retry.baseDelayMs * 2 ** (attempt - 1)) * (0.5 + Math.random() / 2);
-      await new Promise((r) => setTimeout(r, Math.max(backoffMs, (error.retryAfterSeconds ?? 0) * 1000)));
+      await this.backoff(attempt, error);
+    }
+  }
+
+  private url(path: string): string {
+    return `${this.options.baseUrl.replace(/\/$/, '')}${path}`;
+  }
+
+  private authHeader(): Record<string, string> {
+    return { authorization: `Bearer ${this.options.token}` };
+  }
+
+  /** Exponential backoff with jitter, never shorter than the server's Retry-After. */
+  private async backoff(attempt: number, error: RollboxApiError): Promise<void> {
+    const backoffMs = Math.min(this.retry.maxDelayMs, this.retry.baseDelayMs * 2 ** (attempt - 1)) * (0.5 + Math.random() / 2);
+    await new Promise((r) => setTimeout(r, Math.max(backoffMs, (error.retryAfterSeconds ?? 0) * 1000)));
+  }
+}
+
+async function apiErrorOf(response: Response): Promise<RollboxApiError> {
+  const text = await response.text().catch(() => '');
+  let apiError: { code?: ErrorCode; message?: string } | undefined;
+  try {
+    apiError = (JSON.parse(text) as { error?: typeof apiError }).error;
+  } catch {
+    apiError = undefined;
+  }
+  const retryAfter = Number(response.headers.get('retry-after') ?? NaN);
+  return new RollboxApiError(response.status, apiError?.code ?? 'internal', apiError?.message ?? `HTTP ${response.status}`, Number.isFinite(retryAfter) ? retryAfter : undefined);
+}
+
+/** Server-sent events of a response body: `event`, `id` and (multi-line) `data` fields. */
+async function* serverSentEvents(body: ReadableStream<Uint8Array>): AsyncGenerator<{ event: string; id?: string; data: string }> {
+  const decoder = new TextDecoder();
+  let buffer = '';
+  for await (const bytes of body as unknown as AsyncIterable<Uint8Array>) {
+    buffer += decoder.decode(bytes, { stream: true }).replace(/\r\n/g, '\n');
+    for (let end = buffer.indexOf('\n\n'); end >= 0; end = buffer.indexOf('\n\n')) {
+      const block = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      const event: { event: string; id?: string; data: string } = { event: 'message', data: '' };
+      const data: string[] = [];
+      for (const line of block.split('\n')) {
+        const colon = line.indexOf(':');
+        if (colon === 0) continue; // a comment (keep-alive)
+        const field = colon < 0 ? line : line.slice(0, colon);
+        const value = colon < 0 ? '' : line.slice(colon + 1).replace(/^ /, '');
+        if (field === 'event') event.event = value;
+        else if (field === 'id') event.id = value;
+        else if (field === 'data') data.push(value);
+      }
+      event.data = data.join('\n');
+      if (data.length || event.event !== 'message') yield event;
     }
   }
 }

@@ -1,2 +1,2 @@
 export { RollboxClient, RollboxApiError } from './client.ts';
-export type { RollboxClientOptions, RetryPolicy } from './client.ts';
+export type { ExecStreamEvent, RollboxClientOptions, RetryPolicy } from './client.ts';
