@@ -820,29 +820,43 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
       // `/grader/` and `/grader` are one mount point.
       const normalized = change.hiddenPaths?.map((p) => path.posix.normalize(p).replace(/(.)\/$/, '$1'));
       const next: SandboxPolicy = { network: change.network ?? current.network, hiddenPaths: [...new Set(normalized ?? current.hiddenPaths)] };
-      // Hidden paths first: their failures come from the request (a symlink), and then nothing changed.
-      if (normalized) {
-        const reveal = current.hiddenPaths.filter((p) => !next.hiddenPaths.includes(p) && !(MASKED_PATHS as readonly string[]).includes(p));
-        const hide = next.hiddenPaths.filter((p) => !current.hiddenPaths.includes(p));
-        if (!next.hiddenPaths.every((p) => p.startsWith('/') && !p.includes('\0'))) throw new RollboxError('invalid_request', 'hidden paths must be absolute');
-        if (reveal.length || hide.length) {
-          const stateFile = path.join((await cgroups()).freezer, cgroupRel(id), 'freezer.state');
-          const wasFrozen = (await readFile(stateFile, 'utf8')).trim() === 'FROZEN';
-          if (!wasFrozen) await setFreezerState(stateFile, 'FROZEN');
-          try {
-            // Reveal only what is a mount point at exactly that path (what we or runc mounted).
-            const mounted = await mountPointsOf(pid);
-            const ops: MountNsOp[] = [...reveal.filter((p) => mounted.has(p)).map((p) => ({ op: 'reveal' as const, path: p })), ...hide.map((p) => ({ op: 'hide' as const, path: p }))];
-            await inMountNamespace(pid, ops, '', deps.perlBinary);
-          } finally {
-            if (!wasFrozen) await setFreezerState(stateFile, 'THAWED');
-          }
+      if (!next.hiddenPaths.every((p) => p.startsWith('/') && !p.includes('\0'))) throw new RollboxError('invalid_request', 'hidden paths must be absolute');
+      // Hidden paths first: their failures come from the request (a symlink), and then
+      // nothing changed. Should the network part fail after them (e.g. a name that does not
+      // resolve), they are changed back: a stage change applies whole or not at all.
+      await changeHiddenPaths(id, pid, current.hiddenPaths, next.hiddenPaths);
+      if (change.network) {
+        try {
+          await applyNetwork(id, pid, next.network);
+        } catch (err) {
+          await changeHiddenPaths(id, pid, next.hiddenPaths, current.hiddenPaths).catch((undoErr: unknown) =>
+            log?.warn({ sandboxId: id, err: String(undoErr) }, 'could not restore hidden paths after a failed stage change'),
+          );
+          throw err;
         }
       }
-      if (change.network) await applyNetwork(id, pid, next.network);
       writeFileSync(path.join(bundleOf(id), POLICY_FILE), JSON.stringify(next));
       return next;
     });
+  }
+
+  /** Hide and reveal inside the running sandbox, its processes frozen meanwhile. */
+  async function changeHiddenPaths(id: string, pid: number, from: readonly string[], to: readonly string[]): Promise<void> {
+    // Only rollbox-hidden paths are ever revealed, never runc's masked defaults.
+    const reveal = from.filter((p) => !to.includes(p) && !(MASKED_PATHS as readonly string[]).includes(p));
+    const hide = to.filter((p) => !from.includes(p));
+    if (!reveal.length && !hide.length) return;
+    const stateFile = path.join((await cgroups()).freezer, cgroupRel(id), 'freezer.state');
+    const wasFrozen = (await readFile(stateFile, 'utf8')).trim() === 'FROZEN';
+    if (!wasFrozen) await setFreezerState(stateFile, 'FROZEN');
+    try {
+      // Reveal only what is a mount point at exactly that path (what we or runc mounted).
+      const mounted = await mountPointsOf(pid);
+      const ops: MountNsOp[] = [...reveal.filter((p) => mounted.has(p)).map((p) => ({ op: 'reveal' as const, path: p })), ...hide.map((p) => ({ op: 'hide' as const, path: p }))];
+      await inMountNamespace(pid, ops, '', deps.perlBinary);
+    } finally {
+      if (!wasFrozen) await setFreezerState(stateFile, 'THAWED');
+    }
   }
 
   return {
