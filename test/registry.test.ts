@@ -41,6 +41,22 @@ describe('SandboxRegistry', () => {
     expect((await admit(record('quota-t'), { maxLive: 4 })).kind).toBe('created');
   });
 
+  it('patches a spec atomically: concurrent patches all land, and a state guard refuses other states', async () => {
+    const r = record('patch-t');
+    await admit(r);
+    const hidden = ['/a', '/b', '/c', '/d', '/e'];
+    // Patches of network and of hiddenPaths race; a lost update (a write computed from a
+    // stale read) would put one field back to its old value.
+    const results = await Promise.all(hidden.map((p, i) => registry.patchSpec(r.id, i % 2 ? { hiddenPaths: [p] } : { network: { mode: 'allowlist', allow: [{ cidr: `10.9.${i}.0/24`, protocol: 'tcp' as const }] } })));
+    expect(results.every((x) => x !== undefined)).toBe(true);
+    const final = (await registry.get(r.id))!.spec;
+    expect(final.network.mode).toBe('allowlist');
+    expect(final.hiddenPaths).toHaveLength(1);
+    // Only while hibernated: a pending sandbox is refused and left as it was.
+    expect(await registry.patchSpec(r.id, { hiddenPaths: ['/z'] }, ['hibernated'])).toBeUndefined();
+    expect((await registry.get(r.id))!.spec).toEqual(final);
+  });
+
   it('gives one sandbox per idempotency key even when admitted concurrently', async () => {
     const outcomes = await Promise.all(Array.from({ length: 8 }, () => admit(record('idem-t'), { idempotencyKey: 'k1', requestHash: 'body-1' })));
     expect(outcomes.filter((o) => o.kind === 'created')).toHaveLength(1);

@@ -276,7 +276,12 @@ export class SandboxService {
     requireScope(principal, 'sandbox:policy');
     const sandbox = await this.deps.registry.getOwned(id, principal.tenant);
     const change = { network: patch.network, hiddenPaths: patch.hiddenPaths };
-    if (sandbox.state === 'hibernated') return this.deps.registry.patchSpec(id, change);
+    if (sandbox.state === 'hibernated') {
+      // Applied when it wakes; only while it is still hibernated (a wake reads the spec).
+      const patched = await this.deps.registry.patchSpec(id, change, ['hibernated']);
+      if (patched) return patched;
+      return this.setPolicy(principal, id, patch); // it began to wake meanwhile: go by its new state
+    }
     if (sandbox.state !== 'running' && sandbox.state !== 'paused') throw new RollboxError('invalid_state', `sandbox ${id} is ${sandbox.state}; a policy changes only in a running, paused or hibernated sandbox`);
     const reply = await this.deps.nodes.sendOp(sandbox.node!, { kind: 'policy', sandboxId: id, requestId: newId('req'), ...change }, LIFECYCLE_REPLY_TIMEOUT_MS);
     if (reply.kind === 'error') throw toRollboxError(reply.error);

@@ -11,7 +11,7 @@ import {
   CreateSandboxRequest,
 } from '../api/index.ts';
 import { keys } from './keys.ts';
-import { ADMIT_SANDBOX, REASSIGN, TRANSITION } from './lua.ts';
+import { ADMIT_SANDBOX, REASSIGN, SET_SPEC, TRANSITION } from './lua.ts';
 
 /** Idempotency keys are remembered this long. */
 const IDEMPOTENCY_TTL_SEC = 24 * 3600;
@@ -164,12 +164,22 @@ export class SandboxRegistry {
   }
 
   /** Replaces the stage policy (network, hidden paths) in a sandbox's spec. */
-  async patchSpec(id: string, patch: Partial<Pick<CreateSandboxRequest, 'network' | 'hiddenPaths'>>): Promise<Sandbox> {
-    const current = await this.get(id);
-    if (!current) throw new RollboxError('not_found', `sandbox ${id} not found`);
-    const spec = CreateSandboxRequest.parse({ ...current.spec, ...patch });
-    await this.redis.hset(keys.sandbox(id), 'spec', JSON.stringify(spec));
-    return { ...current, spec };
+  /**
+   * Changes part of a sandbox's spec atomically (a compare-and-set over the spec read, so
+   * concurrent patches never lose one another). With `states`, only while the sandbox is
+   * in one of them; otherwise undefined and nothing changed.
+   */
+  async patchSpec(id: string, patch: Partial<Pick<CreateSandboxRequest, 'network' | 'hiddenPaths'>>, states: readonly SandboxState[] = []): Promise<Sandbox | undefined> {
+    for (;;) {
+      const current = await this.get(id);
+      if (!current) throw new RollboxError('not_found', `sandbox ${id} not found`);
+      // The compare is over the stored text; what was parsed from it is current.spec.
+      const specRead = (await this.redis.hget(keys.sandbox(id), 'spec')) ?? '';
+      const spec = CreateSandboxRequest.parse({ ...current.spec, ...patch });
+      const result = await this.redis.eval(SET_SPEC, 1, keys.sandbox(id), specRead, JSON.stringify(spec), ...states);
+      if (result === 'ok') return { ...current, spec };
+      if (result === 'state') return undefined;
+    }
   }
 
   /** Moves a pending or hibernated sandbox to another node; false when it is in neither state. */

@@ -302,6 +302,9 @@ export class WorkerHost {
     }
     const moved = await registry.transition(sandbox.id, 'creating', { from: ['pending', 'hibernated'], node: this.nodeId });
     if (moved.kind !== 'ok') return; // cancelled or timed out meanwhile
+    // The spec as of the move: a stage change to a hibernated sandbox is written only while
+    // it is hibernated (registry patchSpec), so from here on it cannot change under us.
+    const spec = (await registry.get(sandbox.id))?.spec ?? sandbox.spec;
     const local: LocalSandbox = { id: sandbox.id, ...request, expiresAtMs: Infinity, starting: true };
     this.local.set(sandbox.id, local);
     try {
@@ -311,12 +314,12 @@ export class WorkerHost {
         sandboxId: sandbox.id,
         layerImages,
         restoreUpper: hibernated ? await this.layerImage(hibernated) : undefined,
-        resources: sandbox.spec.resources,
-        class: sandbox.spec.class,
-        env: sandbox.spec.env,
-        workdir: sandbox.spec.workdir,
-        hiddenPaths: sandbox.spec.hiddenPaths,
-        network: sandbox.spec.network,
+        resources: spec.resources,
+        class: spec.class,
+        env: spec.env,
+        workdir: spec.workdir,
+        hiddenPaths: spec.hiddenPaths,
+        network: spec.network,
       });
       const startedAtMs = this.now();
       // A sandbox back from hibernation keeps the TTL it started with.
