@@ -12,3 +12,5 @@ export type { MountInfo, LoopDevice } from './hostmounts.ts';
 export { checkFilesArchive } from './archive.ts';
 export { fetchLayers } from './sync.ts';
 export type { LayerFetchOptions } from './sync.ts';
+export { runTool, runToolOk } from './proc.ts';
+export type { RunResult, RunToolOptions } from './proc.ts';

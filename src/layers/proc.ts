@@ -7,24 +7,36 @@ export interface RunResult {
   stderr: string;
 }
 
+export interface RunToolOptions {
+  cwd?: string;
+  /** Bytes kept of stdout and of stderr each (default 64 KiB). */
+  capBytes?: number;
+  /** Written to the tool's stdin (otherwise stdin is /dev/null). */
+  input?: string;
+}
+
 /**
  * Run a host tool with an argument array (never a shell string) and collect its output.
  * Output is capped because these tools only print short diagnostics; a runaway tool must
  * not grow the worker's heap.
  */
-export function runTool(file: string, args: readonly string[], opts: { cwd?: string; capBytes?: number } = {}): Promise<RunResult> {
+export function runTool(file: string, args: readonly string[], opts: RunToolOptions = {}): Promise<RunResult> {
   const capBytes = opts.capBytes ?? 64 * 1024;
   return new Promise((resolve, reject) => {
-    const child = spawn(file, args, { cwd: opts.cwd, stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(file, args, { cwd: opts.cwd, stdio: [opts.input === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'] });
+    if (opts.input !== undefined) {
+      child.stdin!.on('error', () => undefined); // the tool may exit without reading (EPIPE)
+      child.stdin!.end(opts.input);
+    }
     const out: Buffer[] = [];
     const err: Buffer[] = [];
     let outBytes = 0;
     let errBytes = 0;
-    child.stdout.on('data', (b: Buffer) => {
+    child.stdout!.on('data', (b: Buffer) => {
       if (outBytes < capBytes) out.push(b);
       outBytes += b.length;
     });
-    child.stderr.on('data', (b: Buffer) => {
+    child.stderr!.on('data', (b: Buffer) => {
       if (errBytes < capBytes) err.push(b);
       errBytes += b.length;
     });
@@ -40,7 +52,7 @@ export function runTool(file: string, args: readonly string[], opts: { cwd?: str
 }
 
 /** Like runTool, but a non-zero exit is an infrastructure failure. */
-export async function runToolOk(file: string, args: readonly string[], opts: { cwd?: string } = {}): Promise<RunResult> {
+export async function runToolOk(file: string, args: readonly string[], opts: RunToolOptions = {}): Promise<RunResult> {
   const r = await runTool(file, args, opts);
   if (r.code !== 0) {
     throw new RollboxError('internal', `${file} ${args.join(' ')} failed (exit ${r.code}): ${r.stderr.trim().slice(0, 2000)}`);

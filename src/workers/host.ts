@@ -302,9 +302,10 @@ export class WorkerHost {
     }
     const moved = await registry.transition(sandbox.id, 'creating', { from: ['pending', 'hibernated'], node: this.nodeId });
     if (moved.kind !== 'ok') return; // cancelled or timed out meanwhile
-    // The spec as of the move: a stage change to a hibernated sandbox is written only while
-    // it is hibernated (registry patchSpec), so from here on it cannot change under us.
-    const spec = (await registry.get(sandbox.id))?.spec ?? sandbox.spec;
+    // A waking sandbox: its spec as of the move, since a stage change to a hibernated
+    // sandbox is written only while it is hibernated (registry patchSpec). A new one's
+    // spec never changes before it runs.
+    const spec = sandbox.state === 'hibernated' ? ((await registry.get(sandbox.id))?.spec ?? sandbox.spec) : sandbox.spec;
     const local: LocalSandbox = { id: sandbox.id, ...request, expiresAtMs: Infinity, starting: true };
     this.local.set(sandbox.id, local);
     try {

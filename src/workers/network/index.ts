@@ -1,10 +1,10 @@
-import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { mkdirSync } from 'node:fs';
 import { readFile, readdir, unlink, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { RollboxError, type NetworkPolicy } from '../../api/index.ts';
+import { runTool, runToolOk } from '../../layers/index.ts';
 import { DnsResponder } from './dns.ts';
 import {
   ALWAYS_BLOCKED_V4,
@@ -52,33 +52,10 @@ interface Attached {
   dns: DnsResponder;
 }
 
-interface Tool {
-  code: number;
-  stdout: string;
-  stderr: string;
-}
-
-function run(file: string, args: readonly string[], input?: string): Promise<Tool> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(file, args, { stdio: ['pipe', 'pipe', 'pipe'] });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (b: Buffer) => (stdout += b.toString('utf8')));
-    child.stderr.on('data', (b: Buffer) => {
-      if (stderr.length < 16_384) stderr += b.toString('utf8');
-    });
-    child.stdin.on('error', () => undefined);
-    child.stdin.end(input ?? '');
-    child.on('error', (e) => reject(new RollboxError('internal', `${file}: ${e.message}`)));
-    child.on('close', (code) => resolve({ code: code ?? 1, stdout, stderr }));
-  });
-}
-
-async function must(file: string, args: readonly string[], input?: string): Promise<string> {
-  const r = await run(file, args, input);
-  if (r.code !== 0) throw new RollboxError('internal', `${file} ${args.slice(0, 4).join(' ')} failed: ${r.stderr.trim().slice(0, 500)}`);
-  return r.stdout;
-}
+/** nft listings grow with the sandboxes on the host: keep all of it. */
+const NFT_OUTPUT_CAP_BYTES = 16 * 1024 * 1024;
+const run = (file: string, args: readonly string[], input?: string) => runTool(file, args, { input, capBytes: NFT_OUTPUT_CAP_BYTES });
+const must = async (file: string, args: readonly string[], input?: string) => (await runToolOk(file, args, { input, capBytes: NFT_OUTPUT_CAP_BYTES })).stdout;
 
 /** The host end of a sandbox's veth: `rb` + 13 hex of its id's hash (interface names stop at 15 chars). */
 export function vethOf(sandboxId: string): string {

@@ -1,6 +1,6 @@
-import { spawn } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
 import { RollboxError } from '../../api/index.ts';
+import { runTool } from '../../layers/index.ts';
 
 /**
  * Changes inside a running sandbox's mount namespace, made from the host (the agent has no
@@ -72,15 +72,8 @@ export async function inMountNamespace(pid: number, ops: readonly MountNsOp[], i
   const nr = SYSCALLS[process.arch];
   if (!nr) throw new RollboxError('internal', `mount namespace changes are not supported on ${process.arch}`);
   const args = ['-e', SCRIPT, String(nr.setns), String(nr.mount), String(nr.umount2), String(pid), ...ops.flatMap((o) => [o.op, o.path])];
-  const stderr = await new Promise<string>((resolve, reject) => {
-    const child = spawn(perlBinary, args, { stdio: ['pipe', 'ignore', 'pipe'] });
-    let err = '';
-    child.stderr.on('data', (b: Buffer) => (err += b.toString('utf8')));
-    child.stdin.on('error', () => undefined);
-    child.stdin.end(input);
-    child.on('error', (e) => reject(new RollboxError('internal', `${perlBinary}: ${e.message}`)));
-    child.on('close', (code) => resolve(code === 0 ? '' : err.trim() || `exit ${code}`));
-  });
+  const r = await runTool(perlBinary, args, { input });
+  const stderr = r.code === 0 ? '' : r.stderr.trim() || `exit ${r.code}`;
   if (stderr) throw new RollboxError('invalid_request', stderr.slice(0, 500));
 }
 
