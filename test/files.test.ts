@@ -8,7 +8,8 @@ import { RollboxClient } from '../src/client/index.ts';
 import { api, startTestCluster, type TestCluster } from './support/cluster.ts';
 import { tarOf as tarBuffer, type TarEntry } from './support/tar.ts';
 
-const MAX_BYTES = 1024 * 1024;
+// Above the busybox base layer's size, so that a tar of / fits.
+const MAX_BYTES = 4 * 1024 * 1024;
 let cluster: TestCluster;
 let token: string;
 let sandboxId: string;
@@ -89,6 +90,21 @@ describe('files', () => {
     expect(extracted.status, JSON.stringify(extracted.body)).toBe(200);
     expect((await sh('cat /work/pkg/alias /work/pkg/hard; stat -c %a /work/pkg/main.py; readlink /work/abs')).stdout).toBe('print(1)\nprint(1)\n755\n/etc/hostname\n');
     expect(await entriesOf(new Uint8Array(await (await get('/work')).arrayBuffer()))).toMatchObject({ 'pkg/main.py': 'print(1)\n', 'pkg/alias': '-> main.py' });
+
+    // A tar of / holds the sandbox's files, not the kernel's pseudo filesystems or the
+    // platform's busybox; a directory inside /proc, /sys or /dev is refused.
+    const root = await get('/');
+    expect(root.status).toBe(200);
+    const rootNames = Object.keys(await entriesOf(new Uint8Array(await root.arrayBuffer())));
+    expect(rootNames).toEqual(expect.arrayContaining(['bin/busybox', 'root/deep/dir/a.bin', 'work/pkg/main.py']));
+    expect(rootNames.filter((n) => /^(proc|sys|dev|\.rollbox)(\/|$)/.test(n))).toEqual([]);
+    for (const p of ['/proc/self', '/sys/fs', '/dev', '/proc/../sys']) {
+      const refused = await get(p);
+      expect(refused.status, p).toBe(400);
+      expect((await refused.json()).error.message, p).toContain('not archived');
+    }
+    // Single files there still read: the reader's own /proc entry.
+    expect(await (await get('/proc/self/comm')).text()).toBe('busybox\n');
 
     expect((await get('/no/such/file')).status).toBe(404);
     expect((await put('relative/path', bytes)).status).toBe(400);

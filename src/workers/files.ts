@@ -28,9 +28,25 @@ const B = INIT_BUSYBOX;
 /**
  * $1 path, $2 format. Prints one marker byte, then the content: `f` and the file's bytes,
  * or `t` and a tar (of a directory's contents, or with format=tar of the one file).
+ * The kernel's pseudo filesystems are left out: a tar of / skips /proc, /sys, /dev (and
+ * the platform's own /.rollbox), and a directory inside them is refused, since their files never end (/dev/zero) or
+ * describe the host rather than the sandbox's work.
  */
 const READ_SCRIPT = `p="$1"
-if [ -d "$p" ]; then cd "$p" || exit ${EXIT_CANNOT}; printf t; exec ${B} tar -cf - .; fi
+if [ -d "$p" ]; then
+  cd "$p" || exit ${EXIT_CANNOT}
+  case "$(pwd -P)/" in /proc/*|/sys/*|/dev/*) echo "$p: directories under /proc, /sys and /dev are not archived; read single files" >&2; exit ${EXIT_NOT_FILE};; esac
+  if [ "$(pwd -P)" = / ]; then
+    set --
+    for e in * .[!.]* ..?*; do
+      [ -e "$e" ] || [ -L "$e" ] || continue
+      case "$e" in proc|sys|dev|.rollbox) continue;; esac
+      set -- "$@" "./$e"
+    done
+    printf t; exec ${B} tar -cf - "$@"
+  fi
+  printf t; exec ${B} tar -cf - .
+fi
 [ -e "$p" ] || { echo "$p: no such file or directory" >&2; exit ${EXIT_NOT_FOUND}; }
 [ -f "$p" ] || { echo "$p: not a regular file or a directory" >&2; exit ${EXIT_NOT_FILE}; }
 if [ "$2" = tar ]; then cd "$(${B} dirname "$p")" || exit ${EXIT_CANNOT}; printf t; exec ${B} tar -cf - "./$(${B} basename "$p")"; fi
