@@ -99,6 +99,8 @@ const NO_EXCLUSIONS: ReadonlySet<string> = new Set();
 export interface SimulateOptions {
   /** Called now and then with the share of arrivals replayed, 0..1. */
   onProgress?: (doneFraction: number) => void;
+  /** Filled with each create's queue wait (trace order; a give-up counts maxQueueWaitMs), for per-create comparisons. */
+  waitsMs?: Float64Array;
 }
 
 export function simulate(events: readonly TraceEvent[], policy: BurstPolicy, model: SimModel, syncedLayers: ReadonlySet<string>, options: SimulateOptions = {}): SimResult {
@@ -453,6 +455,7 @@ export function simulate(events: readonly TraceEvent[], policy: BurstPolicy, mod
   // Hosts still up at the end would idle out after idleTerminateMs: bill them until then.
   for (const host of liveCloudHosts) cloudVmMs += Math.max(nowMs, (host.idleSinceMs ?? nowMs) + policy.idleTerminateMs) - host.provisionedAtMs;
 
+  options.waitsMs?.set(waitMs.subarray(0, Math.min(n, options.waitsMs.length)));
   const sorted = waitMs.slice().sort();
   const percentile = (p: number) => (n === 0 ? 0 : sorted[Math.min(n - 1, Math.max(0, Math.ceil((p / 100) * n) - 1))]!);
   let startedLocal = 0;
