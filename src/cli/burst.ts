@@ -9,7 +9,7 @@ import type { Command } from 'commander';
 import { BurstPolicy, type TraceEvent } from '../api/index.ts';
 import { parseTtl } from '../iam/index.ts';
 import { DEFAULT_TRACE_OPTIONS, generateTrace, readTraceFile, writeTraceFile } from '../burst/trace/index.ts';
-import { SimModel, runSweep, simulate, sweepCsv, sweepSvg, type SimResult } from '../burst/sim/index.ts';
+import { SimModel, capStepRiseLine, capStepRises, runSweep, simulate, sweepCsv, sweepSvg, type SimResult } from '../burst/sim/index.ts';
 
 /** `90s`, `10m`, `1h`, `1d`, a bare number of seconds, or 0. */
 function durationMs(input: string): number {
@@ -222,6 +222,9 @@ export function registerBurstCommands(program: Command): void {
     const svgFile = path.join(flags.out, 'sweep.svg');
     fs.writeFileSync(csvFile, sweepCsv(rows));
     fs.writeFileSync(svgFile, sweepSvg(rows, grid.gaps[0]!, `${path.basename(flags.trace)}, ${events.length} creates`));
-    process.stdout.write(`${JSON.stringify({ runs: rows.length, csv: csvFile, svg: svgFile })}\n`);
+    // Queue wait need not fall with every added VM on a given trace (README, burst): say where it rose.
+    const rises = capStepRises(rows);
+    for (const rise of rises) process.stderr.write(`rollbox burst sweep: ${capStepRiseLine(rise)}\n`);
+    process.stdout.write(`${JSON.stringify({ runs: rows.length, csv: csvFile, svg: svgFile, capStepsWhereWaitRose: rises.length })}\n`);
   });
 }
