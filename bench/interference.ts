@@ -1,13 +1,18 @@
 /**
  * bench:interference — exec round trip of one `latency` sandbox alone, then with neighbours
- * burning every core as `besteffort` (protected: SCHED_IDLE + cpu.shares 2), then with the
- * same neighbours as `latency` (unprotected: normal scheduling, normal weight). Two commands:
- * a small shell loop (CPU-bound, so contention shows) and `true`. Phases are interleaved
- * over several rounds so that drift in the host's other load hits all three alike.
+ * burning every core as `besteffort` (protected: SCHED_IDLE, idle CPU weight, and the
+ * worker's besteffort guard holding them at 1% of a CPU while a latency command runs), then
+ * with the same neighbours as `latency` (unprotected: normal scheduling, normal weight). Two
+ * commands: a small shell loop (CPU-bound, so contention shows) and `true`. Phases are
+ * interleaved over several rounds so that drift in the host's other load hits all three alike.
+ * The neighbours' CPU use per phase (cores) shows what the protection costs them.
+ * BENCH_BESTEFFORT_HOLD_MS sets the worker's ROLLBOX_BESTEFFORT_HOLD_MS (0: scheduler only).
  * Progress on stderr, CDF charts in bench/out/, one JSON line at the end.
  */
+import { readFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { loadConfig } from '../src/config/index.ts';
 import { api, startTestCluster } from '../test/support/cluster.ts';
 import { writeCdfChart } from './support/chart.ts';
 import { timed } from './support/runc-floor.ts';
@@ -21,7 +26,16 @@ const COMMANDS = { compute: { cmd: COMPUTE }, true: { argv: ['true'] } } as cons
 type Phase = 'alone' | 'protected' | 'unprotected';
 const PHASES: Phase[] = ['alone', 'protected', 'unprotected'];
 
-const cluster = await startTestCluster({ workers: [{ nodeId: 'bench-node' }] });
+const HOLD_MS = process.env.BENCH_BESTEFFORT_HOLD_MS;
+const cluster = await startTestCluster({ workers: [{ nodeId: 'bench-node', env: HOLD_MS === undefined ? {} : { ROLLBOX_BESTEFFORT_HOLD_MS: HOLD_MS } }] });
+/** CPU time (ns) used so far by the worker's sandboxes of one class (their cgroup tree). */
+const classCpuNs = (root: 'rollbox' | 'rollbox-besteffort'): number => {
+  try {
+    return Number(readFileSync(`/sys/fs/cgroup/cpuacct/${root}/bench-node/cpuacct.usage`, 'utf8'));
+  } catch {
+    return NaN; // no cgroup v1 cpuacct hierarchy here
+  }
+};
 // Ctrl-C still removes every container, mount and process the bench started.
 process.once('SIGINT', () => void cluster.stop().finally(() => process.exit(130)));
 try {
@@ -55,16 +69,23 @@ try {
     unprotected: { compute: [], true: [] },
   };
   const perRound = Math.ceil(RUNS / ROUNDS);
+  /** Per round: the neighbours' CPU use while the probe ran, in cores. */
+  const neighbourCpu = { protected: [] as number[], unprotected: [] as number[] };
   for (let round = 1; round <= ROUNDS; round++) {
     for (const phase of PHASES) {
       // Deleting a neighbour ends its busy loop (and the background command running it).
       const neighbours = phase === 'alone' ? [] : await startNeighbours(phase === 'protected' ? 'besteffort' : 'latency');
       const bar = progress(`round ${round}/${ROUNDS} ${phase}`, perRound);
+      const tree = phase === 'protected' ? 'rollbox-besteffort' : 'rollbox';
+      const cpuBefore = classCpuNs(tree);
+      const wallBefore = performance.now();
       try {
         for (let i = 0; i < perRound; i++) {
           for (const [name, body] of Object.entries(COMMANDS) as [keyof typeof COMMANDS, object][]) samples[phase][name].push(await timed(() => exec(probe, body)));
           bar.tick();
         }
+        // Unprotected neighbours share the latency tree with the probe, whose own share is small.
+        if (phase !== 'alone') neighbourCpu[phase].push((classCpuNs(tree) - cpuBefore) / 1e6 / (performance.now() - wallBefore));
       } finally {
         bar.done();
         await stopNeighbours(neighbours);
@@ -95,6 +116,7 @@ try {
       `${name.padEnd(8)} p50/p99 ms: alone ${a!.p50Ms}/${a!.p99Ms}  protected ${p!.p50Ms}/${p!.p99Ms} (+${pct(p!.p50Ms, a!.p50Ms)}%)  unprotected ${u!.p50Ms}/${u!.p99Ms} (+${pct(u!.p50Ms, a!.p50Ms)}%)\n`,
     );
   }
+  process.stderr.write(`neighbour CPU while the probe ran (cores): protected ${neighbourCpu.protected.map((c) => c.toFixed(2)).join(' ')}, unprotected ${neighbourCpu.unprotected.map((c) => c.toFixed(2)).join(' ')}\n`);
   process.stderr.write(`charts: ${charts.join(' ')}\n`);
   const { alone, protected: prot, unprotected } = stats;
   console.log(
@@ -122,6 +144,11 @@ try {
         unprotectedIncreasePct: pct(unprotected.true.p50Ms, alone.true.p50Ms),
       },
       neighbours: NEIGHBOURS,
+      neighbourCpuCores: {
+        protected: Math.round((neighbourCpu.protected.reduce((a, b) => a + b, 0) / ROUNDS) * 100) / 100,
+        unprotected: Math.round((neighbourCpu.unprotected.reduce((a, b) => a + b, 0) / ROUNDS) * 100) / 100,
+      },
+      besteffortHoldMs: loadConfig({}, HOLD_MS === undefined ? {} : { ROLLBOX_BESTEFFORT_HOLD_MS: HOLD_MS }).node.besteffortHoldMs,
       n: prot.compute.n,
       targets: { protectedIncreasePct: 20 },
       charts,

@@ -188,6 +188,25 @@ describe('cpu classes', () => {
     expect(cpu(besteffort, 'cpu.shares')).toBeLessThanOrEqual(3); // 2 as set; an idle group reads the idle weight, 3
     expect(cpu(latency, 'cpu.shares')).toBe(1024); // cpuMillis 1000
     expect([cpu(besteffort, 'cpu.idle'), cpu(latency, 'cpu.idle')]).toEqual([1, 0]);
+
+    // The besteffort guard: a latency command the caller waits on holds besteffort
+    // sandboxes at the smallest CFS quota; a background one does not.
+    const quotasWhile = async (pending: Promise<unknown>, forMs: number) => {
+      const seen = new Set<number>();
+      const until = Date.now() + forMs;
+      while (Date.now() < until) {
+        seen.add(cpu(besteffort, 'cpu.cfs_quota_us'));
+        await new Promise((r) => setTimeout(r, 20));
+      }
+      await pending;
+      return [...seen];
+    };
+    const ownQuota = cpu(besteffort, 'cpu.cfs_quota_us');
+    expect(await quotasWhile(run(latency, 'sleep 1.5'), 1000)).toContain(1000);
+    expect(cpu(besteffort, 'cpu.cfs_quota_us')).toBe(ownQuota);
+    const background = await api(cluster, token, 'POST', `/v1/sandboxes/${latency}/exec`, { cmd: 'sleep 1.5', background: true });
+    expect(background.status).toBe(202);
+    expect(await quotasWhile(Promise.resolve(), 1000)).toEqual([ownQuota]);
     await release(besteffort, latency);
     await expectNeighbourUnaffected();
   });

@@ -28,6 +28,8 @@ export const ExecOp = z.object({
   timeoutMs: z.number().int(),
   /** Also append output to the command's output stream as it is produced. */
   stream: z.boolean().default(false),
+  /** Nobody waits on the result (a background command): it does not hold besteffort sandboxes back. */
+  background: z.boolean().default(false),
 });
 export const DestroyOp = z.object({
   kind: z.literal('destroy'),

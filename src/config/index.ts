@@ -50,6 +50,11 @@ const Env = z.object({
   ROLLBOX_HEARTBEAT_MS: z.coerce.number().int().min(50).default(1000),
   ROLLBOX_NODE_LOST_AFTER_MS: z.coerce.number().int().min(200).default(5000),
   ROLLBOX_EXEC_OUTPUT_CAP_BYTES: z.coerce.number().int().min(1024).default(1024 * 1024),
+  /**
+   * How long one command a caller waits on, in a latency sandbox, holds this host's besteffort
+   * sandboxes at 1% of a CPU (the stand-in for core scheduling; see besteffort-guard.ts); 0 = off.
+   */
+  ROLLBOX_BESTEFFORT_HOLD_MS: z.coerce.number().int().min(0).default(10_000),
   /** Largest file or tar the files API moves in one request (it travels through Redis). */
   ROLLBOX_FILES_MAX_BYTES: z.coerce.number().int().min(1024).max(512 * 1024 * 1024).default(64 * 1024 * 1024),
   /** A layer nothing references is collected once it has stayed unreferenced this long. */
@@ -131,6 +136,7 @@ export function loadConfig(env: NodeJS.ProcessEnv, overrides: Partial<Record<key
       heartbeatMs: e.ROLLBOX_HEARTBEAT_MS,
       lostAfterMs: e.ROLLBOX_NODE_LOST_AFTER_MS,
       execOutputCapBytes: e.ROLLBOX_EXEC_OUTPUT_CAP_BYTES,
+      besteffortHoldMs: e.ROLLBOX_BESTEFFORT_HOLD_MS,
       syncLayers: parseList(e.ROLLBOX_SYNC_LAYERS ?? (e.ROLLBOX_POOL === 'cloud' ? 'cluster' : '')),
       gatewayUrl: e.ROLLBOX_GATEWAY_URL,
       gatewayToken: e.ROLLBOX_GATEWAY_TOKEN,

@@ -87,7 +87,7 @@ export class ExecService {
     principal: Principal,
     id: string,
     request: ExecRequest,
-    options: { stream: boolean },
+    options: { stream: boolean; background?: boolean },
   ): Promise<{ commandId: string; requestId: string; launched: boolean; reply?: Promise<Reply> }> {
     requireScope(principal, 'sandbox:exec');
     const { commands } = this.deps;
@@ -107,6 +107,7 @@ export class ExecService {
       cwd: request.cwd,
       timeoutMs: timeoutOf(request),
       stream: options.stream,
+      background: options.background ?? false,
     };
     if ((await commands.claim({ sandboxId: id, commandId, argv: op.argv, node: sandbox.node!, requestId })) === 'exists') return { commandId, requestId, launched: false };
     if (options.stream) {
@@ -179,7 +180,7 @@ export class ExecService {
 
   /** A background command: started (or found by its commandId), answered at once. */
   async startBackground(principal: Principal, id: string, request: ExecRequest): Promise<CommandStatus> {
-    const { commandId } = await this.startExec(principal, id, request, { stream: true });
+    const { commandId } = await this.startExec(principal, id, request, { stream: true, background: true });
     return this.commandStatus(principal, id, commandId);
   }
 

@@ -422,6 +422,7 @@ export class WorkerHost {
         timeoutMs: op.timeoutMs,
         outputCapBytes: this.deps.config.execOutputCapBytes,
         onOutput: output && ((stream, chunk) => output.write(stream, chunk)),
+        holdBackBesteffort: !op.background,
       })
       .catch(async (err: unknown) => {
         await commands.markUnknown(op.sandboxId, op.commandId, this.nodeId);

@@ -1,6 +1,6 @@
 import { execFileSync } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
-import { existsSync, readFileSync, readdirSync, statSync, statfsSync } from 'node:fs';
+import { existsSync, readFileSync, readdirSync, statSync, statfsSync, writeFileSync } from 'node:fs';
 import { mkdir, mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -23,10 +23,10 @@ const runtimes: RuncRuntime[] = [];
 const SCRATCH_GIB = 4;
 const MIB = 1024 * 1024;
 
-function newRuntime(): RuncRuntime {
+function newRuntime(options: { besteffortHoldMs?: number } = {}): RuncRuntime {
   const layerMounts = new LayerMounts({ dataDir, storeDir: store.dir });
   // A small scratch filesystem, so the "does not fit" case is cheap to reach.
-  const rt = createRuncRuntime({ dataDir, nodeId, layerMounts, scratchSizeGiB: SCRATCH_GIB, preallocateDisks: true });
+  const rt = createRuncRuntime({ dataDir, nodeId, layerMounts, scratchSizeGiB: SCRATCH_GIB, preallocateDisks: true, ...options });
   runtimes.push(rt);
   return rt;
 }
@@ -232,6 +232,52 @@ describe('runc runtime', () => {
     expect(readFileSync(path.join(cpu, BESTEFFORT_ROOT, nodeId, 'rb-idle', 'cpu.cfs_quota_us'), 'utf8').trim()).toBe('25000');
     await rt.destroy('idle');
     expectGone(rt, 'idle');
+  });
+
+  it('holds besteffort sandboxes at the minimal CPU quota while a waited-on latency command runs, at most besteffortHoldMs', async () => {
+    const rt = newRuntime({ besteffortHoldMs: 1500 });
+    await rt.create(spec('held', { class: 'besteffort', resources: { cpuMillis: 500, memoryMiB: 64, diskMiB: 64, pids: 64 } }));
+    await rt.create(spec('holder'));
+    const cpu = cgroupRoots.find((c) => c.endsWith('/cpu'))!;
+    const quota = () => readFileSync(path.join(cpu, BESTEFFORT_ROOT, nodeId, 'rb-held', 'cpu.cfs_quota_us'), 'utf8').trim();
+    const until = async (what: string, ok: () => boolean) => {
+      for (let i = 0; i < 200 && !ok(); i++) await new Promise((r) => setTimeout(r, 20));
+      expect(ok(), what).toBe(true);
+    };
+    /** Every quota the besteffort sandbox had while the command ran. */
+    const quotasDuring = async (run: Promise<unknown>) => {
+      const seen = new Set<string>();
+      let done = false;
+      void run.finally(() => (done = true));
+      while (!done) {
+        seen.add(quota());
+        await new Promise((r) => setTimeout(r, 20));
+      }
+      await run;
+      return [...seen];
+    };
+    expect(quota()).toBe('50000');
+    // Held back (the kernel's smallest quota) while it runs, given back after.
+    expect(await quotasDuring(rt.exec('holder', cmd('sleep 0.5', { holdBackBesteffort: true })))).toContain('1000');
+    expect(quota()).toBe('50000');
+    // Not by a command nobody waits on, nor by a besteffort sandbox's own command.
+    expect(await quotasDuring(rt.exec('holder', cmd('sleep 0.5')))).toEqual(['50000']);
+    expect(await quotasDuring(rt.exec('held', cmd('sleep 0.5', { holdBackBesteffort: true })))).toEqual(['50000']);
+    // A long command gives the CPU back after besteffortHoldMs, while it still runs.
+    let longDone = false;
+    const long = rt.exec('holder', cmd('sleep 5', { holdBackBesteffort: true, timeoutMs: 20_000 })).finally(() => (longDone = true));
+    await until('held back', () => quota() === '1000');
+    await until('given back after the hold', () => quota() === '50000');
+    expect(longDone).toBe(false);
+    await long;
+    // A worker that died while holding leaves the cap behind: adoption gives the quota back.
+    writeFileSync(path.join(cpu, BESTEFFORT_ROOT, nodeId, 'rb-held', 'cpu.cfs_quota_us'), '1000');
+    const next = newRuntime();
+    expect((await next.reconcile(new Set(['held', 'holder']))).adopted.sort()).toEqual(['held', 'holder']);
+    expect(quota()).toBe('50000');
+    await next.destroy('held');
+    await next.destroy('holder');
+    expectGone(next, 'held');
   });
 
   it('OOM-kills a memory balloon past memoryMiB and the sandbox keeps answering', async () => {

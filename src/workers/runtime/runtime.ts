@@ -22,6 +22,7 @@ import type { NetworkPolicy } from '../../api/index.ts';
 import type { SandboxNetworks } from '../network/index.ts';
 import { inMountNamespace, mountPointsOf, type MountNsOp } from './mountns.ts';
 import { isProcessAlive, lastRuncError, readRuncState, runQuiet } from './runc.ts';
+import { BesteffortGuard } from './besteffort-guard.ts';
 import { DiskHelper } from './diskhelper.ts';
 import { ScratchDisks } from './scratch.ts';
 import { packUpperDir, upperDirOfBundle } from './snapshot.ts';
@@ -70,6 +71,8 @@ export interface RuncRuntimeDeps {
   losetupBinary?: string;
   /** Sandbox networking (`network.mode: allowlist`); without it only `none` is available. */
   network?: SandboxNetworks;
+  /** How long one exec with holdBackBesteffort may cap besteffort sandboxes (BesteffortGuard); default 0, off. */
+  besteffortHoldMs?: number;
 }
 
 export interface RuncRuntime extends SandboxRuntime {
@@ -233,7 +236,17 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
   const execPrefix = `x${process.pid.toString(36)}`;
   let dirsReady: Promise<void> | undefined;
 
-  const cgroups = (): Promise<CgroupHierarchies> => (cgroupsPromise ??= discoverCgroups());
+  let cgroupsFound: CgroupHierarchies | undefined;
+  const cgroups = (): Promise<CgroupHierarchies> => (cgroupsPromise ??= discoverCgroups().then((found) => (cgroupsFound = found)));
+  const besteffortQuotaFile = (id: string, cpu: string): string => path.join(cpu, cgroupRelOf(id, true), 'cpu.cfs_quota_us');
+  const guard = new BesteffortGuard({
+    maxHoldMs: deps.besteffortHoldMs ?? 0,
+    quotaFiles: () => {
+      const cpu = cgroupsFound?.cpu;
+      return cpu ? [...sandboxes.values()].filter((r) => r.besteffort).map((r) => besteffortQuotaFile(r.id, cpu)) : [];
+    },
+    onError: (file, err) => log?.warn({ file, err: String(err) }, 'besteffort guard could not write a CPU quota'),
+  });
   const ensureDirs = (): Promise<void> =>
     (dirsReady ??= Promise.all([mkdir(runcRoot, { recursive: true, mode: 0o700 }), mkdir(sandboxesDir, { recursive: true, mode: 0o700 })]).then(() => undefined));
   const containerIdOf = (id: string): string => `rb-${id}`;
@@ -593,7 +606,9 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
   }
 
   async function exec(sandboxId: string, spec: RuntimeExecSpec): Promise<RuntimeExecOutcome> {
-    const run = await runExec(sandboxId, spec);
+    if (spec.holdBackBesteffort) await cgroups(); // besteffortQuotaFiles reads the cpu hierarchy synchronously
+    const release = spec.holdBackBesteffort && sandboxes.get(sandboxId)?.besteffort === false ? guard.hold() : undefined;
+    const run = await runExec(sandboxId, spec).finally(() => release?.());
     const startFailure = run.exitCode === 255 ? parseStartFailure(run.stderr.text()) : undefined;
     return {
       exitCode: startFailure?.exitCode ?? run.exitCode,
@@ -652,7 +667,7 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
   /** Take over a live container left by a previous worker process. */
   async function adopt(id: string): Promise<boolean> {
     const bundle = bundleOf(id);
-    let config: { annotations?: Record<string, string> };
+    let config: { annotations?: Record<string, string>; linux?: { resources?: { cpu?: { quota?: number } } } };
     try {
       config = JSON.parse(await readFile(path.join(bundle, 'config.json'), 'utf8')) as typeof config;
     } catch {
@@ -684,6 +699,14 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
         if (!s.isDirectory()) continue;
         await killCgroup(path.join(dir, s.name), h === cg.freezer ? path.join(dir, s.name) : undefined);
         removeCgroupTree(path.join(dir, s.name));
+      }
+    }
+    // A worker that died while its guard held besteffort sandboxes back left them capped.
+    if (rec.besteffort && cg.cpu) {
+      try {
+        writeFileSync(besteffortQuotaFile(id, cg.cpu), String(config.linux?.resources?.cpu?.quota ?? -1));
+      } catch (err) {
+        log?.warn({ sandboxId: id, err: String(err) }, 'could not restore the CPU quota of an adopted besteffort sandbox');
       }
     }
     sandboxes.set(id, rec);

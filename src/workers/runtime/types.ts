@@ -35,6 +35,8 @@ export interface RuntimeExecSpec {
   outputCapBytes: number;
   /** Called with each kept chunk as the command produces it, in order per stream. */
   onOutput?: (stream: 'stdout' | 'stderr', chunk: Buffer) => void;
+  /** A caller waits on it: in a latency sandbox it holds besteffort sandboxes back while it runs (besteffort-guard.ts). */
+  holdBackBesteffort?: boolean;
 }
 
 /** A command with binary stdin and stdout (the files API): stdout is kept as bytes. */
