@@ -91,6 +91,12 @@ describe('background commands', () => {
     });
     expect(serving.state).toBe('running');
     expect((await api(cluster, token, 'GET', `/v1/sandboxes/${sandbox.id}/commands/nope`)).status).toBe(404);
+    // Starting needs sandbox:exec only: the answer must not be a 403 for a command that runs.
+    const execOnly = await cluster.token('rl', ['sandbox:exec']);
+    const quiet = await api(cluster, execOnly, 'POST', `/v1/sandboxes/${sandbox.id}/exec`, { cmd: 'true', background: true, commandId: 'exec-only' });
+    expect(quiet.status, JSON.stringify(quiet.body)).toBe(202);
+    expect(quiet.body.commandId).toBe('exec-only');
+    expect((await api(cluster, execOnly, 'GET', `/v1/sandboxes/${sandbox.id}/commands/exec-only`)).status).toBe(403);
     await api(cluster, token, 'DELETE', `/v1/sandboxes/${sandbox.id}`);
   });
 });

@@ -10,7 +10,7 @@ const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'rollbox-up-'));
 afterAll(() => fs.rmSync(dataDir, { recursive: true, force: true }));
 
 describe('rollbox up (npm start)', () => {
-  it('prints a URL, a token and a working curl line; Ctrl-C to the whole process group leaves nothing behind', async () => {
+  it('prints a URL, a token and a working curl line; SIGTERM leaves nothing behind, also with a command still running', async () => {
     // Its own process group, like a terminal's foreground job: Ctrl-C signals all of it.
     const child = spawn(process.execPath, [path.join(REPO_ROOT, 'bin/rollbox.js'), 'up', '--port', '0', '--data-dir', dataDir], {
       detached: true,
@@ -33,8 +33,13 @@ describe('rollbox up (npm start)', () => {
     expect(sandbox.state).toBe('running');
     const run = await fetch(`${url}/${sandbox.id}/exec`, { method: 'POST', headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' }, body: '{"cmd":"echo hello"}' });
     expect(((await run.json()) as { stdout: string }).stdout).toBe('hello\n');
+    // A command still running (for ten minutes) must not hold the shutdown up.
+    const background = await fetch(`${url}/${sandbox.id}/exec`, { method: 'POST', headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' }, body: '{"cmd":"sleep 600","background":true}' });
+    expect(background.status).toBe(202);
 
-    process.kill(-child.pid!, 'SIGINT');
+    // SIGTERM to rollbox alone (a service manager's stop), so that nothing but rollbox's own
+    // shutdown ends the command; Ctrl-C would signal the whole group, runc exec included.
+    process.kill(child.pid!, 'SIGTERM');
     expect(await exited).toBe(0);
     expect(hostTraces(dataDir)).toEqual({ mounts: [], loops: [], containers: [] });
     const redisLeft = fs.readdirSync('/proc').filter((p) => /^\d+$/.test(p)).some((p) => {

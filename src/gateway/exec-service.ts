@@ -181,13 +181,19 @@ export class ExecService {
   /** A background command: started (or found by its commandId), answered at once. */
   async startBackground(principal: Principal, id: string, request: ExecRequest): Promise<CommandStatus> {
     const { commandId } = await this.startExec(principal, id, request, { stream: true, background: true });
-    return this.commandStatus(principal, id, commandId);
+    // Whoever may start a command may see that it started: no sandbox:read needed here
+    // (asking for it after the start would answer 403 for a command that runs).
+    return this.statusOf(id, commandId);
   }
 
   /** A command's record with the output it has produced so far. */
   async commandStatus(principal: Principal, id: string, commandId: string): Promise<CommandStatus> {
     requireScope(principal, 'sandbox:read');
     await this.deps.registry.getOwned(id, principal.tenant);
+    return this.statusOf(id, commandId);
+  }
+
+  private async statusOf(id: string, commandId: string): Promise<CommandStatus> {
     const record = await this.deps.commands.get(id, commandId);
     if (!record) throw new RollboxError('not_found', `command ${commandId} not found in sandbox ${id}`);
     if (record.result) return { ...record, stdout: record.result.stdout, stderr: record.result.stderr };

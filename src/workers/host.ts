@@ -67,6 +67,13 @@ const STUCK_AFTER_MS = 15_000;
 /** A packed layer is safe from garbage collection this long if its record is never written. */
 const LAYER_PIN_MS = 30 * 60_000;
 const SYNC_RETRY_MS = 1000;
+/**
+ * On stop, how long running jobs may finish before the host stops waiting on them. A
+ * command can run for hours (a background one up to 24 h): past this, stop goes on, and
+ * its sandbox is destroyed (embedded stack) or adopted by the next start, whose reconcile
+ * ends commands nobody collects.
+ */
+const STOP_GRACE_MS = 5000;
 
 /**
  * A worker host: pulls create requests from its own queue under local admission, runs
@@ -152,7 +159,14 @@ export class WorkerHost {
     this.stopped = true;
     this.stopping.abort();
     for (const t of this.timers) clearInterval(t);
-    await Promise.all(this.queueWorkers.flatMap((q) => [q.worker.close(), q.queue.close()]));
+    // Stop fetching, give running jobs the grace, then close without waiting on the rest
+    // (BullMQ's close() would wait for them, and a later close(true) returns that same wait).
+    await Promise.all(this.queueWorkers.map((q) => q.worker.pause(true)));
+    const busy = () => this.queueWorkers.reduce((n, q) => n + q.inFlight, 0);
+    for (const until = Date.now() + STOP_GRACE_MS; busy() > 0 && Date.now() < until; ) await new Promise((r) => setTimeout(r, 50));
+    if (busy() > 0) this.log.warn({ inFlight: busy() }, 'jobs still running at stop; not waiting for them');
+    await Promise.all(this.queueWorkers.map((q) => q.worker.close(q.inFlight > 0)));
+    await Promise.all(this.queueWorkers.map((q) => q.queue.close()));
     if (options.destroySandboxes) {
       await Promise.all(
         [...this.local.keys()].map(async (id) => {
@@ -163,6 +177,8 @@ export class WorkerHost {
       );
       await this.deps.runtime.reconcile(new Set());
       await this.deps.redis.hdel(keys.nodes, this.nodeId);
+      // Commands cut short by the destroys now finish: let them record their results.
+      for (let i = 0; i < 50 && busy() > 0; i++) await new Promise((r) => setTimeout(r, 100));
     }
   }
 
