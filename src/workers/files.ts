@@ -29,8 +29,8 @@ const B = INIT_BUSYBOX;
  * $1 path, $2 format. Prints one marker byte, then the content: `f` and the file's bytes,
  * or `t` and a tar (of a directory's contents, or with format=tar of the one file).
  * The kernel's pseudo filesystems are left out: a tar of / skips /proc, /sys, /dev (and
- * the platform's own /.rollbox), and a directory inside them is refused, since their files never end (/dev/zero) or
- * describe the host rather than the sandbox's work.
+ * the platform's own /.rollbox), and a directory inside them is refused, since their
+ * files never end (/dev/zero) or describe the kernel rather than the sandbox's work.
  */
 const READ_SCRIPT = `p="$1"
 if [ -d "$p" ]; then

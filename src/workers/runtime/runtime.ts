@@ -606,7 +606,7 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
   }
 
   async function exec(sandboxId: string, spec: RuntimeExecSpec): Promise<RuntimeExecOutcome> {
-    if (spec.holdBackBesteffort) await cgroups(); // besteffortQuotaFiles reads the cpu hierarchy synchronously
+    if (spec.holdBackBesteffort) await cgroups(); // the guard's quotaFiles needs the cpu hierarchy found
     const release = spec.holdBackBesteffort && sandboxes.get(sandboxId)?.besteffort === false ? guard.hold() : undefined;
     const run = await runExec(sandboxId, spec).finally(() => release?.());
     const startFailure = run.exitCode === 255 ? parseStartFailure(run.stderr.text()) : undefined;
