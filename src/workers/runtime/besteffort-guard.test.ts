@@ -49,6 +49,18 @@ describe('BesteffortGuard', () => {
     expect(errors).toEqual([]);
   });
 
+  it('holds back a sandbox that starts during a hold, and gives it back with the others', () => {
+    const { files, read } = quotaFiles({ a: '50000', late: '25000' });
+    const guard = new BesteffortGuard({ quotaFiles: () => files.slice(0, 1), maxHoldMs: 60_000 });
+    guard.started(files[1]!); // no hold: untouched
+    expect(read()).toEqual({ a: '50000', late: '25000' });
+    const release = guard.hold();
+    guard.started(files[1]!);
+    expect(read()).toEqual({ a: String(GUARD_QUOTA_US), late: String(GUARD_QUOTA_US) });
+    release();
+    expect(read()).toEqual({ a: '50000', late: '25000' });
+  });
+
   it('releases on its own after maxHoldMs', async () => {
     const { files, read } = quotaFiles({ a: '50000' });
     const guard = new BesteffortGuard({ quotaFiles: () => files, maxHoldMs: 50 });

@@ -53,17 +53,24 @@ export class BesteffortGuard {
     return release;
   }
 
+  /** A besteffort sandbox that starts during a hold is held back with the others. */
+  started(quotaFile: string): void {
+    if (this.holders > 0) this.capOne(quotaFile);
+  }
+
   private cap(): void {
-    for (const file of this.deps.quotaFiles()) {
-      try {
-        const quota = readFileSync(file, 'utf8').trim();
-        // An unlimited sandbox (-1) is capped too; one already at or below the cap is left alone.
-        if (quota !== '-1' && Number(quota) <= GUARD_QUOTA_US) continue;
-        writeFileSync(file, String(GUARD_QUOTA_US));
-        this.saved.set(file, quota);
-      } catch (err) {
-        this.deps.onError?.(file, err);
-      }
+    for (const file of this.deps.quotaFiles()) this.capOne(file);
+  }
+
+  private capOne(file: string): void {
+    try {
+      const quota = readFileSync(file, 'utf8').trim();
+      // An unlimited sandbox (-1) is capped too; one already at or below the cap is left alone.
+      if (quota !== '-1' && Number(quota) <= GUARD_QUOTA_US) return;
+      writeFileSync(file, String(GUARD_QUOTA_US));
+      this.saved.set(file, quota);
+    } catch (err) {
+      this.deps.onError?.(file, err);
     }
   }
 

@@ -235,7 +235,7 @@ describe('runc runtime', () => {
   });
 
   it('holds besteffort sandboxes at the minimal CPU quota while a waited-on latency command runs, at most besteffortHoldMs', async () => {
-    const rt = newRuntime({ besteffortHoldMs: 1500 });
+    const rt = newRuntime({ besteffortHoldMs: 4000 });
     await rt.create(spec('held', { class: 'besteffort', resources: { cpuMillis: 500, memoryMiB: 64, diskMiB: 64, pids: 64 } }));
     await rt.create(spec('holder'));
     const cpu = cgroupRoots.find((c) => c.endsWith('/cpu'))!;
@@ -257,15 +257,22 @@ describe('runc runtime', () => {
       return [...seen];
     };
     expect(quota()).toBe('50000');
-    // Held back (the kernel's smallest quota) while it runs, given back after.
-    expect(await quotasDuring(rt.exec('holder', cmd('sleep 0.5', { holdBackBesteffort: true })))).toContain('1000');
-    expect(quota()).toBe('50000');
+    // Held back (the kernel's smallest quota) while it runs, given back after; a besteffort
+    // sandbox that starts meanwhile is held back too.
+    const lateQuota = () => readFileSync(path.join(cpu, BESTEFFORT_ROOT, nodeId, 'rb-late', 'cpu.cfs_quota_us'), 'utf8').trim();
+    const held = rt.exec('holder', cmd('sleep 3', { holdBackBesteffort: true }));
+    await until('held back', () => quota() === '1000');
+    await rt.create(spec('late', { class: 'besteffort', resources: { cpuMillis: 250, memoryMiB: 64, diskMiB: 64, pids: 64 } }));
+    expect(lateQuota()).toBe('1000');
+    await held;
+    expect([quota(), lateQuota()]).toEqual(['50000', '25000']);
+    await rt.destroy('late');
     // Not by a command nobody waits on, nor by a besteffort sandbox's own command.
     expect(await quotasDuring(rt.exec('holder', cmd('sleep 0.5')))).toEqual(['50000']);
     expect(await quotasDuring(rt.exec('held', cmd('sleep 0.5', { holdBackBesteffort: true })))).toEqual(['50000']);
     // A long command gives the CPU back after besteffortHoldMs, while it still runs.
     let longDone = false;
-    const long = rt.exec('holder', cmd('sleep 5', { holdBackBesteffort: true, timeoutMs: 20_000 })).finally(() => (longDone = true));
+    const long = rt.exec('holder', cmd('sleep 7', { holdBackBesteffort: true, timeoutMs: 20_000 })).finally(() => (longDone = true));
     await until('held back', () => quota() === '1000');
     await until('given back after the hold', () => quota() === '50000');
     expect(longDone).toBe(false);

@@ -469,6 +469,7 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
         const cpuHierarchy = (await cgroups()).cpu;
         const cpuIdleFile = cpuHierarchy && path.join(cpuHierarchy, cgroupRelOf(id, besteffort), 'cpu.idle');
         if (besteffort && cpuIdleFile && existsSync(cpuIdleFile)) writeFileSync(cpuIdleFile, '1');
+        if (besteffort && cpuHierarchy) guard.started(besteffortQuotaFile(id, cpuHierarchy));
         // Before the sandbox is reported running (no command has run in it yet).
         const policy: SandboxPolicy = { network: spec.network ?? NO_NETWORK, hiddenPaths: spec.hiddenPaths };
         await applyNetwork(id, pid, policy.network);
