@@ -6,7 +6,7 @@
  * commands: a small shell loop (CPU-bound, so contention shows) and `true`. Phases are
  * interleaved over several rounds so that drift in the host's other load hits all three alike.
  * The neighbours' CPU use per phase (cores) shows what the protection costs them.
- * BENCH_BESTEFFORT_HOLD_MS sets the worker's ROLLBOX_BESTEFFORT_HOLD_MS (0: scheduler only).
+ * ROLLBOX_BESTEFFORT_* variables go to the worker (ROLLBOX_BESTEFFORT_HOLD_MS=0: the scheduler only).
  * Progress on stderr, CDF charts in bench/out/, one JSON line at the end.
  */
 import { readFileSync } from 'node:fs';
@@ -26,8 +26,9 @@ const COMMANDS = { compute: { cmd: COMPUTE }, true: { argv: ['true'] } } as cons
 type Phase = 'alone' | 'protected' | 'unprotected';
 const PHASES: Phase[] = ['alone', 'protected', 'unprotected'];
 
-const HOLD_MS = process.env.BENCH_BESTEFFORT_HOLD_MS;
-const cluster = await startTestCluster({ workers: [{ nodeId: 'bench-node', env: HOLD_MS === undefined ? {} : { ROLLBOX_BESTEFFORT_HOLD_MS: HOLD_MS } }] });
+const guardEnv = Object.fromEntries(Object.entries(process.env).filter((e): e is [string, string] => e[0].startsWith('ROLLBOX_BESTEFFORT_') && e[1] !== undefined));
+const guardConfig = loadConfig({}, guardEnv).node;
+const cluster = await startTestCluster({ workers: [{ nodeId: 'bench-node', env: guardEnv }] });
 /** CPU time (ns) used so far by the worker's sandboxes of one class (their cgroup tree). */
 const classCpuNs = (root: 'rollbox' | 'rollbox-besteffort'): number => {
   try {
@@ -148,7 +149,8 @@ try {
         protected: Math.round((neighbourCpu.protected.reduce((a, b) => a + b, 0) / ROUNDS) * 100) / 100,
         unprotected: Math.round((neighbourCpu.unprotected.reduce((a, b) => a + b, 0) / ROUNDS) * 100) / 100,
       },
-      besteffortHoldMs: loadConfig({}, HOLD_MS === undefined ? {} : { ROLLBOX_BESTEFFORT_HOLD_MS: HOLD_MS }).node.besteffortHoldMs,
+      besteffortHoldMs: guardConfig.besteffortHoldMs,
+      besteffortHeldCpuMillis: guardConfig.besteffortHeldCpuMillis,
       n: prot.compute.n,
       targets: { protectedIncreasePct: 20 },
       charts,

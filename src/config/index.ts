@@ -55,6 +55,8 @@ const Env = z.object({
    * sandboxes at 1% of a CPU (the stand-in for core scheduling; see besteffort-guard.ts); 0 = off.
    */
   ROLLBOX_BESTEFFORT_HOLD_MS: z.coerce.number().int().min(0).default(10_000),
+  /** CPU each besteffort sandbox keeps while held, millicores; 10 is the kernel's least (1 ms per 100 ms). */
+  ROLLBOX_BESTEFFORT_HELD_CPU_MILLIS: z.coerce.number().int().min(10).max(100_000).default(10),
   /** Largest file or tar the files API moves in one request (it travels through Redis). */
   ROLLBOX_FILES_MAX_BYTES: z.coerce.number().int().min(1024).max(512 * 1024 * 1024).default(64 * 1024 * 1024),
   /** A layer nothing references is collected once it has stayed unreferenced this long. */
@@ -137,6 +139,7 @@ export function loadConfig(env: NodeJS.ProcessEnv, overrides: Partial<Record<key
       lostAfterMs: e.ROLLBOX_NODE_LOST_AFTER_MS,
       execOutputCapBytes: e.ROLLBOX_EXEC_OUTPUT_CAP_BYTES,
       besteffortHoldMs: e.ROLLBOX_BESTEFFORT_HOLD_MS,
+      besteffortHeldCpuMillis: e.ROLLBOX_BESTEFFORT_HELD_CPU_MILLIS,
       syncLayers: parseList(e.ROLLBOX_SYNC_LAYERS ?? (e.ROLLBOX_POOL === 'cloud' ? 'cluster' : '')),
       gatewayUrl: e.ROLLBOX_GATEWAY_URL,
       gatewayToken: e.ROLLBOX_GATEWAY_TOKEN,

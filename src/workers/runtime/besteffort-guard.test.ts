@@ -2,7 +2,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
-import { BesteffortGuard, GUARD_QUOTA_US } from './besteffort-guard.ts';
+import { BesteffortGuard, MIN_HELD_QUOTA_US } from './besteffort-guard.ts';
 
 // Plain files stand in for cpu.cfs_quota_us here; runtime.test.ts checks the real cgroups.
 let dir: string;
@@ -24,7 +24,7 @@ describe('BesteffortGuard', () => {
     const guard = new BesteffortGuard({ quotaFiles: () => files, maxHoldMs: 60_000 });
     const first = guard.hold();
     const second = guard.hold();
-    const capped = String(GUARD_QUOTA_US);
+    const capped = String(MIN_HELD_QUOTA_US);
     // c is already below the cap: left alone.
     expect(read()).toEqual({ a: capped, b: capped, c: '500' });
     first();
@@ -56,7 +56,7 @@ describe('BesteffortGuard', () => {
     expect(read()).toEqual({ a: '50000', late: '25000' });
     const release = guard.hold();
     guard.started(files[1]!);
-    expect(read()).toEqual({ a: String(GUARD_QUOTA_US), late: String(GUARD_QUOTA_US) });
+    expect(read()).toEqual({ a: String(MIN_HELD_QUOTA_US), late: String(MIN_HELD_QUOTA_US) });
     release();
     expect(read()).toEqual({ a: '50000', late: '25000' });
   });
@@ -65,7 +65,7 @@ describe('BesteffortGuard', () => {
     const { files, read } = quotaFiles({ a: '50000' });
     const guard = new BesteffortGuard({ quotaFiles: () => files, maxHoldMs: 50 });
     guard.hold();
-    expect(read()).toEqual({ a: String(GUARD_QUOTA_US) });
+    expect(read()).toEqual({ a: String(MIN_HELD_QUOTA_US) });
     await new Promise((r) => setTimeout(r, 200));
     expect(guard.engaged).toBe(false);
     expect(read()).toEqual({ a: '50000' });

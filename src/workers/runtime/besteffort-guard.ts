@@ -10,19 +10,23 @@ import { readFileSync, writeFileSync } from 'node:fs';
  * `runc --version` by 40-70% and a fork-heavy shell loop by 45-90%, with no run-queue
  * contention at all. Core scheduling answers that by idling a latency task's siblings;
  * this guard does the same at host granularity: while any guarded command runs, every
- * besteffort sandbox of this host is capped at the kernel's smallest CFS quota (1 ms per
- * 100 ms period), and its own quota comes back when the last guarded command ends or
- * after `maxHoldMs`, so a long build does not starve besteffort work for its whole run.
+ * besteffort sandbox of this host is capped at `heldQuotaUs` per 100 ms period (default
+ * the kernel's smallest, 1 ms), and its own quota comes back when the last guarded
+ * command ends or after `maxHoldMs`, so a long build does not starve besteffort work for
+ * its whole run.
  *
  * The cap is written per sandbox: cgroup v1 refuses a parent quota below a child's.
  */
-export const GUARD_QUOTA_US = 1000;
+/** The kernel's smallest CFS quota: 1% of a CPU at the 100 ms period sandboxes use. */
+export const MIN_HELD_QUOTA_US = 1000;
 
 export interface BesteffortGuardDeps {
   /** cpu.cfs_quota_us of every besteffort sandbox this host runs now. */
   quotaFiles: () => string[];
   /** How long one command may hold besteffort sandboxes back; 0 turns the guard off. */
   maxHoldMs: number;
+  /** Each held sandbox's CFS quota (per 100 ms period); default MIN_HELD_QUOTA_US. */
+  heldQuotaUs?: number;
   onError?: (file: string, err: unknown) => void;
 }
 
@@ -31,7 +35,11 @@ export class BesteffortGuard {
   /** The quota each capped sandbox had before, to give back. */
   private readonly saved = new Map<string, string>();
 
-  constructor(private readonly deps: BesteffortGuardDeps) {}
+  private readonly heldQuotaUs: number;
+
+  constructor(private readonly deps: BesteffortGuardDeps) {
+    this.heldQuotaUs = Math.max(MIN_HELD_QUOTA_US, deps.heldQuotaUs ?? MIN_HELD_QUOTA_US);
+  }
 
   get engaged(): boolean {
     return this.holders > 0;
@@ -66,8 +74,8 @@ export class BesteffortGuard {
     try {
       const quota = readFileSync(file, 'utf8').trim();
       // An unlimited sandbox (-1) is capped too; one already at or below the cap is left alone.
-      if (quota !== '-1' && Number(quota) <= GUARD_QUOTA_US) return;
-      writeFileSync(file, String(GUARD_QUOTA_US));
+      if (quota !== '-1' && Number(quota) <= this.heldQuotaUs) return;
+      writeFileSync(file, String(this.heldQuotaUs));
       this.saved.set(file, quota);
     } catch (err) {
       this.deps.onError?.(file, err);

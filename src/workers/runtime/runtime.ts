@@ -26,7 +26,7 @@ import { BesteffortGuard } from './besteffort-guard.ts';
 import { DiskHelper } from './diskhelper.ts';
 import { ScratchDisks } from './scratch.ts';
 import { packUpperDir, upperDirOfBundle } from './snapshot.ts';
-import { MASKED_PATHS, containerConfig, envList } from './spec.ts';
+import { CPU_PERIOD_US, MASKED_PATHS, containerConfig, envList } from './spec.ts';
 import type { RuntimeExecOutcome, RuntimeExecSpec, RuntimeRawExecOutcome, RuntimeRawExecSpec, SandboxPolicy, SandboxRuntime, SandboxRuntimeSpec } from './types.ts';
 
 export interface RuntimeLogger {
@@ -73,6 +73,8 @@ export interface RuncRuntimeDeps {
   network?: SandboxNetworks;
   /** How long one exec with holdBackBesteffort may cap besteffort sandboxes (BesteffortGuard); default 0, off. */
   besteffortHoldMs?: number;
+  /** CPU each besteffort sandbox keeps while held, in millicores (default 10, the kernel's least). */
+  besteffortHeldCpuMillis?: number;
 }
 
 export interface RuncRuntime extends SandboxRuntime {
@@ -241,6 +243,7 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
   const besteffortQuotaFile = (id: string, cpu: string): string => path.join(cpu, cgroupRelOf(id, true), 'cpu.cfs_quota_us');
   const guard = new BesteffortGuard({
     maxHoldMs: deps.besteffortHoldMs ?? 0,
+    heldQuotaUs: deps.besteffortHeldCpuMillis === undefined ? undefined : deps.besteffortHeldCpuMillis * (CPU_PERIOD_US / 1000),
     quotaFiles: () => {
       const cpu = cgroupsFound?.cpu;
       return cpu ? [...sandboxes.values()].filter((r) => r.besteffort).map((r) => besteffortQuotaFile(r.id, cpu)) : [];

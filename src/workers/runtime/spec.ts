@@ -70,7 +70,7 @@ export function seccompProfile(): object {
   };
 }
 
-const CPU_PERIOD_US = 100_000;
+export const CPU_PERIOD_US = 100_000;
 const MIB = 1024 * 1024;
 
 export interface ContainerConfigInput {
