@@ -7,7 +7,7 @@ import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CreateSandboxRequest, type NodeHeartbeat } from '../src/api/index.ts';
 import { BurstController, CommandProvider, TraceRecorder } from '../src/burst/index.ts';
-import { NodeDirectory, type PlacementRequest } from '../src/queues/index.ts';
+import { NodeDirectory, idleHeartbeat, type PlacementRequest } from '../src/queues/index.ts';
 import { connectRedis, startRedisServer, type RedisServerHandle } from '../src/redis/index.ts';
 import { LayerRegistry, SandboxRegistry, keys } from '../src/registry/index.ts';
 
@@ -44,17 +44,8 @@ async function scripts(): Promise<{ provision: string; terminate: string; list: 
 
 function heartbeat(nodeId: string, pool: string, usedMemoryMiB: number, extra: Partial<NodeHeartbeat> = {}): NodeHeartbeat {
   return {
-    nodeId,
-    pool,
-    atMs: Date.now() + Math.random(),
-    healthy: true,
-    capacity: { cpuMillis: 8000, memoryMiB: 1000, maxSandboxes: 100, maxStarting: 8 },
+    ...idleHeartbeat(nodeId, pool, { cpuMillis: 8000, memoryMiB: 1000, maxSandboxes: 100, maxStarting: 8 }, Date.now() + Math.random()),
     used: { cpuMillis: 0, memoryMiB: usedMemoryMiB },
-    measured: { cpuLoad: 0, memoryUsedFraction: 0 },
-    sandboxes: 0,
-    starting: 0,
-    cachedLayers: [],
-    handledCreates: [],
     ...extra,
   };
 }

@@ -1,4 +1,4 @@
-export { chooseNode, eligibleNodes, loadScore } from './placement.ts';
+export { chooseNode, eligibleNodes, idleHeartbeat, loadScore } from './placement.ts';
 export type { AssumedLoad, PlacementCandidate, PlacementRequest, PlacementOptions } from './placement.ts';
 export { NodeDirectory } from './node-directory.ts';
 export { ReplyHub, publishReply } from './replies.ts';

@@ -1,23 +1,14 @@
 import { describe, expect, it } from 'vitest';
 import type { NodeHeartbeat } from '../api/index.ts';
-import { chooseNode, type PlacementCandidate } from './placement.ts';
+import { chooseNode, idleHeartbeat, type PlacementCandidate } from './placement.ts';
 
 function node(nodeId: string, usedMemoryMiB: number, extra: Partial<NodeHeartbeat> = {}): PlacementCandidate {
   return {
     ageMs: 100,
     assumed: { memoryMiB: 0, cpuMillis: 0, sandboxes: 0 },
     heartbeat: {
-      nodeId,
-      pool: 'local',
-      atMs: 0,
-      healthy: true,
-      capacity: { cpuMillis: 16_000, memoryMiB: 10_000, maxSandboxes: 100, maxStarting: 8 },
+      ...idleHeartbeat(nodeId, 'local', { cpuMillis: 16_000, memoryMiB: 10_000, maxSandboxes: 100, maxStarting: 8 }),
       used: { cpuMillis: 0, memoryMiB: usedMemoryMiB },
-      measured: { cpuLoad: 0, memoryUsedFraction: 0 },
-      sandboxes: 0,
-      starting: 0,
-      cachedLayers: [],
-      handledCreates: [],
       ...extra,
     },
   };

@@ -7,6 +7,23 @@ export interface AssumedLoad {
   sandboxes: number;
 }
 
+/** The heartbeat of a node with nothing on it yet (simulated nodes, test fixtures). */
+export function idleHeartbeat(nodeId: string, pool: string, capacity: NodeHeartbeat['capacity'], atMs = 0): NodeHeartbeat {
+  return {
+    nodeId,
+    pool,
+    atMs,
+    healthy: true,
+    capacity,
+    used: { cpuMillis: 0, memoryMiB: 0 },
+    measured: { cpuLoad: 0, memoryUsedFraction: 0 },
+    sandboxes: 0,
+    starting: 0,
+    cachedLayers: [],
+    handledCreates: [],
+  };
+}
+
 export interface PlacementCandidate {
   heartbeat: NodeHeartbeat;
   /** How long ago (by this gateway's clock) the heartbeat last changed. */

@@ -163,7 +163,10 @@ export class WorkerHost {
     // (BullMQ's close() would wait for them, and a later close(true) returns that same wait).
     await Promise.all(this.queueWorkers.map((q) => q.worker.pause(true)));
     const busy = () => this.queueWorkers.reduce((n, q) => n + q.inFlight, 0);
-    for (const until = Date.now() + STOP_GRACE_MS; busy() > 0 && Date.now() < until; ) await new Promise((r) => setTimeout(r, 50));
+    const untilIdle = async (ms: number) => {
+      for (const until = Date.now() + ms; busy() > 0 && Date.now() < until; ) await new Promise((r) => setTimeout(r, 50));
+    };
+    await untilIdle(STOP_GRACE_MS);
     if (busy() > 0) this.log.warn({ inFlight: busy() }, 'jobs still running at stop; not waiting for them');
     await Promise.all(this.queueWorkers.map((q) => q.worker.close(q.inFlight > 0)));
     await Promise.all(this.queueWorkers.map((q) => q.queue.close()));
@@ -178,7 +181,7 @@ export class WorkerHost {
       await this.deps.runtime.reconcile(new Set());
       await this.deps.redis.hdel(keys.nodes, this.nodeId);
       // Commands cut short by the destroys now finish: let them record their results.
-      for (let i = 0; i < 50 && busy() > 0; i++) await new Promise((r) => setTimeout(r, 100));
+      await untilIdle(STOP_GRACE_MS);
     }
   }
 

@@ -24,7 +24,7 @@
 import type { BurstPolicy, TraceEvent } from '../../api/index.ts';
 // The pure placement and admission functions, imported from their files so the simulator
 // does not load the Redis and runc parts of those modules.
-import { chooseNode, type PlacementCandidate } from '../../queues/placement.ts';
+import { chooseNode, idleHeartbeat, type PlacementCandidate } from '../../queues/placement.ts';
 import { decideAdmission, type AdmissionState } from '../../workers/admission.ts';
 import { INITIAL_DIVERSION_STATE, decideCreate, mulberry32, planCloudScaling, rngStream, stepDiversion, utilizationOf, type NodeUsage } from '../policy/index.ts';
 import { EventHeap } from './heap.ts';
@@ -127,19 +127,7 @@ export function simulate(events: readonly TraceEvent[], policy: BurstPolicy, mod
     candidates.push({
       ageMs: 0,
       assumed: { cpuMillis: 0, memoryMiB: 0, sandboxes: 0 },
-      heartbeat: {
-        nodeId,
-        pool: 'local',
-        atMs: 0,
-        healthy: true,
-        capacity: { ...capacity, maxStarting: model.nodeMaxSandboxes },
-        used: { cpuMillis: 0, memoryMiB: 0 },
-        measured: { cpuLoad: 0, memoryUsedFraction: 0 },
-        sandboxes: 0,
-        starting: 0,
-        cachedLayers: [],
-        handledCreates: [],
-      },
+      heartbeat: idleHeartbeat(nodeId, 'local', { ...capacity, maxStarting: model.nodeMaxSandboxes }),
     });
     usages.push({ capacity: { cpuMillis: capacity.cpuMillis, memoryMiB: capacity.memoryMiB }, requested: { cpuMillis: 0, memoryMiB: 0 }, measured: { cpuFraction: 0, memoryFraction: 0 } });
   }

@@ -244,6 +244,7 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
   const guard = new BesteffortGuard({
     maxHoldMs: deps.besteffortHoldMs ?? 0,
     heldQuotaUs: deps.besteffortHeldCpuMillis === undefined ? undefined : deps.besteffortHeldCpuMillis * (CPU_PERIOD_US / 1000),
+    // Every besteffort sandbox got here through create or adopt, which found the hierarchies.
     quotaFiles: () => {
       const cpu = cgroupsFound?.cpu;
       return cpu ? [...sandboxes.values()].filter((r) => r.besteffort).map((r) => besteffortQuotaFile(r.id, cpu)) : [];
@@ -610,7 +611,6 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
   }
 
   async function exec(sandboxId: string, spec: RuntimeExecSpec): Promise<RuntimeExecOutcome> {
-    if (spec.holdBackBesteffort) await cgroups(); // the guard's quotaFiles needs the cpu hierarchy found
     const release = spec.holdBackBesteffort && sandboxes.get(sandboxId)?.besteffort === false ? guard.hold() : undefined;
     const run = await runExec(sandboxId, spec).finally(() => release?.());
     const startFailure = run.exitCode === 255 ? parseStartFailure(run.stderr.text()) : undefined;
