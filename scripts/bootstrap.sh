@@ -5,7 +5,7 @@ set -e
 cd "$(dirname "$0")/.."
 
 missing=""
-for pkg in runc erofs-utils redis-server busybox-static nftables iproute2 e2fsprogs; do
+for pkg in runc erofs-utils redis-server busybox-static nftables iproute2 e2fsprogs musl-tools gcc; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing="$missing $pkg"
 done
 
@@ -26,3 +26,6 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$lock_hash" ]; then
   npm ci --no-audit --no-fund >&2
   echo "$lock_hash" > "$stamp"
 fi
+
+# The sandboxes' PID 1 (src/workers/init/rollbox-init.c).
+sh scripts/build-init.sh

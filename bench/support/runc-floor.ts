@@ -53,6 +53,8 @@ export async function rawRuncRunFloor(opts: { workerDir: string; templateSandbox
         m.type !== 'overlay' ? m : { ...m, options: m.options.map((o) => (o.startsWith('upperdir=') ? `upperdir=${runDir}/upper` : o.startsWith('workdir=') ? `workdir=${runDir}/work` : o)) },
       );
       own.root.path = path.join(runDir, 'rootfs');
+      // rollbox-init needs the socket and cgroup fds rollbox hands it; the floor's PID 1 just sleeps.
+      own.process.args = ['/.rollbox/busybox', 'sleep', '2147483647'];
       own.linux.cgroupsPath = `/rollbox-bench/${id}`;
       await fs.writeFile(path.join(runDir, 'config.json'), JSON.stringify(own));
       samples.push(await timed(() => runDetached('runc', ['--root', template.runcRoot, 'run', '-d', '--bundle', runDir, id])));

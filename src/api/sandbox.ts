@@ -89,7 +89,8 @@ export type CreateSandboxRequest = z.infer<typeof CreateSandboxRequest>;
 export const SandboxState = z.enum(['pending', 'creating', 'running', 'paused', 'hibernated', 'stopping', 'terminated', 'failed']);
 export type SandboxState = z.infer<typeof SandboxState>;
 
-export const FailureReason = z.enum(['oom', 'timeout', 'admission_exhausted', 'infra_error', 'lost']);
+/** `init_lost`: the sandbox's PID 1 (rollbox-init) died; nothing it ran can report a result any more. */
+export const FailureReason = z.enum(['oom', 'timeout', 'admission_exhausted', 'infra_error', 'lost', 'init_lost']);
 export type FailureReason = z.infer<typeof FailureReason>;
 
 export const TERMINAL_STATES: readonly SandboxState[] = ['terminated', 'failed'];

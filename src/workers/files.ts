@@ -1,12 +1,12 @@
 import type { Redis } from 'ioredis';
 import { RollboxError, type NodeOp, type Reply } from '../api/index.ts';
-import { INIT_BUSYBOX } from './runtime/spec.ts';
+import { SANDBOX_BUSYBOX } from './runtime/spec.ts';
 import type { RuntimeRawExecOutcome, SandboxRuntime } from './runtime/types.ts';
 
 /**
  * The files API on a worker host. Every read and write is done by the host's static
- * busybox (bind-mounted read-only at INIT_BUSYBOX in every container) run with `runc exec`
- * inside the sandbox: its mount namespace, root, cgroups, capabilities and seccomp. So a
+ * busybox (bind-mounted read-only at SANDBOX_BUSYBOX in every container), forked by the
+ * sandbox's init inside the sandbox: its mount namespace, root, cgroups, capabilities and seccomp. So a
  * path, and every symlink on it, resolves in the sandbox's own root: a link to
  * /etc/shadow or to a host path reaches only the sandbox's file of that name. Nothing
  * here joins a sandbox path to a host directory.
@@ -24,7 +24,7 @@ const EXIT_NOT_FOUND = 44;
 const EXIT_NOT_FILE = 45;
 const EXIT_CANNOT = 46;
 
-const B = INIT_BUSYBOX;
+const B = SANDBOX_BUSYBOX;
 /**
  * $1 path, $2 format. Prints one marker byte, then the content: `f` and the file's bytes,
  * or `t` and a tar (of a directory's contents, or with format=tar of the one file).

@@ -10,6 +10,7 @@ import { createQueueName, opsQueueName, publishReply } from '../queues/index.ts'
 import { LayerRegistry, OutputWriter, keys, type CommandLog, type SandboxRegistry } from '../registry/index.ts';
 import { decideAdmission, diskCapacityMiB } from './admission.ts';
 import { readSandboxFiles, writeSandboxFiles } from './files.ts';
+import { InitLostError } from './init/index.ts';
 import type { SandboxRuntime } from './runtime/types.ts';
 
 export interface WorkerHostDeps {
@@ -61,6 +62,8 @@ interface LocalSandbox {
 const HANDLED_WINDOW_MS = 15_000;
 const OPS_CONCURRENCY = 256;
 const REGISTRY_SYNC_MS = 3000;
+/** How often the inits of local sandboxes are checked (two small /proc reads each). */
+const INIT_WATCH_MS = 2000;
 const WATCHDOG_MS = 5000;
 /** A queue with waiting jobs that its worker has not touched for this long is stuck. */
 const STUCK_AFTER_MS = 15_000;
@@ -121,6 +124,7 @@ export class WorkerHost {
     this.timers.push(setInterval(() => void this.heartbeat().catch((err) => this.log.warn({ err }, 'heartbeat failed')), config.heartbeatMs));
     this.timers.push(setInterval(() => void this.expireTtls().catch((err) => this.log.warn({ err }, 'ttl sweep failed')), 1000));
     this.timers.push(setInterval(() => void this.syncWithRegistry().catch((err) => this.log.warn({ err }, 'registry sync failed')), REGISTRY_SYNC_MS));
+    this.timers.push(setInterval(() => void this.watchInits().catch((err) => this.log.warn({ err }, 'init watch failed')), INIT_WATCH_MS));
     for (const t of this.timers) t.unref();
     this.log.info({ adopted: this.local.size }, 'worker host started');
   }
@@ -376,9 +380,10 @@ export class WorkerHost {
     return { digest, imagePath };
   }
 
+  /** Out of the table first: nothing (the init watch, say) may take a sandbox being destroyed for a dead one. */
   private async removeLocal(id: string): Promise<void> {
-    await this.deps.runtime.destroy(id).catch((err) => this.log.error({ err, sandboxId: id }, 'destroy failed'));
     this.local.delete(id);
+    await this.deps.runtime.destroy(id).catch((err) => this.log.error({ err, sandboxId: id }, 'destroy failed'));
   }
 
   private async handleOp(op: NodeOp): Promise<void> {
@@ -412,6 +417,10 @@ export class WorkerHost {
           return await this.reply(op.replyTo, await writeSandboxFiles(this.deps, op));
       }
     } catch (err) {
+      if (err instanceof InitLostError) {
+        await this.checkAlive(op.sandboxId);
+        err = new RollboxError('invalid_state', `sandbox ${op.sandboxId}: ${err.message}`);
+      }
       const error = err instanceof RollboxError ? { code: err.code, message: err.message } : { code: 'internal', message: err instanceof Error ? err.message : String(err) };
       await this.reply(op.replyTo, { kind: 'error', requestId: op.requestId, error });
     }
@@ -430,7 +439,6 @@ export class WorkerHost {
       if (record?.state === 'done' && record.result) await this.reply(op.replyTo, { kind: 'exec', requestId: op.requestId, result: { ...record.result, replayed: true } });
       return;
     }
-    const oomBefore = await runtime.oomKillCount(op.sandboxId);
     const output = op.stream ? new OutputWriter(this.deps.redis, op.sandboxId, op.commandId) : undefined;
     const outcome = await runtime
       .exec(op.sandboxId, {
@@ -445,17 +453,20 @@ export class WorkerHost {
       })
       .catch(async (err: unknown) => {
         await commands.markUnknown(op.sandboxId, op.commandId, this.nodeId);
-        throw err;
+        if (!(err instanceof InitLostError)) throw err;
+        // The init went away under the command: whatever it did, no result can be trusted.
+        await this.checkAlive(op.sandboxId);
+        throw new RollboxError('result_unknown', `command ${op.commandId}: ${err.message}; it may or may not have taken effect`);
       });
-    const oomKills = (await runtime.oomKillCount(op.sandboxId)) - oomBefore;
+    const { oomKills, ...reported } = outcome;
     if (oomKills > 0) await this.deps.registry.addOomKills(op.sandboxId, oomKills);
-    const result = { ...outcome, oomKilled: outcome.oomKilled || oomKills > 0, commandId: op.commandId };
+    const result = { ...reported, commandId: op.commandId };
     // Output first, then the result, then the reply: whoever sees the result finds all output.
     await output?.flush();
     await commands.complete(op.sandboxId, this.nodeId, result);
     await this.reply(op.replyTo, { kind: 'exec', requestId: op.requestId, result: { ...result, replayed: false } });
     // A killed command may mean the whole sandbox went down with it.
-    if (outcome.exitCode >= 128 || outcome.exitCode < 0 || oomKills > 0) await this.checkAlive(op.sandboxId);
+    if (outcome.exitCode >= 128 || oomKills > 0) await this.checkAlive(op.sandboxId);
   }
 
   /**
@@ -518,10 +529,20 @@ export class WorkerHost {
 
   /** A sandbox whose init died (OOM of the whole sandbox, or killed from outside) ends failed. */
   private async checkAlive(id: string): Promise<void> {
-    if (await this.deps.runtime.isRunning(id)) return;
+    if (!this.local.has(id) || (await this.deps.runtime.isRunning(id)) || !this.local.has(id)) return;
     const oom = (await this.deps.runtime.oomKillCount(id)) > 0;
     await this.removeLocal(id);
-    await this.deps.registry.transition(id, 'failed', { node: this.nodeId, failureReason: oom ? 'oom' : 'infra_error', detail: 'the sandbox init process died' });
+    await this.deps.registry.transition(id, 'failed', {
+      node: this.nodeId,
+      failureReason: oom ? 'oom' : 'init_lost',
+      detail: oom ? 'the sandbox init was killed by the OOM killer' : 'the sandbox init process died',
+    });
+    this.log.warn({ sandboxId: id, oom }, 'sandbox init died');
+  }
+
+  /** Inits that died while no command ran (killed from the host, say) are noticed here. */
+  private async watchInits(): Promise<void> {
+    for (const s of [...this.local.values()]) if (!s.starting) await this.checkAlive(s.id);
   }
 
   /**

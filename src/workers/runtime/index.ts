@@ -1,5 +1,8 @@
-export { BESTEFFORT_ROOT, createRuncRuntime } from './runtime.ts';
-export type { RuncRuntime, RuncRuntimeDeps, RuntimeLogger } from './runtime.ts';
-export { containerConfig, seccompProfile, DEFAULT_CAPABILITIES, MASKED_PATHS, READONLY_PATHS, INIT_ARGS, INIT_BUSYBOX } from './spec.ts';
+export { createRuncRuntime } from './runtime.ts';
+export type { RuncRuntime } from './runtime.ts';
+export type { RuncRuntimeDeps, RuntimeLogger } from './context.ts';
+export { BESTEFFORT_ROOT } from './layout.ts';
+export { InitLostError } from './exec.ts';
+export { containerConfig, seccompProfile, DEFAULT_CAPABILITIES, MASKED_PATHS, READONLY_PATHS, SANDBOX_INIT, SANDBOX_BUSYBOX } from './spec.ts';
 export type { ContainerConfigInput } from './spec.ts';
 export type { SandboxRuntime, SandboxRuntimeSpec, RuntimeExecSpec, RuntimeExecOutcome, RuntimeRawExecSpec, RuntimeRawExecOutcome } from './types.ts';

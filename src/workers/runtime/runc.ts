@@ -9,12 +9,13 @@ export interface ToolResult {
 
 /**
  * Run a short-lived host command (runc lifecycle calls, mount, umount) with an argument
- * array. stdout is discarded; stderr is kept (capped) for error messages. `prefix` lets a
- * besteffort sandbox start its processes under `chrt --idle 0`.
+ * array. stdout is discarded; stderr is kept (capped) for error messages.
  */
-export function runQuiet(file: string, args: readonly string[], opts: { cwd?: string; stdio?: 'ignore-all' } = {}): Promise<ToolResult> {
+export function runQuiet(file: string, args: readonly string[], opts: { cwd?: string; stdio?: 'ignore-all'; extraFds?: readonly number[] } = {}): Promise<ToolResult> {
   return new Promise((resolve, reject) => {
-    const child = spawn(file, args, { cwd: opts.cwd, stdio: opts.stdio === 'ignore-all' ? 'ignore' : ['ignore', 'ignore', 'pipe'] });
+    // extraFds become fds 3, 4, ... of the child (runc's --preserve-fds passes them on).
+    const stdio = [...(opts.stdio === 'ignore-all' ? ['ignore', 'ignore', 'ignore'] : ['ignore', 'ignore', 'pipe']), ...(opts.extraFds ?? [])] as ('ignore' | 'pipe' | number)[];
+    const child = spawn(file, args, { cwd: opts.cwd, stdio });
     let stderr = '';
     child.stderr?.on('data', (b: Buffer) => {
       if (stderr.length < 16_384) stderr += b.toString('utf8');

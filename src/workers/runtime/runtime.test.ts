@@ -143,9 +143,9 @@ describe('runc runtime', () => {
     expect((await rt.exec('life', cmd('pwd', { cwd: '/tmp' }))).stdout).toBe('/tmp\n');
     expect((await rt.exec('life', cmd('echo oops >&2; false'))).stderr).toBe('oops\n');
 
-    // Namespaces: own pid 1 (the busybox init), loopback only and up, hidden path empty.
+    // Namespaces: own pid 1 (rollbox-init), loopback only and up, hidden path empty.
     const env = await rt.exec('life', cmd('cat /proc/1/cmdline | tr "\\0" " "; echo; ls /sys/class/net; ip link show lo; wc -c < /etc/hosts'));
-    expect(env.stdout).toContain('/.rollbox/busybox sh -c');
+    expect(env.stdout).toMatch(/^\/\.rollbox\/init \n/);
     expect(env.stdout).toContain('lo\n');
     expect(env.stdout).not.toMatch(/eth|veth/);
     expect(env.stdout).toMatch(/lo: <LOOPBACK,UP/);
@@ -294,9 +294,16 @@ describe('runc runtime', () => {
     // busybox tail keeps the unterminated "line" it reads from /dev/zero: it grows until the
     // memory cgroup's OOM killer takes it (a shell pipeline can lose its shell too, which
     // the killer may pick second while the first victim's memory is being freed).
-    const balloon = await rt.exec('oom', { argv: ['tail', '/dev/zero'], env: {}, timeoutMs: 20_000, outputCapBytes: 1024 });
+    // A command beside it in the same sandbox is not told of an OOM kill it did not suffer.
+    const [balloon, beside] = await Promise.all([
+      rt.exec('oom', { argv: ['tail', '/dev/zero'], env: {}, timeoutMs: 20_000, outputCapBytes: 1024 }),
+      rt.exec('oom', cmd('sleep 1; echo beside')),
+    ]);
     expect(balloon).toMatchObject({ oomKilled: true, exitCode: 137, timedOut: false });
-    expect(await rt.oomKillCount('oom')).toBeGreaterThanOrEqual(1);
+    expect(balloon.oomKills).toBeGreaterThanOrEqual(1);
+    expect(beside).toMatchObject({ oomKilled: false, oomKills: 0, exitCode: 0, stdout: 'beside\n' });
+    // Counted in the command's own exec cgroup, not the sandbox's (its init was not touched).
+    expect(await rt.oomKillCount('oom')).toBe(0);
     expect(await rt.isRunning('oom')).toBe(true);
     const after = await rt.exec('oom', cmd('echo alive'));
     expect(after).toMatchObject({ exitCode: 0, stdout: 'alive\n', oomKilled: false });
@@ -323,11 +330,10 @@ describe('runc runtime', () => {
     expect(neighbour).toMatchObject({ exitCode: 0, stdout: 'fine\n' });
     const result = await bomb;
     expect(result.stderr).toMatch(/can't fork: Resource temporarily unavailable/); // refused at the limit
-    // Everything the bomb started goes (the last ones may still be exiting); the init
-    // (and its sleep) survived.
+    // Everything the bomb started goes (the last ones may still be exiting); the init survived.
     const pidsNow = () => Number(readFileSync(path.join(pidsDir, 'pids.current'), 'utf8'));
-    for (let i = 0; i < 50 && pidsNow() !== 2; i++) await new Promise((r) => setTimeout(r, 100));
-    expect(pidsNow()).toBe(2);
+    for (let i = 0; i < 50 && pidsNow() !== 1; i++) await new Promise((r) => setTimeout(r, 100));
+    expect(pidsNow()).toBe(1);
     expect((await rt.exec('bomb', cmd('echo survived'))).stdout).toBe('survived\n');
     await Promise.all([rt.destroy('bomb'), rt.destroy('calm')]);
     expectGone(rt, 'bomb');
@@ -351,9 +357,13 @@ describe('runc runtime', () => {
     const d = await rt.exec('tmo', cmd('sleep 999 >/dev/null 2>&1 &', { timeoutMs: 5000 }));
     expect(d).toMatchObject({ exitCode: 0, timedOut: false });
     expect((await rt.exec('tmo', cmd('ps -o args'))).stdout).toContain('sleep 999');
-    // No per-exec cgroups are left behind.
+    // Exec cgroups are reused, and none holds a process once its command ended (the daemon
+    // moved to the sandbox's own cgroup).
     for (const dir of cgroupDirsOf('tmo')) {
-      expect(readdirSync(dir, { withFileTypes: true }).filter((e) => e.isDirectory()).map((e) => e.name)).toEqual([]);
+      for (const slot of readdirSync(dir, { withFileTypes: true }).filter((e) => e.isDirectory())) {
+        expect(slot.name).toMatch(/^s\d+$/);
+        expect(readFileSync(path.join(dir, slot.name, 'cgroup.procs'), 'utf8')).toBe('');
+      }
     }
     await rt.destroy('tmo');
     expectGone(rt, 'tmo');

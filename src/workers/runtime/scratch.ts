@@ -6,7 +6,7 @@ import { RollboxError } from '../../api/index.ts';
 import { isMountPoint, listLoopDevices } from '../../layers/index.ts';
 import { DiskOpError, MNT_DETACH, MS_NODEV, MS_NOEXEC, MS_NOSUID, type DiskHelper } from './diskhelper.ts';
 import { runQuiet } from './runc.ts';
-import type { RuntimeLogger } from './runtime.ts';
+import type { RuntimeLogger } from './context.ts';
 
 const MIB = 1024 * 1024;
 const GIB = 1024 * MIB;

@@ -1,14 +1,12 @@
 import type { Resources, SandboxClass } from '../../api/index.ts';
 
-/** Where the host's static busybox appears inside every container (the init runs from it). */
-export const INIT_BUSYBOX = '/.rollbox/busybox';
-
 /**
- * The container's PID 1: a busybox shell that sleeps in `wait`. It needs nothing from the
- * image (busybox is bind-mounted from the host) and, blocked in `wait`, reaps every child,
- * including orphans re-parented to it when an exec's backgrounded processes outlive it.
+ * Where the container's PID 1, rollbox-init (src/workers/init), appears inside every
+ * container: bound read-only from the host, so it needs nothing from the image.
  */
-export const INIT_ARGS = [INIT_BUSYBOX, 'sh', '-c', `while :; do ${INIT_BUSYBOX} sleep 2147483647 & wait; done`];
+export const SANDBOX_INIT = '/.rollbox/init';
+/** Where the host's static busybox appears inside every container (the files API runs it). */
+export const SANDBOX_BUSYBOX = '/.rollbox/busybox';
 
 const DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
 
@@ -82,7 +80,9 @@ export interface ContainerConfigInput {
   hiddenPaths: readonly string[];
   /** Absolute cgroup path (v1: the same relative path under every controller). */
   cgroupsPath: string;
-  /** Host path of the static busybox bound at INIT_BUSYBOX. */
+  /** Host path of rollbox-init, bound at SANDBOX_INIT. */
+  initBinaryPath: string;
+  /** Host path of the static busybox bound at SANDBOX_BUSYBOX. */
   busyboxPath: string;
   /**
    * The sandbox's root filesystem: an overlay runc mounts over the bundle's empty rootfs/
@@ -117,7 +117,7 @@ export function containerConfig(input: ContainerConfigInput): object {
     process: {
       terminal: false,
       user: { uid: 0, gid: 0 },
-      args: INIT_ARGS,
+      args: [SANDBOX_INIT],
       env: envList({ PATH: DEFAULT_PATH, HOME: '/root', ...input.env }),
       // runc creates the init's cwd inside the container (safely, after pivot_root), so
       // the workdir exists for every exec without us touching the rootfs from the host.
@@ -126,8 +126,8 @@ export function containerConfig(input: ContainerConfigInput): object {
       // No rlimits: raising any above the worker's needs CAP_SYS_RESOURCE, which this
       // host withholds; processes inherit the worker's limits.
       noNewPrivileges: true,
-      // runc applies this to the init and to every `runc exec` process, so commands never
-      // inherit the worker's own value; positive so a host OOM takes them before the worker.
+      // runc applies this to the init (create.ts lowers it to 0 again); the init sets it for
+      // every command. Positive so a host OOM takes sandbox processes before the worker.
       oomScoreAdj: input.oomScoreAdj,
     },
     root: { path: 'rootfs', readonly: false },
@@ -146,7 +146,8 @@ export function containerConfig(input: ContainerConfigInput): object {
       { destination: '/dev/shm', type: 'tmpfs', source: 'shm', options: ['nosuid', 'noexec', 'nodev', 'mode=1777', 'size=65536k'] },
       { destination: '/dev/mqueue', type: 'mqueue', source: 'mqueue', options: ['nosuid', 'noexec', 'nodev'] },
       { destination: '/sys', type: 'sysfs', source: 'sysfs', options: ['nosuid', 'noexec', 'nodev', 'ro'] },
-      { destination: INIT_BUSYBOX, type: 'bind', source: input.busyboxPath, options: ['bind', 'ro', 'nosuid', 'nodev'] },
+      { destination: SANDBOX_INIT, type: 'bind', source: input.initBinaryPath, options: ['bind', 'ro', 'nosuid', 'nodev'] },
+      { destination: SANDBOX_BUSYBOX, type: 'bind', source: input.busyboxPath, options: ['bind', 'ro', 'nosuid', 'nodev'] },
     ],
     annotations: input.annotations,
     linux: {

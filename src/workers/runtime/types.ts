@@ -63,7 +63,10 @@ export interface RuntimeExecOutcome {
   stderr: string;
   truncated: boolean;
   timedOut: boolean;
+  /** The OOM killer took a process of this command (counted in its own exec cgroup). */
   oomKilled: boolean;
+  /** How many of its processes it took. */
+  oomKills: number;
   durationMs: number;
 }
 
@@ -92,7 +95,10 @@ export interface SandboxRuntime {
   snapshot(sandboxId: string, options: { outPath: string; excludePaths: readonly string[] }): Promise<void>;
   /** Whether the sandbox's init process is alive. */
   isRunning(sandboxId: string): Promise<boolean>;
-  /** OOM kills recorded by the sandbox's memory cgroup. */
+  /**
+   * OOM kills in the sandbox's own memory cgroup: its init, and processes commands left
+   * running (those of running commands count in the command's outcome instead).
+   */
   oomKillCount(sandboxId: string): Promise<number>;
   /**
    * Make the host match `keep`: sandboxes in `keep` that still run are adopted; every other

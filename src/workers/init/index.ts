@@ -1,0 +1,9 @@
+import path from 'node:path';
+
+export { InitLostError, pingInit, runCommand } from './client.ts';
+export type { CommandHandlers, CommandOutcome } from './client.ts';
+export { MAX_SOCKET_PATH_BYTES, listenForInit } from './listener.ts';
+export type { InitListener } from './listener.ts';
+
+/** Built from rollbox-init.c by scripts/build-init.sh (run by `npm start`, `npm test` and the benches). */
+export const DEFAULT_INIT_BINARY = path.resolve(import.meta.dirname, '../../../build/rollbox-init');

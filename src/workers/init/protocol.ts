@@ -1,0 +1,76 @@
+/**
+ * The wire format between a worker host and a sandbox's init (rollbox-init.c): frames of
+ * an 8-byte header (u8 type, 3 zero bytes, u32 little-endian payload length) and a payload.
+ * One connection carries one command.
+ */
+export const Frame = {
+  spawn: 1,
+  stdin: 2,
+  stdinEof: 3,
+  ping: 4,
+  started: 16,
+  stdout: 17,
+  stderr: 18,
+  truncated: 19,
+  exit: 20,
+  error: 21,
+  pong: 22,
+} as const;
+
+const HEADER_BYTES = 8;
+/** The init refuses larger frames; stdin goes in chunks far below this. */
+export const MAX_FRAME_BYTES = 16 << 20;
+export const STDIN_CHUNK_BYTES = 64 * 1024;
+const SPAWN_HAS_STDIN = 1;
+
+export function frame(type: number, payload: Buffer = Buffer.alloc(0)): Buffer {
+  const header = Buffer.alloc(HEADER_BYTES);
+  header[0] = type;
+  header.writeUInt32LE(payload.length, 4);
+  return Buffer.concat([header, payload]);
+}
+
+export interface SpawnRequest {
+  argv: readonly string[];
+  /** Added to (and replacing entries of) the sandbox's own environment. */
+  env: Record<string, string>;
+  cwd: string;
+  /** Exec cgroup the command joins before it execs ('' for none). */
+  slot: string;
+  hasStdin: boolean;
+  stdoutCapBytes: number;
+  stderrCapBytes: number;
+  oomScoreAdj: number;
+}
+
+export function encodeSpawn(r: SpawnRequest): Buffer {
+  const env = Object.entries(r.env).map(([k, v]) => `${k}=${v}`);
+  const head = Buffer.alloc(24);
+  head.writeUInt32LE(r.hasStdin ? SPAWN_HAS_STDIN : 0, 0);
+  head.writeUInt32LE(Math.min(r.stdoutCapBytes, 0xffff_ffff), 4);
+  head.writeUInt32LE(Math.min(r.stderrCapBytes, 0xffff_ffff), 8);
+  head.writeInt32LE(r.oomScoreAdj, 12);
+  head.writeUInt32LE(r.argv.length, 16);
+  head.writeUInt32LE(env.length, 20);
+  const strings = [r.slot, r.cwd, ...r.argv, ...env].map((s) => `${s}\0`).join('');
+  return frame(Frame.spawn, Buffer.concat([head, Buffer.from(strings, 'utf8')]));
+}
+
+/** Splits a byte stream into frames as they complete. */
+export class FrameDecoder {
+  private pending: Buffer = Buffer.alloc(0);
+
+  push(chunk: Buffer, onFrame: (type: number, payload: Buffer) => void): void {
+    this.pending = this.pending.length ? Buffer.concat([this.pending, chunk]) : chunk;
+    let off = 0;
+    while (this.pending.length - off >= HEADER_BYTES) {
+      const len = this.pending.readUInt32LE(off + 4);
+      if (len > MAX_FRAME_BYTES) throw new Error(`frame of ${len} bytes from the init`);
+      if (this.pending.length - off < HEADER_BYTES + len) break;
+      const type = this.pending[off]!;
+      onFrame(type, this.pending.subarray(off + HEADER_BYTES, off + HEADER_BYTES + len));
+      off += HEADER_BYTES + len;
+    }
+    this.pending = off === this.pending.length ? Buffer.alloc(0) : this.pending.subarray(off);
+  }
+}

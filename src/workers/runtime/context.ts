@@ -1,0 +1,205 @@
+import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
+import { mkdir } from 'node:fs/promises';
+import path from 'node:path';
+import { RollboxError } from '../../api/index.ts';
+import type { LayerMounts } from '../../layers/index.ts';
+import type { SandboxNetworks } from '../network/index.ts';
+import { BesteffortGuard } from './besteffort-guard.ts';
+import { discoverCgroups, type CgroupHierarchies } from './cgroups.ts';
+import { DiskHelper } from './diskhelper.ts';
+import type { ExecSlots } from './exec-slots.ts';
+import { BESTEFFORT_ROOT, RuntimeLayout } from './layout.ts';
+import { isProcessAlive, readRuncState } from './runc.ts';
+import { ScratchDisks } from './scratch.ts';
+import { CPU_PERIOD_US } from './spec.ts';
+import { DEFAULT_INIT_BINARY } from '../init/index.ts';
+
+export interface RuntimeLogger {
+  warn(obj: object, msg?: string): void;
+  info(obj: object, msg?: string): void;
+}
+
+export interface RuncRuntimeDeps {
+  /** Everything of this runtime lives here (see layout.ts). */
+  dataDir: string;
+  /** Cgroups go under `/rollbox/<nodeId>/` in every hierarchy. */
+  nodeId: string;
+  layerMounts: LayerMounts;
+  /** OCI runtime binary (default `runc`). */
+  runtimeBinary?: string;
+  /** The sandboxes' PID 1, built from src/workers/init/rollbox-init.c (default build/rollbox-init). */
+  initBinaryPath?: string;
+  /** Static busybox bound read-only into every container; the files API runs it (default /bin/busybox). */
+  busyboxPath?: string;
+  logger?: RuntimeLogger;
+  /** Only for leftovers: sandbox overlays are mounted inside the container (see create.ts). */
+  umountBinary?: string;
+  /** For besteffort sandboxes: their init (and so every command) runs under `chrt --idle 0` (SCHED_IDLE). */
+  chrtBinary?: string;
+  /**
+   * oom_score_adj of every command (default 500). Positive, so a host-wide OOM picks
+   * sandbox processes before the worker; the init itself is lowered to 0 (see create.ts).
+   */
+  sandboxOomScoreAdj?: number;
+  /** Apply the seccomp deny-list of spec.ts (default true). */
+  seccomp?: boolean;
+  /** After an exec's timeout kill, how long to wait for the init's report before dropping the command. */
+  execKillGraceMs?: number;
+  /** Size of the host's scratch filesystem that holds every sandbox's disk (see scratch.ts). */
+  scratchSizeGiB?: number;
+  /** Reserve each sandbox's whole diskMiB in the scratch filesystem (default false; see scratch.ts). */
+  preallocateDisks?: boolean;
+  /** Runs the disk syscalls (loop attach, mount, umount); see diskhelper.ts. Default `perl`. */
+  perlBinary?: string;
+  mkfsBinary?: string;
+  losetupBinary?: string;
+  /** Sandbox networking (`network.mode: allowlist`); without it only `none` is available. */
+  network?: SandboxNetworks;
+  /** How long one exec with holdBackBesteffort may cap besteffort sandboxes (BesteffortGuard); default 0, off. */
+  besteffortHoldMs?: number;
+  /** CPU each besteffort sandbox keeps while held, in millicores (default 10, the kernel's least). */
+  besteffortHeldCpuMillis?: number;
+}
+
+/** What this runtime process knows of one sandbox it runs. */
+export interface SandboxRecord {
+  id: string;
+  /** Layers this process holds references on, base first (released exactly once). */
+  layers: { digest: string; imagePath: string }[];
+  workdir: string;
+  besteffort: boolean;
+  /** The init's private channel. */
+  socketPath: string;
+  slots: ExecSlots;
+}
+
+/** Everything the runtime's parts (create, exec, teardown, reconcile, policy) share. */
+export interface RuntimeContext {
+  layout: RuntimeLayout;
+  log?: RuntimeLogger;
+  layerMounts: LayerMounts;
+  network?: SandboxNetworks;
+  runcBin: string;
+  initBinaryPath: string;
+  busyboxPath: string;
+  umountBin: string;
+  chrtBin: string;
+  perlBinary?: string;
+  sandboxOomScoreAdj: number;
+  seccomp: boolean;
+  execKillGraceMs: number;
+  scratch: ScratchDisks;
+  diskHelper: DiskHelper;
+  guard: BesteffortGuard;
+  sandboxes: Map<string, SandboxRecord>;
+  /** Serializes create/destroy/adopt/policy per sandbox id; exec does not take the lock. */
+  locked<T>(id: string, fn: () => Promise<T>): Promise<T>;
+  cgroups(): Promise<CgroupHierarchies>;
+  ensureDirs(): Promise<void>;
+  /** The sandbox's cgroup (relative), in the tree of its class. */
+  cgroupRel(id: string): string;
+  /** cpu.cfs_quota_us of a besteffort sandbox. */
+  besteffortQuotaFile(id: string, cpuHierarchy: string): string;
+  /** The besteffort tree's top: idle in the cpu hierarchy before any sandbox runs in it. */
+  ensureBesteffortRoot(): Promise<void>;
+  /** runc with the runtime's state root; under `chrt --idle 0` for a besteffort sandbox. */
+  runc(besteffort: boolean, ...args: string[]): [string, string[]];
+  /** Whether the sandbox's container has a live init. */
+  isRunningNow(id: string): Promise<boolean>;
+  /** The init's host pid; invalid_state when it is not running. */
+  initPidOf(id: string): Promise<number>;
+}
+
+export function createRuntimeContext(deps: RuncRuntimeDeps): RuntimeContext {
+  const layout = new RuntimeLayout(deps.dataDir, deps.nodeId);
+  const initBinaryPath = deps.initBinaryPath ?? DEFAULT_INIT_BINARY;
+  if (!existsSync(initBinaryPath)) {
+    throw new RollboxError('internal', `the sandbox init ${initBinaryPath} is missing: build it with scripts/build-init.sh (npm start and npm test do)`);
+  }
+  const log = deps.logger;
+  const diskHelper = new DiskHelper({ perlBinary: deps.perlBinary });
+  const sandboxes = new Map<string, SandboxRecord>();
+  const locks = new Map<string, Promise<unknown>>();
+  let cgroupsPromise: Promise<CgroupHierarchies> | undefined;
+  let cgroupsFound: CgroupHierarchies | undefined;
+  let dirsReady: Promise<void> | undefined;
+  const runcBin = deps.runtimeBinary ?? 'runc';
+  const chrtBin = deps.chrtBinary ?? 'chrt';
+
+  const cgroupRelOf = (id: string, besteffort: boolean): string => layout.cgroupRelOf(id, besteffort);
+  const besteffortQuotaFile = (id: string, cpu: string): string => path.join(cpu, cgroupRelOf(id, true), 'cpu.cfs_quota_us');
+
+  const ctx: RuntimeContext = {
+    layout,
+    log,
+    layerMounts: deps.layerMounts,
+    network: deps.network,
+    runcBin,
+    initBinaryPath,
+    busyboxPath: deps.busyboxPath ?? '/bin/busybox',
+    umountBin: deps.umountBinary ?? 'umount',
+    chrtBin,
+    perlBinary: deps.perlBinary,
+    sandboxOomScoreAdj: deps.sandboxOomScoreAdj ?? 500,
+    seccomp: deps.seccomp ?? true,
+    execKillGraceMs: deps.execKillGraceMs ?? 2000,
+    diskHelper,
+    scratch: new ScratchDisks({
+      dataDir: layout.dataDir,
+      helper: diskHelper,
+      sizeGiB: deps.scratchSizeGiB,
+      preallocate: deps.preallocateDisks,
+      mkfsBinary: deps.mkfsBinary,
+      losetupBinary: deps.losetupBinary,
+      logger: log,
+    }),
+    guard: new BesteffortGuard({
+      maxHoldMs: deps.besteffortHoldMs ?? 0,
+      heldQuotaUs: deps.besteffortHeldCpuMillis === undefined ? undefined : deps.besteffortHeldCpuMillis * (CPU_PERIOD_US / 1000),
+      // Every besteffort sandbox got here through create or adopt, which found the hierarchies.
+      quotaFiles: () => {
+        const cpu = cgroupsFound?.cpu;
+        return cpu ? [...sandboxes.values()].filter((r) => r.besteffort).map((r) => besteffortQuotaFile(r.id, cpu)) : [];
+      },
+      onError: (file, err) => log?.warn({ file, err: String(err) }, 'besteffort guard could not write a CPU quota'),
+    }),
+    sandboxes,
+    async locked<T>(id: string, fn: () => Promise<T>): Promise<T> {
+      const prev = locks.get(id) ?? Promise.resolve();
+      const run = prev.then(fn, fn);
+      const tail = run.catch(() => undefined);
+      locks.set(id, tail);
+      try {
+        return await run;
+      } finally {
+        if (locks.get(id) === tail) locks.delete(id);
+      }
+    },
+    cgroups: () => (cgroupsPromise ??= discoverCgroups().then((found) => (cgroupsFound = found))),
+    ensureDirs: () =>
+      (dirsReady ??= Promise.all([layout.runcRoot, layout.sandboxesDir, layout.socketsDir].map((d) => mkdir(d, { recursive: true, mode: 0o700 }))).then(() => undefined)),
+    cgroupRel: (id) => cgroupRelOf(id, sandboxes.get(id)?.besteffort ?? false),
+    besteffortQuotaFile,
+    async ensureBesteffortRoot() {
+      const cpu = (await ctx.cgroups()).cpu;
+      if (!cpu) return;
+      const root = path.join(cpu, BESTEFFORT_ROOT);
+      mkdirSync(root, { recursive: true });
+      if (existsSync(path.join(root, 'cpu.idle'))) writeFileSync(path.join(root, 'cpu.idle'), '1');
+    },
+    runc: (besteffort, ...args) => {
+      const full = ['--root', layout.runcRoot, ...args];
+      return besteffort ? [chrtBin, ['--idle', '0', runcBin, ...full]] : [runcBin, full];
+    },
+    async isRunningNow(id) {
+      const state = await readRuncState(layout.runcStateOf(id));
+      return !!state && (await isProcessAlive(state.init_process_pid, state.init_process_start));
+    },
+    async initPidOf(id) {
+      const state = await readRuncState(layout.runcStateOf(id));
+      if (!state || !(await isProcessAlive(state.init_process_pid, state.init_process_start))) throw new RollboxError('invalid_state', `sandbox ${id} is not running`);
+      return state.init_process_pid;
+    },
+  };
+  return ctx;
+}

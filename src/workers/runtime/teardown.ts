@@ -1,0 +1,83 @@
+import { existsSync } from 'node:fs';
+import { rm } from 'node:fs/promises';
+import path from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { RollboxError } from '../../api/index.ts';
+import { isMountPoint } from '../../layers/index.ts';
+import { destroyCgroupTrees } from './cgroups.ts';
+import type { RuntimeContext, SandboxRecord } from './context.ts';
+import { runQuiet } from './runc.ts';
+
+export async function unmountRootfs(ctx: RuntimeContext, rootfs: string): Promise<void> {
+  if (!(await isMountPoint(rootfs))) return;
+  for (let attempt = 0; attempt < 5; attempt++) {
+    const r = await runQuiet(ctx.umountBin, [rootfs]);
+    if (r.code === 0 || !(await isMountPoint(rootfs))) return;
+    await sleep(20 * (attempt + 1));
+  }
+  ctx.log?.warn({ rootfs }, 'overlay still busy; detaching lazily');
+  const r = await runQuiet(ctx.umountBin, ['-l', rootfs]);
+  if (r.code !== 0 && (await isMountPoint(rootfs))) throw new RollboxError('internal', `cannot unmount ${rootfs}: ${r.stderr.trim()}`);
+}
+
+/**
+ * Stop a container without runc: `runc delete --force` polls in 100 ms sleeps after its
+ * SIGKILL, which would dominate destroy. We do what it does: freeze the container's
+ * cgroup, SIGKILL every process in it (the init first among them), thaw, wait until it
+ * is empty, and remove its cgroups (exec slots included).
+ */
+async function killContainer(ctx: RuntimeContext, id: string): Promise<boolean> {
+  const cg = await ctx.cgroups();
+  const besteffort = ctx.sandboxes.get(id)?.besteffort ?? false;
+  const rel = ctx.layout.cgroupRelOf(id, besteffort);
+  const other = ctx.layout.cgroupRelOf(id, !besteffort);
+  // A leftover's class may be unknown: its cgroups may be in either tree.
+  if (cg.all.some((h) => existsSync(path.join(h, other)))) await destroyCgroupTrees(cg.all.map((h) => path.join(h, other)), path.join(cg.freezer, other));
+  return destroyCgroupTrees(
+    cg.all.map((h) => path.join(h, rel)),
+    path.join(cg.freezer, rel),
+  );
+}
+
+/**
+ * Remove everything of one sandbox: processes, cgroups, runc state, the init's socket,
+ * layer references (only those this process holds, i.e. `rec.layers`), disk, bundle.
+ * Every step tolerates "already gone", so destroy is idempotent and also cleans
+ * half-created sandboxes.
+ */
+export async function teardown(ctx: RuntimeContext, id: string, rec: SandboxRecord | undefined): Promise<void> {
+  const { layout } = ctx;
+  const bundle = layout.bundleOf(id);
+  if (!(await killContainer(ctx, id))) {
+    // Something in the cgroup would not die (e.g. stuck in D state): let runc try.
+    const [file, args] = ctx.runc(false, 'delete', '--force', layout.containerIdOf(id));
+    const r = await runQuiet(file, args);
+    if (r.code !== 0 && !/does not exist/.test(r.stderr)) ctx.log?.warn({ sandboxId: id, stderr: r.stderr.trim() }, 'runc delete failed');
+    if (!(await killContainer(ctx, id))) ctx.log?.warn({ sandboxId: id }, 'cgroups of sandbox could not be removed');
+  }
+  // Its network namespace went with the processes; the host side (veth lease, chain, DNS) goes here.
+  await ctx.network?.release(id);
+  // With every process gone the container is stopped; its runc state is just files.
+  await rm(path.dirname(layout.runcStateOf(id)), { recursive: true, force: true });
+  await rm(layout.socketOf(id), { force: true });
+  // The overlay lived in the container's mount namespace and went with it; a rootfs
+  // mounted on the host is a leftover of an older layout or a crash, unmount it.
+  const rootfs = path.join(bundle, 'rootfs');
+  await unmountRootfs(ctx, rootfs);
+  if (rec) {
+    ctx.sandboxes.delete(id);
+    const held = rec.layers;
+    rec.layers = [];
+    // A layer that will not unmount yet stays mounted with no references; the next
+    // release or reconcile retries. It must not fail the destroy of this sandbox.
+    await Promise.all(
+      held.map((l) => ctx.layerMounts.release(l.digest).catch((err: unknown) => ctx.log?.warn({ sandboxId: id, digest: l.digest, err: String(err) }, 'layer release failed'))),
+    );
+  }
+  // Its disk: unmounted here (the overlay, gone with the container, held the other
+  // reference), so the loop device detaches itself; then the image is deleted.
+  await ctx.scratch.detach(id, layout.diskOf(id));
+  // Never rm -r through a live mount.
+  if (await isMountPoint(rootfs)) throw new RollboxError('internal', `${rootfs} is still mounted`);
+  await rm(bundle, { recursive: true, force: true });
+}
