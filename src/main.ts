@@ -7,7 +7,6 @@ import dns from 'node:dns/promises';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { serve } from '@hono/node-server';
-import { Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
 import pino, { type Logger } from 'pino';
 import type { Config } from './config/index.ts';
@@ -15,8 +14,8 @@ import { ExecService, FilesService, Janitor, LayerCollector, NodeRequests, Sandb
 import { createTokenIssuer, createTokenVerifier, loadOrCreateHsSecret } from './iam/index.ts';
 import { BurstController, CommandProvider, LocalProvider, TraceRecorder, type CloudProvider } from './burst/index.ts';
 import { LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar, fetchLayers } from './layers/index.ts';
-import { NodeDirectory, ReplyHub, createQueueName, opsQueueName } from './queues/index.ts';
-import { connectRedis, startRedisServer, type RedisServerHandle } from './redis/index.ts';
+import { NodeDirectory, ReplyHub } from './queues/index.ts';
+import { BlockingPool, connectRedis, startRedisServer, type RedisServerHandle } from './redis/index.ts';
 import { CommandLog, LayerRegistry, SandboxRegistry, keys } from './registry/index.ts';
 import { WorkerHost } from './workers/index.ts';
 import { SandboxNetworks } from './workers/network/index.ts';
@@ -59,18 +58,8 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   await Promise.all([directory.start(), replies.start()]);
 
   const metrics = createMetrics(directory);
-  // Queue producers share the gateway's one command connection; none of them blocks.
-  const queues = new Map<string, Queue>();
-  const queueOf = (name: string) => {
-    let queue = queues.get(name);
-    if (!queue) {
-      queue = new Queue(name, { connection: redis, defaultJobOptions: { removeOnComplete: true, removeOnFail: 1000, attempts: 1 } });
-      queues.set(name, queue);
-    }
-    return queue;
-  };
-  const queueProvider = { createQueue: (nodeId: string) => queueOf(createQueueName(nodeId)), opsQueue: (nodeId: string) => queueOf(opsQueueName(nodeId)) };
-  const nodes = new NodeRequests(replies, queueProvider);
+  const nodes = new NodeRequests(replies, redis);
+  const blocking = new BlockingPool(() => connectRedis(redisUrl));
   let url = '';
   const provider = burstProviderOf(config);
   const tokens = createTokenIssuer(config.jwt);
@@ -91,7 +80,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     random: Math.random,
   });
   const sandboxes = new SandboxService({ config, registry, layers, directory, nodes, metrics, now, random: Math.random, burst });
-  const execs = new ExecService({ redis, registry, commands, nodes, metrics, now });
+  const execs = new ExecService({ redis, blocking, registry, commands, nodes, metrics, now });
   const files = new FilesService({ config, redis, registry, nodes });
   const verifier = createTokenVerifier(config.jwt);
   const app = createGateway({
@@ -134,7 +123,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
       directory.stop();
       await new Promise<void>((resolve) => server.close(() => resolve()));
       await replies.stop();
-      await Promise.all([...queues.values()].map((q) => q.close()));
+      await blocking.close();
       await redis.quit().catch(() => {});
     },
   };

@@ -388,3 +388,123 @@ describe('privilege walls', () => {
     await expectNeighbourUnaffected();
   });
 });
+
+/**
+ * Results come from rollbox-init's own waitpid and travel over a channel the sandbox
+ * cannot reach (src/workers/init). Each probe attacks the init or the channel, then an
+ * exec must still report its true exit status and output.
+ */
+describe('result walls (the sandbox init)', () => {
+  const truth = async (id: string) => {
+    const code = 3 + Math.floor(Math.random() * 100);
+    const word = randomBytes(4).toString('hex');
+    expect(await run(id, `echo ${word}; echo err-${word} >&2; exit ${code}`)).toMatchObject({ exitCode: code, stdout: `${word}\n`, stderr: `err-${word}\n` });
+  };
+  const initPidOf = (id: string) => JSON.parse(fs.readFileSync(path.join(cluster.rootDir, NODE, 'worker', 'runc', `rb-${id}`, 'state.json'), 'utf8')).init_process_pid as number;
+
+  it('ignores every signal sent to PID 1 from inside, kill -9 included', async () => {
+    const agent = await createSandbox();
+    const pid = initPidOf(agent);
+    const r = await run(agent, 'for s in $(seq 1 64); do kill -$s 1 2>/dev/null; done; kill -9 1; kill -STOP 1; kill -KILL -1; echo after');
+    expect(r.stdout).toBe('after\n'); // kill -KILL -1 spares the init (and the shell itself)
+    expect(initPidOf(agent)).toBe(pid);
+    await truth(agent);
+    await release(agent);
+    await expectNeighbourUnaffected();
+  });
+
+  it("keeps the init's memory, environment and file descriptors out of reach (/proc/1/*, pidfd_getfd)", async () => {
+    const agent = await createSandbox();
+    const r = await run(agent, [
+      'head -c 64 /proc/1/environ; echo environ=$?',
+      // The fd numbers may be listed; what they are may not be read, nor opened.
+      'for fd in /proc/1/fd/*; do readlink $fd; cat $fd; done 2>/dev/null | wc -c; echo fdread=$?',
+      'readlink /proc/1/fd/3; echo fd3=$?',
+      'cat /proc/1/fd/3; echo fd3open=$?',
+      'dd if=/proc/1/mem bs=1 count=1 skip=4194304 2>&1; echo memread=$?',
+      'echo x | dd of=/proc/1/mem bs=1 seek=4194304 2>&1; echo memwrite=$?',
+      'cat /proc/1/maps; echo maps=$?',
+      'ls -l /proc/1/cwd/ /proc/1/root/; echo root=$?',
+    ].join('\n'));
+    expect(r.stdout).toMatch(/^0\nfdread=0$/m);
+    for (const probe of ['environ', 'fd3', 'fd3open', 'memread', 'memwrite', 'maps', 'root']) expect(r.stdout, r.stdout + r.stderr).toMatch(new RegExp(`^${probe}=[1-9]`, 'm'));
+    expect(r.stdout + r.stderr).toContain('Permission denied');
+    expect(r.stdout).not.toMatch(/PATH=|socket:|rollbox-init/);
+    // pidfd_open(1) then pidfd_getfd(its fd, 3): EPERM (1), the init is not dumpable.
+    const probe = syscallProbe(SYSCALLS.pidfd_open, [1, 0], { nr: SYSCALLS.pidfd_getfd, args: [0, 3, 0] });
+    const getfd = await run(agent, `base64 -d > /root/getfd <<'EOF'\n${probe.toString('base64')}\nEOF\nchmod +x /root/getfd; /root/getfd; echo getfd=$?`);
+    expect(getfd.stdout).toBe('getfd=1\n');
+    await truth(agent);
+    await release(agent);
+    await expectNeighbourUnaffected();
+  });
+
+  it('cannot replace or overwrite the init binary, and cannot see or reach its channel', async () => {
+    const agent = await createSandbox();
+    const initBinary = path.resolve(import.meta.dirname, '../build/rollbox-init');
+    const before = sha256(initBinary);
+    const r = await run(agent, [
+      'cp /bin/busybox /.rollbox/init; echo cp=$?',
+      'echo pwned > /.rollbox/init; echo write=$?',
+      'rm -f /.rollbox/init; echo rm=$?',
+      'mv /.rollbox /.moved; echo mv=$?',
+      'echo pwned > /proc/1/exe; echo exe=$?',
+      'grep -c . /proc/net/unix; find / -xdev -type s 2>/dev/null | wc -l',
+    ].join('\n'));
+    for (const probe of ['cp', 'write', 'rm', 'mv', 'exe']) expect(r.stdout, r.stdout + r.stderr).toMatch(new RegExp(`^${probe}=[1-9]`, 'm'));
+    // The sandbox's network namespace has no unix socket of the init (only the header line), and its filesystem none.
+    expect(r.stdout.trim().split('\n').slice(-2)).toEqual(['1', '0']);
+    expect(sha256(initBinary)).toBe(before);
+    // Output that looks like a protocol frame (an EXIT with status 0) is just output.
+    const fake = Buffer.from([20, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    const forged = await run(agent, `printf '${[...fake].map((b) => `\\${b.toString(8).padStart(3, '0')}`).join('')}'; printf '${[...fake].map((b) => `\\${b.toString(8).padStart(3, '0')}`).join('')}' >&2; exit 9`);
+    expect(forged.exitCode).toBe(9);
+    expect(Buffer.from(forged.stdout, 'latin1').length).toBe(fake.length);
+    await truth(agent);
+    await release(agent);
+    await expectNeighbourUnaffected();
+  });
+
+  it('reports true results beside a fork bomb and a memory balloon, and for commands that close or dup2 every fd', async () => {
+    const agent = await createSandbox({ resources: { memoryMiB: 64, pids: 64, diskMiB: 16 } });
+    const bomb = run(agent, 'b() { while :; do b & done; }; b', { timeoutMs: 2000 });
+    const balloon = run(agent, 'tail /dev/zero', { timeoutMs: 20_000 });
+    const [bombed, ballooned] = await Promise.all([bomb, balloon]);
+    expect(bombed.timedOut || /can't fork|Resource temporarily unavailable/.test(bombed.stderr)).toBe(true);
+    expect(ballooned.oomKilled).toBe(true);
+    await truth(agent);
+    const closed = await run(agent, 'exec 0<&- 1>&- 2>&-; exit 4');
+    expect(closed).toMatchObject({ exitCode: 4, stdout: '', stderr: '' });
+    const shuffled = await run(agent, 'exec 3>&1 1>&2 2>&3; for fd in 3 4 5 6 7 8 9; do eval "exec $fd>&-"; done; echo to-stderr; echo to-stdout >&2; exit 6');
+    expect(shuffled).toMatchObject({ exitCode: 6, stdout: 'to-stdout\n', stderr: 'to-stderr\n' });
+    await truth(agent);
+    await release(agent);
+    await expectNeighbourUnaffected();
+  });
+
+  it('fails the sandbox init_lost when its init is killed from the host; the running command is result_unknown', async () => {
+    const agent = await createSandbox();
+    const running = api(cluster, token, 'POST', `/v1/sandboxes/${agent}/exec`, { cmd: 'sleep 30' });
+    await waitFor('the command to run', async () => (await api(cluster, token, 'GET', `/v1/sandboxes/${agent}/commands`)).body.commands?.[0]?.state === 'running');
+    process.kill(initPidOf(agent), 'SIGKILL');
+    const r = await running;
+    expect(r.status, JSON.stringify(r.body)).toBe(409);
+    expect(r.body.error.code).toBe('result_unknown');
+    const failed = await waitFor('the sandbox to fail', async () => {
+      const s = await api(cluster, token, 'GET', `/v1/sandboxes/${agent}`);
+      return s.body.state === 'failed' && s.body;
+    });
+    expect(failed.failureReason).toBe('init_lost');
+    // An idle sandbox whose init dies is noticed too (the worker's init watch).
+    const idle = await createSandbox();
+    process.kill(initPidOf(idle), 'SIGKILL');
+    const idleFailed = await waitFor('the idle sandbox to fail', async () => {
+      const s = await api(cluster, token, 'GET', `/v1/sandboxes/${idle}`);
+      return s.body.state === 'failed' && s.body;
+    });
+    expect(idleFailed.failureReason).toBe('init_lost');
+    const refused = await api(cluster, token, 'POST', `/v1/sandboxes/${idle}/exec`, { cmd: 'true' });
+    expect(refused.status).toBe(409);
+    await expectNeighbourUnaffected();
+  });
+});

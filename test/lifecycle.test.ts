@@ -34,7 +34,7 @@ describe('sandbox lifecycle', () => {
     expect((await exec(id, { cmd: 'cat /root/notes.txt; exit 3' })).body).toMatchObject({ stdout: 'turn-one\n', exitCode: 3 });
 
     const withEnv = await exec(id, { cmd: 'echo $GREETING; pwd', env: { GREETING: 'hi' }, cwd: '/tmp', stdin: '' });
-    expect(withEnv.body.stdout).toBe('hi\n/tmp\n');
+    expect(withEnv.body.stdout, JSON.stringify(withEnv.body)).toBe('hi\n/tmp\n');
     expect((await exec(id, { argv: ['cat'], stdin: 'from stdin' })).body.stdout).toBe('from stdin');
 
     const listed = await api(cluster, token, 'GET', '/v1/sandboxes?label=task=t1');

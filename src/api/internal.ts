@@ -92,7 +92,8 @@ const ReplyError = z.object({ code: z.string(), message: z.string(), retryAfterS
 export const Reply = z.discriminatedUnion('kind', [
   z.object({ kind: z.literal('created'), requestId: z.string(), nodeId: z.string() }),
   z.object({ kind: z.literal('refused'), requestId: z.string(), nodeId: z.string(), reason: z.string() }),
-  z.object({ kind: z.literal('exec'), requestId: z.string(), result: ExecResult }),
+  /** workerMs: from the worker host taking the op to sending this reply (the Server-Timing `worker` entry). */
+  z.object({ kind: z.literal('exec'), requestId: z.string(), result: ExecResult, workerMs: z.number().optional() }),
   z.object({ kind: z.literal('done'), requestId: z.string() }),
   z.object({ kind: z.literal('snapshot'), requestId: z.string(), digest: z.string(), sizeBytes: z.number() }),
   z.object({ kind: z.literal('files'), requestId: z.string(), tar: z.boolean(), sizeBytes: z.number() }),

@@ -2,6 +2,7 @@ import { Readable } from 'node:stream';
 import { OpenAPIHono, createRoute, z } from '@hono/zod-openapi';
 import { bodyLimit } from 'hono/body-limit';
 import { streamSSE } from 'hono/streaming';
+import { setMetric, timing } from 'hono/timing';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import {
@@ -99,6 +100,9 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   app.doc31('/openapi.json', { openapi: '3.1.0', info: { title: 'rollbox', version: '1' } });
 
   // Everything under /v1 needs a token; JSON bodies are capped before any handler reads them.
+  // Each answer says where its milliseconds went (Server-Timing: auth, and for exec lookup,
+  // claim, dispatch, worker, run, total), readable with curl -v or a browser's devtools.
+  app.use('/v1/*', timing({ totalDescription: 'gateway' }));
   app.use('/v1/*', authenticate(deps.verifier));
   const jsonLimit = bodyLimit({ maxSize: deps.config.http.bodyLimitBytes, onError: () => { throw new RollboxError('payload_too_large', `body is larger than ${deps.config.http.bodyLimitBytes} bytes`); } });
   // File uploads have their own (larger) cap.
@@ -148,7 +152,7 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
       const { id } = c.req.valid('param');
       const request = c.req.valid('json');
       if (request.background) return c.json(await execs.startBackground(c.get('principal'), id, request), 202);
-      if (!c.req.header('accept')?.includes('text/event-stream')) return c.json(await execs.exec(c.get('principal'), id, request), 200);
+      if (!c.req.header('accept')?.includes('text/event-stream')) return c.json(await execs.exec(c.get('principal'), id, request, (hop, ms) => setMetric(c, hop, ms)), 200);
       // Streaming: errors before the first event still answer as JSON with their status.
       const events = execs.streamExec(c.get('principal'), id, request, c.req.header('last-event-id') || '0');
       const first = await events.next();

@@ -10,13 +10,16 @@ import {
   type Reply,
 } from '../api/index.ts';
 import { requireScope, type Principal } from '../iam/index.ts';
-import { readOutput, type CommandLog, type SandboxRegistry } from '../registry/index.ts';
+import { followOutput, readOutput, type CommandLog, type SandboxRegistry } from '../registry/index.ts';
+import type { BlockingPool } from '../redis/index.ts';
 import { newId } from './ids.ts';
 import type { GatewayMetrics } from './metrics.ts';
 import { toRollboxError, type NodeRequests } from './node-requests.ts';
 
 export interface ExecServiceDeps {
   redis: Redis;
+  /** Connections for blocking reads of output streams. */
+  blocking: BlockingPool;
   registry: SandboxRegistry;
   commands: CommandLog;
   nodes: NodeRequests;
@@ -31,8 +34,19 @@ export interface ExecEvent {
   data: string;
 }
 
+/** Where the milliseconds of one request went, by hop (the gateway sends them as Server-Timing). */
+export type HopTimer = (hop: string, ms: number) => void;
+
 /** Extra wait for an exec reply beyond the command's own timeout (queueing, kill, reply). */
 const EXEC_REPLY_GRACE_MS = 30_000;
+/**
+ * The reply comes by pub/sub, which can drop a message while a connection reconnects: this
+ * often, a waiting exec also looks at the command's record. Never sooner: it is a safety
+ * net, not a race with the reply.
+ */
+const RECORD_CHECK_MS = 5000;
+/** A blocked read of an output stream wakes this often to look at the command's record. */
+const FOLLOW_BLOCK_MS = 2000;
 const POLL_MS = 25;
 
 /** Commands in sandboxes, through the command log: buffered, streamed, replayed. */
@@ -44,10 +58,10 @@ export class ExecService {
    * (`replayed: true`), waits for the first attempt if it is still running, and answers
    * `result_unknown` if its host died meanwhile.
    */
-  async exec(principal: Principal, id: string, request: ExecRequest): Promise<ExecResult> {
+  async exec(principal: Principal, id: string, request: ExecRequest, hop: HopTimer = () => {}): Promise<ExecResult> {
     const { execs } = this.deps.metrics;
     try {
-      const result = await this.execOnce(principal, id, request);
+      const result = await this.execOnce(principal, id, request, hop);
       execs.inc({ outcome: result.replayed ? 'replayed' : result.timedOut ? 'timed_out' : 'finished' });
       return result;
     } catch (err) {
@@ -56,48 +70,71 @@ export class ExecService {
     }
   }
 
-  private async execOnce(principal: Principal, id: string, request: ExecRequest): Promise<ExecResult> {
-    const deadlineMs = this.deps.now() + timeoutOf(request) + EXEC_REPLY_GRACE_MS;
-    const started = await this.startExec(principal, id, request, { stream: false });
-    if (!started.reply) return this.awaitRecorded(id, started.commandId, deadlineMs, !started.launched);
-    // The node's reply is the fast path. The command log is the truth: it also tells when the
-    // node died (result unknown) or when the reply was lost in transit.
-    const watch = { cancelled: false };
-    const recorded = this.awaitRecorded(id, started.commandId, deadlineMs, false, { firstWaitMs: 1000, watch });
+  private async execOnce(principal: Principal, id: string, request: ExecRequest, hop: HopTimer): Promise<ExecResult> {
+    const waitMs = timeoutOf(request) + EXEC_REPLY_GRACE_MS;
+    const deadlineMs = this.deps.now() + waitMs;
+    const started = await this.startExec(principal, id, request, { stream: false, waitMs }, hop);
+    if (!started.reply) return this.awaitRecorded(id, started.commandId, deadlineMs);
+    const sentAt = performance.now();
+    const stopChecking = new AbortController();
     try {
-      const first = await Promise.race([started.reply.catch((err: unknown) => (err instanceof RollboxError && err.code === 'timeout' ? recorded : Promise.reject(err))), recorded]);
-      if ('kind' in first) {
-        if (first.kind === 'exec') return first.result;
-        if (first.kind === 'error') throw toRollboxError(first.error);
-        throw new RollboxError('internal', `unexpected reply ${first.kind}`);
+      const reply = await Promise.race([started.reply, this.checkRecordEvery(id, started.commandId, stopChecking.signal)]);
+      if ('commandId' in reply) return { ...reply, replayed: false };
+      if (reply.kind === 'error') throw toRollboxError(reply.error);
+      if (reply.kind !== 'exec') throw new RollboxError('internal', `unexpected reply ${reply.kind}`);
+      const roundTripMs = performance.now() - sentAt;
+      if (reply.workerMs !== undefined) {
+        hop('dispatch', roundTripMs - reply.workerMs);
+        hop('worker', reply.workerMs - reply.result.durationMs);
       }
-      return first;
+      hop('run', reply.result.durationMs);
+      return reply.result;
+    } catch (err) {
+      // No reply in time (or lost): the record decides.
+      if (err instanceof RollboxError && err.code === 'timeout') return this.awaitRecorded(id, started.commandId, deadlineMs, false);
+      throw err;
     } finally {
-      watch.cancelled = true;
+      stopChecking.abort();
       this.deps.nodes.cancel(started.requestId);
-      recorded.catch(() => {});
+    }
+  }
+
+  /** The safety net under a reply that pub/sub may have lost: the record, every RECORD_CHECK_MS. */
+  private async checkRecordEvery(sandboxId: string, commandId: string, signal: AbortSignal): Promise<Omit<ExecResult, 'replayed'>> {
+    for (;;) {
+      await new Promise((r) => setTimeout(r, RECORD_CHECK_MS).unref());
+      if (signal.aborted) return new Promise(() => {}); // the race is over; never settles
+      const record = await this.deps.commands.get(sandboxId, commandId);
+      if (record?.state === 'done' && record.result) return record.result;
+      if (record?.state === 'unknown') throw unknownError(record);
     }
   }
 
   /**
-   * Records the command and sends it to its node, unless its commandId is known already
-   * (then there is no `reply`: the command log has or will have the outcome).
+   * Records the command and sends it to its node in one step, unless its commandId is
+   * known already (then there is no `reply`: the command log has or will have the outcome).
    */
   private async startExec(
     principal: Principal,
     id: string,
     request: ExecRequest,
-    options: { stream: boolean; background?: boolean },
+    options: { stream: boolean; background?: boolean; waitMs?: number },
+    hop: HopTimer = () => {},
   ): Promise<{ commandId: string; requestId: string; launched: boolean; reply?: Promise<Reply> }> {
     requireScope(principal, 'sandbox:exec');
-    const { commands } = this.deps;
+    const { commands, nodes } = this.deps;
+    let t = performance.now();
     const sandbox = await this.deps.registry.getOwned(id, principal.tenant);
+    hop('lookup', performance.now() - t);
     const requestId = newId('req');
     const commandId = request.commandId ?? newId('cmd');
-    if (request.commandId && (await commands.get(id, commandId))) return { commandId, requestId, launched: false };
-    if (sandbox.state !== 'running') throw new RollboxError('invalid_state', `sandbox ${id} is ${sandbox.state}${sandbox.failureReason ? ` (${sandbox.failureReason})` : ''}, not running`);
-    const op = {
-      kind: 'exec' as const,
+    if (sandbox.state !== 'running') {
+      // A re-sent command of a sandbox that stopped since still gets its recorded outcome.
+      if (request.commandId && (await commands.get(id, commandId))) return { commandId, requestId, launched: false };
+      throw new RollboxError('invalid_state', `sandbox ${id} is ${sandbox.state}${sandbox.failureReason ? ` (${sandbox.failureReason})` : ''}, not running`);
+    }
+    const op = nodes.addressed({
+      kind: 'exec',
       sandboxId: id,
       requestId,
       commandId,
@@ -108,38 +145,50 @@ export class ExecService {
       timeoutMs: timeoutOf(request),
       stream: options.stream,
       background: options.background ?? false,
-    };
-    if ((await commands.claim({ sandboxId: id, commandId, argv: op.argv, node: sandbox.node!, requestId })) === 'exists') return { commandId, requestId, launched: false };
-    if (options.stream) {
-      await this.deps.nodes.postOp(sandbox.node!, op);
-      return { commandId, requestId, launched: true };
+    });
+    // Listening before the op can reach the node: a fast reply cannot be missed.
+    const reply = options.waitMs === undefined ? undefined : nodes.expect(requestId, options.waitMs);
+    t = performance.now();
+    const claimed = await commands
+      .claim({ sandboxId: id, commandId, argv: op.kind === 'exec' ? op.argv : [], node: sandbox.node!, requestId, replyTo: nodes.gatewayId, inbox: nodes.opsInbox(sandbox.node!), op: JSON.stringify(op) })
+      .catch((err: unknown) => {
+        nodes.cancel(requestId);
+        throw err;
+      });
+    hop('claim', performance.now() - t);
+    if (claimed === 'exists') {
+      nodes.cancel(requestId);
+      reply?.catch(() => {});
+      return { commandId, requestId, launched: false };
     }
-    return { commandId, requestId, launched: true, reply: this.deps.nodes.sendOp(sandbox.node!, op, timeoutOf(request) + EXEC_REPLY_GRACE_MS) };
+    return { commandId, requestId, launched: true, reply };
   }
 
   /**
    * A streaming exec: output chunks in order as the command produces them, then its
    * outcome. Re-sent with the same commandId (and the last event id seen), it continues
-   * where the dropped connection stopped; the command runs once.
+   * where the dropped connection stopped; the command runs once. The output stream is
+   * followed with blocking reads, woken by each chunk and by the end marker.
    */
   async *streamExec(principal: Principal, id: string, request: ExecRequest, lastEventId = '0'): AsyncGenerator<ExecEvent> {
     const { commandId, launched } = await this.startExec(principal, id, request, { stream: true });
     const deadlineMs = this.deps.now() + timeoutOf(request) + EXEC_REPLY_GRACE_MS;
     let afterId = lastEventId;
-    for (let idleMs = POLL_MS; ; ) {
-      const chunks = await readOutput(this.deps.redis, id, commandId, afterId);
-      for (const chunk of chunks) yield { event: chunk.stream, id: chunk.id, data: chunk.data };
-      if (chunks.length > 0) {
-        afterId = chunks.at(-1)!.id;
-        idleMs = POLL_MS;
-        continue;
+    let streamed = afterId !== '0';
+    for (;;) {
+      const read = await this.deps.blocking.with((conn) => followOutput(conn, id, commandId, afterId, FOLLOW_BLOCK_MS));
+      for (const chunk of read.chunks) yield { event: chunk.stream, id: chunk.id, data: chunk.data };
+      if (read.lastId) {
+        afterId = read.lastId;
+        streamed ||= read.chunks.length > 0;
       }
+      if (read.chunks.length > 0 && !read.ended) continue;
       const record = await this.deps.commands.get(id, commandId);
       if (record?.state === 'done' && record.result) {
         // The worker writes all output before it records the result: drain what is left.
         const rest = await readOutput(this.deps.redis, id, commandId, afterId, 100_000);
-        for (const chunk of rest) yield { event: chunk.stream, id: chunk.id, data: chunk.data };
-        if (afterId === '0' && rest.length === 0) {
+        for (const chunk of rest.chunks) yield { event: chunk.stream, id: chunk.id, data: chunk.data };
+        if (!streamed && rest.chunks.length === 0) {
           // Recorded by a buffered exec (nothing was streamed): send its output whole.
           if (record.result.stdout) yield { event: 'stdout', id: 'result-stdout', data: record.result.stdout };
           if (record.result.stderr) yield { event: 'stderr', id: 'result-stderr', data: record.result.stderr };
@@ -149,33 +198,21 @@ export class ExecService {
         return;
       }
       if (!record) throw new RollboxError('invalid_state', `command ${commandId} was refused before it started; send it again`);
-      if (record.state === 'unknown') throw new RollboxError('result_unknown', `command ${commandId} was running when its worker host ${record.node} died or restarted`);
+      if (record.state === 'unknown') throw unknownError(record);
       if (this.deps.now() > deadlineMs) throw new RollboxError('timeout', `command ${commandId} is still ${record.state}`, 5);
-      await new Promise((r) => setTimeout(r, idleMs));
-      idleMs = Math.min(200, idleMs * 2);
     }
   }
 
-  /** The recorded outcome of a command, waiting while it is queued or running. */
-  private async awaitRecorded(
-    sandboxId: string,
-    commandId: string,
-    deadlineMs: number,
-    replayed = true,
-    options: { firstWaitMs?: number; watch?: { cancelled: boolean } } = {},
-  ): Promise<ExecResult> {
-    if (options.firstWaitMs) await new Promise((r) => setTimeout(r, options.firstWaitMs));
-    for (let waitMs = POLL_MS; !options.watch?.cancelled; waitMs = Math.min(500, waitMs * 2)) {
+  /** The recorded outcome of a command, waiting while it is queued or running (a replay of a command still in flight). */
+  private async awaitRecorded(sandboxId: string, commandId: string, deadlineMs: number, replayed = true): Promise<ExecResult> {
+    for (let waitMs = POLL_MS; ; waitMs = Math.min(500, waitMs * 2)) {
       const record: CommandRecord | undefined = await this.deps.commands.get(sandboxId, commandId);
       if (!record) throw new RollboxError('invalid_state', `command ${commandId} was refused before it started; send it again`);
       if (record.state === 'done' && record.result) return { ...record.result, replayed };
-      if (record.state === 'unknown') {
-        throw new RollboxError('result_unknown', `command ${commandId} was running when its worker host ${record.node} died or restarted; it may or may not have taken effect`);
-      }
+      if (record.state === 'unknown') throw unknownError(record);
       if (this.deps.now() > deadlineMs) throw new RollboxError('timeout', `command ${commandId} is still ${record.state}`, 5);
       await new Promise((r) => setTimeout(r, waitMs));
     }
-    throw new RollboxError('internal', 'stopped waiting');
   }
 
   /** A background command: started (or found by its commandId), answered at once. */
@@ -197,7 +234,7 @@ export class ExecService {
     const record = await this.deps.commands.get(id, commandId);
     if (!record) throw new RollboxError('not_found', `command ${commandId} not found in sandbox ${id}`);
     if (record.result) return { ...record, stdout: record.result.stdout, stderr: record.result.stderr };
-    const chunks = await readOutput(this.deps.redis, id, commandId, '0', 100_000);
+    const { chunks } = await readOutput(this.deps.redis, id, commandId, '0', 100_000);
     const joined = (stream: 'stdout' | 'stderr') => chunks.filter((c) => c.stream === stream).map((c) => c.data).join('');
     return { ...record, stdout: joined('stdout'), stderr: joined('stderr') };
   }
@@ -207,6 +244,10 @@ export class ExecService {
     await this.deps.registry.getOwned(id, principal.tenant);
     return this.deps.commands.list(id, limit);
   }
+}
+
+function unknownError(record: CommandRecord): RollboxError {
+  return new RollboxError('result_unknown', `command ${record.commandId} was running when its worker host ${record.node} died or restarted; it may or may not have taken effect`);
 }
 
 function timeoutOf(request: ExecRequest): number {

@@ -7,7 +7,6 @@ export type { ExecServiceDeps, ExecEvent } from './exec-service.ts';
 export { NodeRequests } from './node-requests.ts';
 export { FilesService } from './files-service.ts';
 export type { FilesServiceDeps } from './files-service.ts';
-export type { QueueProvider } from './node-requests.ts';
 export { newId } from './ids.ts';
 export { Janitor } from './janitor.ts';
 export { LayerCollector } from './layer-gc.ts';

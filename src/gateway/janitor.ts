@@ -1,6 +1,7 @@
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import type { NodeDirectory } from '../queues/index.ts';
+import { NodeOp } from '../api/index.ts';
+import { pendingOps, type NodeDirectory } from '../queues/index.ts';
 import { keys, type CommandLog, type SandboxRegistry } from '../registry/index.ts';
 import type { LayerCollector } from './layer-gc.ts';
 
@@ -64,7 +65,11 @@ export class Janitor {
     for (const id of ids) {
       await registry.transition(id, 'failed', { from: ['creating', 'running', 'paused', 'stopping'], node: nodeId, failureReason: 'lost', detail: `worker host ${nodeId} stopped heartbeating` });
     }
-    const unknown = await this.deps.commands.settleUnfinished(nodeId, { includeQueued: true });
+    const unfinished = (await pendingOps(redis, nodeId, { includeQueued: true })).flatMap((m) => {
+      const op = NodeOp.safeParse(m);
+      return op.success && op.data.kind === 'exec' ? [op.data] : [];
+    });
+    const unknown = await this.deps.commands.settleUnfinished(unfinished, `its worker host ${nodeId} stopped heartbeating`, { includeQueued: true });
     await redis.hdel(keys.nodes, nodeId);
     logger.warn({ nodeId, sandboxes: ids.length, commandsUnknown: unknown }, 'worker host lost');
   }

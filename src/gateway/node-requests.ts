@@ -1,24 +1,23 @@
-import type { Queue } from 'bullmq';
-import { RollboxError, type CreateJob, type NodeOp, type Reply } from '../api/index.ts';
-import type { ReplyHub } from '../queues/index.ts';
-
-export interface QueueProvider {
-  createQueue(nodeId: string): Queue;
-  opsQueue(nodeId: string): Queue;
-}
+import type { Redis } from 'ioredis';
+import { RollboxError, isErrorCode, type CreateJob, type NodeOp, type Reply } from '../api/index.ts';
+import { inboxKey, pushToInbox, type ReplyHub } from '../queues/index.ts';
 
 /** A node operation or create job as a caller writes it: the reply address is filled in here. */
 type Outgoing<T> = T extends unknown ? Omit<T, 'replyTo'> : never;
 
 /**
- * Requests to worker hosts: sent through the node's queue (the BullMQ job id is the
- * request id, so a resend is idempotent), answered on this gateway's reply channel.
+ * Requests to worker hosts: pushed to the node's inbox (src/queues/inbox.ts), answered on
+ * this gateway's reply channel.
  */
 export class NodeRequests {
   constructor(
     private readonly replies: ReplyHub,
-    private readonly queues: QueueProvider,
+    private readonly redis: Redis,
   ) {}
+
+  get gatewayId(): string {
+    return this.replies.gatewayId;
+  }
 
   /** Sends an operation and waits for its reply. */
   sendOp(nodeId: string, op: Outgoing<NodeOp>, timeoutMs: number): Promise<Reply> {
@@ -27,11 +26,25 @@ export class NodeRequests {
 
   /** Sends an operation without waiting for a reply (the command log carries the outcome). */
   async postOp(nodeId: string, op: Outgoing<NodeOp>): Promise<void> {
-    await this.queues.opsQueue(nodeId).add(op.kind, { ...op, replyTo: this.replies.gatewayId } as NodeOp, { jobId: op.requestId });
+    await pushToInbox(this.redis, nodeId, 'ops', this.addressed(op));
   }
 
   sendCreate(nodeId: string, job: Outgoing<CreateJob>, timeoutMs: number): Promise<Reply> {
-    return this.request(job.requestId, timeoutMs, () => this.queues.createQueue(nodeId).add('create', { ...job, replyTo: this.replies.gatewayId } satisfies CreateJob, { jobId: job.requestId }));
+    return this.request(job.requestId, timeoutMs, () => pushToInbox(this.redis, nodeId, 'create', { ...job, replyTo: this.gatewayId } satisfies CreateJob));
+  }
+
+  /** The op as its inbox message (for callers that push it inside their own script). */
+  addressed(op: Outgoing<NodeOp>): NodeOp {
+    return { ...op, replyTo: this.gatewayId } as NodeOp;
+  }
+
+  opsInbox(nodeId: string): string {
+    return inboxKey(nodeId, 'ops');
+  }
+
+  /** Registers for a reply before the request that will cause it is sent. */
+  expect(requestId: string, timeoutMs: number): Promise<Reply> {
+    return this.replies.expect(requestId, timeoutMs);
   }
 
   /** Stops waiting for a reply (it is no longer needed, or it will never come). */
@@ -52,9 +65,7 @@ export class NodeRequests {
   }
 }
 
-/** A worker host's error reply as a typed error (codes it may send; anything else is internal). */
+/** A worker host's error reply as the typed error it was on the worker (unknown codes become internal). */
 export function toRollboxError(error: { code: string; message: string; retryAfterSeconds?: number }): RollboxError {
-  const known = ['invalid_state', 'not_found', 'conflict', 'timeout', 'invalid_request', 'result_unknown', 'payload_too_large'] as const;
-  const code = (known as readonly string[]).includes(error.code) ? (error.code as (typeof known)[number]) : 'internal';
-  return new RollboxError(code, error.message, error.retryAfterSeconds);
+  return new RollboxError(isErrorCode(error.code) ? error.code : 'internal', error.message, error.retryAfterSeconds);
 }

@@ -1,44 +1,62 @@
 import type { Redis } from 'ioredis';
 import { CommandRecord, type ExecResult } from '../api/index.ts';
 import { keys } from './keys.ts';
+import { LuaScript } from './lua.ts';
 
 /** Commands stay replayable this long after they were queued. */
 const COMMAND_TTL_SEC = 7 * 24 * 3600;
 
 /**
- * KEYS: command, sandboxLog, nodeCommands   ARGV: record fields..., then commandRef, queuedAtMs, ttl
- * Returns {'claimed'} or {'exists'}.
+ * Records a new command and, in the same step, puts its operation in its node's inbox:
+ * a command is never recorded without being sent.
+ * KEYS: command, sandboxLog, inbox   ARGV: ttl, queuedAtMs, commandRef, op json, then record fields
+ * Returns 1 (claimed) or 0 (the commandId was used before in this sandbox).
  */
-const CLAIM = `
-if redis.call('EXISTS', KEYS[1]) == 1 then return {'exists'} end
-local n = #ARGV
-local fields = {}
-for i = 1, n - 3 do fields[#fields + 1] = ARGV[i] end
-redis.call('HSET', KEYS[1], unpack(fields))
-redis.call('EXPIRE', KEYS[1], tonumber(ARGV[n]))
-redis.call('ZADD', KEYS[2], tonumber(ARGV[n - 1]), ARGV[n - 2])
-redis.call('EXPIRE', KEYS[2], tonumber(ARGV[n]))
-redis.call('SADD', KEYS[3], ARGV[n - 2])
-return {'claimed'}
-`;
+const CLAIM = new LuaScript(`
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 5))
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[1]))
+redis.call('ZADD', KEYS[2], tonumber(ARGV[2]), ARGV[3])
+redis.call('EXPIRE', KEYS[2], tonumber(ARGV[1]))
+redis.call('LPUSH', KEYS[3], ARGV[4])
+return 1
+`);
 
 /** KEYS: command   ARGV: requestId, startedAt. Only the request that queued it may start it, once. */
-const START = `
-if redis.call('HGET', KEYS[1], 'state') ~= 'queued' then return 0 end
-if redis.call('HGET', KEYS[1], 'requestId') ~= ARGV[1] then return 0 end
+const START = new LuaScript(`
+local cur = redis.call('HMGET', KEYS[1], 'state', 'requestId')
+if cur[1] ~= 'queued' or cur[2] ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'running', 'startedAt', ARGV[2])
 return 1
-`;
+`);
 
-/** KEYS: command, nodeCommands   ARGV: commandRef, state, endedAt, result json (or ''). Never overwrites a settled command. */
-const SETTLE = `
+/**
+ * The command's result, its inbox message acknowledged, its gateway told, in one step.
+ * KEYS: command, taken (or '')   ARGV: endedAt, result json, taken message (or ''), reply channel, reply json
+ * Never overwrites a settled command (one reported unknown stays unknown). Returns 1 if settled now.
+ */
+const COMPLETE = new LuaScript(`
+if KEYS[2] ~= '' then redis.call('LREM', KEYS[2], 1, ARGV[3]) end
 local state = redis.call('HGET', KEYS[1], 'state')
 if state ~= 'queued' and state ~= 'running' then return 0 end
-redis.call('HSET', KEYS[1], 'state', ARGV[2], 'endedAt', ARGV[3])
-if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[4]) end
-redis.call('SREM', KEYS[2], ARGV[1])
+redis.call('HSET', KEYS[1], 'state', 'done', 'endedAt', ARGV[1], 'result', ARGV[2])
+redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 1
-`;
+`);
+
+/**
+ * Its outcome cannot be known (its host died or restarted while it ran): recorded, and the
+ * gateway waiting on it told at once. KEYS: command   ARGV: endedAt, replyChannelPrefix, message
+ */
+const UNKNOWN = new LuaScript(`
+local cur = redis.call('HMGET', KEYS[1], 'state', 'replyTo', 'requestId')
+if cur[1] ~= 'queued' and cur[1] ~= 'running' then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'unknown', 'endedAt', ARGV[1])
+if cur[2] and cur[3] then
+  redis.call('PUBLISH', ARGV[2] .. cur[2], cjson.encode({kind = 'error', requestId = cur[3], error = {code = 'result_unknown', message = ARGV[3]}}))
+end
+return 1
+`);
 
 function commandRef(sandboxId: string, commandId: string): string {
   return `${sandboxId}/${commandId}`;
@@ -64,9 +82,9 @@ function fromHash(hash: Record<string, string>): CommandRecord | undefined {
 }
 
 /**
- * The command log: each exec is recorded under its commandId before it is sent, so a
- * re-sent command replays its recorded result instead of running again, and a command
- * whose host died is reported `unknown` rather than silently re-run.
+ * The command log: each exec is recorded under its commandId as it is sent, so a re-sent
+ * command replays its recorded result instead of running again, and a command whose host
+ * died is reported `unknown` rather than silently re-run.
  */
 export class CommandLog {
   constructor(
@@ -74,47 +92,47 @@ export class CommandLog {
     private readonly now: () => number = Date.now,
   ) {}
 
-  /** Records a new command as queued; `exists` when the commandId was used before in this sandbox. */
-  async claim(input: { sandboxId: string; commandId: string; argv: string[]; node: string; requestId: string }): Promise<'claimed' | 'exists'> {
+  /**
+   * Records a new command as queued and pushes `op` (its message) to `inbox`; `exists`
+   * when the commandId was used before in this sandbox (then nothing is sent).
+   */
+  async claim(input: { sandboxId: string; commandId: string; argv: string[]; node: string; requestId: string; replyTo: string; inbox: string; op: string }): Promise<'claimed' | 'exists'> {
     const queuedAtMs = this.now();
-    const fields = ['commandId', input.commandId, 'argv', JSON.stringify(input.argv), 'state', 'queued', 'node', input.node, 'requestId', input.requestId, 'queuedAt', new Date(queuedAtMs).toISOString()];
-    const ref = commandRef(input.sandboxId, input.commandId);
-    const [outcome] = (await this.redis.eval(
-      CLAIM,
-      3,
-      keys.command(input.sandboxId, input.commandId),
-      keys.commandLog(input.sandboxId),
-      keys.nodeCommands(input.node),
-      ...fields,
-      ref,
-      String(queuedAtMs),
-      String(COMMAND_TTL_SEC),
-    )) as string[];
-    return outcome as 'claimed' | 'exists';
+    const fields = ['commandId', input.commandId, 'argv', JSON.stringify(input.argv), 'state', 'queued', 'node', input.node, 'requestId', input.requestId, 'replyTo', input.replyTo, 'queuedAt', new Date(queuedAtMs).toISOString()];
+    const claimed = await CLAIM.run(
+      this.redis,
+      [keys.command(input.sandboxId, input.commandId), keys.commandLog(input.sandboxId), input.inbox],
+      [COMMAND_TTL_SEC, queuedAtMs, commandRef(input.sandboxId, input.commandId), input.op, ...fields],
+    );
+    return claimed === 1 ? 'claimed' : 'exists';
   }
 
   /** Moves a queued command to running; false for a redelivered or foreign request (do not run it). */
   async start(sandboxId: string, commandId: string, requestId: string): Promise<boolean> {
-    return (await this.redis.eval(START, 1, keys.command(sandboxId, commandId), requestId, new Date(this.now()).toISOString())) === 1;
+    return (await START.run(this.redis, [keys.command(sandboxId, commandId)], [requestId, new Date(this.now()).toISOString()])) === 1;
   }
 
-  async complete(sandboxId: string, node: string, result: Omit<ExecResult, 'replayed'>): Promise<void> {
-    await this.settle(sandboxId, result.commandId, node, 'done', JSON.stringify(result));
+  /** Records the result, acknowledges the inbox message, and publishes `reply` to the waiting gateway. */
+  async complete(
+    sandboxId: string,
+    result: Omit<ExecResult, 'replayed'>,
+    options: { receipt?: { takenKey: string; raw: string }; replyChannel: string; reply: string },
+  ): Promise<void> {
+    await COMPLETE.run(
+      this.redis,
+      [keys.command(sandboxId, result.commandId), options.receipt?.takenKey ?? ''],
+      [new Date(this.now()).toISOString(), JSON.stringify(result), options.receipt?.raw ?? '', options.replyChannel, options.reply],
+    );
   }
 
   /** The command's outcome cannot be known (its host died or restarted while it ran). */
-  async markUnknown(sandboxId: string, commandId: string, node: string): Promise<void> {
-    await this.settle(sandboxId, commandId, node, 'unknown', '');
+  async markUnknown(sandboxId: string, commandId: string, why: string): Promise<boolean> {
+    return (await UNKNOWN.run(this.redis, [keys.command(sandboxId, commandId)], [new Date(this.now()).toISOString(), keys.replyChannel(''), why])) === 1;
   }
 
   /** A command refused before it started (sandbox not running there): forget it so it may be sent again. */
-  async abandon(sandboxId: string, commandId: string, node: string): Promise<void> {
-    const ref = commandRef(sandboxId, commandId);
-    await this.redis.multi().del(keys.command(sandboxId, commandId)).zrem(keys.commandLog(sandboxId), ref).srem(keys.nodeCommands(node), ref).exec();
-  }
-
-  private async settle(sandboxId: string, commandId: string, node: string, state: 'done' | 'unknown', resultJson: string): Promise<void> {
-    await this.redis.eval(SETTLE, 2, keys.command(sandboxId, commandId), keys.nodeCommands(node), commandRef(sandboxId, commandId), state, new Date(this.now()).toISOString(), resultJson);
+  async abandon(sandboxId: string, commandId: string): Promise<void> {
+    await this.redis.multi().del(keys.command(sandboxId, commandId)).zrem(keys.commandLog(sandboxId), commandRef(sandboxId, commandId)).exec();
   }
 
   async get(sandboxId: string, commandId: string): Promise<CommandRecord | undefined> {
@@ -131,19 +149,16 @@ export class CommandLog {
   }
 
   /**
-   * Settles what a node left unfinished. With `includeQueued` (the node is gone) queued
-   * commands are settled too; a restarted node keeps them, its queue still holds them.
+   * Settles commands a node left unfinished: `running` ones become unknown, and with
+   * `includeQueued` (the node is gone) queued ones too; a restarted node keeps its queued
+   * ones, its inbox still holds them. `commands` are those of its inbox (src/queues/inbox.ts).
    */
-  async settleUnfinished(node: string, options: { includeQueued: boolean }): Promise<number> {
+  async settleUnfinished(commands: readonly { sandboxId: string; commandId: string }[], why: string, options: { includeQueued: boolean }): Promise<number> {
     let settled = 0;
-    for (const ref of await this.redis.smembers(keys.nodeCommands(node))) {
-      const [sandboxId, commandId] = parseRef(ref);
+    for (const { sandboxId, commandId } of commands) {
       const state = await this.redis.hget(keys.command(sandboxId, commandId), 'state');
       if (state === 'running' || (state === 'queued' && options.includeQueued)) {
-        await this.markUnknown(sandboxId, commandId, node);
-        settled++;
-      } else if (state !== 'queued') {
-        await this.redis.srem(keys.nodeCommands(node), ref);
+        if (await this.markUnknown(sandboxId, commandId, why)) settled++;
       }
     }
     return settled;

@@ -9,8 +9,8 @@ export const keys = {
   commandOutput: (sandboxId: string, commandId: string) => `rb:out:${sandboxId}:${commandId}`,
   /** A sandbox's commands in the order they were sent (the trajectory). */
   commandLog: (sandboxId: string) => `rb:cmds:${sandboxId}`,
-  /** Queued or running commands on a node, settled `unknown` if the node dies. */
-  nodeCommands: (nodeId: string) => `rb:node:${nodeId}:cmds`,
+  /** A worker host's inbox of one lane (see src/queues/inbox.ts); `<key>:taken` holds what it works on. */
+  inbox: (nodeId: string, lane: string) => `rb:inbox:${nodeId}:${lane}`,
   idempotency: (tenant: string, key: string) => `rb:idem:${tenant}:${key}`,
   /** Sandboxes not yet running, scored by the time after which they count as stuck. */
   unsettled: 'rb:unsettled',

@@ -1,3 +1,6 @@
+import { createHash } from 'node:crypto';
+import type { Redis } from 'ioredis';
+
 /**
  * Lua scripts: each sandbox state change is one atomic script so that concurrent
  * gateways and workers can never move a state backwards or end it twice.
@@ -85,3 +88,25 @@ if redis.call('HGET', KEYS[1], 'spec') ~= ARGV[1] then return 'changed' end
 redis.call('HSET', KEYS[1], 'spec', ARGV[2])
 return 'ok'
 `;
+
+/**
+ * A Lua script sent once per connection and then called by its SHA (EVALSHA): the body
+ * does not travel with every call. Falls back to EVAL when the server does not know it
+ * (a restarted Redis).
+ */
+export class LuaScript {
+  readonly sha: string;
+
+  constructor(readonly body: string) {
+    this.sha = createHash('sha1').update(body).digest('hex');
+  }
+
+  async run(redis: Redis, keys: readonly string[], args: readonly (string | number | Buffer)[]): Promise<unknown> {
+    try {
+      return await redis.evalsha(this.sha, keys.length, ...keys, ...args);
+    } catch (err) {
+      if (!String((err as Error).message).startsWith('NOSCRIPT')) throw err;
+      return redis.eval(this.body, keys.length, ...keys, ...args);
+    }
+  }
+}

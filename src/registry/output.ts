@@ -14,6 +14,15 @@ export interface OutputChunk {
   data: string;
 }
 
+/** Output after some entry, and whether the end of the output was among it. */
+export interface OutputRead {
+  chunks: OutputChunk[];
+  /** The writer's end marker was read: no more output will come (the result is recorded). */
+  ended: boolean;
+  /** The last entry id read (the marker's included): where the next read starts. */
+  lastId: string;
+}
+
 /** Appends a command's output, in order, to its Redis stream. */
 export class OutputWriter {
   private pending: { stream: 'stdout' | 'stderr'; data: Buffer }[] = [];
@@ -55,14 +64,36 @@ export class OutputWriter {
     }
     return this.chain;
   }
+
+  /** The end marker, written once the result is recorded: it wakes readers blocked on the stream. */
+  async end(): Promise<void> {
+    await this.flush();
+    await this.redis.multi().xadd(this.key, '*', 'end', '1').expire(this.key, OUTPUT_TTL_SEC).exec();
+  }
+}
+
+function parse(rows: [string, string[]][]): OutputRead {
+  const read: OutputRead = { chunks: [], ended: false, lastId: '' };
+  for (const [id, fields] of rows) {
+    read.lastId = id;
+    const map: Record<string, string> = {};
+    for (let i = 0; i + 1 < fields.length; i += 2) map[fields[i]!] = fields[i + 1]!;
+    if (map.end) read.ended = true;
+    else read.chunks.push({ id, stream: map.s === 'stderr' ? 'stderr' : 'stdout', data: map.d ?? '' });
+  }
+  return read;
 }
 
 /** Reads a command's output stream after `afterId` (exclusive). */
-export async function readOutput(redis: Redis, sandboxId: string, commandId: string, afterId: string, count = 200): Promise<OutputChunk[]> {
-  const rows = await redis.xrange(keys.commandOutput(sandboxId, commandId), `(${afterId}`, '+', 'COUNT', count);
-  return rows.map(([id, fields]) => {
-    const map: Record<string, string> = {};
-    for (let i = 0; i + 1 < fields.length; i += 2) map[fields[i]!] = fields[i + 1]!;
-    return { id, stream: map.s === 'stderr' ? 'stderr' : 'stdout', data: map.d ?? '' };
-  });
+export async function readOutput(redis: Redis, sandboxId: string, commandId: string, afterId: string, count = 200): Promise<OutputRead> {
+  return parse(await redis.xrange(keys.commandOutput(sandboxId, commandId), `(${afterId}`, '+', 'COUNT', count));
+}
+
+/**
+ * Waits up to `blockMs` for output after `afterId` (XREAD BLOCK: no polling). `blocking`
+ * must be a connection nothing else uses meanwhile.
+ */
+export async function followOutput(blocking: Redis, sandboxId: string, commandId: string, afterId: string, blockMs: number): Promise<OutputRead> {
+  const reply = (await blocking.xread('COUNT', 200, 'BLOCK', blockMs, 'STREAMS', keys.commandOutput(sandboxId, commandId), afterId)) as [string, [string, string[]][]][] | null;
+  return parse(reply?.[0]?.[1] ?? []);
 }

@@ -20,12 +20,18 @@ export const SYSCALLS = {
   userfaultfd: 323,
   perf_event_open: 298,
   io_uring_setup: 425,
+  pidfd_open: 434,
+  pidfd_getfd: 438,
 } as const;
 
 const LOAD_ADDRESS = 0x400000n;
 const HEADER_BYTES = 64 + 56;
 
-export function syscallProbe(nr: number, args: readonly (number | bigint)[] = []): Buffer {
+/**
+ * With `then`, a second call follows whose first argument is the first call's result
+ * (pidfd_open, then pidfd_getfd on the fd it returned); the exit code is the second's errno.
+ */
+export function syscallProbe(nr: number, args: readonly (number | bigint)[] = [], then?: { nr: number; args: readonly (number | bigint)[] }): Buffer {
   const imm64 = (prefix: number[], value: number | bigint): Buffer => {
     const b = Buffer.alloc(prefix.length + 8);
     Buffer.from(prefix).copy(b);
@@ -38,6 +44,8 @@ export function syscallProbe(nr: number, args: readonly (number | bigint)[] = []
     imm64([0x48, 0xb8], nr),
     ...registers.map((prefix, i) => imm64(prefix, args[i] ?? 0)),
     Buffer.from([0x0f, 0x05]),
+    // then: rdi = rax (the first call's result); rax = nr2; rsi, rdx, ... = its other args; syscall
+    ...(then ? [Buffer.from([0x48, 0x89, 0xc7]), imm64([0x48, 0xb8], then.nr), ...registers.slice(1).map((prefix, i) => imm64(prefix, then.args[i + 1] ?? 0)), Buffer.from([0x0f, 0x05])] : []),
     // rax = -rax; rdi = rax; if rax <= 0 (the call succeeded) rdi = 0; exit(rdi)
     Buffer.from([0x48, 0xf7, 0xd8, 0x48, 0x89, 0xc7, 0x48, 0x85, 0xc0, 0x7f, 0x02, 0x31, 0xff, 0xb8, 0x3c, 0x00, 0x00, 0x00, 0x0f, 0x05]),
   ]);

@@ -26,6 +26,7 @@
  *   worker -> init: SPAWN, STDIN (bytes), STDIN_EOF, PING
  *   init -> worker: STARTED (u32 pid), STDOUT, STDERR (bytes), TRUNCATED (u8 stream),
  *                   EXIT (i32 exit code, i32 raw wait status), ERROR (text), PONG (text)
+ * After EXIT the init stops writing and waits for the worker to close the connection.
  * A connection that closes before EXIT kills the command's process group.
  *
  * Static, no libc of the image's, no shell: it works in any base image.
@@ -94,7 +95,7 @@ struct session {
   struct buf in;     /* frames from the worker, not yet parsed */
   struct buf out;    /* frames to the worker, not yet sent */
   struct buf stdin_; /* stdin bytes not yet written to the command */
-  int spawned, stdin_eof, peer_gone, exit_sent;
+  int spawned, stdin_eof, peer_gone, exit_sent, shut;
   pid_t pid;
   int exited, status;
   int fd_out, fd_err, fd_in;
@@ -632,14 +633,16 @@ int main(int argc, char **argv) {
         finish_if_done(s);
         flush_out(s);
       }
+      int answered = s->exit_sent || (s->spawned && s->pid <= 0); /* EXIT, or a refused spawn's ERROR */
       if (s->peer_gone) {
         /* Nobody will read the result: the command goes (its exec cgroup is the worker's to clean). */
         kill_command(s);
         session_free(i);
-      } else if (s->exit_sent && buf_pending(&s->out) == 0) {
-        session_free(i);
-      } else if (s->spawned && s->pid <= 0 && buf_pending(&s->out) == 0) {
-        session_free(i); /* a refused spawn, its error sent */
+      } else if (answered && buf_pending(&s->out) == 0 && !s->shut) {
+        /* The worker closes first: it may still be writing (stdin the command never read),
+         * and a connection closed under its writes would lose the answer it has not read. */
+        shutdown(s->sock, SHUT_WR);
+        s->shut = 1;
       }
     }
   }

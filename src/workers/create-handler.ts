@@ -1,0 +1,100 @@
+import os from 'node:os';
+import { RollboxError, type CreateJob } from '../api/index.ts';
+import { decideAdmission } from './admission.ts';
+import type { HostContext } from './host-context.ts';
+import type { LocalSandbox } from './local-sandboxes.ts';
+
+/**
+ * A create request taken from this host's inbox: admitted or refused here (the second
+ * step of placement), then started. Also wakes hibernated sandboxes. Idempotent by the
+ * sandbox's state: a redelivered request answers with what already happened.
+ */
+export async function handleCreate(ctx: HostContext, job: CreateJob): Promise<void> {
+  const { registry, runtime, config } = ctx.deps;
+  const sandbox = await registry.get(job.sandboxId);
+  if (!sandbox || sandbox.node !== ctx.nodeId) return; // re-placed elsewhere or expired
+  // pending: a new sandbox; hibernated: one coming back from its packed writable layer.
+  if (sandbox.state !== 'pending' && sandbox.state !== 'hibernated') {
+    if (sandbox.state === 'running') await ctx.reply(job.replyTo, { kind: 'created', requestId: job.requestId, nodeId: ctx.nodeId });
+    return;
+  }
+  const request = { memoryMiB: sandbox.spec.resources.memoryMiB, cpuMillis: sandbox.spec.resources.cpuMillis, diskMiB: sandbox.spec.resources.diskMiB };
+  const decision = ctx.stopped
+    ? ({ admit: false, reason: 'worker host stopping' } as const)
+    : decideAdmission(
+        {
+          capacity: config,
+          reserved: ctx.local.reserved(),
+          sandboxes: ctx.local.size,
+          hostFreeMemoryMiB: Math.floor(os.freemem() / 1024 / 1024),
+          hostReserveMiB: config.hostReserveMiB,
+          disk: ctx.diskSpace(),
+        },
+        request,
+      );
+  ctx.local.noteHandled(sandbox.id, ctx.now());
+  if (!decision.admit) {
+    ctx.log.info({ sandboxId: sandbox.id, reason: decision.reason }, 'admission refused');
+    await ctx.reply(job.replyTo, { kind: 'refused', requestId: job.requestId, nodeId: ctx.nodeId, reason: decision.reason });
+    return;
+  }
+  // Reserved at once, before anything awaits: a create admitted beside it sees it.
+  const local: LocalSandbox = { id: sandbox.id, ...request, expiresAtMs: Infinity, starting: true };
+  ctx.local.set(local);
+  const moved = await registry.transition(sandbox.id, 'creating', { from: ['pending', 'hibernated'], node: ctx.nodeId });
+  if (moved.kind !== 'ok') {
+    ctx.local.delete(sandbox.id); // cancelled or timed out meanwhile
+    return;
+  }
+  // A waking sandbox: its spec as of the move, since a stage change to a hibernated
+  // sandbox is written only while it is hibernated (registry patchSpec). A new one's
+  // spec never changes before it runs.
+  const spec = sandbox.state === 'hibernated' ? ((await registry.get(sandbox.id))?.spec ?? sandbox.spec) : sandbox.spec;
+  try {
+    const layerImages = await Promise.all(sandbox.layerDigests.map((digest) => layerImage(ctx, digest)));
+    const hibernated = sandbox.hibernationLayer;
+    await runtime.create({
+      sandboxId: sandbox.id,
+      layerImages,
+      restoreUpper: hibernated ? await layerImage(ctx, hibernated) : undefined,
+      resources: spec.resources,
+      class: spec.class,
+      env: spec.env,
+      workdir: spec.workdir,
+      hiddenPaths: spec.hiddenPaths,
+      network: spec.network,
+    });
+    const startedAtMs = ctx.now();
+    // A sandbox back from hibernation keeps the TTL it started with.
+    local.expiresAtMs = Date.parse(sandbox.expiresAt ?? '') || startedAtMs + sandbox.spec.ttlSeconds * 1000;
+    local.starting = false;
+    const running = await registry.transition(sandbox.id, 'running', {
+      from: ['creating'],
+      node: ctx.nodeId,
+      startedAt: new Date(startedAtMs).toISOString(),
+      expiresAt: new Date(local.expiresAtMs).toISOString(),
+      // Its contents are in the upper dir again; the layer is left to garbage collection.
+      hibernationLayer: hibernated ? '' : undefined,
+    });
+    if (running.kind !== 'ok') {
+      // Deleted or failed while starting: undo, and finish a delete that arrived meanwhile.
+      await ctx.removeLocal(sandbox.id);
+      await registry.transition(sandbox.id, 'terminated', { from: ['stopping'] });
+      await ctx.reply(job.replyTo, { kind: 'error', requestId: job.requestId, error: { code: 'conflict', message: `sandbox became ${running.kind === 'refused' ? running.current : 'missing'} while starting` } });
+      return;
+    }
+    await ctx.reply(job.replyTo, { kind: 'created', requestId: job.requestId, nodeId: ctx.nodeId });
+  } catch (err) {
+    ctx.log.error({ err, sandboxId: sandbox.id }, 'create failed');
+    await ctx.removeLocal(sandbox.id);
+    const message = err instanceof Error ? err.message : String(err);
+    await registry.transition(sandbox.id, 'failed', { failureReason: 'infra_error', detail: message });
+    await ctx.reply(job.replyTo, { kind: 'error', requestId: job.requestId, error: { code: 'internal', message: `sandbox failed to start: ${message}` } });
+  }
+}
+
+async function layerImage(ctx: HostContext, digest: string): Promise<{ digest: string; imagePath: string }> {
+  const imagePath = await ctx.deps.layerImagePath(digest);
+  if (!imagePath) throw new RollboxError('internal', `layer ${digest} is not available on node ${ctx.nodeId}`);
+  return { digest, imagePath };
+}

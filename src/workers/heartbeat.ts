@@ -1,0 +1,35 @@
+import os from 'node:os';
+import type { NodeHeartbeat } from '../api/index.ts';
+import type { Config } from '../config/index.ts';
+import type { LocalSandboxes } from './local-sandboxes.ts';
+
+export interface HeartbeatInput {
+  nodeId: string;
+  config: Config['node'];
+  atMs: number;
+  healthy: boolean;
+  /** Only for hosts that sync their layers first (cloud hosts): placement skips them until ready. */
+  sync?: { ready: boolean; syncedLayers: string[] };
+  local: LocalSandboxes;
+  diskCapacityMiB: number;
+  cachedLayers: string[];
+}
+
+/** What a worker host tells the cluster about itself, about every second. */
+export function heartbeatOf(input: HeartbeatInput): NodeHeartbeat {
+  const { config, local } = input;
+  return {
+    nodeId: input.nodeId,
+    pool: config.pool,
+    atMs: input.atMs,
+    healthy: input.healthy,
+    ...(input.sync ?? {}),
+    capacity: { cpuMillis: config.cpuMillis, memoryMiB: config.memoryMiB, maxSandboxes: config.maxSandboxes, maxStarting: config.maxStarting, diskMiB: input.diskCapacityMiB },
+    used: local.reserved(),
+    measured: { cpuLoad: os.loadavg()[0]! / os.availableParallelism(), memoryUsedFraction: 1 - os.freemem() / os.totalmem() },
+    sandboxes: local.size,
+    starting: local.startingCount(),
+    cachedLayers: input.cachedLayers,
+    handledCreates: local.recentlyHandled(input.atMs),
+  };
+}

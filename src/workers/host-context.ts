@@ -1,0 +1,88 @@
+import type { Redis } from 'ioredis';
+import type { Logger } from 'pino';
+import { RollboxError, type Reply } from '../api/index.ts';
+import type { Config } from '../config/index.ts';
+import { publishReply } from '../queues/index.ts';
+import { LayerRegistry, type CommandLog, type SandboxRegistry } from '../registry/index.ts';
+import { diskCapacityMiB } from './admission.ts';
+import { LocalSandboxes } from './local-sandboxes.ts';
+import type { SandboxRuntime } from './runtime/types.ts';
+
+export interface WorkerHostDeps {
+  config: Config['node'] & { nodeId: string };
+  /** Commands (heartbeats, replies, registry). */
+  redis: Redis;
+  /** Makes a new connection for each inbox (BLMOVE blocks it). */
+  connectBlocking: () => Redis;
+  registry: SandboxRegistry;
+  commands: CommandLog;
+  runtime: SandboxRuntime;
+  /** Absolute path of a layer image on this host, or undefined when it is not available here. */
+  layerImagePath: (digest: string) => Promise<string | undefined>;
+  /** Moves a freshly built image into the layer store (content-addressed). */
+  storeLayerImage: (tmpImagePath: string) => Promise<{ digest: string; sizeBytes: number }>;
+  /** Scratch space for images being built. */
+  tmpDir: string;
+  logger: Logger;
+  now?: () => number;
+  /**
+   * A cloud host's layer sync: copies its layer set into its own store and returns the
+   * digests held. Runs before the host reports ready; retried until it succeeds.
+   */
+  syncLayers?: (signal: AbortSignal) => Promise<string[]>;
+}
+
+/** What the worker host's parts (create handling, op handling, the host itself) share. */
+export class HostContext {
+  readonly local = new LocalSandboxes();
+  /** Pins of packed layers (see OpHandler.packWritableLayer). */
+  readonly layers: LayerRegistry;
+  readonly log: Logger;
+  readonly now: () => number;
+  stopped = false;
+
+  constructor(readonly deps: WorkerHostDeps) {
+    this.log = deps.logger.child({ nodeId: deps.config.nodeId });
+    this.now = deps.now ?? Date.now;
+    this.layers = new LayerRegistry(deps.redis);
+  }
+
+  get nodeId(): string {
+    return this.deps.config.nodeId;
+  }
+
+  async reply(replyTo: string, reply: Reply): Promise<void> {
+    await publishReply(this.deps.redis, replyTo, reply);
+  }
+
+  requireLocal(sandboxId: string): void {
+    if (!this.local.has(sandboxId)) throw new RollboxError('invalid_state', `sandbox ${sandboxId} is not running on this node`);
+  }
+
+  /** Out of the table first: nothing (the init watch, say) may take a sandbox being destroyed for a dead one. */
+  async removeLocal(id: string): Promise<void> {
+    this.local.delete(id);
+    await this.deps.runtime.destroy(id).catch((err) => this.log.error({ err, sandboxId: id }, 'destroy failed'));
+  }
+
+  /**
+   * A sandbox whose init died ends failed: `oom` when the OOM killer took it, else
+   * `init_lost` (killed from outside). Nothing it ran reports a result any more.
+   */
+  async checkAlive(id: string): Promise<void> {
+    if (!this.local.has(id) || (await this.deps.runtime.isRunning(id)) || !this.local.has(id)) return;
+    const oom = (await this.deps.runtime.oomKillCount(id)) > 0;
+    await this.removeLocal(id);
+    await this.deps.registry.transition(id, 'failed', {
+      node: this.nodeId,
+      failureReason: oom ? 'oom' : 'init_lost',
+      detail: oom ? 'the sandbox init was killed by the OOM killer' : 'the sandbox init process died',
+    });
+    this.log.warn({ sandboxId: id, oom }, 'sandbox init died');
+  }
+
+  diskSpace(): { capacityMiB: number; freeMiB: number; sizeMiB: number } {
+    const space = this.deps.runtime.diskSpace();
+    return { capacityMiB: diskCapacityMiB(space, this.deps.config.diskOvercommit), freeMiB: space.freeMiB, sizeMiB: space.sizeMiB };
+  }
+}

@@ -1,0 +1,73 @@
+/** A sandbox this worker host runs (or is starting), with what it reserved here. */
+export interface LocalSandbox {
+  id: string;
+  memoryMiB: number;
+  cpuMillis: number;
+  diskMiB: number;
+  expiresAtMs: number;
+  /** Set while a create is in flight; cleared once running. */
+  starting: boolean;
+}
+
+/** Requests handled recently, reported in heartbeats so gateways can drop assumed load. */
+const HANDLED_WINDOW_MS = 15_000;
+
+/** The worker host's table of its sandboxes: what admission, heartbeats and TTLs read. */
+export class LocalSandboxes {
+  private readonly byId = new Map<string, LocalSandbox>();
+  private readonly handled: { sandboxId: string; atMs: number }[] = [];
+
+  get size(): number {
+    return this.byId.size;
+  }
+
+  has(id: string): boolean {
+    return this.byId.has(id);
+  }
+
+  set(sandbox: LocalSandbox): void {
+    this.byId.set(sandbox.id, sandbox);
+  }
+
+  delete(id: string): void {
+    this.byId.delete(id);
+  }
+
+  ids(): string[] {
+    return [...this.byId.keys()];
+  }
+
+  /** Running ones (not still starting). */
+  running(): LocalSandbox[] {
+    return [...this.byId.values()].filter((s) => !s.starting);
+  }
+
+  startingCount(): number {
+    return this.byId.size - this.running().length;
+  }
+
+  /** Resources requested by every sandbox here, starting ones included. */
+  reserved(): { memoryMiB: number; cpuMillis: number; diskMiB: number } {
+    let memoryMiB = 0;
+    let cpuMillis = 0;
+    let diskMiB = 0;
+    for (const s of this.byId.values()) {
+      memoryMiB += s.memoryMiB;
+      cpuMillis += s.cpuMillis;
+      diskMiB += s.diskMiB;
+    }
+    return { memoryMiB, cpuMillis, diskMiB };
+  }
+
+  /** A create request this host answered (admitted or refused). */
+  noteHandled(sandboxId: string, atMs: number): void {
+    this.handled.push({ sandboxId, atMs });
+  }
+
+  /** Creates answered within the window before `nowMs`. */
+  recentlyHandled(nowMs: number): string[] {
+    const cutoff = nowMs - HANDLED_WINDOW_MS;
+    while (this.handled.length && this.handled[0]!.atMs < cutoff) this.handled.shift();
+    return this.handled.map((h) => h.sandboxId);
+  }
+}

@@ -1,0 +1,174 @@
+import { mkdir, rm } from 'node:fs/promises';
+import path from 'node:path';
+import { performance } from 'node:perf_hooks';
+import { RollboxError, type NodeOp, type Reply } from '../api/index.ts';
+import type { InboxReceipt } from '../queues/index.ts';
+import { OutputWriter, keys } from '../registry/index.ts';
+import { readSandboxFiles, writeSandboxFiles } from './files.ts';
+import type { HostContext } from './host-context.ts';
+import { InitLostError } from './init/index.ts';
+
+/** A packed layer is safe from garbage collection this long if its record is never written. */
+const LAYER_PIN_MS = 30 * 60_000;
+
+type ExecOp = Extract<NodeOp, { kind: 'exec' }>;
+
+/**
+ * Operations on sandboxes this host runs, taken from its `ops` inbox: commands, file
+ * transfers, pause/resume, hibernation, snapshots, stage changes, destroy. Each answers
+ * its gateway on the reply channel, errors as the typed error they were.
+ */
+export class OpHandler {
+  /** Stage changes of one sandbox apply in the order they arrived. */
+  private readonly policyChanges = new Map<string, Promise<void>>();
+
+  constructor(private readonly ctx: HostContext) {}
+
+  async handle(op: NodeOp, receipt: InboxReceipt): Promise<void> {
+    const { ctx } = this;
+    const done = (): Promise<void> => ctx.reply(op.replyTo, { kind: 'done', requestId: op.requestId });
+    try {
+      switch (op.kind) {
+        case 'exec':
+          return await this.exec(op, receipt);
+        case 'destroy':
+          await ctx.removeLocal(op.sandboxId);
+          await ctx.deps.registry.transition(op.sandboxId, 'terminated', { node: ctx.nodeId });
+          return await done();
+        case 'snapshot': {
+          const stored = await this.packWritableLayer(op.sandboxId, op.requestId, op.exclude);
+          return await ctx.reply(op.replyTo, { kind: 'snapshot', requestId: op.requestId, ...stored });
+        }
+        case 'hibernate':
+          await this.hibernate(op.sandboxId, op.requestId);
+          return await done();
+        case 'policy':
+          await this.applyPolicy(op);
+          return await done();
+        case 'pause':
+        case 'resume':
+          await this.setPaused(op.sandboxId, op.kind === 'pause');
+          return await done();
+        case 'files_read':
+          ctx.requireLocal(op.sandboxId);
+          return await ctx.reply(op.replyTo, await readSandboxFiles(ctx.deps, op));
+        case 'files_write':
+          ctx.requireLocal(op.sandboxId);
+          return await ctx.reply(op.replyTo, await writeSandboxFiles(ctx.deps, op));
+      }
+    } catch (caught) {
+      let err = caught;
+      if (err instanceof InitLostError) {
+        await ctx.checkAlive(op.sandboxId);
+        err = new RollboxError('invalid_state', `sandbox ${op.sandboxId}: ${err.message}`);
+      }
+      const error = err instanceof RollboxError ? { code: err.code, message: err.message } : { code: 'internal', message: err instanceof Error ? err.message : String(err) };
+      await ctx.reply(op.replyTo, { kind: 'error', requestId: op.requestId, error });
+    }
+  }
+
+  /**
+   * One command, once: fenced by the command log (a redelivered op, or one whose command
+   * already ran, does not run again); its result recorded, its inbox message acknowledged
+   * and its gateway answered in one script.
+   */
+  private async exec(op: ExecOp, receipt: InboxReceipt): Promise<void> {
+    const { ctx } = this;
+    const { commands, runtime } = ctx.deps;
+    const takenAt = performance.now();
+    if (!ctx.local.has(op.sandboxId)) {
+      await commands.abandon(op.sandboxId, op.commandId);
+      throw new RollboxError('invalid_state', `sandbox ${op.sandboxId} is not running on this node`);
+    }
+    if (!(await commands.start(op.sandboxId, op.commandId, op.requestId))) return;
+    const output = op.stream ? new OutputWriter(ctx.deps.redis, op.sandboxId, op.commandId) : undefined;
+    const outcome = await runtime
+      .exec(op.sandboxId, {
+        argv: op.argv,
+        stdin: op.stdin,
+        env: op.env,
+        cwd: op.cwd,
+        timeoutMs: op.timeoutMs,
+        outputCapBytes: ctx.deps.config.execOutputCapBytes,
+        onOutput: output && ((stream, chunk) => output.write(stream, chunk)),
+        holdBackBesteffort: !op.background,
+      })
+      .catch(async (err: unknown) => {
+        await commands.markUnknown(op.sandboxId, op.commandId, err instanceof Error ? err.message : String(err));
+        if (!(err instanceof InitLostError)) throw err;
+        // The init went away under the command: whatever it did, no result can be trusted.
+        await ctx.checkAlive(op.sandboxId);
+        throw new RollboxError('result_unknown', `command ${op.commandId}: ${err.message}; it may or may not have taken effect`);
+      });
+    const { oomKills, ...reported } = outcome;
+    if (oomKills > 0) await ctx.deps.registry.addOomKills(op.sandboxId, oomKills);
+    const result = { ...reported, commandId: op.commandId };
+    // Output first, then the result (with the reply), then the stream's end marker:
+    // whoever sees the result finds all output.
+    await output?.flush();
+    const reply: Reply = { kind: 'exec', requestId: op.requestId, result: { ...result, replayed: false }, workerMs: performance.now() - takenAt };
+    await commands.complete(op.sandboxId, result, { receipt, replyChannel: keys.replyChannel(op.replyTo), reply: JSON.stringify(reply) });
+    receipt.acked = true;
+    await output?.end();
+    // A killed command may mean the whole sandbox went down with it.
+    if (outcome.exitCode >= 128 || oomKills > 0) await ctx.checkAlive(op.sandboxId);
+  }
+
+  /**
+   * Pack the writable layer, then stop the container: its memory goes back to the host.
+   * Waking it starts a new container over its layers with that layer copied back into the
+   * upper dir, so hibernating again replaces the layer instead of stacking another.
+   */
+  private async hibernate(sandboxId: string, requestId: string): Promise<void> {
+    const { ctx } = this;
+    const sandbox = await ctx.deps.registry.get(sandboxId);
+    if (!sandbox) throw new RollboxError('not_found', `sandbox ${sandboxId} not found`);
+    const stored = await this.packWritableLayer(sandboxId, requestId, []);
+    await ctx.removeLocal(sandboxId);
+    const moved = await ctx.deps.registry.transition(sandboxId, 'hibernated', { from: ['running', 'paused'], node: ctx.nodeId, hibernationLayer: stored.digest });
+    await ctx.layers.unpin(stored.digest);
+    if (moved.kind !== 'ok') throw new RollboxError('conflict', `sandbox ${sandboxId} changed state while hibernating`);
+    const expiresAtMs = Date.parse(sandbox.expiresAt ?? '');
+    if (expiresAtMs) await ctx.deps.registry.watchHibernatedTtl(sandboxId, expiresAtMs);
+  }
+
+  /** A task stage change: applied here first, then recorded so a wake or an adoption uses it. */
+  private async applyPolicy(op: Extract<NodeOp, { kind: 'policy' }>): Promise<void> {
+    const { ctx } = this;
+    ctx.requireLocal(op.sandboxId);
+    const previous = this.policyChanges.get(op.sandboxId) ?? Promise.resolve();
+    const change = previous.catch(() => undefined).then(async () => {
+      const policy = await ctx.deps.runtime.applyPolicy(op.sandboxId, { network: op.network, hiddenPaths: op.hiddenPaths });
+      await ctx.deps.registry.patchSpec(op.sandboxId, policy);
+    });
+    this.policyChanges.set(op.sandboxId, change);
+    try {
+      await change;
+    } finally {
+      if (this.policyChanges.get(op.sandboxId) === change) this.policyChanges.delete(op.sandboxId);
+    }
+  }
+
+  private async setPaused(sandboxId: string, paused: boolean): Promise<void> {
+    const { ctx } = this;
+    ctx.requireLocal(sandboxId);
+    await (paused ? ctx.deps.runtime.pause(sandboxId) : ctx.deps.runtime.resume(sandboxId));
+    await ctx.deps.registry.transition(sandboxId, paused ? 'paused' : 'running', { from: [paused ? 'running' : 'paused'], node: ctx.nodeId });
+  }
+
+  private async packWritableLayer(sandboxId: string, requestId: string, exclude: readonly string[]): Promise<{ digest: string; sizeBytes: number }> {
+    const { ctx } = this;
+    ctx.requireLocal(sandboxId);
+    await mkdir(ctx.deps.tmpDir, { recursive: true });
+    const outPath = path.join(ctx.deps.tmpDir, `pack-${requestId}.erofs`);
+    try {
+      await ctx.deps.runtime.snapshot(sandboxId, { outPath, excludePaths: exclude });
+      const stored = await ctx.deps.storeLayerImage(outPath);
+      // Unreferenced until the hibernated sandbox or the snapshot's record names it.
+      await ctx.layers.pin(stored.digest, ctx.now() + LAYER_PIN_MS);
+      return stored;
+    } finally {
+      await rm(outPath, { force: true });
+    }
+  }
+}
