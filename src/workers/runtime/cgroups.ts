@@ -67,7 +67,7 @@ export function readProcs(cgroupDir: string): number[] {
   }
 }
 
-function killQuietly(pid: number): void {
+export function killQuietly(pid: number): void {
   try {
     process.kill(pid, 'SIGKILL');
   } catch {
@@ -75,7 +75,8 @@ function killQuietly(pid: number): void {
   }
 }
 
-function writeFreezer(freezerDir: string | undefined, state: 'FROZEN' | 'THAWED'): void {
+/** Best effort: the cgroup may be gone already. */
+export function writeFreezer(freezerDir: string | undefined, state: 'FROZEN' | 'THAWED'): void {
   if (!freezerDir) return;
   try {
     writeFileSync(path.join(freezerDir, 'freezer.state'), state);

@@ -1,7 +1,8 @@
-import { mkdirSync, readdirSync } from 'node:fs';
+import { mkdirSync, readFileSync, readdirSync } from 'node:fs';
 import path from 'node:path';
 import { RollboxError } from '../../api/index.ts';
-import { killCgroup, migrateProcs, readProcs, removeCgroupTree } from './cgroups.ts';
+import { SANDBOX_INIT } from './spec.ts';
+import { killCgroup, killQuietly, readProcs, writeFreezer } from './cgroups.ts';
 
 /** A sandbox's own cgroup in the hierarchies its commands' exec cgroups live in. */
 export interface SandboxCgroupDirs {
@@ -16,24 +17,29 @@ export interface ExecSlot extends SandboxCgroupDirs {
 }
 
 const SLOT_RE = /^s(\d+)$/;
+/**
+ * Past this many exec cgroups a sandbox's commands share the least busy one (with the
+ * daemons there) rather than making more.
+ */
+const MAX_SLOTS = 32;
 
 /**
- * The exec cgroups of one sandbox. Every command joins one (pids, freezer and memory)
- * itself, after fork and before exec (see rollbox-init.c), so:
+ * The exec cgroups ("slots") of one sandbox. Every command runs in one (pids, freezer and
+ * memory), born there from the slot's keeper (see rollbox-init.c), so:
  * - a timeout kills its whole tree, `setsid` and double forks included (the freezer stops
  *   a fork race while the pids listing is killed);
  * - an OOM kill is counted in the victim's own memory cgroup (cgroup v1 does not pass the
  *   count up), so only the command that suffered it is told.
  *
  * Slots are reused, not made per command: a removed memory cgroup that still has page
- * cache charged lingers in the kernel, and the kernel allows 65,535 memory cgroups in all.
- * A slot goes back to the free list only once it is empty; what a command left running
- * (a daemon) moves to the sandbox's own cgroup first.
+ * cache charged lingers in the kernel, which allows 65,535 memory cgroups in all. Nothing
+ * is moved out of a slot (a move waits for an RCU grace period): a slot whose command left
+ * a daemon running keeps it, and is not handed out again while anything but its keeper
+ * lives there.
  */
 export class ExecSlots {
-  private readonly free: string[] = [];
-  /** Released with processes still in them (a fork during the move): re-checked before reuse. */
-  private readonly unsettled = new Set<string>();
+  private readonly names: string[] = [];
+  private readonly inUse = new Set<string>();
   private next = 0;
 
   constructor(private readonly sandbox: SandboxCgroupDirs) {}
@@ -42,16 +48,27 @@ export class ExecSlots {
     return { name, pids: path.join(this.sandbox.pids, name), freezer: path.join(this.sandbox.freezer, name), memory: path.join(this.sandbox.memory, name) };
   }
 
-  acquire(): ExecSlot {
-    for (const name of this.unsettled) {
-      if (this.settle(this.slot(name))) {
-        this.unsettled.delete(name);
-        this.free.push(name);
-      }
+  /** Tasks in a slot (its keeper counts one). */
+  private population(name: string): number {
+    try {
+      return Number(readFileSync(path.join(this.sandbox.pids, name, 'pids.current'), 'utf8'));
+    } catch {
+      return 0;
     }
-    const reused = this.free.pop();
-    if (reused) return this.slot(reused);
-    const slot = this.slot(`s${this.next++}`);
+  }
+
+  acquire(): ExecSlot {
+    const idle = this.names.filter((n) => !this.inUse.has(n));
+    let name = idle.find((n) => this.population(n) <= 1);
+    if (!name && this.names.length >= MAX_SLOTS && idle.length > 0) name = idle.sort((a, b) => this.population(a) - this.population(b))[0];
+    if (!name) name = this.make();
+    this.inUse.add(name);
+    return this.slot(name);
+  }
+
+  private make(): string {
+    const name = `s${this.next++}`;
+    const slot = this.slot(name);
     for (const dir of [slot.pids, slot.freezer, slot.memory]) {
       try {
         mkdirSync(dir);
@@ -62,42 +79,62 @@ export class ExecSlots {
         throw new RollboxError('internal', `exec cgroup: ${(err as Error).message}`);
       }
     }
-    return slot;
+    this.names.push(name);
+    return name;
   }
 
-  /** After the command ended: kill what is left (timeout, overflow) or move it to the sandbox. */
+  /** After the command ended: everything in the slot is killed (timeout, overflow), or it stays as it is. */
   async release(slot: ExecSlot, options: { kill: boolean }): Promise<void> {
-    if (options.kill) await killCgroup(slot.pids, slot.freezer);
-    if (this.settle(slot)) this.free.push(slot.name);
-    else this.unsettled.add(slot.name);
-  }
-
-  /** Moves leftovers to the sandbox's own cgroups; true when the slot is empty. */
-  private settle(slot: ExecSlot): boolean {
-    const busy = (): boolean => [slot.pids, slot.freezer, slot.memory].some((d) => readProcs(d).length > 0);
-    if (!busy()) return true;
-    migrateProcs(slot.pids, this.sandbox.pids);
-    migrateProcs(slot.freezer, this.sandbox.freezer);
-    migrateProcs(slot.memory, this.sandbox.memory);
-    return !busy();
+    try {
+      if (options.kill) await killCgroup(slot.pids, slot.freezer);
+    } finally {
+      this.inUse.delete(slot.name);
+    }
   }
 
   /**
-   * After a worker restart: commands of the previous process are killed (nobody collects
-   * their results), their slots reused; any other child cgroup is removed.
+   * After a worker restart: the slots are known again, and commands of the previous
+   * process that still run (descendants of a keeper; nobody collects their results) are
+   * killed. Daemons, re-parented to the init when their command ended, stay.
    */
-  async adopt(): Promise<void> {
-    const names = readdirSync(this.sandbox.pids, { withFileTypes: true }).filter((e) => e.isDirectory()).map((e) => e.name);
-    for (const name of names) {
-      const slot = this.slot(name);
-      await killCgroup(slot.pids, slot.freezer);
-      const n = SLOT_RE.exec(name);
-      if (n) {
-        this.next = Math.max(this.next, Number(n[1]) + 1);
-        this.free.push(name);
-      } else {
-        for (const dir of [slot.pids, slot.freezer, slot.memory]) removeCgroupTree(dir);
-      }
+  async adopt(initPid: number): Promise<void> {
+    for (const e of readdirSync(this.sandbox.pids, { withFileTypes: true })) {
+      const n = e.isDirectory() ? SLOT_RE.exec(e.name) : null;
+      if (!n) continue;
+      this.names.push(e.name);
+      this.next = Math.max(this.next, Number(n[1]) + 1);
+      const slot = this.slot(e.name);
+      const stragglers = commandsOfKeepers(readProcs(slot.pids), initPid);
+      if (stragglers.length === 0) continue;
+      writeFreezer(slot.freezer, 'FROZEN');
+      for (const pid of stragglers) killQuietly(pid);
+      writeFreezer(slot.freezer, 'THAWED');
     }
   }
+}
+
+/** The processes among `pids` that descend from a keeper (a child of the init running its binary). */
+function commandsOfKeepers(pids: readonly number[], initPid: number): number[] {
+  const parent = new Map<number, number>();
+  for (const pid of pids) {
+    try {
+      const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+      parent.set(pid, Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]));
+    } catch {
+      // exited meanwhile
+    }
+  }
+  const isKeeper = (pid: number): boolean => parent.get(pid) === initPid && readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0')[0] === SANDBOX_INIT;
+  const keepers = new Set([...parent.keys()].filter((pid) => {
+    try {
+      return isKeeper(pid);
+    } catch {
+      return false;
+    }
+  }));
+  const descends = (pid: number): boolean => {
+    for (let p = parent.get(pid), hops = 0; p !== undefined && hops < 4096; p = parent.get(p), hops++) if (keepers.has(p)) return true;
+    return false;
+  };
+  return [...parent.keys()].filter(descends);
 }

@@ -54,12 +54,14 @@ async function runInSandbox(ctx: RuntimeContext, rec: SandboxRecord, spec: Comma
   let overflowed = false;
   let finished = false;
   let killer: NodeJS.Timeout | undefined;
+  /** The kill round in progress: awaited before the slot can serve another command. */
+  let killing: Promise<unknown> = Promise.resolve();
   const abandon = new AbortController();
   const stop = (): void => {
     if (killer || finished) return;
     const killedAt = Date.now();
     const round = (): void => {
-      void killCgroup(slot.pids, slot.freezer, 100).finally(() => {
+      killing = killCgroup(slot.pids, slot.freezer, 100).finally(() => {
         if (finished) return;
         if (Date.now() - killedAt > ctx.execKillGraceMs) return abandon.abort();
         killer = setTimeout(round, 20);
@@ -109,11 +111,13 @@ async function runInSandbox(ctx: RuntimeContext, rec: SandboxRecord, spec: Comma
     finished = true;
     clearTimeout(timer);
     clearTimeout(killer);
+    await killing.catch(() => undefined);
   }
   const durationMs = Math.round((performance.now() - started) * 1000) / 1000;
   // Read before the slot can serve another command.
   const oomKills = Math.max(0, readOomKills(slot.memory) - oomBefore);
-  await rec.slots.release(slot, { kill: timedOut || overflowed || abandon.signal.aborted });
+  // A refused start may have left a half-started command behind (its keeper died mid-way).
+  await rec.slots.release(slot, { kill: timedOut || overflowed || abandon.signal.aborted || outcome.kind === 'refused' });
   if (outcome.kind === 'refused') {
     return { exitCode: 255, stdout: Buffer.alloc(0), stderr: Buffer.from(`rollbox: cannot start command: ${outcome.message}\n`), truncated, timedOut, overflowed, oomKills, durationMs };
   }

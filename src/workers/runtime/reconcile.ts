@@ -57,7 +57,7 @@ async function adopt(ctx: RuntimeContext, id: string): Promise<boolean> {
     ctx.log?.warn({ sandboxId: id, err: String(err) }, 'cannot adopt sandbox: its layers are not mountable');
     return false;
   }
-  await slots.adopt();
+  await slots.adopt(await ctx.initPidOf(id));
   // A worker that died while its guard held besteffort sandboxes back left them capped.
   if (besteffort && cg.cpu) {
     try {
