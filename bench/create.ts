@@ -1,11 +1,14 @@
 /**
  * bench:create — sandbox creation through the HTTP API, serially and concurrently, next
- * to raw `runc run -d` of the same rootfs and config measured in the same run.
+ * to raw `runc run -d` of the same rootfs and config measured in the same run, and the
+ * Redis calls a create and a delete cost.
  * Prints progress on stderr, writes a CDF chart to bench/out/, ends with one JSON line.
  */
 import path from 'node:path';
+import { Redis } from 'ioredis';
 import { api, startTestCluster } from '../test/support/cluster.ts';
 import { writeCdfChart } from './support/chart.ts';
+import { callsPerOperation } from './support/redis-calls.ts';
 import { rawRuncRunFloor, timed } from './support/runc-floor.ts';
 import { progress, summarize } from './support/stats.ts';
 
@@ -14,7 +17,11 @@ const CONCURRENT = Number(process.env.BENCH_CONCURRENT ?? 150);
 const CONCURRENCY = Number(process.env.BENCH_CONCURRENCY ?? 8);
 const FLOOR = Number(process.env.BENCH_FLOOR ?? 60);
 
-const cluster = await startTestCluster({ workers: [{ nodeId: 'bench-node', env: { ROLLBOX_NODE_MAX_STARTING: String(CONCURRENCY * 2) } }] });
+const cluster = await startTestCluster({
+  workers: [{ nodeId: 'bench-node', env: { ROLLBOX_NODE_MAX_STARTING: String(CONCURRENCY * 2) } }],
+  env: { ROLLBOX_HEARTBEAT_MS: '1000', ROLLBOX_NODE_LOST_AFTER_MS: '5000' },
+});
+const redis = new Redis(cluster.redisUrl);
 // Ctrl-C still removes every container, mount and process the bench started.
 process.once('SIGINT', () => void cluster.stop().finally(() => process.exit(130)));
 try {
@@ -68,6 +75,11 @@ try {
   concurrentBar.done();
   await releaseAll();
 
+  process.stderr.write('redis calls per create and per delete...\n');
+  const redisCallsPerCreate = await callsPerOperation(redis, 20, create);
+  const toDelete = created.splice(0);
+  const redisCallsPerDelete = await callsPerOperation(redis, toDelete.length, () => api(cluster, token, 'DELETE', `/v1/sandboxes/${toDelete.pop()}`));
+
   const s = summarize(serial);
   const f = summarize(floor);
   const c = summarize(concurrent);
@@ -90,12 +102,15 @@ try {
     concurrency: CONCURRENCY,
     concurrentP50Ms: c.p50Ms,
     concurrentP99Ms: c.p99Ms,
+    redisCallsPerCreate,
+    redisCallsPerDelete,
     serialN: s.n,
     concurrentN: c.n,
-    targets: { ratioP50: 1.5, perSecond: 30 },
+    targets: { ratioP50: 1.5, perSecond: 30, redisCallsPerCreate: 40 },
     chart,
   };
   console.log(JSON.stringify(result));
 } finally {
+  redis.disconnect();
   await cluster.stop();
 }

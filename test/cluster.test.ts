@@ -98,17 +98,30 @@ describe('two worker hosts', () => {
   });
 
   it('a worker restarted with live sandboxes adopts them', async () => {
-    cluster = await startTestCluster();
-    const token = await cluster.token('t', SCOPES);
-    const first = await cluster.addWorker({ nodeId: 'node-r' });
+    const c = await startTestCluster();
+    cluster = c;
+    const token = await c.token('t', SCOPES);
+    const first = await c.addWorker({ nodeId: 'node-r' });
     await nodesUp(cluster, token, 1);
     const { body: sandbox } = await api(cluster, token, 'POST', '/v1/sandboxes', {});
-    await api(cluster, token, 'POST', `/v1/sandboxes/${sandbox.id}/exec`, { cmd: 'echo kept > /root/state' });
+    const exec = (body: object) => api(c, token, 'POST', `/v1/sandboxes/${sandbox.id}/exec`, body);
+    await exec({ cmd: 'echo kept > /root/state; sleep 301 >/dev/null 2>&1 &' });
+    // A command still running when the worker goes: nobody collects it, it is settled unknown.
+    expect((await exec({ cmd: 'sleep 302', background: true, commandId: 'running-at-restart' })).status).toBe(202);
+    const initPid = async () => (await exec({ cmd: 'cat /proc/1/stat' })).body.stdout.split(' ').slice(0, 2).join(' ');
+    const before = await initPid();
     await first.stop({ destroySandboxes: false });
 
     await cluster.addWorker({ nodeId: 'node-r' });
-    const read = await api(cluster, token, 'POST', `/v1/sandboxes/${sandbox.id}/exec`, { cmd: 'cat /root/state' });
-    expect(read.body.stdout).toBe('kept\n');
+    // The same container and init, reached again through its socket.
+    const read = await exec({ cmd: 'cat /root/state; ps -o args' });
+    expect(JSON.stringify(read.body)).toMatch(/"stdout":"kept\\n/);
+    expect(await initPid()).toBe(before);
+    expect(before).toMatch(/^1 \(init\)$/);
+    expect(read.body.stdout).toContain('sleep 301'); // a daemon outlives the restart
+    expect(read.body.stdout).not.toContain('sleep 302');
+    const settled = await api(cluster, token, 'GET', `/v1/sandboxes/${sandbox.id}/commands/running-at-restart`);
+    expect(settled.body.state).toBe('unknown');
     expect((await api(cluster, token, 'GET', `/v1/sandboxes/${sandbox.id}`)).body.state).toBe('running');
   });
 });

@@ -116,8 +116,16 @@ export class WorkerHost {
     ctx.stopped = true;
     this.stopping.abort();
     for (const t of this.timers) clearInterval(t);
-    await Promise.all(this.inboxes.map((i) => i.stop()));
-    await this.untilIdle(STOP_GRACE_MS);
+    // Heartbeats (unhealthy: nothing new is placed here) go on through the grace, or a
+    // host that waits on a long command would be declared lost and its sandboxes failed.
+    const beat = setInterval(() => void this.heartbeat().catch(() => undefined), this.deps.config.heartbeatMs);
+    try {
+      await this.heartbeat();
+      await Promise.all(this.inboxes.map((i) => i.stop()));
+      await this.untilIdle(STOP_GRACE_MS);
+    } finally {
+      clearInterval(beat);
+    }
     const busy = this.busy();
     if (busy > 0) ctx.log.warn({ inFlight: busy }, 'operations still running at stop; not waiting for them');
     if (options.destroySandboxes) {

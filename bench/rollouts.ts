@@ -1,0 +1,104 @@
+/**
+ * bench:rollouts — the trainer's shape: K rollouts, each a sandbox driven through T
+ * dependent turns (each command reads what the previous one wrote), CONCURRENCY rollouts
+ * at a time, over two worker hosts, all through the HTTP API. Reports exec latency
+ * (p50/p99), turns per second and create latency; prints progress on stderr, writes a CDF
+ * chart to bench/out/, ends with one JSON line.
+ */
+import path from 'node:path';
+import { performance } from 'node:perf_hooks';
+import { api, startTestCluster, waitFor } from '../test/support/cluster.ts';
+import { writeCdfChart } from './support/chart.ts';
+import { timed } from './support/runc-floor.ts';
+import { progress, summarize } from './support/stats.ts';
+
+const ROLLOUTS = Number(process.env.BENCH_ROLLOUTS ?? 60);
+const TURNS = Number(process.env.BENCH_TURNS ?? 10);
+const CONCURRENCY = Number(process.env.BENCH_CONCURRENCY ?? 8);
+
+// Worker hosts as their own processes, as deployed: this process holds the trainer (the
+// HTTP client) and the gateway.
+const cluster = await startTestCluster({ env: { ROLLBOX_HEARTBEAT_MS: '1000', ROLLBOX_NODE_LOST_AFTER_MS: '5000' } });
+process.once('SIGINT', () => void cluster.stop().finally(() => process.exit(130)));
+try {
+  for (const nodeId of ['bench-a', 'bench-b']) await cluster.spawnWorker({ nodeId });
+  const token = await cluster.token('bench', ['sandbox:create', 'sandbox:delete', 'sandbox:exec', 'admin']);
+  await waitFor('both worker hosts', async () => (await api(cluster, token, 'GET', '/v1/nodes')).body.nodes?.length === 2);
+  const execMs: number[] = [];
+  const createMs: number[] = [];
+  const hops = new Map<string, number[]>();
+  const bar = progress(`rollouts (x${CONCURRENCY})`, ROLLOUTS * TURNS);
+
+  const rollout = async (k: number) => {
+    let id = '';
+    createMs.push(
+      await timed(async () => {
+        const r = await api(cluster, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 128, cpuMillis: 500 }, labels: { rollout: String(k) } });
+        if (r.status !== 201) throw new Error(`create failed: ${r.status} ${JSON.stringify(r.body)}`);
+        id = r.body.id;
+      }),
+    );
+    for (let turn = 1; turn <= TURNS; turn++) {
+      // Each turn builds on the last: the agent edits a file and checks what it holds.
+      const cmd = `cd /root && echo "step ${turn}" >> work.log && wc -l < work.log && tail -n 1 work.log`;
+      let body: { exitCode: number; stdout: string } = { exitCode: -1, stdout: '' };
+      execMs.push(
+        await timed(async () => {
+          const r = await api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, { cmd, commandId: `r${k}-t${turn}` });
+          if (r.status !== 200) throw new Error(`exec failed: ${r.status} ${JSON.stringify(r.body)}`);
+          body = r.body;
+          for (const entry of (r.headers.get('server-timing') ?? '').split(',')) {
+            const m = /^([a-z]+);dur=([\d.]+)/.exec(entry.trim());
+            if (m) hops.set(m[1]!, [...(hops.get(m[1]!) ?? []), Number(m[2])]);
+          }
+        }),
+      );
+      if (body.exitCode !== 0 || body.stdout !== `${turn}\nstep ${turn}\n`) throw new Error(`turn ${turn} of rollout ${k} saw ${JSON.stringify(body)}`);
+      bar.tick();
+    }
+    await api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`);
+  };
+
+  let next = 0;
+  const elu = performance.eventLoopUtilization();
+  const started = performance.now();
+  await Promise.all(
+    Array.from({ length: CONCURRENCY }, async () => {
+      while (next < ROLLOUTS) await rollout(next++);
+    }),
+  );
+  const wallMs = performance.now() - started;
+  const busy = performance.eventLoopUtilization(elu).utilization;
+  bar.done();
+
+  const e = summarize(execMs);
+  const c = summarize(createMs);
+  const chart = writeCdfChart(path.resolve(import.meta.dirname, 'out', 'rollouts-latency.svg'), `${ROLLOUTS} rollouts x ${TURNS} turns, ${CONCURRENCY} at once`, [
+    { label: 'exec (HTTP)', samplesMs: execMs },
+    { label: 'create (HTTP)', samplesMs: createMs },
+  ]);
+  process.stderr.write(`chart: ${chart}\n`);
+  console.log(
+    JSON.stringify({
+      bench: 'rollouts',
+      rollouts: ROLLOUTS,
+      turns: TURNS,
+      concurrency: CONCURRENCY,
+      workers: 2,
+      execP50Ms: e.p50Ms,
+      execP99Ms: e.p99Ms,
+      createP50Ms: c.p50Ms,
+      createP99Ms: c.p99Ms,
+      /** Median milliseconds per hop of an exec (Server-Timing). */
+      execHopsP50Ms: Object.fromEntries([...hops].map(([hop, ms]) => [hop, summarize(ms).p50Ms])),
+      turnsPerSecond: Math.round(((ROLLOUTS * TURNS) / wallMs) * 1000 * 10) / 10,
+      wallSeconds: Math.round(wallMs / 100) / 10,
+      /** Share of the run this process's event loop (the client and the gateway) was busy. */
+      eventLoopUtilization: Math.round(busy * 100) / 100,
+      targets: { execP50Ms: 30 },
+      chart,
+    }),
+  );
+} finally {
+  await cluster.stop();
+}
