@@ -1,17 +1,17 @@
 #!/bin/sh
-# Builds rollbox-init, every sandbox's PID 1, from src/workers/init/rollbox-init.c into
+# Builds rollbox-init, every sandbox's PID 1, from src/workers/init/*.c into
 # build/rollbox-init: static (musl), so it runs in any base image. Rebuilt only when the
 # source or this script changed. Called by scripts/bootstrap.sh.
 set -e
 cd "$(dirname "$0")/.."
-src=src/workers/init/rollbox-init.c
+dir=src/workers/init
 out=build/rollbox-init
-want=$(cat "$src" scripts/build-init.sh | sha256sum | cut -d' ' -f1)
+want=$(cat "$dir"/*.c "$dir"/*.h scripts/build-init.sh | sha256sum | cut -d' ' -f1)
 if [ -x "$out" ] && [ "$(cat "$out.sha256" 2>/dev/null)" = "$want" ]; then exit 0; fi
 command -v musl-gcc >/dev/null || { echo "rollbox: musl-gcc is missing (Debian package musl-tools)" >&2; exit 1; }
 mkdir -p build
 echo "rollbox: building $out" >&2
-musl-gcc -static -Os -Wall -Wextra -Werror -o "$out.tmp" "$src"
+musl-gcc -static -Os -Wall -Wextra -Werror -o "$out.tmp" "$dir"/*.c
 strip "$out.tmp"
 mv "$out.tmp" "$out"
 echo "$want" > "$out.sha256"

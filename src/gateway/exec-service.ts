@@ -1,3 +1,4 @@
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { Redis } from 'ioredis';
 import {
   DEFAULT_BACKGROUND_TIMEOUT_MS,
@@ -102,8 +103,11 @@ export class ExecService {
   /** The safety net under a reply that pub/sub may have lost: the record, every RECORD_CHECK_MS. */
   private async checkRecordEvery(sandboxId: string, commandId: string, signal: AbortSignal): Promise<Omit<ExecResult, 'replayed'>> {
     for (;;) {
-      await new Promise((r) => setTimeout(r, RECORD_CHECK_MS).unref());
-      if (signal.aborted) return new Promise(() => {}); // the race is over; never settles
+      try {
+        await sleep(RECORD_CHECK_MS, undefined, { signal, ref: false });
+      } catch {
+        return new Promise(() => {}); // the race is over: never settles, holds nothing
+      }
       const record = await this.deps.commands.get(sandboxId, commandId);
       if (record?.state === 'done' && record.result) return record.result;
       if (record?.state === 'unknown') throw unknownError(record);

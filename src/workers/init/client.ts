@@ -115,25 +115,3 @@ async function writeStdin(socket: net.Socket, stdin: Buffer): Promise<void> {
   }
   if (!socket.destroyed) socket.write(frame(Frame.stdinEof));
 }
-
-/** Asks the init who it is: proves it is alive and answering on its channel. */
-export async function pingInit(socketPath: string, timeoutMs = 2000): Promise<string> {
-  const socket = await connect(socketPath);
-  return new Promise<string>((resolve, reject) => {
-    const timer = setTimeout(() => done(() => reject(new InitLostError(`the sandbox init did not answer within ${timeoutMs} ms`))), timeoutMs);
-    const done = (fn: () => void): void => {
-      clearTimeout(timer);
-      socket.destroy();
-      fn();
-    };
-    const decoder = new FrameDecoder();
-    socket.on('data', (chunk: Buffer) => {
-      decoder.push(chunk, (type, payload) => {
-        if (type === Frame.pong) done(() => resolve(payload.toString('utf8')));
-      });
-    });
-    socket.on('error', (err) => done(() => reject(new InitLostError(err.message))));
-    socket.on('close', () => done(() => reject(new InitLostError('the sandbox init closed the connection'))));
-    socket.write(frame(Frame.ping));
-  });
-}

@@ -1,6 +1,6 @@
 import path from 'node:path';
 
-export { InitLostError, pingInit, runCommand } from './client.ts';
+export { InitLostError, runCommand } from './client.ts';
 export type { CommandHandlers, CommandOutcome } from './client.ts';
 export { MAX_SOCKET_PATH_BYTES, listenForInit } from './listener.ts';
 export type { InitListener } from './listener.ts';

@@ -7,14 +7,12 @@ export const Frame = {
   spawn: 1,
   stdin: 2,
   stdinEof: 3,
-  ping: 4,
   started: 16,
   stdout: 17,
   stderr: 18,
   truncated: 19,
   exit: 20,
   error: 21,
-  pong: 22,
 } as const;
 
 const HEADER_BYTES = 8;

@@ -31,9 +31,9 @@
  *
  * One worker connection carries one command. Frames both ways: an 8-byte header (u8
  * type, 3 bytes zero, u32 little-endian payload length) and the payload.
- *   worker -> init: SPAWN, STDIN (bytes), STDIN_EOF, PING
+ *   worker -> init: SPAWN, STDIN (bytes), STDIN_EOF
  *   init -> worker: STARTED (u32 pid), STDOUT, STDERR (bytes), TRUNCATED (u8 stream),
- *                   EXIT (i32 exit code, i32 raw wait status), ERROR (text), PONG (text)
+ *                   EXIT (i32 exit code, i32 raw wait status), ERROR (text)
  * After EXIT the init stops writing and waits for the worker to close the connection. A
  * connection that closes before EXIT kills the command's process group; a command whose
  * status was lost ends its connection without EXIT.
@@ -41,69 +41,7 @@
  * Static, no libc of the image's, no shell: it works in any base image.
  */
 #define _GNU_SOURCE
-#include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <stdarg.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/prctl.h>
-#include <sys/signalfd.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/types.h>
-#include <sys/uio.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#ifndef SYS_close_range
-#define SYS_close_range 436
-#endif
-
-#define INIT_VERSION "rollbox-init 2"
-
-enum {
-  F_SPAWN = 1,
-  F_STDIN = 2,
-  F_STDIN_EOF = 3,
-  F_PING = 4,
-  F_STARTED = 16,
-  F_STDOUT = 17,
-  F_STDERR = 18,
-  F_TRUNCATED = 19,
-  F_EXIT = 20,
-  F_ERROR = 21,
-  F_PONG = 22,
-};
-
-/* Between the init and a keeper (a SOCK_SEQPACKET pair: one message each). K_SPAWN carries
- * the SPAWN payload and the command's pipe ends (stdout, stderr, then stdin if it has one);
- * K_SPAWN_FILE the same with the payload in a memfd passed last (a large one). */
-enum { K_SPAWN = 1, K_STARTED = 2, K_EXITED = 3, K_FAILED = 4, K_SPAWN_FILE = 5 };
-#define KEEPER_INLINE_MAX (32u << 10)
-
-enum { SPAWN_HAS_STDIN = 1 };
-
-#define LISTEN_FD 3
-#define CGROUP_FD_FIRST 4
-#define CGROUP_FDS 3
-#define KEEPER_FD 3 /* in a keeper, its end of the pair */
-#define HEADER_BYTES 8
-#define MAX_FRAME_BYTES (16u << 20)
-#define MAX_SESSIONS 1024
-#define MAX_KEEPERS 256
-#define MAX_SLOT_NAME 63
-#define READ_CHUNK 65536
-/* Past this many bytes queued for the worker, stop reading the command's output: the
- * command blocks on its pipe instead of the init's memory growing. */
-#define OUT_HIGH_WATER (256u << 10)
-/* Past this many bytes of stdin not yet taken by the command, stop reading the socket. */
-#define IN_HIGH_WATER (256u << 10)
+#include "init.h"
 
 struct buf {
   char *data;
@@ -135,35 +73,11 @@ static struct session *sessions[MAX_SESSIONS];
 static int nsessions;
 static struct keeper keepers[MAX_KEEPERS];
 static int nkeepers;
-static int cgroup_fds[CGROUP_FDS] = {-1, -1, -1};
-extern char **environ;
+int cgroup_fds[CGROUP_FDS] = {-1, -1, -1};
 
 static void die(const char *what) {
   dprintf(2, "rollbox-init: %s: %s\n", what, strerror(errno));
   _exit(2);
-}
-
-static void close_fd(int *fd) {
-  if (*fd >= 0) close(*fd);
-  *fd = -1;
-}
-
-static void close_from(unsigned first) {
-  if (syscall(SYS_close_range, first, ~0u, 0u) < 0) {
-    for (unsigned fd = first; fd < 1024; fd++) close((int)fd);
-  }
-}
-
-static void put_u32(char *p, uint32_t v) {
-  p[0] = (char)(v & 0xff);
-  p[1] = (char)((v >> 8) & 0xff);
-  p[2] = (char)((v >> 16) & 0xff);
-  p[3] = (char)((v >> 24) & 0xff);
-}
-
-static uint32_t get_u32(const char *p) {
-  const unsigned char *u = (const unsigned char *)p;
-  return (uint32_t)u[0] | ((uint32_t)u[1] << 8) | ((uint32_t)u[2] << 16) | ((uint32_t)u[3] << 24);
 }
 
 /* ---------------------------------------------------------------- buffers */
@@ -193,247 +107,7 @@ static void buf_free(struct buf *b) {
   memset(b, 0, sizeof *b);
 }
 
-/* ---------------------------------------------------------------- spawn requests */
-
-struct spawn_req {
-  uint32_t flags;
-  uint32_t cap_out, cap_err;
-  int32_t oom_score_adj;
-  const char *slot, *cwd;
-  char **argv;   /* points into the payload */
-  char **envreq; /* points into the payload */
-  uint32_t argc, envc;
-};
-
-/* Reads a NUL-terminated string at *p within [*p, end). */
-static const char *take_str(const char **p, const char *end) {
-  const char *s = *p;
-  const char *nul = memchr(s, 0, (size_t)(end - s));
-  if (!nul) return NULL;
-  *p = nul + 1;
-  return s;
-}
-
-static void free_req(struct spawn_req *r) {
-  free(r->argv);
-  free(r->envreq);
-  r->argv = r->envreq = NULL;
-}
-
-/* Payload: u32 flags, u32 stdout cap, u32 stderr cap, i32 oom_score_adj, u32 argc, u32 envc,
- * then NUL-terminated strings: slot, cwd, argv..., env "K=V"... */
-static const char *parse_spawn(const char *p, size_t len, struct spawn_req *r) {
-  const char *end = p + len;
-  memset(r, 0, sizeof *r);
-  if (len < 24) return "spawn frame too short";
-  r->flags = get_u32(p);
-  r->cap_out = get_u32(p + 4);
-  r->cap_err = get_u32(p + 8);
-  r->oom_score_adj = (int32_t)get_u32(p + 12);
-  r->argc = get_u32(p + 16);
-  r->envc = get_u32(p + 20);
-  p += 24;
-  if (r->argc == 0 || r->argc > len || r->envc > len) return "bad argument counts";
-  r->slot = take_str(&p, end);
-  r->cwd = r->slot ? take_str(&p, end) : NULL;
-  if (!r->cwd) return "malformed spawn frame";
-  if (strlen(r->slot) > MAX_SLOT_NAME || strchr(r->slot, '/') || !strcmp(r->slot, "..") || !strcmp(r->slot, ".")) return "bad exec cgroup name";
-  r->argv = calloc(r->argc + 1, sizeof *r->argv);
-  r->envreq = calloc(r->envc + 1, sizeof *r->envreq);
-  if (!r->argv || !r->envreq) return "out of memory";
-  for (uint32_t i = 0; i < r->argc; i++)
-    if (!(r->argv[i] = (char *)take_str(&p, end))) return "malformed argv";
-  for (uint32_t i = 0; i < r->envc; i++)
-    if (!(r->envreq[i] = (char *)take_str(&p, end)) || !strchr(r->envreq[i], '=')) return "malformed env";
-  return NULL;
-}
-
-/* The command's environment: the init's own (the sandbox's env from its config), with
- * the request's entries replacing those of the same name. */
-static char **merge_env(char **req, uint32_t nreq) {
-  size_t nbase = 0;
-  while (environ[nbase]) nbase++;
-  char **out = calloc(nbase + nreq + 1, sizeof *out);
-  if (!out) return NULL;
-  size_t n = 0;
-  for (size_t i = 0; i < nbase; i++) {
-    const char *eq = strchr(environ[i], '=');
-    size_t klen = eq ? (size_t)(eq - environ[i]) : strlen(environ[i]);
-    int overridden = 0;
-    for (uint32_t j = 0; j < nreq && !overridden; j++) overridden = strncmp(req[j], environ[i], klen) == 0 && req[j][klen] == '=';
-    if (!overridden) out[n++] = environ[i];
-  }
-  for (uint32_t j = 0; j < nreq; j++) out[n++] = req[j];
-  out[n] = NULL;
-  return out;
-}
-
-static void child_fail(int code, const char *fmt, ...) {
-  char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  if (n > 0) {
-    if ((size_t)n >= sizeof msg) n = sizeof msg - 1;
-    ssize_t w = write(2, msg, (size_t)n);
-    (void)w;
-  }
-  _exit(code);
-}
-
-/* Between fork and exec: the command's stdio, session, fds, cwd, environment. */
-static void child_exec(const struct spawn_req *r, int in_fd, int out_fd, int err_fd) {
-  sigset_t none;
-  sigemptyset(&none);
-  sigprocmask(SIG_SETMASK, &none, NULL);
-  signal(SIGPIPE, SIG_DFL);
-  if (dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0) _exit(255);
-  if (in_fd >= 0) {
-    if (dup2(in_fd, 0) < 0) _exit(255);
-  } else {
-    int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (null < 0 || dup2(null, 0) < 0) child_fail(255, "rollbox: cannot start command: /dev/null: %s\n", strerror(errno));
-  }
-  int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-  if (oom >= 0) {
-    char v[16];
-    int n = snprintf(v, sizeof v, "%d", r->oom_score_adj);
-    ssize_t w = write(oom, v, (size_t)n);
-    (void)w;
-    close(oom);
-  }
-  /* Its own session and process group: `kill 0` stays inside this command. */
-  setsid();
-  /* Nothing of the init reaches the command: no socket, no cgroup directory. Closed
-   * before chdir, so a cwd through /proc/self/fd/N finds nothing to climb out of. */
-  close_from(3);
-  if (chdir(r->cwd) < 0) child_fail(255, "rollbox: cannot start command: chdir to cwd (\"%s\"): %s\n", r->cwd, strerror(errno));
-  char **envp = merge_env(r->envreq, r->envc);
-  if (!envp) child_fail(255, "rollbox: cannot start command: out of memory\n");
-  environ = envp;
-  execvp(r->argv[0], r->argv);
-  int e = errno;
-  if (e == ENOENT && !strchr(r->argv[0], '/'))
-    child_fail(127, "rollbox: cannot start command: exec: \"%s\": executable file not found in $PATH\n", r->argv[0]);
-  if (e == ENOENT) child_fail(127, "rollbox: cannot start command: exec: \"%s\": no such file or directory\n", r->argv[0]);
-  if (e == EACCES || e == ENOEXEC || e == EISDIR || e == EPERM)
-    child_fail(126, "rollbox: cannot start command: exec: \"%s\": %s\n", r->argv[0], strerror(e));
-  child_fail(255, "rollbox: cannot start command: exec: \"%s\": %s\n", r->argv[0], strerror(e));
-}
-
 /* ---------------------------------------------------------------- keepers */
-
-static int k_send(int fd, int type, const void *body, size_t len, const int *fds, int nfds) {
-  char msg[1 + 512];
-  if (len > sizeof msg - 1) len = sizeof msg - 1;
-  msg[0] = (char)type;
-  if (len) memcpy(msg + 1, body, len);
-  struct iovec iov = {.iov_base = msg, .iov_len = 1 + len};
-  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-  char cbuf[CMSG_SPACE(sizeof(int) * 3)];
-  if (nfds > 0) {
-    memset(cbuf, 0, sizeof cbuf);
-    mh.msg_control = cbuf;
-    mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
-    struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
-    memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
-  }
-  return sendmsg(fd, &mh, MSG_NOSIGNAL) < 0 ? -1 : 0;
-}
-
-/* A keeper: moves itself into its slot once, then forks the slot's commands and reports
- * their pids and exit statuses. Never returns. */
-static void keeper_main(int fd, const char *slot) {
-  for (int i = 0; i < CGROUP_FDS; i++) {
-    if (cgroup_fds[i] < 0) continue;
-    char rel[MAX_SLOT_NAME + 20];
-    snprintf(rel, sizeof rel, "%s/cgroup.procs", slot);
-    int procs = openat(cgroup_fds[i], rel, O_WRONLY | O_CLOEXEC);
-    if (procs < 0 || write(procs, "0", 1) != 1) {
-      char why[160];
-      int n = snprintf(why, sizeof why, "joining exec cgroup %s: %s", slot, strerror(errno));
-      k_send(fd, K_FAILED, why, (size_t)n, NULL, 0);
-      _exit(1);
-    }
-    close(procs);
-  }
-  if (dup2(fd, KEEPER_FD) < 0) _exit(1);
-  close_from(KEEPER_FD + 1); /* the listening socket, sessions, cgroup dirs: not a keeper's */
-  sigset_t chld;
-  sigemptyset(&chld);
-  sigaddset(&chld, SIGCHLD); /* still blocked, inherited from the init */
-  int sfd = signalfd(-1, &chld, SFD_NONBLOCK | SFD_CLOEXEC);
-  if (sfd < 0) _exit(1);
-  static char payload[MAX_FRAME_BYTES];
-  for (;;) {
-    struct pollfd p[2] = {{.fd = KEEPER_FD, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
-    if (poll(p, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      _exit(1);
-    }
-    if (p[1].revents) {
-      struct signalfd_siginfo si;
-      while (read(sfd, &si, sizeof si) == (ssize_t)sizeof si) {
-      }
-      for (;;) {
-        int status;
-        pid_t pid = waitpid(-1, &status, WNOHANG);
-        if (pid <= 0) break;
-        char body[8];
-        put_u32(body, (uint32_t)pid);
-        put_u32(body + 4, (uint32_t)status);
-        k_send(KEEPER_FD, K_EXITED, body, 8, NULL, 0);
-      }
-    }
-    if (!p[0].revents) continue;
-    struct iovec iov = {.iov_base = payload, .iov_len = sizeof payload};
-    char cbuf[CMSG_SPACE(sizeof(int) * 4)];
-    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof cbuf};
-    ssize_t n = recvmsg(KEEPER_FD, &mh, MSG_CMSG_CLOEXEC);
-    if (n <= 0) _exit(0); /* the init is gone (then so is the container) */
-    int fds[4] = {-1, -1, -1, -1}, nfds = 0;
-    struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-    if (c && c->cmsg_type == SCM_RIGHTS) {
-      nfds = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-      if (nfds > 4) nfds = 4;
-      memcpy(fds, CMSG_DATA(c), sizeof(int) * (size_t)nfds);
-    }
-    const char *bad = NULL;
-    size_t len = n > 0 ? (size_t)n - 1 : 0;
-    if (payload[0] == K_SPAWN_FILE && nfds >= 3) {
-      int file = fds[--nfds];
-      ssize_t got = pread(file, payload + 1, sizeof payload - 1, 0);
-      close(file);
-      fds[nfds] = -1;
-      len = got > 0 ? (size_t)got : 0;
-    } else if (payload[0] != K_SPAWN) {
-      bad = "unexpected message";
-    }
-    if (!bad && nfds < 2) bad = "missing pipes";
-    struct spawn_req r;
-    if (!bad) bad = parse_spawn(payload + 1, len, &r);
-    /* stdin is the third pipe end, when the command has one. */
-    if (!bad && !(r.flags & SPAWN_HAS_STDIN) && fds[2] >= 0) close_fd(&fds[2]);
-    pid_t pid = bad ? -1 : fork();
-    if (pid == 0) child_exec(&r, fds[2], fds[0], fds[1]);
-    for (int i = 0; i < 4; i++) close_fd(&fds[i]);
-    if (bad || pid < 0) {
-      char why[200];
-      int m = snprintf(why, sizeof why, "%s", bad ? bad : strerror(errno));
-      if (!bad) m = snprintf(why, sizeof why, "fork: %s", strerror(errno));
-      k_send(KEEPER_FD, K_FAILED, why, (size_t)m, NULL, 0);
-    } else {
-      char body[4];
-      put_u32(body, (uint32_t)pid);
-      k_send(KEEPER_FD, K_STARTED, body, 4, NULL, 0);
-    }
-    if (!bad) free_req(&r);
-  }
-}
 
 /* The live keeper of a slot, started if there is none. -1 when none can be started. */
 static int keeper_for(const char *slot) {
@@ -661,13 +335,6 @@ static void handle_input(struct session *s) {
       case F_STDIN_EOF:
         s->stdin_eof = 1;
         break;
-      case F_PING: {
-        char pong[64];
-        int n = snprintf(pong, sizeof pong, "%s pid=%d keepers=%d", INIT_VERSION, (int)getpid(), nkeepers);
-        send_frame(s, F_PONG, pong, (size_t)n);
-        s->lost = 1; /* answered; nothing more to say */
-        break;
-      }
       default:
         send_error(s, "unknown frame type %d", (unsigned char)h[0]);
         break;

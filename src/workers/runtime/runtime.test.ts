@@ -164,6 +164,11 @@ describe('runc runtime', () => {
     expect(big.stderr).toBe('done\n');
     expect(big.exitCode).toBe(0);
 
+    // A request too large for one message to the slot's keeper travels through a memfd.
+    const bigArg = 'x'.repeat(120_000);
+    const big2 = await rt.exec('life', { argv: ['sh', '-c', 'printf %s "$1" | wc -c; wc -c', 'sh', bigArg], stdin: 'y'.repeat(3_000_000), env: { LONG: 'z'.repeat(50_000) }, timeoutMs: 10_000, outputCapBytes: 1024 });
+    expect(big2, big2.stderr).toMatchObject({ exitCode: 0, stdout: '120000\n3000000\n' });
+
     const missing = await rt.exec('life', { argv: ['no-such-tool'], env: {}, timeoutMs: 5000, outputCapBytes: 1024 });
     expect(missing.exitCode).toBe(127);
     expect(missing.stderr).toMatch(/^rollbox: cannot start command: .*no-such-tool.*not found/);

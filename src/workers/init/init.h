@@ -1,0 +1,99 @@
+/*
+ * Shared by the parts of rollbox-init (see rollbox-init.c for what it is and why):
+ * the wire constants, spawn requests (spawn.c) and the keeper process (keeper.c).
+ */
+#ifndef ROLLBOX_INIT_H
+#define ROLLBOX_INIT_H
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef SYS_close_range
+#define SYS_close_range 436
+#endif
+
+
+enum {
+  F_SPAWN = 1,
+  F_STDIN = 2,
+  F_STDIN_EOF = 3,
+  F_STARTED = 16,
+  F_STDOUT = 17,
+  F_STDERR = 18,
+  F_TRUNCATED = 19,
+  F_EXIT = 20,
+  F_ERROR = 21,
+};
+
+/* Between the init and a keeper (a SOCK_SEQPACKET pair: one message each). K_SPAWN carries
+ * the SPAWN payload and the command's pipe ends (stdout, stderr, then stdin if it has one);
+ * K_SPAWN_FILE the same with the payload in a memfd passed last (a large one). */
+enum { K_SPAWN = 1, K_STARTED = 2, K_EXITED = 3, K_FAILED = 4, K_SPAWN_FILE = 5 };
+#define KEEPER_INLINE_MAX (32u << 10)
+
+enum { SPAWN_HAS_STDIN = 1 };
+
+#define LISTEN_FD 3
+#define CGROUP_FD_FIRST 4
+#define CGROUP_FDS 3
+#define KEEPER_FD 3 /* in a keeper, its end of the pair */
+#define HEADER_BYTES 8
+#define MAX_FRAME_BYTES (16u << 20)
+#define MAX_SESSIONS 1024
+#define MAX_KEEPERS 256
+#define MAX_SLOT_NAME 63
+#define READ_CHUNK 65536
+/* Past this many bytes queued for the worker, stop reading the command's output: the
+ * command blocks on its pipe instead of the init's memory growing. */
+#define OUT_HIGH_WATER (256u << 10)
+/* Past this many bytes of stdin not yet taken by the command, stop reading the socket. */
+#define IN_HIGH_WATER (256u << 10)
+
+
+struct spawn_req {
+  uint32_t flags;
+  uint32_t cap_out, cap_err;
+  int32_t oom_score_adj;
+  const char *slot, *cwd;
+  char **argv;   /* points into the payload */
+  char **envreq; /* points into the payload */
+  uint32_t argc, envc;
+};
+
+/* Directories of the sandbox's pids, freezer and memory cgroups (fds 4..6), or -1. */
+extern int cgroup_fds[CGROUP_FDS];
+extern char **environ;
+
+void close_fd(int *fd);
+/* Closes every fd from `first` up. */
+void close_from(unsigned first);
+void put_u32(char *p, uint32_t v);
+uint32_t get_u32(const char *p);
+
+/* Parses a SPAWN payload into r (pointing into it); NULL, or what is wrong with it. */
+const char *parse_spawn(const char *p, size_t len, struct spawn_req *r);
+void free_req(struct spawn_req *r);
+/* Between fork and exec: the command's stdio, session, fds, cwd, environment; never returns. */
+__attribute__((noreturn)) void child_exec(const struct spawn_req *r, int in_fd, int out_fd, int err_fd);
+
+/* A slot's keeper, in the process forked for it; never returns. */
+__attribute__((noreturn)) void keeper_main(int fd, const char *slot);
+
+#endif

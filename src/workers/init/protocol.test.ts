@@ -1,0 +1,34 @@
+import { describe, expect, it } from 'vitest';
+import { Frame, FrameDecoder, MAX_FRAME_BYTES, encodeSpawn, frame } from './protocol.ts';
+
+describe('init protocol', () => {
+  it('lays a spawn out as rollbox-init.c parses it', () => {
+    const bytes = encodeSpawn({ argv: ['sh', '-c', 'echo é'], env: { A: '1' }, cwd: '/work', slot: 's0', hasStdin: true, stdoutCapBytes: 1024, stderrCapBytes: 2048, oomScoreAdj: 500 });
+    expect(bytes[0]).toBe(Frame.spawn);
+    expect(bytes.readUInt32LE(4)).toBe(bytes.length - 8);
+    const p = bytes.subarray(8);
+    expect([p.readUInt32LE(0), p.readUInt32LE(4), p.readUInt32LE(8), p.readInt32LE(12), p.readUInt32LE(16), p.readUInt32LE(20)]).toEqual([1, 1024, 2048, 500, 3, 1]);
+    expect(p.subarray(24).toString('utf8').split('\0')).toEqual(['s0', '/work', 'sh', '-c', 'echo é', 'A=1', '']);
+  });
+
+  it('splits a byte stream into frames however it arrives', () => {
+    const stream = Buffer.concat([frame(Frame.stdout, Buffer.from('hello')), frame(Frame.truncated, Buffer.from([0])), frame(Frame.exit, Buffer.alloc(8))]);
+    for (const step of [1, 3, 8, 13, stream.length]) {
+      const seen: [number, string][] = [];
+      const decoder = new FrameDecoder();
+      for (let off = 0; off < stream.length; off += step) decoder.push(stream.subarray(off, off + step), (type, payload) => seen.push([type, payload.toString('hex')]));
+      expect(seen).toEqual([
+        [Frame.stdout, Buffer.from('hello').toString('hex')],
+        [Frame.truncated, '00'],
+        [Frame.exit, '0000000000000000'],
+      ]);
+    }
+  });
+
+  it('refuses a frame larger than any the init sends', () => {
+    const header = Buffer.alloc(8);
+    header[0] = Frame.stdout;
+    header.writeUInt32LE(MAX_FRAME_BYTES + 1, 4);
+    expect(() => new FrameDecoder().push(header, () => {})).toThrow(/frame of/);
+  });
+});
