@@ -100,7 +100,7 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   app.doc31('/openapi.json', { openapi: '3.1.0', info: { title: 'rollbox', version: '1' } });
 
   // Everything under /v1 needs a token; JSON bodies are capped before any handler reads them.
-  // Each answer says where its milliseconds went (Server-Timing: auth, and for exec lookup,
+  // Each answer says where its milliseconds went (Server-Timing: auth, and for exec
   // claim, dispatch, worker, run, total), readable with curl -v or a browser's devtools.
   app.use('/v1/*', timing({ totalDescription: 'gateway' }));
   app.use('/v1/*', authenticate(deps.verifier));

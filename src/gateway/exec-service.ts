@@ -127,16 +127,8 @@ export class ExecService {
   ): Promise<{ commandId: string; requestId: string; launched: boolean; reply?: Promise<Reply> }> {
     requireScope(principal, 'sandbox:exec');
     const { commands, nodes } = this.deps;
-    let t = performance.now();
-    const sandbox = await this.deps.registry.getOwned(id, principal.tenant);
-    hop('lookup', performance.now() - t);
     const requestId = newId('req');
     const commandId = request.commandId ?? newId('cmd');
-    if (sandbox.state !== 'running') {
-      // A re-sent command of a sandbox that stopped since still gets its recorded outcome.
-      if (request.commandId && (await commands.get(id, commandId))) return { commandId, requestId, launched: false };
-      throw new RollboxError('invalid_state', `sandbox ${id} is ${sandbox.state}${sandbox.failureReason ? ` (${sandbox.failureReason})` : ''}, not running`);
-    }
     const op = nodes.addressed({
       kind: 'exec',
       sandboxId: id,
@@ -152,20 +144,24 @@ export class ExecService {
     });
     // Listening before the op can reach the node: a fast reply cannot be missed.
     const reply = options.waitMs === undefined ? undefined : nodes.expect(requestId, options.waitMs);
-    t = performance.now();
+    const t = performance.now();
     const claimed = await commands
-      .claim({ sandboxId: id, commandId, argv: op.kind === 'exec' ? op.argv : [], node: sandbox.node!, requestId, replyTo: nodes.gatewayId, inbox: nodes.opsInbox(sandbox.node!), op: JSON.stringify(op) })
+      .claim({ sandboxId: id, tenant: principal.tenant, commandId, argv: op.kind === 'exec' ? op.argv : [], requestId, replyTo: nodes.gatewayId, op: JSON.stringify(op) })
+      .finally(() => {
+        // Lookup and claim are one round trip (the sandbox is checked inside the script).
+        hop('claim', performance.now() - t);
+      })
       .catch((err: unknown) => {
         nodes.cancel(requestId);
         throw err;
       });
-    hop('claim', performance.now() - t);
-    if (claimed === 'exists') {
-      nodes.cancel(requestId);
-      reply?.catch(() => {});
-      return { commandId, requestId, launched: false };
-    }
-    return { commandId, requestId, launched: true, reply };
+    if (claimed.kind === 'claimed') return { commandId, requestId, launched: true, reply };
+    nodes.cancel(requestId);
+    reply?.catch(() => {});
+    if (claimed.kind === 'exists') return { commandId, requestId, launched: false };
+    if (claimed.kind === 'missing') throw new RollboxError('not_found', `sandbox ${id} not found`);
+    const reason = claimed.failureReason ? ` (${claimed.failureReason})` : '';
+    throw new RollboxError('invalid_state', `sandbox ${id} is ${claimed.state || 'unknown'}${reason}, not running`);
   }
 
   /**

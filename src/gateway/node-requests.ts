@@ -1,6 +1,6 @@
 import type { Redis } from 'ioredis';
 import { RollboxError, isErrorCode, type CreateJob, type NodeOp, type Reply } from '../api/index.ts';
-import { inboxKey, pushToInbox, type ReplyHub } from '../queues/index.ts';
+import { pushToInbox, type ReplyHub } from '../queues/index.ts';
 
 /** A node operation or create job as a caller writes it: the reply address is filled in here. */
 type Outgoing<T> = T extends unknown ? Omit<T, 'replyTo'> : never;
@@ -36,10 +36,6 @@ export class NodeRequests {
   /** The op as its inbox message (for callers that push it inside their own script). */
   addressed(op: Outgoing<NodeOp>): NodeOp {
     return { ...op, replyTo: this.gatewayId } as NodeOp;
-  }
-
-  opsInbox(nodeId: string): string {
-    return inboxKey(nodeId, 'ops');
   }
 
   /** Registers for a reply before the request that will cause it is sent. */

@@ -5,22 +5,32 @@ import { LuaScript } from './lua.ts';
 
 /** Commands stay replayable this long after they were queued. */
 const COMMAND_TTL_SEC = 7 * 24 * 3600;
+/** A node's ops inbox key around its id: the claim script completes it with the node it reads. */
+const [OPS_INBOX_PREFIX, OPS_INBOX_SUFFIX] = keys.inbox('\0', 'ops').split('\0');
 
 /**
- * Records a new command and, in the same step, puts its operation in its node's inbox:
- * a command is never recorded without being sent.
- * KEYS: command, sandboxLog, inbox   ARGV: ttl, queuedAtMs, commandRef, op json, then record fields
- * Returns 1 (claimed) or 0 (the commandId was used before in this sandbox).
+ * Looks the sandbox up, records a new command and puts its operation in the inbox of the
+ * sandbox's node, in one step: a command is never recorded without being sent, and the
+ * gateway's exec costs one round trip to Redis before the command runs.
+ * KEYS: sandbox, command, sandboxLog   ARGV: tenant, inboxPrefix, inboxSuffix, ttl, queuedAtMs,
+ *   commandRef, op json, then record fields (the node is added here)
+ * Returns {'claimed', node} | {'exists'} (the commandId was used before in this sandbox) |
+ *   {'missing'} (no such sandbox of this tenant) | {'state', state, failureReason}.
  */
 const CLAIM = new LuaScript(`
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 5))
-redis.call('EXPIRE', KEYS[1], tonumber(ARGV[1]))
-redis.call('ZADD', KEYS[2], tonumber(ARGV[2]), ARGV[3])
-redis.call('EXPIRE', KEYS[2], tonumber(ARGV[1]))
-redis.call('LPUSH', KEYS[3], ARGV[4])
-return 1
+local sb = redis.call('HMGET', KEYS[1], 'tenant', 'state', 'node', 'failureReason')
+if sb[1] ~= ARGV[1] then return {'missing'} end
+if redis.call('EXISTS', KEYS[2]) == 1 then return {'exists'} end
+if sb[2] ~= 'running' or not sb[3] then return {'state', sb[2], sb[4] or ''} end
+redis.call('HSET', KEYS[2], 'node', sb[3], unpack(ARGV, 8))
+redis.call('EXPIRE', KEYS[2], tonumber(ARGV[4]))
+redis.call('ZADD', KEYS[3], tonumber(ARGV[5]), ARGV[6])
+redis.call('EXPIRE', KEYS[3], tonumber(ARGV[4]))
+redis.call('LPUSH', ARGV[2] .. sb[3] .. ARGV[3], ARGV[7])
+return {'claimed', sb[3]}
 `);
+
+export type ClaimOutcome = { kind: 'claimed'; node: string } | { kind: 'exists' } | { kind: 'missing' } | { kind: 'state'; state: string; failureReason: string };
 
 /** KEYS: command   ARGV: requestId, startedAt. Only the request that queued it may start it, once. */
 const START = new LuaScript(`
@@ -93,18 +103,20 @@ export class CommandLog {
   ) {}
 
   /**
-   * Records a new command as queued and pushes `op` (its message) to `inbox`; `exists`
-   * when the commandId was used before in this sandbox (then nothing is sent).
+   * Records a new command as queued in a running sandbox of `tenant` and pushes `op` (its
+   * message) to the ops inbox of the sandbox's node; see CLAIM for the other outcomes.
    */
-  async claim(input: { sandboxId: string; commandId: string; argv: string[]; node: string; requestId: string; replyTo: string; inbox: string; op: string }): Promise<'claimed' | 'exists'> {
+  async claim(input: { sandboxId: string; tenant: string; commandId: string; argv: string[]; requestId: string; replyTo: string; op: string }): Promise<ClaimOutcome> {
     const queuedAtMs = this.now();
-    const fields = ['commandId', input.commandId, 'argv', JSON.stringify(input.argv), 'state', 'queued', 'node', input.node, 'requestId', input.requestId, 'replyTo', input.replyTo, 'queuedAt', new Date(queuedAtMs).toISOString()];
-    const claimed = await CLAIM.run(
+    const fields = ['commandId', input.commandId, 'argv', JSON.stringify(input.argv), 'state', 'queued', 'requestId', input.requestId, 'replyTo', input.replyTo, 'queuedAt', new Date(queuedAtMs).toISOString()];
+    const [kind, a, b] = (await CLAIM.run(
       this.redis,
-      [keys.command(input.sandboxId, input.commandId), keys.commandLog(input.sandboxId), input.inbox],
-      [COMMAND_TTL_SEC, queuedAtMs, commandRef(input.sandboxId, input.commandId), input.op, ...fields],
-    );
-    return claimed === 1 ? 'claimed' : 'exists';
+      [keys.sandbox(input.sandboxId), keys.command(input.sandboxId, input.commandId), keys.commandLog(input.sandboxId)],
+      [input.tenant, OPS_INBOX_PREFIX!, OPS_INBOX_SUFFIX!, COMMAND_TTL_SEC, queuedAtMs, commandRef(input.sandboxId, input.commandId), input.op, ...fields],
+    )) as [string, string?, string?];
+    if (kind === 'claimed') return { kind, node: a! };
+    if (kind === 'state') return { kind, state: a ?? '', failureReason: b ?? '' };
+    return { kind: kind as 'exists' | 'missing' };
   }
 
   /** Moves a queued command to running; false for a redelivered or foreign request (do not run it). */
