@@ -96,6 +96,9 @@ export async function createSandbox(ctx: RuntimeContext, spec: SandboxRuntimeSpe
       // tasks of the same group. Best effort.
       const cpuIdleFile = cg.cpu && path.join(cg.cpu, rel, 'cpu.idle');
       if (besteffort && cpuIdleFile && existsSync(cpuIdleFile)) writeFileSync(cpuIdleFile, '1');
+      // Again now that this sandbox's cgroup pins the tree's top: another node id's last
+      // sandbox ending may have removed (an empty) top between step 3 and runc's mkdir.
+      if (besteffort) await ctx.ensureBesteffortRoot();
       if (besteffort && cg.cpu) ctx.guard.started(ctx.besteffortQuotaFile(id, cg.cpu));
       // CFS burst (kernel >= 5.14) for latency sandboxes: quota a sandbox left unused in one
       // period may be spent in the next, up to one more quota (the kernel's cap). An agent
