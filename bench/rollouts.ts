@@ -9,6 +9,7 @@ import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { api, startTestCluster, waitFor } from '../test/support/cluster.ts';
 import { writeCdfChart } from './support/chart.ts';
+import { jsonClient } from './support/http.ts';
 import { timed } from './support/runc-floor.ts';
 import { progress, summarize } from './support/stats.ts';
 
@@ -24,6 +25,7 @@ try {
   for (const nodeId of ['bench-a', 'bench-b']) await cluster.spawnWorker({ nodeId });
   const token = await cluster.token('bench', ['sandbox:create', 'sandbox:delete', 'sandbox:exec', 'admin']);
   await waitFor('both worker hosts', async () => (await api(cluster, token, 'GET', '/v1/nodes')).body.nodes?.length === 2);
+  const call = jsonClient(cluster.url, token);
   const execMs: number[] = [];
   const createMs: number[] = [];
   const hops = new Map<string, number[]>();
@@ -33,7 +35,7 @@ try {
     let id = '';
     createMs.push(
       await timed(async () => {
-        const r = await api(cluster, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 128, cpuMillis: 500 }, labels: { rollout: String(k) } });
+        const r = await call('POST', '/v1/sandboxes', { resources: { memoryMiB: 128, cpuMillis: 500 }, labels: { rollout: String(k) } });
         if (r.status !== 201) throw new Error(`create failed: ${r.status} ${JSON.stringify(r.body)}`);
         id = r.body.id;
       }),
@@ -44,10 +46,10 @@ try {
       let body: { exitCode: number; stdout: string } = { exitCode: -1, stdout: '' };
       execMs.push(
         await timed(async () => {
-          const r = await api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, { cmd, commandId: `r${k}-t${turn}` });
+          const r = await call('POST', `/v1/sandboxes/${id}/exec`, { cmd, commandId: `r${k}-t${turn}` });
           if (r.status !== 200) throw new Error(`exec failed: ${r.status} ${JSON.stringify(r.body)}`);
           body = r.body;
-          for (const entry of (r.headers.get('server-timing') ?? '').split(',')) {
+          for (const entry of String(r.headers['server-timing'] ?? '').split(',')) {
             const m = /^([a-z]+);dur=([\d.]+)/.exec(entry.trim());
             if (m) hops.set(m[1]!, [...(hops.get(m[1]!) ?? []), Number(m[2])]);
           }
@@ -56,7 +58,7 @@ try {
       if (body.exitCode !== 0 || body.stdout !== `${turn}\nstep ${turn}\n`) throw new Error(`turn ${turn} of rollout ${k} saw ${JSON.stringify(body)}`);
       bar.tick();
     }
-    await api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`);
+    await call('DELETE', `/v1/sandboxes/${id}`);
   };
 
   let next = 0;
