@@ -1,10 +1,13 @@
 import { defineConfig } from 'vitest/config';
 
-// Integration tests start their own redis-server and runc containers; the machine has
-// two cores, so files run in a small fork pool and each test gets generous timeouts.
-// The adversarial suite loads the host on purpose (fork bomb, floods, fills) and checks
-// that a neighbour sandbox stays unaffected: it runs last, alone, so what it measures is
-// its own load and not another file's.
+// Three tiers, as three projects:
+// - unit: every test beside the code in src/ (no root, no Redis, no runc; `npm run test:unit`
+//   runs just these, in seconds, on a machine without apt);
+// - integration: test/, against a real redis-server and real runc containers (root);
+// - stress: the adversarial suite, which loads the host on purpose (fork bomb, floods,
+//   fills) and checks that a neighbour stays unaffected: it runs last, alone, so what it
+//   measures is its own load and not another file's.
+// The machine has two cores, so files run in a small fork pool with generous timeouts.
 const STRESS_FILES = ['test/adversarial.test.ts'];
 
 export default defineConfig({
@@ -14,7 +17,8 @@ export default defineConfig({
     hookTimeout: 60_000,
     reporters: ['default'],
     projects: [
-      { extends: true, test: { name: 'main', include: ['src/**/*.test.ts', 'test/**/*.test.ts'], exclude: STRESS_FILES, maxWorkers: 2 } },
+      { extends: true, test: { name: 'unit', include: ['src/**/*.test.ts'], testTimeout: 20_000 } },
+      { extends: true, test: { name: 'integration', include: ['test/**/*.test.ts'], exclude: STRESS_FILES, maxWorkers: 2 } },
       { extends: true, test: { name: 'stress', include: STRESS_FILES, maxWorkers: 1, sequence: { groupOrder: 1 } } },
     ],
   },

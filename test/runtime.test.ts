@@ -7,10 +7,10 @@ import path from 'node:path';
 import { Readable } from 'node:stream';
 import tar from 'tar-stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { RollboxError } from '../../api/index.ts';
-import { LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar, readMountInfo, type StoredLayer } from '../../layers/index.ts';
-import { BESTEFFORT_ROOT, createRuncRuntime, type RuncRuntime } from './index.ts';
-import type { RuntimeExecSpec, SandboxRuntimeSpec } from './types.ts';
+import { RollboxError } from '../src/api/index.ts';
+import { LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar, readMountInfo, type StoredLayer } from '../src/layers/index.ts';
+import { BESTEFFORT_ROOT, createRuncRuntime, type RuncRuntime } from '../src/workers/runtime/index.ts';
+import type { RuntimeExecSpec, SandboxRuntimeSpec } from '../src/workers/runtime/types.ts';
 
 let top: string;
 let dataDir: string;

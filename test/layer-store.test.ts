@@ -8,8 +8,8 @@ import { Readable } from 'node:stream';
 import { gzipSync } from 'node:zlib';
 import tar from 'tar-stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { RollboxError } from '../api/index.ts';
-import { LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar, entryComponents, isMountPoint, symlinkStaysInside } from './index.ts';
+import { RollboxError } from '../src/api/index.ts';
+import { LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar, isMountPoint } from '../src/layers/index.ts';
 
 type Entry = Partial<tar.Header> & { name: string; content?: string };
 
@@ -66,18 +66,6 @@ async function expectRefused(entries: Entry[], code: string = 'invalid_layer', o
   expect(await readdir(tmpDir)).toEqual([]);
   expect(await readdir(outside)).toEqual(before);
 }
-
-describe('entry name rules', () => {
-  it('splits names and refuses escapes', () => {
-    expect(entryComponents('./a//b/./c/')).toEqual(['a', 'b', 'c']);
-    expect(() => entryComponents('../x')).toThrow(RollboxError);
-    expect(() => entryComponents('a/../../x')).toThrow(/'\.\.'/);
-    expect(() => entryComponents('/etc/x')).toThrow(/absolute/);
-    expect(symlinkStaysInside(['a', 'l'], '../b')).toBe(true);
-    expect(symlinkStaysInside(['a', 'l'], '../../b')).toBe(false);
-    expect(symlinkStaysInside(['l'], '/etc/passwd')).toBe(true);
-  });
-});
 
 describe('buildLayerFromTar safety', () => {
   const marker = `rollbox-test-${randomBytes(4).toString('hex')}`;
