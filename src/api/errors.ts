@@ -1,28 +1,27 @@
 /**
- * The one table of error codes. Handlers throw `RollboxError` with a code; only the
- * gateway's error handler turns a code into an HTTP status (see `httpStatusOf`).
+ * The one table of error codes: each code's HTTP status and meaning. Handlers throw
+ * `RollboxError` with a code; only the gateway's error handler turns a code into an HTTP
+ * status (see `httpStatusOf`); docs/errors.md is generated from this table.
  */
 export const ERROR_CODES = {
-  invalid_request: 400,
-  invalid_layer: 400,
-  /** A tar for the files API that names paths outside its directory, or is malformed. */
-  invalid_archive: 400,
-  unauthenticated: 401,
-  forbidden: 403,
-  not_found: 404,
-  conflict: 409,
-  invalid_state: 409,
-  /** A command's worker host died while it ran: it may or may not have taken effect. */
-  result_unknown: 409,
-  payload_too_large: 413,
-  quota_exceeded: 429,
-  internal: 500,
-  admission_exhausted: 503,
-  no_capacity: 503,
-  unavailable: 503,
-  timeout: 504,
-  node_lost: 502,
-} as const;
+  invalid_request: { status: 400, meaning: 'The request does not match its schema or asks for something impossible (the message names the field).' },
+  invalid_layer: { status: 400, meaning: 'An uploaded layer is not a tar, or holds an entry no layer may hold (absolute or `..` names, links out, device nodes).' },
+  invalid_archive: { status: 400, meaning: 'A tar for the files API names paths outside its directory, or is malformed.' },
+  unauthenticated: { status: 401, meaning: 'No token, or one that does not verify (signature, `iss`, `aud`, `exp`).' },
+  forbidden: { status: 403, meaning: 'The token lacks the scope the route needs.' },
+  not_found: { status: 404, meaning: 'No such sandbox, command, layer or route; another tenant\'s sandbox is not found either.' },
+  conflict: { status: 409, meaning: 'The same Idempotency-Key with another body, or a state change that lost a race.' },
+  invalid_state: { status: 409, meaning: 'Not in this state: exec in a paused sandbox, files in a hibernated one, resume of a running one...' },
+  result_unknown: { status: 409, meaning: 'A command\'s worker host, or its sandbox\'s init, died while it ran: it may or may not have taken effect, and is never run again under its commandId.' },
+  payload_too_large: { status: 413, meaning: 'A body, file or layer past its configured cap.' },
+  quota_exceeded: { status: 429, meaning: 'The tenant\'s live-sandbox quota is used up (Retry-After).' },
+  internal: { status: 500, meaning: 'A failure of rollbox itself (the message says which); retrying with the same Idempotency-Key or commandId is safe.' },
+  admission_exhausted: { status: 503, meaning: 'Every worker host that could take the create refused it (Retry-After).' },
+  no_capacity: { status: 503, meaning: 'No worker host has room for the request now (Retry-After).' },
+  unavailable: { status: 503, meaning: 'A dependency (Redis, a gateway shutting down) is not available (Retry-After).' },
+  timeout: { status: 504, meaning: 'The operation did not finish in time; the command log or the sandbox record says what became of it.' },
+  node_lost: { status: 502, meaning: 'The worker host stopped heartbeating while the request was on it.' },
+} as const satisfies Record<string, { status: number; meaning: string }>;
 
 export type ErrorCode = keyof typeof ERROR_CODES;
 
@@ -39,7 +38,7 @@ export class RollboxError extends Error {
 }
 
 export function httpStatusOf(code: ErrorCode): number {
-  return ERROR_CODES[code];
+  return ERROR_CODES[code].status;
 }
 
 export function isErrorCode(value: unknown): value is ErrorCode {

@@ -6,89 +6,69 @@ import path from 'node:path';
  * The one environment schema. `loadConfig` is called once by the composition root
  * (the CLI); everything else receives the parsed `Config` (or the slice it needs).
  */
-const Env = z.object({
-  REDIS_URL: z.string().url().optional(),
-  ROLLBOX_DATA_DIR: z.string().default('./.rollbox'),
-  ROLLBOX_PORT: z.coerce.number().int().min(0).max(65_535).default(8080),
-  ROLLBOX_HOST: z.string().default('127.0.0.1'),
-  ROLLBOX_NODE_ID: z.string().regex(/^[a-z0-9][a-z0-9-]{0,62}$/).optional(),
-  ROLLBOX_POOL: z.string().regex(/^[a-z0-9-]{1,32}$/).default('local'),
-  ROLLBOX_RUNTIME: z.string().default('runc'),
-  /** Shared, content-addressed layer store; defaults to <dataDir>/layers. */
-  ROLLBOX_LAYER_STORE: z.string().optional(),
-  ROLLBOX_LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+/**
+ * Every variable, its default and what it means; docs/configuration.md is generated from
+ * the descriptions here (`npm run docs`; a unit test fails when it drifts).
+ */
+export const Env = z.object({
+  REDIS_URL: z.string().url().optional().describe('Redis shared by every gateway and worker host. Unset: `rollbox up` starts its own redis-server.'),
+  ROLLBOX_DATA_DIR: z.string().default('./.rollbox').describe('Data dir (`--data-dir`): layer store, worker state, embedded Redis, JWT secret.'),
+  ROLLBOX_PORT: z.coerce.number().int().min(0).max(65_535).default(8080).describe('Gateway port (`--port`).'),
+  ROLLBOX_HOST: z.string().default('127.0.0.1').describe('Gateway listen address.'),
+  ROLLBOX_NODE_ID: z.string().regex(/^[a-z0-9][a-z0-9-]{0,62}$/).optional().describe('Worker host identity (`--node-id`). Unset: generated once and kept in the data dir, so a restart adopts its sandboxes.'),
+  ROLLBOX_POOL: z.string().regex(/^[a-z0-9-]{1,32}$/).default('local').describe('Worker host pool: `local`, or `cloud` for burst hosts.'),
+  ROLLBOX_RUNTIME: z.string().default('runc').describe('OCI runtime binary (crun refuses hybrid cgroups with a controller on the cgroup2 mount).'),
+  ROLLBOX_LAYER_STORE: z.string().optional().describe('Shared, content-addressed layer store (a shared filesystem across machines). Default: `<data dir>/layers`.'),
+  ROLLBOX_LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info').describe('pino log level.'),
 
-  ROLLBOX_JWT_ALG: z.enum(['HS256', 'EdDSA', 'ES256']).default('HS256'),
-  /** HS256 secret file; created with a random secret when absent (embedded default). */
-  ROLLBOX_JWT_SECRET_FILE: z.string().optional(),
-  /** PEM public key (SPKI) for EdDSA/ES256. */
-  ROLLBOX_JWT_PUBLIC_KEY_FILE: z.string().optional(),
-  ROLLBOX_JWKS_URL: z.string().url().optional(),
-  ROLLBOX_JWT_ISSUER: z.string().default('rollbox'),
-  ROLLBOX_JWT_AUDIENCE: z.string().default('rollbox-api'),
-  ROLLBOX_JWT_CLOCK_TOLERANCE_SEC: z.coerce.number().int().min(0).max(300).default(5),
+  ROLLBOX_JWT_ALG: z.enum(['HS256', 'EdDSA', 'ES256']).default('HS256').describe('Token algorithm: `HS256` (a secret file), `EdDSA` or `ES256` (a public key or a JWKS URL).'),
+  ROLLBOX_JWT_SECRET_FILE: z.string().optional().describe('HS256 secret file; created with a random secret when absent. Default: `<data dir>/jwt-secret`.'),
+  ROLLBOX_JWT_PUBLIC_KEY_FILE: z.string().optional().describe('PEM public key (SPKI) for EdDSA/ES256.'),
+  ROLLBOX_JWKS_URL: z.string().url().optional().describe('JWKS endpoint for EdDSA/ES256 (instead of a key file).'),
+  ROLLBOX_JWT_ISSUER: z.string().default('rollbox').describe('Required `iss` of tokens.'),
+  ROLLBOX_JWT_AUDIENCE: z.string().default('rollbox-api').describe('Required `aud` of tokens.'),
+  ROLLBOX_JWT_CLOCK_TOLERANCE_SEC: z.coerce.number().int().min(0).max(300).default(5).describe('Clock skew tolerated on `exp`/`nbf`.'),
 
-  ROLLBOX_TENANT_MAX_SANDBOXES: z.coerce.number().int().min(1).default(1000),
-  ROLLBOX_BODY_LIMIT_BYTES: z.coerce.number().int().min(1024).default(16 * 1024 * 1024),
-  ROLLBOX_LAYER_UPLOAD_LIMIT_BYTES: z.coerce.number().int().min(1024).default(2 * 1024 * 1024 * 1024),
-  ROLLBOX_PLACEMENT_CHOICES: z.coerce.number().int().min(1).max(16).default(2),
-  ROLLBOX_PLACEMENT_MAX_REFUSALS: z.coerce.number().int().min(1).max(64).default(3),
-  ROLLBOX_CREATE_TIMEOUT_MS: z.coerce.number().int().min(100).default(60_000),
+  ROLLBOX_TENANT_MAX_SANDBOXES: z.coerce.number().int().min(1).default(1000).describe('Live sandboxes per tenant (429 `quota_exceeded` past it).'),
+  ROLLBOX_BODY_LIMIT_BYTES: z.coerce.number().int().min(1024).default(16 * 1024 * 1024).describe('JSON body cap (413 past it).'),
+  ROLLBOX_LAYER_UPLOAD_LIMIT_BYTES: z.coerce.number().int().min(1024).default(2 * 1024 * 1024 * 1024).describe('Largest layer tar `POST /v1/layers` takes (413 past it).'),
+  ROLLBOX_PLACEMENT_CHOICES: z.coerce.number().int().min(1).max(16).default(2).describe('Placement: d, the nodes sampled per create (the less loaded one is taken).'),
+  ROLLBOX_PLACEMENT_MAX_REFUSALS: z.coerce.number().int().min(1).max(64).default(3).describe('Placement: node refusals before a create fails 503 `admission_exhausted` with Retry-After.'),
+  ROLLBOX_CREATE_TIMEOUT_MS: z.coerce.number().int().min(100).default(60_000).describe('How long a create may wait for a node to start it.'),
 
-  ROLLBOX_NODE_MEMORY_MIB: z.coerce.number().int().min(64).optional(),
-  ROLLBOX_NODE_CPU_MILLIS: z.coerce.number().int().min(100).optional(),
-  /** CPU may be promised past physical capacity (DSec oversubscribes idle agents). */
-  ROLLBOX_NODE_CPU_OVERCOMMIT: z.coerce.number().min(1).max(64).default(8),
-  ROLLBOX_NODE_MAX_SANDBOXES: z.coerce.number().int().min(1).default(2000),
-  /** Sum of diskMiB promised, as a multiple of the scratch space (disks are sparse; see scratch.ts). */
-  ROLLBOX_NODE_DISK_OVERCOMMIT: z.coerce.number().min(1).max(1000).default(8),
-  /** Size of the scratch filesystem holding sandbox disks; default half the free space under the data dir, at most 64. */
-  ROLLBOX_NODE_SCRATCH_GIB: z.coerce.number().positive().optional(),
-  ROLLBOX_NODE_MAX_STARTING: z.coerce.number().int().min(1).default(16),
-  /** Host memory kept free for the host itself: below it, the node refuses new sandboxes. */
-  ROLLBOX_NODE_HOST_RESERVE_MIB: z.coerce.number().int().min(0).default(256),
-  ROLLBOX_HEARTBEAT_MS: z.coerce.number().int().min(50).default(1000),
-  ROLLBOX_NODE_LOST_AFTER_MS: z.coerce.number().int().min(200).default(5000),
-  ROLLBOX_EXEC_OUTPUT_CAP_BYTES: z.coerce.number().int().min(1024).default(1024 * 1024),
-  /**
-   * How long one command a caller waits on, in a latency sandbox, holds this host's besteffort
-   * sandboxes at 1% of a CPU (the stand-in for core scheduling; see besteffort-guard.ts); 0 = off.
-   */
-  ROLLBOX_BESTEFFORT_HOLD_MS: z.coerce.number().int().min(0).default(10_000),
-  /** CPU each besteffort sandbox keeps while held, millicores; 10 is the kernel's least (1 ms per 100 ms). */
-  ROLLBOX_BESTEFFORT_HELD_CPU_MILLIS: z.coerce.number().int().min(10).max(100_000).default(10),
-  /** Largest file or tar the files API moves in one request (it travels through Redis). */
-  ROLLBOX_FILES_MAX_BYTES: z.coerce.number().int().min(1024).max(512 * 1024 * 1024).default(64 * 1024 * 1024),
-  /** A layer nothing references is collected once it has stayed unreferenced this long. */
-  ROLLBOX_LAYER_GC_GRACE_MS: z.coerce.number().int().min(0).default(10 * 60_000),
-  ROLLBOX_LAYER_GC_INTERVAL_MS: z.coerce.number().int().min(100).default(60_000),
+  ROLLBOX_NODE_MEMORY_MIB: z.coerce.number().int().min(64).optional().describe('Worker: memory it promises to sandboxes. Default: 85% of the host\'s.'),
+  ROLLBOX_NODE_CPU_MILLIS: z.coerce.number().int().min(100).optional().describe('Worker: CPU it promises to sandboxes. Default: cores x 1000 x `ROLLBOX_NODE_CPU_OVERCOMMIT`.'),
+  ROLLBOX_NODE_CPU_OVERCOMMIT: z.coerce.number().min(1).max(64).default(8).describe('Worker: CPU promised past physical capacity (idle agents use little; DSec oversubscribes them).'),
+  ROLLBOX_NODE_MAX_SANDBOXES: z.coerce.number().int().min(1).default(2000).describe('Worker: sandboxes at most.'),
+  ROLLBOX_NODE_DISK_OVERCOMMIT: z.coerce.number().min(1).max(1000).default(8).describe('Worker: sum of `diskMiB` promised, as a multiple of the scratch space (disks are sparse; 1 with preallocated disks).'),
+  ROLLBOX_NODE_SCRATCH_GIB: z.coerce.number().positive().optional().describe('Worker: size of the scratch filesystem holding sandbox disks. Default: half the free space under the data dir, at most 64.'),
+  ROLLBOX_NODE_MAX_STARTING: z.coerce.number().int().min(1).default(16).describe('Worker: creates at once; the rest wait in its inbox.'),
+  ROLLBOX_NODE_HOST_RESERVE_MIB: z.coerce.number().int().min(0).default(256).describe('Worker: host memory kept free for the host itself; below it, new sandboxes are refused.'),
+  ROLLBOX_HEARTBEAT_MS: z.coerce.number().int().min(50).default(1000).describe('Worker heartbeat interval.'),
+  ROLLBOX_NODE_LOST_AFTER_MS: z.coerce.number().int().min(200).default(5000).describe('A worker whose heartbeat is this old is lost: its sandboxes end `failed(lost)`.'),
+  ROLLBOX_EXEC_OUTPUT_CAP_BYTES: z.coerce.number().int().min(1024).default(1024 * 1024).describe('stdout and stderr kept per command, each (`truncated: true` past it; the rest is drained and dropped in the sandbox).'),
+  ROLLBOX_BESTEFFORT_HOLD_MS: z.coerce.number().int().min(0).default(10_000).describe('How long one command a caller waits on, in a latency sandbox, may hold the host\'s besteffort sandboxes at `ROLLBOX_BESTEFFORT_HELD_CPU_MILLIS` (the besteffort guard, a stand-in for core scheduling); 0 turns the guard off.'),
+  ROLLBOX_BESTEFFORT_HELD_CPU_MILLIS: z.coerce.number().int().min(10).max(100_000).default(10).describe('CPU each besteffort sandbox keeps while held, millicores (10 = 1 ms per 100 ms, the kernel\'s least).'),
+  ROLLBOX_FILES_MAX_BYTES: z.coerce.number().int().min(1024).max(512 * 1024 * 1024).default(64 * 1024 * 1024).describe('Largest file or tar one `/files` request moves (it travels through Redis; 413 past it).'),
+  ROLLBOX_LAYER_GC_GRACE_MS: z.coerce.number().int().min(0).default(10 * 60_000).describe('A layer nothing references is collected once unreferenced this long.'),
+  ROLLBOX_LAYER_GC_INTERVAL_MS: z.coerce.number().int().min(100).default(60_000).describe('How often the gateways\' janitor looks for unreferenced layers.'),
 
-  /** Worker host: layers (names or digests, comma-separated) to sync into its own store before it reports ready; "cluster" = the cluster's pre-synced set. Default: "cluster" in pool cloud, none elsewhere. */
-  ROLLBOX_SYNC_LAYERS: z.string().optional(),
-  /** Worker host: gateway to fetch layer blobs from, and a token with layer read scope. */
-  ROLLBOX_GATEWAY_URL: z.string().url().optional(),
-  ROLLBOX_GATEWAY_TOKEN: z.string().optional(),
-  /** Gateway: the cluster's pre-synced layer set (names or digests, comma-separated); only requests within it may burst. */
-  ROLLBOX_BURST_SYNC_LAYERS: z.string().default('busybox'),
-  /** Gateway: how cloud hosts are started: none (operators run them), local (processes here, for demos and tests), command. */
-  ROLLBOX_BURST_PROVIDER: z.enum(['none', 'local', 'command']).default('none'),
-  ROLLBOX_BURST_PROVISION_CMD: z.string().optional(),
-  ROLLBOX_BURST_TERMINATE_CMD: z.string().optional(),
-  ROLLBOX_BURST_LIST_CMD: z.string().optional(),
-  ROLLBOX_BURST_CMD_TIMEOUT_MS: z.coerce.number().int().min(100).default(60_000),
-  ROLLBOX_BURST_TICK_MS: z.coerce.number().int().min(50).default(1000),
-  /** The gateway URL cloud hosts use (default: this gateway's own URL). */
-  ROLLBOX_BURST_GATEWAY_URL: z.string().url().optional(),
-  /** Create events kept in the trace stream (`rollbox burst record` exports them); 0 turns recording off. */
-  ROLLBOX_BURST_TRACE_MAX_EVENTS: z.coerce.number().int().min(0).default(1_000_000),
-  /** Veth addresses of allowlist sandboxes, one /30 each; shared by the workers of a host. */
-  ROLLBOX_NET_POOL: z.string().default('10.200.0.0/16'),
-  /** Host-wide address leases of that pool (one file per /30). */
-  ROLLBOX_NET_LEASE_DIR: z.string().default('/run/rollbox/net'),
-  /** Comma-separated CIDRs no sandbox may reach, on top of the built-in list (e.g. internal services). */
-  ROLLBOX_NET_BLOCK: z.string().default(''),
-  /** `name=ip|ip,name2=ip`: allowlisted hostnames resolved from this map instead of the host's resolver. */
-  ROLLBOX_NET_STATIC_HOSTS: z.string().default(''),
+  ROLLBOX_SYNC_LAYERS: z.string().optional().describe('Worker: layers (names or digests, comma-separated) copied into its own store before it reports ready; `cluster` = the cluster\'s pre-synced set. Default: `cluster` in pool `cloud`, none elsewhere.'),
+  ROLLBOX_GATEWAY_URL: z.string().url().optional().describe('Worker: the gateway it fetches layer blobs from (with `ROLLBOX_SYNC_LAYERS`).'),
+  ROLLBOX_GATEWAY_TOKEN: z.string().optional().describe('Worker: a token with layer read scope for that gateway.'),
+  ROLLBOX_BURST_SYNC_LAYERS: z.string().default('busybox').describe('Gateway: the cluster\'s pre-synced layer set (names or digests, comma-separated); only creates within it may burst to the cloud.'),
+  ROLLBOX_BURST_PROVIDER: z.enum(['none', 'local', 'command']).default('none').describe('Gateway: how cloud hosts are started: `none` (operators run them), `local` (processes here, for demos and tests), `command` (operator programs).'),
+  ROLLBOX_BURST_PROVISION_CMD: z.string().optional().describe('Provider `command`: the program that starts a cloud host (JSON on stdin and stdout; see docs/burst.md).'),
+  ROLLBOX_BURST_TERMINATE_CMD: z.string().optional().describe('Provider `command`: the program that ends a cloud host (idempotent).'),
+  ROLLBOX_BURST_LIST_CMD: z.string().optional().describe('Provider `command`: the program that lists cloud hosts.'),
+  ROLLBOX_BURST_CMD_TIMEOUT_MS: z.coerce.number().int().min(100).default(60_000).describe('Provider `command`: how long one program may take.'),
+  ROLLBOX_BURST_TICK_MS: z.coerce.number().int().min(50).default(1000).describe('Burst controller tick.'),
+  ROLLBOX_BURST_GATEWAY_URL: z.string().url().optional().describe('The gateway URL cloud hosts use. Default: the gateway\'s own URL.'),
+  ROLLBOX_BURST_TRACE_MAX_EVENTS: z.coerce.number().int().min(0).default(1_000_000).describe('Create events kept in the trace stream (`rollbox burst record` exports them); 0 turns recording off.'),
+  ROLLBOX_NET_POOL: z.string().default('10.200.0.0/16').describe('Veth addresses of allowlist sandboxes, one /30 each; shared by the workers of a host.'),
+  ROLLBOX_NET_LEASE_DIR: z.string().default('/run/rollbox/net').describe('Host-wide address leases of that pool (one file per /30).'),
+  ROLLBOX_NET_BLOCK: z.string().default('').describe('More CIDRs no sandbox may reach (comma-separated), on top of the built-in list.'),
+  ROLLBOX_NET_STATIC_HOSTS: z.string().default('').describe('`name=ip|ip,name2=ip`: allowlisted hostnames resolved from this map instead of the host\'s resolver.'),
 });
 
 export type Config = ReturnType<typeof loadConfig>;
