@@ -17,7 +17,7 @@ export default defineConfig({
     hookTimeout: 60_000,
     reporters: ['default'],
     projects: [
-      { extends: true, test: { name: 'unit', include: ['src/**/*.test.ts'], testTimeout: 20_000 } },
+      { extends: true, test: { name: 'unit', include: ['src/**/*.test.ts'], testTimeout: 20_000, maxWorkers: 2 } },
       { extends: true, test: { name: 'integration', include: ['test/**/*.test.ts'], exclude: STRESS_FILES, maxWorkers: 2 } },
       { extends: true, test: { name: 'stress', include: STRESS_FILES, maxWorkers: 1, sequence: { groupOrder: 1 } } },
     ],
