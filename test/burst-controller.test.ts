@@ -42,9 +42,14 @@ async function scripts(): Promise<{ provision: string; terminate: string; list: 
   };
 }
 
+/** The controllers' and the directory's clock: the test moves it, no wall-clock waits. */
+let clock = 1_800_000_000_000;
+let beats = 0;
+
 function heartbeat(nodeId: string, pool: string, usedMemoryMiB: number, extra: Partial<NodeHeartbeat> = {}): NodeHeartbeat {
   return {
-    ...idleHeartbeat(nodeId, pool, { cpuMillis: 8000, memoryMiB: 1000, maxSandboxes: 100, maxStarting: 8 }, Date.now() + Math.random()),
+    // A new atMs each time: the directory takes an unchanged one for a silent node.
+    ...idleHeartbeat(nodeId, pool, { cpuMillis: 8000, memoryMiB: 1000, maxSandboxes: 100, maxStarting: 8 }, clock + ++beats),
     used: { cpuMillis: 0, memoryMiB: usedMemoryMiB },
     ...extra,
   };
@@ -54,7 +59,8 @@ const lines = async (name: string) => (await readFile(path.join(dir, name), 'utf
 
 describe('burst controller across two gateways (real Redis, command provider)', () => {
   it('one leader scales out for diverted demand; the other takes over and retires the idle host', async () => {
-    const directory = new NodeDirectory(redis, { refreshMs: 100, now: Date.now });
+    const now = () => clock;
+    const directory = new NodeDirectory(redis, { refreshMs: 100, now });
     const layers = new LayerRegistry(redis);
     const registry = new SandboxRegistry(redis);
     await layers.register({ digest: DIGEST, sizeBytes: 1, name: 'base', parents: [], createdAt: new Date().toISOString() });
@@ -73,12 +79,13 @@ describe('burst controller across two gateways (real Redis, command provider)', 
         recorder: new TraceRecorder(redis, 0),
         metricsRegistry: new Registry(),
         logger: pino({ level: 'silent' }),
-        now: Date.now,
+        now,
         random: () => 0,
       });
     const a = controller('gw-a');
     const b = controller('gw-b');
     const tickBoth = async () => {
+      clock += 100;
       await directory.refresh();
       await a.tick();
       await b.tick();
@@ -93,10 +100,10 @@ describe('burst controller across two gateways (real Redis, command provider)', 
     const spec = CreateSandboxRequest.parse({});
     await registry.admit({ record: { id: 'sbx_1', tenant: 't', state: 'pending', node: 'local-a', spec, layerDigests: [DIGEST], createdAt: new Date().toISOString(), oomKills: 0 }, maxLive: 10, requestHash: 'h', settleDeadlineMs: Date.now() + 60_000 });
     const local: PlacementRequest = { memoryMiB: 64, cpuMillis: 100, pool: 'local', exclude: new Set() };
-    const seen: PlacementRequest[] = [];
-    const routed = await b.placeCreate('sbx_1', spec, [DIGEST], local, async (p) => (seen.push(p), p.pool === 'local' ? 'local-a' : undefined));
+    const tried: PlacementRequest[] = [];
+    const routed = await b.placeCreate('sbx_1', spec, [DIGEST], local, async (p) => (tried.push(p), p.pool === 'local' ? 'local-a' : undefined));
     expect(routed.node).toBe('local-a');
-    expect(seen.map((p) => [p.pool, p.requiredLayers])).toEqual([['cloud', [DIGEST]], ['local', undefined]]);
+    expect(tried.map((p) => [p.pool, p.requiredLayers])).toEqual([['cloud', [DIGEST]], ['local', undefined]]);
     for (let i = 0; i < 5; i++) await tickBoth();
     const provisions = await lines('provisions.log');
     expect(provisions).toHaveLength(1); // one leader, within maxCloudHosts
@@ -113,21 +120,21 @@ describe('burst controller across two gateways (real Redis, command provider)', 
     expect((await b.status()).cloudHosts[0]?.state).toBe('ready');
 
     // The leader goes away; the other gateway leads from the shared state. The demand
-    // ends, the host idles, is drained, then terminated once.
+    // ends, the host idles (idleTerminateMs 200), is drained, and after the drain grace
+    // (2 ticks + 1 s) terminated once: ticks of 300 ms on the test's clock.
     await a.stop();
     await registry.transition('sbx_1', 'terminated', { from: ['pending'] });
-    const deadline = Date.now() + 15_000;
-    let sawTerminating = false;
-    while ((await lines('terminations.log')).length === 0 && Date.now() < deadline) {
+    const seen: string[] = [];
+    for (let i = 0; i < 12 && (await b.status()).cloudHosts.length > 0; i++) {
+      clock += 300;
       await redis.hset(keys.nodes, hostId, JSON.stringify(heartbeat(hostId, 'cloud', 0, { ready: true, syncedLayers: [DIGEST] })));
       await redis.hset(keys.nodes, 'local-a', JSON.stringify(heartbeat('local-a', 'local', 900)));
       await directory.refresh();
       await b.tick();
-      sawTerminating ||= (await b.status()).cloudHosts.some((h) => h.state === 'terminating');
-      await new Promise((r) => setTimeout(r, 100));
+      seen.push((await b.status()).cloudHosts[0]?.state ?? 'gone');
     }
-    await b.stop();
-    expect(sawTerminating).toBe(true);
+    expect(seen).toEqual(['terminating', 'terminating', 'terminating', 'terminating', 'gone']);
+    await b.stop(); // waits for the termination the controller started in the background
     expect(await lines('terminations.log')).toEqual([{ action: 'terminate', id: 'vm-1' }]);
     expect((await b.status()).cloudHosts).toEqual([]);
     expect(await lines('provisions.log')).toHaveLength(1);

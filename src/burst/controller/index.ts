@@ -1,58 +1,22 @@
 import { randomBytes } from 'node:crypto';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import { Counter, Gauge, type Registry } from 'prom-client';
-import { BurstPolicy, BurstStatus, isTerminal, type BurstDecisionReason, type CloudHostState, type CreateSandboxRequest, type Sandbox } from '../../api/index.ts';
-import type { NodeDirectory, PlacementCandidate, PlacementRequest } from '../../queues/index.ts';
+import type { Registry } from 'prom-client';
+import { BurstPolicy, BurstStatus, isTerminal, type BurstDecisionReason, type CreateSandboxRequest, type Sandbox } from '../../api/index.ts';
+import type { NodeDirectory, PlacementRequest } from '../../queues/index.ts';
 import { keys, type LayerRegistry, type SandboxRegistry } from '../../registry/index.ts';
-import { INITIAL_DIVERSION_STATE, decideCreate, planCloudScaling, stepDiversion, utilizationOf, type DiversionState, type NodeUsage } from '../policy/index.ts';
+import { decideCreate, planCloudScaling, stepDiversion } from '../policy/index.ts';
 import type { CloudProvider } from '../providers/index.ts';
 import type { TraceRecorder } from '../trace/index.ts';
+import { CLOUD_POOL, LIST_EVERY_MS, observeLoad, stepFleet } from './fleet.ts';
+import { LeaderLease } from './lease.ts';
+import { burstMetrics, type BurstMetrics } from './metrics.ts';
+import { INITIAL_STATE, SharedState, parseStored, type HostRecord } from './state.ts';
 
-export const CLOUD_POOL = 'cloud';
+export { CLOUD_POOL } from './fleet.ts';
 
-/** One cloud host the controller knows of. `providerId` is null for hosts it did not start (operators run them). */
-interface HostRecord {
-  id: string;
-  providerId: string | null;
-  state: CloudHostState;
-  sandboxes: number;
-  provisionedAtMs: number;
-  idleSinceMs: number | null;
-  terminatingSinceMs: number | null;
-}
-
-/** What the leading controller publishes in Redis each tick; every gateway reads it. */
-interface SharedState {
-  diversion: DiversionState;
-  utilization: number;
-  utilizationAtMs: number;
-  hosts: HostRecord[];
-  /** Start times of provisions in the last minute (the rate cap). */
-  recentProvisionsMs: number[];
-  /** Hosts terminated or forgotten recently: their last heartbeats must not look like new hosts. */
-  retired: { id: string; atMs: number }[];
-}
-
-const INITIAL_STATE: SharedState = { diversion: INITIAL_DIVERSION_STATE, utilization: 0, utilizationAtMs: 0, hosts: [], recentProvisionsMs: [], retired: [] };
-/** How often the leader compares its hosts with the provider's list. */
-const LIST_EVERY_MS = 30_000;
-const RETIRED_KEEP_MS = 10 * 60_000;
-/** A host that has not reported ready this long after provisioning is given up on. */
-const PROVISION_TIMEOUT_MS = 10 * 60_000;
 /** A diverted create refused outright (no cloud slot, no local room) counts as demand this long. */
 const UNMET_DEMAND_MS = 30_000;
-
-/** Renew the lock if we hold it, take it if free. */
-const HOLD_LOCK_LUA = `
-local v = redis.call('GET', KEYS[1])
-if v == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
-if not v then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
-return 0`;
-
-const SET_IF_LEADER_LUA = `
-if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[2], ARGV[2]) return 1 end
-return 0`;
 
 export interface BurstControllerDeps {
   redis: Redis;
@@ -96,11 +60,13 @@ export class BurstController {
   private lastListAtMs = 0;
   private readonly terminations = new Set<Promise<void>>();
   private readonly log: Logger;
-  private readonly metrics;
+  private readonly metrics: BurstMetrics;
+  private readonly lease: LeaderLease;
 
   constructor(private readonly deps: BurstControllerDeps) {
     this.log = deps.logger.child({ component: 'burst' });
     this.metrics = burstMetrics(deps.metricsRegistry, () => this.state);
+    this.lease = new LeaderLease(deps.redis, deps.gatewayId);
   }
 
   async start(): Promise<void> {
@@ -113,7 +79,7 @@ export class BurstController {
     clearInterval(this.timer);
     while (this.ticking) await new Promise((r) => setTimeout(r, 20));
     await Promise.all(this.terminations);
-    await this.deps.redis.eval(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`, 1, keys.lock('burst-controller'), this.deps.gatewayId).catch(() => {});
+    await this.lease.release().catch(() => {});
   }
 
   async tick(): Promise<void> {
@@ -122,14 +88,13 @@ export class BurstController {
     try {
       const { redis } = this.deps;
       const [policyJson = null, stateJson = null] = await redis.mget(keys.burstPolicy, keys.burstState);
-      this.policy = parseOr(policyJson, (v) => BurstPolicy.parse(v), this.policy);
-      this.state = parseOr(stateJson, (v) => v as SharedState, this.state);
-      const leaseMs = Math.max(3 * this.deps.config.tickMs, 3000);
-      if ((await redis.eval(HOLD_LOCK_LUA, 1, keys.lock('burst-controller'), this.deps.gatewayId, leaseMs)) === 1) {
+      this.policy = parseStored(policyJson, BurstPolicy, this.policy);
+      this.state = parseStored(stateJson, SharedState, this.state);
+      if (await this.lease.hold(Math.max(3 * this.deps.config.tickMs, 3000))) {
         await this.publishSyncedLayers();
         this.state = await this.lead(this.state);
         // Fenced: a leader that lost the lock mid-tick (a slow provider call) does not overwrite its successor.
-        await redis.eval(SET_IF_LEADER_LUA, 2, keys.lock('burst-controller'), keys.burstState, this.deps.gatewayId, JSON.stringify(this.state));
+        await this.lease.setIfLeader(keys.burstState, JSON.stringify(this.state));
       }
       this.synced = new Set(await redis.smembers(keys.burstSyncedLayers));
     } catch (err) {
@@ -153,63 +118,22 @@ export class BurstController {
     await multi.exec();
   }
 
+  /** One leader tick: diversion from the local pool's load, the fleet's state machine, then scaling. */
   private async lead(previous: SharedState): Promise<SharedState> {
     const { directory, config } = this.deps;
     const policy = this.policy;
     const nowMs = this.deps.now();
     const candidates = directory.candidates();
-    const alive = (c: PlacementCandidate | undefined): c is PlacementCandidate => !!c && c.heartbeat.healthy && c.ageMs <= config.lostAfterMs;
-    const local = candidates.filter((c) => alive(c) && c.heartbeat.pool === config.localPool);
-    const localUsage = local.map(usageOf);
-    const utilization = utilizationOf(localUsage, policy.utilizationBasis);
-    // What the cloud runs now would land locally if diversion stopped (stopCountsCloudLoad).
-    const cloudLoad = { cpuMillis: 0, memoryMiB: 0 };
-    for (const c of candidates) {
-      if (!alive(c) || c.heartbeat.pool !== CLOUD_POOL) continue;
-      const u = usageOf(c);
-      const measured = policy.utilizationBasis === 'measured';
-      cloudLoad.cpuMillis += measured ? u.measured.cpuFraction * u.capacity.cpuMillis : u.requested.cpuMillis;
-      cloudLoad.memoryMiB += measured ? u.measured.memoryFraction * u.capacity.memoryMiB : u.requested.memoryMiB;
-    }
-    const utilizationWithCloudLoad = utilizationOf(localUsage, policy.utilizationBasis, cloudLoad);
+    const { utilization, utilizationWithCloudLoad } = observeLoad(candidates, policy, config);
     const diversion = stepDiversion(previous.diversion, utilization, nowMs, policy, utilizationWithCloudLoad);
     if (diversion.diverting !== previous.diversion.diverting) this.log.info({ utilization, diverting: diversion.diverting }, diversion.diverting ? 'burst: diverting eligible creates to the cloud pool' : 'burst: diversion stopped');
 
-    const byId = new Map(candidates.map((c) => [c.heartbeat.nodeId, c]));
-    const retired = (previous.retired ?? []).filter((r) => nowMs - r.atMs < RETIRED_KEEP_MS);
-    const retire = (host: HostRecord, why: string) => {
-      retired.push({ id: host.id, atMs: nowMs });
+    const fleet = stepFleet({ previous, candidates, listedProviderIds: await this.listProviderHosts(nowMs), nowMs, lostAfterMs: config.lostAfterMs, drainGraceMs: this.drainGraceMs() });
+    for (const { host, why } of fleet.retire) {
+      if (why === 'vanished') this.log.warn({ hostId: host.id }, 'burst: cloud host vanished');
       this.terminate(host, why);
-    };
-    const listed = await this.listProviderHosts(nowMs);
-    const hosts: HostRecord[] = [];
-    for (const host of previous.hosts) {
-      const c = byId.get(host.id);
-      const sandboxes = c?.heartbeat.sandboxes ?? 0;
-      if (host.state === 'provisioning') {
-        if (alive(c) && c.heartbeat.ready !== false) hosts.push({ ...host, state: 'ready', sandboxes, idleSinceMs: sandboxes === 0 ? nowMs : null });
-        else if (nowMs - host.provisionedAtMs > PROVISION_TIMEOUT_MS) retire(host, 'never became ready');
-        else if (listed && host.providerId !== null && !listed.has(host.providerId) && nowMs - host.provisionedAtMs > LIST_EVERY_MS) retire(host, 'the provider no longer lists it');
-        else hosts.push(host);
-      } else if (!alive(c)) {
-        // Vanished: the janitor ends its sandboxes failed(lost); the controller forgets it.
-        this.log.warn({ hostId: host.id }, 'burst: cloud host vanished');
-        retire(host, 'vanished');
-      } else if (host.state === 'terminating') {
-        if (sandboxes > 0) hosts.push({ ...host, state: 'ready', sandboxes, idleSinceMs: null, terminatingSinceMs: null }); // a create raced the drain
-        else if (nowMs - host.terminatingSinceMs! >= this.drainGraceMs()) retire(host, 'idle');
-        else hosts.push(host);
-      } else {
-        hosts.push({ ...host, sandboxes, idleSinceMs: sandboxes > 0 ? null : (host.idleSinceMs ?? nowMs) });
-      }
     }
-    // Cloud hosts started by operators (no provider) are used, never terminated.
-    const known = new Set([...hosts.map((h) => h.id), ...retired.map((r) => r.id)]);
-    for (const c of candidates) {
-      if (c.heartbeat.pool !== CLOUD_POOL || known.has(c.heartbeat.nodeId) || !alive(c) || c.heartbeat.ready === false) continue;
-      hosts.push({ id: c.heartbeat.nodeId, providerId: null, state: 'ready', sandboxes: c.heartbeat.sandboxes, provisionedAtMs: nowMs, idleSinceMs: null, terminatingSinceMs: null });
-    }
-
+    const { hosts } = fleet;
     const pendingDivertedDemand = await this.pendingDivertedDemand(nowMs);
     const recentProvisionsMs = previous.recentProvisionsMs.filter((t) => nowMs - t < 60_000);
     const active = hosts.filter((h) => h.state !== 'terminating');
@@ -230,7 +154,7 @@ export class BurstController {
         recentProvisionsMs.push(nowMs);
       }
     }
-    return { diversion, utilization, utilizationAtMs: nowMs, hosts, recentProvisionsMs, retired };
+    return { diversion, utilization, utilizationAtMs: nowMs, hosts, recentProvisionsMs, retired: fleet.retired };
   }
 
   /** The provider's machines, asked now and then (a command provider runs a program for it). */
@@ -376,55 +300,4 @@ export class BurstController {
     this.policy = policy;
     return policy;
   }
-}
-
-function usageOf(c: PlacementCandidate): NodeUsage {
-  const hb = c.heartbeat;
-  return {
-    capacity: { cpuMillis: hb.capacity.cpuMillis, memoryMiB: hb.capacity.memoryMiB },
-    requested: { cpuMillis: hb.used.cpuMillis, memoryMiB: hb.used.memoryMiB },
-    measured: { cpuFraction: Math.min(1, hb.measured.cpuLoad), memoryFraction: hb.measured.memoryUsedFraction },
-  };
-}
-
-function parseOr<T>(json: string | null, parse: (value: unknown) => T, fallback: T): T {
-  if (!json) return fallback;
-  try {
-    return parse(JSON.parse(json));
-  } catch {
-    return fallback;
-  }
-}
-
-function burstMetrics(registry: Registry, state: () => SharedState) {
-  const creates = new Counter({ name: 'rollbox_burst_creates_total', help: 'create requests by where burst routing sent them and the policy reason', labelNames: ['target', 'reason'] as const, registers: [registry] });
-  const fallbacks = new Counter({ name: 'rollbox_burst_fallbacks_total', help: 'diverted creates that found no cloud host in time and went local', registers: [registry] });
-  const provisions = new Counter({ name: 'rollbox_burst_provisions_total', help: 'cloud host provisioning attempts by outcome', labelNames: ['outcome'] as const, registers: [registry] });
-  new Gauge({
-    name: 'rollbox_burst_local_utilization',
-    help: 'local pool utilization as the burst controller last computed it',
-    registers: [registry],
-    collect() {
-      this.set(state().utilization);
-    },
-  });
-  new Gauge({
-    name: 'rollbox_burst_diverting',
-    help: '1 while eligible creates are diverted to the cloud pool',
-    registers: [registry],
-    collect() {
-      this.set(state().diversion.diverting ? 1 : 0);
-    },
-  });
-  new Gauge({
-    name: 'rollbox_burst_cloud_hosts',
-    help: 'cloud hosts by state',
-    labelNames: ['state'] as const,
-    registers: [registry],
-    collect() {
-      this.reset();
-      for (const s of ['provisioning', 'ready', 'terminating'] as const) this.set({ state: s }, state().hosts.filter((h) => h.state === s).length);
-    },
-  });
-  return { creates, fallbacks, provisions };
 }

@@ -39,6 +39,10 @@
  * status was lost ends its connection without EXIT.
  *
  * Static, no libc of the image's, no shell: it works in any base image.
+ *
+ * Longer than most: the event loop, its sessions and the init's side of the keepers share
+ * one poll set and one table; spawn requests and the keeper process are in spawn.c and
+ * keeper.c.
  */
 #define _GNU_SOURCE
 #include "init.h"

@@ -1,3 +1,8 @@
+/*
+ * Longer than most: one lifecycle (make or reuse the scratch filesystem, its templates,
+ * attach and detach one disk per sandbox, tear down) whose steps share their checks of
+ * what the kernel holds (loop devices, mounts); split, each part would need the others'.
+ */
 import { randomBytes } from 'node:crypto';
 import { closeSync, existsSync, ftruncateSync, mkdirSync, openSync, readSync, readdirSync, renameSync, rmSync, statSync, statfsSync } from 'node:fs';
 import path from 'node:path';
