@@ -20,6 +20,9 @@
  *   to termination.
  * Random streams are split by concern and per create (placement), so diverting one
  * create never changes the random draws another create's placement sees.
+ *
+ * Longer than most: one replay's state and the named steps that change it (a class whose
+ * methods share that state); its events, wait queue and summary are files of their own.
  */
 import type { BurstPolicy, TraceEvent } from '../../api/index.ts';
 // The pure placement and admission functions, imported from their files so the simulator
@@ -28,69 +31,10 @@ import { chooseNode, idleHeartbeat, type PlacementCandidate } from '../../queues
 import { decideAdmission, type AdmissionState } from '../../workers/admission.ts';
 import { INITIAL_DIVERSION_STATE, decideCreate, mulberry32, planCloudScaling, rngStream, stepDiversion, utilizationOf, type NodeUsage } from '../policy/index.ts';
 import { EventHeap } from './heap.ts';
+import { CLOUD_READY, CLOUD_WAIT_OVER, END_CLOUD, END_LOCAL, GIVE_UP, REFUSED, STARTED_CLOUD, STARTED_LOCAL, TICK, WAITING, WAITING_FOR_CLOUD, type CloudHost, type SimEvent } from './events.ts';
+import { summarize } from './summary.ts';
+import { WaitQueue } from './wait-queue.ts';
 import type { SimModel, SimResult } from './model.ts';
-
-const END_LOCAL = 0;
-const END_CLOUD = 1;
-const TICK = 2;
-const CLOUD_READY = 3;
-const GIVE_UP = 4;
-const CLOUD_WAIT_OVER = 5;
-
-interface SimEvent {
-  atMs: number;
-  seq: number;
-  kind: number;
-  /** Create index, or cloud host index for CLOUD_READY. */
-  id: number;
-  /** Node or cloud host index. */
-  where: number;
-}
-
-// Outcome of a create; 0 = not arrived yet.
-const WAITING = 1;
-/** Diverted, waiting for a cloud slot only (model.cloudWaitMs), before falling back to local. */
-const WAITING_FOR_CLOUD = 5;
-const STARTED_LOCAL = 2;
-const STARTED_CLOUD = 3;
-const REFUSED = 4;
-
-interface CloudHost {
-  id: string;
-  /** Position in cloudHosts. */
-  index: number;
-  state: 'provisioning' | 'ready' | 'terminated';
-  sandboxes: number;
-  idleSinceMs: number | null;
-  provisionedAtMs: number;
-}
-
-/** Creates waiting in arrival order; entries that started or gave up are skipped lazily. */
-class WaitQueue {
-  private items: number[] = [];
-  private head = 0;
-  constructor(private readonly isWaiting: (id: number) => boolean) {}
-
-  push(id: number): void {
-    this.items.push(id);
-  }
-
-  /** Calls visit on up to `limit` waiting entries from the front; visit returns false to stop. */
-  scan(limit: number, visit: (id: number) => boolean): void {
-    while (this.head < this.items.length && !this.isWaiting(this.items[this.head]!)) this.head++;
-    if (this.head > 4096 && this.head * 2 > this.items.length) {
-      this.items = this.items.slice(this.head);
-      this.head = 0;
-    }
-    let seen = 0;
-    for (let j = this.head; j < this.items.length && seen < limit; j++) {
-      const id = this.items[j]!;
-      if (!this.isWaiting(id)) continue;
-      seen++;
-      if (!visit(id)) return;
-    }
-  }
-}
 
 /** Waiting entries a freed node looks at: enough to skip a head too big for it, bounded per release. */
 const PULL_SCAN_LIMIT = 32;
@@ -104,385 +48,402 @@ export interface SimulateOptions {
 }
 
 export function simulate(events: readonly TraceEvent[], policy: BurstPolicy, model: SimModel, syncedLayers: ReadonlySet<string>, options: SimulateOptions = {}): SimResult {
-  const n = events.length;
-  const heap = new EventHeap<SimEvent>();
-  let seq = 0;
-  let nowMs = 0;
-  const schedule = (atMs: number, kind: number, id: number, where: number) => heap.push({ atMs, seq: seq++, kind, id, where });
+  return new Simulation(events, policy, model, syncedLayers).run(options);
+}
 
-  const shareRandom = rngStream(model.seed, 'divert-share');
-  const placementSeed = rngStream(model.seed, 'placement')() * 4_294_967_296;
+/**
+ * One replay. Its steps, by name: `arrive` (route a create: cloud, local, or queue),
+ * `tick` (heartbeats, diversion, cloud scaling, idle nodes pulling), `handle` (a sandbox
+ * ends, a cloud host is ready, a wait is over or given up), and `summary`.
+ */
+class Simulation {
+  private readonly n: number;
+  private readonly heap = new EventHeap<SimEvent>();
+  private seq = 0;
+  private nowMs = 0;
+  private readonly shareRandom: () => number;
+  private readonly placementSeed: number;
 
   // Local nodes: true state (admission) and the last heartbeat (placement, controller).
-  const admission: AdmissionState[] = [];
-  const candidates: PlacementCandidate[] = [];
-  const usages: NodeUsage[] = [];
-  const nodeIndex = new Map<string, number>();
-  for (let i = 0; i < model.localNodes; i++) {
-    const capacity = { cpuMillis: model.nodeCpuMillis, memoryMiB: model.nodeMemoryMiB, maxSandboxes: model.nodeMaxSandboxes };
-    // Traces carry no diskMiB: the model's disks never run out.
-    admission.push({ capacity, reserved: { cpuMillis: 0, memoryMiB: 0, diskMiB: 0 }, sandboxes: 0, hostFreeMemoryMiB: Infinity, hostReserveMiB: 0, disk: { capacityMiB: Infinity, freeMiB: Infinity, sizeMiB: Infinity } });
-    const nodeId = `local-${i}`;
-    nodeIndex.set(nodeId, i);
-    candidates.push({
-      ageMs: 0,
-      assumed: { cpuMillis: 0, memoryMiB: 0, sandboxes: 0 },
-      heartbeat: idleHeartbeat(nodeId, 'local', { ...capacity, maxStarting: model.nodeMaxSandboxes }),
-    });
-    usages.push({ capacity: { cpuMillis: capacity.cpuMillis, memoryMiB: capacity.memoryMiB }, requested: { cpuMillis: 0, memoryMiB: 0 }, measured: { cpuFraction: 0, memoryFraction: 0 } });
+  private readonly admission: AdmissionState[] = [];
+  private readonly candidates: PlacementCandidate[] = [];
+  private readonly usages: NodeUsage[] = [];
+  private readonly nodeIndex = new Map<string, number>();
+  private readonly pulledSinceTick: Uint8Array;
+
+  private readonly cloudHosts: CloudHost[] = [];
+  private liveCloudHosts: CloudHost[] = [];
+  /** Requested resources of the sandboxes running in the cloud. */
+  private readonly cloudLoad = { cpuMillis: 0, memoryMiB: 0 };
+  private readonly provisionTimesMs: number[] = [];
+  private provisionWindowStart = 0;
+  private cloudVmMs = 0;
+  private peakCloudHosts = 0;
+
+  private readonly outcome: Uint8Array;
+  private readonly waitMs: Float64Array;
+  /** Diverted but not (yet) in the cloud: counted in the pending diverted demand. */
+  private readonly divertedOutsideCloud: Uint8Array;
+  private pendingDivertedDemand = 0;
+  private waiting = 0;
+  private running = 0;
+  private readonly counts = { diverted: 0, divertedFellBackLocal: 0, overflow: 0, noLocalRoomAtArrival: 0 };
+  private readonly byReason: Record<string, number> = { not_diverting: 0, stay_local: 0, layers_not_synced: 0, share: 0, diverted: 0 };
+
+  private diversion = INITIAL_DIVERSION_STATE;
+  private ticksDuringTrace = 0;
+  private divertingTicks = 0;
+  private utilizationSum = 0;
+  private peakUtilization = 0;
+  private nextArrival = 0;
+  private handled = 0;
+
+  private readonly localQueue: WaitQueue;
+  private readonly cloudQueue: WaitQueue;
+
+  constructor(
+    private readonly events: readonly TraceEvent[],
+    private readonly policy: BurstPolicy,
+    private readonly model: SimModel,
+    private readonly syncedLayers: ReadonlySet<string>,
+  ) {
+    this.n = events.length;
+    this.shareRandom = rngStream(model.seed, 'divert-share');
+    this.placementSeed = rngStream(model.seed, 'placement')() * 4_294_967_296;
+    for (let i = 0; i < model.localNodes; i++) {
+      const capacity = { cpuMillis: model.nodeCpuMillis, memoryMiB: model.nodeMemoryMiB, maxSandboxes: model.nodeMaxSandboxes };
+      // Traces carry no diskMiB: the model's disks never run out.
+      this.admission.push({ capacity, reserved: { cpuMillis: 0, memoryMiB: 0, diskMiB: 0 }, sandboxes: 0, hostFreeMemoryMiB: Infinity, hostReserveMiB: 0, disk: { capacityMiB: Infinity, freeMiB: Infinity, sizeMiB: Infinity } });
+      const nodeId = `local-${i}`;
+      this.nodeIndex.set(nodeId, i);
+      this.candidates.push({ ageMs: 0, assumed: { cpuMillis: 0, memoryMiB: 0, sandboxes: 0 }, heartbeat: idleHeartbeat(nodeId, 'local', { ...capacity, maxStarting: model.nodeMaxSandboxes }) });
+      this.usages.push({ capacity: { cpuMillis: capacity.cpuMillis, memoryMiB: capacity.memoryMiB }, requested: { cpuMillis: 0, memoryMiB: 0 }, measured: { cpuFraction: 0, memoryFraction: 0 } });
+    }
+    this.pulledSinceTick = new Uint8Array(model.localNodes);
+    this.outcome = new Uint8Array(this.n);
+    this.waitMs = new Float64Array(this.n);
+    this.divertedOutsideCloud = new Uint8Array(this.n);
+    this.localQueue = new WaitQueue((id) => this.outcome[id] === WAITING);
+    this.cloudQueue = new WaitQueue((id) => this.outcome[id] === WAITING || this.outcome[id] === WAITING_FOR_CLOUD);
   }
 
-  const cloudHosts: CloudHost[] = [];
-  let liveCloudHosts: CloudHost[] = [];
-  /** Requested resources of the sandboxes running in the cloud. */
-  const cloudLoad = { cpuMillis: 0, memoryMiB: 0 };
-  const provisionTimesMs: number[] = [];
-  let provisionWindowStart = 0;
-  let cloudVmMs = 0;
-  let peakCloudHosts = 0;
-
-  const outcome = new Uint8Array(n);
-  const waitMs = new Float64Array(n);
-  /** Diverted but not (yet) in the cloud: counted in the pending diverted demand. */
-  const divertedOutsideCloud = new Uint8Array(n);
-  let pendingDivertedDemand = 0;
-  let waiting = 0;
-  let running = 0;
-  const counts = { diverted: 0, divertedFellBackLocal: 0, overflow: 0, noLocalRoomAtArrival: 0 };
-  const byReason: Record<string, number> = { not_diverting: 0, stay_local: 0, layers_not_synced: 0, share: 0, diverted: 0 };
-
-  let diversion = INITIAL_DIVERSION_STATE;
-  let ticksDuringTrace = 0;
-  let divertingTicks = 0;
-  let utilizationSum = 0;
-  let peakUtilization = 0;
-
-  const localQueue = new WaitQueue((id) => outcome[id] === WAITING);
-  const cloudQueue = new WaitQueue((id) => outcome[id] === WAITING || outcome[id] === WAITING_FOR_CLOUD);
-
-  const leaveDivertedDemand = (id: number) => {
-    if (divertedOutsideCloud[id]) {
-      divertedOutsideCloud[id] = 0;
-      pendingDivertedDemand--;
+  run(options: SimulateOptions): SimResult {
+    const { events, n, heap } = this;
+    const progressEvery = Math.max(1, Math.floor(n / 200));
+    this.schedule(events[0]?.atMs ?? 0, TICK, 0, 0);
+    for (;;) {
+      const top = heap.peek();
+      const arrivalAtMs = this.nextArrival < n ? events[this.nextArrival]!.atMs : Infinity;
+      if (top === undefined && arrivalAtMs === Infinity) break;
+      this.handled++;
+      // At equal times, releases and heartbeats come before the arrival.
+      if (top !== undefined && top.atMs <= arrivalAtMs) {
+        heap.pop();
+        this.nowMs = top.atMs;
+        this.handle(top);
+      } else {
+        this.nowMs = arrivalAtMs;
+        this.arrive(this.nextArrival++);
+        if (this.nextArrival % progressEvery === 0) options.onProgress?.(this.nextArrival / n);
+      }
     }
-  };
+    options.onProgress?.(1);
+    options.waitsMs?.set(this.waitMs.subarray(0, Math.min(n, options.waitsMs.length)));
+    return this.summary();
+  }
 
-  const markStarted = (id: number, how: number) => {
-    if (outcome[id] === WAITING || outcome[id] === WAITING_FOR_CLOUD) waiting--;
-    outcome[id] = how;
-    waitMs[id] = nowMs - events[id]!.atMs;
-    running++;
-  };
+  private schedule(atMs: number, kind: number, id: number, where: number): void {
+    this.heap.push({ atMs, seq: this.seq++, kind, id, where });
+  }
 
-  const startLocal = (id: number, node: number) => {
-    const event = events[id]!;
-    const state = admission[node]!;
-    state.reserved.cpuMillis += event.cpuMillis;
-    state.reserved.memoryMiB += event.memoryMiB;
-    state.sandboxes++;
-    markStarted(id, STARTED_LOCAL);
-    schedule(nowMs + event.lifetimeMs, END_LOCAL, id, node);
-  };
+  // --- arrivals ---------------------------------------------------------------------
 
-  const startCloud = (id: number, hostIndex: number) => {
-    const host = cloudHosts[hostIndex]!;
-    host.sandboxes++;
-    host.idleSinceMs = null;
-    cloudLoad.cpuMillis += events[id]!.cpuMillis;
-    cloudLoad.memoryMiB += events[id]!.memoryMiB;
-    markStarted(id, STARTED_CLOUD);
-    leaveDivertedDemand(id);
-    schedule(nowMs + events[id]!.lifetimeMs, END_CLOUD, id, hostIndex);
-  };
+  private arrive(id: number): void {
+    this.route(id);
+    if (this.outcome[id] !== STARTED_LOCAL) this.counts.overflow++;
+  }
+
+  private route(id: number): void {
+    const event = this.events[id]!;
+    // Drawn for every create, diverting or not, so the streams stay aligned across policies.
+    const shareDraw = this.shareRandom();
+    const placementRandom = this.placementRandomOf(id);
+    if (!this.admission.some((state) => decideAdmission(state, event).admit)) this.counts.noLocalRoomAtArrival++;
+    const decision = decideCreate(this.diversion, event, this.syncedLayers, shareDraw, this.policy);
+    this.byReason[decision.reason]!++;
+    if (decision.target !== 'cloud') return this.placeOrQueueLocal(id, placementRandom, false);
+    this.counts.diverted++;
+    const host = this.cloudHostWithSlot();
+    if (host >= 0) return this.startCloud(id, host);
+    this.divertedOutsideCloud[id] = 1;
+    this.pendingDivertedDemand++;
+    if (this.model.cloudWaitMs > 0 && this.cloudPoolCanGrow()) {
+      this.outcome[id] = WAITING_FOR_CLOUD;
+      this.waiting++;
+      this.cloudQueue.push(id);
+      this.schedule(this.nowMs + this.model.maxQueueWaitMs, GIVE_UP, id, 0);
+      this.schedule(this.nowMs + this.model.cloudWaitMs, CLOUD_WAIT_OVER, id, 0);
+      return;
+    }
+    this.counts.divertedFellBackLocal++;
+    this.placeOrQueueLocal(id, placementRandom, true);
+  }
+
+  /** Each create's own placement stream: what other creates did never shifts its draws. */
+  private placementRandomOf(id: number): () => number {
+    return mulberry32((this.placementSeed + Math.imul(id, 0x9e3779b1)) >>> 0);
+  }
+
+  /** As the live controller judges it: a host is on its way, or one may still be started. */
+  private cloudPoolCanGrow(): boolean {
+    return this.liveCloudHosts.some((h) => h.state === 'provisioning') || this.liveCloudHosts.length < this.policy.maxCloudHosts;
+  }
 
   /** The ready host with a free slot that is fullest: packing lets the others idle out. */
-  const cloudHostWithSlot = (): number => {
+  private cloudHostWithSlot(): number {
     let best: CloudHost | undefined;
-    for (const host of liveCloudHosts) {
-      if (host.state !== 'ready' || host.sandboxes >= policy.cloudHostSandboxes) continue;
+    for (const host of this.liveCloudHosts) {
+      if (host.state !== 'ready' || host.sandboxes >= this.policy.cloudHostSandboxes) continue;
       if (best === undefined || host.sandboxes > best.sandboxes) best = host;
     }
     return best?.index ?? -1;
-  };
+  }
 
-  /** Each create's own placement stream: what other creates did never shifts its draws. */
-  const placementRandomOf = (id: number) => mulberry32((placementSeed + Math.imul(id, 0x9e3779b1)) >>> 0);
+  private placeOrQueueLocal(id: number, random: () => number, cloudMayTakeIt: boolean): void {
+    if (this.placeLocal(id, random)) return;
+    if (this.outcome[id] !== WAITING_FOR_CLOUD) {
+      this.waiting++;
+      this.schedule(this.events[id]!.atMs + this.model.maxQueueWaitMs, GIVE_UP, id, 0);
+    }
+    this.outcome[id] = WAITING;
+    this.localQueue.push(id);
+    if (cloudMayTakeIt) this.cloudQueue.push(id);
+  }
 
-  const placeLocal = (id: number, random: () => number): boolean => {
-    const event = events[id]!;
+  /** d-choice placement on the last heartbeats, then the node's own admission; refusals re-place. */
+  private placeLocal(id: number, random: () => number): boolean {
+    const event = this.events[id]!;
     let exclude = NO_EXCLUSIONS;
     for (let refusals = 0; ; ) {
-      const chosen = chooseNode(candidates, { memoryMiB: event.memoryMiB, cpuMillis: event.cpuMillis, pool: 'local', exclude }, { choices: model.placementChoices, staleAfterMs: Infinity, random });
+      const chosen = chooseNode(this.candidates, { memoryMiB: event.memoryMiB, cpuMillis: event.cpuMillis, pool: 'local', exclude }, { choices: this.model.placementChoices, staleAfterMs: Infinity, random });
       if (chosen === undefined) return false;
-      const node = nodeIndex.get(chosen.heartbeat.nodeId)!;
-      if (decideAdmission(admission[node]!, event).admit) {
+      const node = this.nodeIndex.get(chosen.heartbeat.nodeId)!;
+      if (decideAdmission(this.admission[node]!, event).admit) {
         chosen.assumed.cpuMillis += event.cpuMillis;
         chosen.assumed.memoryMiB += event.memoryMiB;
         chosen.assumed.sandboxes++;
-        startLocal(id, node);
+        this.startLocal(id, node);
         return true;
       }
-      if (++refusals > model.maxRefusals) return false;
+      if (++refusals > this.model.maxRefusals) return false;
       if (exclude === NO_EXCLUSIONS) exclude = new Set();
       (exclude as Set<string>).add(chosen.heartbeat.nodeId);
     }
-  };
+  }
 
-  const pulledSinceTick = new Uint8Array(model.localNodes);
-  const pullLocal = (node: number) => {
-    const state = admission[node]!;
-    pulledSinceTick[node] = 1;
-    localQueue.scan(PULL_SCAN_LIMIT, (id) => {
-      if (decideAdmission(state, events[id]!).admit) startLocal(id, node);
+  // --- starts and pulls ---------------------------------------------------------------
+
+  private markStarted(id: number, how: number): void {
+    if (this.outcome[id] === WAITING || this.outcome[id] === WAITING_FOR_CLOUD) this.waiting--;
+    this.outcome[id] = how;
+    this.waitMs[id] = this.nowMs - this.events[id]!.atMs;
+    this.running++;
+  }
+
+  private startLocal(id: number, node: number): void {
+    const event = this.events[id]!;
+    const state = this.admission[node]!;
+    state.reserved.cpuMillis += event.cpuMillis;
+    state.reserved.memoryMiB += event.memoryMiB;
+    state.sandboxes++;
+    this.markStarted(id, STARTED_LOCAL);
+    this.schedule(this.nowMs + event.lifetimeMs, END_LOCAL, id, node);
+  }
+
+  private startCloud(id: number, hostIndex: number): void {
+    const host = this.cloudHosts[hostIndex]!;
+    const event = this.events[id]!;
+    host.sandboxes++;
+    host.idleSinceMs = null;
+    this.cloudLoad.cpuMillis += event.cpuMillis;
+    this.cloudLoad.memoryMiB += event.memoryMiB;
+    this.markStarted(id, STARTED_CLOUD);
+    this.leaveDivertedDemand(id);
+    this.schedule(this.nowMs + event.lifetimeMs, END_CLOUD, id, hostIndex);
+  }
+
+  private leaveDivertedDemand(id: number): void {
+    if (!this.divertedOutsideCloud[id]) return;
+    this.divertedOutsideCloud[id] = 0;
+    this.pendingDivertedDemand--;
+  }
+
+  private pullLocal(node: number): void {
+    const state = this.admission[node]!;
+    this.pulledSinceTick[node] = 1;
+    this.localQueue.scan(PULL_SCAN_LIMIT, (id) => {
+      if (decideAdmission(state, this.events[id]!).admit) this.startLocal(id, node);
       return state.sandboxes < state.capacity.maxSandboxes;
     });
-  };
+  }
 
-  const pullCloud = (hostIndex: number) => {
-    const host = cloudHosts[hostIndex]!;
+  private pullCloud(hostIndex: number): void {
+    const host = this.cloudHosts[hostIndex]!;
     if (host.state !== 'ready') return;
-    cloudQueue.scan(policy.cloudHostSandboxes, (id) => {
-      startCloud(id, hostIndex);
-      return host.sandboxes < policy.cloudHostSandboxes;
+    this.cloudQueue.scan(this.policy.cloudHostSandboxes, (id) => {
+      this.startCloud(id, hostIndex);
+      return host.sandboxes < this.policy.cloudHostSandboxes;
     });
-  };
+  }
 
-  const arrive = (id: number) => {
-    route(id);
-    if (outcome[id] !== STARTED_LOCAL) counts.overflow++;
-  };
+  // --- ticks --------------------------------------------------------------------------
 
-  const route = (id: number) => {
-    const event = events[id]!;
-    // Drawn for every create, diverting or not, so the streams stay aligned across policies.
-    const shareDraw = shareRandom();
-    const placementRandom = placementRandomOf(id);
-    if (!admission.some((state) => decideAdmission(state, event).admit)) counts.noLocalRoomAtArrival++;
-    const decision = decideCreate(diversion, event, syncedLayers, shareDraw, policy);
-    byReason[decision.reason]!++;
-    if (decision.target === 'cloud') {
-      counts.diverted++;
-      const host = cloudHostWithSlot();
-      if (host >= 0) return startCloud(id, host);
-      divertedOutsideCloud[id] = 1;
-      pendingDivertedDemand++;
-      if (model.cloudWaitMs > 0 && cloudPoolCanGrow()) {
-        outcome[id] = WAITING_FOR_CLOUD;
-        waiting++;
-        cloudQueue.push(id);
-        schedule(nowMs + model.maxQueueWaitMs, GIVE_UP, id, 0);
-        schedule(nowMs + model.cloudWaitMs, CLOUD_WAIT_OVER, id, 0);
-        return;
-      }
-      counts.divertedFellBackLocal++;
-      placeOrQueueLocal(id, placementRandom, true);
-      return;
+  private tick(): void {
+    const { policy, model } = this;
+    this.heartbeat();
+    const utilization = utilizationOf(this.usages, policy.utilizationBasis);
+    const share = policy.utilizationBasis === 'measured' ? model.measuredShareOfRequest : 1;
+    const utilizationWithCloudLoad = utilizationOf(this.usages, policy.utilizationBasis, { cpuMillis: share * this.cloudLoad.cpuMillis, memoryMiB: share * this.cloudLoad.memoryMiB });
+    this.diversion = stepDiversion(this.diversion, utilization, this.nowMs, policy, utilizationWithCloudLoad);
+    if (this.nextArrival < this.n) {
+      this.ticksDuringTrace++;
+      this.utilizationSum += utilization;
+      this.peakUtilization = Math.max(this.peakUtilization, utilization);
+      if (this.diversion.diverting) this.divertingTicks++;
     }
-    placeOrQueueLocal(id, placementRandom, false);
-  };
+    this.scaleCloud();
+    // Nodes pull when a sandbox ends; one that had no end since the last tick (idle, or
+    // room that appeared before a create queued) pulls here so nothing waits on it forever.
+    for (let node = 0; node < this.admission.length && this.waiting > 0; node++) if (!this.pulledSinceTick[node]) this.pullLocal(node);
+    this.pulledSinceTick.fill(0);
+    const provisioning = this.liveCloudHosts.some((h) => h.state === 'provisioning');
+    if (this.nextArrival < this.n || this.waiting > 0 || this.running > 0 || provisioning) this.schedule(this.nowMs + model.heartbeatIntervalMs, TICK, 0, 0);
+  }
 
-  /** As the live controller judges it: a host is on its way, or one may still be started. */
-  const cloudPoolCanGrow = () => liveCloudHosts.some((h) => h.state === 'provisioning') || liveCloudHosts.length < policy.maxCloudHosts;
-
-  const placeOrQueueLocal = (id: number, random: () => number, cloudMayTakeIt: boolean) => {
-    if (placeLocal(id, random)) return;
-    if (outcome[id] !== WAITING_FOR_CLOUD) {
-      waiting++;
-      schedule(events[id]!.atMs + model.maxQueueWaitMs, GIVE_UP, id, 0);
-    }
-    outcome[id] = WAITING;
-    localQueue.push(id);
-    if (cloudMayTakeIt) cloudQueue.push(id);
-  };
-
-  const heartbeat = () => {
-    for (let i = 0; i < candidates.length; i++) {
-      const { reserved, sandboxes, capacity } = admission[i]!;
-      const candidate = candidates[i]!;
+  private heartbeat(): void {
+    for (let i = 0; i < this.candidates.length; i++) {
+      const { reserved, sandboxes, capacity } = this.admission[i]!;
+      const candidate = this.candidates[i]!;
       const hb = candidate.heartbeat;
-      hb.atMs = nowMs;
+      hb.atMs = this.nowMs;
       hb.used.cpuMillis = reserved.cpuMillis;
       hb.used.memoryMiB = reserved.memoryMiB;
       hb.sandboxes = sandboxes;
-      hb.measured.cpuLoad = (model.measuredShareOfRequest * reserved.cpuMillis) / capacity.cpuMillis;
-      hb.measured.memoryUsedFraction = (model.measuredShareOfRequest * reserved.memoryMiB) / capacity.memoryMiB;
+      hb.measured.cpuLoad = (this.model.measuredShareOfRequest * reserved.cpuMillis) / capacity.cpuMillis;
+      hb.measured.memoryUsedFraction = (this.model.measuredShareOfRequest * reserved.memoryMiB) / capacity.memoryMiB;
       // The heartbeat shows everything placed so far: nothing is assumed any more.
       candidate.assumed.cpuMillis = 0;
       candidate.assumed.memoryMiB = 0;
       candidate.assumed.sandboxes = 0;
-      const usage = usages[i]!;
+      const usage = this.usages[i]!;
       usage.requested.cpuMillis = reserved.cpuMillis;
       usage.requested.memoryMiB = reserved.memoryMiB;
       usage.measured.cpuFraction = hb.measured.cpuLoad;
       usage.measured.memoryFraction = hb.measured.memoryUsedFraction;
     }
-  };
+  }
 
-  const scaleCloud = () => {
-    while (provisionWindowStart < provisionTimesMs.length && provisionTimesMs[provisionWindowStart]! <= nowMs - 60_000) provisionWindowStart++;
+  private scaleCloud(): void {
+    const { nowMs, provisionTimesMs } = this;
+    while (this.provisionWindowStart < provisionTimesMs.length && provisionTimesMs[this.provisionWindowStart]! <= nowMs - 60_000) this.provisionWindowStart++;
     const plan = planCloudScaling(
       {
-        cloudHosts: liveCloudHosts.map((h) => ({ id: h.id, state: h.state === 'ready' ? 'ready' : 'provisioning', sandboxes: h.sandboxes, idleSinceMs: h.idleSinceMs })),
-        pendingDivertedDemand,
-        provisionsInLastMinute: provisionTimesMs.length - provisionWindowStart,
+        cloudHosts: this.liveCloudHosts.map((h) => ({ id: h.id, state: h.state === 'ready' ? 'ready' : 'provisioning', sandboxes: h.sandboxes, idleSinceMs: h.idleSinceMs })),
+        pendingDivertedDemand: this.pendingDivertedDemand,
+        provisionsInLastMinute: provisionTimesMs.length - this.provisionWindowStart,
         nowMs,
       },
-      policy,
+      this.policy,
     );
     if (plan.terminate.length > 0) {
       const ending = new Set(plan.terminate);
-      for (const host of liveCloudHosts) {
+      for (const host of this.liveCloudHosts) {
         if (!ending.has(host.id)) continue;
         host.state = 'terminated';
-        cloudVmMs += nowMs - host.provisionedAtMs;
+        this.cloudVmMs += nowMs - host.provisionedAtMs;
       }
-      liveCloudHosts = liveCloudHosts.filter((h) => h.state !== 'terminated');
+      this.liveCloudHosts = this.liveCloudHosts.filter((h) => h.state !== 'terminated');
     }
     for (let k = 0; k < plan.provision; k++) {
-      const host: CloudHost = { id: `cloud-${cloudHosts.length}`, index: cloudHosts.length, state: 'provisioning', sandboxes: 0, idleSinceMs: null, provisionedAtMs: nowMs };
-      cloudHosts.push(host);
-      liveCloudHosts.push(host);
+      const host: CloudHost = { id: `cloud-${this.cloudHosts.length}`, index: this.cloudHosts.length, state: 'provisioning', sandboxes: 0, idleSinceMs: null, provisionedAtMs: nowMs };
+      this.cloudHosts.push(host);
+      this.liveCloudHosts.push(host);
       provisionTimesMs.push(nowMs);
-      schedule(nowMs + model.cloudProvisioningDelayMs + model.cloudLayerSyncDelayMs, CLOUD_READY, host.index, host.index);
+      this.schedule(nowMs + this.model.cloudProvisioningDelayMs + this.model.cloudLayerSyncDelayMs, CLOUD_READY, host.index, host.index);
     }
-    peakCloudHosts = Math.max(peakCloudHosts, liveCloudHosts.length);
-  };
+    this.peakCloudHosts = Math.max(this.peakCloudHosts, this.liveCloudHosts.length);
+  }
 
-  let nextArrival = 0;
-  const tick = () => {
-    heartbeat();
-    const utilization = utilizationOf(usages, policy.utilizationBasis);
-    const share = policy.utilizationBasis === 'measured' ? model.measuredShareOfRequest : 1;
-    const utilizationWithCloudLoad = utilizationOf(usages, policy.utilizationBasis, { cpuMillis: share * cloudLoad.cpuMillis, memoryMiB: share * cloudLoad.memoryMiB });
-    diversion = stepDiversion(diversion, utilization, nowMs, policy, utilizationWithCloudLoad);
-    if (nextArrival < n) {
-      ticksDuringTrace++;
-      utilizationSum += utilization;
-      peakUtilization = Math.max(peakUtilization, utilization);
-      if (diversion.diverting) divertingTicks++;
-    }
-    scaleCloud();
-    // Nodes pull when a sandbox ends; one that had no end since the last tick (idle, or
-    // room that appeared before a create queued) pulls here so nothing waits on it forever.
-    for (let node = 0; node < admission.length && waiting > 0; node++) if (!pulledSinceTick[node]) pullLocal(node);
-    pulledSinceTick.fill(0);
-    const provisioning = liveCloudHosts.some((h) => h.state === 'provisioning');
-    if (nextArrival < n || waiting > 0 || running > 0 || provisioning) schedule(nowMs + model.heartbeatIntervalMs, TICK, 0, 0);
-  };
+  // --- events -------------------------------------------------------------------------
 
-  const handle = (event: SimEvent) => {
+  private handle(event: SimEvent): void {
     switch (event.kind) {
       case END_LOCAL: {
-        const state = admission[event.where]!;
-        const create = events[event.id]!;
+        const state = this.admission[event.where]!;
+        const create = this.events[event.id]!;
         state.reserved.cpuMillis -= create.cpuMillis;
         state.reserved.memoryMiB -= create.memoryMiB;
         state.sandboxes--;
-        running--;
-        leaveDivertedDemand(event.id);
-        pullLocal(event.where);
+        this.running--;
+        this.leaveDivertedDemand(event.id);
+        this.pullLocal(event.where);
         break;
       }
       case END_CLOUD: {
-        const host = cloudHosts[event.where]!;
+        const host = this.cloudHosts[event.where]!;
         host.sandboxes--;
-        cloudLoad.cpuMillis -= events[event.id]!.cpuMillis;
-        cloudLoad.memoryMiB -= events[event.id]!.memoryMiB;
-        running--;
-        if (host.sandboxes === 0) host.idleSinceMs = nowMs;
-        pullCloud(event.where);
+        this.cloudLoad.cpuMillis -= this.events[event.id]!.cpuMillis;
+        this.cloudLoad.memoryMiB -= this.events[event.id]!.memoryMiB;
+        this.running--;
+        if (host.sandboxes === 0) host.idleSinceMs = this.nowMs;
+        this.pullCloud(event.where);
         break;
       }
       case CLOUD_READY: {
-        const host = cloudHosts[event.where]!;
+        const host = this.cloudHosts[event.where]!;
         if (host.state !== 'provisioning') break;
         host.state = 'ready';
-        host.idleSinceMs = nowMs;
-        pullCloud(event.where);
+        host.idleSinceMs = this.nowMs;
+        this.pullCloud(event.where);
         break;
       }
       case CLOUD_WAIT_OVER:
-        if (outcome[event.id] !== WAITING_FOR_CLOUD) break;
-        counts.divertedFellBackLocal++;
-        placeOrQueueLocal(event.id, placementRandomOf(event.id), true);
+        if (this.outcome[event.id] !== WAITING_FOR_CLOUD) break;
+        this.counts.divertedFellBackLocal++;
+        this.placeOrQueueLocal(event.id, this.placementRandomOf(event.id), true);
         break;
       case GIVE_UP:
-        if (outcome[event.id] !== WAITING && outcome[event.id] !== WAITING_FOR_CLOUD) break;
-        outcome[event.id] = REFUSED;
-        waitMs[event.id] = model.maxQueueWaitMs;
-        waiting--;
-        leaveDivertedDemand(event.id);
+        if (this.outcome[event.id] !== WAITING && this.outcome[event.id] !== WAITING_FOR_CLOUD) break;
+        this.outcome[event.id] = REFUSED;
+        this.waitMs[event.id] = this.model.maxQueueWaitMs;
+        this.waiting--;
+        this.leaveDivertedDemand(event.id);
         break;
       case TICK:
-        tick();
+        this.tick();
         break;
     }
-  };
-
-  const progressEvery = Math.max(1, Math.floor(n / 200));
-  let handled = 0;
-  schedule(events[0]?.atMs ?? 0, TICK, 0, 0);
-  for (;;) {
-    const top = heap.peek();
-    const arrivalAtMs = nextArrival < n ? events[nextArrival]!.atMs : Infinity;
-    if (top === undefined && arrivalAtMs === Infinity) break;
-    handled++;
-    // At equal times, releases and heartbeats come before the arrival.
-    if (top !== undefined && top.atMs <= arrivalAtMs) {
-      heap.pop();
-      nowMs = top.atMs;
-      handle(top);
-    } else {
-      nowMs = arrivalAtMs;
-      arrive(nextArrival++);
-      if (nextArrival % progressEvery === 0) options.onProgress?.(nextArrival / n);
-    }
   }
-  options.onProgress?.(1);
 
-  // Hosts still up at the end would idle out after idleTerminateMs: bill them until then.
-  for (const host of liveCloudHosts) cloudVmMs += Math.max(nowMs, (host.idleSinceMs ?? nowMs) + policy.idleTerminateMs) - host.provisionedAtMs;
+  // --- the result ---------------------------------------------------------------------
 
-  options.waitsMs?.set(waitMs.subarray(0, Math.min(n, options.waitsMs.length)));
-  const sorted = waitMs.slice().sort();
-  const percentile = (p: number) => (n === 0 ? 0 : sorted[Math.min(n - 1, Math.max(0, Math.ceil((p / 100) * n) - 1))]!);
-  let startedLocal = 0;
-  let startedCloud = 0;
-  let refused = 0;
-  let waited = 0;
-  let waitSum = 0;
-  for (let i = 0; i < n; i++) {
-    if (outcome[i] === STARTED_LOCAL) startedLocal++;
-    else if (outcome[i] === STARTED_CLOUD) startedCloud++;
-    else if (outcome[i] === REFUSED) refused++;
-    if (waitMs[i]! > 0) waited++;
-    waitSum += waitMs[i]!;
+  private summary(): SimResult {
+    // Hosts still up at the end would idle out after idleTerminateMs: bill them until then.
+    for (const host of this.liveCloudHosts) this.cloudVmMs += Math.max(this.nowMs, (host.idleSinceMs ?? this.nowMs) + this.policy.idleTerminateMs) - host.provisionedAtMs;
+    return summarize({
+      outcome: this.outcome,
+      waitMs: this.waitMs,
+      counts: this.counts,
+      byReason: this.byReason,
+      cloudVmMs: this.cloudVmMs,
+      peakCloudHosts: this.peakCloudHosts,
+      cloudProvisions: this.cloudHosts.length,
+      ticksDuringTrace: this.ticksDuringTrace,
+      divertingTicks: this.divertingTicks,
+      utilizationSum: this.utilizationSum,
+      peakUtilization: this.peakUtilization,
+      simulatedMs: this.nowMs,
+      events: this.handled,
+    });
   }
-  const round = (x: number, digits = 0) => Math.round(x * 10 ** digits) / 10 ** digits;
-  return {
-    creates: n,
-    startedLocal,
-    startedCloud,
-    refused,
-    diverted: counts.diverted,
-    divertedFellBackLocal: counts.divertedFellBackLocal,
-    ineligible: byReason.stay_local! + byReason.layers_not_synced!,
-    byReason,
-    overflow: counts.overflow,
-    overflowAbsorbedByCloud: startedCloud,
-    overflowAbsorbedShare: round(counts.overflow === 0 ? 0 : startedCloud / counts.overflow, 4),
-    noLocalRoomAtArrival: counts.noLocalRoomAtArrival,
-    queueWaitP50Ms: round(percentile(50)),
-    queueWaitP99Ms: round(percentile(99)),
-    queueWaitMeanMs: round(n === 0 ? 0 : waitSum / n, 1),
-    waited,
-    cloudVmHours: round(cloudVmMs / 3_600_000, 3),
-    peakCloudHosts,
-    cloudProvisions: cloudHosts.length,
-    divertingTimeShare: round(ticksDuringTrace === 0 ? 0 : divertingTicks / ticksDuringTrace, 4),
-    meanUtilization: round(ticksDuringTrace === 0 ? 0 : utilizationSum / ticksDuringTrace, 4),
-    peakUtilization: round(peakUtilization, 4),
-    simulatedMs: nowMs,
-    events: handled,
-  };
 }
