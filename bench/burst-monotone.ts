@@ -15,7 +15,7 @@ import { BurstPolicy, type TraceEvent } from '../src/api/index.ts';
 import { SimModel, simulate, type SimResult } from '../src/burst/sim/index.ts';
 import { rngStream } from '../src/burst/policy/index.ts';
 import { DEFAULT_TRACE_OPTIONS, generateTrace, type TraceGeneratorOptions } from '../src/burst/trace/index.ts';
-import { progress } from './support/stats.ts';
+import { progressBar } from '../src/report/index.ts';
 
 const CASES = Number(process.env.BENCH_CASES ?? 120);
 const FIRST_SEED = Number(process.env.BENCH_SEED ?? 1);
@@ -90,7 +90,7 @@ let runs = 0;
 let steps = 0;
 const stepsBy: Record<string, number> = {};
 const countStep = (key: string) => (stepsBy[key] = (stepsBy[key] ?? 0) + 1);
-const bar = progress(`burst monotone (${FAMILY})`, CASES);
+const bar = progressBar(`burst monotone (${FAMILY})`, { total: CASES });
 const out = OUT ? fs.openSync(OUT, 'w') : undefined;
 for (let i = 0; i < CASES; i++) {
   const c = drawCase(FIRST_SEED + i);

@@ -11,7 +11,7 @@ import { performance } from 'node:perf_hooks';
 import { BurstPolicy } from '../src/api/index.ts';
 import { SimModel, simulate } from '../src/burst/sim/index.ts';
 import { DEFAULT_TRACE_OPTIONS, generateTrace, readTraceFile, writeTraceFile } from '../src/burst/trace/index.ts';
-import { progress } from './support/stats.ts';
+import { progressBar } from '../src/report/index.ts';
 
 const DURATION_MS = Number(process.env.BENCH_TRACE_SECONDS ?? 86_400) * 1000;
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'rollbox-burst-bench-'));
@@ -24,17 +24,9 @@ try {
   const { header, events } = readTraceFile(file);
   const readMs = performance.now() - started;
 
-  const bar = progress('simulating a day', 100);
-  let shown = 0;
+  const bar = progressBar('simulating a day');
   started = performance.now();
-  const result = simulate(events, BurstPolicy.parse({}), SimModel.parse({}), new Set(header?.syncedLayers ?? []), {
-    onProgress: (fraction) => {
-      while (shown < Math.floor(fraction * 100)) {
-        shown++;
-        bar.tick();
-      }
-    },
-  });
+  const result = simulate(events, BurstPolicy.parse({}), SimModel.parse({}), new Set(header?.syncedLayers ?? []), { onProgress: (fraction) => bar.update(fraction) });
   const simulateMs = performance.now() - started;
   bar.done();
 

@@ -7,10 +7,9 @@
 import path from 'node:path';
 import { Redis } from 'ioredis';
 import { api, startTestCluster } from '../test/support/cluster.ts';
-import { writeCdfChart } from './support/chart.ts';
 import { callsPerOperation } from './support/redis-calls.ts';
 import { rawRuncRunFloor, timed } from './support/runc-floor.ts';
-import { progress, summarize } from './support/stats.ts';
+import { progressBar, summarize, writeCdfChart } from '../src/report/index.ts';
 
 const SERIAL = Number(process.env.BENCH_SERIAL ?? 60);
 const CONCURRENT = Number(process.env.BENCH_CONCURRENT ?? 150);
@@ -41,7 +40,7 @@ try {
   for (let i = 0; i < 5; i++) await create(); // warm-up: layer mount, JIT, connections
   const template = created[0]!;
 
-  const serialBar = progress('serial creates', SERIAL);
+  const serialBar = progressBar('serial creates', { total: SERIAL });
   const serial: number[] = [];
   for (let i = 0; i < SERIAL; i++) {
     serial.push(await timed(create));
@@ -50,15 +49,15 @@ try {
   serialBar.done();
 
   const workerDir = path.join(cluster.rootDir, 'bench-node', 'worker');
-  const floorBar = progress('raw runc run -d (floor)', FLOOR);
+  const floorBar = progressBar('raw runc run -d (floor)', { total: FLOOR });
   const floor = (await rawRuncRunFloor({ workerDir, templateSandboxId: template, runs: FLOOR, onRun: floorBar.tick })).samplesMs;
   floorBar.done();
-  const floorConcurrentBar = progress(`raw runc run -d (x${CONCURRENCY})`, FLOOR);
+  const floorConcurrentBar = progressBar(`raw runc run -d (x${CONCURRENCY})`, { total: FLOOR });
   const floorConcurrent = await rawRuncRunFloor({ workerDir, templateSandboxId: template, runs: FLOOR, concurrency: CONCURRENCY, onRun: floorConcurrentBar.tick });
   floorConcurrentBar.done();
   await releaseAll();
 
-  const concurrentBar = progress(`concurrent creates (x${CONCURRENCY})`, CONCURRENT);
+  const concurrentBar = progressBar(`concurrent creates (x${CONCURRENCY})`, { total: CONCURRENT });
   const concurrent: number[] = [];
   let next = 0;
   const started = performance.now();

@@ -10,10 +10,9 @@
 import path from 'node:path';
 import { Redis } from 'ioredis';
 import { api, startTestCluster } from '../test/support/cluster.ts';
-import { writeCdfChart } from './support/chart.ts';
 import { backgroundCallsPerSecond, callsPerOperation } from './support/redis-calls.ts';
 import { rawRuncExecFloor, timed } from './support/runc-floor.ts';
-import { progress, summarize } from './support/stats.ts';
+import { progressBar, summarize, writeCdfChart } from '../src/report/index.ts';
 
 const RUNS = Number(process.env.BENCH_RUNS ?? 300);
 const PACED_RUNS = Number(process.env.BENCH_PACED_RUNS ?? 60);
@@ -48,7 +47,7 @@ try {
     }
   };
   const sample = async (label: string, id: string, runs: number, thinkMs = 0) => {
-    const bar = progress(label, runs);
+    const bar = progressBar(label, { total: runs });
     const samples: number[] = [];
     for (let i = 0; i < runs; i++) {
       if (thinkMs) await new Promise((r) => setTimeout(r, thinkMs));
@@ -76,7 +75,7 @@ try {
   await cluster.addWorker({ nodeId: 'bench-idle', env: { ROLLBOX_HEARTBEAT_MS: '1000' } });
   const twoWorkers = await backgroundCallsPerSecond(redis);
 
-  const floorBar = progress('raw runc exec (floor)', FLOOR_RUNS);
+  const floorBar = progressBar('raw runc exec (floor)', { total: FLOOR_RUNS });
   const floor = await rawRuncExecFloor({ workerDir: path.join(cluster.rootDir, 'bench-node', 'worker'), sandboxId: sandbox, argv: ARGV, runs: FLOOR_RUNS, onRun: floorBar.tick });
   floorBar.done();
   await Promise.all([sandbox, small].map((id) => api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`)));

@@ -6,9 +6,8 @@
 import { randomBytes } from 'node:crypto';
 import path from 'node:path';
 import { api, startTestCluster } from '../test/support/cluster.ts';
-import { writeCdfChart } from './support/chart.ts';
 import { timed } from './support/runc-floor.ts';
-import { progress, summarize } from './support/stats.ts';
+import { progressBar, summarize, writeCdfChart } from '../src/report/index.ts';
 
 const RUNS = Number(process.env.BENCH_RUNS ?? 200);
 const BIG_RUNS = Number(process.env.BENCH_BIG_RUNS ?? 30);
@@ -33,7 +32,7 @@ try {
     if (r.status !== 200 || !body.equals(expected)) throw new Error(`read failed: ${r.status} (${body.length} bytes)`);
   };
   const measure = async (label: string, sizeBytes: number, runs: number) => {
-    const bar = progress(label, runs * 2);
+    const bar = progressBar(label, { total: runs * 2 });
     const writes: number[] = [];
     const reads: number[] = [];
     for (let i = 0; i < runs; i++) {

@@ -6,7 +6,7 @@
  */
 import { readFileSync } from 'node:fs';
 import { api, startTestCluster } from '../test/support/cluster.ts';
-import { progress } from './support/stats.ts';
+import { progressBar } from '../src/report/index.ts';
 
 const SANDBOXES = Number(process.env.BENCH_SANDBOXES ?? 300);
 const CONCURRENCY = 4;
@@ -38,7 +38,7 @@ try {
   await one(); // the base layer mounted, the scratch filesystem made, code warm
   await settle();
   const before = usedMiB();
-  const bar = progress('idle sandboxes', SANDBOXES);
+  const bar = progressBar('idle sandboxes', { total: SANDBOXES });
   let next = 0;
   await Promise.all(
     Array.from({ length: CONCURRENCY }, async () => {

@@ -14,9 +14,8 @@ import os from 'node:os';
 import path from 'node:path';
 import { loadConfig } from '../src/config/index.ts';
 import { api, startTestCluster } from '../test/support/cluster.ts';
-import { writeCdfChart } from './support/chart.ts';
 import { timed } from './support/runc-floor.ts';
-import { progress, summarize } from './support/stats.ts';
+import { progressBar, summarize, writeCdfChart } from '../src/report/index.ts';
 
 const RUNS = Number(process.env.BENCH_RUNS ?? 120);
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
@@ -76,7 +75,7 @@ try {
     for (const phase of PHASES) {
       // Deleting a neighbour ends its busy loop (and the background command running it).
       const neighbours = phase === 'alone' ? [] : await startNeighbours(phase === 'protected' ? 'besteffort' : 'latency');
-      const bar = progress(`round ${round}/${ROUNDS} ${phase}`, perRound);
+      const bar = progressBar(`round ${round}/${ROUNDS} ${phase}`, { total: perRound });
       const tree = phase === 'protected' ? 'rollbox-besteffort' : 'rollbox';
       const cpuBefore = classCpuNs(tree);
       const wallBefore = performance.now();

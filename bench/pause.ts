@@ -8,9 +8,8 @@ import { execFile } from 'node:child_process';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { api, startTestCluster } from '../test/support/cluster.ts';
-import { writeCdfChart } from './support/chart.ts';
 import { sandboxPaths, timed } from './support/runc-floor.ts';
-import { progress, summarize } from './support/stats.ts';
+import { progressBar, summarize, writeCdfChart } from '../src/report/index.ts';
 
 const run = promisify(execFile);
 
@@ -30,7 +29,7 @@ try {
   };
   const pauses: number[] = [];
   const resumes: number[] = [];
-  const bar = progress('pause + resume via HTTP', RUNS);
+  const bar = progressBar('pause + resume via HTTP', { total: RUNS });
   for (let i = 0; i < RUNS; i++) {
     pauses.push(await timed(() => call('pause')));
     resumes.push(await timed(() => call('resume')));
@@ -41,7 +40,7 @@ try {
   const { runcRoot, containerId } = sandboxPaths(path.join(cluster.rootDir, 'bench-node', 'worker'), sandbox.id);
   const floorPauses: number[] = [];
   const floorResumes: number[] = [];
-  const floorBar = progress('raw runc pause + resume', RUNS);
+  const floorBar = progressBar('raw runc pause + resume', { total: RUNS });
   for (let i = 0; i < RUNS; i++) {
     floorPauses.push(await timed(() => run('runc', ['--root', runcRoot, 'pause', containerId])));
     floorResumes.push(await timed(() => run('runc', ['--root', runcRoot, 'resume', containerId])));
@@ -54,7 +53,7 @@ try {
   const hibernation: { writableMiB: number; hibernateP50Ms: number; wakeP50Ms: number }[] = [];
   const sizes = (process.env.BENCH_HIBERNATE_MIB ?? '0,16,64').split(',').map(Number);
   const hibernateRuns = Number(process.env.BENCH_HIBERNATE_RUNS ?? 5);
-  const hBar = progress('hibernate + wake', sizes.length * hibernateRuns);
+  const hBar = progressBar('hibernate + wake', { total: sizes.length * hibernateRuns });
   for (const mib of sizes) {
     const hib: number[] = [];
     const wake: number[] = [];

@@ -8,10 +8,9 @@
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { api, startTestCluster, waitFor } from '../test/support/cluster.ts';
-import { writeCdfChart } from './support/chart.ts';
 import { jsonClient } from './support/http.ts';
 import { timed } from './support/runc-floor.ts';
-import { progress, summarize } from './support/stats.ts';
+import { progressBar, summarize, writeCdfChart } from '../src/report/index.ts';
 
 const ROLLOUTS = Number(process.env.BENCH_ROLLOUTS ?? 60);
 const TURNS = Number(process.env.BENCH_TURNS ?? 10);
@@ -29,7 +28,7 @@ try {
   const execMs: number[] = [];
   const createMs: number[] = [];
   const hops = new Map<string, number[]>();
-  const bar = progress(`rollouts (x${CONCURRENCY})`, ROLLOUTS * TURNS);
+  const bar = progressBar(`rollouts (x${CONCURRENCY})`, { total: ROLLOUTS * TURNS });
 
   const rollout = async (k: number) => {
     let id = '';

@@ -5,7 +5,7 @@
  */
 import { api, startTestCluster } from '../test/support/cluster.ts';
 import { timed } from './support/runc-floor.ts';
-import { progress, summarize } from './support/stats.ts';
+import { progressBar, summarize } from '../src/report/index.ts';
 
 const SIZES_MIB = (process.env.BENCH_SNAPSHOT_MIB ?? '0,16,64').split(',').map(Number);
 const RUNS = Number(process.env.BENCH_RUNS ?? 5);
@@ -20,7 +20,7 @@ try {
     return r.body;
   };
   const rows: { writableMiB: number; snapshotP50Ms: number; snapshotP99Ms: number; restoreCreateP50Ms: number; baseCreateP50Ms: number }[] = [];
-  const bar = progress('snapshot + restore', SIZES_MIB.length * RUNS);
+  const bar = progressBar('snapshot + restore', { total: SIZES_MIB.length * RUNS });
   for (const mib of SIZES_MIB) {
     const snapshots: number[] = [];
     const restores: number[] = [];

@@ -75,7 +75,10 @@ describe('resource walls', () => {
     // A CPU quota keeps the bomb from starving the other test files running beside this one.
     const bomb = await createSandbox({ resources: { pids: 64, memoryMiB: 128, cpuMillis: 250 } });
     const running = run(bomb, 'bomb() { bomb | bomb & }; bomb', { timeoutMs: 3000 });
-    await new Promise((r) => setTimeout(r, 500));
+    let ended = false;
+    void running.finally(() => (ended = true));
+    const pidsCurrent = path.join('/sys/fs/cgroup/pids/rollbox', NODE, `rb-${bomb}`, 'pids.current');
+    await waitFor('the bomb to fill its pids limit', async () => ended || Number(fs.readFileSync(pidsCurrent, 'utf8')) >= 32);
     await expectNeighbourUnaffected(); // while the bomb is going off
     const bombed = await running;
     expect(bombed.stderr).toMatch(/can't fork|Resource temporarily unavailable/);

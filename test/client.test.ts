@@ -32,11 +32,13 @@ describe('TypeScript client', () => {
   });
 
   it('retries through a gateway restart with the same commandId, running the command once', async () => {
-    const client = new RollboxClient({ baseUrl: cluster.url, token, retry: { attempts: 20, baseDelayMs: 100, maxDelayMs: 500 } });
+    let failedOnce: () => void = () => {};
+    const failed = new Promise<void>((resolve) => (failedOnce = resolve));
+    const client = new RollboxClient({ baseUrl: cluster.url, token, retry: { attempts: 20, baseDelayMs: 100, maxDelayMs: 500 }, onRetry: ({ error }) => error.code === 'network' && failedOnce() });
     const sandbox = await client.createSandbox();
     await cluster.stopGateway();
     const pending = client.exec(sandbox.id, { cmd: 'echo once >> /root/o; cat /root/o', commandId: 'during-restart' });
-    await new Promise((r) => setTimeout(r, 700));
+    await failed; // the client found the gateway down and is retrying
     await cluster.startGateway();
     expect((await pending).stdout).toBe('once\n');
     expect(await client.exec(sandbox.id, { cmd: 'echo once >> /root/o; cat /root/o', commandId: 'during-restart' })).toMatchObject({ stdout: 'once\n', replayed: true });

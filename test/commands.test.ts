@@ -56,7 +56,8 @@ describe('command log', () => {
     expect(sandbox).toBeDefined();
     const long = { cmd: 'echo started >> /root/side-effect; sleep 30', commandId: 'long-1', timeoutMs: 60_000 };
     const pending = exec(sandbox!.id, long);
-    await new Promise((r) => setTimeout(r, 1000));
+    // Kill the worker once the command is running in the sandbox (its side effect is there).
+    await waitFor('the long command to start', async () => (await exec(sandbox!.id, { argv: ['cat', '/root/side-effect'] })).body.stdout === 'started\n');
     child.kill('SIGKILL');
     const answer = await pending;
     expect(answer.status).toBe(409);

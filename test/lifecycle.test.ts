@@ -83,10 +83,9 @@ describe('sandbox lifecycle', () => {
 
   it('kills a command at its timeout together with its background children', async () => {
     const { body: sandbox } = await api(cluster, token, 'POST', '/v1/sandboxes', {});
-    const started = Date.now();
+    // The answer comes (well inside the test's own timeout) only because the timeout fired.
     const result = await exec(sandbox.id, { cmd: 'sleep 300 & sleep 301; echo never', timeoutMs: 500 });
-    expect(result.body).toMatchObject({ timedOut: true });
-    expect(Date.now() - started).toBeLessThan(10_000);
+    expect(result.body).toMatchObject({ timedOut: true, stdout: '' });
     const ps = await exec(sandbox.id, { cmd: 'ps -o args' });
     expect(ps.body.stdout).not.toContain('sleep 30');
     await api(cluster, token, 'DELETE', `/v1/sandboxes/${sandbox.id}`);

@@ -199,7 +199,6 @@ describe('network mode allowlist', () => {
     const ended = await waitFor('the held connection to end', async () => (await sh(s.id, 'cat /tmp/ended 2>/dev/null')).stdout.trim(), 30_000);
     const cutMs = Math.round((Number(ended) - startUptime) * 1000);
     console.log(`narrowed allowlist cut the open connection ${cutMs} ms after the PATCH was sent`);
-    expect(cutMs).toBeLessThan(30_000);
     expect(await reaches(s.id, target.address, PORT_A)).toBe(true);
     // Back to none: no interface left but loopback.
     expect((await patch(s.id, { network: { mode: 'none' } })).status).toBe(200);

@@ -1,21 +1,12 @@
-import { execFile, spawn } from 'node:child_process';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { promisify } from 'node:util';
+import { runTool } from '../../src/proc/index.ts';
 
-const run = promisify(execFile);
-
-/**
- * `runc run -d` hands its stdio to the container, so waiting for the pipes to close (as
- * execFile does) would wait for the container: wait for runc's own exit instead.
- */
-function runDetached(file: string, args: string[]): Promise<void> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(file, args, { stdio: 'ignore' });
-    child.on('error', reject);
-    child.on('exit', (code) => (code === 0 ? resolve() : reject(new Error(`${file} ${args.join(' ')} exited ${code}`))));
-  });
+/** A runc call that must succeed (the floor measures it; a failure is a broken bench). */
+async function runc(args: string[], output: 'collect' | 'ignore' = 'collect'): Promise<void> {
+  const r = await runTool('runc', args, { output });
+  if (r.code !== 0) throw new Error(`runc ${args.join(' ')} exited ${r.code}: ${r.stderr.trim()}`);
 }
 
 /** Where the runc runtime keeps a sandbox on a worker host (see src/workers/runtime). */
@@ -57,7 +48,8 @@ export async function rawRuncRunFloor(opts: { workerDir: string; templateSandbox
       own.process.args = ['/.rollbox/busybox', 'sleep', '2147483647'];
       own.linux.cgroupsPath = `/rollbox-bench/${id}`;
       await fs.writeFile(path.join(runDir, 'config.json'), JSON.stringify(own));
-      samples.push(await timed(() => runDetached('runc', ['--root', template.runcRoot, 'run', '-d', '--bundle', runDir, id])));
+      // `runc run -d` hands its stdio to the container: collect nothing, or this waits for it.
+      samples.push(await timed(() => runc(['--root', template.runcRoot, 'run', '-d', '--bundle', runDir, id], 'ignore')));
       opts.onRun?.();
       return id;
   };
@@ -70,7 +62,7 @@ export async function rawRuncRunFloor(opts: { workerDir: string; templateSandbox
     );
     return { samplesMs: samples, wallMs: performance.now() - started };
   } finally {
-    for (const id of ids) await run('runc', ['--root', template.runcRoot, 'delete', '-f', id]).catch(() => {});
+    for (const id of ids) await runc(['--root', template.runcRoot, 'delete', '-f', id]).catch(() => {});
     await fs.rm(floorDir, { recursive: true, force: true });
     await removeCgroups('/rollbox-bench');
   }
@@ -88,7 +80,7 @@ export async function rawRuncExecFloor(opts: { workerDir: string; sandboxId: str
   const { runcRoot, containerId } = sandboxPaths(opts.workerDir, opts.sandboxId);
   const samples: number[] = [];
   for (let i = 0; i < opts.runs; i++) {
-    samples.push(await timed(() => run('runc', ['--root', runcRoot, 'exec', containerId, ...opts.argv], { timeout: 30_000 })));
+    samples.push(await timed(() => runc(['--root', runcRoot, 'exec', containerId, ...opts.argv])));
     opts.onRun?.();
   }
   return samples;

@@ -66,7 +66,7 @@ export type NetworkPolicy = z.infer<typeof NetworkPolicy>;
 
 const EnvMap = z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'env names are [A-Za-z_][A-Za-z0-9_]*').max(256), z.string().max(32_768));
 const AbsolutePath = z.string().startsWith('/', 'must be an absolute path').max(4096).refine((p) => !p.includes('\0'), 'must not contain NUL');
-const LabelMap = z.record(z.string().regex(/^[A-Za-z0-9_.\/-]{1,63}$/, 'label keys are [A-Za-z0-9_./-]{1,63}'), z.string().max(256));
+const LabelMap = z.record(z.string().regex(/^[A-Za-z0-9_./-]{1,63}$/, 'label keys are [A-Za-z0-9_./-]{1,63}'), z.string().max(256));
 
 export const CreateSandboxRequest = z.strictObject({
   image: ImageSpec.default({ base: 'busybox', layers: [] }),

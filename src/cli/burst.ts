@@ -9,6 +9,7 @@ import type { Command } from 'commander';
 import { BurstPolicy, type TraceEvent } from '../api/index.ts';
 import { parseTtl } from '../iam/index.ts';
 import { DEFAULT_TRACE_OPTIONS, generateTrace, readTraceFile, writeTraceFile } from '../burst/trace/index.ts';
+import { progressBar } from '../report/index.ts';
 import { SimModel, capStepRiseLine, capStepRises, runSweep, simulate, sweepCsv, sweepSvg, type SimResult } from '../burst/sim/index.ts';
 
 /** `90s`, `10m`, `1h`, `1d`, a bare number of seconds, or 0. */
@@ -30,7 +31,7 @@ function readJson(file: string): unknown {
   try {
     return JSON.parse(fs.readFileSync(file, 'utf8'));
   } catch (err) {
-    throw new Error(`${file}: ${err instanceof Error ? err.message : String(err)}`);
+    throw new Error(`${file}: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
   }
 }
 
@@ -39,27 +40,8 @@ function parseOrExplain<T>(what: string, parse: () => T): T {
     return parse();
   } catch (err) {
     const issues = (err as { issues?: { path: PropertyKey[]; message: string }[] }).issues;
-    throw new Error(`${what}: ${issues ? issues.map((i) => `${i.path.join('.') || '(root)'}: ${i.message}`).join('; ') : String(err)}`);
+    throw new Error(`${what}: ${issues ? issues.map((i) => `${i.path.join('.') || '(root)'}: ${i.message}`).join('; ') : String(err)}`, { cause: err });
   }
-}
-
-/** A one-line bar on stderr, drawn only on a terminal or when asked, so tests and pipes stay quiet. */
-function progressBar(label: string, enabled: boolean): { update(fraction: number, note?: string): void; done(): void } {
-  let last = '';
-  return {
-    update(fraction, note = '') {
-      if (!enabled) return;
-      const percent = Math.floor(fraction * 100);
-      if (`${percent} ${note}` === last) return;
-      last = `${percent} ${note}`;
-      const width = 30;
-      const filled = Math.round(fraction * width);
-      process.stderr.write(`\r${label} [${'#'.repeat(filled)}${'.'.repeat(width - filled)}] ${String(percent).padStart(3)}% ${note}`);
-    },
-    done() {
-      if (enabled) process.stderr.write('\n');
-    },
-  };
 }
 
 interface ModelFlags {
@@ -194,7 +176,7 @@ export function registerBurstCommands(program: Command): void {
       .requiredOption('--trace <file>', 'trace file (JSON lines)'),
   ).action((flags) => {
     const { policy, model, events, synced } = loadInputs(flags);
-    const bar = progressBar('simulating', Boolean(flags.progress) || process.stderr.isTTY);
+    const bar = progressBar('simulating', { enabled: Boolean(flags.progress) || process.stderr.isTTY });
     const started = performance.now();
     const result = simulate(events, policy, model, synced, { onProgress: (f) => bar.update(f) });
     bar.done();
@@ -214,7 +196,7 @@ export function registerBurstCommands(program: Command): void {
   ).action((flags) => {
     const { policy, model, events, synced } = loadInputs(flags);
     const grid = { thresholds: numberList(flags.thresholds), gaps: numberList(flags.gaps), caps: numberList(flags.caps) };
-    const bar = progressBar('sweep', Boolean(flags.progress) || process.stderr.isTTY);
+    const bar = progressBar('sweep', { enabled: Boolean(flags.progress) || process.stderr.isTTY });
     const rows = runSweep(events, synced, policy, model, grid, (fraction, done, total) => bar.update(fraction, `${done}/${total} runs`));
     bar.done();
     fs.mkdirSync(flags.out, { recursive: true });

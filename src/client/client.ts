@@ -35,6 +35,8 @@ export interface RollboxClientOptions {
   token: string;
   retry?: Partial<RetryPolicy>;
   fetch?: typeof fetch;
+  /** Called before each retry (for logs and metrics): which try failed, why, and the wait before the next. */
+  onRetry?: (retry: { attempt: number; error: RollboxApiError; delayMs: number }) => void;
 }
 
 /** An error answer from the API, with its code from the error table. */
@@ -243,7 +245,9 @@ export class RollboxClient {
   /** Exponential backoff with jitter, never shorter than the server's Retry-After. */
   private async backoff(attempt: number, error: RollboxApiError): Promise<void> {
     const backoffMs = Math.min(this.retry.maxDelayMs, this.retry.baseDelayMs * 2 ** (attempt - 1)) * (0.5 + Math.random() / 2);
-    await new Promise((r) => setTimeout(r, Math.max(backoffMs, (error.retryAfterSeconds ?? 0) * 1000)));
+    const delayMs = Math.max(backoffMs, (error.retryAfterSeconds ?? 0) * 1000);
+    this.options.onRetry?.({ attempt, error, delayMs });
+    await new Promise((r) => setTimeout(r, delayMs));
   }
 }
 
@@ -260,7 +264,7 @@ async function apiErrorOf(response: Response): Promise<RollboxApiError> {
 }
 
 /** Server-sent events of a response body: `event`, `id` and (multi-line) `data` fields. */
-async function* serverSentEvents(body: ReadableStream<Uint8Array>): AsyncGenerator<{ event: string; id?: string; data: string }> {
+export async function* serverSentEvents(body: ReadableStream<Uint8Array>): AsyncGenerator<{ event: string; id?: string; data: string }> {
   const decoder = new TextDecoder();
   let buffer = '';
   for await (const bytes of body as unknown as AsyncIterable<Uint8Array>) {

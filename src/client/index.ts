@@ -1,2 +1,2 @@
-export { RollboxClient, RollboxApiError } from './client.ts';
+export { RollboxClient, RollboxApiError, serverSentEvents } from './client.ts';
 export type { ExecStreamEvent, RollboxClientOptions, RetryPolicy } from './client.ts';

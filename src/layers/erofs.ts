@@ -1,6 +1,6 @@
 import { open } from 'node:fs/promises';
 import { RollboxError } from '../api/index.ts';
-import { runToolOk } from './proc.ts';
+import { runToolOk } from '../proc/index.ts';
 
 const SUPER_OFFSET = 1024;
 const EROFS_MAGIC = 0xe0f5e1e2;

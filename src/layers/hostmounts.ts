@@ -1,5 +1,8 @@
 import { readFile, readdir, readlink, stat } from 'node:fs/promises';
 import path from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { RollboxError } from '../api/index.ts';
+import { runTool } from '../proc/index.ts';
 
 export interface MountInfo {
   mountPoint: string;
@@ -85,4 +88,36 @@ export async function listLoopDevices(): Promise<LoopDevice[]> {
     if (backingFile) out.push({ device: `/dev/${n}`, backingFile });
   }
   return out;
+}
+
+export interface UnmountOptions {
+  umountBinary?: string;
+  /** When it stays busy: detach it lazily (`umount -l`) instead of failing. */
+  lazyFallback: boolean;
+  /** Told when it falls back to a lazy detach (operators want to know). */
+  onLazy?: (stderr: string) => void;
+}
+
+/**
+ * Unmount `dir` on the host: `'not-mounted'`, `'unmounted'`, or `'detached'` (lazily; the
+ * kernel finishes once the last user is gone). Throws if it stays mounted. A sandbox's
+ * mounts are released with its container's mount namespace, which the kernel may finish
+ * tearing down just after the last process is reaped: EBUSY is retried briefly (5 ms
+ * doubling to 640 ms, about 1.3 s in all) before the lazy fallback.
+ */
+export async function unmount(dir: string, opts: UnmountOptions): Promise<'not-mounted' | 'unmounted' | 'detached'> {
+  if (!(await isMountPoint(dir))) return 'not-mounted';
+  const umount = opts.umountBinary ?? 'umount';
+  let r = await runTool(umount, [dir]);
+  for (let delayMs = 5; r.code !== 0 && delayMs <= 640 && (await isMountPoint(dir)); delayMs *= 2) {
+    await sleep(delayMs);
+    r = await runTool(umount, [dir]);
+  }
+  if (r.code === 0 || !(await isMountPoint(dir))) return 'unmounted';
+  if (opts.lazyFallback) {
+    opts.onLazy?.(r.stderr.trim());
+    r = await runTool(umount, ['-l', dir]);
+    if (r.code === 0 || !(await isMountPoint(dir))) return 'detached';
+  }
+  throw new RollboxError('internal', `unmounting ${dir} failed: ${r.stderr.trim()}`);
 }

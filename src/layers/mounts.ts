@@ -3,8 +3,8 @@ import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { RollboxError } from '../api/index.ts';
 import { hexOfDigest } from './digest.ts';
-import { isMountPoint, listLoopDevices, loopBackingFile, loopDeviceOf, readMountInfo } from './hostmounts.ts';
-import { runTool } from './proc.ts';
+import { isMountPoint, listLoopDevices, loopBackingFile, loopDeviceOf, readMountInfo, unmount } from './hostmounts.ts';
+import { runTool } from '../proc/index.ts';
 
 export interface LayerLogger {
   warn(obj: object, msg?: string): void;
@@ -196,22 +196,13 @@ export class LayerMounts {
   private async unmountDir(dir: string, lazyFallback: boolean): Promise<boolean> {
     if (!(await isMountPoint(dir))) return false;
     const loop = await loopDeviceOf(dir);
-    const umount = this.deps.umountBinary ?? 'umount';
-    // A sandbox's overlay goes away with its container's mount namespace, which the kernel
-    // may finish tearing down just after the last process is reaped: retry EBUSY briefly.
-    let r = await runTool(umount, [dir]);
-    for (let delayMs = 5; r.code !== 0 && delayMs <= 640 && (await isMountPoint(dir)); delayMs *= 2) {
-      await sleep(delayMs);
-      r = await runTool(umount, [dir]);
-    }
-    if (r.code !== 0 && !(await isMountPoint(dir))) r = { ...r, code: 0 };
-    if (r.code !== 0 && lazyFallback) {
-      this.deps.logger?.warn({ dir, stderr: r.stderr.trim() }, 'layer busy; detaching lazily');
-      r = await runTool(umount, ['-l', dir]);
-      if (r.code === 0) return true; // autoclear detaches the loop device once the last user is gone
-    }
-    if (r.code !== 0) throw new RollboxError('internal', `unmounting layer ${dir} failed: ${r.stderr.trim()}`);
-    if (loop) await this.detachLoop(loop.device, loop.backingFile);
+    const outcome = await unmount(dir, {
+      umountBinary: this.deps.umountBinary,
+      lazyFallback,
+      onLazy: (stderr) => this.deps.logger?.warn({ dir, stderr }, 'layer busy; detaching lazily'),
+    });
+    // Lazily detached: autoclear frees the loop device once the last user is gone.
+    if (outcome === 'unmounted' && loop) await this.detachLoop(loop.device, loop.backingFile);
     return true;
   }
 

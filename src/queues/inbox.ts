@@ -1,5 +1,6 @@
 import type { Redis } from 'ioredis';
 import { keys } from '../registry/index.ts';
+import { LuaScript } from '../redis/index.ts';
 
 /**
  * Each worker host's inboxes: one Redis list per lane (`create` requests, `ops` on its
@@ -43,12 +44,7 @@ export interface InboxConsumerOptions {
   blockSeconds?: number;
 }
 
-/** Puts what a previous process of this host left in `taken` back at the consuming end. */
-const REQUEUE = `
-local n = 0
-while redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT') do n = n + 1 end
-return n
-`;
+const REQUEUE = new LuaScript(import.meta.dirname, 'requeue-taken');
 
 export class InboxConsumer {
   private stopped = false;
@@ -69,7 +65,7 @@ export class InboxConsumer {
 
   /** Requeues the previous process's unfinished messages, then takes messages until stopped. */
   async start(): Promise<number> {
-    const requeued = Number(await this.options.redis.eval(REQUEUE, 2, this.takenKey, this.inboxKey));
+    const requeued = Number(await REQUEUE.run(this.options.redis, [this.takenKey, this.inboxKey], []));
     this.loop = this.run();
     return requeued;
   }

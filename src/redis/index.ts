@@ -2,3 +2,4 @@ export { startRedisServer } from './server.ts';
 export type { RedisServerHandle } from './server.ts';
 export { connectRedis } from './connect.ts';
 export { BlockingPool } from './blocking-pool.ts';
+export { LuaScript } from './lua.ts';

@@ -1,72 +1,22 @@
 import type { Redis } from 'ioredis';
 import { CommandRecord, type ExecResult } from '../api/index.ts';
 import { keys } from './keys.ts';
-import { LuaScript } from './lua.ts';
+import { LuaScript } from '../redis/index.ts';
 
 /** Commands stay replayable this long after they were queued. */
 const COMMAND_TTL_SEC = 7 * 24 * 3600;
 /** A node's ops inbox key around its id: the claim script completes it with the node it reads. */
 const [OPS_INBOX_PREFIX, OPS_INBOX_SUFFIX] = keys.inbox('\0', 'ops').split('\0');
 
-/**
- * Looks the sandbox up, records a new command and puts its operation in the inbox of the
- * sandbox's node, in one step: a command is never recorded without being sent, and the
- * gateway's exec costs one round trip to Redis before the command runs.
- * KEYS: sandbox, command, sandboxLog   ARGV: tenant, inboxPrefix, inboxSuffix, ttl, queuedAtMs,
- *   commandRef, op json, then record fields (the node is added here)
- * Returns {'claimed', node} | {'exists'} (the commandId was used before in this sandbox) |
- *   {'missing'} (no such sandbox of this tenant) | {'state', state, failureReason}.
- */
-const CLAIM = new LuaScript(`
-local sb = redis.call('HMGET', KEYS[1], 'tenant', 'state', 'node', 'failureReason')
-if sb[1] ~= ARGV[1] then return {'missing'} end
-if redis.call('EXISTS', KEYS[2]) == 1 then return {'exists'} end
-if sb[2] ~= 'running' or not sb[3] then return {'state', sb[2], sb[4] or ''} end
-redis.call('HSET', KEYS[2], 'node', sb[3], unpack(ARGV, 8))
-redis.call('EXPIRE', KEYS[2], tonumber(ARGV[4]))
-redis.call('ZADD', KEYS[3], tonumber(ARGV[5]), ARGV[6])
-redis.call('EXPIRE', KEYS[3], tonumber(ARGV[4]))
-redis.call('LPUSH', ARGV[2] .. sb[3] .. ARGV[3], ARGV[7])
-return {'claimed', sb[3]}
-`);
+const CLAIM = new LuaScript(import.meta.dirname, 'claim-command');
 
 export type ClaimOutcome = { kind: 'claimed'; node: string } | { kind: 'exists' } | { kind: 'missing' } | { kind: 'state'; state: string; failureReason: string };
 
-/** KEYS: command   ARGV: requestId, startedAt. Only the request that queued it may start it, once. */
-const START = new LuaScript(`
-local cur = redis.call('HMGET', KEYS[1], 'state', 'requestId')
-if cur[1] ~= 'queued' or cur[2] ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'state', 'running', 'startedAt', ARGV[2])
-return 1
-`);
+const START = new LuaScript(import.meta.dirname, 'start-command');
 
-/**
- * The command's result, its inbox message acknowledged, its gateway told, in one step.
- * KEYS: command, taken (or '')   ARGV: endedAt, result json, taken message (or ''), reply channel, reply json
- * Never overwrites a settled command (one reported unknown stays unknown). Returns 1 if settled now.
- */
-const COMPLETE = new LuaScript(`
-if KEYS[2] ~= '' then redis.call('LREM', KEYS[2], 1, ARGV[3]) end
-local state = redis.call('HGET', KEYS[1], 'state')
-if state ~= 'queued' and state ~= 'running' then return 0 end
-redis.call('HSET', KEYS[1], 'state', 'done', 'endedAt', ARGV[1], 'result', ARGV[2])
-redis.call('PUBLISH', ARGV[4], ARGV[5])
-return 1
-`);
+const COMPLETE = new LuaScript(import.meta.dirname, 'complete-command');
 
-/**
- * Its outcome cannot be known (its host died or restarted while it ran): recorded, and the
- * gateway waiting on it told at once. KEYS: command   ARGV: endedAt, replyChannelPrefix, message
- */
-const UNKNOWN = new LuaScript(`
-local cur = redis.call('HMGET', KEYS[1], 'state', 'replyTo', 'requestId')
-if cur[1] ~= 'queued' and cur[1] ~= 'running' then return 0 end
-redis.call('HSET', KEYS[1], 'state', 'unknown', 'endedAt', ARGV[1])
-if cur[2] and cur[3] then
-  redis.call('PUBLISH', ARGV[2] .. cur[2], cjson.encode({kind = 'error', requestId = cur[3], error = {code = 'result_unknown', message = ARGV[3]}}))
-end
-return 1
-`);
+const UNKNOWN = new LuaScript(import.meta.dirname, 'mark-command-unknown');
 
 function commandRef(sandboxId: string, commandId: string): string {
   return `${sandboxId}/${commandId}`;

@@ -4,5 +4,4 @@ export { LayerRegistry } from './layers.ts';
 export { CommandLog } from './commands.ts';
 export { OutputWriter, followOutput, readOutput } from './output.ts';
 export type { OutputChunk, OutputRead } from './output.ts';
-export { LuaScript } from './lua.ts';
 export { keys } from './keys.ts';

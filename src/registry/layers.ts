@@ -1,16 +1,11 @@
 import type { Redis } from 'ioredis';
 import { Layer, RollboxError, type LayerDigest } from '../api/index.ts';
 import { keys } from './keys.ts';
+import { LuaScript } from '../redis/index.ts';
 
 const DIGEST = /^sha256:[0-9a-f]{64}$/;
 
-/** KEYS: layer record, layer set, names   ARGV: digest.  Returns 1 if removed, 0 if a name points to it. */
-const FORGET_LAYER = `
-for _, d in ipairs(redis.call('HVALS', KEYS[3])) do if d == ARGV[1] then return 0 end end
-redis.call('DEL', KEYS[1])
-redis.call('SREM', KEYS[2], ARGV[1])
-return 1
-`;
+const FORGET_LAYER = new LuaScript(import.meta.dirname, 'forget-layer');
 
 /** Layer metadata (the registry); the images themselves live in the layer store. */
 export class LayerRegistry {
@@ -92,7 +87,7 @@ export class LayerRegistry {
    * so a name given meanwhile keeps it). Returns whether it was removed.
    */
   async forget(digest: string): Promise<boolean> {
-    return (await this.redis.eval(FORGET_LAYER, 3, keys.layer(digest), keys.layers, keys.layerNames, digest)) === 1;
+    return (await FORGET_LAYER.run(this.redis, [keys.layer(digest), keys.layers, keys.layerNames], [digest])) === 1;
   }
 
   async list(): Promise<Layer[]> {

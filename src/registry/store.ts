@@ -11,7 +11,13 @@ import {
   CreateSandboxRequest,
 } from '../api/index.ts';
 import { keys } from './keys.ts';
-import { ADMIT_SANDBOX, REASSIGN, SET_SPEC, TRANSITION } from './lua.ts';
+import { LuaScript } from '../redis/index.ts';
+
+// Each state change is one script (KEYS, ARGV and answers in its file's header).
+const ADMIT_SANDBOX = new LuaScript(import.meta.dirname, 'admit-sandbox');
+const TRANSITION = new LuaScript(import.meta.dirname, 'transition-sandbox');
+const REASSIGN = new LuaScript(import.meta.dirname, 'reassign-sandbox');
+const SET_SPEC = new LuaScript(import.meta.dirname, 'set-sandbox-spec');
 
 /** Idempotency keys are remembered this long. */
 const IDEMPOTENCY_TTL_SEC = 24 * 3600;
@@ -98,23 +104,19 @@ export class SandboxRegistry {
   async admit(input: { record: Sandbox; maxLive: number; idempotencyKey?: string; requestHash: string; settleDeadlineMs: number }): Promise<AdmitOutcome> {
     const { record } = input;
     const idemKey = input.idempotencyKey ? keys.idempotency(record.tenant, input.idempotencyKey) : '';
-    const result = (await this.redis.eval(
-      ADMIT_SANDBOX,
-      6,
-      keys.sandbox(record.id),
-      keys.tenantLive(record.tenant),
-      keys.tenantAll(record.tenant),
-      idemKey,
-      record.node ? keys.nodeSandboxes(record.node) : '',
-      keys.unsettled,
-      record.id,
-      record.tenant,
-      String(input.maxLive),
-      String(Date.parse(record.createdAt)),
-      `${record.id}|${input.requestHash}`,
-      String(input.settleDeadlineMs),
-      String(IDEMPOTENCY_TTL_SEC),
-      ...toFields(record),
+    const result = (await ADMIT_SANDBOX.run(
+      this.redis,
+      [keys.sandbox(record.id), keys.tenantLive(record.tenant), keys.tenantAll(record.tenant), idemKey, record.node ? keys.nodeSandboxes(record.node) : '', keys.unsettled],
+      [
+        record.id,
+        record.tenant,
+        String(input.maxLive),
+        String(Date.parse(record.createdAt)),
+        `${record.id}|${input.requestHash}`,
+        String(input.settleDeadlineMs),
+        String(IDEMPOTENCY_TTL_SEC),
+        ...toFields(record),
+      ],
     )) as string[];
     if (result[0] === 'created') return { kind: 'created' };
     if (result[0] === 'quota') return { kind: 'quota', liveCount: Number(result[1]) };
@@ -144,18 +146,10 @@ export class SandboxRegistry {
     if (options.layerDigests) patch.push('layerDigests', JSON.stringify(options.layerDigests));
     if (options.hibernationLayer !== undefined) patch.push('hibernationLayer', options.hibernationLayer);
     if (terminal) patch.push('endedAt', new Date(this.now()).toISOString());
-    const result = (await this.redis.eval(
-      TRANSITION,
-      2,
-      keys.sandbox(id),
-      keys.unsettled,
-      to,
-      origins.join(','),
-      terminal ? '1' : '0',
-      'rb:tenant:',
-      'rb:node:',
-      options.node ?? '',
-      ...patch,
+    const result = (await TRANSITION.run(
+      this.redis,
+      [keys.sandbox(id), keys.unsettled],
+      [to, origins.join(','), terminal ? '1' : '0', 'rb:tenant:', 'rb:node:', options.node ?? '', ...patch],
     )) as string[];
     if (result[0] === 'missing') return { kind: 'missing' };
     if (result[0] === 'refused') return { kind: 'refused', current: result[1] as SandboxState };
@@ -176,7 +170,7 @@ export class SandboxRegistry {
       // The compare is over the stored text; what was parsed from it is current.spec.
       const specRead = (await this.redis.hget(keys.sandbox(id), 'spec')) ?? '';
       const spec = CreateSandboxRequest.parse({ ...current.spec, ...patch });
-      const result = await this.redis.eval(SET_SPEC, 1, keys.sandbox(id), specRead, JSON.stringify(spec), ...states);
+      const result = await SET_SPEC.run(this.redis, [keys.sandbox(id)], [specRead, JSON.stringify(spec), ...states]);
       if (result === 'ok') return { ...current, spec };
       if (result === 'state') return undefined;
     }
@@ -184,7 +178,7 @@ export class SandboxRegistry {
 
   /** Moves a pending or hibernated sandbox to another node; false when it is in neither state. */
   async reassign(id: string, fromNode: string | undefined, toNode: string): Promise<boolean> {
-    const moved = await this.redis.eval(REASSIGN, 3, keys.sandbox(id), fromNode ? keys.nodeSandboxes(fromNode) : 'rb:none', keys.nodeSandboxes(toNode), id, toNode);
+    const moved = await REASSIGN.run(this.redis, [keys.sandbox(id), fromNode ? keys.nodeSandboxes(fromNode) : 'rb:none', keys.nodeSandboxes(toNode)], [id, toNode]);
     return moved === 1;
   }
 

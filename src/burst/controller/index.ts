@@ -2,21 +2,19 @@ import { randomBytes } from 'node:crypto';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { Registry } from 'prom-client';
-import { BurstPolicy, BurstStatus, isTerminal, type BurstDecisionReason, type CreateSandboxRequest, type Sandbox } from '../../api/index.ts';
+import { BurstPolicy, BurstStatus, type BurstDecisionReason, type CreateSandboxRequest, type Sandbox } from '../../api/index.ts';
 import type { NodeDirectory, PlacementRequest } from '../../queues/index.ts';
 import { keys, type LayerRegistry, type SandboxRegistry } from '../../registry/index.ts';
-import { decideCreate, planCloudScaling, stepDiversion } from '../policy/index.ts';
+import { planCloudScaling, stepDiversion } from '../policy/index.ts';
 import type { CloudProvider } from '../providers/index.ts';
 import type { TraceRecorder } from '../trace/index.ts';
 import { CLOUD_POOL, LIST_EVERY_MS, observeLoad, stepFleet } from './fleet.ts';
 import { LeaderLease } from './lease.ts';
 import { burstMetrics, type BurstMetrics } from './metrics.ts';
+import { CreateRouter } from './routing.ts';
 import { INITIAL_STATE, SharedState, parseStored, type HostRecord } from './state.ts';
 
 export { CLOUD_POOL } from './fleet.ts';
-
-/** A diverted create refused outright (no cloud slot, no local room) counts as demand this long. */
-const UNMET_DEMAND_MS = 30_000;
 
 export interface BurstControllerDeps {
   redis: Redis;
@@ -47,7 +45,7 @@ export interface BurstControllerDeps {
 
 /**
  * Live cloud burst. Every gateway runs one: it reads the shared state each tick and
- * routes its own creates (local, or a ready cloud host) with the pure policy module.
+ * routes its own creates (routing.ts: local, or a ready cloud host, by the pure policy).
  * Only the gateway holding the Redis lock leads: it computes local utilization from the
  * heartbeats, steps diversion, and provisions, drains and terminates cloud hosts.
  */
@@ -62,11 +60,13 @@ export class BurstController {
   private readonly log: Logger;
   private readonly metrics: BurstMetrics;
   private readonly lease: LeaderLease;
+  private readonly router: CreateRouter;
 
   constructor(private readonly deps: BurstControllerDeps) {
     this.log = deps.logger.child({ component: 'burst' });
     this.metrics = burstMetrics(deps.metricsRegistry, () => this.state);
     this.lease = new LeaderLease(deps.redis, deps.gatewayId);
+    this.router = new CreateRouter({ ...deps, metrics: this.metrics, logger: this.log });
   }
 
   async start(): Promise<void> {
@@ -134,7 +134,7 @@ export class BurstController {
       this.terminate(host, why);
     }
     const { hosts } = fleet;
-    const pendingDivertedDemand = await this.pendingDivertedDemand(nowMs);
+    const pendingDivertedDemand = await this.router.pendingDivertedDemand(nowMs);
     const recentProvisionsMs = previous.recentProvisionsMs.filter((t) => nowMs - t < 60_000);
     const active = hosts.filter((h) => h.state !== 'terminating');
     const plan = planCloudScaling(
@@ -212,66 +212,15 @@ export class BurstController {
     this.terminations.add(done);
   }
 
-  /**
-   * Where a new create goes. Local: the local pool as before. Cloud: a ready cloud host
-   * holding every layer of the request (d-choice among them). When no cloud host has a
-   * slot, it falls back to the local pool at once (as the simulator models it) and counts
-   * as pending diverted demand, which the controller provisions cloud hosts for.
-   */
-  async placeCreate(
+  /** Where a new create goes (see CreateRouter), as of the shared state of the last tick. */
+  placeCreate(
     sandboxId: string,
     request: CreateSandboxRequest,
     layerDigests: readonly string[],
     local: PlacementRequest,
     place: (placement: PlacementRequest) => Promise<string | undefined>,
   ): Promise<{ placement: PlacementRequest; node: string | undefined }> {
-    const decision = decideCreate(this.state.diversion, { layers: layerDigests, stayLocal: request.placement?.stayLocal }, this.synced, this.deps.random(), this.policy);
-    if (decision.target === 'cloud') {
-      const draining = new Set(this.state.hosts.filter((h) => h.state === 'terminating').map((h) => h.id));
-      const cloud: PlacementRequest = { ...local, pool: CLOUD_POOL, avoid: draining, requiredLayers: [...layerDigests] };
-      const node = await place(cloud);
-      if (node) {
-        this.count('cloud', decision.reason);
-        return { placement: cloud, node };
-      }
-      this.metrics.fallbacks.inc();
-      await this.deps.redis.zadd(keys.burstFellBack, this.deps.now(), sandboxId);
-    }
-    this.count('local', decision.reason);
-    return { placement: local, node: await place(local) };
-  }
-
-  /**
-   * Diverted creates that went local for want of a cloud slot: those still live, plus
-   * those refused outright in the last UNMET_DEMAND_MS (they never got a sandbox).
-   */
-  private async pendingDivertedDemand(nowMs: number): Promise<number> {
-    const { redis } = this.deps;
-    const entries = await redis.zrange(keys.burstFellBack, '0', '-1', 'WITHSCORES');
-    const ids: string[] = [];
-    const atMs: number[] = [];
-    for (let i = 0; i < entries.length; i += 2) {
-      ids.push(entries[i]!);
-      atMs.push(Number(entries[i + 1]));
-    }
-    const states = await this.deps.registry.states(ids);
-    const gone: string[] = [];
-    let pending = 0;
-    for (const [i, state] of states.entries()) {
-      const live = state !== undefined && !isTerminal(state);
-      const recentlyRefused = (state === undefined || state === 'failed') && nowMs - atMs[i]! < UNMET_DEMAND_MS;
-      if (live || recentlyRefused) pending++;
-      else gone.push(ids[i]!);
-    }
-    if (gone.length) await redis.zrem(keys.burstFellBack, ...gone);
-    return pending;
-  }
-
-  private count(target: 'local' | 'cloud', reason: BurstDecisionReason): void {
-    this.metrics.creates.inc({ target, reason });
-    const multi = this.deps.redis.multi().hincrby(keys.burstCounts, target === 'cloud' ? 'diverted' : 'local', 1).hincrby(keys.burstCounts, `reason:${reason}`, 1);
-    if (reason === 'stay_local' || reason === 'layers_not_synced') multi.hincrby(keys.burstCounts, 'ineligible', 1);
-    void multi.exec().catch((err: unknown) => this.log.warn({ err }, 'burst counters not updated'));
+    return this.router.place({ state: this.state, synced: this.synced, policy: this.policy }, { sandboxId, request, layerDigests }, local, place);
   }
 
   recordCreate(atEpochMs: number, tenant: string, request: CreateSandboxRequest, sandbox: Sandbox | undefined): void {

@@ -1,22 +1,12 @@
 import type { Redis } from 'ioredis';
-import { LuaScript, keys } from '../../registry/index.ts';
+import { LuaScript } from '../../redis/index.ts';
+import { keys } from '../../registry/index.ts';
 
-/** Renew the lock if we hold it, take it if free. KEYS: lock  ARGV: holder, ttlMs */
-const HOLD = new LuaScript(`
-local v = redis.call('GET', KEYS[1])
-if v == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
-if not v then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
-return 0`);
+const HOLD = new LuaScript(import.meta.dirname, 'lease-hold');
 
-/** Write only while holding the lock. KEYS: lock, key  ARGV: holder, value */
-const SET_IF_HOLDER = new LuaScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[2], ARGV[2]) return 1 end
-return 0`);
+const SET_IF_HOLDER = new LuaScript(import.meta.dirname, 'lease-set-if-holder');
 
-/** KEYS: lock  ARGV: holder */
-const RELEASE = new LuaScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0`);
+const RELEASE = new LuaScript(import.meta.dirname, 'lease-release');
 
 /**
  * The burst controller's leadership: one gateway at a time holds a Redis lock, renewed

@@ -1,4 +1,5 @@
 import { REFUSED, STARTED_CLOUD, STARTED_LOCAL } from './events.ts';
+import { percentile } from '../../report/index.ts';
 import type { SimResult } from './model.ts';
 
 export interface SimTotals {
@@ -22,7 +23,7 @@ export interface SimTotals {
 export function summarize(t: SimTotals): SimResult {
   const n = t.outcome.length;
   const sorted = t.waitMs.slice().sort();
-  const percentile = (p: number) => (n === 0 ? 0 : sorted[Math.min(n - 1, Math.max(0, Math.ceil((p / 100) * n) - 1))]!);
+  const waitPercentile = (p: number) => (n === 0 ? 0 : percentile(sorted, p));
   let startedLocal = 0;
   let startedCloud = 0;
   let refused = 0;
@@ -50,8 +51,8 @@ export function summarize(t: SimTotals): SimResult {
     overflowAbsorbedByCloud: startedCloud,
     overflowAbsorbedShare: round(counts.overflow === 0 ? 0 : startedCloud / counts.overflow, 4),
     noLocalRoomAtArrival: counts.noLocalRoomAtArrival,
-    queueWaitP50Ms: round(percentile(50)),
-    queueWaitP99Ms: round(percentile(99)),
+    queueWaitP50Ms: round(waitPercentile(50)),
+    queueWaitP99Ms: round(waitPercentile(99)),
     queueWaitMeanMs: round(n === 0 ? 0 : waitSum / n, 1),
     waited,
     cloudVmHours: round(t.cloudVmMs / 3_600_000, 3),

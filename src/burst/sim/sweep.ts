@@ -1,5 +1,5 @@
 import { BurstPolicy, type TraceEvent } from '../../api/index.ts';
-import { lineChartsSvg } from './chart.ts';
+import { lineChartsSvg } from '../../report/index.ts';
 import type { SimModel, SimResult } from './model.ts';
 import { simulate } from './simulate.ts';
 

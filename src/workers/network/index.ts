@@ -4,7 +4,7 @@ import { readFile, readdir, unlink, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { RollboxError, type NetworkPolicy } from '../../api/index.ts';
-import { runTool, runToolOk } from '../../layers/index.ts';
+import { runTool, runToolOk } from '../../proc/index.ts';
 import { DnsResponder } from './dns.ts';
 import {
   ALWAYS_BLOCKED_V4,

@@ -6,7 +6,8 @@ import type { RuntimeContext, SandboxRecord } from './context.ts';
 import { ExecSlots, type SandboxCgroupDirs } from './exec-slots.ts';
 import { validateCreate } from './layout.ts';
 import { applyNetwork, NO_NETWORK, writePolicy } from './policy.ts';
-import { lastRuncError, runQuiet } from './runc.ts';
+import { runTool } from '../../proc/index.ts';
+import { lastRuncError } from './runc.ts';
 import { CPU_PERIOD_US, containerConfig } from './spec.ts';
 import { teardown } from './teardown.ts';
 import type { SandboxPolicy, SandboxRuntimeSpec } from './types.ts';
@@ -136,7 +137,7 @@ async function startContainer(ctx: RuntimeContext, id: string, besteffort: boole
   try {
     const logFile = path.join(bundle, 'runc.log');
     const [file, args] = ctx.runc(besteffort, '--log', logFile, '--log-format', 'json', 'run', '--detach', '--preserve-fds', '4', '--bundle', bundle, layout.containerIdOf(id));
-    const r = await runQuiet(file, args, { stdio: 'ignore-all', extraFds: [listener.fd, ...dirFds] });
+    const r = await runTool(file, args, { output: 'ignore', extraFds: [listener.fd, ...dirFds] });
     if (r.code !== 0) throw new RollboxError('internal', `runc run failed: ${await lastRuncError(logFile)}`);
     listener.handOver();
     started = true;
@@ -180,7 +181,7 @@ function lowerDirs(ctx: RuntimeContext, bundle: string, layers: { digest: string
 async function restoreUpper(ctx: RuntimeContext, layer: { digest: string; imagePath: string }, upperDir: string): Promise<void> {
   const dir = await ctx.layerMounts.acquire(layer.digest, layer.imagePath);
   try {
-    const r = await runQuiet('cp', ['-a', '--', `${dir}/.`, `${upperDir}/`]);
+    const r = await runTool('cp', ['-a', '--', `${dir}/.`, `${upperDir}/`]);
     if (r.code !== 0) throw new RollboxError('internal', `restoring the hibernated writable layer failed: ${r.stderr.trim().slice(0, 500)}`);
   } finally {
     await ctx.layerMounts.release(layer.digest);

@@ -266,7 +266,10 @@ export class DiskHelper {
   private setRef(on: boolean): void {
     const c = this.child;
     if (!c) return;
-    for (const s of [c.stdin, c.stdout, c.stderr] as (Socket | null)[]) (on ? s?.ref() : s?.unref());
+    for (const s of [c.stdin, c.stdout, c.stderr] as (Socket | null)[]) {
+      if (on) s?.ref();
+      else s?.unref();
+    }
     if (on) c.ref();
     else c.unref();
   }

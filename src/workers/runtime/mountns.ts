@@ -1,6 +1,6 @@
 import { readFile } from 'node:fs/promises';
 import { RollboxError } from '../../api/index.ts';
-import { runTool } from '../../layers/index.ts';
+import { runTool } from '../../proc/index.ts';
 
 /**
  * Changes inside a running sandbox's mount namespace, made from the host (the agent has no

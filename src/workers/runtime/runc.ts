@@ -1,29 +1,4 @@
-import { spawn } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
-import { RollboxError } from '../../api/index.ts';
-
-export interface ToolResult {
-  code: number;
-  stderr: string;
-}
-
-/**
- * Run a short-lived host command (runc lifecycle calls, mount, umount) with an argument
- * array. stdout is discarded; stderr is kept (capped) for error messages.
- */
-export function runQuiet(file: string, args: readonly string[], opts: { cwd?: string; stdio?: 'ignore-all'; extraFds?: readonly number[] } = {}): Promise<ToolResult> {
-  return new Promise((resolve, reject) => {
-    // extraFds become fds 3, 4, ... of the child (runc's --preserve-fds passes them on).
-    const stdio = [...(opts.stdio === 'ignore-all' ? ['ignore', 'ignore', 'ignore'] : ['ignore', 'ignore', 'pipe']), ...(opts.extraFds ?? [])] as ('ignore' | 'pipe' | number)[];
-    const child = spawn(file, args, { cwd: opts.cwd, stdio });
-    let stderr = '';
-    child.stderr?.on('data', (b: Buffer) => {
-      if (stderr.length < 16_384) stderr += b.toString('utf8');
-    });
-    child.on('error', (e) => reject(new RollboxError('internal', `${file}: ${e.message}`)));
-    child.on('close', (code, signal) => resolve({ code: code ?? (signal ? 128 : 1), stderr }));
-  });
-}
 
 /** The last error runc logged to its --log file (JSON lines), for error messages. */
 export async function lastRuncError(logFile: string): Promise<string> {

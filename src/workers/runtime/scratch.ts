@@ -10,7 +10,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { RollboxError } from '../../api/index.ts';
 import { isMountPoint, listLoopDevices } from '../../layers/index.ts';
 import { DiskOpError, MNT_DETACH, MS_NODEV, MS_NOEXEC, MS_NOSUID, type DiskHelper } from './diskhelper.ts';
-import { runQuiet } from './runc.ts';
+import { runTool } from '../../proc/index.ts';
 import type { RuntimeLogger } from './context.ts';
 
 const MIB = 1024 * 1024;
@@ -211,7 +211,7 @@ export class ScratchDisks {
    */
   private async mkfs(file: string, extra: string[]): Promise<void> {
     const args = ['-q', '-F', '-b', '4096', '-I', '256', '-m', '0', '-O', '^has_journal,^resize_inode', '-E', 'lazy_itable_init=1,nodiscard', ...extra, file];
-    const r = await runQuiet(this.deps.mkfsBinary ?? 'mkfs.ext4', args);
+    const r = await runTool(this.deps.mkfsBinary ?? 'mkfs.ext4', args);
     if (r.code !== 0) throw new RollboxError('internal', `mkfs.ext4 ${path.basename(file)} failed: ${r.stderr.trim()}`);
   }
 
@@ -403,7 +403,7 @@ export class ScratchDisks {
       const ours = async (): Promise<string[]> =>
         (await listLoopDevices()).filter((l) => l.backingFile.replace(/ \(deleted\)$/, '') === this.imagePath).map((l) => l.device);
       for (let delayMs = 2; (await ours()).length > 0 && delayMs <= 320; delayMs *= 2) await sleep(delayMs);
-      for (const device of await ours()) await runQuiet(this.deps.losetupBinary ?? 'losetup', ['-d', device]);
+      for (const device of await ours()) await runTool(this.deps.losetupBinary ?? 'losetup', ['-d', device]);
       rmSync(this.imagePath, { force: true });
     });
   }

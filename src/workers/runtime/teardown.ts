@@ -1,23 +1,14 @@
 import { existsSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import path from 'node:path';
-import { setTimeout as sleep } from 'node:timers/promises';
 import { RollboxError } from '../../api/index.ts';
-import { isMountPoint } from '../../layers/index.ts';
+import { isMountPoint, unmount } from '../../layers/index.ts';
 import { destroyCgroupTrees } from './cgroups.ts';
 import type { RuntimeContext, SandboxRecord } from './context.ts';
-import { runQuiet } from './runc.ts';
+import { runTool } from '../../proc/index.ts';
 
 export async function unmountRootfs(ctx: RuntimeContext, rootfs: string): Promise<void> {
-  if (!(await isMountPoint(rootfs))) return;
-  for (let attempt = 0; attempt < 5; attempt++) {
-    const r = await runQuiet(ctx.umountBin, [rootfs]);
-    if (r.code === 0 || !(await isMountPoint(rootfs))) return;
-    await sleep(20 * (attempt + 1));
-  }
-  ctx.log?.warn({ rootfs }, 'overlay still busy; detaching lazily');
-  const r = await runQuiet(ctx.umountBin, ['-l', rootfs]);
-  if (r.code !== 0 && (await isMountPoint(rootfs))) throw new RollboxError('internal', `cannot unmount ${rootfs}: ${r.stderr.trim()}`);
+  await unmount(rootfs, { umountBinary: ctx.umountBin, lazyFallback: true, onLazy: (stderr) => ctx.log?.warn({ rootfs, stderr }, 'overlay still busy; detaching lazily') });
 }
 
 /**
@@ -51,7 +42,7 @@ export async function teardown(ctx: RuntimeContext, id: string, rec: SandboxReco
   if (!(await killContainer(ctx, id))) {
     // Something in the cgroup would not die (e.g. stuck in D state): let runc try.
     const [file, args] = ctx.runc(false, 'delete', '--force', layout.containerIdOf(id));
-    const r = await runQuiet(file, args);
+    const r = await runTool(file, args);
     if (r.code !== 0 && !/does not exist/.test(r.stderr)) ctx.log?.warn({ sandboxId: id, stderr: r.stderr.trim() }, 'runc delete failed');
     if (!(await killContainer(ctx, id))) ctx.log?.warn({ sandboxId: id }, 'cgroups of sandbox could not be removed');
   }

@@ -1,7 +1,7 @@
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import type { LayerStore } from '../layers/index.ts';
-import { keys, type LayerRegistry } from '../registry/index.ts';
+import type { LayerStore } from '../../layers/index.ts';
+import { keys, type LayerRegistry } from '../../registry/index.ts';
 
 export interface LayerCollectorDeps {
   redis: Redis;

@@ -1,8 +1,8 @@
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import { NodeOp } from '../api/index.ts';
-import { pendingOps, type NodeDirectory } from '../queues/index.ts';
-import { keys, type CommandLog, type SandboxRegistry } from '../registry/index.ts';
+import { NodeOp } from '../../api/index.ts';
+import { pendingOps, type NodeDirectory } from '../../queues/index.ts';
+import { keys, type CommandLog, type SandboxRegistry } from '../../registry/index.ts';
 import type { LayerCollector } from './layer-gc.ts';
 
 /**

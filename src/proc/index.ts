@@ -13,17 +13,25 @@ export interface RunToolOptions {
   capBytes?: number;
   /** Written to the tool's stdin (otherwise stdin is /dev/null). */
   input?: string;
+  /**
+   * `'ignore'`: collect nothing. For a tool whose children inherit its stdio (`runc run -d`
+   * hands it to the container): with pipes, 'close' would wait for the container.
+   */
+  output?: 'collect' | 'ignore';
+  /** Open fds the tool gets as its fds 3, 4, ... (runc's --preserve-fds passes them on). */
+  extraFds?: readonly number[];
 }
 
 /**
- * Run a host tool with an argument array (never a shell string) and collect its output.
- * Output is capped because these tools only print short diagnostics; a runaway tool must
- * not grow the worker's heap.
+ * Run a host tool (mount, runc, nft, mkfs...) with an argument array (never a shell
+ * string) and collect its output. Output is capped because these tools only print short
+ * diagnostics; a runaway tool must not grow the worker's heap.
  */
 export function runTool(file: string, args: readonly string[], opts: RunToolOptions = {}): Promise<RunResult> {
   const capBytes = opts.capBytes ?? 64 * 1024;
+  const output = opts.output === 'ignore' ? 'ignore' : 'pipe';
   return new Promise((resolve, reject) => {
-    const child = spawn(file, args, { cwd: opts.cwd, stdio: [opts.input === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'] });
+    const child = spawn(file, args, { cwd: opts.cwd, stdio: [opts.input === undefined ? 'ignore' : 'pipe', output, output, ...(opts.extraFds ?? [])] });
     if (opts.input !== undefined) {
       child.stdin!.on('error', () => undefined); // the tool may exit without reading (EPIPE)
       child.stdin!.end(opts.input);
@@ -32,11 +40,11 @@ export function runTool(file: string, args: readonly string[], opts: RunToolOpti
     const err: Buffer[] = [];
     let outBytes = 0;
     let errBytes = 0;
-    child.stdout!.on('data', (b: Buffer) => {
+    child.stdout?.on('data', (b: Buffer) => {
       if (outBytes < capBytes) out.push(b);
       outBytes += b.length;
     });
-    child.stderr!.on('data', (b: Buffer) => {
+    child.stderr?.on('data', (b: Buffer) => {
       if (errBytes < capBytes) err.push(b);
       errBytes += b.length;
     });

@@ -1,0 +1,98 @@
+import type { Redis } from 'ioredis';
+import type { Logger } from 'pino';
+import { isTerminal, type BurstDecisionReason, type BurstPolicy, type CreateSandboxRequest } from '../../api/index.ts';
+import type { PlacementRequest } from '../../queues/index.ts';
+import { keys, type SandboxRegistry } from '../../registry/index.ts';
+import { decideCreate } from '../policy/index.ts';
+import { CLOUD_POOL } from './fleet.ts';
+import type { BurstMetrics } from './metrics.ts';
+import type { SharedState } from './state.ts';
+
+/** A diverted create refused outright (no cloud slot, no local room) counts as demand this long. */
+const UNMET_DEMAND_MS = 30_000;
+
+export interface CreateRouterDeps {
+  redis: Redis;
+  registry: SandboxRegistry;
+  metrics: BurstMetrics;
+  logger: Logger;
+  now: () => number;
+  random: () => number;
+}
+
+/** What routing reads of the controller's view of the cluster, as of its last tick. */
+export interface RoutingView {
+  state: SharedState;
+  synced: ReadonlySet<string>;
+  policy: BurstPolicy;
+}
+
+/**
+ * Routes each create a gateway receives: local, or a ready cloud host. Every gateway
+ * routes its own creates from the shared state it last read; a diverted create that
+ * found no cloud slot is remembered as demand the leader provisions for.
+ */
+export class CreateRouter {
+  constructor(private readonly deps: CreateRouterDeps) {}
+
+  /**
+   * Local: the local pool as before. Cloud: a ready cloud host holding every layer of the
+   * request (d-choice among them). When no cloud host has a slot, it falls back to the
+   * local pool at once (as the simulator models it) and counts as pending diverted demand.
+   */
+  async place(
+    view: RoutingView,
+    create: { sandboxId: string; request: CreateSandboxRequest; layerDigests: readonly string[] },
+    local: PlacementRequest,
+    place: (placement: PlacementRequest) => Promise<string | undefined>,
+  ): Promise<{ placement: PlacementRequest; node: string | undefined }> {
+    const { layerDigests } = create;
+    const decision = decideCreate(view.state.diversion, { layers: layerDigests, stayLocal: create.request.placement?.stayLocal }, view.synced, this.deps.random(), view.policy);
+    if (decision.target === 'cloud') {
+      const draining = new Set(view.state.hosts.filter((h) => h.state === 'terminating').map((h) => h.id));
+      const cloud: PlacementRequest = { ...local, pool: CLOUD_POOL, avoid: draining, requiredLayers: [...layerDigests] };
+      const node = await place(cloud);
+      if (node) {
+        this.count('cloud', decision.reason);
+        return { placement: cloud, node };
+      }
+      this.deps.metrics.fallbacks.inc();
+      await this.deps.redis.zadd(keys.burstFellBack, this.deps.now(), create.sandboxId);
+    }
+    this.count('local', decision.reason);
+    return { placement: local, node: await place(local) };
+  }
+
+  /**
+   * Diverted creates that went local for want of a cloud slot: those still live, plus
+   * those refused outright in the last UNMET_DEMAND_MS (they never got a sandbox).
+   */
+  async pendingDivertedDemand(nowMs: number): Promise<number> {
+    const { redis } = this.deps;
+    const entries = await redis.zrange(keys.burstFellBack, '0', '-1', 'WITHSCORES');
+    const ids: string[] = [];
+    const atMs: number[] = [];
+    for (let i = 0; i < entries.length; i += 2) {
+      ids.push(entries[i]!);
+      atMs.push(Number(entries[i + 1]));
+    }
+    const states = await this.deps.registry.states(ids);
+    const gone: string[] = [];
+    let pending = 0;
+    for (const [i, state] of states.entries()) {
+      const live = state !== undefined && !isTerminal(state);
+      const recentlyRefused = (state === undefined || state === 'failed') && nowMs - atMs[i]! < UNMET_DEMAND_MS;
+      if (live || recentlyRefused) pending++;
+      else gone.push(ids[i]!);
+    }
+    if (gone.length) await redis.zrem(keys.burstFellBack, ...gone);
+    return pending;
+  }
+
+  private count(target: 'local' | 'cloud', reason: BurstDecisionReason): void {
+    this.deps.metrics.creates.inc({ target, reason });
+    const multi = this.deps.redis.multi().hincrby(keys.burstCounts, target === 'cloud' ? 'diverted' : 'local', 1).hincrby(keys.burstCounts, `reason:${reason}`, 1);
+    if (reason === 'stay_local' || reason === 'layers_not_synced') multi.hincrby(keys.burstCounts, 'ineligible', 1);
+    void multi.exec().catch((err: unknown) => this.deps.logger.warn({ err }, 'burst counters not updated'));
+  }
+}
