@@ -16,6 +16,7 @@ beforeAll(async () => {
 afterAll(async () => cluster?.stop());
 
 const exec = (id: string, body: object) => api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, body);
+
 describe('pause and resume (freeze)', () => {
   it('stops CPU time while frozen, refuses exec with 409, and keeps files and processes', async () => {
     const { body: sandbox } = await api(cluster, token, 'POST', '/v1/sandboxes', {});
