@@ -21,24 +21,21 @@
  * Random streams are split by concern and per create (placement), so diverting one
  * create never changes the random draws another create's placement sees.
  *
- * Longer than most: one replay's state and the named steps that change it (a class whose
- * methods share that state); its events, wait queue and summary are files of their own.
+ * This file holds one replay's state and its named steps; the local pool (local-nodes.ts),
+ * the cloud pool (cloud-fleet.ts), events, wait queue and summary are files of their own.
  */
 import type { BurstPolicy, TraceEvent } from '../../api/index.ts';
-// The pure placement and admission functions, imported from their files so the simulator
-// does not load the Redis and runc parts of those modules.
-import { chooseNode, idleHeartbeat, type PlacementCandidate } from '../../queues/placement.ts';
-import { decideAdmission, type AdmissionState } from '../../workers/admission.ts';
-import { INITIAL_DIVERSION_STATE, decideCreate, mulberry32, planCloudScaling, rngStream, stepDiversion, utilizationOf, type NodeUsage } from '../policy/index.ts';
+import { INITIAL_DIVERSION_STATE, decideCreate, mulberry32, rngStream, stepDiversion, utilizationOf } from '../policy/index.ts';
+import { CloudFleet } from './cloud-fleet.ts';
 import { EventHeap } from './heap.ts';
-import { CLOUD_READY, CLOUD_WAIT_OVER, END_CLOUD, END_LOCAL, GIVE_UP, REFUSED, STARTED_CLOUD, STARTED_LOCAL, TICK, WAITING, WAITING_FOR_CLOUD, type CloudHost, type SimEvent } from './events.ts';
+import { CLOUD_READY, CLOUD_WAIT_OVER, END_CLOUD, END_LOCAL, GIVE_UP, REFUSED, STARTED_CLOUD, STARTED_LOCAL, TICK, WAITING, WAITING_FOR_CLOUD, type SimEvent } from './events.ts';
+import { LocalNodes } from './local-nodes.ts';
 import { summarize } from './summary.ts';
 import { WaitQueue } from './wait-queue.ts';
 import type { SimModel, SimResult } from './model.ts';
 
 /** Waiting entries a freed node looks at: enough to skip a head too big for it, bounded per release. */
 const PULL_SCAN_LIMIT = 32;
-const NO_EXCLUSIONS: ReadonlySet<string> = new Set();
 
 export interface SimulateOptions {
   /** Called now and then with the share of arrivals replayed, 0..1. */
@@ -64,21 +61,9 @@ class Simulation {
   private readonly shareRandom: () => number;
   private readonly placementSeed: number;
 
-  // Local nodes: true state (admission) and the last heartbeat (placement, controller).
-  private readonly admission: AdmissionState[] = [];
-  private readonly candidates: PlacementCandidate[] = [];
-  private readonly usages: NodeUsage[] = [];
-  private readonly nodeIndex = new Map<string, number>();
+  private readonly local: LocalNodes;
   private readonly pulledSinceTick: Uint8Array;
-
-  private readonly cloudHosts: CloudHost[] = [];
-  private liveCloudHosts: CloudHost[] = [];
-  /** Requested resources of the sandboxes running in the cloud. */
-  private readonly cloudLoad = { cpuMillis: 0, memoryMiB: 0 };
-  private readonly provisionTimesMs: number[] = [];
-  private provisionWindowStart = 0;
-  private cloudVmMs = 0;
-  private peakCloudHosts = 0;
+  private readonly cloud: CloudFleet;
 
   private readonly outcome: Uint8Array;
   private readonly waitMs: Float64Array;
@@ -110,15 +95,8 @@ class Simulation {
     this.n = events.length;
     this.shareRandom = rngStream(model.seed, 'divert-share');
     this.placementSeed = rngStream(model.seed, 'placement')() * 4_294_967_296;
-    for (let i = 0; i < model.localNodes; i++) {
-      const capacity = { cpuMillis: model.nodeCpuMillis, memoryMiB: model.nodeMemoryMiB, maxSandboxes: model.nodeMaxSandboxes };
-      // Traces carry no diskMiB: the model's disks never run out.
-      this.admission.push({ capacity, reserved: { cpuMillis: 0, memoryMiB: 0, diskMiB: 0 }, sandboxes: 0, hostFreeMemoryMiB: Infinity, hostReserveMiB: 0, disk: { capacityMiB: Infinity, freeMiB: Infinity, sizeMiB: Infinity } });
-      const nodeId = `local-${i}`;
-      this.nodeIndex.set(nodeId, i);
-      this.candidates.push({ ageMs: 0, assumed: { cpuMillis: 0, memoryMiB: 0, sandboxes: 0 }, heartbeat: idleHeartbeat(nodeId, 'local', { ...capacity, maxStarting: model.nodeMaxSandboxes }) });
-      this.usages.push({ capacity: { cpuMillis: capacity.cpuMillis, memoryMiB: capacity.memoryMiB }, requested: { cpuMillis: 0, memoryMiB: 0 }, measured: { cpuFraction: 0, memoryFraction: 0 } });
-    }
+    this.local = new LocalNodes(model);
+    this.cloud = new CloudFleet(policy);
     this.pulledSinceTick = new Uint8Array(model.localNodes);
     this.outcome = new Uint8Array(this.n);
     this.waitMs = new Float64Array(this.n);
@@ -168,16 +146,16 @@ class Simulation {
     // Drawn for every create, diverting or not, so the streams stay aligned across policies.
     const shareDraw = this.shareRandom();
     const placementRandom = this.placementRandomOf(id);
-    if (!this.admission.some((state) => decideAdmission(state, event).admit)) this.counts.noLocalRoomAtArrival++;
+    if (!this.local.anyAdmits(event)) this.counts.noLocalRoomAtArrival++;
     const decision = decideCreate(this.diversion, event, this.syncedLayers, shareDraw, this.policy);
     this.byReason[decision.reason]!++;
     if (decision.target !== 'cloud') return this.placeOrQueueLocal(id, placementRandom, false);
     this.counts.diverted++;
-    const host = this.cloudHostWithSlot();
+    const host = this.cloud.hostWithSlot();
     if (host >= 0) return this.startCloud(id, host);
     this.divertedOutsideCloud[id] = 1;
     this.pendingDivertedDemand++;
-    if (this.model.cloudWaitMs > 0 && this.cloudPoolCanGrow()) {
+    if (this.model.cloudWaitMs > 0 && this.cloud.canGrow()) {
       this.outcome[id] = WAITING_FOR_CLOUD;
       this.waiting++;
       this.cloudQueue.push(id);
@@ -194,21 +172,6 @@ class Simulation {
     return mulberry32((this.placementSeed + Math.imul(id, 0x9e3779b1)) >>> 0);
   }
 
-  /** As the live controller judges it: a host is on its way, or one may still be started. */
-  private cloudPoolCanGrow(): boolean {
-    return this.liveCloudHosts.some((h) => h.state === 'provisioning') || this.liveCloudHosts.length < this.policy.maxCloudHosts;
-  }
-
-  /** The ready host with a free slot that is fullest: packing lets the others idle out. */
-  private cloudHostWithSlot(): number {
-    let best: CloudHost | undefined;
-    for (const host of this.liveCloudHosts) {
-      if (host.state !== 'ready' || host.sandboxes >= this.policy.cloudHostSandboxes) continue;
-      if (best === undefined || host.sandboxes > best.sandboxes) best = host;
-    }
-    return best?.index ?? -1;
-  }
-
   private placeOrQueueLocal(id: number, random: () => number, cloudMayTakeIt: boolean): void {
     if (this.placeLocal(id, random)) return;
     if (this.outcome[id] !== WAITING_FOR_CLOUD) {
@@ -220,25 +183,11 @@ class Simulation {
     if (cloudMayTakeIt) this.cloudQueue.push(id);
   }
 
-  /** d-choice placement on the last heartbeats, then the node's own admission; refusals re-place. */
   private placeLocal(id: number, random: () => number): boolean {
-    const event = this.events[id]!;
-    let exclude = NO_EXCLUSIONS;
-    for (let refusals = 0; ; ) {
-      const chosen = chooseNode(this.candidates, { memoryMiB: event.memoryMiB, cpuMillis: event.cpuMillis, pool: 'local', exclude }, { choices: this.model.placementChoices, staleAfterMs: Infinity, random });
-      if (chosen === undefined) return false;
-      const node = this.nodeIndex.get(chosen.heartbeat.nodeId)!;
-      if (decideAdmission(this.admission[node]!, event).admit) {
-        chosen.assumed.cpuMillis += event.cpuMillis;
-        chosen.assumed.memoryMiB += event.memoryMiB;
-        chosen.assumed.sandboxes++;
-        this.startLocal(id, node);
-        return true;
-      }
-      if (++refusals > this.model.maxRefusals) return false;
-      if (exclude === NO_EXCLUSIONS) exclude = new Set();
-      (exclude as Set<string>).add(chosen.heartbeat.nodeId);
-    }
+    const node = this.local.place(this.events[id]!, random);
+    if (node === undefined) return false;
+    this.startLocal(id, node);
+    return true;
   }
 
   // --- starts and pulls ---------------------------------------------------------------
@@ -252,21 +201,14 @@ class Simulation {
 
   private startLocal(id: number, node: number): void {
     const event = this.events[id]!;
-    const state = this.admission[node]!;
-    state.reserved.cpuMillis += event.cpuMillis;
-    state.reserved.memoryMiB += event.memoryMiB;
-    state.sandboxes++;
+    this.local.reserve(node, event);
     this.markStarted(id, STARTED_LOCAL);
     this.schedule(this.nowMs + event.lifetimeMs, END_LOCAL, id, node);
   }
 
   private startCloud(id: number, hostIndex: number): void {
-    const host = this.cloudHosts[hostIndex]!;
     const event = this.events[id]!;
-    host.sandboxes++;
-    host.idleSinceMs = null;
-    this.cloudLoad.cpuMillis += event.cpuMillis;
-    this.cloudLoad.memoryMiB += event.memoryMiB;
+    this.cloud.start(hostIndex, event);
     this.markStarted(id, STARTED_CLOUD);
     this.leaveDivertedDemand(id);
     this.schedule(this.nowMs + event.lifetimeMs, END_CLOUD, id, hostIndex);
@@ -279,20 +221,18 @@ class Simulation {
   }
 
   private pullLocal(node: number): void {
-    const state = this.admission[node]!;
     this.pulledSinceTick[node] = 1;
     this.localQueue.scan(PULL_SCAN_LIMIT, (id) => {
-      if (decideAdmission(state, this.events[id]!).admit) this.startLocal(id, node);
-      return state.sandboxes < state.capacity.maxSandboxes;
+      if (this.local.admits(node, this.events[id]!)) this.startLocal(id, node);
+      return this.local.hasRoomForMore(node);
     });
   }
 
   private pullCloud(hostIndex: number): void {
-    const host = this.cloudHosts[hostIndex]!;
-    if (host.state !== 'ready') return;
+    if (this.cloud.hosts[hostIndex]!.state !== 'ready') return;
     this.cloudQueue.scan(this.policy.cloudHostSandboxes, (id) => {
       this.startCloud(id, hostIndex);
-      return host.sandboxes < this.policy.cloudHostSandboxes;
+      return this.cloud.hasSlot(hostIndex);
     });
   }
 
@@ -300,10 +240,10 @@ class Simulation {
 
   private tick(): void {
     const { policy, model } = this;
-    this.heartbeat();
-    const utilization = utilizationOf(this.usages, policy.utilizationBasis);
+    this.local.heartbeat(this.nowMs);
+    const utilization = utilizationOf(this.local.usages, policy.utilizationBasis);
     const share = policy.utilizationBasis === 'measured' ? model.measuredShareOfRequest : 1;
-    const utilizationWithCloudLoad = utilizationOf(this.usages, policy.utilizationBasis, { cpuMillis: share * this.cloudLoad.cpuMillis, memoryMiB: share * this.cloudLoad.memoryMiB });
+    const utilizationWithCloudLoad = utilizationOf(this.local.usages, policy.utilizationBasis, { cpuMillis: share * this.cloud.load.cpuMillis, memoryMiB: share * this.cloud.load.memoryMiB });
     this.diversion = stepDiversion(this.diversion, utilization, this.nowMs, policy, utilizationWithCloudLoad);
     if (this.nextArrival < this.n) {
       this.ticksDuringTrace++;
@@ -311,67 +251,14 @@ class Simulation {
       this.peakUtilization = Math.max(this.peakUtilization, utilization);
       if (this.diversion.diverting) this.divertingTicks++;
     }
-    this.scaleCloud();
+    for (const host of this.cloud.scale(this.pendingDivertedDemand, this.nowMs)) {
+      this.schedule(this.nowMs + model.cloudProvisioningDelayMs + model.cloudLayerSyncDelayMs, CLOUD_READY, host, host);
+    }
     // Nodes pull when a sandbox ends; one that had no end since the last tick (idle, or
     // room that appeared before a create queued) pulls here so nothing waits on it forever.
-    for (let node = 0; node < this.admission.length && this.waiting > 0; node++) if (!this.pulledSinceTick[node]) this.pullLocal(node);
+    for (let node = 0; node < this.local.count && this.waiting > 0; node++) if (!this.pulledSinceTick[node]) this.pullLocal(node);
     this.pulledSinceTick.fill(0);
-    const provisioning = this.liveCloudHosts.some((h) => h.state === 'provisioning');
-    if (this.nextArrival < this.n || this.waiting > 0 || this.running > 0 || provisioning) this.schedule(this.nowMs + model.heartbeatIntervalMs, TICK, 0, 0);
-  }
-
-  private heartbeat(): void {
-    for (let i = 0; i < this.candidates.length; i++) {
-      const { reserved, sandboxes, capacity } = this.admission[i]!;
-      const candidate = this.candidates[i]!;
-      const hb = candidate.heartbeat;
-      hb.atMs = this.nowMs;
-      hb.used.cpuMillis = reserved.cpuMillis;
-      hb.used.memoryMiB = reserved.memoryMiB;
-      hb.sandboxes = sandboxes;
-      hb.measured.cpuLoad = (this.model.measuredShareOfRequest * reserved.cpuMillis) / capacity.cpuMillis;
-      hb.measured.memoryUsedFraction = (this.model.measuredShareOfRequest * reserved.memoryMiB) / capacity.memoryMiB;
-      // The heartbeat shows everything placed so far: nothing is assumed any more.
-      candidate.assumed.cpuMillis = 0;
-      candidate.assumed.memoryMiB = 0;
-      candidate.assumed.sandboxes = 0;
-      const usage = this.usages[i]!;
-      usage.requested.cpuMillis = reserved.cpuMillis;
-      usage.requested.memoryMiB = reserved.memoryMiB;
-      usage.measured.cpuFraction = hb.measured.cpuLoad;
-      usage.measured.memoryFraction = hb.measured.memoryUsedFraction;
-    }
-  }
-
-  private scaleCloud(): void {
-    const { nowMs, provisionTimesMs } = this;
-    while (this.provisionWindowStart < provisionTimesMs.length && provisionTimesMs[this.provisionWindowStart]! <= nowMs - 60_000) this.provisionWindowStart++;
-    const plan = planCloudScaling(
-      {
-        cloudHosts: this.liveCloudHosts.map((h) => ({ id: h.id, state: h.state === 'ready' ? 'ready' : 'provisioning', sandboxes: h.sandboxes, idleSinceMs: h.idleSinceMs })),
-        pendingDivertedDemand: this.pendingDivertedDemand,
-        provisionsInLastMinute: provisionTimesMs.length - this.provisionWindowStart,
-        nowMs,
-      },
-      this.policy,
-    );
-    if (plan.terminate.length > 0) {
-      const ending = new Set(plan.terminate);
-      for (const host of this.liveCloudHosts) {
-        if (!ending.has(host.id)) continue;
-        host.state = 'terminated';
-        this.cloudVmMs += nowMs - host.provisionedAtMs;
-      }
-      this.liveCloudHosts = this.liveCloudHosts.filter((h) => h.state !== 'terminated');
-    }
-    for (let k = 0; k < plan.provision; k++) {
-      const host: CloudHost = { id: `cloud-${this.cloudHosts.length}`, index: this.cloudHosts.length, state: 'provisioning', sandboxes: 0, idleSinceMs: null, provisionedAtMs: nowMs };
-      this.cloudHosts.push(host);
-      this.liveCloudHosts.push(host);
-      provisionTimesMs.push(nowMs);
-      this.schedule(nowMs + this.model.cloudProvisioningDelayMs + this.model.cloudLayerSyncDelayMs, CLOUD_READY, host.index, host.index);
-    }
-    this.peakCloudHosts = Math.max(this.peakCloudHosts, this.liveCloudHosts.length);
+    if (this.nextArrival < this.n || this.waiting > 0 || this.running > 0 || this.cloud.isProvisioning()) this.schedule(this.nowMs + model.heartbeatIntervalMs, TICK, 0, 0);
   }
 
   // --- events -------------------------------------------------------------------------
@@ -379,32 +266,20 @@ class Simulation {
   private handle(event: SimEvent): void {
     switch (event.kind) {
       case END_LOCAL: {
-        const state = this.admission[event.where]!;
-        const create = this.events[event.id]!;
-        state.reserved.cpuMillis -= create.cpuMillis;
-        state.reserved.memoryMiB -= create.memoryMiB;
-        state.sandboxes--;
+        this.local.release(event.where, this.events[event.id]!);
         this.running--;
         this.leaveDivertedDemand(event.id);
         this.pullLocal(event.where);
         break;
       }
       case END_CLOUD: {
-        const host = this.cloudHosts[event.where]!;
-        host.sandboxes--;
-        this.cloudLoad.cpuMillis -= this.events[event.id]!.cpuMillis;
-        this.cloudLoad.memoryMiB -= this.events[event.id]!.memoryMiB;
+        this.cloud.end(event.where, this.events[event.id]!, this.nowMs);
         this.running--;
-        if (host.sandboxes === 0) host.idleSinceMs = this.nowMs;
         this.pullCloud(event.where);
         break;
       }
       case CLOUD_READY: {
-        const host = this.cloudHosts[event.where]!;
-        if (host.state !== 'provisioning') break;
-        host.state = 'ready';
-        host.idleSinceMs = this.nowMs;
-        this.pullCloud(event.where);
+        if (this.cloud.markReady(event.where, this.nowMs)) this.pullCloud(event.where);
         break;
       }
       case CLOUD_WAIT_OVER:
@@ -428,16 +303,14 @@ class Simulation {
   // --- the result ---------------------------------------------------------------------
 
   private summary(): SimResult {
-    // Hosts still up at the end would idle out after idleTerminateMs: bill them until then.
-    for (const host of this.liveCloudHosts) this.cloudVmMs += Math.max(this.nowMs, (host.idleSinceMs ?? this.nowMs) + this.policy.idleTerminateMs) - host.provisionedAtMs;
     return summarize({
       outcome: this.outcome,
       waitMs: this.waitMs,
       counts: this.counts,
       byReason: this.byReason,
-      cloudVmMs: this.cloudVmMs,
-      peakCloudHosts: this.peakCloudHosts,
-      cloudProvisions: this.cloudHosts.length,
+      cloudVmMs: this.cloud.billedVmMs(this.nowMs),
+      peakCloudHosts: this.cloud.peakHosts,
+      cloudProvisions: this.cloud.hosts.length,
       ticksDuringTrace: this.ticksDuringTrace,
       divertingTicks: this.divertingTicks,
       utilizationSum: this.utilizationSum,
