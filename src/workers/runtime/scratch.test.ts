@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { inodesForDisk } from './scratch.ts';
+import { inodesForDisk } from './disk-templates.ts';
 
 describe('inodesForDisk', () => {
   it('gives one inode per 16 KiB, at least 4096, but never more than one per 4 KiB', () => {

@@ -1,40 +1,15 @@
-/*
- * Longer than most: one lifecycle (make or reuse the scratch filesystem, its templates,
- * attach and detach one disk per sandbox, tear down) whose steps share their checks of
- * what the kernel holds (loop devices, mounts); split, each part would need the others'.
- */
-import { randomBytes } from 'node:crypto';
-import { closeSync, existsSync, ftruncateSync, mkdirSync, openSync, readSync, readdirSync, renameSync, rmSync, statSync, statfsSync } from 'node:fs';
+import { closeSync, ftruncateSync, mkdirSync, openSync, readSync, readdirSync, rmSync, statSync, statfsSync } from 'node:fs';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { RollboxError } from '../../api/index.ts';
 import { isMountPoint, listLoopDevices } from '../../layers/index.ts';
 import { DiskOpError, MNT_DETACH, MS_NODEV, MS_NOEXEC, MS_NOSUID, type DiskHelper } from './diskhelper.ts';
+import { DiskTemplates, EXT4_OPTIONS, mkfsExt4 } from './disk-templates.ts';
 import { runTool } from '../../proc/index.ts';
 import type { RuntimeLogger } from './context.ts';
 
 const MIB = 1024 * 1024;
 const GIB = 1024 * MIB;
-
-/**
- * Mount options of the scratch filesystem and of every sandbox disk. noinit_itable: the
- * kernel never zeroes their (lazily initialized) inode tables, which would write ~1.6% of
- * every disk in the background. nobarrier: no cache flushes, so a sandbox's fsync (or the
- * superblock write at mount) does not cascade through both loop devices into a journal
- * commit of the host filesystem; neither filesystem is meant to survive a host crash (a
- * scratch image not cleanly unmounted is re-made, see `reusable`). Measured: make a disk
- * 4.4 -> 3.4 ms.
- */
-const EXT4_OPTIONS = 'noinit_itable,nobarrier';
-
-/**
- * Inodes of a sandbox disk: one per 16 KiB (ext4's own default ratio, diskMiB * 64), at
- * least 4096 so small disks still hold a few thousand files, but at most one per 4 KiB so
- * the inode table of a tiny disk does not eat its data blocks (1 MiB: 256, 8 MiB: 2048).
- */
-export function inodesForDisk(diskMiB: number): number {
-  return Math.max(diskMiB * 64, Math.min(4096, diskMiB * 256));
-}
 
 export interface ScratchDisksDeps {
   /** Absolute; the scratch image is `<dataDir>/scratch.img`, mounted at `<dataDir>/scratch`. */
@@ -93,14 +68,14 @@ export class ScratchDisks {
   private chain: Promise<void> = Promise.resolve();
   /** attach() calls in progress: the scratch filesystem is not unmounted under them. */
   private attaching = 0;
-  /** Template path per disk size, least recently used first. */
-  private readonly templates = new Map<number, Promise<string>>();
+  private readonly templates: DiskTemplates;
 
   constructor(private readonly deps: ScratchDisksDeps) {
     this.imagePath = path.join(deps.dataDir, 'scratch.img');
     this.mountPoint = path.join(deps.dataDir, 'scratch');
     this.disksDir = path.join(this.mountPoint, 'disks');
     this.templatesDir = path.join(this.mountPoint, 'templates');
+    this.templates = new DiskTemplates(this.templatesDir, deps.maxTemplates ?? 32, deps.mkfsBinary);
   }
 
   imageOf(sandboxId: string): string {
@@ -157,7 +132,7 @@ export class ScratchDisks {
       // Few, large files: one inode per 1 MiB is plenty and keeps the inode table small.
       const inodes = String(Math.max(4096, Math.floor(sizeBytes / MIB)));
       try {
-        await this.mkfs(this.imagePath, ['-N', inodes]);
+        await mkfsExt4(this.imagePath, ['-N', inodes], this.deps.mkfsBinary);
         await mountIt();
       } catch (err) {
         rmSync(this.imagePath, { force: true });
@@ -203,65 +178,6 @@ export class ScratchDisks {
     return Math.max(GIB, Math.floor(Math.min(64 * GIB, halfFree) / MIB) * MIB);
   }
 
-  /**
-   * Format `file` as a sandbox-style ext4: no journal (a sandbox disk does not outlive a host
-   * crash, and the journal would cost writes and 4+ MiB), no blocks reserved for root, no
-   * resize inode, inode tables left uninitialized (mounted with noinit_itable, so the kernel
-   * never zeroes them either: a fresh disk has ~150 KB written per GiB).
-   */
-  private async mkfs(file: string, extra: string[]): Promise<void> {
-    const args = ['-q', '-F', '-b', '4096', '-I', '256', '-m', '0', '-O', '^has_journal,^resize_inode', '-E', 'lazy_itable_init=1,nodiscard', ...extra, file];
-    const r = await runTool(this.deps.mkfsBinary ?? 'mkfs.ext4', args);
-    if (r.code !== 0) throw new RollboxError('internal', `mkfs.ext4 ${path.basename(file)} failed: ${r.stderr.trim()}`);
-  }
-
-  /** The formatted, empty disk of `diskMiB` with the overlay's upper/ and work/ dirs in it. */
-  private template(diskMiB: number): Promise<string> {
-    let p = this.templates.get(diskMiB);
-    if (p) {
-      this.templates.delete(diskMiB); // most recently used goes last
-      this.templates.set(diskMiB, p);
-      return p;
-    }
-    p = this.makeTemplate(diskMiB);
-    this.templates.set(diskMiB, p);
-    const made = p;
-    made.catch(() => {
-      if (this.templates.get(diskMiB) === made) this.templates.delete(diskMiB);
-    });
-    // Sizes are chosen by clients: keep a bounded number. A disk never depends on its
-    // template after the copy, and a copy racing the removal retries (see attach).
-    const max = this.deps.maxTemplates ?? 32;
-    for (const [size, old] of this.templates) {
-      if (this.templates.size <= max) break;
-      this.templates.delete(size);
-      void old.then((file) => rmSync(file, { force: true })).catch(() => undefined);
-    }
-    return p;
-  }
-
-  private async makeTemplate(diskMiB: number): Promise<string> {
-    const file = path.join(this.templatesDir, `${diskMiB}m.img`);
-    if (existsSync(file)) return file; // made before a worker restart; written via rename, so complete
-    const root = path.join(this.templatesDir, 'root');
-    for (const d of ['upper', 'work']) mkdirSync(path.join(root, d), { recursive: true, mode: 0o755 });
-    const tmp = `${file}.${randomBytes(4).toString('hex')}.tmp`;
-    try {
-      const fd = openSync(tmp, 'wx', 0o600);
-      try {
-        ftruncateSync(fd, diskMiB * MIB);
-      } finally {
-        closeSync(fd);
-      }
-      await this.mkfs(tmp, ['-N', String(inodesForDisk(diskMiB)), '-d', root]);
-      renameSync(tmp, file);
-    } catch (err) {
-      rmSync(tmp, { force: true });
-      throw err;
-    }
-    return file;
-  }
-
   /** Give sandbox `sandboxId` an empty disk of `diskMiB` mounted at `target` (an existing empty dir). */
   async attach(sandboxId: string, diskMiB: number, target: string): Promise<void> {
     if (!Number.isInteger(diskMiB) || diskMiB < 1) throw new RollboxError('invalid_request', `diskMiB must be a positive integer`);
@@ -283,7 +199,7 @@ export class ScratchDisks {
     const preallocate = this.deps.preallocate ?? false;
     if (!preallocate) this.checkFree();
     for (let attempt = 0; ; attempt++) {
-      const tpl = await this.template(diskMiB);
+      const tpl = await this.templates.get(diskMiB);
       try {
         await this.deps.helper.makeDisk(tpl, image, preallocate, target, 'ext4', MS_NOSUID | MS_NODEV, EXT4_OPTIONS);
         return;
@@ -295,7 +211,7 @@ export class ScratchDisks {
         }
         // The template was evicted between lookup and copy: make it again, once.
         if (err instanceof DiskOpError && err.errno === 'ENOENT' && attempt === 0) {
-          this.templates.delete(diskMiB);
+          this.templates.forget(diskMiB);
           continue;
         }
         throw err;
