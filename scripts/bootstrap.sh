@@ -5,7 +5,7 @@ set -e
 cd "$(dirname "$0")/.."
 
 missing=""
-for pkg in runc erofs-utils redis-server busybox-static nftables iproute2 e2fsprogs musl-tools gcc; do
+for pkg in runc erofs-utils redis-server busybox-static nftables iptables iproute2 e2fsprogs musl-tools gcc; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing="$missing $pkg"
 done
 

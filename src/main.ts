@@ -18,7 +18,7 @@ import { NodeDirectory, ReplyHub } from './queues/index.ts';
 import { BlockingPool, connectRedis, startRedisServer, type RedisServerHandle } from './redis/index.ts';
 import { CommandLog, LayerRegistry, SandboxRegistry, keys } from './registry/index.ts';
 import { WorkerHost } from './workers/index.ts';
-import { SandboxNetworks } from './workers/network/index.ts';
+import { NetworkSelfTest, SandboxNetworks } from './workers/network/index.ts';
 import { createRuncRuntime } from './workers/runtime/index.ts';
 
 export interface Stoppable {
@@ -180,6 +180,7 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
     resolveHost: async (name) => config.network.staticHosts.get(name) ?? (await dns.resolve4(name)),
     logger,
   });
+  const selfTest = new NetworkSelfTest({ networks: network, nodeId, probeCidr: config.network.probeCidr });
   const runtime = createRuncRuntime({ dataDir: workerDir, runtimeBinary: config.node.runtimeBinary, layerMounts, nodeId, logger, network, scratchSizeGiB: config.node.scratchSizeGiB, besteffortHoldMs: config.node.besteffortHoldMs, besteffortHeldCpuMillis: config.node.besteffortHeldCpuMillis });
   const host = new WorkerHost({
     config: { ...config.node, nodeId },
@@ -197,6 +198,7 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
     tmpDir: path.join(workerDir, 'tmp'),
     logger,
     syncLayers: config.node.syncLayers.length ? layerSyncOf(config, redis, store, path.join(workerDir, 'tmp')) : undefined,
+    networkSelfTest: { run: () => selfTest.run(), intervalMs: config.network.selfTestIntervalMs },
   });
   await host.start();
   return {

@@ -20,6 +20,19 @@ export const NodeHeartbeat = z.object({
   cachedLayers: z.array(z.string()),
   /** Layer digests this host holds in its own store (a cloud host's pre-synced set). */
   syncedLayers: z.array(z.string()).optional(),
+  /**
+   * The worker host's sandbox networking, from its periodic self-test (absent: a host
+   * that does not report it). Allowlist creates are placed only where it says `ok`.
+   */
+  network: z
+    .object({
+      allowlist: z.enum(['ok', 'failing']),
+      checkedAtMs: z.number(),
+      detail: z.string().optional(),
+      /** Where rollbox's accept rules sit in the host's other rule sets (Docker's DOCKER-USER, say). */
+      firewall: z.array(z.string()),
+    })
+    .optional(),
   /** Create requests this node has handled (admitted or refused) recently; lets gateways drop assumed load. */
   handledCreates: z.array(z.string()),
 });

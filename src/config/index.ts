@@ -68,6 +68,8 @@ export const Env = z.object({
   ROLLBOX_NET_POOL: z.string().default('10.200.0.0/16').describe('Veth addresses of allowlist sandboxes, one /30 each; shared by the workers of a host.'),
   ROLLBOX_NET_LEASE_DIR: z.string().default('/run/rollbox/net').describe('Host-wide address leases of that pool (one file per /30).'),
   ROLLBOX_NET_BLOCK: z.string().default('').describe('More CIDRs no sandbox may reach (comma-separated), on top of the built-in list.'),
+  ROLLBOX_NET_PROBE_CIDR: z.string().default('198.18.0.0/15').describe('Worker: addresses of the network self-test\'s probe "outside" (a /29 per worker host, inside a namespace of its own; the RFC 2544 benchmarking range, never routed).'),
+  ROLLBOX_NET_SELFTEST_INTERVAL_MS: z.coerce.number().int().min(1000).default(60_000).describe('Worker: how often the network self-test runs (also at start); while it fails, every 5 s at most this. Allowlist creates go only to hosts where it passes.'),
   ROLLBOX_NET_STATIC_HOSTS: z.string().default('').describe('`name=ip|ip,name2=ip`: allowlisted hostnames resolved from this map instead of the host\'s resolver.'),
 });
 
@@ -135,6 +137,8 @@ export function loadConfig(env: NodeJS.ProcessEnv, overrides: Partial<Record<key
     network: {
       poolCidr: e.ROLLBOX_NET_POOL,
       leaseDir: e.ROLLBOX_NET_LEASE_DIR,
+      probeCidr: e.ROLLBOX_NET_PROBE_CIDR,
+      selfTestIntervalMs: e.ROLLBOX_NET_SELFTEST_INTERVAL_MS,
       blockedCidrs: e.ROLLBOX_NET_BLOCK.split(',').map((c) => c.trim()).filter(Boolean),
       staticHosts: new Map(
         e.ROLLBOX_NET_STATIC_HOSTS.split(',')

@@ -76,13 +76,16 @@ export class SandboxService {
     const { registry, config, directory } = this.deps;
     const layerDigests = await this.deps.layers.resolveAll([request.image.base, ...request.image.layers]);
     const id = newId('sbx');
-    const local = { memoryMiB: request.resources.memoryMiB, cpuMillis: request.resources.cpuMillis, diskMiB: request.resources.diskMiB, pool: config.node.pool, exclude: new Set<string>() };
+    const local = { ...placementOf(request), pool: config.node.pool, exclude: new Set<string>() };
     // A node that joined since the last snapshot refresh should not mean "no capacity".
     const placeFresh = async (p: PlacementRequest) => this.place(p) ?? (await directory.refresh().then(() => this.place(p)));
     const routed = this.deps.burst ? await this.deps.burst.placeCreate(id, request, layerDigests, local, placeFresh) : { placement: local, node: await placeFresh(local) };
     const placement = { ...routed.placement, exclude: new Set<string>() };
     const node = routed.node;
-    if (!node) throw new RollboxError('no_capacity', `no worker host in pool ${placement.pool} can take ${request.resources.memoryMiB} MiB of memory and ${request.resources.diskMiB} MiB of disk now`, 5);
+    if (!node) {
+      this.throwIfNetworkIsWhy(placement);
+      throw new RollboxError('no_capacity', `no worker host in pool ${placement.pool} can take ${request.resources.memoryMiB} MiB of memory and ${request.resources.diskMiB} MiB of disk now`, 5);
+    }
 
     const nowMs = this.deps.now();
     const record: Sandbox = { id, tenant: principal.tenant, state: 'pending', node, spec: request, layerDigests, createdAt: new Date(nowMs).toISOString(), oomKills: 0 };
@@ -158,6 +161,19 @@ export class SandboxService {
         return { kind: 'refused', requestId, nodeId, reason: `worker host ${nodeId} stopped heartbeating` };
       }
     }
+  }
+
+  /**
+   * An allowlist request no node took, where one would have taken it without the network:
+   * the hosts' self-tests are why, and the caller is told their causes.
+   */
+  private throwIfNetworkIsWhy(placement: PlacementRequest): void {
+    if (!placement.network || !this.place({ ...placement, network: false })) return;
+    const failing = this.deps.directory
+      .candidates()
+      .filter((c) => c.heartbeat.pool === placement.pool && c.heartbeat.network?.allowlist === 'failing')
+      .map((c) => `${c.heartbeat.nodeId}: ${c.heartbeat.network!.detail ?? 'self-test failing'}`);
+    throw new RollboxError('network_unavailable', `no worker host in pool ${placement.pool} can give a sandbox an allowlist network now; their network self-tests fail (${failing.join(' | ')})`, 30);
   }
 
   private place(request: PlacementRequest): string | undefined {
@@ -238,10 +254,12 @@ export class SandboxService {
 
   /** A hibernated sandbox comes back on any node that can take it, from its packed writable layer. */
   private async wake(sandbox: Sandbox): Promise<Sandbox> {
-    const { resources } = sandbox.spec;
-    const placement = { memoryMiB: resources.memoryMiB, cpuMillis: resources.cpuMillis, diskMiB: resources.diskMiB, pool: this.deps.config.node.pool, exclude: new Set<string>() };
+    const placement = { ...placementOf(sandbox.spec), pool: this.deps.config.node.pool, exclude: new Set<string>() };
     const node = this.place(placement) ?? (await this.deps.directory.refresh().then(() => this.place(placement)));
-    if (!node) throw new RollboxError('no_capacity', `no worker host can take sandbox ${sandbox.id} back now`, 5);
+    if (!node) {
+      this.throwIfNetworkIsWhy(placement);
+      throw new RollboxError('no_capacity', `no worker host can take sandbox ${sandbox.id} back now`, 5);
+    }
     if (!(await this.deps.registry.reassign(sandbox.id, sandbox.node, node))) return this.waitSettled(sandbox.id, sandbox.tenant);
     const started = await this.startOnNodes(sandbox.id, sandbox.tenant, placement, node, `${sandbox.id}.wake${this.deps.now()}.`);
     if (started.kind === 'started') return started.sandbox;
@@ -331,4 +349,10 @@ function settledOrThrow(sandbox: Sandbox): Sandbox {
     default:
       throw new RollboxError('internal', detail);
   }
+}
+
+/** What placement needs of a sandbox's spec: its resources, and whether it has a network. */
+function placementOf(spec: Pick<CreateSandboxRequest, 'resources' | 'network'>): Omit<PlacementRequest, 'pool' | 'exclude'> {
+  const { memoryMiB, cpuMillis, diskMiB } = spec.resources;
+  return { memoryMiB, cpuMillis, diskMiB, network: spec.network.mode === 'allowlist' };
 }

@@ -23,6 +23,15 @@ const request = { memoryMiB: 512, cpuMillis: 1000, pool: 'local', exclude: new S
 const options = { choices: 2, staleAfterMs: 3000, random: seeded(1) };
 
 describe('chooseNode', () => {
+  it('places an allowlist network only on nodes whose network self-test passes (or that report none)', () => {
+    const failing = node('failing', 0, { network: { allowlist: 'failing', checkedAtMs: 1, detail: 'forward path blocked', firewall: [] } });
+    const passing = node('passing', 5_000, { network: { allowlist: 'ok', checkedAtMs: 1, firewall: ['iptables-nft filter DOCKER-USER (forward)'] } });
+    for (let i = 0; i < 20; i++) expect(chooseNode([failing, passing], { ...request, network: true }, options)?.heartbeat.nodeId).toBe('passing');
+    expect(chooseNode([failing], { ...request, network: true }, options)).toBeUndefined();
+    expect(chooseNode([failing], request, options)?.heartbeat.nodeId).toBe('failing');
+    expect(chooseNode([node('unreported', 0)], { ...request, network: true }, options)?.heartbeat.nodeId).toBe('unreported');
+  });
+
   it('filters unhealthy, stale, excluded, wrong-pool and full nodes', () => {
     const nodes = [
       node('sick', 0, { healthy: false }),

@@ -42,6 +42,8 @@ export interface PlacementRequest {
   avoid?: ReadonlySet<string>;
   /** The node must hold every one of these layers (a cloud host's synced set). */
   requiredLayers?: readonly string[];
+  /** An allowlist network: only nodes whose network self-test passes (or that report none). */
+  network?: boolean;
 }
 
 export interface PlacementOptions {
@@ -69,6 +71,7 @@ export function eligibleNodes(candidates: readonly PlacementCandidate[], request
     const hb = c.heartbeat;
     if (!hb.healthy || c.ageMs > staleAfterMs || hb.pool !== request.pool || request.exclude.has(hb.nodeId)) return false;
     if (hb.ready === false || request.avoid?.has(hb.nodeId) || !holdsLayers(hb, request.requiredLayers)) return false;
+    if (request.network && hb.network && hb.network.allowlist !== 'ok') return false;
     const memoryFree = hb.capacity.memoryMiB - hb.used.memoryMiB - c.assumed.memoryMiB;
     const slotsFree = hb.capacity.maxSandboxes - hb.sandboxes - c.assumed.sandboxes;
     // Disk as the node last reported it (not counted in assumed load: the node's own

@@ -19,7 +19,7 @@ export async function handleCreate(ctx: HostContext, job: CreateJob): Promise<vo
     return;
   }
   const request = { memoryMiB: sandbox.spec.resources.memoryMiB, cpuMillis: sandbox.spec.resources.cpuMillis, diskMiB: sandbox.spec.resources.diskMiB };
-  const decision = ctx.stopped
+  let decision = ctx.stopped
     ? ({ admit: false, reason: 'worker host stopping' } as const)
     : decideAdmission(
         {
@@ -33,6 +33,11 @@ export async function handleCreate(ctx: HostContext, job: CreateJob): Promise<vo
         request,
       );
   ctx.local.noteHandled(sandbox.id, ctx.now());
+  // The gateway places allowlist sandboxes only where the self-test passes; its view may be a heartbeat old.
+  const { networkHealth } = ctx;
+  if (decision.admit && sandbox.spec.network.mode === 'allowlist' && networkHealth?.allowlist === 'failing') {
+    decision = { admit: false, reason: `sandbox networking fails its self-test here: ${networkHealth.detail}` };
+  }
   if (!decision.admit) {
     ctx.log.info({ sandboxId: sandbox.id, reason: decision.reason }, 'admission refused');
     await ctx.reply(job.replyTo, { kind: 'refused', requestId: job.requestId, nodeId: ctx.nodeId, reason: decision.reason });

@@ -13,6 +13,7 @@ export interface HeartbeatInput {
   local: LocalSandboxes;
   diskCapacityMiB: number;
   cachedLayers: string[];
+  network?: NodeHeartbeat['network'];
 }
 
 /** What a worker host tells the cluster about itself, about every second. */
@@ -31,5 +32,6 @@ export function heartbeatOf(input: HeartbeatInput): NodeHeartbeat {
     starting: local.startingCount(),
     cachedLayers: input.cachedLayers,
     handledCreates: local.recentlyHandled(input.atMs),
+    ...(input.network ? { network: input.network } : {}),
   };
 }

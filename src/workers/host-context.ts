@@ -6,6 +6,7 @@ import { publishReply } from '../queues/index.ts';
 import { LayerRegistry, type CommandLog, type SandboxRegistry } from '../registry/index.ts';
 import { diskCapacityMiB } from './admission.ts';
 import { LocalSandboxes } from './local-sandboxes.ts';
+import type { NetworkHealth } from './network/index.ts';
 import type { SandboxRuntime } from './runtime/types.ts';
 
 export interface WorkerHostDeps {
@@ -30,6 +31,8 @@ export interface WorkerHostDeps {
    * digests held. Runs before the host reports ready; retried until it succeeds.
    */
   syncLayers?: (signal: AbortSignal) => Promise<string[]>;
+  /** The network self-test (at start, then every `intervalMs`); without it no health is reported. */
+  networkSelfTest?: { run(): Promise<NetworkHealth>; intervalMs: number };
 }
 
 /** What the worker host's parts (create handling, op handling, the host itself) share. */
@@ -40,6 +43,8 @@ export class HostContext {
   readonly log: Logger;
   readonly now: () => number;
   stopped = false;
+  /** The last network self-test's verdict. */
+  networkHealth: NetworkHealth | undefined;
 
   constructor(readonly deps: WorkerHostDeps) {
     this.log = deps.logger.child({ nodeId: deps.config.nodeId });

@@ -13,6 +13,8 @@ const REGISTRY_SYNC_MS = 3000;
 /** How often the inits of local sandboxes are checked (two small /proc reads each). */
 const INIT_WATCH_MS = 2000;
 const SYNC_RETRY_MS = 1000;
+/** While the network self-test fails, it runs again this soon (an operator fixing the host sees it pass). */
+const FAILING_NETWORK_RECHECK_MS = 5000;
 /**
  * On stop, how long running operations may finish before the host stops waiting on them.
  * A command can run for hours (a background one up to 24 h): past this, stop goes on, and
@@ -23,10 +25,10 @@ const STOP_GRACE_MS = 5000;
 
 /**
  * A worker host. Its lifecycle:
- *   start: reconcile (adopt what Redis says runs here, remove everything else) -> first
- *          heartbeat -> (cloud hosts) layer sync -> take from its inboxes (create, ops)
+ *   start: reconcile (adopt what Redis says runs here, remove everything else) -> network
+ *          self-test -> first heartbeat -> (cloud hosts) layer sync -> take from its inboxes
  *   run:   creates under local admission (create-handler.ts), operations on its sandboxes
- *          (op-handler.ts), heartbeats, TTLs, init watch, registry sync
+ *          (op-handler.ts), heartbeats, TTLs, init watch, registry sync, network self-test
  *   stop:  stop taking, give running operations a grace, (embedded stack) destroy all
  */
 export class WorkerHost {
@@ -38,6 +40,7 @@ export class WorkerHost {
   private ready: boolean;
   private syncedLayers: string[] | undefined;
   private readonly stopping = new AbortController();
+  private networkCheck: { timer?: NodeJS.Timeout; running?: Promise<void> } = {};
 
   constructor(private readonly deps: WorkerHostDeps) {
     this.ctx = new HostContext(deps);
@@ -52,6 +55,7 @@ export class WorkerHost {
   async start(): Promise<void> {
     const { ctx } = this;
     await this.reconcile();
+    await this.checkNetwork();
     await this.heartbeat();
     await this.syncLayersBeforeReady();
     if (ctx.stopped) return;
@@ -116,6 +120,9 @@ export class WorkerHost {
     ctx.stopped = true;
     this.stopping.abort();
     for (const t of this.timers) clearInterval(t);
+    clearTimeout(this.networkCheck.timer);
+    // A round in flight holds a probe network: it ends before the stop's reconcile removes everything.
+    await this.networkCheck.running;
     // Heartbeats (unhealthy: nothing new is placed here) go on through the grace, or a
     // host that waits on a long command would be declared lost and its sandboxes failed.
     const beat = setInterval(() => void this.heartbeat().catch(() => undefined), this.deps.config.heartbeatMs);
@@ -190,8 +197,31 @@ export class WorkerHost {
       local: ctx.local,
       diskCapacityMiB: ctx.diskSpace().capacityMiB,
       cachedLayers: this.deps.runtime.mountedLayers(),
+      network: ctx.networkHealth,
     });
     await this.deps.redis.hset(keys.nodes, this.nodeId, JSON.stringify(heartbeat));
+  }
+
+  /**
+   * One network self-test round, then the next one scheduled (sooner while failing).
+   * Transitions are logged: the heartbeat carries the verdict to placement.
+   */
+  private async checkNetwork(): Promise<void> {
+    const { ctx } = this;
+    const selfTest = this.deps.networkSelfTest;
+    if (!selfTest || ctx.stopped) return;
+    this.networkCheck.running = (async () => {
+      const before = ctx.networkHealth?.allowlist;
+      const health = await selfTest.run();
+      ctx.networkHealth = health;
+      if (health.allowlist === 'failing') ctx.log.error({ detail: health.detail, firewall: health.firewall }, 'network self-test failed: allowlist sandboxes are placed elsewhere');
+      else if (before !== 'ok') ctx.log.info({ firewall: health.firewall }, 'network self-test passed');
+    })();
+    await this.networkCheck.running;
+    if (ctx.stopped) return;
+    const nextMs = ctx.networkHealth?.allowlist === 'failing' ? Math.min(FAILING_NETWORK_RECHECK_MS, selfTest.intervalMs) : selfTest.intervalMs;
+    this.networkCheck.timer = setTimeout(() => void this.checkNetwork().catch((err) => ctx.log.warn({ err }, 'network self-test failed to run')), nextMs);
+    this.networkCheck.timer.unref();
   }
 
   /** Inits that died while no command ran (killed from the host, say) are noticed here. */

@@ -24,6 +24,13 @@ export interface TestWorkerOptions {
   env?: Record<string, string>;
 }
 
+export interface SpawnedWorkerOptions extends TestWorkerOptions {
+  /** A network namespace (name under /run/netns) the worker runs in; its env must then reach Redis (REDIS_URL). */
+  netns?: string;
+  /** `--destroy-on-exit`: its sandboxes end with it (and its network state with them). */
+  destroyOnExit?: boolean;
+}
+
 export interface TestCluster {
   url: string;
   redisUrl: string;
@@ -32,8 +39,11 @@ export interface TestCluster {
   token(tenant: string, scopes: Scope[], ttlSeconds?: number): Promise<string>;
   /** Starts a worker host in this process. */
   addWorker(options: TestWorkerOptions): Promise<WorkerHandle>;
-  /** Starts a worker host as its own `rollbox worker` process (so a test can SIGKILL it). */
-  spawnWorker(options: TestWorkerOptions): Promise<ChildProcess>;
+  /**
+   * Starts a worker host as its own `rollbox worker` process (so a test can SIGKILL it),
+   * optionally inside a network namespace standing for another host.
+   */
+  spawnWorker(options: SpawnedWorkerOptions): Promise<ChildProcess>;
   workerConfig(options: TestWorkerOptions): Config;
   /** Stops the gateway; `startGateway` brings it back on the same port. */
   stopGateway(): Promise<void>;
@@ -93,8 +103,11 @@ export async function startTestCluster(options: { workers?: TestWorkerOptions[];
         return handle;
       },
       async spawnWorker(w) {
-        const child = spawn(process.execPath, [path.join(REPO_ROOT, 'bin/rollbox.js'), 'worker', '--data-dir', path.join(rootDir, w.nodeId), '--node-id', w.nodeId], {
-          env: { ...process.env, ...env, ...w.env, REDIS_URL: redis!.url, ROLLBOX_LOG_LEVEL: 'warn' },
+        const command = [process.execPath, path.join(REPO_ROOT, 'bin/rollbox.js'), 'worker', '--data-dir', path.join(rootDir, w.nodeId), '--node-id', w.nodeId, ...(w.destroyOnExit ? ['--destroy-on-exit'] : [])];
+        const inNetns = w.netns ? ['nsenter', `--net=/run/netns/${w.netns}`, '--'] : [];
+        const [file, ...args] = [...inNetns, ...command];
+        const child = spawn(file!, args, {
+          env: { ...process.env, ...env, REDIS_URL: redis!.url, ROLLBOX_LOG_LEVEL: 'warn', ...w.env },
           stdio: ['ignore', 'inherit', 'inherit'],
         });
         (child as ChildProcess & { nodeId?: string }).nodeId = w.nodeId;

@@ -62,7 +62,8 @@ function sh(cmd: string, args: string[]): string {
   return execFileSync(cmd, args, { encoding: 'utf8' });
 }
 
-export async function startTargetNetns(options: { subnet: number; holdPort: number; ports: number[]; metadataRoute?: boolean }): Promise<TargetNetns> {
+/** `hostNetns`: the namespace standing for the host (a test's fake host); default the real one. */
+export async function startTargetNetns(options: { subnet: number; holdPort: number; ports: number[]; metadataRoute?: boolean; hostNetns?: string }): Promise<TargetNetns> {
   const tag = randomBytes(3).toString('hex');
   const name = `rbtest-${tag}`;
   const hostVeth = `rbt${tag}h`;
@@ -78,21 +79,22 @@ export async function startTargetNetns(options: { subnet: number; holdPort: numb
     events: [],
   };
   let child: ChildProcess | undefined;
+  const onHost = options.hostNetns ? ['-n', options.hostNetns] : [];
   const cleanup = async () => {
     if (child && child.exitCode === null && child.signalCode === null) {
       const exited = new Promise((r) => child!.once('close', r));
       child.kill('SIGKILL');
       await exited;
     }
-    if (options.metadataRoute) spawnSyncQuiet('ip', ['route', 'del', '169.254.169.254/32', 'dev', hostVeth]);
-    spawnSyncQuiet('ip', ['link', 'del', hostVeth]);
+    if (options.metadataRoute) spawnSyncQuiet('ip', [...onHost, 'route', 'del', '169.254.169.254/32', 'dev', hostVeth]);
+    spawnSyncQuiet('ip', [...onHost, 'link', 'del', hostVeth]);
     spawnSyncQuiet('ip', ['netns', 'del', name]);
   };
   try {
     sh('ip', ['netns', 'add', name]);
-    sh('ip', ['link', 'add', hostVeth, 'type', 'veth', 'peer', 'name', nsVeth, 'netns', name]);
-    sh('ip', ['addr', 'add', `${target.hostAddress}/24`, 'dev', hostVeth]);
-    sh('ip', ['link', 'set', hostVeth, 'up']);
+    sh('ip', [...onHost, 'link', 'add', hostVeth, 'type', 'veth', 'peer', 'name', nsVeth, 'netns', name]);
+    sh('ip', [...onHost, 'addr', 'add', `${target.hostAddress}/24`, 'dev', hostVeth]);
+    sh('ip', [...onHost, 'link', 'set', hostVeth, 'up']);
     const inNs = (...args: string[]) => sh('ip', ['netns', 'exec', name, ...args]);
     inNs('ip', 'link', 'set', 'lo', 'up');
     inNs('ip', 'addr', 'add', `${target.address}/24`, 'dev', nsVeth);
@@ -104,7 +106,7 @@ export async function startTargetNetns(options: { subnet: number; holdPort: numb
       // Should anything leak toward the metadata address, it lands here and is recorded,
       // never on a real metadata service.
       inNs('ip', 'addr', 'add', '169.254.169.254/32', 'dev', nsVeth);
-      sh('ip', ['route', 'add', '169.254.169.254/32', 'dev', hostVeth]);
+      sh('ip', [...onHost, 'route', 'add', '169.254.169.254/32', 'dev', hostVeth]);
     }
     // nsenter --net, not `ip netns exec`: the latter also makes a new mount namespace, a
     // copy of every host mount of the moment (other tests' layer loops, sandbox disks),

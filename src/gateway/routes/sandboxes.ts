@@ -17,7 +17,7 @@ export function registerSandboxRoutes(app: GatewayApp, sandboxes: SandboxApi): v
       responses: {
         201: json(Sandbox, 'created and running'),
         200: json(Sandbox, 'replay of an earlier request with the same Idempotency-Key'),
-        ...errors('not_found', 'conflict', 'payload_too_large', 'quota_exceeded', 'no_capacity', 'admission_exhausted', 'timeout', 'node_lost'),
+        ...errors('not_found', 'conflict', 'payload_too_large', 'quota_exceeded', 'no_capacity', 'network_unavailable', 'admission_exhausted', 'timeout', 'node_lost'),
       },
     }),
     async (c) => {
@@ -50,7 +50,7 @@ export function registerSandboxRoutes(app: GatewayApp, sandboxes: SandboxApi): v
         path: `/v1/sandboxes/{id}/${action}`,
         security,
         request: { params: IdParam, body },
-        responses: { 200: json(Sandbox, `the sandbox after ${action}`), ...errors('not_found', 'invalid_state', 'conflict', 'timeout', 'no_capacity') },
+        responses: { 200: json(Sandbox, `the sandbox after ${action}`), ...errors('not_found', 'invalid_state', 'conflict', 'timeout', 'no_capacity', 'network_unavailable') },
       }),
       async (c) => c.json(await sandboxes.setPaused(c.get('principal'), c.req.valid('param').id, paused, c.req.valid('json')?.mode), 200),
     );
@@ -83,7 +83,7 @@ export function registerSandboxRoutes(app: GatewayApp, sandboxes: SandboxApi): v
       path: '/v1/sandboxes/{id}/policy',
       security,
       request: { params: IdParam, body: jsonBody(PolicyPatch) },
-      responses: { 200: json(Sandbox, 'the sandbox with its new stage policy, in force'), ...errors('not_found', 'invalid_state', 'conflict', 'timeout') },
+      responses: { 200: json(Sandbox, 'the sandbox with its new stage policy, in force'), ...errors('not_found', 'invalid_state', 'conflict', 'timeout', 'network_unavailable') },
     }),
     async (c) => c.json(await sandboxes.setPolicy(c.get('principal'), c.req.valid('param').id, c.req.valid('json')), 200),
   );

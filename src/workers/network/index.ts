@@ -1,11 +1,11 @@
 import { createHash } from 'node:crypto';
-import { mkdirSync } from 'node:fs';
-import { readFile, readdir, unlink, writeFile } from 'node:fs/promises';
+import { readFile, writeFile } from 'node:fs/promises';
 import os from 'node:os';
-import path from 'node:path';
 import { RollboxError, type NetworkPolicy } from '../../api/index.ts';
 import { runTool, runToolOk } from '../../proc/index.ts';
 import { DnsResponder } from './dns.ts';
+import { HostFirewall } from './host-firewall.ts';
+import { AddressLeases } from './leases.ts';
 import {
   ALWAYS_BLOCKED_V4,
   allows,
@@ -26,6 +26,7 @@ import {
 
 export { answer as dnsAnswer, parseQuery as parseDnsQuery } from './dns.ts';
 export { renderSandboxRuleset, renderHostBase, renderHostSandboxChain, ALWAYS_BLOCKED_V4 } from './rules.ts';
+export { NetworkSelfTest, type NetworkHealth } from './self-test.ts';
 
 export interface NetworkLogger {
   warn(obj: object, msg?: string): void;
@@ -48,9 +49,14 @@ export interface SandboxNetworksDeps {
 interface Attached {
   slot: Slot;
   veth: string;
-  pid: number;
+  /** The sandbox's network namespace (`/proc/<init pid>/ns/net`). */
+  netns: string;
   dns: DnsResponder;
 }
+
+/** A sandbox's network namespace: its init's pid, or a namespace path (the self-test's probe). */
+export type NetnsRef = number | string;
+const netnsPath = (ref: NetnsRef) => (typeof ref === 'number' ? `/proc/${ref}/ns/net` : ref);
 
 /** nft listings grow with the sandboxes on the host: keep all of it. */
 const NFT_OUTPUT_CAP_BYTES = 16 * 1024 * 1024;
@@ -77,13 +83,19 @@ export function vethOf(sandboxId: string): string {
  */
 export class SandboxNetworks {
   private readonly attached = new Map<string, Attached>();
-  private readonly poolCidr: string;
-  private readonly leaseDir: string;
+  readonly poolCidr: string;
+  readonly leaseDir: string;
   private readonly table: string;
   private baseReady: Promise<void> | undefined;
-  /** This worker's leases (sandbox id -> slot index), read from the lease dir once. */
-  private leaseIndex: Promise<Map<string, number>> | undefined;
+  private readonly leases: AddressLeases;
+  private readonly firewall: HostFirewall;
   private readonly log: NetworkLogger | undefined;
+  /**
+   * The last self-test's verdict. While it says the forward path does not work, no
+   * sandbox gets an allowlist network here (a network that silently does nothing is worse
+   * than a clear refusal); sandboxes are placed on hosts where it works.
+   */
+  failing: string | undefined;
 
   constructor(private readonly deps: SandboxNetworksDeps) {
     this.poolCidr = normalizeCidr(deps.poolCidr ?? '10.200.0.0/16') ?? '';
@@ -92,6 +104,8 @@ export class SandboxNetworks {
     this.leaseDir = deps.leaseDir ?? '/run/rollbox/net';
     this.table = `rollbox-${deps.nodeId}`;
     this.log = deps.logger;
+    this.leases = new AddressLeases(this.leaseDir, deps.nodeId);
+    this.firewall = new HostFirewall({ nodeId: deps.nodeId, poolCidr: this.poolCidr, stateDir: this.leaseDir, log: deps.logger });
   }
 
   /** The host address a sandbox's DNS queries go to (its resolv.conf), when it has a network. */
@@ -101,28 +115,47 @@ export class SandboxNetworks {
 
   /**
    * Make the sandbox's network match `policy` (create, stage change, adoption, wake).
-   * `pid` is the container's init (its network namespace). Idempotent.
+   * `netns` is the container's init (its network namespace). Idempotent. Refused while
+   * the self-test fails, except for the self-test's own probe.
    */
-  async apply(sandboxId: string, pid: number, policy: NetworkPolicy): Promise<void> {
+  async apply(sandboxId: string, netns: NetnsRef, policy: NetworkPolicy, options: { probe?: boolean } = {}): Promise<void> {
+    const ns = netnsPath(netns);
     if (policy.mode === 'none') {
-      if (this.attached.has(sandboxId)) await this.detach(sandboxId, pid);
+      if (this.attached.has(sandboxId)) await this.detach(sandboxId, ns);
       return;
     }
+    if (this.failing && !options.probe) throw new RollboxError('network_unavailable', `sandbox networking does not work on this worker host: ${this.failing}`, 30);
     const { rules, names } = await this.resolve(policy);
     const blocked = await this.blockedRanges();
     const net = this.attached.get(sandboxId);
     if (!net) {
-      (await this.attach(sandboxId, pid, rules, blocked)).dns.setNames(names);
+      (await this.attach(sandboxId, ns, rules, blocked)).dns.setNames(names);
       return;
     }
     await this.nft(renderHostSandboxChain(this.table, net.veth, net.slot.sandboxAddress, rules));
     // The new ruleset, then (same process) the connections open now, to reset the forbidden ones.
-    const open = await must('nsenter', [`--net=/proc/${pid}/ns/net`, '--', 'sh', '-c', 'nft -f - && ss -tnH state established'], renderSandboxRuleset({ rules, blocked, hostAddress: net.slot.hostAddress }));
+    const open = await must('nsenter', [`--net=${ns}`, '--', 'sh', '-c', 'nft -f - && ss -tnH state established'], renderSandboxRuleset({ rules, blocked, hostAddress: net.slot.hostAddress }));
     net.dns.setNames(names);
-    await this.cutDisallowedFlows(pid, open, (ip, port) => allows(rules, blocked, ip, port, 'tcp'));
+    await this.cutDisallowedFlows(ns, open, (ip, port) => allows(rules, blocked, ip, port, 'tcp'));
   }
 
-  private async attach(sandboxId: string, pid: number, rules: ResolvedRule[], blocked: [number, number][]): Promise<Attached> {
+  /**
+   * The host side of sandbox networking in place and checked again (the self-test calls
+   * it each round: Docker or firewalld may have flushed rollbox's rules since). Returns
+   * where rollbox's accept rules sit in other rule sets.
+   */
+  async prepareHost(): Promise<string[]> {
+    await this.ensureBase();
+    await this.firewall.enableForwarding();
+    return this.firewall.ensure();
+  }
+
+  /** What stands in sandbox traffic's way on this host, for a failed self-test. */
+  diagnoseHost(): Promise<string> {
+    return this.firewall.diagnose();
+  }
+
+  private async attach(sandboxId: string, netns: string, rules: ResolvedRule[], blocked: [number, number][]): Promise<Attached> {
     await this.ensureBase();
     const slot = await this.claimSlot(sandboxId);
     const veth = vethOf(sandboxId);
@@ -146,11 +179,11 @@ export class SandboxNetworks {
         `route add default via ${slot.hostAddress} dev eth0 onlink`,
         'EOF',
       ].join('\n');
-      await must('nsenter', [`--net=/proc/${pid}/ns/net`, '--', 'sh', '-c', script], ruleset);
+      await must('nsenter', [`--net=${netns}`, '--', 'sh', '-c', script], ruleset);
       await writeFile(`/proc/sys/net/ipv6/conf/${veth}/disable_ipv6`, '1').catch(() => undefined);
       await must('ip', ['-batch', '-'], `addr add ${slot.hostAddress}/30 dev ${veth}\nlink set ${veth} up\n`);
       const dns = await DnsResponder.start(slot.hostAddress, slot.sandboxAddress, (err) => this.log?.warn({ sandboxId, err: String(err) }, 'dns responder error'));
-      const net = { slot, veth, pid, dns };
+      const net = { slot, veth, netns, dns };
       this.attached.set(sandboxId, net);
       return net;
     } catch (err) {
@@ -160,10 +193,10 @@ export class SandboxNetworks {
   }
 
   /** allowlist -> none while the sandbox runs: its veth, rules and open connections go. */
-  private async detach(sandboxId: string, pid: number): Promise<void> {
+  private async detach(sandboxId: string, netns: string): Promise<void> {
     await this.release(sandboxId);
-    const open = await run('nsenter', [`--net=/proc/${pid}/ns/net`, '--', 'sh', '-c', 'nft delete table inet rollbox; ss -tnH state established']);
-    await this.cutDisallowedFlows(pid, open.stdout, () => false);
+    const open = await run('nsenter', [`--net=${netns}`, '--', 'sh', '-c', 'nft delete table inet rollbox; ss -tnH state established']);
+    await this.cutDisallowedFlows(netns, open.stdout, () => false);
   }
 
   /** Everything of the sandbox on the host side (its namespace dies with the container). Idempotent. */
@@ -171,8 +204,7 @@ export class SandboxNetworks {
     const net = this.attached.get(sandboxId);
     this.attached.delete(sandboxId);
     net?.dns.close();
-    const leases = await this.leases();
-    const index = leases.get(sandboxId);
+    const index = (await this.leases.all()).get(sandboxId);
     // No lease: the sandbox never had a network here (mode none), nothing to remove.
     if (index === undefined) return;
     await this.removeHostSide(sandboxId, vethOf(sandboxId), index);
@@ -189,21 +221,19 @@ export class SandboxNetworks {
         for (const line of renderHostSandboxRemoval(this.table, veth).split('\n').filter(Boolean)) await run('nft', line.split(' '));
       }
     }
-    if (leaseIndex !== undefined) {
-      await unlink(path.join(this.leaseDir, String(leaseIndex))).catch(() => undefined);
-      (await this.leases()).delete(sandboxId);
-    }
+    if (leaseIndex !== undefined) await this.leases.release(sandboxId, leaseIndex);
   }
 
   /**
    * Worker start or stop: `live` maps the sandboxes still running here to their init pid
    * and stored policy; they are adopted (rules re-applied, DNS responder back). Leases and
    * host chains of this worker that belong to no live sandbox are removed; with none left,
-   * the worker's host table goes too.
+   * the worker's host table goes too, with its rules in other rule sets, and `ip_forward`
+   * is put back as rollbox found it: the host is as before the worker started.
    */
   async reconcile(live: ReadonlyMap<string, { pid: number; policy: NetworkPolicy }>): Promise<{ removed: string[] }> {
     const removed: string[] = [];
-    const leases = await this.leases();
+    const leases = await this.leases.all();
     for (const sandboxId of [...leases.keys()]) {
       if (live.get(sandboxId)?.policy.mode === 'allowlist') continue;
       await this.release(sandboxId);
@@ -215,7 +245,7 @@ export class SandboxNetworks {
       await this.ensureBase();
       const slot = slotOf(this.poolCidr, index);
       const dns = await DnsResponder.start(slot.hostAddress, slot.sandboxAddress, (err) => this.log?.warn({ sandboxId: id, err: String(err) }, 'dns responder error'));
-      this.attached.set(id, { slot, veth: vethOf(id), pid, dns });
+      this.attached.set(id, { slot, veth: vethOf(id), netns: netnsPath(pid), dns });
       await this.apply(id, pid, policy);
     }
     // Host chains whose lease is gone (a crash between the two).
@@ -232,6 +262,10 @@ export class SandboxNetworks {
         this.baseReady = undefined;
       }
     }
+    if (this.attached.size === 0) {
+      await this.firewall.remove();
+      await this.firewall.restoreForwarding();
+    }
     return { removed };
   }
 
@@ -247,12 +281,9 @@ export class SandboxNetworks {
     this.baseReady ??= (async () => {
       // Forwarding is needed for any sandbox traffic to leave the host; what may be
       // forwarded from a sandbox is decided by the chains below.
-      const forward = await readFile('/proc/sys/net/ipv4/ip_forward', 'utf8');
-      if (forward.trim() !== '1') {
-        await writeFile('/proc/sys/net/ipv4/ip_forward', '1');
-        this.log?.info({}, 'enabled net.ipv4.ip_forward for sandbox networking');
-      }
+      await this.firewall.enableForwarding();
       await this.nft(renderHostBase({ table: this.table, poolCidr: this.poolCidr, blocked: await this.blockedRanges() }));
+      await this.firewall.ensure();
     })().catch((err: unknown) => {
       this.baseReady = undefined;
       throw err;
@@ -296,8 +327,7 @@ export class SandboxNetworks {
   }
 
   /** Reset the sandbox's open TCP connections (`ss -tnH state established` output) whose peer the policy no longer allows. */
-  private async cutDisallowedFlows(pid: number, established: string, allowed: (ip: string, port: number) => boolean): Promise<void> {
-    const netns = `--net=/proc/${pid}/ns/net`;
+  private async cutDisallowedFlows(netns: string, established: string, allowed: (ip: string, port: number) => boolean): Promise<void> {
     const filters: string[][] = [];
     for (const line of established.split('\n')) {
       const peer = line.trim().split(/\s+/)[3];
@@ -307,42 +337,14 @@ export class SandboxNetworks {
     }
     if (filters.length === 0) return;
     const expr = filters.flatMap((f, i) => [...(i ? ['or'] : []), '(', ...f, ')']);
-    const killed = await run('nsenter', [netns, '--', 'ss', '-K', '-tnH', 'state', 'established', ...expr]);
-    if (killed.code !== 0) this.log?.warn({ pid, stderr: killed.stderr.trim() }, 'could not reset connections the new policy forbids');
-  }
-
-  private leases(): Promise<Map<string, number>> {
-    this.leaseIndex ??= (async () => {
-      const out = new Map<string, number>();
-      for (const name of await readdir(this.leaseDir).catch(() => [] as string[])) {
-        if (!/^\d+$/.test(name)) continue;
-        const text = await readFile(path.join(this.leaseDir, name), 'utf8').catch(() => '');
-        const [nodeId, sandboxId] = text.trim().split(' ');
-        if (nodeId === this.deps.nodeId && sandboxId) out.set(sandboxId, Number(name));
-      }
-      return out;
-    })();
-    return this.leaseIndex;
+    const killed = await run('nsenter', [`--net=${netns}`, '--', 'ss', '-K', '-tnH', 'state', 'established', ...expr]);
+    if (killed.code !== 0) this.log?.warn({ netns, stderr: killed.stderr.trim() }, 'could not reset connections the new policy forbids');
   }
 
   /** A free /30 of the pool, claimed with an exclusive create (several workers may share the host). */
   private async claimSlot(sandboxId: string): Promise<Slot> {
-    mkdirSync(this.leaseDir, { recursive: true, mode: 0o700 });
-    const leases = await this.leases();
-    const existing = leases.get(sandboxId);
-    if (existing !== undefined) return slotOf(this.poolCidr, existing);
-    const slots = poolSlots(this.poolCidr);
-    const start = Math.floor(Math.random() * slots);
-    for (let i = 0; i < slots; i++) {
-      const index = (start + i) % slots;
-      try {
-        await writeFile(path.join(this.leaseDir, String(index)), `${this.deps.nodeId} ${sandboxId}\n`, { flag: 'wx' });
-        leases.set(sandboxId, index);
-        return slotOf(this.poolCidr, index);
-      } catch (err) {
-        if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
-      }
-    }
-    throw new RollboxError('no_capacity', `no free address in the veth pool ${this.poolCidr}`);
+    const index = await this.leases.claim(sandboxId, poolSlots(this.poolCidr));
+    if (index === undefined) throw new RollboxError('no_capacity', `no free address in the veth pool ${this.poolCidr}`);
+    return slotOf(this.poolCidr, index);
   }
 }

@@ -1,0 +1,174 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { readFile, readdir, unlink } from 'node:fs/promises';
+import path from 'node:path';
+import { createInterface } from 'node:readline';
+import { runTool, runToolOk } from '../../proc/index.ts';
+import type { SandboxNetworks } from './index.ts';
+import { claimLeaseFile } from './leases.ts';
+import { formatIpv4, ipv4Range } from './rules.ts';
+
+/** What a worker host knows about its sandboxes' network, as its heartbeat reports it. */
+export interface NetworkHealth {
+  /** `ok`: the last self-test passed; `failing`: allowlist sandboxes are not placed here. */
+  allowlist: 'ok' | 'failing';
+  checkedAtMs: number;
+  /** Why it fails, naming the cause (and what stands on the path). */
+  detail?: string;
+  /** Where rollbox's accept rules sit in other rule sets of this host. */
+  firewall: string[];
+}
+
+export interface SelfTestDeps {
+  networks: SandboxNetworks;
+  nodeId: string;
+  /** Addresses for the probe's "outside" (one /29 per worker host, leased in the lease dir). */
+  probeCidr: string;
+  now?: () => number;
+}
+
+const PROBE_PORT = 7;
+/** How long a probe connection may take; a dropped SYN is a failure after this. */
+const CONNECT_TIMEOUT_SEC = 2;
+/** Stands for "the outside": answers every connection with the address it came from. */
+const LISTENER = String.raw`
+require('node:net').createServer((s) => { s.on('error', () => {}); s.end('rollbox-probe ' + s.remoteAddress.replace('::ffff:', '') + '\n'); })
+  .listen(Number(process.argv[1]), '0.0.0.0', () => process.stdout.write('ready\n'));
+`;
+
+/**
+ * Proves, rather than assumes, that this host forwards sandbox traffic as the allowlist
+ * says. Each round builds a probe "sandbox" (a network namespace of its own, attached by
+ * the same code as every sandbox: veth, both rulesets, host chain, DNS responder) and a
+ * probe "outside" (a second namespace behind a veth of the host, so packets take the same
+ * forward hook, NAT and rules as real egress), then checks:
+ *   - a TCP connection to the allowlisted address reaches it, masqueraded (the outside sees
+ *     a host address, never a pool address);
+ *   - the same port on an address outside the allowlist does not;
+ *   - the sandbox's DNS resolver on the veth's host end answers.
+ * Everything is removed after the round. Names derive from the node id, so a round cut
+ * short by a crash is cleaned up by the next.
+ */
+export class NetworkSelfTest {
+  private readonly tag: string;
+  private readonly srcNetns: string;
+  private readonly dstNetns: string;
+  private readonly dstVeth: string;
+  private readonly probeId: string;
+  private readonly now: () => number;
+
+  constructor(private readonly deps: SelfTestDeps) {
+    this.tag = createHash('sha256').update(deps.nodeId).digest('hex').slice(0, 12);
+    this.srcNetns = `rollbox-probe-${this.tag}`;
+    this.dstNetns = `rollbox-probe-${this.tag}-out`;
+    this.dstVeth = `rpo${this.tag}`;
+    this.probeId = `probe-${deps.nodeId}`;
+    this.now = deps.now ?? Date.now;
+    if (!ipv4Range(deps.probeCidr)) throw new Error(`invalid probe CIDR ${deps.probeCidr}`);
+  }
+
+  /** One round; its verdict also gates `networks.apply` (no allowlist network while failing). */
+  async run(): Promise<NetworkHealth> {
+    const health = await this.round();
+    this.deps.networks.failing = health.allowlist === 'failing' ? health.detail : undefined;
+    return health;
+  }
+
+  private async round(): Promise<NetworkHealth> {
+    const { networks } = this.deps;
+    let firewall: string[] = [];
+    let listener: ChildProcess | undefined;
+    let leaseIndex: number | undefined;
+    await this.teardown(undefined, await this.leftoverProbeLease());
+    try {
+      firewall = await networks.prepareHost();
+      leaseIndex = await this.claimProbeAddresses();
+      const [outside, allowed, other] = [1, 2, 3].map((i) => formatIpv4(ipv4Range(this.deps.probeCidr)![0] + leaseIndex! * 8 + i)) as [string, string, string];
+      await this.buildNamespaces(outside, allowed, other);
+      listener = await this.startListener();
+      await networks.apply(this.probeId, this.nsPath(this.srcNetns), { mode: 'allowlist', allow: [{ cidr: `${allowed}/32`, ports: [PROBE_PORT], protocol: 'tcp' }] }, { probe: true });
+      const resolver = networks.resolverOf(this.probeId)!;
+      const [reached, leaked, dns] = await Promise.all([this.connect(allowed), this.connect(other), this.lookup(resolver)]);
+      const problems: string[] = [];
+      const seenFrom = /rollbox-probe (\S+)/.exec(reached)?.[1];
+      if (!seenFrom) problems.push(`an allowlisted destination (${allowed}:${PROBE_PORT}, behind this host's forward path) was not reachable from a sandbox network`);
+      else if (ipv4Range(`${seenFrom}/32`) && isInside(seenFrom, networks.poolCidr)) problems.push(`traffic left the host unmasqueraded (the outside saw ${seenFrom}, a veth pool address)`);
+      if (/rollbox-probe/.test(leaked)) problems.push(`a destination outside the allowlist (${other}:${PROBE_PORT}) was reachable`);
+      if (!/NXDOMAIN|can't find/.test(dns)) problems.push(`the sandbox DNS resolver on ${resolver} did not answer`);
+      if (problems.length === 0) return { allowlist: 'ok', checkedAtMs: this.now(), firewall };
+      return { allowlist: 'failing', checkedAtMs: this.now(), detail: `${problems.join('; ')} (host: ${await networks.diagnoseHost().catch((err: unknown) => String(err))})`, firewall };
+    } catch (err) {
+      return { allowlist: 'failing', checkedAtMs: this.now(), detail: `network self-test could not run: ${err instanceof Error ? err.message : String(err)}`, firewall };
+    } finally {
+      await this.teardown(listener, leaseIndex);
+    }
+  }
+
+  /** A /29 of the probe range for this host: outside's host end .1, allowlisted .2, not allowlisted .3. */
+  private async claimProbeAddresses(): Promise<number> {
+    const slots = Math.floor((ipv4Range(this.deps.probeCidr)![1] - ipv4Range(this.deps.probeCidr)![0] + 1) / 8);
+    const index = await claimLeaseFile(this.deps.networks.leaseDir, (i) => `probe-${i}`, slots, parseInt(this.tag.slice(0, 6), 16) % slots, `${this.deps.nodeId}\n`);
+    if (index === undefined) throw new Error(`no free /29 in the probe range ${this.deps.probeCidr}`);
+    return index;
+  }
+
+  /** A probe lease of this node left by a round that a crash cut short. */
+  private async leftoverProbeLease(): Promise<number | undefined> {
+    const dir = this.deps.networks.leaseDir;
+    for (const name of await readdir(dir).catch(() => [] as string[])) {
+      const index = /^probe-(\d+)$/.exec(name)?.[1];
+      if (index && (await readFile(path.join(dir, name), 'utf8').catch(() => '')).trim() === this.deps.nodeId) return Number(index);
+    }
+    return undefined;
+  }
+
+  private async buildNamespaces(outside: string, allowed: string, other: string): Promise<void> {
+    await runToolOk('ip', ['netns', 'add', this.srcNetns]);
+    // Up as in a container: a refusal's TCP reset is delivered to the socket through it.
+    await runToolOk('ip', ['-n', this.srcNetns, 'link', 'set', 'lo', 'up']);
+    await runToolOk('ip', ['netns', 'add', this.dstNetns]);
+    await runToolOk('ip', ['-batch', '-'], { input: [`link add ${this.dstVeth} type veth peer name eth0 netns ${this.dstNetns}`, `addr add ${outside}/29 dev ${this.dstVeth}`, `link set ${this.dstVeth} up`, ''].join('\n') });
+    await runToolOk('ip', ['-n', this.dstNetns, '-batch', '-'], { input: ['link set lo up', `addr add ${allowed}/29 dev eth0`, `addr add ${other}/29 dev eth0`, 'link set eth0 up', `route add default via ${outside}`, ''].join('\n') });
+  }
+
+  private startListener(): Promise<ChildProcess> {
+    const child = spawn('nsenter', [`--net=${this.nsPath(this.dstNetns)}`, '--', process.execPath, '-e', LISTENER, String(PROBE_PORT)], { stdio: ['ignore', 'pipe', 'ignore'] });
+    return new Promise((resolve, reject) => {
+      child.once('error', reject);
+      child.once('close', (code) => reject(new Error(`probe listener exited ${code}`)));
+      createInterface({ input: child.stdout! }).once('line', () => resolve(child));
+    });
+  }
+
+  private async connect(address: string): Promise<string> {
+    return (await runTool('nsenter', [`--net=${this.nsPath(this.srcNetns)}`, '--', 'busybox', 'nc', '-w', String(CONNECT_TIMEOUT_SEC), address, String(PROBE_PORT)], { input: '' })).stdout;
+  }
+
+  private async lookup(resolver: string): Promise<string> {
+    const r = await runTool('nsenter', [`--net=${this.nsPath(this.srcNetns)}`, '--', 'busybox', 'timeout', String(CONNECT_TIMEOUT_SEC + 1), 'busybox', 'nslookup', 'rollbox-probe.invalid', resolver]);
+    return r.stdout + r.stderr;
+  }
+
+  private async teardown(listener: ChildProcess | undefined, leaseIndex: number | undefined): Promise<void> {
+    if (listener && listener.exitCode === null && listener.signalCode === null) {
+      const closed = new Promise((r) => listener.once('close', r));
+      listener.kill('SIGKILL');
+      await closed;
+    }
+    await this.deps.networks.release(this.probeId);
+    // Deleted here, not left to the namespace's (asynchronous) destruction: the next round reuses the name.
+    await runTool('ip', ['link', 'del', this.dstVeth]);
+    for (const name of [this.srcNetns, this.dstNetns]) await runTool('ip', ['netns', 'del', name]);
+    if (leaseIndex !== undefined) await unlink(path.join(this.deps.networks.leaseDir, `probe-${leaseIndex}`)).catch(() => undefined);
+  }
+
+  private nsPath(name: string): string {
+    return `/run/netns/${name}`;
+  }
+}
+
+function isInside(ip: string, cidr: string): boolean {
+  const [s, e] = ipv4Range(cidr)!;
+  const [n] = ipv4Range(ip)!;
+  return n >= s && n <= e;
+}

@@ -1,0 +1,179 @@
+import type { ChildProcess } from 'node:child_process';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { NodeHeartbeat, Scope } from '../src/api/index.ts';
+import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
+import { startNetnsHost, type FirewallFixture, type NetnsHost } from './support/netns-host.ts';
+import { startTargetNetns, type TargetNetns } from './support/target-netns.ts';
+
+/**
+ * Sandbox networking on hosts whose own firewall filters the forward path (Docker's rule
+ * set through either iptables backend, a native nftables host firewall), and on one where
+ * nothing rollbox may touch can open it. Each "host" is a network namespace of this test
+ * with a worker host running inside it, so the real host's rule sets are never changed.
+ */
+const SCOPES: Scope[] = ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'sandbox:policy', 'admin'];
+const PORT_A = 7101;
+const PORT_B = 7102;
+const HOLD_PORT = 7103;
+
+let cluster: TestCluster;
+let token: string;
+
+beforeAll(async () => {
+  cluster = await startTestCluster();
+  token = await cluster.token('firewalled', SCOPES);
+}, 60_000);
+
+afterAll(async () => {
+  await cluster?.stop();
+}, 60_000);
+
+interface FirewalledHost {
+  host: NetnsHost;
+  target: TargetNetns;
+  worker: ChildProcess;
+  nodeId: string;
+  /** The host's rule sets before the worker started. */
+  before: string;
+}
+
+/** A fake host with `fixture` in place, `ip_forward` off, a target behind it, and a worker inside. */
+async function startFirewalledHost(fixture: FirewallFixture, subnet: number): Promise<FirewalledHost> {
+  const host = await startNetnsHost({ subnet, redisPort: Number(new URL(cluster.redisUrl).port), fixture });
+  host.setIpForward('0');
+  const before = host.rulesets();
+  const target = await startTargetNetns({ subnet: 80 + subnet, holdPort: HOLD_PORT, ports: [PORT_A, PORT_B, 80], metadataRoute: true, hostNetns: host.name });
+  const nodeId = `node-fw-${fixture}`;
+  const worker = await cluster.spawnWorker({
+    nodeId,
+    netns: host.name,
+    destroyOnExit: true,
+    env: { REDIS_URL: host.redisUrl, ROLLBOX_NET_LEASE_DIR: `${cluster.rootDir}/${nodeId}-leases`, ROLLBOX_NET_STATIC_HOSTS: `allowed.name=${target.address}` },
+  });
+  return { host, target, worker, nodeId, before };
+}
+
+async function heartbeatOf(nodeId: string): Promise<NodeHeartbeat | undefined> {
+  const listed = await api<{ nodes: NodeHeartbeat[] }>(cluster, token, 'GET', '/v1/nodes');
+  return listed.body.nodes.find((n) => n.nodeId === nodeId && n.healthy);
+}
+
+/** Stops the worker (its sandboxes end with it) and returns the host's rule sets after. */
+async function stopWorker(fw: FirewalledHost): Promise<void> {
+  if (fw.worker.exitCode !== null || fw.worker.signalCode !== null) return;
+  const exited = new Promise((r) => fw.worker.once('exit', r));
+  fw.worker.kill('SIGTERM');
+  await exited;
+}
+
+async function sh(id: string, cmd: string): Promise<{ exitCode: number; stdout: string }> {
+  const r = await api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, { cmd, timeoutMs: 30_000 });
+  expect(r.status, JSON.stringify(r.body)).toBe(200);
+  return r.body;
+}
+
+const reaches = async (id: string, host: string, port: number) => (await sh(id, `echo | nc -w 3 ${host} ${port}`)).stdout.includes(`hello ${port}`);
+
+const PASSING: { fixture: FirewallFixture; subnet: number; touches: RegExp[] }[] = [
+  { fixture: 'docker-iptables-nft', subnet: 1, touches: [/^iptables-nft filter DOCKER-USER \(forward\)$/] },
+  { fixture: 'docker-iptables-legacy', subnet: 2, touches: [/^iptables-legacy filter DOCKER-USER \(forward\)$/] },
+  { fixture: 'nftables-host-firewall', subnet: 3, touches: [/^nft inet hostfw filter_in \(input\)$/, /^nft inet hostfw filter_fw \(forward\)$/, /^nft inet hostfw filter_out \(output\)$/] },
+];
+
+describe.each(PASSING)('on a host with $fixture', ({ fixture, subnet, touches }) => {
+  let fw: FirewalledHost;
+
+  beforeAll(async () => {
+    fw = await startFirewalledHost(fixture, subnet);
+  }, 60_000);
+
+  afterAll(async () => {
+    await stopWorker(fw);
+    await fw?.target.stop();
+    await fw?.host.stop();
+  }, 60_000);
+
+  it('passes its network self-test, with accept rules only where the host filters', async () => {
+    const heartbeat = await waitFor('the worker heartbeat', () => heartbeatOf(fw.nodeId), 30_000);
+    expect(heartbeat.network?.allowlist, heartbeat.network?.detail).toBe('ok');
+    expect(heartbeat.network!.firewall).toHaveLength(touches.length);
+    for (const where of touches) expect(heartbeat.network!.firewall.some((f) => where.test(f)), JSON.stringify(heartbeat.network)).toBe(true);
+    expect(fw.host.ipForward()).toBe('1');
+  });
+
+  it('reaches what the allowlist names and nothing else; names resolve; metadata stays blocked; a narrowed policy cuts a flow', async () => {
+    const created = await api(cluster, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64 }, network: { mode: 'allowlist', allow: [{ host: 'allowed.name', ports: [PORT_A, HOLD_PORT] }, { cidr: '169.254.0.0/16' }] } });
+    expect(created.status, JSON.stringify(created.body)).toBe(201);
+    const { id } = created.body;
+    expect(await reaches(id, 'allowed.name', PORT_A)).toBe(true);
+    // The outside saw the host's address: masqueraded on the way out.
+    expect(fw.target.connections(PORT_A).map((c) => c.from)).toEqual([fw.target.hostAddress]);
+    expect(await reaches(id, fw.target.address, PORT_B)).toBe(false);
+    expect(await reaches(id, fw.target.otherAddress, PORT_A)).toBe(false);
+    expect(await reaches(id, '169.254.169.254', 80)).toBe(false);
+    expect(fw.target.connections(80)).toEqual([]);
+    expect(fw.target.connections(PORT_B)).toEqual([]);
+
+    await sh(id, `(nc ${fw.target.address} ${HOLD_PORT} > /tmp/ticks 2>&1; echo ended > /tmp/ended) </dev/zero >/dev/null 2>&1 &`);
+    await waitFor('ticks flowing', async () => (await sh(id, 'wc -l < /tmp/ticks')).stdout.trim() !== '0', 30_000);
+    const narrowed = await api(cluster, token, 'PATCH', `/v1/sandboxes/${id}/policy`, { network: { mode: 'allowlist', allow: [{ host: 'allowed.name', ports: [PORT_A] }] } });
+    expect(narrowed.status, JSON.stringify(narrowed.body)).toBe(200);
+    await waitFor('the held connection to end', async () => (await sh(id, 'cat /tmp/ended 2>/dev/null')).stdout.includes('ended'), 30_000);
+    expect(await reaches(id, 'allowed.name', PORT_A)).toBe(true);
+    expect((await api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`)).status).toBe(200);
+  }, 120_000);
+
+  it('leaves the host exactly as it found it when the worker stops', async () => {
+    await stopWorker(fw);
+    expect(fw.host.rulesets()).toBe(fw.before);
+    expect(fw.host.ipForward()).toBe('0');
+  });
+});
+
+describe('on a host whose forward path rollbox cannot open', () => {
+  let fw: FirewalledHost;
+
+  beforeAll(async () => {
+    fw = await startFirewalledHost('prerouting-drop', 4);
+  }, 60_000);
+
+  afterAll(async () => {
+    await stopWorker(fw);
+    await fw?.target.stop();
+    await fw?.host.stop();
+  }, 60_000);
+
+  it('reports the failing self-test and its cause in the heartbeat', async () => {
+    const heartbeat = await waitFor('the worker heartbeat', () => heartbeatOf(fw.nodeId), 30_000);
+    expect(heartbeat.network?.allowlist).toBe('failing');
+    expect(heartbeat.network?.detail).toContain('was not reachable from a sandbox network');
+    // The rule set in the way is named.
+    expect(heartbeat.network?.detail).toContain('nft ip edge early (hook prerouting');
+  });
+
+  it('never receives an allowlist sandbox: the caller gets network_unavailable naming the cause; other sandboxes still start', async () => {
+    const sandboxesBefore = (await api(cluster, token, 'GET', '/v1/sandboxes')).body.sandboxes.length;
+    const refused = await api(cluster, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64 }, network: { mode: 'allowlist', allow: [{ cidr: `${fw.target.address}/32` }] } });
+    expect(refused.status).toBe(503);
+    expect(refused.body.error.code).toBe('network_unavailable');
+    expect(refused.body.error.message).toContain(fw.nodeId);
+    expect(refused.body.error.message).toContain('hook prerouting');
+    expect(refused.headers.get('retry-after')).toBe('30');
+    expect((await api(cluster, token, 'GET', '/v1/sandboxes')).body.sandboxes).toHaveLength(sandboxesBefore);
+
+    const plain = await api(cluster, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64 } });
+    expect(plain.status, JSON.stringify(plain.body)).toBe(201);
+    // Nor can a later stage give it the network.
+    const staged = await api(cluster, token, 'PATCH', `/v1/sandboxes/${plain.body.id}/policy`, { network: { mode: 'allowlist', allow: [{ cidr: `${fw.target.address}/32` }] } });
+    expect(staged.status).toBe(503);
+    expect(staged.body.error.code).toBe('network_unavailable');
+    expect(await reaches(plain.body.id, fw.target.address, PORT_A)).toBe(false);
+    expect((await api(cluster, token, 'DELETE', `/v1/sandboxes/${plain.body.id}`)).status).toBe(200);
+  });
+
+  it('leaves the host exactly as it found it when the worker stops', async () => {
+    await stopWorker(fw);
+    expect(fw.host.rulesets()).toBe(fw.before);
+    expect(fw.host.ipForward()).toBe('0');
+  });
+});
