@@ -180,7 +180,6 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
     resolveHost: async (name) => config.network.staticHosts.get(name) ?? (await dns.resolve4(name)),
     logger,
   });
-  const selfTest = new NetworkSelfTest({ networks: network, nodeId, probeCidr: config.network.probeCidr });
   const runtime = createRuncRuntime({ dataDir: workerDir, runtimeBinary: config.node.runtimeBinary, layerMounts, nodeId, logger, network, scratchSizeGiB: config.node.scratchSizeGiB, besteffortHoldMs: config.node.besteffortHoldMs, besteffortHeldCpuMillis: config.node.besteffortHeldCpuMillis });
   const host = new WorkerHost({
     config: { ...config.node, nodeId },
@@ -198,7 +197,7 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
     tmpDir: path.join(workerDir, 'tmp'),
     logger,
     syncLayers: config.node.syncLayers.length ? layerSyncOf(config, redis, store, path.join(workerDir, 'tmp')) : undefined,
-    networkSelfTest: { run: () => selfTest.run(), intervalMs: config.network.selfTestIntervalMs },
+    networkSelfTest: new NetworkSelfTest({ networks: network, nodeId, probeCidr: config.network.probeCidr, intervalMs: config.network.selfTestIntervalMs }),
   });
   await host.start();
   return {

@@ -1,4 +1,4 @@
-import type { ChildProcess } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { NodeHeartbeat, Scope } from '../src/api/index.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
@@ -15,6 +15,7 @@ const SCOPES: Scope[] = ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sand
 const PORT_A = 7101;
 const PORT_B = 7102;
 const HOLD_PORT = 7103;
+const LEAK_PORT = 7104;
 
 let cluster: TestCluster;
 let token: string;
@@ -114,6 +115,26 @@ describe.each(PASSING)('on a host with $fixture', ({ fixture, subnet, touches })
     expect(fw.target.connections(80)).toEqual([]);
     expect(fw.target.connections(PORT_B)).toEqual([]);
 
+    // The host's own addresses and a neighbour sandbox stay out of reach, even listed:
+    // rollbox's accept rules in the host's firewall widen nothing.
+    const neighbour = await api(cluster, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64 }, network: { mode: 'allowlist', allow: [{ cidr: `${fw.target.address}/32` }] } });
+    expect(neighbour.status, JSON.stringify(neighbour.body)).toBe(201);
+    const neighbourAddress = (await sh(neighbour.body.id, "ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1")).stdout.trim();
+    await sh(neighbour.body.id, `nc -l -p ${LEAK_PORT} > /tmp/got 2>&1 &`);
+    const hostListener = spawn('nsenter', [`--net=/run/netns/${fw.host.name}`, '--', 'busybox', 'nc', '-l', '-p', String(LEAK_PORT)], { stdio: ['ignore', 'pipe', 'ignore'] });
+    let hostHeard = '';
+    hostListener.stdout.on('data', (d: Buffer) => (hostHeard += d.toString()));
+    const widened = await api(cluster, token, 'PATCH', `/v1/sandboxes/${id}/policy`, {
+      network: { mode: 'allowlist', allow: [{ host: 'allowed.name', ports: [PORT_A, HOLD_PORT] }, ...[neighbourAddress, fw.target.hostAddress, ...fw.host.addresses].map((a) => ({ cidr: `${a}/32`, protocol: 'any' }))] },
+    });
+    expect(widened.status, JSON.stringify(widened.body)).toBe(200);
+    for (const address of [neighbourAddress, fw.target.hostAddress, ...fw.host.addresses]) expect((await sh(id, `echo leak | nc -w 2 ${address} ${LEAK_PORT}; echo "exit=$?"`)).stdout).toMatch(/exit=[1-9]/);
+    expect((await sh(neighbour.body.id, 'cat /tmp/got')).stdout).toBe('');
+    expect(hostHeard).toBe('');
+    expect(hostListener.exitCode).toBeNull();
+    hostListener.kill('SIGKILL');
+    expect((await api(cluster, token, 'DELETE', `/v1/sandboxes/${neighbour.body.id}`)).status).toBe(200);
+
     await sh(id, `(nc ${fw.target.address} ${HOLD_PORT} > /tmp/ticks 2>&1; echo ended > /tmp/ended) </dev/zero >/dev/null 2>&1 &`);
     await waitFor('ticks flowing', async () => (await sh(id, 'wc -l < /tmp/ticks')).stdout.trim() !== '0', 30_000);
     const narrowed = await api(cluster, token, 'PATCH', `/v1/sandboxes/${id}/policy`, { network: { mode: 'allowlist', allow: [{ host: 'allowed.name', ports: [PORT_A] }] } });
@@ -122,6 +143,23 @@ describe.each(PASSING)('on a host with $fixture', ({ fixture, subnet, touches })
     expect(await reaches(id, 'allowed.name', PORT_A)).toBe(true);
     expect((await api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`)).status).toBe(200);
   }, 120_000);
+
+  it("puts its rules back when the firewall's owner flushes them (a dockerd or firewall restart)", async () => {
+    const tag = `rollbox:${fw.nodeId}`;
+    expect(fw.host.rulesets()).toContain(tag);
+    fw.host.flushFirewall();
+    expect(fw.host.rulesets()).not.toContain(tag);
+    await waitFor('the rules back', async () => fw.host.rulesets().includes(tag), 30_000);
+    const heartbeat = await waitFor('a round after the put-back', async () => {
+      const hb = await heartbeatOf(fw.nodeId);
+      return hb?.network?.putBack ? hb : undefined;
+    }, 30_000);
+    expect(heartbeat.network?.allowlist).toBe('ok');
+    const created = await api(cluster, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64 }, network: { mode: 'allowlist', allow: [{ host: 'allowed.name', ports: [PORT_A] }] } });
+    expect(created.status, JSON.stringify(created.body)).toBe(201);
+    expect(await reaches(created.body.id, 'allowed.name', PORT_A)).toBe(true);
+    expect((await api(cluster, token, 'DELETE', `/v1/sandboxes/${created.body.id}`)).status).toBe(200);
+  }, 60_000);
 
   it('leaves the host exactly as it found it when the worker stops', async () => {
     await stopWorker(fw);

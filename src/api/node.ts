@@ -31,6 +31,8 @@ export const NodeHeartbeat = z.object({
       detail: z.string().optional(),
       /** Where rollbox's accept rules sit in the host's other rule sets (Docker's DOCKER-USER, say). */
       firewall: z.array(z.string()),
+      /** Where those rules were gone (flushed by the rule set's owner) and were put back before the last round. */
+      putBack: z.array(z.string()).optional(),
     })
     .optional(),
   /** Create requests this node has handled (admitted or refused) recently; lets gateways drop assumed load. */

@@ -31,8 +31,8 @@ export interface WorkerHostDeps {
    * digests held. Runs before the host reports ready; retried until it succeeds.
    */
   syncLayers?: (signal: AbortSignal) => Promise<string[]>;
-  /** The network self-test (at start, then every `intervalMs`); without it no health is reported. */
-  networkSelfTest?: { run(): Promise<NetworkHealth>; intervalMs: number };
+  /** The network self-test, ticked at start and every few seconds (see NetworkSelfTest.tick); without it no health is reported. */
+  networkSelfTest?: { tick(): Promise<NetworkHealth | undefined> };
 }
 
 /** What the worker host's parts (create handling, op handling, the host itself) share. */

@@ -13,8 +13,8 @@ const REGISTRY_SYNC_MS = 3000;
 /** How often the inits of local sandboxes are checked (two small /proc reads each). */
 const INIT_WATCH_MS = 2000;
 const SYNC_RETRY_MS = 1000;
-/** While the network self-test fails, it runs again this soon (an operator fixing the host sees it pass). */
-const FAILING_NETWORK_RECHECK_MS = 5000;
+/** How often the network self-test may act: keep rollbox's rules in the host's firewall, run a round when due. */
+const NETWORK_TICK_MS = 5000;
 /**
  * On stop, how long running operations may finish before the host stops waiting on them.
  * A command can run for hours (a background one up to 24 h): past this, stop goes on, and
@@ -40,7 +40,7 @@ export class WorkerHost {
   private ready: boolean;
   private syncedLayers: string[] | undefined;
   private readonly stopping = new AbortController();
-  private networkCheck: { timer?: NodeJS.Timeout; running?: Promise<void> } = {};
+  private networkTick: Promise<void> | undefined;
 
   constructor(private readonly deps: WorkerHostDeps) {
     this.ctx = new HostContext(deps);
@@ -55,7 +55,7 @@ export class WorkerHost {
   async start(): Promise<void> {
     const { ctx } = this;
     await this.reconcile();
-    await this.checkNetwork();
+    await this.tickNetwork();
     await this.heartbeat();
     await this.syncLayersBeforeReady();
     if (ctx.stopped) return;
@@ -67,6 +67,7 @@ export class WorkerHost {
     every(1000, 'ttl sweep', () => this.expireTtls());
     every(REGISTRY_SYNC_MS, 'registry sync', () => this.syncWithRegistry());
     every(INIT_WATCH_MS, 'init watch', () => this.watchInits());
+    every(NETWORK_TICK_MS, 'network self-test', () => this.tickNetwork());
     for (const t of this.timers) t.unref();
     ctx.log.info({ adopted: ctx.local.size, requeued: requeued.reduce((a, b) => a + b, 0) }, 'worker host started');
   }
@@ -120,9 +121,8 @@ export class WorkerHost {
     ctx.stopped = true;
     this.stopping.abort();
     for (const t of this.timers) clearInterval(t);
-    clearTimeout(this.networkCheck.timer);
     // A round in flight holds a probe network: it ends before the stop's reconcile removes everything.
-    await this.networkCheck.running;
+    await this.networkTick;
     // Heartbeats (unhealthy: nothing new is placed here) go on through the grace, or a
     // host that waits on a long command would be declared lost and its sandboxes failed.
     const beat = setInterval(() => void this.heartbeat().catch(() => undefined), this.deps.config.heartbeatMs);
@@ -202,26 +202,21 @@ export class WorkerHost {
     await this.deps.redis.hset(keys.nodes, this.nodeId, JSON.stringify(heartbeat));
   }
 
-  /**
-   * One network self-test round, then the next one scheduled (sooner while failing).
-   * Transitions are logged: the heartbeat carries the verdict to placement.
-   */
-  private async checkNetwork(): Promise<void> {
+  /** The network self-test's tick (one at a time); verdict changes are logged, the heartbeat carries them to placement. */
+  private async tickNetwork(): Promise<void> {
     const { ctx } = this;
     const selfTest = this.deps.networkSelfTest;
-    if (!selfTest || ctx.stopped) return;
-    this.networkCheck.running = (async () => {
+    if (!selfTest || ctx.stopped || this.networkTick) return;
+    this.networkTick = (async () => {
       const before = ctx.networkHealth?.allowlist;
-      const health = await selfTest.run();
+      const health = await selfTest.tick();
+      if (!health) return;
       ctx.networkHealth = health;
+      if (health.putBack) ctx.log.warn({ putBack: health.putBack }, "rollbox's rules in the host's firewall were gone (flushed by its owner); put back");
       if (health.allowlist === 'failing') ctx.log.error({ detail: health.detail, firewall: health.firewall }, 'network self-test failed: allowlist sandboxes are placed elsewhere');
       else if (before !== 'ok') ctx.log.info({ firewall: health.firewall }, 'network self-test passed');
-    })();
-    await this.networkCheck.running;
-    if (ctx.stopped) return;
-    const nextMs = ctx.networkHealth?.allowlist === 'failing' ? Math.min(FAILING_NETWORK_RECHECK_MS, selfTest.intervalMs) : selfTest.intervalMs;
-    this.networkCheck.timer = setTimeout(() => void this.checkNetwork().catch((err) => ctx.log.warn({ err }, 'network self-test failed to run')), nextMs);
-    this.networkCheck.timer.unref();
+    })().finally(() => (this.networkTick = undefined));
+    await this.networkTick;
   }
 
   /** Inits that died while no command ran (killed from the host, say) are noticed here. */

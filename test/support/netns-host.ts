@@ -16,6 +16,10 @@ export interface NetnsHost {
   redisUrl: string;
   /** Every rule set of the namespace, normalized (no counters, no timestamps). */
   rulesets(): string;
+  /** The addresses the host has (its own: no sandbox may reach them). */
+  addresses: string[];
+  /** Empties the chain where rollbox's rules sit and puts back the owner's own, as a dockerd or firewall restart does. */
+  flushFirewall(): void;
   ipForward(): string;
   setIpForward(value: '0' | '1'): void;
   stop(): Promise<void>;
@@ -119,6 +123,13 @@ export async function startNetnsHost(options: { subnet: number; redisPort: numbe
         .filter((l) => !l.startsWith('#'))
         .map((l) => l.replace(/\[\d+:\d+\]/g, ''))
         .join('\n'),
+    addresses: [`10.252.${options.subnet}.2`],
+    flushFirewall: () => {
+      const iptables = options.fixture === 'docker-iptables-nft' ? 'iptables-nft' : 'iptables-legacy';
+      // A firewall reload: its table replaced by its own rules.
+      if (options.fixture === 'nftables-host-firewall') inNs('nft', ['-f', '-'], `delete table inet hostfw\n${hostFirewall(relayAddress)}`);
+      else inNs('sh', ['-c', `${iptables} -F DOCKER-USER && ${iptables} -A DOCKER-USER -j RETURN`]);
+    },
     ipForward: () => inNs('cat', ['/proc/sys/net/ipv4/ip_forward']).trim(),
     setIpForward: (value) => void inNs('sh', ['-c', `echo ${value} > /proc/sys/net/ipv4/ip_forward`]),
     stop,

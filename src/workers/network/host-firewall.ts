@@ -117,25 +117,31 @@ export class HostFirewall {
 
   /**
    * Adds this node's accept rules wherever another rule set filters a sandbox path and
-   * they are missing (Docker or firewalld may have flushed them since). Idempotent.
-   * Returns where they are, e.g. `iptables-nft filter DOCKER-USER (forward)`; throws when
-   * a rule set is in the way and cannot be changed.
+   * they are missing (Docker or firewalld may have flushed them since). Idempotent, and
+   * cheap when nothing changed (one listing per rule set). Returns where the rules are,
+   * e.g. `iptables-nft filter DOCKER-USER (forward)`, and where they had to be (re)added;
+   * throws when a rule set is in the way and cannot be changed.
    */
-  async ensure(): Promise<string[]> {
+  async ensure(): Promise<{ placed: string[]; added: string[] }> {
     const placed: string[] = [];
+    const added: string[] = [];
     for (const backend of await this.iptablesBackendsInUse()) {
       const listing = await this.iptablesListing(backend);
-      const rules = iptablesRules(this.deps.poolCidr, this.comment);
+      const wanted = iptablesRules(this.deps.poolCidr, this.comment);
       for (const [p, chain] of Object.entries(PATH_CHAINS) as [SandboxPath, string][]) {
-        if (!this.filters(listing.policies.get(chain), (listing.rules.get(chain) ?? []).filter((r) => !r.includes(`"${this.comment}"`)).length)) continue;
+        if (!this.filters(listing.policies.get(chain), (listing.rules.get(chain) ?? []).filter((r) => !this.isOurs(r)).length)) continue;
         // Docker jumps to DOCKER-USER before its own rules and leaves it to its users.
         const target = p === 'forward' && listing.chains.has('DOCKER-USER') ? 'DOCKER-USER' : chain;
-        for (const spec of rules[p]) {
-          if ((await run(backend, ['-w', '-C', target, ...spec])).code === 0) continue;
-          const added = await run(backend, ['-w', '-I', target, '1', ...spec]);
-          if (added.code !== 0) throw new Error(`${backend}: could not add rollbox's rule to ${target}: ${added.stderr.trim()}`);
+        const where = `${backend} filter ${target} (${p})`;
+        placed.push(where);
+        const ours = (listing.rules.get(target) ?? []).filter((r) => this.isOurs(r));
+        if (ours.length === wanted[p].length) continue;
+        for (const line of ours) await this.deleteIptablesRule(backend, line);
+        for (const spec of wanted[p]) {
+          const inserted = await run(backend, ['-w', '-I', target, '1', ...spec]);
+          if (inserted.code !== 0) throw new Error(`${backend}: could not add rollbox's rule to ${target}: ${inserted.stderr.trim()}`);
         }
-        placed.push(`${backend} filter ${target} (${p})`);
+        added.push(where);
       }
     }
     const { chains, rules } = await this.nftRuleset();
@@ -145,32 +151,37 @@ export class HostFirewall {
       const inChain = rules.filter((r) => r.family === chain.family && r.table === chain.table && r.chain === chain.name);
       const ours = inChain.filter((r) => r.comment === this.comment);
       if (!this.filters(chain.policy, inChain.length - ours.length)) continue;
-      if (ours.length !== wanted[p].length) {
-        const ref = `${chain.family} ${chain.table} ${chain.name}`;
-        const script = [...ours.map((r) => `delete rule ${ref} handle ${r.handle}`), ...wanted[p].map((rule) => `insert rule ${ref} ${rule}`), ''].join('\n');
-        const added = await run('nft', ['-f', '-'], script);
-        if (added.code !== 0) throw new Error(`nft: could not add rollbox's rules to ${ref}: ${added.stderr.trim()}`);
-      }
-      placed.push(`nft ${chain.family} ${chain.table} ${chain.name} (${p})`);
+      const ref = `${chain.family} ${chain.table} ${chain.name}`;
+      placed.push(`nft ${ref} (${p})`);
+      if (ours.length === wanted[p].length) continue;
+      const script = [...ours.map((r) => `delete rule ${ref} handle ${r.handle}`), ...wanted[p].map((rule) => `insert rule ${ref} ${rule}`), ''].join('\n');
+      const inserted = await run('nft', ['-f', '-'], script);
+      if (inserted.code !== 0) throw new Error(`nft: could not add rollbox's rules to ${ref}: ${inserted.stderr.trim()}`);
+      added.push(`nft ${ref} (${p})`);
     }
-    return placed;
+    return { placed, added };
   }
 
   /** Deletes every rule this node added, in every rule set. */
   async remove(): Promise<void> {
     for (const backend of await this.iptablesBackendsInUse()) {
       const listing = await this.iptablesListing(backend);
-      for (const line of [...listing.rules.values()].flat()) {
-        // `-S` quotes the comment; ours holds no space, so without the quotes the line's words are the spec.
-        const words = line.replaceAll('"', '').split(' ');
-        if (!words.includes(this.comment)) continue;
-        const removed = await run(backend, ['-w', '-D', ...words.slice(1)]);
-        if (removed.code !== 0) this.deps.log?.warn({ backend, rule: line, stderr: removed.stderr.trim() }, 'could not remove a rollbox rule');
-      }
+      for (const line of [...listing.rules.values()].flat()) if (this.isOurs(line)) await this.deleteIptablesRule(backend, line);
     }
     const { rules } = await this.nftRuleset();
     const script = rules.filter((r) => r.comment === this.comment).map((r) => `delete rule ${r.family} ${r.table} ${r.chain} handle ${r.handle}`);
     if (script.length) await run('nft', ['-f', '-'], `${script.join('\n')}\n`);
+  }
+
+  /** A line of `iptables -S` that is one of this node's rules (`-S` quotes the comment). */
+  private isOurs(line: string): boolean {
+    return line.includes(`--comment "${this.comment}"`);
+  }
+
+  private async deleteIptablesRule(backend: IptablesBackend, line: string): Promise<void> {
+    // Our comment holds no space: without the quotes, the line's words are the rule's spec.
+    const removed = await run(backend, ['-w', '-D', ...line.replaceAll('"', '').split(' ').slice(1)]);
+    if (removed.code !== 0) this.deps.log?.warn({ backend, rule: line, stderr: removed.stderr.trim() }, 'could not remove a rollbox rule');
   }
 
   /**

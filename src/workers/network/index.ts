@@ -141,10 +141,11 @@ export class SandboxNetworks {
 
   /**
    * The host side of sandbox networking in place and checked again (the self-test calls
-   * it each round: Docker or firewalld may have flushed rollbox's rules since). Returns
-   * where rollbox's accept rules sit in other rule sets.
+   * it every few seconds: Docker or firewalld may have flushed rollbox's rules since).
+   * Returns where rollbox's accept rules sit in other rule sets, and where they had to be
+   * put back.
    */
-  async prepareHost(): Promise<string[]> {
+  async prepareHost(): Promise<{ placed: string[]; added: string[] }> {
     await this.ensureBase();
     await this.firewall.enableForwarding();
     return this.firewall.ensure();

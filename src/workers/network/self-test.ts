@@ -17,6 +17,8 @@ export interface NetworkHealth {
   detail?: string;
   /** Where rollbox's accept rules sit in other rule sets of this host. */
   firewall: string[];
+  /** Where they were gone (flushed by another rule set's owner) and were put back before this round. */
+  putBack?: string[];
 }
 
 export interface SelfTestDeps {
@@ -24,10 +26,14 @@ export interface SelfTestDeps {
   nodeId: string;
   /** Addresses for the probe's "outside" (one /29 per worker host, leased in the lease dir). */
   probeCidr: string;
+  /** Time between rounds while they pass. */
+  intervalMs: number;
   now?: () => number;
 }
 
 const PROBE_PORT = 7;
+/** While rounds fail, the next comes this soon (an operator fixing the host sees it pass). */
+const FAILING_RECHECK_MS = 5000;
 /** How long a probe connection may take; a dropped SYN is a failure after this. */
 const CONNECT_TIMEOUT_SEC = 2;
 /** Stands for "the outside": answers every connection with the address it came from. */
@@ -47,7 +53,8 @@ require('node:net').createServer((s) => { s.on('error', () => {}); s.end('rollbo
  *   - the same port on an address outside the allowlist does not;
  *   - the sandbox's DNS resolver on the veth's host end answers.
  * Everything is removed after the round. Names derive from the node id, so a round cut
- * short by a crash is cleaned up by the next.
+ * short by a crash is cleaned up by the next. Between rounds, `tick` keeps rollbox's rules
+ * in the host's other rule sets and runs a round at once when it had to put any back.
  */
 export class NetworkSelfTest {
   private readonly tag: string;
@@ -56,6 +63,7 @@ export class NetworkSelfTest {
   private readonly dstVeth: string;
   private readonly probeId: string;
   private readonly now: () => number;
+  private last: NetworkHealth | undefined;
 
   constructor(private readonly deps: SelfTestDeps) {
     this.tag = createHash('sha256').update(deps.nodeId).digest('hex').slice(0, 12);
@@ -67,9 +75,24 @@ export class NetworkSelfTest {
     if (!ipv4Range(deps.probeCidr)) throw new Error(`invalid probe CIDR ${deps.probeCidr}`);
   }
 
+  /**
+   * Called every few seconds. Puts rollbox's rules back where the host's firewall lost
+   * them, and runs a round when one is due (the first call, the interval, sooner while
+   * failing, or at once after rules had to be put back). Returns the verdict when a round ran.
+   */
+  async tick(): Promise<NetworkHealth | undefined> {
+    let putBack: string[] = [];
+    if (this.last) putBack = (await this.deps.networks.prepareHost().catch(() => ({ added: ['(could not check)'] }))).added;
+    const dueMs = this.last?.allowlist === 'failing' ? Math.min(FAILING_RECHECK_MS, this.deps.intervalMs) : this.deps.intervalMs;
+    if (this.last && putBack.length === 0 && this.now() - this.last.checkedAtMs < dueMs) return undefined;
+    return this.run(putBack);
+  }
+
   /** One round; its verdict also gates `networks.apply` (no allowlist network while failing). */
-  async run(): Promise<NetworkHealth> {
+  async run(putBack: string[] = []): Promise<NetworkHealth> {
     const health = await this.round();
+    if (putBack.length) health.putBack = putBack;
+    this.last = health;
     this.deps.networks.failing = health.allowlist === 'failing' ? health.detail : undefined;
     return health;
   }
@@ -81,7 +104,7 @@ export class NetworkSelfTest {
     let leaseIndex: number | undefined;
     await this.teardown(undefined, await this.leftoverProbeLease());
     try {
-      firewall = await networks.prepareHost();
+      firewall = (await networks.prepareHost()).placed;
       leaseIndex = await this.claimProbeAddresses();
       const [outside, allowed, other] = [1, 2, 3].map((i) => formatIpv4(ipv4Range(this.deps.probeCidr)![0] + leaseIndex! * 8 + i)) as [string, string, string];
       await this.buildNamespaces(outside, allowed, other);
