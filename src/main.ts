@@ -10,13 +10,13 @@ import { serve } from '@hono/node-server';
 import type { Redis } from 'ioredis';
 import pino, { type Logger } from 'pino';
 import type { Config } from './config/index.ts';
-import { ExecService, FilesService, Janitor, LayerCollector, NodeRequests, SandboxService, createGateway, createMetrics, newId } from './gateway/index.ts';
+import { ExecService, FilesService, Janitor, LayerCollector, NodeRequests, PoolService, SandboxService, createGateway, createMetrics, newId } from './gateway/index.ts';
 import { createTokenIssuer, createTokenVerifier, loadOrCreateHsSecret } from './iam/index.ts';
 import { BurstController, CommandProvider, LocalProvider, TraceRecorder, type CloudProvider } from './burst/index.ts';
 import { LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar, fetchLayers } from './layers/index.ts';
 import { NodeDirectory, ReplyHub } from './queues/index.ts';
 import { BlockingPool, connectRedis, startRedisServer, type RedisServerHandle } from './redis/index.ts';
-import { CommandLog, LayerRegistry, SandboxRegistry, keys } from './registry/index.ts';
+import { CommandLog, LayerRegistry, PoolRegistry, SandboxRegistry, keys } from './registry/index.ts';
 import { WorkerHost } from './workers/index.ts';
 import { NetworkSelfTest, SandboxNetworks } from './workers/network/index.ts';
 import { createRuncRuntime } from './workers/runtime/index.ts';
@@ -79,7 +79,8 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     now,
     random: Math.random,
   });
-  const sandboxes = new SandboxService({ config, registry, layers, directory, nodes, metrics, now, random: Math.random, burst });
+  const pools = new PoolService({ pools: new PoolRegistry(redis, now), layers, directory, placement: { choices: config.placement.choices, staleAfterMs: config.node.lostAfterMs }, now, random: Math.random });
+  const sandboxes = new SandboxService({ config, registry, layers, directory, nodes, metrics, now, random: Math.random, burst, pools });
   const execs = new ExecService({ redis, blocking, registry, commands, nodes, metrics, now });
   const files = new FilesService({ config, redis, registry, nodes });
   const verifier = createTokenVerifier(config.jwt);
@@ -90,6 +91,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     sandboxes,
     execs,
     files,
+    pools,
     layers,
     directory,
     metrics,

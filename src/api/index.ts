@@ -24,7 +24,9 @@ export {
 export { ExecRequest, ExecResult, CommandState, CommandRecord, CommandStatus, ListCommandsQuery, CommandList, DEFAULT_EXEC_TIMEOUT_MS, DEFAULT_BACKGROUND_TIMEOUT_MS } from './exec.ts';
 export { Layer, LayerName, LayerList, UploadLayerQuery, SnapshotRequest } from './layer.ts';
 export { NodeHeartbeat, NodeList } from './node.ts';
+export { PoolName, PutPoolRequest, PoolRecord, Pool, PoolList, NodePoolStatus } from './pool.ts';
 export { FilesReadQuery, FilesWriteQuery, FilesWriteResult, FILES_TAR_TYPE, FILES_BYTES_TYPE } from './files.ts';
 export { ErrorBody, SCOPES, Scope } from './common.ts';
 export { CreateJob, NodeOp, Reply } from './internal.ts';
 export { BurstPolicy, UtilizationBasis, TraceEvent, TraceHeader, TRACE_FORMAT, BurstDecisionReason, CloudHostState, BurstCloudHost, BurstStatus } from './burst.ts';
+export { newId } from './ids.ts';

@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { NodePoolStatus } from './pool.ts';
 
 /** What a worker host reports about itself every heartbeat. */
 export const NodeHeartbeat = z.object({
@@ -35,6 +36,8 @@ export const NodeHeartbeat = z.object({
       putBack: z.array(z.string()).optional(),
     })
     .optional(),
+  /** The warm pools this host keeps: ready and starting sandboxes of each (by pool name). */
+  pools: z.record(z.string(), NodePoolStatus).optional(),
   /** Create requests this node has handled (admitted or refused) recently; lets gateways drop assumed load. */
   handledCreates: z.array(z.string()),
 });

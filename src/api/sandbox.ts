@@ -134,6 +134,8 @@ export const Sandbox = z.object({
   expiresAt: z.string().optional(),
   /** Processes killed by the memory limit so far. */
   oomKills: z.number().int().default(0),
+  /** The warm pool it was taken from (absent: a cold create). */
+  pool: z.string().optional(),
 });
 export type Sandbox = z.infer<typeof Sandbox>;
 

@@ -53,6 +53,12 @@ const deps: Omit<GatewayDeps, 'verifier'> = {
     snapshot: () => answer(LAYER),
     setPolicy: () => answer(SANDBOX),
   },
+  pools: {
+    put: (_p, name, r) => answer({ ...r, name, layerDigests: [DIGEST], version: 'v1', createdAt: SANDBOX.createdAt, updatedAt: SANDBOX.createdAt, status: { target: 0, ready: 0, starting: 0, hosts: [], claimsPerMinute: 0, missesPerMinute: 0 } }),
+    get: () => answer(undefined as never),
+    list: () => answer([]),
+    delete: () => answer(undefined),
+  },
   execs: {
     exec: (_p, _id, _r, hop) => {
       hop?.('run', 1.5);

@@ -14,6 +14,7 @@ import { registerClusterRoutes, type BurstApi } from './routes/cluster.ts';
 import { registerCommandRoutes, type ExecApi } from './routes/commands.ts';
 import { registerFilesRoutes, type FilesApi } from './routes/files.ts';
 import { registerLayerRoutes, type LayerBuilder, type LayerRouteDeps } from './routes/layers.ts';
+import { registerPoolRoutes, type PoolApi } from './routes/pools.ts';
 import { registerSandboxRoutes, type SandboxApi } from './routes/sandboxes.ts';
 
 export type { LayerBuilder } from './routes/layers.ts';
@@ -26,6 +27,7 @@ export interface GatewayDeps {
   sandboxes: SandboxApi;
   execs: ExecApi;
   files: FilesApi;
+  pools: PoolApi;
   layers: LayerRouteDeps['layers'];
   buildLayer: LayerBuilder;
   /** Path of a layer image in the store, for the blob download. */
@@ -76,10 +78,12 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   app.use('/v1/sandboxes/*', (c, next) => (/^\/v1\/sandboxes\/[^/]+\/files$/.test(c.req.path) ? filesLimit(c, next) : jsonLimit(c, next)));
   app.use('/v1/sandboxes', jsonLimit);
   app.use('/v1/jobs/*', jsonLimit);
+  app.use('/v1/pools/*', jsonLimit);
 
   registerSandboxRoutes(app, deps.sandboxes);
   registerCommandRoutes(app, deps.execs);
   registerFilesRoutes(app, deps.files);
+  registerPoolRoutes(app, deps.pools);
   registerLayerRoutes(app, { layers: deps.layers, buildLayer: deps.buildLayer, layerImagePath: deps.layerImagePath, uploadLimitBytes: deps.config.http.layerUploadLimitBytes, now: deps.now });
   registerClusterRoutes(app, { directory: deps.directory, burst: deps.burst, jsonLimit });
   return app;

@@ -13,7 +13,7 @@ import {
 import { requireScope, type Principal } from '../iam/index.ts';
 import { followOutput, readOutput, type CommandLog, type SandboxRegistry } from '../registry/index.ts';
 import type { BlockingPool } from '../redis/index.ts';
-import { newId } from './ids.ts';
+import { newId } from '../api/ids.ts';
 import type { GatewayMetrics } from './metrics.ts';
 import { toRollboxError, type NodeRequests } from './node-requests.ts';
 

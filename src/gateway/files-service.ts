@@ -4,7 +4,7 @@ import type { Config } from '../config/index.ts';
 import { requireScope, type Principal } from '../iam/index.ts';
 import { checkFilesArchive } from '../layers/index.ts';
 import { keys, type SandboxRegistry } from '../registry/index.ts';
-import { newId } from './ids.ts';
+import { newId } from '../api/ids.ts';
 import { toRollboxError, type NodeRequests } from './node-requests.ts';
 
 export interface FilesServiceDeps {

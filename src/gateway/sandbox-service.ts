@@ -13,11 +13,13 @@ import {
   type Sandbox,
 } from '../api/index.ts';
 import type { Config } from '../config/index.ts';
-import { newId } from './ids.ts';
+import { newId } from '../api/ids.ts';
 import { requireScope, type Principal } from '../iam/index.ts';
 import { chooseNode, type NodeDirectory, type PlacementRequest } from '../queues/index.ts';
 import type { LayerRegistry, SandboxRegistry } from '../registry/index.ts';
 import type { GatewayMetrics } from './metrics.ts';
+import { networkUnavailable, placementOf } from './placement-of.ts';
+import type { PoolService } from './pool-service.ts';
 import { toRollboxError, type NodeRequests } from './node-requests.ts';
 
 /** Cloud burst routing and the create trace (src/burst); without it every create goes to the local pool. */
@@ -42,6 +44,8 @@ export interface SandboxServiceDeps {
   now: () => number;
   random: () => number;
   burst?: CreateRouting;
+  /** Warm pools: a matching create takes a ready sandbox instead of starting one. */
+  pools?: Pick<PoolService, 'claim' | 'giveBack'>;
 }
 
 /** Lifecycle operations (destroy, pause, resume) take milliseconds; this bounds a lost reply. */
@@ -75,20 +79,27 @@ export class SandboxService {
     requireScope(principal, 'sandbox:create');
     const { registry, config, directory } = this.deps;
     const layerDigests = await this.deps.layers.resolveAll([request.image.base, ...request.image.layers]);
-    const id = newId('sbx');
     const local = { ...placementOf(request), pool: config.node.pool, exclude: new Set<string>() };
+    // A ready sandbox of a warm pool takes the place of a cold start: its id is the sandbox's.
+    const claimed = await this.deps.pools?.claim(request, layerDigests, local);
+    const id = claimed?.sandboxId ?? newId('sbx');
     // A node that joined since the last snapshot refresh should not mean "no capacity".
     const placeFresh = async (p: PlacementRequest) => this.place(p) ?? (await directory.refresh().then(() => this.place(p)));
-    const routed = this.deps.burst ? await this.deps.burst.placeCreate(id, request, layerDigests, local, placeFresh) : { placement: local, node: await placeFresh(local) };
+    const routed = claimed
+      ? { placement: local, node: claimed.nodeId }
+      : this.deps.burst
+        ? await this.deps.burst.placeCreate(id, request, layerDigests, local, placeFresh)
+        : { placement: local, node: await placeFresh(local) };
     const placement = { ...routed.placement, exclude: new Set<string>() };
     const node = routed.node;
+    // Counted at once, before anything awaits: the creates of a burst placed beside this one see it.
+    if (node) directory.assume(node, id, placement);
     if (!node) {
-      this.throwIfNetworkIsWhy(placement);
-      throw new RollboxError('no_capacity', `no worker host in pool ${placement.pool} can take ${request.resources.memoryMiB} MiB of memory and ${request.resources.diskMiB} MiB of disk now`, 5);
+      throw networkUnavailable(placement, this.deps.directory.candidates(), (p) => this.place(p)) ?? new RollboxError('no_capacity', `no worker host in pool ${placement.pool} can take ${request.resources.memoryMiB} MiB of memory and ${request.resources.diskMiB} MiB of disk now`, 5);
     }
 
     const nowMs = this.deps.now();
-    const record: Sandbox = { id, tenant: principal.tenant, state: 'pending', node, spec: request, layerDigests, createdAt: new Date(nowMs).toISOString(), oomKills: 0 };
+    const record: Sandbox = { id, tenant: principal.tenant, state: 'pending', node, spec: request, layerDigests, createdAt: new Date(nowMs).toISOString(), oomKills: 0, ...(claimed ? { pool: claimed.pool } : {}) };
     const requestHash = createHash('sha256').update(JSON.stringify(request)).digest('hex');
     const admitted = await registry.admit({
       record,
@@ -97,6 +108,7 @@ export class SandboxService {
       requestHash,
       settleDeadlineMs: nowMs + 3 * config.placement.createTimeoutMs,
     });
+    if (claimed && admitted.kind !== 'created') await this.deps.pools!.giveBack(claimed);
     if (admitted.kind === 'quota') {
       throw new RollboxError('quota_exceeded', `tenant ${principal.tenant} has ${admitted.liveCount} live sandboxes, the limit is ${config.quota.maxLiveSandboxesPerTenant}`, 10);
     }
@@ -161,19 +173,6 @@ export class SandboxService {
         return { kind: 'refused', requestId, nodeId, reason: `worker host ${nodeId} stopped heartbeating` };
       }
     }
-  }
-
-  /**
-   * An allowlist request no node took, where one would have taken it without the network:
-   * the hosts' self-tests are why, and the caller is told their causes.
-   */
-  private throwIfNetworkIsWhy(placement: PlacementRequest): void {
-    if (!placement.network || !this.place({ ...placement, network: false })) return;
-    const failing = this.deps.directory
-      .candidates()
-      .filter((c) => c.heartbeat.pool === placement.pool && c.heartbeat.network?.allowlist === 'failing')
-      .map((c) => `${c.heartbeat.nodeId}: ${c.heartbeat.network!.detail ?? 'self-test failing'}`);
-    throw new RollboxError('network_unavailable', `no worker host in pool ${placement.pool} can give a sandbox an allowlist network now; their network self-tests fail (${failing.join(' | ')})`, 30);
   }
 
   private place(request: PlacementRequest): string | undefined {
@@ -257,8 +256,7 @@ export class SandboxService {
     const placement = { ...placementOf(sandbox.spec), pool: this.deps.config.node.pool, exclude: new Set<string>() };
     const node = this.place(placement) ?? (await this.deps.directory.refresh().then(() => this.place(placement)));
     if (!node) {
-      this.throwIfNetworkIsWhy(placement);
-      throw new RollboxError('no_capacity', `no worker host can take sandbox ${sandbox.id} back now`, 5);
+      throw networkUnavailable(placement, this.deps.directory.candidates(), (p) => this.place(p)) ?? new RollboxError('no_capacity', `no worker host can take sandbox ${sandbox.id} back now`, 5);
     }
     if (!(await this.deps.registry.reassign(sandbox.id, sandbox.node, node))) return this.waitSettled(sandbox.id, sandbox.tenant);
     const started = await this.startOnNodes(sandbox.id, sandbox.tenant, placement, node, `${sandbox.id}.wake${this.deps.now()}.`);
@@ -349,10 +347,4 @@ function settledOrThrow(sandbox: Sandbox): Sandbox {
     default:
       throw new RollboxError('internal', detail);
   }
-}
-
-/** What placement needs of a sandbox's spec: its resources, and whether it has a network. */
-function placementOf(spec: Pick<CreateSandboxRequest, 'resources' | 'network'>): Omit<PlacementRequest, 'pool' | 'exclude'> {
-  const { memoryMiB, cpuMillis, diskMiB } = spec.resources;
-  return { memoryMiB, cpuMillis, diskMiB, network: spec.network.mode === 'allowlist' };
 }

@@ -77,8 +77,10 @@ export class NodeDirectory {
     }));
   }
 
+  /** Load placed on a node, counted until its heartbeat shows it (once per sandbox). */
   assume(nodeId: string, sandboxId: string, load: { memoryMiB: number; cpuMillis: number }): void {
     const list = this.assumptions.get(nodeId) ?? [];
+    if (list.some((a) => a.sandboxId === sandboxId)) return;
     list.push({ sandboxId, placedAtMs: this.options.now(), sandboxes: 1, ...load });
     this.assumptions.set(nodeId, list);
   }

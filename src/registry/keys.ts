@@ -25,6 +25,12 @@ export const keys = {
   /** Layers stored but not yet recorded where they are used (snapshot, hibernation), scored by when the pin lapses. */
   layerPins: 'rb:layer-pins',
   lock: (name: string) => `rb:lock:${name}`,
+  /** Warm pool definitions (name -> PoolRecord JSON). */
+  pools: 'rb:pools',
+  /** One worker host's ready sandboxes of one version of a pool (a list of sandbox ids). */
+  poolReady: (pool: string, version: string, nodeId: string) => `rb:pool:ready:${pool}:${version}:${nodeId}`,
+  /** Claims and misses of a pool over the last minute (a zset scored by time). */
+  poolEvents: (pool: string) => `rb:pool:events:${pool}`,
   /** Bytes of one files API request in transit between gateway and worker (short TTL). */
   filesTransfer: (requestId: string) => `rb:files:${requestId}`,
   replyChannel: (gatewayId: string) => `rb:reply:${gatewayId}`,

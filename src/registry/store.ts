@@ -67,6 +67,7 @@ function toFields(record: Sandbox): string[] {
     endedAt: record.endedAt,
     expiresAt: record.expiresAt,
     oomKills: String(record.oomKills),
+    pool: record.pool,
   };
   return Object.entries(fields).flatMap(([k, v]) => (v === undefined ? [] : [k, v]));
 }
@@ -88,6 +89,7 @@ function fromHash(hash: Record<string, string>): Sandbox | undefined {
     endedAt: hash.endedAt,
     expiresAt: hash.expiresAt,
     oomKills: Number(hash.oomKills ?? 0),
+    ...(hash.pool ? { pool: hash.pool } : {}),
   };
 }
 

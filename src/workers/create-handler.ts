@@ -1,5 +1,5 @@
 import os from 'node:os';
-import { RollboxError, type CreateJob } from '../api/index.ts';
+import { RollboxError, type CreateJob, type Sandbox } from '../api/index.ts';
 import { decideAdmission } from './admission.ts';
 import type { HostContext } from './host-context.ts';
 import type { LocalSandbox } from './local-sandboxes.ts';
@@ -19,13 +19,19 @@ export async function handleCreate(ctx: HostContext, job: CreateJob): Promise<vo
     return;
   }
   const request = { memoryMiB: sandbox.spec.resources.memoryMiB, cpuMillis: sandbox.spec.resources.cpuMillis, diskMiB: sandbox.spec.resources.diskMiB };
+  // A ready sandbox of a warm pool, claimed by the gateway for this create: admitted as if
+  // its reservation were already this request's (it becomes that below).
+  const pooled = sandbox.pool && sandbox.state === 'pending' ? ctx.local.get(sandbox.id) : undefined;
+  const ready = pooled?.pool && !pooled.starting ? pooled : undefined;
+  const reserved = ctx.local.reserved();
+  if (ready) for (const k of ['memoryMiB', 'cpuMillis', 'diskMiB'] as const) reserved[k] -= ready[k];
   let decision = ctx.stopped
     ? ({ admit: false, reason: 'worker host stopping' } as const)
     : decideAdmission(
         {
           capacity: config,
-          reserved: ctx.local.reserved(),
-          sandboxes: ctx.local.size,
+          reserved,
+          sandboxes: ctx.local.size - (ready ? 1 : 0),
           hostFreeMemoryMiB: Math.floor(os.freemem() / 1024 / 1024),
           hostReserveMiB: config.hostReserveMiB,
           disk: ctx.diskSpace(),
@@ -39,6 +45,8 @@ export async function handleCreate(ctx: HostContext, job: CreateJob): Promise<vo
     decision = { admit: false, reason: `sandbox networking fails its self-test here: ${networkHealth.detail}` };
   }
   if (!decision.admit) {
+    // Placed again elsewhere (cold, under the same id): this host's copy must not stay offered.
+    if (ready) await ctx.removeLocal(sandbox.id);
     ctx.log.info({ sandboxId: sandbox.id, reason: decision.reason }, 'admission refused');
     await ctx.reply(job.replyTo, { kind: 'refused', requestId: job.requestId, nodeId: ctx.nodeId, reason: decision.reason });
     return;
@@ -48,7 +56,9 @@ export async function handleCreate(ctx: HostContext, job: CreateJob): Promise<vo
   ctx.local.set(local);
   const moved = await registry.transition(sandbox.id, 'creating', { from: ['pending', 'hibernated'], node: ctx.nodeId });
   if (moved.kind !== 'ok') {
-    ctx.local.delete(sandbox.id); // cancelled or timed out meanwhile
+    // Cancelled or timed out meanwhile (a claimed pool sandbox goes too: it was taken off its list).
+    if (ready) await ctx.removeLocal(sandbox.id);
+    else ctx.local.delete(sandbox.id);
     return;
   }
   // A waking sandbox: its spec as of the move, since a stage change to a hibernated
@@ -56,9 +66,10 @@ export async function handleCreate(ctx: HostContext, job: CreateJob): Promise<vo
   // spec never changes before it runs.
   const spec = sandbox.state === 'hibernated' ? ((await registry.get(sandbox.id))?.spec ?? sandbox.spec) : sandbox.spec;
   try {
-    const layerImages = await Promise.all(sandbox.layerDigests.map((digest) => layerImage(ctx, digest)));
+    const bound = ready && (await bindPooled(ctx, sandbox.id, spec));
+    const layerImages = bound ? [] : await Promise.all(sandbox.layerDigests.map((digest) => layerImage(ctx, digest)));
     const hibernated = sandbox.hibernationLayer;
-    await runtime.create({
+    if (!bound) await runtime.create({
       sandboxId: sandbox.id,
       layerImages,
       restoreUpper: hibernated ? await layerImage(ctx, hibernated) : undefined,
@@ -102,4 +113,20 @@ async function layerImage(ctx: HostContext, digest: string): Promise<{ digest: s
   const imagePath = await ctx.deps.layerImagePath(digest);
   if (!imagePath) throw new RollboxError('internal', `layer ${digest} is not available on node ${ctx.nodeId}`);
   return { digest, imagePath };
+}
+
+/**
+ * Binds a claimed pool sandbox to its create (limits, env, workdir, hidden paths,
+ * network). False when it cannot be (its init died, say): it is destroyed, and the
+ * caller starts the sandbox cold under the same id.
+ */
+async function bindPooled(ctx: HostContext, id: string, spec: Sandbox['spec']): Promise<boolean> {
+  try {
+    await ctx.deps.runtime.claim(id, { resources: spec.resources, env: spec.env, workdir: spec.workdir, hiddenPaths: spec.hiddenPaths, network: spec.network });
+    return true;
+  } catch (err) {
+    ctx.log.warn({ err, sandboxId: id }, 'binding a warm-pool sandbox failed; starting it cold');
+    await ctx.deps.runtime.destroy(id);
+    return false;
+  }
 }

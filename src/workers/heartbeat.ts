@@ -14,6 +14,7 @@ export interface HeartbeatInput {
   diskCapacityMiB: number;
   cachedLayers: string[];
   network?: NodeHeartbeat['network'];
+  pools?: NodeHeartbeat['pools'];
 }
 
 /** What a worker host tells the cluster about itself, about every second. */
@@ -33,5 +34,6 @@ export function heartbeatOf(input: HeartbeatInput): NodeHeartbeat {
     cachedLayers: input.cachedLayers,
     handledCreates: local.recentlyHandled(input.atMs),
     ...(input.network ? { network: input.network } : {}),
+    ...(input.pools && Object.keys(input.pools).length ? { pools: input.pools } : {}),
   };
 }

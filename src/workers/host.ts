@@ -1,10 +1,11 @@
 import { CreateJob, NodeOp, isTerminal, type Sandbox } from '../api/index.ts';
 import { InboxConsumer, pendingOps, type InboxLane, type InboxReceipt } from '../queues/index.ts';
-import { keys } from '../registry/index.ts';
+import { PoolRegistry, keys } from '../registry/index.ts';
 import { handleCreate } from './create-handler.ts';
 import { heartbeatOf } from './heartbeat.ts';
 import { HostContext, type WorkerHostDeps } from './host-context.ts';
 import { OpHandler } from './op-handler.ts';
+import { PoolKeeper } from './pool-keeper.ts';
 
 export type { WorkerHostDeps } from './host-context.ts';
 
@@ -12,6 +13,8 @@ const OPS_CONCURRENCY = 256;
 const REGISTRY_SYNC_MS = 3000;
 /** How often the inits of local sandboxes are checked (two small /proc reads each). */
 const INIT_WATCH_MS = 2000;
+/** How often warm pools are refilled and checked. */
+const POOL_TICK_MS = 500;
 const SYNC_RETRY_MS = 1000;
 /** How often the network self-test may act: keep rollbox's rules in the host's firewall, run a round when due. */
 const NETWORK_TICK_MS = 5000;
@@ -34,6 +37,7 @@ const STOP_GRACE_MS = 5000;
 export class WorkerHost {
   private readonly ctx: HostContext;
   private readonly ops: OpHandler;
+  private readonly pools: PoolKeeper;
   private inboxes: InboxConsumer[] = [];
   private timers: NodeJS.Timeout[] = [];
   /** False while a cloud host syncs its layers: placement skips it. */
@@ -45,6 +49,7 @@ export class WorkerHost {
   constructor(private readonly deps: WorkerHostDeps) {
     this.ctx = new HostContext(deps);
     this.ops = new OpHandler(this.ctx);
+    this.pools = new PoolKeeper(this.ctx, new PoolRegistry(deps.redis), deps.config.poolRefillConcurrency);
     this.ready = !deps.syncLayers;
   }
 
@@ -68,6 +73,7 @@ export class WorkerHost {
     every(REGISTRY_SYNC_MS, 'registry sync', () => this.syncWithRegistry());
     every(INIT_WATCH_MS, 'init watch', () => this.watchInits());
     every(NETWORK_TICK_MS, 'network self-test', () => this.tickNetwork());
+    every(POOL_TICK_MS, 'warm pools', () => this.pools.tick());
     for (const t of this.timers) t.unref();
     ctx.log.info({ adopted: ctx.local.size, requeued: requeued.reduce((a, b) => a + b, 0) }, 'worker host started');
   }
@@ -121,6 +127,7 @@ export class WorkerHost {
     ctx.stopped = true;
     this.stopping.abort();
     for (const t of this.timers) clearInterval(t);
+    await this.pools.stop({ destroy: options.destroySandboxes });
     // A round in flight holds a probe network: it ends before the stop's reconcile removes everything.
     await this.networkTick;
     // Heartbeats (unhealthy: nothing new is placed here) go on through the grace, or a
@@ -164,8 +171,10 @@ export class WorkerHost {
     const ids = await registry.sandboxesOfNode(this.nodeId);
     const records = (await Promise.all(ids.map((id) => registry.get(id)))).filter((s): s is Sandbox => !!s && !isTerminal(s.state));
     const live = records.filter((s) => s.state === 'running' || s.state === 'paused' || s.state === 'stopping');
-    const result = await runtime.reconcile(new Set(live.map((s) => s.id)));
+    const pooled = await this.pools.toAdopt();
+    const result = await runtime.reconcile(new Set([...live.map((s) => s.id), ...pooled.keys()]));
     const adopted = new Set(result.adopted);
+    await this.pools.adopted(pooled, adopted);
     for (const s of records) {
       if (adopted.has(s.id)) {
         const { memoryMiB, cpuMillis, diskMiB } = s.spec.resources;
@@ -198,6 +207,7 @@ export class WorkerHost {
       diskCapacityMiB: ctx.diskSpace().capacityMiB,
       cachedLayers: this.deps.runtime.mountedLayers(),
       network: ctx.networkHealth,
+      pools: this.pools.status(),
     });
     await this.deps.redis.hset(keys.nodes, this.nodeId, JSON.stringify(heartbeat));
   }

@@ -7,6 +7,8 @@ export interface LocalSandbox {
   expiresAtMs: number;
   /** Set while a create is in flight; cleared once running. */
   starting: boolean;
+  /** A ready sandbox of a warm pool (no tenant yet, no registry record) and the pool version it was made for. */
+  pool?: { name: string; version: string };
 }
 
 /** Requests handled recently, reported in heartbeats so gateways can drop assumed load. */
@@ -25,6 +27,10 @@ export class LocalSandboxes {
     return this.byId.has(id);
   }
 
+  get(id: string): LocalSandbox | undefined {
+    return this.byId.get(id);
+  }
+
   set(sandbox: LocalSandbox): void {
     this.byId.set(sandbox.id, sandbox);
   }
@@ -37,13 +43,18 @@ export class LocalSandboxes {
     return [...this.byId.keys()];
   }
 
-  /** Running ones (not still starting). */
+  /** Running tenant sandboxes (not still starting, not a pool's). */
   running(): LocalSandbox[] {
-    return [...this.byId.values()].filter((s) => !s.starting);
+    return [...this.byId.values()].filter((s) => !s.starting && !s.pool);
+  }
+
+  /** Sandboxes of warm pools, ready or starting. */
+  pooled(): (LocalSandbox & { pool: { name: string; version: string } })[] {
+    return [...this.byId.values()].filter((s): s is LocalSandbox & { pool: { name: string; version: string } } => !!s.pool);
   }
 
   startingCount(): number {
-    return this.byId.size - this.running().length;
+    return [...this.byId.values()].filter((s) => s.starting).length;
   }
 
   /** Resources requested by every sandbox here, starting ones included. */

@@ -67,6 +67,8 @@ export interface SandboxRecord {
   /** Layers this process holds references on, base first (released exactly once). */
   layers: { digest: string; imagePath: string }[];
   workdir: string;
+  /** Bound by a claim (warm pools): every command's environment starts from it. */
+  env?: Record<string, string>;
   besteffort: boolean;
   /** The init's private channel. */
   socketPath: string;

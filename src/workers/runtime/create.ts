@@ -82,7 +82,7 @@ export async function createSandbox(ctx: RuntimeContext, spec: SandboxRuntimeSpe
       });
       writeFileSync(path.join(bundle, 'config.json'), JSON.stringify(config));
       // 4.
-      const pid = await startContainer(ctx, id, besteffort, rec.socketPath, cgroupDirs);
+      const pid = await startContainer(ctx, id, besteffort || spec.lowPriority === true, rec.socketPath, cgroupDirs);
       // 5. The init is tiny; keep it out of the way of the OOM killer relative to the
       // commands it hosts. Lowering it back from the config's positive value needs no
       // CAP_SYS_RESOURCE (which this host withholds) as long as we stay at or above the
@@ -128,7 +128,7 @@ export async function createSandbox(ctx: RuntimeContext, spec: SandboxRuntimeSpe
  * host pid. stdio is /dev/null: a detached container inherits runc's stdio, and a pipe
  * held by the init would never close; runc's errors go to its --log file instead.
  */
-async function startContainer(ctx: RuntimeContext, id: string, besteffort: boolean, socketPath: string, cgroupDirs: SandboxCgroupDirs): Promise<number> {
+async function startContainer(ctx: RuntimeContext, id: string, idlePriority: boolean, socketPath: string, cgroupDirs: SandboxCgroupDirs): Promise<number> {
   const { layout } = ctx;
   const bundle = layout.bundleOf(id);
   const listener = await listenForInit(socketPath);
@@ -136,7 +136,7 @@ async function startContainer(ctx: RuntimeContext, id: string, besteffort: boole
   let started = false;
   try {
     const logFile = path.join(bundle, 'runc.log');
-    const [file, args] = ctx.runc(besteffort, '--log', logFile, '--log-format', 'json', 'run', '--detach', '--preserve-fds', '4', '--bundle', bundle, layout.containerIdOf(id));
+    const [file, args] = ctx.runc(idlePriority, '--log', logFile, '--log-format', 'json', 'run', '--detach', '--preserve-fds', '4', '--bundle', bundle, layout.containerIdOf(id));
     const r = await runTool(file, args, { output: 'ignore', extraFds: [listener.fd, ...dirFds] });
     if (r.code !== 0) throw new RollboxError('internal', `runc run failed: ${await lastRuncError(logFile)}`);
     listener.handOver();

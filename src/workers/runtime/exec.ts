@@ -80,7 +80,7 @@ async function runInSandbox(ctx: RuntimeContext, rec: SandboxRecord, spec: Comma
       rec.socketPath,
       {
         argv: spec.argv,
-        env: spec.env,
+        env: rec.env ? { ...rec.env, ...spec.env } : spec.env,
         cwd: spec.cwd ?? rec.workdir,
         slot: slot.name,
         stdin: spec.stdin,

@@ -7,6 +7,7 @@ import { readMountInfo } from '../../layers/index.ts';
 import { destroyCgroupTrees, removeCgroupTree } from './cgroups.ts';
 import type { RuntimeContext, SandboxRecord } from './context.ts';
 import { CLASS_ANNOTATION, LAYERS_ANNOTATION, WORKDIR_ANNOTATION, acquireLayers } from './create.ts';
+import { readClaim } from './claim.ts';
 import { ExecSlots } from './exec-slots.ts';
 import { BESTEFFORT_ROOT, isSandboxId } from './layout.ts';
 import { NO_NETWORK, readPolicy } from './policy.ts';
@@ -49,7 +50,8 @@ async function adopt(ctx: RuntimeContext, id: string): Promise<boolean> {
   const cg = await ctx.cgroups();
   const rel = layout.cgroupRelOf(id, besteffort);
   const slots = new ExecSlots({ pids: path.join(cg.pids, rel), freezer: path.join(cg.freezer, rel), memory: path.join(cg.memory, rel) });
-  const rec: SandboxRecord = { id, layers: [], workdir: ann[WORKDIR_ANNOTATION] ?? '/', besteffort, socketPath: layout.socketOf(id), slots };
+  const claimed = readClaim(ctx, id);
+  const rec: SandboxRecord = { id, layers: [], workdir: claimed?.workdir ?? ann[WORKDIR_ANNOTATION] ?? '/', env: claimed?.env, besteffort, socketPath: layout.socketOf(id), slots };
   try {
     await acquireLayers(ctx, layers, rec);
   } catch (err) {

@@ -1,6 +1,7 @@
 import path from 'node:path';
 import { readOomKills } from './cgroups.ts';
 import { createRuntimeContext, type RuncRuntimeDeps } from './context.ts';
+import { claimSandbox } from './claim.ts';
 import { createSandbox } from './create.ts';
 import { execCommand, execRawCommand } from './exec.ts';
 import { checkSandboxId } from './layout.ts';
@@ -41,6 +42,10 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     containerIdOf: (id) => layout.containerIdOf(id),
     initSocketOf: (id) => layout.socketOf(id),
     create: (spec) => createSandbox(ctx, spec),
+    claim: (id, binding) => {
+      checkSandboxId(id);
+      return claimSandbox(ctx, id, binding);
+    },
     exec: (id, spec) => execCommand(ctx, id, spec),
     execRaw: (id, spec) => execRawCommand(ctx, id, spec),
     async destroy(id) {

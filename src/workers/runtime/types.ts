@@ -17,6 +17,20 @@ export interface SandboxRuntimeSpec {
   restoreUpper?: { digest: string; imagePath: string };
   /** Default: mode none (loopback only). */
   network?: NetworkPolicy;
+  /**
+   * A warm pool's refill: runc (and so the init) under SCHED_IDLE, so starting it never
+   * slows running work; a latency sandbox leaves SCHED_IDLE when it is claimed.
+   */
+  lowPriority?: boolean;
+}
+
+/** What a claim binds to a ready sandbox of a warm pool (see claim.ts). */
+export interface SandboxBinding {
+  resources: Resources;
+  env: Record<string, string>;
+  workdir: string;
+  hiddenPaths: string[];
+  network?: NetworkPolicy;
 }
 
 /** What a task stage sets: the sandbox's network policy and the paths hidden from it. */
@@ -80,6 +94,8 @@ export interface SandboxRuntime {
   exec(sandboxId: string, spec: RuntimeExecSpec): Promise<RuntimeExecOutcome>;
   /** Like exec, inside the sandbox (its namespaces, cgroups, seccomp), with bytes in and out. */
   execRaw(sandboxId: string, spec: RuntimeRawExecSpec): Promise<RuntimeRawExecOutcome>;
+  /** A ready sandbox of a warm pool takes the identity of a create: limits, env, workdir, hidden paths, network. */
+  claim(sandboxId: string, binding: SandboxBinding): Promise<void>;
   /** Stop and remove everything of the sandbox on this host. Safe to call twice. */
   destroy(sandboxId: string): Promise<void>;
   /** A task stage change in a running (or paused) sandbox; returns the policy now in force. */

@@ -1,0 +1,20 @@
+import { RollboxError, type CreateSandboxRequest } from '../api/index.ts';
+import type { PlacementCandidate, PlacementRequest } from '../queues/index.ts';
+
+/** What placement needs of a sandbox's spec: its resources, and whether it has a network. */
+export function placementOf(spec: Pick<CreateSandboxRequest, 'resources' | 'network'>): Omit<PlacementRequest, 'pool' | 'exclude'> {
+  const { memoryMiB, cpuMillis, diskMiB } = spec.resources;
+  return { memoryMiB, cpuMillis, diskMiB, network: spec.network.mode === 'allowlist' };
+}
+
+/**
+ * For an allowlist request no node took where one would have taken it without the
+ * network: the hosts' failing self-tests are why, and the caller is told their causes.
+ */
+export function networkUnavailable(placement: PlacementRequest, candidates: readonly PlacementCandidate[], place: (p: PlacementRequest) => string | undefined): RollboxError | undefined {
+  if (!placement.network || !place({ ...placement, network: false })) return undefined;
+  const failing = candidates
+    .filter((c) => c.heartbeat.pool === placement.pool && c.heartbeat.network?.allowlist === 'failing')
+    .map((c) => `${c.heartbeat.nodeId}: ${c.heartbeat.network!.detail ?? 'self-test failing'}`);
+  return new RollboxError('network_unavailable', `no worker host in pool ${placement.pool} can give a sandbox an allowlist network now; their network self-tests fail (${failing.join(' | ')})`, 30);
+}

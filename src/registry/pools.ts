@@ -1,0 +1,108 @@
+import { randomBytes } from 'node:crypto';
+import type { Redis } from 'ioredis';
+import { PoolRecord } from '../api/index.ts';
+import { LuaScript } from '../redis/index.ts';
+import { keys } from './keys.ts';
+
+const CLAIM = new LuaScript(import.meta.dirname, 'pool-claim');
+const PUSH = new LuaScript(import.meta.dirname, 'pool-push');
+const EVENTS_WINDOW_MS = 60_000;
+
+/**
+ * Warm pools in Redis: their definitions, each worker host's list of ready sandboxes per
+ * pool version, and the claims and misses of the last minute. Taking a ready sandbox is
+ * one atomic pop, so gateways racing for the last one get different answers.
+ */
+export class PoolRegistry {
+  constructor(
+    private readonly redis: Redis,
+    private readonly now: () => number = Date.now,
+  ) {}
+
+  async put(record: PoolRecord): Promise<void> {
+    await this.redis.hset(keys.pools, record.name, JSON.stringify(record));
+  }
+
+  async get(name: string): Promise<PoolRecord | undefined> {
+    const raw = await this.redis.hget(keys.pools, name);
+    return raw ? PoolRecord.parse(JSON.parse(raw)) : undefined;
+  }
+
+  async list(): Promise<PoolRecord[]> {
+    const all = await this.redis.hgetall(keys.pools);
+    return Object.values(all)
+      .map((raw) => PoolRecord.parse(JSON.parse(raw)))
+      .sort((a, b) => a.name.localeCompare(b.name));
+  }
+
+  /** Removes the definition and every host's ready list: nothing of it can be claimed after. */
+  async delete(name: string): Promise<boolean> {
+    const removed = await this.redis.hdel(keys.pools, name);
+    for (const key of await this.readyListKeys(name)) await this.redis.del(key);
+    await this.redis.del(keys.poolEvents(name));
+    return removed > 0;
+  }
+
+  /** One ready sandbox of the pool on `nodeId`, or undefined (recorded as a miss when `countMiss`). */
+  async claim(pool: Pick<PoolRecord, 'name' | 'version'>, nodeId: string, countMiss: boolean): Promise<string | undefined> {
+    const id = await CLAIM.run(this.redis, [keys.poolReady(pool.name, pool.version, nodeId), keys.poolEvents(pool.name)], [this.now(), randomBytes(8).toString('hex'), countMiss ? '1' : '0']);
+    return typeof id === 'string' ? id : undefined;
+  }
+
+  /** A miss seen without trying a host (no host had a ready sandbox). */
+  async recordMiss(name: string): Promise<void> {
+    const now = this.now();
+    await this.redis.zadd(keys.poolEvents(name), now, `m:${randomBytes(8).toString('hex')}`);
+    await this.redis.zremrangebyscore(keys.poolEvents(name), '-inf', now - EVENTS_WINDOW_MS);
+  }
+
+  async lastMinute(name: string): Promise<{ claims: number; misses: number }> {
+    const events = await this.redis.zrangebyscore(keys.poolEvents(name), this.now() - EVENTS_WINDOW_MS, '+inf');
+    const claims = events.filter((e) => e.startsWith('c:')).length;
+    return { claims, misses: events.length - claims };
+  }
+
+  /** A worker host offers a ready sandbox; false when the pool is gone or has changed. */
+  async offer(pool: Pick<PoolRecord, 'name' | 'version'>, nodeId: string, sandboxId: string): Promise<boolean> {
+    return (await PUSH.run(this.redis, [keys.pools, keys.poolReady(pool.name, pool.version, nodeId)], [pool.name, pool.version, sandboxId])) === 1;
+  }
+
+  /** Takes a ready sandbox back off its list; false when a gateway claimed it first. */
+  async withdraw(pool: Pick<PoolRecord, 'name' | 'version'>, nodeId: string, sandboxId: string): Promise<boolean> {
+    return (await this.redis.lrem(keys.poolReady(pool.name, pool.version, nodeId), 1, sandboxId)) > 0;
+  }
+
+  /** The ids on a host's ready list. */
+  async ready(pool: Pick<PoolRecord, 'name' | 'version'>, nodeId: string): Promise<string[]> {
+    return this.redis.lrange(keys.poolReady(pool.name, pool.version, nodeId), 0, -1);
+  }
+
+  /** Every ready list of a host, of any pool or version (worker start): key -> ids. */
+  async readyListsOf(nodeId: string): Promise<Map<string, { pool: string; version: string; ids: string[] }>> {
+    const out = new Map<string, { pool: string; version: string; ids: string[] }>();
+    for (const key of await this.scan(`rb:pool:ready:*:*:${nodeId}`)) {
+      const [pool, version] = key.slice('rb:pool:ready:'.length).split(':');
+      out.set(key, { pool: pool!, version: version!, ids: await this.redis.lrange(key, 0, -1) });
+    }
+    return out;
+  }
+
+  async dropList(key: string): Promise<void> {
+    await this.redis.del(key);
+  }
+
+  private readyListKeys(name: string): Promise<string[]> {
+    return this.scan(`rb:pool:ready:${name}:*`);
+  }
+
+  private async scan(match: string): Promise<string[]> {
+    const found: string[] = [];
+    let cursor = '0';
+    do {
+      const [next, batch] = await this.redis.scan(cursor, 'MATCH', match, 'COUNT', 1000);
+      cursor = next;
+      found.push(...batch);
+    } while (cursor !== '0');
+    return found;
+  }
+}
