@@ -31,11 +31,16 @@ afterAll(async () => {
 
 const putPool = (name: string, body: object) => api<Pool>(cluster, admin, 'PUT', `/v1/pools/${name}`, body);
 const poolOf = async (name: string) => (await api<Pool>(cluster, admin, 'GET', `/v1/pools/${name}`)).body;
-const readyOn = async (name: string, nodeId = NODE) => {
+/** Ready sandboxes of the pool on the node, from a heartbeat written after `sinceMs`. */
+const readyOn = async (name: string, sinceMs = 0) => {
   const nodes = (await api<{ nodes: NodeHeartbeat[] }>(cluster, admin, 'GET', '/v1/nodes')).body.nodes;
-  return nodes.find((n) => n.nodeId === nodeId && n.healthy)?.pools?.[name]?.ready ?? 0;
+  const me = nodes.find((n) => n.nodeId === NODE && n.healthy && n.atMs > sinceMs);
+  return me ? (me.pools?.[name]?.ready ?? 0) : -1;
 };
-const waitReady = (name: string, n: number) => waitFor(`${n} ready in pool ${name}`, async () => (await readyOn(name)) === n, 30_000);
+const waitReady = (name: string, n: number) => {
+  const since = Date.now();
+  return waitFor(`${n} ready in pool ${name}`, async () => (await readyOn(name, since)) === n && (await readyIds(name)).length === n, 30_000);
+};
 const create = (body: object, token = user) => api(cluster, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64, diskMiB: 64 }, ...body });
 const sh = async (id: string, cmd: string) => (await api(cluster, user, 'POST', `/v1/sandboxes/${id}/exec`, { cmd })).body as { exitCode: number; stdout: string; stderr: string };
 const remove = (id: string) => api(cluster, user, 'DELETE', `/v1/sandboxes/${id}`);
@@ -68,6 +73,7 @@ describe('a warm pool', () => {
     const offered = await readyIds('small');
     expect(offered).toHaveLength(2);
 
+    const askedAt = new Date();
     const created = await create({
       resources: { memoryMiB: 96, cpuMillis: 250, diskMiB: 64, pids: 128 },
       env: { TASK: 'claimed' },
@@ -81,6 +87,9 @@ describe('a warm pool', () => {
     const s = created.body;
     expect(s.pool).toBe('small');
     expect(offered).toContain(s.id);
+    // Started before it was asked for: the claim bound a ready sandbox, it did not fall back to a cold start.
+    const state = JSON.parse(fs.readFileSync(path.join(cluster.rootDir, NODE, 'worker', 'runc', `rb-${s.id}`, 'state.json'), 'utf8'));
+    expect(Date.parse(state.created)).toBeLessThan(askedAt.getTime());
     expect(s.spec.labels).toEqual({ run: 'r1' });
     expect(Date.parse(s.expiresAt) - Date.parse(s.startedAt)).toBe(120_000);
     const inside = await sh(s.id, 'echo "$TASK"; pwd; cat /etc/passwd | wc -c; ip -o link | grep -vc " lo:"; ps -o comm | tail -n +2');
@@ -97,7 +106,7 @@ describe('a warm pool', () => {
     expect(Number(fs.readFileSync(path.join(cgroup, 'memory.limit_in_bytes'), 'utf8'))).toBe(96 * 1024 * 1024);
     expect(fs.readFileSync(path.join('/sys/fs/cgroup/pids/rollbox', NODE, `rb-${s.id}`, 'pids.max'), 'utf8').trim()).toBe('128');
     expect(fs.readFileSync(path.join('/sys/fs/cgroup/cpu/rollbox', NODE, `rb-${s.id}`, 'cpu.cfs_quota_us'), 'utf8').trim()).toBe('25000');
-    // A latency sandbox's processes left SCHED_IDLE (the refill's) at the claim.
+    // A latency sandbox runs nothing under SCHED_IDLE (the refill started it so).
     expect((await sh(s.id, 'cat /proc/1/sched | grep "^policy"')).stdout).toMatch(/policy\s+:\s+0/);
 
     // A create that asks for a network gets it bound at the claim.
@@ -139,8 +148,8 @@ describe('a warm pool', () => {
   }, 60_000);
 
   it('keeps its ready sandboxes across a worker restart, replaces them when the pool changes, and removes them when it is deleted', async () => {
+    await waitReady('small', 2);
     const before = await readyIds('small');
-    expect(before).toHaveLength(2);
     await worker.stop({ destroySandboxes: false });
     worker = await cluster.addWorker({ nodeId: NODE });
     // Adopted, not made again.

@@ -1,8 +1,6 @@
-import { readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { RollboxError } from '../../api/index.ts';
-import { runToolOk } from '../../proc/index.ts';
-import { readProcs } from './cgroups.ts';
 import type { RuntimeContext } from './context.ts';
 import { NO_NETWORK, applyPolicy } from './policy.ts';
 import { CPU_PERIOD_US, cpuShares } from './spec.ts';
@@ -11,16 +9,12 @@ import type { SandboxBinding } from './types.ts';
 /** What a claim bound (env, workdir), kept in the bundle so a restarted worker adopts it. */
 const CLAIM_FILE = 'claim.json';
 const MIB = 1024 * 1024;
-/** x86_64 syscall numbers, for the one perl process that resets the scheduling policy. */
-const SYS_SCHED_SETSCHEDULER = 144;
-const SCHED_OTHER = 0;
 
 /**
  * A ready sandbox of a warm pool becomes a tenant's: its limits (written to its cgroups,
- * as `runc update` would, without a runc process), its scheduling (a refill starts it
- * under SCHED_IDLE so it never slows running work; a latency sandbox leaves that at the
- * claim), its env and workdir (every command gets them), then its hidden paths and network
- * as a task stage would apply them. Until then it ran nothing but its init, with no network.
+ * as `runc update` would, without a runc process), its env and workdir (every command
+ * gets them), then its hidden paths and network as a task stage would apply them. Until
+ * then it ran nothing but its init, with no network.
  */
 export async function claimSandbox(ctx: RuntimeContext, id: string, binding: SandboxBinding): Promise<void> {
   const rec = ctx.sandboxes.get(id);
@@ -38,13 +32,12 @@ export async function claimSandbox(ctx: RuntimeContext, id: string, binding: San
     if (cg.cpu) {
       const quotaUs = cpuMillis * (CPU_PERIOD_US / 1000);
       writeFileSync(path.join(cg.cpu, rel, 'cpu.shares'), String(cpuShares(binding.resources, rec.besteffort ? 'besteffort' : 'latency')));
+      // The burst may never exceed the quota: cleared before the quota changes, set after (create.ts says why a latency sandbox has one).
+      const burstFile = path.join(cg.cpu, rel, 'cpu.cfs_burst_us');
+      const bursts = existsSync(burstFile);
+      if (bursts) writeFileSync(burstFile, '0');
       writeFileSync(path.join(cg.cpu, rel, 'cpu.cfs_quota_us'), String(quotaUs));
-      if (!rec.besteffort) writeFileSync(path.join(cg.cpu, rel, 'cpu.cfs_burst_us'), String(quotaUs));
-    }
-    if (!rec.besteffort) {
-      const procs = readProcs(path.join(cg.pids, rel));
-      const perl = `for (@ARGV) { syscall(${SYS_SCHED_SETSCHEDULER}, $_, ${SCHED_OTHER}, pack("i", 0)) == 0 or die "sched_setscheduler $_: $!\\n" }`;
-      await runToolOk(ctx.perlBinary ?? 'perl', ['-e', perl, ...procs.map(String)]);
+      if (bursts && !rec.besteffort) writeFileSync(burstFile, String(quotaUs));
     }
     // The bundle's config says what the sandbox is now (adoption reads its CPU quota back).
     const configFile = path.join(ctx.layout.bundleOf(id), 'config.json');

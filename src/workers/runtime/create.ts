@@ -6,7 +6,8 @@ import type { RuntimeContext, SandboxRecord } from './context.ts';
 import { ExecSlots, type SandboxCgroupDirs } from './exec-slots.ts';
 import { validateCreate } from './layout.ts';
 import { applyNetwork, NO_NETWORK, writePolicy } from './policy.ts';
-import { runTool } from '../../proc/index.ts';
+import { runTool, runToolOk } from '../../proc/index.ts';
+import { readProcs } from './cgroups.ts';
 import { lastRuncError } from './runc.ts';
 import { CPU_PERIOD_US, containerConfig } from './spec.ts';
 import { teardown } from './teardown.ts';
@@ -83,6 +84,9 @@ export async function createSandbox(ctx: RuntimeContext, spec: SandboxRuntimeSpe
       writeFileSync(path.join(bundle, 'config.json'), JSON.stringify(config));
       // 4.
       const pid = await startContainer(ctx, id, besteffort || spec.lowPriority === true, rec.socketPath, cgroupDirs);
+      // A latency sandbox started low (a pool's refill) leaves SCHED_IDLE now, in the
+      // background, so its claim need not: runc's work was what had to yield.
+      if (spec.lowPriority && !besteffort) await leaveIdleScheduling(ctx, readProcs(cgroupDirs.pids));
       // 5. The init is tiny; keep it out of the way of the OOM killer relative to the
       // commands it hosts. Lowering it back from the config's positive value needs no
       // CAP_SYS_RESOURCE (which this host withholds) as long as we stay at or above the
@@ -186,4 +190,14 @@ async function restoreUpper(ctx: RuntimeContext, layer: { digest: string; imageP
   } finally {
     await ctx.layerMounts.release(layer.digest);
   }
+}
+
+/** x86_64 syscall numbers, for the one perl process that resets the scheduling policy. */
+const SYS_SCHED_SETSCHEDULER = 144;
+const SCHED_OTHER = 0;
+
+/** SCHED_OTHER for these processes (the init and its keepers), in one perl process. */
+async function leaveIdleScheduling(ctx: RuntimeContext, pids: number[]): Promise<void> {
+  const perl = `for (@ARGV) { my $param = pack("i", 0); syscall(${SYS_SCHED_SETSCHEDULER}, $_ + 0, ${SCHED_OTHER}, $param) == 0 or die "sched_setscheduler $_: $!\\n" }`;
+  await runToolOk(ctx.perlBinary ?? 'perl', ['-e', perl, ...pids.map(String)]);
 }
