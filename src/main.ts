@@ -10,7 +10,7 @@ import { serve } from '@hono/node-server';
 import type { Redis } from 'ioredis';
 import pino, { type Logger } from 'pino';
 import type { Config } from './config/index.ts';
-import { ExecService, FilesService, Janitor, LayerCollector, NodeRequests, PoolService, SandboxService, createGateway, createMetrics, newId } from './gateway/index.ts';
+import { ExecService, FilesService, Janitor, LayerCollector, NodeRequests, PoolService, RunService, SandboxService, createGateway, createMetrics, newId } from './gateway/index.ts';
 import { createTokenIssuer, createTokenVerifier, loadOrCreateHsSecret } from './iam/index.ts';
 import { BurstController, CommandProvider, LocalProvider, TraceRecorder, type CloudProvider } from './burst/index.ts';
 import { LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar, fetchLayers } from './layers/index.ts';
@@ -83,6 +83,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const sandboxes = new SandboxService({ config, registry, layers, directory, nodes, metrics, now, random: Math.random, burst, pools });
   const execs = new ExecService({ redis, blocking, registry, commands, nodes, metrics, now });
   const files = new FilesService({ config, redis, registry, nodes });
+  const runs = new RunService({ sandboxes, files, execs, now });
   const verifier = createTokenVerifier(config.jwt);
   const app = createGateway({
     config,
@@ -92,6 +93,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     execs,
     files,
     pools,
+    runs,
     layers,
     directory,
     metrics,

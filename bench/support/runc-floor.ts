@@ -24,7 +24,15 @@ export async function timed(fn: () => Promise<unknown>): Promise<number> {
  * The floor for create: raw `runc run -d` with the very config.json rollbox wrote for a
  * sandbox, on an overlayfs over the same mounted EROFS layer, without rollbox in the path.
  */
-export async function rawRuncRunFloor(opts: { workerDir: string; templateSandboxId: string; runs: number; concurrency?: number; onRun?: () => void }): Promise<{ samplesMs: number[]; wallMs: number }> {
+export async function rawRuncRunFloor(opts: {
+  workerDir: string;
+  templateSandboxId: string;
+  runs: number;
+  concurrency?: number;
+  onRun?: () => void;
+  /** Each container deleted right after its start (`runc delete -f`), timed together: the floor of a one-shot sandbox. */
+  deleteEach?: boolean;
+}): Promise<{ samplesMs: number[]; wallMs: number }> {
   const template = sandboxPaths(opts.workerDir, opts.templateSandboxId);
   const config = JSON.parse(await fs.readFile(path.join(template.bundleDir, 'config.json'), 'utf8'));
   // The sandbox's overlay over the shared layer mounts is the first OCI mount; the floor
@@ -49,7 +57,12 @@ export async function rawRuncRunFloor(opts: { workerDir: string; templateSandbox
       own.linux.cgroupsPath = `/rollbox-bench/${id}`;
       await fs.writeFile(path.join(runDir, 'config.json'), JSON.stringify(own));
       // `runc run -d` hands its stdio to the container: collect nothing, or this waits for it.
-      samples.push(await timed(() => runc(['--root', template.runcRoot, 'run', '-d', '--bundle', runDir, id], 'ignore')));
+      samples.push(
+        await timed(async () => {
+          await runc(['--root', template.runcRoot, 'run', '-d', '--bundle', runDir, id], 'ignore');
+          if (opts.deleteEach) await runc(['--root', template.runcRoot, 'delete', '-f', id]);
+        }),
+      );
       opts.onRun?.();
       return id;
   };
@@ -57,7 +70,10 @@ export async function rawRuncRunFloor(opts: { workerDir: string; templateSandbox
   try {
     await Promise.all(
       Array.from({ length: opts.concurrency ?? 1 }, async () => {
-        while (next < opts.runs) ids.push(await runOne(next++));
+        while (next < opts.runs) {
+          const id = await runOne(next++);
+          if (!opts.deleteEach) ids.push(id);
+        }
       }),
     );
     return { samplesMs: samples, wallMs: performance.now() - started };

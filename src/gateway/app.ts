@@ -15,6 +15,7 @@ import { registerCommandRoutes, type ExecApi } from './routes/commands.ts';
 import { registerFilesRoutes, type FilesApi } from './routes/files.ts';
 import { registerLayerRoutes, type LayerBuilder, type LayerRouteDeps } from './routes/layers.ts';
 import { registerPoolRoutes, type PoolApi } from './routes/pools.ts';
+import { registerRunRoutes, type RunApi } from './routes/run.ts';
 import { registerSandboxRoutes, type SandboxApi } from './routes/sandboxes.ts';
 
 export type { LayerBuilder } from './routes/layers.ts';
@@ -28,6 +29,7 @@ export interface GatewayDeps {
   execs: ExecApi;
   files: FilesApi;
   pools: PoolApi;
+  runs: RunApi;
   layers: LayerRouteDeps['layers'];
   buildLayer: LayerBuilder;
   /** Path of a layer image in the store, for the blob download. */
@@ -79,11 +81,13 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   app.use('/v1/sandboxes', jsonLimit);
   app.use('/v1/jobs/*', jsonLimit);
   app.use('/v1/pools/*', jsonLimit);
+  app.use('/v1/run', jsonLimit);
 
   registerSandboxRoutes(app, deps.sandboxes);
   registerCommandRoutes(app, deps.execs);
   registerFilesRoutes(app, deps.files);
   registerPoolRoutes(app, deps.pools);
+  registerRunRoutes(app, deps.runs);
   registerLayerRoutes(app, { layers: deps.layers, buildLayer: deps.buildLayer, layerImagePath: deps.layerImagePath, uploadLimitBytes: deps.config.http.layerUploadLimitBytes, now: deps.now });
   registerClusterRoutes(app, { directory: deps.directory, burst: deps.burst, jsonLimit });
   return app;

@@ -7,6 +7,7 @@ export type { ExecServiceDeps, ExecEvent } from './exec-service.ts';
 export { NodeRequests } from './node-requests.ts';
 export { FilesService } from './files-service.ts';
 export { PoolService } from './pool-service.ts';
+export { RunService } from './run-service.ts';
 export type { FilesServiceDeps } from './files-service.ts';
 export { newId } from '../api/index.ts';
 export { Janitor, LayerCollector } from './housekeeping/index.ts';
