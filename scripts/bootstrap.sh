@@ -4,8 +4,10 @@
 set -e
 cd "$(dirname "$0")/.."
 
+# iptables: rollbox's accept rules where a host's iptables (Docker's, say) filters sandbox
+# traffic; python3-minimal: the tests build a Python layer from it for POST /run_code.
 missing=""
-for pkg in runc erofs-utils redis-server busybox-static nftables iptables iproute2 e2fsprogs musl-tools gcc; do
+for pkg in runc erofs-utils redis-server busybox-static nftables iptables iproute2 e2fsprogs musl-tools gcc python3-minimal; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing="$missing $pkg"
 done
 

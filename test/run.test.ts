@@ -1,8 +1,17 @@
+import { execFileSync } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { NodeHeartbeat, RunResult } from '../src/api/index.ts';
+import type { NodeHeartbeat, RunCodeResponse, RunResult } from '../src/api/index.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 
-/** The function-call tier, POST /v1/run: one command in a fresh sandbox, its outcome in one of four classes. */
+/**
+ * The function-call tier, POST /v1/run: one command in a fresh sandbox, its outcome in one
+ * of four classes; and SandboxFusion's POST /run_code on top of it, with bash (the busybox
+ * image's sh) and real Python (a layer of this host's Debian python3.11).
+ */
+const LANGUAGES = {
+  python: { image: { base: 'busybox', layers: ['test-python'] }, argv: ['/usr/bin/python3.11', '-I'], file: 'main.py', memoryMiB: 128 },
+  bash: { image: { base: 'busybox', layers: [] }, argv: ['sh'], file: 'main.sh', memoryMiB: 64 },
+};
 const NODE = 'node-run1';
 let cluster: TestCluster;
 let token: string;
@@ -10,7 +19,7 @@ let admin: string;
 
 beforeAll(async () => {
   // Room for a few small sandboxes only: a larger one is a platform refusal (no capacity).
-  cluster = await startTestCluster({ workers: [{ nodeId: NODE, env: { ROLLBOX_NODE_MEMORY_MIB: '1024' } }] });
+  cluster = await startTestCluster({ workers: [{ nodeId: NODE, env: { ROLLBOX_NODE_MEMORY_MIB: '1024' } }], env: { ROLLBOX_RUN_CODE_LANGUAGES: JSON.stringify(LANGUAGES) } });
   token = await cluster.token('fn', ['sandbox:run', 'sandbox:read']);
   admin = await cluster.token('ops', ['admin']);
 }, 60_000);
@@ -70,4 +79,54 @@ describe('POST /v1/run', () => {
     expect(listed.length).toBeGreaterThan(0);
     expect(listed.filter((s) => s.state !== 'terminated')).toEqual([]);
   }, 60_000);
+});
+
+describe('POST /run_code (SandboxFusion)', () => {
+  const runCode = (body: object, headers: Record<string, string> = { authorization: `Bearer ${token}` }, query = '') =>
+    api<RunCodeResponse>({ url: cluster.url }, undefined, 'POST', `/run_code${query}`, { language: 'bash', ...body }, headers);
+
+  beforeAll(async () => {
+    // Python as Debian ships it: the interpreter, the libraries it links, its standard library.
+    const tar = execFileSync('tar', ['-C', '/', '-chf', '-', '--exclude=__pycache__', '--exclude=dist-packages', '--exclude=site-packages', '--exclude=test', 'usr/bin/python3.11', 'usr/lib/python3.11', 'lib64/ld-linux-x86-64.so.2', ...['libc.so.6', 'libm.so.6', 'libz.so.1', 'libexpat.so.1'].map((l) => `lib/x86_64-linux-gnu/${l}`)], { maxBuffer: 512 * 1024 * 1024 });
+    const layer = await api(cluster, await cluster.token('ops', ['layer:write']), 'POST', '/v1/layers?name=test-python', new Uint8Array(tar), { 'content-type': 'application/x-tar' });
+    expect(layer.status, JSON.stringify(layer.body)).toBe(201);
+  }, 120_000);
+
+  it("answers in SandboxFusion's shape: Success, Failed (exit or time limit), with stdin, files and fetched files", async () => {
+    const ok = await runCode({ code: 'read x; echo "got $x"; cat in.txt > out.txt; echo warn >&2', stdin: 'hi\n', files: { 'in.txt': b64('data'), skipped: null }, fetch_files: ['out.txt', 'missing.txt', '/tmp'] });
+    expect(ok.status).toBe(200);
+    expect(ok.body).toMatchObject({ status: 'Success', message: '', compile_result: null, run_result: { status: 'Finished', return_code: 0, stdout: 'got hi\n', stderr: 'warn\n' }, files: { 'out.txt': b64('data') } });
+    expect(Object.keys(ok.body.files)).toEqual(['out.txt']);
+    expect(ok.body.run_result!.execution_time).toBeGreaterThan(0);
+    const failed = await runCode({ code: 'echo no; exit 2' });
+    expect(failed.body).toMatchObject({ status: 'Failed', run_result: { status: 'Finished', return_code: 2, stdout: 'no\n' } });
+    const slow = await runCode({ code: 'sleep 30', run_timeout: 0.3 });
+    expect(slow.body).toMatchObject({ status: 'Failed', run_result: { status: 'TimeLimitExceeded', return_code: null } });
+  });
+
+  it('runs Python from its image, as verl sends it', async () => {
+    const verl = { code: 'import sys\nprint(sum(map(int, sys.stdin.read().split())))', language: 'python', compile_timeout: 10, run_timeout: 10, memory_limit_MB: 256, stdin: '1 2 3\n', files: {}, fetch_files: [] };
+    const r = await runCode(verl, { 'content-type': 'application/json', accept: 'application/json', authorization: `Bearer ${token}` });
+    expect(r.status, JSON.stringify(r.body)).toBe(200);
+    expect(r.body).toMatchObject({ status: 'Success', run_result: { status: 'Finished', return_code: 0, stdout: '6\n' } });
+    const raised = await runCode({ ...verl, code: 'raise SystemExit(7)' });
+    expect(raised.body).toMatchObject({ status: 'Failed', run_result: { return_code: 7 } });
+  });
+
+  it('takes the token from the URL (verl cannot add a header), and refuses what it cannot run with clear errors', async () => {
+    expect((await runCode({ code: 'echo q' }, {}, `?token=${token}`)).body.status).toBe('Success');
+    const basic = Buffer.from(`verl:${token}`).toString('base64');
+    expect((await runCode({ code: 'echo b' }, { authorization: `Basic ${basic}` })).body.status).toBe('Success');
+    expect((await runCode({ code: 'echo x' }, {})).status).toBe(401);
+    const unknown = await runCode({ code: 'x', language: 'cobol' });
+    expect(unknown.status).toBe(400);
+    expect((unknown.body as any).error.code).toBe('invalid_request');
+    expect((unknown.body as any).error.message).toContain('bash, python');
+    const climbing = await runCode({ code: 'x', files: { '../../etc/passwd': b64('x') } });
+    expect(climbing.status).toBe(400);
+    const huge = await runCode({ code: 'x'.repeat(20 * 1024 * 1024) });
+    expect(huge.status).toBe(413);
+    // Every run's sandbox is gone.
+    await waitFor('no sandbox left on the host', async () => (await api<{ nodes: NodeHeartbeat[] }>(cluster, admin, 'GET', '/v1/nodes')).body.nodes.find((n) => n.nodeId === NODE)?.sandboxes === 0, 30_000);
+  });
 });

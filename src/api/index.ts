@@ -31,3 +31,4 @@ export { CreateJob, NodeOp, Reply } from './internal.ts';
 export { BurstPolicy, UtilizationBasis, TraceEvent, TraceHeader, TRACE_FORMAT, BurstDecisionReason, CloudHostState, BurstCloudHost, BurstStatus } from './burst.ts';
 export { newId } from './ids.ts';
 export { RunRequest, RunStatus, RunResult } from './run.ts';
+export { RunCodeRequest, RunCodeResponse, CommandRunResult, RunCodeLanguage } from './run-code.ts';

@@ -26,6 +26,8 @@ export const RunRequest = z
     /** The command's working directory; relative `files` paths are under it. */
     workdir: CreateSandboxRequest.shape.workdir.default('/tmp'),
     files: z.record(RunFilePath, z.base64()).default({}),
+    /** Files read back after the command (absolute, or under workdir): in the answer's `files`, as base64; missing ones are left out. */
+    fetch: z.array(RunFilePath).max(256).default([]),
     /** The command's limit; the sandbox is discarded when it ends. Default 30 s. */
     timeoutMs: z.number().int().min(1).max(3600 * 1000).default(30_000),
   })
@@ -53,6 +55,8 @@ export const RunResult = z.object({
   /** The whole call: sandbox, files, command, discard. */
   totalMs: z.number(),
   sandboxId: z.string().optional(),
+  /** The fetched files (the request's paths as given -> base64). */
+  files: z.record(z.string(), z.string()).default({}),
   /** The warm pool the sandbox came from. */
   pool: z.string().optional(),
   error: z.object({ code: z.string(), message: z.string() }).optional(),

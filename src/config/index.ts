@@ -1,6 +1,13 @@
 import { z } from 'zod';
 import os from 'node:os';
 import path from 'node:path';
+import { RunCodeLanguage } from '../api/run-code.ts';
+
+/** What `POST /run_code` runs without ROLLBOX_RUN_CODE_LANGUAGES: a `python` layer the operator registers, and the base image's shell. */
+const DEFAULT_RUN_CODE_LANGUAGES = {
+  python: { image: { base: 'python', layers: [] }, argv: ['python3'], file: 'main.py', memoryMiB: 512 },
+  bash: { image: { base: 'busybox', layers: [] }, argv: ['sh'], file: 'main.sh', memoryMiB: 512 },
+};
 
 /**
  * The one environment schema. `loadConfig` is called once by the composition root
@@ -71,6 +78,10 @@ export const Env = z.object({
   ROLLBOX_NET_BLOCK: z.string().default('').describe('More CIDRs no sandbox may reach (comma-separated), on top of the built-in list.'),
   ROLLBOX_NET_PROBE_CIDR: z.string().default('198.18.0.0/15').describe('Worker: addresses of the network self-test\'s probe "outside" (a /29 per worker host, inside a namespace of its own; the RFC 2544 benchmarking range, never routed).'),
   ROLLBOX_NET_SELFTEST_INTERVAL_MS: z.coerce.number().int().min(1000).default(60_000).describe('Worker: how often the network self-test runs (also at start); while it fails, every 5 s at most this. Allowlist creates go only to hosts where it passes.'),
+  ROLLBOX_RUN_CODE_LANGUAGES: z
+    .string()
+    .default('')
+    .describe('Gateway: JSON `{"language": {"image": {"base": "...", "layers": [...]}, "argv": ["python3"], "file": "main.py", "memoryMiB": 512}}` for `POST /run_code`, over the defaults (python: layer `python`, `python3 main.py`; bash: `busybox`, `sh main.sh`).'),
   ROLLBOX_NET_STATIC_HOSTS: z.string().default('').describe('`name=ip|ip,name2=ip`: allowlisted hostnames resolved from this map instead of the host\'s resolver.'),
 });
 
@@ -136,6 +147,7 @@ export function loadConfig(env: NodeJS.ProcessEnv, overrides: Partial<Record<key
       gatewayUrl: e.ROLLBOX_BURST_GATEWAY_URL,
       traceMaxEvents: e.ROLLBOX_BURST_TRACE_MAX_EVENTS,
     },
+    runCodeLanguages: z.record(z.string(), RunCodeLanguage).parse({ ...DEFAULT_RUN_CODE_LANGUAGES, ...(e.ROLLBOX_RUN_CODE_LANGUAGES ? (JSON.parse(e.ROLLBOX_RUN_CODE_LANGUAGES) as object) : {}) }),
     network: {
       poolCidr: e.ROLLBOX_NET_POOL,
       leaseDir: e.ROLLBOX_NET_LEASE_DIR,

@@ -41,7 +41,7 @@ const answer = async <T>(value: T): Promise<T> => {
 };
 
 const deps: Omit<GatewayDeps, 'verifier'> = {
-  config: { http: { host: '127.0.0.1', port: 0, bodyLimitBytes: 4096, layerUploadLimitBytes: 1 << 20 }, files: { maxBytes: 8192 } },
+  config: { http: { host: '127.0.0.1', port: 0, bodyLimitBytes: 4096, layerUploadLimitBytes: 1 << 20 }, files: { maxBytes: 8192 }, runCodeLanguages: {} },
   redis: { ping: async () => 'PONG' },
   sandboxes: {
     create: (_p, _r, key) => answer({ sandbox: SANDBOX, replayed: key === 'seen' }),
@@ -53,7 +53,7 @@ const deps: Omit<GatewayDeps, 'verifier'> = {
     snapshot: () => answer(LAYER),
     setPolicy: () => answer(SANDBOX),
   },
-  runs: { run: () => answer({ status: 'ok', exitCode: 0, stdout: '', stderr: '', truncated: false, oomKilled: false, durationMs: 1, totalMs: 2 }) },
+  runs: { run: () => answer({ status: 'ok', exitCode: 0, stdout: '', stderr: '', truncated: false, oomKilled: false, durationMs: 1, totalMs: 2, files: {} }) },
   pools: {
     put: (_p, name, r) => answer({ ...r, name, layerDigests: [DIGEST], version: 'v1', createdAt: SANDBOX.createdAt, updatedAt: SANDBOX.createdAt, status: { target: 0, ready: 0, starting: 0, hosts: [], claimsPerMinute: 0, missesPerMinute: 0 } }),
     get: () => answer(undefined as never),

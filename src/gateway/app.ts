@@ -7,7 +7,7 @@ import { RollboxError } from '../api/index.ts';
 import type { Config } from '../config/index.ts';
 import type { TokenVerifier } from '../iam/index.ts';
 import type { NodeDirectory } from '../queues/index.ts';
-import { authenticate, type GatewayEnv } from './auth.ts';
+import { authenticate, authenticateFromUrl, type GatewayEnv } from './auth.ts';
 import { describeZodError, errorResponse, handleError } from './errors.ts';
 import type { GatewayMetrics } from './metrics.ts';
 import { registerClusterRoutes, type BurstApi } from './routes/cluster.ts';
@@ -22,7 +22,7 @@ export type { LayerBuilder } from './routes/layers.ts';
 
 /** What the gateway's routes call: interfaces, so a route can be tested in process (app.request). */
 export interface GatewayDeps {
-  config: Pick<Config, 'http' | 'files'>;
+  config: Pick<Config, 'http' | 'files' | 'runCodeLanguages'>;
   redis: Pick<Redis, 'ping'>;
   verifier: TokenVerifier;
   sandboxes: SandboxApi;
@@ -82,12 +82,14 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   app.use('/v1/jobs/*', jsonLimit);
   app.use('/v1/pools/*', jsonLimit);
   app.use('/v1/run', jsonLimit);
+  // SandboxFusion's path, outside /v1: its clients post to a configured URL ending in /run_code.
+  app.use('/run_code', authenticateFromUrl(deps.verifier), jsonLimit);
 
   registerSandboxRoutes(app, deps.sandboxes);
   registerCommandRoutes(app, deps.execs);
   registerFilesRoutes(app, deps.files);
   registerPoolRoutes(app, deps.pools);
-  registerRunRoutes(app, deps.runs);
+  registerRunRoutes(app, deps.runs, deps.config.runCodeLanguages);
   registerLayerRoutes(app, { layers: deps.layers, buildLayer: deps.buildLayer, layerImagePath: deps.layerImagePath, uploadLimitBytes: deps.config.http.layerUploadLimitBytes, now: deps.now });
   registerClusterRoutes(app, { directory: deps.directory, burst: deps.burst, jsonLimit });
   return app;

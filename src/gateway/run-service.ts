@@ -7,7 +7,7 @@ import type { SandboxService } from './sandbox-service.ts';
 
 export interface RunServiceDeps {
   sandboxes: Pick<SandboxService, 'create' | 'delete'>;
-  files: Pick<FilesService, 'write'>;
+  files: Pick<FilesService, 'write' | 'read'>;
   execs: Pick<ExecService, 'exec'>;
   now: () => number;
 }
@@ -61,13 +61,27 @@ export class RunService {
       }
       const result = await this.deps.execs.exec(acting, sandbox.id, { argv: request.argv, cmd: request.cmd, stdin: request.stdin, env: request.env, timeoutMs: request.timeoutMs, background: false });
       const status = result.timedOut ? 'timeout' : result.exitCode === 0 ? 'ok' : 'failed';
-      return answer({ status, exitCode: result.timedOut ? null : result.exitCode, stdout: result.stdout, stderr: result.stderr, truncated: result.truncated, oomKilled: result.oomKilled, durationMs: result.durationMs });
+      const files = await this.fetch(acting, sandbox.id, request);
+      return answer({ status, exitCode: result.timedOut ? null : result.exitCode, stdout: result.stdout, stderr: result.stderr, truncated: result.truncated, oomKilled: result.oomKilled, durationMs: result.durationMs, files });
     } catch (err) {
       if (err instanceof RollboxError && CALLER_ERRORS.has(err.code)) throw err;
       const error = err instanceof RollboxError ? { code: err.code, message: err.message } : { code: 'internal', message: String(err) };
-      return answer({ status: 'infra_error', exitCode: null, stdout: '', stderr: '', truncated: false, oomKilled: false, durationMs: 0, error });
+      return answer({ status: 'infra_error', exitCode: null, stdout: '', stderr: '', truncated: false, oomKilled: false, durationMs: 0, files: {}, error });
     } finally {
       if (sandboxId) await this.deps.sandboxes.delete(acting, sandboxId).catch(() => undefined);
     }
+  }
+
+  /** The regular files among `request.fetch` that exist, as base64 (a directory or a missing path is left out). */
+  private async fetch(acting: Principal, sandboxId: string, request: RunRequest): Promise<Record<string, string>> {
+    const out: Record<string, string> = {};
+    for (const file of request.fetch) {
+      const read = await this.deps.files.read(acting, sandboxId, { path: path.posix.resolve(request.workdir, file), format: 'auto' }).catch((err: unknown) => {
+        if (err instanceof RollboxError && err.code === 'not_found') return undefined;
+        throw err;
+      });
+      if (read && !read.tar) out[file] = read.body.toString('base64');
+    }
+    return out;
   }
 }
