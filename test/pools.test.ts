@@ -160,6 +160,15 @@ describe('a warm pool', () => {
     expect((await sh(claimed.body.id, 'echo ok')).stdout).toBe('ok\n');
     expect((await remove(claimed.body.id)).status).toBe(200);
 
+    // A ready sandbox whose init dies (killed from the host) is never handed out; another takes its place.
+    const [victim] = await readyIds('small');
+    const { init_process_pid: pid } = JSON.parse(fs.readFileSync(path.join(cluster.rootDir, NODE, 'worker', 'runc', `rb-${victim}`, 'state.json'), 'utf8'));
+    process.kill(pid, 'SIGKILL');
+    await waitFor('the dead one replaced', async () => {
+      const ids = await readyIds('small');
+      return ids.length === 2 && !ids.includes(victim!);
+    }, 30_000);
+
     // A new image or limits: a new version, and none of the old sandboxes is handed out.
     const oldIds = new Set(await readyIds('small'));
     const changed = await putPool('small', { size: 2, diskMiB: 64, resources: { cpuMillis: 500, memoryMiB: 48, pids: 64 } });
