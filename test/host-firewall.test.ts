@@ -54,6 +54,21 @@ async function startFirewalledHost(fixture: FirewallFixture, subnet: number): Pr
   return { host, target, worker, nodeId, before };
 }
 
+/** A firewalled host for one describe block: started before its tests, stopped (worker first) after them. */
+function firewalledHostFor(fixture: FirewallFixture, subnet: number): () => FirewalledHost {
+  let fw: FirewalledHost | undefined;
+  beforeAll(async () => {
+    fw = await startFirewalledHost(fixture, subnet);
+  }, 60_000);
+  afterAll(async () => {
+    if (!fw) return;
+    await stopWorker(fw);
+    await fw.target.stop();
+    await fw.host.stop();
+  }, 60_000);
+  return () => fw!;
+}
+
 async function heartbeatOf(nodeId: string): Promise<NodeHeartbeat | undefined> {
   const listed = await api<{ nodes: NodeHeartbeat[] }>(cluster, token, 'GET', '/v1/nodes');
   return listed.body.nodes.find((n) => n.nodeId === nodeId && n.healthy);
@@ -82,17 +97,11 @@ const PASSING: { fixture: FirewallFixture; subnet: number; touches: RegExp[] }[]
 ];
 
 describe.each(PASSING)('on a host with $fixture', ({ fixture, subnet, touches }) => {
+  const host = firewalledHostFor(fixture, subnet);
   let fw: FirewalledHost;
-
-  beforeAll(async () => {
-    fw = await startFirewalledHost(fixture, subnet);
-  }, 60_000);
-
-  afterAll(async () => {
-    await stopWorker(fw);
-    await fw?.target.stop();
-    await fw?.host.stop();
-  }, 60_000);
+  beforeAll(() => {
+    fw = host();
+  });
 
   it('passes its network self-test, with accept rules only where the host filters', async () => {
     const heartbeat = await waitFor('the worker heartbeat', () => heartbeatOf(fw.nodeId), 30_000);
@@ -169,17 +178,11 @@ describe.each(PASSING)('on a host with $fixture', ({ fixture, subnet, touches })
 });
 
 describe('on a host whose forward path rollbox cannot open', () => {
+  const host = firewalledHostFor('prerouting-drop', 4);
   let fw: FirewalledHost;
-
-  beforeAll(async () => {
-    fw = await startFirewalledHost('prerouting-drop', 4);
-  }, 60_000);
-
-  afterAll(async () => {
-    await stopWorker(fw);
-    await fw?.target.stop();
-    await fw?.host.stop();
-  }, 60_000);
+  beforeAll(() => {
+    fw = host();
+  });
 
   it('reports the failing self-test and its cause in the heartbeat', async () => {
     const heartbeat = await waitFor('the worker heartbeat', () => heartbeatOf(fw.nodeId), 30_000);
