@@ -31,7 +31,8 @@ const STOP_GRACE_MS = 5000;
  *   start: reconcile (adopt what Redis says runs here, remove everything else) -> network
  *          self-test -> first heartbeat -> (cloud hosts) layer sync -> take from its inboxes
  *   run:   creates under local admission (create-handler.ts), operations on its sandboxes
- *          (op-handler.ts), heartbeats, TTLs, init watch, registry sync, network self-test
+ *          (op-handler.ts), heartbeats, TTLs, init watch, registry sync, network self-test,
+ *          warm pools (pool-keeper.ts)
  *   stop:  stop taking, give running operations a grace, (embedded stack) destroy all
  */
 export class WorkerHost {

@@ -26,6 +26,8 @@ export class PoolKeeper {
   private starts = new Set<Promise<void>>();
   private stopped = false;
   private ticks = 0;
+  /** One tick at a time: a slow one (many discards) is not overlapped by the next. */
+  private ticking = false;
 
   constructor(
     private readonly ctx: HostContext,
@@ -73,7 +75,16 @@ export class PoolKeeper {
 
   /** Every second or so: follow the definitions, drop what is stale or orphaned, refill. */
   async tick(): Promise<void> {
-    if (this.stopped) return;
+    if (this.stopped || this.ticking) return;
+    this.ticking = true;
+    try {
+      await this.followDefinitions();
+    } finally {
+      this.ticking = false;
+    }
+  }
+
+  private async followDefinitions(): Promise<void> {
     this.definitions = await this.pools.list();
     for (const s of this.ctx.local.pooled()) {
       if (s.starting || this.definitions.some((p) => p.name === s.pool.name && p.version === s.pool.version)) continue;
