@@ -47,6 +47,8 @@ export interface RuncRuntimeDeps {
   execKillGraceMs?: number;
   /** Size of the host's scratch filesystem that holds every sandbox's disk (see scratch.ts). */
   scratchSizeGiB?: number;
+  /** See ScratchDisksDeps.idleUnmountDelayMs. */
+  scratchIdleUnmountMs?: number;
   /** Reserve each sandbox's whole diskMiB in the scratch filesystem (default false; see scratch.ts). */
   preallocateDisks?: boolean;
   /** Runs the disk syscalls (loop attach, mount, umount); see diskhelper.ts. Default `perl`. */
@@ -150,6 +152,7 @@ export function createRuntimeContext(deps: RuncRuntimeDeps): RuntimeContext {
       dataDir: layout.dataDir,
       helper: diskHelper,
       sizeGiB: deps.scratchSizeGiB,
+      idleUnmountDelayMs: deps.scratchIdleUnmountMs,
       preallocate: deps.preallocateDisks,
       mkfsBinary: deps.mkfsBinary,
       losetupBinary: deps.losetupBinary,

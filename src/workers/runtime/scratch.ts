@@ -33,6 +33,12 @@ export interface ScratchDisksDeps {
   preallocate?: boolean;
   /** Distinct disk sizes whose formatted template is kept (default 32). */
   maxTemplates?: number;
+  /**
+   * How long the scratch filesystem stays mounted once its last disk is gone (default
+   * 10 s): one-shot sandboxes (POST /v1/run) come and go one at a time, and unmounting and
+   * mounting it again between them costs ~100 ms of each one's life.
+   */
+  idleUnmountDelayMs?: number;
   mkfsBinary?: string;
   losetupBinary?: string;
   logger?: RuntimeLogger;
@@ -48,8 +54,8 @@ export interface ScratchDisksDeps {
  * Those filesystems are image files inside ONE scratch filesystem per host (an ext4 image,
  * sparse on the host, loop-mounted at `<dataDir>/scratch`), so everything sandboxes write is
  * bounded by the scratch size and the host disk cannot fill. Like a layer mount, the scratch
- * filesystem is mounted by the first sandbox that needs it and unmounted when the last disk
- * in it goes (a host without sandboxes keeps no mounts); the image stays, so mounting it
+ * filesystem is mounted by the first sandbox that needs it and unmounted a while after the
+ * last disk in it goes (a host without sandboxes keeps no mounts); the image stays, so mounting it
  * again costs ~3 ms, not a mkfs. `teardown` (reconcile with nothing kept) deletes it. A
  * worker restart finds it mounted, with the disks of the sandboxes it adopts. A disk is made
  * by copying a pre-formatted template of its size (formatted once per size, ~20 ms; the copy
@@ -60,6 +66,7 @@ export interface ScratchDisksDeps {
  * goes; nothing here depends on this process's memory to be cleaned up after a crash.
  */
 export class ScratchDisks {
+  private idleUnmount: NodeJS.Timeout | undefined;
   readonly imagePath: string;
   readonly mountPoint: string;
   readonly disksDir: string;
@@ -265,7 +272,10 @@ export class ScratchDisks {
     if (await isMountPoint(target)) throw new RollboxError('internal', `${target} is still mounted`);
     if (!this.isMounted()) return;
     rmSync(this.imageOf(sandboxId), { force: true });
-    await this.unmountIfIdle();
+    const delayMs = this.deps.idleUnmountDelayMs ?? 10_000;
+    if (delayMs === 0) return this.unmountIfIdle();
+    clearTimeout(this.idleUnmount);
+    this.idleUnmount = setTimeout(() => void this.unmountIfIdle().catch((err: unknown) => this.deps.logger?.warn({ err: String(err) }, 'unmounting idle scratch filesystem failed')), delayMs).unref();
   }
 
   /** Unmount the scratch filesystem if no disk is in it and none is being made; keep the image. */
@@ -311,6 +321,7 @@ export class ScratchDisks {
    * wait for them first.
    */
   teardown(): Promise<void> {
+    clearTimeout(this.idleUnmount);
     return this.serialized(async () => {
       this.templates.clear();
       if (this.isMounted() && !(await this.unmountScratch())) return;
