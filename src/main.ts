@@ -79,7 +79,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     now,
     random: Math.random,
   });
-  const pools = new PoolService({ pools: new PoolRegistry(redis, now), layers, directory, placement: { choices: config.placement.choices, staleAfterMs: config.node.lostAfterMs }, now, random: Math.random });
+  const pools = new PoolService({ pools: new PoolRegistry(redis, now), layers, directory, placement: { choices: config.placement.choices, staleAfterMs: config.node.lostAfterMs }, defaultRequests: config.defaultRequests, now, random: Math.random });
   const sandboxes = new SandboxService({ config, registry, layers, directory, nodes, metrics, now, random: Math.random, burst, pools });
   const execs = new ExecService({ redis, blocking, registry, commands, nodes, metrics, now });
   const files = new FilesService({ config, redis, registry, nodes });

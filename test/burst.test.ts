@@ -79,9 +79,10 @@ describe('live cloud burst (local provider, real runc)', () => {
     // Below the threshold everything stays local. (Before the worker joined, the empty
     // local pool counted as full, so diversion may be on until the dwell has passed.)
     await waitFor('no diversion while the local pool is idle', async () => !(await burst()).diverting, 30_000);
-    const first = await create({ resources: { memoryMiB: 256 } });
+    // Utilization counts what sandboxes reserve: these reserve their whole limit.
+    const first = await create({ resources: { memoryMiB: 256, requests: { memoryMiB: 256 } } });
     expect(first.body.node).toBe('local-1');
-    const second = await create({ resources: { memoryMiB: 256 } });
+    const second = await create({ resources: { memoryMiB: 256, requests: { memoryMiB: 256 } } });
     expect(second.body.node).toBe('local-1');
     await waitFor('diversion to start', async () => (await burst()).diverting, 30_000);
     const status = await burst();

@@ -58,8 +58,8 @@ describe('POST /v1/run', () => {
     expect(failed.body).toMatchObject({ status: 'failed', exitCode: 3, stderr: 'oops\n' });
     const timeout = await run({ cmd: 'echo started; sleep 30', timeoutMs: 300 });
     expect(timeout.body).toMatchObject({ status: 'timeout', exitCode: null, stdout: 'started\n' });
-    // More memory than any host has room for: the platform cannot serve it now (safe to retry).
-    const infra = await run({ cmd: 'true', resources: { memoryMiB: 4096, diskMiB: 64 } });
+    // More memory reserved than any host has room for: the platform cannot serve it now (safe to retry).
+    const infra = await run({ cmd: 'true', resources: { memoryMiB: 4096, diskMiB: 64, requests: { memoryMiB: 4096 } } });
     expect(infra.status).toBe(200);
     expect(infra.body).toMatchObject({ status: 'infra_error', exitCode: null, error: { code: 'no_capacity' } });
   });

@@ -5,6 +5,7 @@ export {
   LayerRef,
   ImageSpec,
   Resources,
+  reservationOf,
   SandboxClass,
   NetworkAllowRule,
   NetworkPolicy,

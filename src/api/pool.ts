@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { ImageSpec, LayerDigest, Resources, SandboxClass } from './sandbox.ts';
+import { ImageSpec, LayerDigest, ResourceFields, SandboxClass, requestsWithinLimits } from './sandbox.ts';
 
 export const PoolName = z.string().regex(/^[a-z0-9][a-z0-9-]{0,62}$/, 'pool names are [a-z0-9-], at most 63 characters');
 
@@ -11,9 +11,9 @@ export const PoolName = z.string().regex(/^[a-z0-9][a-z0-9-]{0,62}$/, 'pool name
 export const PutPoolRequest = z.strictObject({
   image: ImageSpec.default({ base: 'busybox', layers: [] }),
   /** Limits of the ready sandboxes, and what they reserve on their host until claimed. */
-  resources: Resources.omit({ diskMiB: true }).default({ cpuMillis: 1000, memoryMiB: 512, pids: 256 }),
+  resources: ResourceFields.omit({ diskMiB: true }).refine(...requestsWithinLimits).default({ cpuMillis: 1000, memoryMiB: 512, pids: 256 }),
   class: SandboxClass.default('latency'),
-  diskMiB: Resources.shape.diskMiB,
+  diskMiB: ResourceFields.shape.diskMiB,
   /** Ready sandboxes per worker host (0 keeps the pool defined but empty). */
   size: z.number().int().min(0).max(4096),
 });

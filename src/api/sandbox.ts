@@ -15,13 +15,34 @@ export const ImageSpec = z.strictObject({
 });
 export type ImageSpec = z.infer<typeof ImageSpec>;
 
-export const Resources = z.strictObject({
+/**
+ * Limits cap what a sandbox may use; `requests` are what it reserves on its host, which is
+ * what placement and admission count (as Kubernetes separates requests and limits). Idle
+ * agents use little of their limits, so requests are small by default (the gateway's
+ * ROLLBOX_DEFAULT_REQUEST_* settings, never above the limit) and a host holds thousands.
+ */
+export const ResourceFields = z.strictObject({
   cpuMillis: z.number().int().min(10).max(64_000).default(1000),
   memoryMiB: z.number().int().min(8).max(262_144).default(512),
   diskMiB: z.number().int().min(1).max(1_048_576).default(1024),
   pids: z.number().int().min(8).max(65_536).default(256),
+  requests: z.strictObject({ cpuMillis: z.number().int().min(1).max(64_000), memoryMiB: z.number().int().min(1).max(262_144) }).partial().optional(),
 });
+/** Requests within the limits. */
+export const requestsWithinLimits = [
+  (r: { cpuMillis: number; memoryMiB: number; requests?: { cpuMillis?: number; memoryMiB?: number } }) => (r.requests?.cpuMillis ?? 0) <= r.cpuMillis && (r.requests?.memoryMiB ?? 0) <= r.memoryMiB,
+  'requests may not exceed the limits',
+] as const;
+export const Resources = ResourceFields.refine(...requestsWithinLimits);
 export type Resources = z.infer<typeof Resources>;
+
+/**
+ * What a sandbox reserves on its host (placement, admission): its requests, or its limits
+ * for a record made before requests existed. Disk is reserved as asked.
+ */
+export function reservationOf(resources: Pick<Resources, 'cpuMillis' | 'memoryMiB' | 'diskMiB' | 'requests'>): { cpuMillis: number; memoryMiB: number; diskMiB: number } {
+  return { cpuMillis: resources.requests?.cpuMillis ?? resources.cpuMillis, memoryMiB: resources.requests?.memoryMiB ?? resources.memoryMiB, diskMiB: resources.diskMiB };
+}
 
 export const SandboxClass = z.enum(['latency', 'besteffort']);
 export type SandboxClass = z.infer<typeof SandboxClass>;

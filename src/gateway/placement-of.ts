@@ -1,10 +1,20 @@
-import { RollboxError, type CreateSandboxRequest } from '../api/index.ts';
+import { RollboxError, reservationOf, type CreateSandboxRequest, type Resources } from '../api/index.ts';
 import type { PlacementCandidate, PlacementRequest } from '../queues/index.ts';
 
-/** What placement needs of a sandbox's spec: its resources, and whether it has a network. */
+/** What placement needs of a sandbox's spec: what it reserves, and whether it has a network. */
 export function placementOf(spec: Pick<CreateSandboxRequest, 'resources' | 'network'>): Omit<PlacementRequest, 'pool' | 'exclude'> {
-  const { memoryMiB, cpuMillis, diskMiB } = spec.resources;
-  return { memoryMiB, cpuMillis, diskMiB, network: spec.network.mode === 'allowlist' };
+  return { ...reservationOf(spec.resources), network: spec.network.mode === 'allowlist' };
+}
+
+/** Requests a create left out, filled from the gateway's defaults (never above the limits): the record says what is reserved. */
+export function withDefaultRequests<R extends Pick<Resources, 'cpuMillis' | 'memoryMiB' | 'requests'>>(resources: R, defaults: { memoryMiB: number; cpuMillis: number }): R & { requests: { memoryMiB: number; cpuMillis: number } } {
+  return {
+    ...resources,
+    requests: {
+      memoryMiB: resources.requests?.memoryMiB ?? Math.min(resources.memoryMiB, defaults.memoryMiB),
+      cpuMillis: resources.requests?.cpuMillis ?? Math.min(resources.cpuMillis, defaults.cpuMillis),
+    },
+  };
 }
 
 /**

@@ -3,12 +3,15 @@ import { RollboxError, type CreateSandboxRequest, type Pool, type PoolRecord, ty
 import { requireScope, type Principal } from '../iam/index.ts';
 import { chooseNode, type NodeDirectory, type PlacementRequest } from '../queues/index.ts';
 import type { LayerRegistry, PoolRegistry } from '../registry/index.ts';
+import { withDefaultRequests } from './placement-of.ts';
 
 export interface PoolServiceDeps {
   pools: PoolRegistry;
   layers: Pick<LayerRegistry, 'resolveAll'>;
   directory: Pick<NodeDirectory, 'candidates' | 'list'>;
   placement: { choices: number; staleAfterMs: number };
+  /** Requests a pool's definition leaves out (what its ready sandboxes reserve). */
+  defaultRequests: { memoryMiB: number; cpuMillis: number };
   now: () => number;
   random: () => number;
 }
@@ -39,7 +42,7 @@ export class PoolService {
     const layerDigests = await this.deps.layers.resolveAll([request.image.base, ...request.image.layers]);
     const existing = await this.deps.pools.get(name);
     const nowIso = new Date(this.deps.now()).toISOString();
-    const spec = { ...request, layerDigests };
+    const spec = { ...request, resources: withDefaultRequests(request.resources, this.deps.defaultRequests), layerDigests };
     // The version names what the ready sandboxes are: a change of image, limits or class
     // makes the hosts replace them; a change of size alone does not.
     const version = createHash('sha256').update(JSON.stringify({ image: spec.image, layerDigests, resources: spec.resources, class: spec.class, diskMiB: spec.diskMiB })).digest('hex').slice(0, 16);

@@ -18,7 +18,7 @@ import { requireScope, type Principal } from '../iam/index.ts';
 import { chooseNode, type NodeDirectory, type PlacementRequest } from '../queues/index.ts';
 import type { LayerRegistry, SandboxRegistry } from '../registry/index.ts';
 import type { GatewayMetrics } from './metrics.ts';
-import { networkUnavailable, placementOf } from './placement-of.ts';
+import { networkUnavailable, placementOf, withDefaultRequests } from './placement-of.ts';
 import type { PoolService } from './pool-service.ts';
 import { toRollboxError, type NodeRequests } from './node-requests.ts';
 
@@ -35,7 +35,7 @@ export interface CreateRouting {
 }
 
 export interface SandboxServiceDeps {
-  config: Pick<Config, 'placement' | 'quota'> & { node: Pick<Config['node'], 'lostAfterMs' | 'pool'> };
+  config: Pick<Config, 'placement' | 'quota' | 'defaultRequests'> & { node: Pick<Config['node'], 'lostAfterMs' | 'pool'> };
   registry: SandboxRegistry;
   layers: LayerRegistry;
   directory: NodeDirectory;
@@ -78,6 +78,7 @@ export class SandboxService {
   private async createOnce(principal: Principal, request: CreateSandboxRequest, idempotencyKey: string | undefined): Promise<{ sandbox: Sandbox; replayed: boolean }> {
     requireScope(principal, 'sandbox:create');
     const { registry, config, directory } = this.deps;
+    request = { ...request, resources: withDefaultRequests(request.resources, config.defaultRequests) };
     const layerDigests = await this.deps.layers.resolveAll([request.image.base, ...request.image.layers]);
     const local = { ...placementOf(request), pool: config.node.pool, exclude: new Set<string>() };
     // A ready sandbox of a warm pool takes the place of a cold start: its id is the sandbox's.

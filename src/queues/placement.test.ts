@@ -23,6 +23,21 @@ const request = { memoryMiB: 512, cpuMillis: 1000, pool: 'local', exclude: new S
 const options = { choices: 2, staleAfterMs: 3000, random: seeded(1) };
 
 describe('chooseNode', () => {
+  it('spreads small sandboxes over nodes of one host whose measured memory differs a little (no herding)', () => {
+    const nodes = [node('a', 0, { measured: { cpuLoad: 0, memoryUsedFraction: 0.3 } }), node('b', 0, { measured: { cpuLoad: 0, memoryUsedFraction: 0.31 } })];
+    const counts = new Map<string, number>();
+    for (let i = 0; i < 10; i++) {
+      const chosen = chooseNode(nodes, { ...request, memoryMiB: 16, cpuMillis: 10 }, options)!;
+      chosen.assumed = { memoryMiB: chosen.assumed.memoryMiB + 16, cpuMillis: chosen.assumed.cpuMillis + 10, sandboxes: chosen.assumed.sandboxes + 1 };
+      counts.set(chosen.heartbeat.nodeId, (counts.get(chosen.heartbeat.nodeId) ?? 0) + 1);
+    }
+    expect(counts.get('a')).toBe(5);
+    expect(counts.get('b')).toBe(5);
+    // A host short of memory for real is avoided.
+    const pressed = [node('a', 0, { measured: { cpuLoad: 0, memoryUsedFraction: 0.95 } }), node('b', 5000)];
+    expect(chooseNode(pressed, request, options)?.heartbeat.nodeId).toBe('b');
+  });
+
   it('places an allowlist network only on nodes whose network self-test passes (or that report none)', () => {
     const failing = node('failing', 0, { network: { allowlist: 'failing', checkedAtMs: 1, detail: 'forward path blocked', firewall: [] } });
     const passing = node('passing', 5_000, { network: { allowlist: 'ok', checkedAtMs: 1, firewall: ['iptables-nft filter DOCKER-USER (forward)'] } });

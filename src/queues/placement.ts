@@ -53,16 +53,23 @@ export interface PlacementOptions {
   random: () => number;
 }
 
+/** Below this share of the host's memory in real use, the measured figure does not steer placement. */
+const MEASURED_MEMORY_COMFORT = 0.75;
+
 /**
- * Load score in [0, inf): the most constrained of memory, CPU and slot use, counting
- * assumed (not yet reported) placements. Lower is better.
+ * Load score in [0, inf): the most constrained of memory, CPU and slot reservations,
+ * counting assumed (not yet reported) placements; and the host's measured memory use once
+ * it is high. Lower is better. (Below the comfort level the measured figure, host-wide and
+ * noisy, would otherwise outweigh the small reservations of idle sandboxes and send a
+ * whole burst to one node.)
  */
 export function loadScore(c: PlacementCandidate): number {
   const { capacity, used, sandboxes } = c.heartbeat;
   const memory = (used.memoryMiB + c.assumed.memoryMiB) / Math.max(1, capacity.memoryMiB);
   const cpu = (used.cpuMillis + c.assumed.cpuMillis) / Math.max(1, capacity.cpuMillis);
   const slots = (sandboxes + c.assumed.sandboxes) / Math.max(1, capacity.maxSandboxes);
-  return Math.max(memory, cpu, slots, c.heartbeat.measured.memoryUsedFraction);
+  const measured = c.heartbeat.measured.memoryUsedFraction;
+  return Math.max(memory, cpu, slots, measured > MEASURED_MEMORY_COMFORT ? measured : 0);
 }
 
 /** Nodes that could take the request at all: healthy, fresh, right pool, not excluded, with room. */
@@ -101,5 +108,11 @@ export function chooseNode(candidates: readonly PlacementCandidate[], request: P
     const index = Math.min(remaining.length - 1, Math.floor(options.random() * remaining.length));
     picked.push(remaining.splice(index, 1)[0]!);
   }
-  return picked.reduce((best, c) => (loadScore(c) < loadScore(best) ? c : best));
+  // Equal scores (small requests leave the host-wide measured memory as the score of every
+  // node on one host): the one with fewer sandboxes, placed ones included.
+  const sandboxesOf = (c: PlacementCandidate) => c.heartbeat.sandboxes + c.assumed.sandboxes;
+  return picked.reduce((best, c) => {
+    const [a, b] = [loadScore(c), loadScore(best)];
+    return a < b || (a === b && sandboxesOf(c) < sandboxesOf(best)) ? c : best;
+  });
 }

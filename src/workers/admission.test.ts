@@ -1,4 +1,6 @@
 import { describe, expect, it } from 'vitest';
+import { reservationOf } from '../api/index.ts';
+import { withDefaultRequests } from '../gateway/placement-of.ts';
 import { decideAdmission, diskCapacityMiB, type AdmissionState } from './admission.ts';
 
 const base: AdmissionState = {
@@ -30,6 +32,28 @@ describe('decideAdmission', () => {
   it('refuses any new disk while the scratch filesystem itself is nearly full, overcommit or not', () => {
     expect(decideAdmission({ ...base, disk: { ...base.disk, freeMiB: 99 } }, small)).toMatchObject({ admit: false, reason: expect.stringContaining('disk pressure') });
     expect(decideAdmission({ ...base, disk: { ...base.disk, freeMiB: 100 } }, small)).toEqual({ admit: true });
+  });
+});
+
+describe('admission under pressure and by requests', () => {
+  it('refuses while the host thrashes on memory, and on cpu only when asked to watch it', () => {
+    const pressure = { memoryFullPct: 0, cpuSomePct: 99, memoryFullMaxPct: 10, cpuSomeMaxPct: 0 };
+    expect(decideAdmission({ ...base, pressure }, small)).toEqual({ admit: true });
+    expect(decideAdmission({ ...base, pressure: { ...pressure, memoryFullPct: 12.5 } }, small)).toMatchObject({ admit: false, reason: expect.stringContaining('memory pressure') });
+    expect(decideAdmission({ ...base, pressure: { ...pressure, memoryFullPct: 12.5, memoryFullMaxPct: 0 } }, small)).toEqual({ admit: true });
+    expect(decideAdmission({ ...base, pressure: { ...pressure, cpuSomeMaxPct: 90 } }, small)).toMatchObject({ admit: false, reason: expect.stringContaining('cpu pressure') });
+  });
+
+  it('counts what sandboxes reserve (their requests), not their limits, so idle ones share a host', () => {
+    const limits = { cpuMillis: 1000, memoryMiB: 512, diskMiB: 64 };
+    expect(reservationOf(limits)).toEqual(limits);
+    const reserved = reservationOf({ ...limits, requests: { memoryMiB: 16, cpuMillis: 10 } });
+    expect(reserved).toEqual({ cpuMillis: 10, memoryMiB: 16, diskMiB: 64 });
+    // 1000 MiB of capacity: one sandbox by its 512 MiB limit would leave room for one more; by its request, for 62.
+    expect(decideAdmission({ ...base, capacity: { ...base.capacity, maxSandboxes: 1000 }, reserved: { memoryMiB: 61 * 16, cpuMillis: 610, diskMiB: 0 } }, reserved)).toEqual({ admit: true });
+    expect(withDefaultRequests({ cpuMillis: 1000, memoryMiB: 512 }, { memoryMiB: 64, cpuMillis: 100 }).requests).toEqual({ memoryMiB: 64, cpuMillis: 100 });
+    // Never above the limit; what the create gave stays.
+    expect(withDefaultRequests({ cpuMillis: 50, memoryMiB: 32, requests: { memoryMiB: 8 } }, { memoryMiB: 64, cpuMillis: 100 }).requests).toEqual({ memoryMiB: 8, cpuMillis: 50 });
   });
 });
 

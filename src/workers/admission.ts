@@ -1,3 +1,5 @@
+import { readFileSync } from 'node:fs';
+
 /** What a node knows about itself at the moment it pulls a create request. */
 export interface AdmissionState {
   capacity: { memoryMiB: number; cpuMillis: number; maxSandboxes: number };
@@ -10,6 +12,24 @@ export interface AdmissionState {
   hostReserveMiB: number;
   /** The scratch filesystem that holds every sandbox disk (see diskCapacityMiB). */
   disk: { capacityMiB: number; freeMiB: number; sizeMiB: number };
+  /** Pressure stall information now (readPressure) and the limits past which nothing new starts (0: not watched). */
+  pressure?: { memoryFullPct: number; cpuSomePct: number; memoryFullMaxPct: number; cpuSomeMaxPct: number };
+}
+
+/**
+ * `/proc/pressure/{memory,cpu}` avg10 (percent of the last 10 s): memory `full` (every
+ * non-idle task stalled on memory: the host is thrashing) and cpu `some` (a task waited
+ * for a CPU). Zero where the kernel has no PSI.
+ */
+export function readPressure(): { memoryFullPct: number; cpuSomePct: number } {
+  const avg10 = (file: string, line: 'some' | 'full'): number => {
+    try {
+      return Number(new RegExp(`^${line} avg10=([\\d.]+)`, 'm').exec(readFileSync(file, 'utf8'))?.[1] ?? 0);
+    } catch {
+      return 0;
+    }
+  };
+  return { memoryFullPct: avg10('/proc/pressure/memory', 'full'), cpuSomePct: avg10('/proc/pressure/cpu', 'some') };
 }
 
 export type AdmissionDecision = { admit: true } | { admit: false; reason: string };
@@ -43,5 +63,8 @@ export function decideAdmission(state: AdmissionState, request: { memoryMiB: num
   if (state.disk.freeMiB < state.disk.sizeMiB * SCRATCH_MIN_FREE_FRACTION)
     return { admit: false, reason: `disk pressure: ${state.disk.freeMiB} MiB of ${state.disk.sizeMiB} MiB scratch space free` };
   if (state.hostFreeMemoryMiB < state.hostReserveMiB) return { admit: false, reason: `host memory pressure: ${state.hostFreeMemoryMiB} MiB free` };
+  const p = state.pressure;
+  if (p && p.memoryFullMaxPct > 0 && p.memoryFullPct > p.memoryFullMaxPct) return { admit: false, reason: `memory pressure: every task stalled on memory ${p.memoryFullPct}% of the last 10 s (limit ${p.memoryFullMaxPct}%)` };
+  if (p && p.cpuSomeMaxPct > 0 && p.cpuSomePct > p.cpuSomeMaxPct) return { admit: false, reason: `cpu pressure: tasks waited for a CPU ${p.cpuSomePct}% of the last 10 s (limit ${p.cpuSomeMaxPct}%)` };
   return { admit: true };
 }

@@ -1,5 +1,4 @@
-import os from 'node:os';
-import { RollboxError, type CreateJob, type Sandbox } from '../api/index.ts';
+import { RollboxError, reservationOf, type CreateJob, type Sandbox } from '../api/index.ts';
 import { decideAdmission } from './admission.ts';
 import type { HostContext } from './host-context.ts';
 import type { LocalSandbox } from './local-sandboxes.ts';
@@ -10,7 +9,7 @@ import type { LocalSandbox } from './local-sandboxes.ts';
  * sandbox's state: a redelivered request answers with what already happened.
  */
 export async function handleCreate(ctx: HostContext, job: CreateJob): Promise<void> {
-  const { registry, runtime, config } = ctx.deps;
+  const { registry, runtime } = ctx.deps;
   const sandbox = await registry.get(job.sandboxId);
   if (!sandbox || sandbox.node !== ctx.nodeId) return; // re-placed elsewhere or expired
   // pending: a new sandbox; hibernated: one coming back from its packed writable layer.
@@ -18,26 +17,12 @@ export async function handleCreate(ctx: HostContext, job: CreateJob): Promise<vo
     if (sandbox.state === 'running') await ctx.reply(job.replyTo, { kind: 'created', requestId: job.requestId, nodeId: ctx.nodeId });
     return;
   }
-  const request = { memoryMiB: sandbox.spec.resources.memoryMiB, cpuMillis: sandbox.spec.resources.cpuMillis, diskMiB: sandbox.spec.resources.diskMiB };
+  const request = reservationOf(sandbox.spec.resources);
   // A ready sandbox of a warm pool, claimed by the gateway for this create: admitted as if
   // its reservation were already this request's (it becomes that below).
   const pooled = sandbox.pool && sandbox.state === 'pending' ? ctx.local.get(sandbox.id) : undefined;
   const ready = pooled?.pool && !pooled.starting ? pooled : undefined;
-  const reserved = ctx.local.reserved();
-  if (ready) for (const k of ['memoryMiB', 'cpuMillis', 'diskMiB'] as const) reserved[k] -= ready[k];
-  let decision = ctx.stopped
-    ? ({ admit: false, reason: 'worker host stopping' } as const)
-    : decideAdmission(
-        {
-          capacity: config,
-          reserved,
-          sandboxes: ctx.local.size - (ready ? 1 : 0),
-          hostFreeMemoryMiB: Math.floor(os.freemem() / 1024 / 1024),
-          hostReserveMiB: config.hostReserveMiB,
-          disk: ctx.diskSpace(),
-        },
-        request,
-      );
+  let decision = ctx.stopped ? ({ admit: false, reason: 'worker host stopping' } as const) : decideAdmission(ctx.admissionState(ready), request);
   ctx.local.noteHandled(sandbox.id, ctx.now());
   // The gateway places allowlist sandboxes only where the self-test passes; its view may be a heartbeat old.
   const { networkHealth } = ctx;

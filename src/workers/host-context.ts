@@ -4,7 +4,8 @@ import { RollboxError, type Reply } from '../api/index.ts';
 import type { Config } from '../config/index.ts';
 import { publishReply } from '../queues/index.ts';
 import { LayerRegistry, type CommandLog, type SandboxRegistry } from '../registry/index.ts';
-import { diskCapacityMiB } from './admission.ts';
+import os from 'node:os';
+import { diskCapacityMiB, readPressure, type AdmissionState } from './admission.ts';
 import { LocalSandboxes } from './local-sandboxes.ts';
 import type { NetworkHealth } from './network/index.ts';
 import type { SandboxRuntime } from './runtime/types.ts';
@@ -84,6 +85,22 @@ export class HostContext {
       detail: oom ? 'the sandbox init was killed by the OOM killer' : 'the sandbox init process died',
     });
     this.log.warn({ sandboxId: id, oom }, 'sandbox init died');
+  }
+
+  /** This host as admission sees it now: capacity, reservations (less `releasing`'s, being replaced), free memory, disk, pressure. */
+  admissionState(releasing?: { memoryMiB: number; cpuMillis: number; diskMiB: number }): AdmissionState {
+    const { config } = this.deps;
+    const reserved = this.local.reserved();
+    if (releasing) for (const k of ['memoryMiB', 'cpuMillis', 'diskMiB'] as const) reserved[k] -= releasing[k];
+    return {
+      capacity: config,
+      reserved,
+      sandboxes: this.local.size - (releasing ? 1 : 0),
+      hostFreeMemoryMiB: Math.floor(os.freemem() / 1024 / 1024),
+      hostReserveMiB: config.hostReserveMiB,
+      disk: this.diskSpace(),
+      pressure: { ...readPressure(), memoryFullMaxPct: config.psi.memoryFullMaxPct, cpuSomeMaxPct: config.psi.cpuSomeMaxPct },
+    };
   }
 
   diskSpace(): { capacityMiB: number; freeMiB: number; sizeMiB: number } {

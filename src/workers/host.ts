@@ -1,4 +1,4 @@
-import { CreateJob, NodeOp, isTerminal, type Sandbox } from '../api/index.ts';
+import { CreateJob, NodeOp, isTerminal, reservationOf, type Sandbox } from '../api/index.ts';
 import { InboxConsumer, pendingOps, type InboxLane, type InboxReceipt } from '../queues/index.ts';
 import { PoolRegistry, keys } from '../registry/index.ts';
 import { handleCreate } from './create-handler.ts';
@@ -178,7 +178,7 @@ export class WorkerHost {
     await this.pools.adopted(pooled, adopted);
     for (const s of records) {
       if (adopted.has(s.id)) {
-        const { memoryMiB, cpuMillis, diskMiB } = s.spec.resources;
+        const { memoryMiB, cpuMillis, diskMiB } = reservationOf(s.spec.resources);
         ctx.local.set({ id: s.id, memoryMiB, cpuMillis, diskMiB, expiresAtMs: Date.parse(s.expiresAt ?? '') || Infinity, starting: false });
       } else if (s.state !== 'pending' && s.state !== 'hibernated') {
         // Its container is gone (host rebooted, or the worker died mid-create).

@@ -1,5 +1,4 @@
-import os from 'node:os';
-import { newId, type NodePoolStatus, type PoolRecord } from '../api/index.ts';
+import { newId, reservationOf, type NodePoolStatus, type PoolRecord } from '../api/index.ts';
 import type { PoolRegistry } from '../registry/index.ts';
 import { decideAdmission } from './admission.ts';
 import type { HostContext } from './host-context.ts';
@@ -58,7 +57,7 @@ export class PoolKeeper {
     const pool = this.definitions;
     for (const [id, ref] of candidates) {
       const def = pool.find((p) => p.name === ref.name);
-      if (adopted.has(id) && def) this.ctx.local.set({ id, memoryMiB: def.resources.memoryMiB, cpuMillis: def.resources.cpuMillis, diskMiB: def.diskMiB, expiresAtMs: Infinity, starting: false, pool: ref });
+      if (adopted.has(id) && def) this.ctx.local.set({ id, ...reservationOf({ ...def.resources, diskMiB: def.diskMiB }), expiresAtMs: Infinity, starting: false, pool: ref });
       else await this.pools.withdraw(ref, this.ctx.nodeId, id);
     }
   }
@@ -147,17 +146,14 @@ export class PoolKeeper {
   }
 
   private admits(def: PoolRecord): boolean {
-    const { config } = this.ctx.deps;
-    const request = { memoryMiB: def.resources.memoryMiB, cpuMillis: def.resources.cpuMillis, diskMiB: def.diskMiB };
-    const state = { capacity: config, reserved: this.ctx.local.reserved(), sandboxes: this.ctx.local.size, hostFreeMemoryMiB: Math.floor(os.freemem() / 1024 / 1024), hostReserveMiB: config.hostReserveMiB, disk: this.ctx.diskSpace() };
-    return decideAdmission(state, request).admit;
+    return decideAdmission(this.ctx.admissionState(), reservationOf({ ...def.resources, diskMiB: def.diskMiB })).admit;
   }
 
   private async startOne(def: PoolRecord): Promise<void> {
     const { ctx } = this;
     const id = newId('sbx');
     const ref = { name: def.name, version: def.version };
-    ctx.local.set({ id, memoryMiB: def.resources.memoryMiB, cpuMillis: def.resources.cpuMillis, diskMiB: def.diskMiB, expiresAtMs: Infinity, starting: true, pool: ref });
+    ctx.local.set({ id, ...reservationOf({ ...def.resources, diskMiB: def.diskMiB }), expiresAtMs: Infinity, starting: true, pool: ref });
     try {
       const layerImages = await Promise.all(
         def.layerDigests.map(async (digest) => {
