@@ -5,8 +5,8 @@
  * own bookkeeping counts), exec round trips into 20 random ones at that density, and
  * creates and deletes per second. Progress on stderr, a CDF chart in bench/out/, one JSON line.
  */
-import { readFileSync } from 'node:fs';
 import path from 'node:path';
+import { usedMiB } from './support/meminfo.ts';
 import { progressBar, summarize, writeCdfChart } from '../src/report/index.ts';
 import { api, startTestCluster } from '../test/support/cluster.ts';
 import { timed } from './support/runc-floor.ts';
@@ -17,11 +17,6 @@ const PROBES = 20;
 /** Limits an agent may use; requests are what it reserves while it mostly sits idle. */
 const RESOURCES = { memoryMiB: 256, cpuMillis: 100, diskMiB: 64, requests: { memoryMiB: 4, cpuMillis: 2 } };
 
-function usedMiB(): number {
-  const info = readFileSync('/proc/meminfo', 'utf8');
-  const field = (name: string) => Number(new RegExp(`^${name}:\\s+(\\d+) kB`, 'm').exec(info)![1]) / 1024;
-  return field('MemTotal') - field('MemAvailable');
-}
 const settle = () => new Promise((r) => setTimeout(r, 5000));
 
 const cluster = await startTestCluster({

@@ -4,18 +4,12 @@
  * does), then left idle; the host's used memory (MemTotal - MemAvailable) before and after,
  * per sandbox. Target: at most 1.5 MiB. Ends with one JSON line.
  */
-import { readFileSync } from 'node:fs';
 import { api, startTestCluster } from '../test/support/cluster.ts';
+import { usedMiB } from './support/meminfo.ts';
 import { progressBar } from '../src/report/index.ts';
 
 const SANDBOXES = Number(process.env.BENCH_SANDBOXES ?? 300);
 const CONCURRENCY = 4;
-
-function usedMiB(): number {
-  const info = readFileSync('/proc/meminfo', 'utf8');
-  const field = (name: string) => Number(new RegExp(`^${name}:\\s+(\\d+) kB`, 'm').exec(info)![1]) / 1024;
-  return field('MemTotal') - field('MemAvailable');
-}
 
 const settle = () => new Promise((r) => setTimeout(r, 3000));
 
