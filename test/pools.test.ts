@@ -62,6 +62,16 @@ describe('pool API', () => {
     expect((await api(cluster, admin, 'GET', '/v1/pools/none')).status).toBe(404);
     expect((await api(cluster, admin, 'DELETE', '/v1/pools/none')).status).toBe(404);
   });
+
+  it('is kept only by the worker hosts of its host pool', async () => {
+    expect((await putPool('elsewhere', { size: 1, diskMiB: 64, hostPool: 'cloud' })).body.hostPool).toBe('cloud');
+    // A heartbeat of this (local) host after a few pool ticks: it keeps nothing of it.
+    const since = Date.now() + 1500;
+    await waitFor('a later heartbeat', async () => (await readyOn('elsewhere', since)) !== -1);
+    expect((await readyOn('elsewhere', since))).toBe(0);
+    expect((await poolOf('elsewhere')).status).toMatchObject({ target: 0, ready: 0, starting: 0, hosts: [] });
+    expect((await api(cluster, admin, 'DELETE', '/v1/pools/elsewhere')).status).toBe(204);
+  });
 });
 
 describe('a warm pool', () => {

@@ -16,6 +16,8 @@ export const PutPoolRequest = z.strictObject({
   diskMiB: ResourceFields.shape.diskMiB,
   /** Ready sandboxes per worker host (0 keeps the pool defined but empty). */
   size: z.number().int().min(0).max(4096),
+  /** The worker hosts that keep it: those of this host pool (`ROLLBOX_POOL`; cloud burst hosts are `cloud`). */
+  hostPool: z.string().regex(/^[a-z0-9-]{1,32}$/).default('local'),
 });
 export type PutPoolRequest = z.infer<typeof PutPoolRequest>;
 

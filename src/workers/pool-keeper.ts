@@ -40,7 +40,7 @@ export class PoolKeeper {
    * sandboxes are then removed by reconcile, as they are kept by nobody).
    */
   async toAdopt(): Promise<Map<string, PoolRef>> {
-    this.definitions = await this.pools.list();
+    this.definitions = await this.keptHere();
     const keep = new Map<string, PoolRef>();
     for (const [key, list] of await this.pools.readyListsOf(this.ctx.nodeId)) {
       if (!this.definitions.some((p) => p.name === list.pool && p.version === list.version)) {
@@ -60,6 +60,11 @@ export class PoolKeeper {
       if (adopted.has(id) && def) this.ctx.local.set({ id, ...reservationOf({ ...def.resources, diskMiB: def.diskMiB }), expiresAtMs: Infinity, starting: false, pool: ref });
       else await this.pools.withdraw(ref, this.ctx.nodeId, id);
     }
+  }
+
+  /** The pools this host keeps: those of its host pool. */
+  private async keptHere(): Promise<PoolRecord[]> {
+    return (await this.pools.list()).filter((p) => p.hostPool === this.ctx.deps.config.pool);
   }
 
   /** What the heartbeat says of each pool. */
@@ -84,7 +89,7 @@ export class PoolKeeper {
   }
 
   private async followDefinitions(): Promise<void> {
-    this.definitions = await this.pools.list();
+    this.definitions = await this.keptHere();
     for (const s of this.ctx.local.pooled()) {
       if (s.starting || this.definitions.some((p) => p.name === s.pool.name && p.version === s.pool.version)) continue;
       // Of a deleted or changed pool. Claimed meanwhile (a record exists): its create binds it.
