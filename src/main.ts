@@ -174,7 +174,7 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
   const blocking: Redis[] = [];
   const store = layerStoreOf(config);
   const workerDir = path.join(config.dataDir, 'worker');
-  const layerMounts = new LayerMounts({ dataDir: workerDir, storeDir: config.layerStoreDir, logger });
+  const layerMounts = new LayerMounts({ dataDir: workerDir, storeDir: config.layerStoreDir, logger, idleUnmountDelayMs: config.node.idleUnmountMs });
   const network = new SandboxNetworks({
     nodeId,
     poolCidr: config.network.poolCidr,
@@ -184,7 +184,7 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
     resolveHost: async (name) => config.network.staticHosts.get(name) ?? (await dns.resolve4(name)),
     logger,
   });
-  const runtime = createRuncRuntime({ dataDir: workerDir, runtimeBinary: config.node.runtimeBinary, layerMounts, nodeId, logger, network, scratchSizeGiB: config.node.scratchSizeGiB, scratchIdleUnmountMs: config.node.scratchIdleUnmountMs, besteffortHoldMs: config.node.besteffortHoldMs, besteffortHeldCpuMillis: config.node.besteffortHeldCpuMillis });
+  const runtime = createRuncRuntime({ dataDir: workerDir, runtimeBinary: config.node.runtimeBinary, layerMounts, nodeId, logger, network, scratchSizeGiB: config.node.scratchSizeGiB, scratchIdleUnmountMs: config.node.idleUnmountMs, besteffortHoldMs: config.node.besteffortHoldMs, besteffortHeldCpuMillis: config.node.besteffortHeldCpuMillis });
   const host = new WorkerHost({
     config: { ...config.node, nodeId },
     redis,

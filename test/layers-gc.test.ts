@@ -9,7 +9,7 @@ let cluster: TestCluster;
 let token: string;
 
 beforeAll(async () => {
-  cluster = await startTestCluster({ workers: [{ nodeId: 'node-gc' }], env: { ROLLBOX_LAYER_GC_GRACE_MS: '1500', ROLLBOX_LAYER_GC_INTERVAL_MS: '300' } });
+  cluster = await startTestCluster({ workers: [{ nodeId: 'node-gc' }], env: { ROLLBOX_LAYER_GC_GRACE_MS: '1500', ROLLBOX_LAYER_GC_INTERVAL_MS: '300', ROLLBOX_NODE_IDLE_UNMOUNT_MS: '300' } });
   token = await cluster.token('gc', ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'sandbox:snapshot', 'layer:write']);
 });
 afterAll(async () => cluster?.stop());

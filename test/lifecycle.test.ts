@@ -9,8 +9,8 @@ let cluster: TestCluster;
 let token: string;
 
 beforeAll(async () => {
-  // The scratch filesystem lingers a moment after its last disk (see scratch.ts); short here.
-  cluster = await startTestCluster({ workers: [{ nodeId: 'node-a', env: { ROLLBOX_NODE_SCRATCH_IDLE_UNMOUNT_MS: '300' } }] });
+  // The scratch filesystem and layers linger a moment after their last sandbox (ROLLBOX_NODE_IDLE_UNMOUNT_MS); short here.
+  cluster = await startTestCluster({ workers: [{ nodeId: 'node-a', env: { ROLLBOX_NODE_IDLE_UNMOUNT_MS: '300' } }] });
   token = await cluster.token('team-a', ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete']);
 });
 afterAll(async () => {
@@ -50,7 +50,7 @@ describe('sandbox lifecycle', () => {
     expect((await exec(id, { argv: ['true'] })).status).toBe(409);
 
     expect(hostTraces(cluster.rootDir).containers).toEqual([]);
-    // A host without sandboxes keeps no mounts, once the scratch filesystem's linger is over.
+    // A host without sandboxes keeps no mounts, once the linger is over.
     await waitFor('no mounts or loop devices left', async () => {
       const traces = hostTraces(cluster.rootDir);
       return traces.mounts.length === 0 && traces.loops.length === 0;

@@ -20,6 +20,12 @@ export interface LayerMountsDeps {
   mountBinary?: string;
   umountBinary?: string;
   losetupBinary?: string;
+  /**
+   * How long a layer no sandbox uses stays mounted (default 0: unmounted at once). A worker
+   * host keeps it a while: one-shot sandboxes come and go one at a time, and each would
+   * otherwise pay a mount and an unmount of its layers.
+   */
+  idleUnmountDelayMs?: number;
 }
 
 const UNMOUNT_RETRY_MS = 1000;
@@ -31,12 +37,14 @@ interface Entry {
   busy: number;
   chain: Promise<void>;
   imagePath: string;
+  /** Set while an unused layer lingers mounted (idleUnmountDelayMs). */
+  idleTimer?: NodeJS.Timeout;
 }
 
 /**
  * Reference-counted, read-only mounts of layer images, shared by every sandbox on the
  * host: each image is loop-mounted once at `<dataDir>/mnt/layers/<hex>` and unmounted
- * (loop device detached) when its last user releases it. Mount and unmount of one digest
+ * (loop device detached) when its last user releases it (or `idleUnmountDelayMs` later). Mount and unmount of one digest
  * are serialized, so concurrent acquires mount once and a release racing an acquire never
  * unmounts a layer someone holds.
  */
@@ -72,6 +80,7 @@ export class LayerMounts {
       this.entries.set(digest, e);
     }
     e.refs++;
+    clearTimeout(e.idleTimer);
     if (e.mounted && e.busy === 0) return dir; // hot path: a refcount bump
     const entry = e;
     try {
@@ -96,6 +105,11 @@ export class LayerMounts {
     if (!e || e.refs === 0) return;
     e.refs--;
     if (e.refs > 0) return;
+    if (this.deps.idleUnmountDelayMs) {
+      clearTimeout(e.idleTimer);
+      e.idleTimer = setTimeout(() => void this.unmountIfUnused(digest, e), this.deps.idleUnmountDelayMs).unref();
+      return;
+    }
     const dir = this.dirOf(digest);
     try {
       await this.serialize(e, async () => {
@@ -143,6 +157,7 @@ export class LayerMounts {
       const e = this.entries.get(digest);
       if (inUse.has(digest) || (e && e.refs > 0)) continue;
       const dir = path.join(this.root, name);
+      clearTimeout(e?.idleTimer);
       const doIt = async (): Promise<void> => {
         if (await this.unmountDir(dir, true)) unmounted.push(digest);
         await rmdir(dir).catch(() => undefined);
