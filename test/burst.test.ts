@@ -56,7 +56,12 @@ async function readyCloudHost(): Promise<string> {
 function pidOfHost(hostId: string): number {
   for (const entry of fs.readdirSync('/proc')) {
     if (!/^\d+$/.test(entry)) continue;
-    const argv = fs.readFileSync(`/proc/${entry}/cmdline`, 'utf8').split('\0');
+    let argv: string[];
+    try {
+      argv = fs.readFileSync(`/proc/${entry}/cmdline`, 'utf8').split('\0');
+    } catch {
+      continue; // exited while the list was read
+    }
     const at = argv.indexOf('--node-id');
     if (at >= 0 && argv[at + 1] === hostId && argv.includes('worker')) return Number(entry);
   }
