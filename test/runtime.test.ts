@@ -26,8 +26,7 @@ const MIB = 1024 * 1024;
 function newRuntime(options: { besteffortHoldMs?: number } = {}): RuncRuntime {
   const layerMounts = new LayerMounts({ dataDir, storeDir: store.dir });
   // A small scratch filesystem, so the "does not fit" case is cheap to reach.
-  // Unmounted as soon as the last disk goes, so the test can see it.
-  const rt = createRuncRuntime({ dataDir, nodeId, layerMounts, scratchSizeGiB: SCRATCH_GIB, scratchIdleUnmountMs: 0, preallocateDisks: true, ...options });
+  const rt = createRuncRuntime({ dataDir, nodeId, layerMounts, scratchSizeGiB: SCRATCH_GIB, preallocateDisks: true, ...options });
   runtimes.push(rt);
   return rt;
 }

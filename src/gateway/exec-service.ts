@@ -4,6 +4,7 @@ import {
   DEFAULT_BACKGROUND_TIMEOUT_MS,
   DEFAULT_EXEC_TIMEOUT_MS,
   RollboxError,
+  newId,
   type CommandRecord,
   type CommandStatus,
   type ExecRequest,
@@ -13,7 +14,6 @@ import {
 import { requireScope, type Principal } from '../iam/index.ts';
 import { followOutput, readOutput, type CommandLog, type SandboxRegistry } from '../registry/index.ts';
 import type { BlockingPool } from '../redis/index.ts';
-import { newId } from '../api/ids.ts';
 import type { GatewayMetrics } from './metrics.ts';
 import { toRollboxError, type NodeRequests } from './node-requests.ts';
 

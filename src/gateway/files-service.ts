@@ -1,10 +1,9 @@
 import type { Redis } from 'ioredis';
-import { FILES_TAR_TYPE, RollboxError, type FilesReadQuery, type FilesWriteQuery, type FilesWriteResult, type Reply, type Sandbox } from '../api/index.ts';
+import { FILES_TAR_TYPE, RollboxError, newId, type FilesReadQuery, type FilesWriteQuery, type FilesWriteResult, type Reply, type Sandbox } from '../api/index.ts';
 import type { Config } from '../config/index.ts';
 import { requireScope, type Principal } from '../iam/index.ts';
 import { checkFilesArchive } from '../layers/index.ts';
 import { keys, type SandboxRegistry } from '../registry/index.ts';
-import { newId } from '../api/ids.ts';
 import { toRollboxError, type NodeRequests } from './node-requests.ts';
 
 export interface FilesServiceDeps {

@@ -1,19 +1,7 @@
 import { createHash } from 'node:crypto';
-import {
-  RollboxError,
-  isTerminal,
-  type CreateSandboxRequest,
-  type JobActionResult,
-  type Layer,
-  type SnapshotRequest,
-  type PauseRequest,
-  type PolicyPatch,
-  type ListSandboxesQuery,
-  type Reply,
-  type Sandbox,
-} from '../api/index.ts';
+import { RollboxError, isTerminal, newId, type CreateSandboxRequest, type JobActionResult, type Layer, type ListSandboxesQuery } from '../api/index.ts';
+import type { PauseRequest, PolicyPatch, Reply, Sandbox, SnapshotRequest } from '../api/index.ts';
 import type { Config } from '../config/index.ts';
-import { newId } from '../api/ids.ts';
 import { requireScope, type Principal } from '../iam/index.ts';
 import { chooseNode, type NodeDirectory, type PlacementRequest } from '../queues/index.ts';
 import type { LayerRegistry, SandboxRegistry } from '../registry/index.ts';
@@ -93,11 +81,9 @@ export class SandboxService {
         : { placement: local, node: await placeFresh(local) };
     const placement = { ...routed.placement, exclude: new Set<string>() };
     const node = routed.node;
+    if (!node) throw this.noNode(placement, `no worker host in pool ${placement.pool} can reserve ${placement.memoryMiB} MiB of memory and ${placement.diskMiB} MiB of disk now`);
     // Counted at once, before anything awaits: the creates of a burst placed beside this one see it.
-    if (node) directory.assume(node, id, placement);
-    if (!node) {
-      throw networkUnavailable(placement, this.deps.directory.candidates(), (p) => this.place(p)) ?? new RollboxError('no_capacity', `no worker host in pool ${placement.pool} can take ${request.resources.memoryMiB} MiB of memory and ${request.resources.diskMiB} MiB of disk now`, 5);
-    }
+    directory.assume(node, id, placement);
 
     const nowMs = this.deps.now();
     const record: Sandbox = { id, tenant: principal.tenant, state: 'pending', node, spec: request, layerDigests, createdAt: new Date(nowMs).toISOString(), oomKills: 0, ...(claimed ? { pool: claimed.pool } : {}) };
@@ -174,6 +160,11 @@ export class SandboxService {
         return { kind: 'refused', requestId, nodeId, reason: `worker host ${nodeId} stopped heartbeating` };
       }
     }
+  }
+
+  /** Why no node took a request: the hosts' failing network self-tests when that is it, else no capacity. */
+  private noNode(placement: PlacementRequest, noCapacity: string): RollboxError {
+    return networkUnavailable(placement, this.deps.directory.candidates(), (p) => this.place(p)) ?? new RollboxError('no_capacity', noCapacity, 5);
   }
 
   private place(request: PlacementRequest): string | undefined {
@@ -256,9 +247,7 @@ export class SandboxService {
   private async wake(sandbox: Sandbox): Promise<Sandbox> {
     const placement = { ...placementOf(sandbox.spec), pool: this.deps.config.node.pool, exclude: new Set<string>() };
     const node = this.place(placement) ?? (await this.deps.directory.refresh().then(() => this.place(placement)));
-    if (!node) {
-      throw networkUnavailable(placement, this.deps.directory.candidates(), (p) => this.place(p)) ?? new RollboxError('no_capacity', `no worker host can take sandbox ${sandbox.id} back now`, 5);
-    }
+    if (!node) throw this.noNode(placement, `no worker host can take sandbox ${sandbox.id} back now`);
     if (!(await this.deps.registry.reassign(sandbox.id, sandbox.node, node))) return this.waitSettled(sandbox.id, sandbox.tenant);
     const started = await this.startOnNodes(sandbox.id, sandbox.tenant, placement, node, `${sandbox.id}.wake${this.deps.now()}.`);
     if (started.kind === 'started') return started.sandbox;

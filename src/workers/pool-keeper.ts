@@ -54,9 +54,8 @@ export class PoolKeeper {
 
   /** After reconcile: adopted ones are this host's again; those that did not survive come off their lists. */
   async adopted(candidates: ReadonlyMap<string, PoolRef>, adopted: ReadonlySet<string>): Promise<void> {
-    const pool = this.definitions;
     for (const [id, ref] of candidates) {
-      const def = pool.find((p) => p.name === ref.name);
+      const def = this.definitions.find((p) => p.name === ref.name);
       if (adopted.has(id) && def) this.ctx.local.set({ id, ...reservationOf({ ...def.resources, diskMiB: def.diskMiB }), expiresAtMs: Infinity, starting: false, pool: ref });
       else await this.pools.withdraw(ref, this.ctx.nodeId, id);
     }

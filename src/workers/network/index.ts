@@ -140,10 +140,8 @@ export class SandboxNetworks {
   }
 
   /**
-   * The host side of sandbox networking in place and checked again (the self-test calls
-   * it every few seconds: Docker or firewalld may have flushed rollbox's rules since).
-   * Returns where rollbox's accept rules sit in other rule sets, and where they had to be
-   * put back.
+   * The host side in place and checked again (the self-test, every few seconds: Docker or
+   * firewalld may have flushed rollbox's rules since): where they sit, and where they were put back.
    */
   async prepareHost(): Promise<{ placed: string[]; added: string[] }> {
     await this.ensureBase();

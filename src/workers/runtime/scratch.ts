@@ -33,11 +33,7 @@ export interface ScratchDisksDeps {
   preallocate?: boolean;
   /** Distinct disk sizes whose formatted template is kept (default 32). */
   maxTemplates?: number;
-  /**
-   * How long the scratch filesystem stays mounted once its last disk is gone (default
-   * 10 s): one-shot sandboxes (POST /v1/run) come and go one at a time, and unmounting and
-   * mounting it again between them costs ~100 ms of each one's life.
-   */
+  /** How long it stays mounted once its last disk is gone (default 0; worker hosts: ROLLBOX_NODE_IDLE_UNMOUNT_MS). */
   idleUnmountDelayMs?: number;
   mkfsBinary?: string;
   losetupBinary?: string;
@@ -91,10 +87,7 @@ export class ScratchDisks {
 
   private serialized<T>(fn: () => Promise<T>): Promise<T> {
     const p = this.chain.then(fn);
-    this.chain = p.then(
-      () => undefined,
-      () => undefined,
-    );
+    this.chain = p.then(() => undefined, () => undefined);
     return p;
   }
 
@@ -272,10 +265,10 @@ export class ScratchDisks {
     if (await isMountPoint(target)) throw new RollboxError('internal', `${target} is still mounted`);
     if (!this.isMounted()) return;
     rmSync(this.imageOf(sandboxId), { force: true });
-    const delayMs = this.deps.idleUnmountDelayMs ?? 10_000;
-    if (delayMs === 0) return this.unmountIfIdle();
+    // One-shot sandboxes come and go one at a time: unmounting and mounting it between them costs each ~100 ms.
     clearTimeout(this.idleUnmount);
-    this.idleUnmount = setTimeout(() => void this.unmountIfIdle().catch((err: unknown) => this.deps.logger?.warn({ err: String(err) }, 'unmounting idle scratch filesystem failed')), delayMs).unref();
+    if (!this.deps.idleUnmountDelayMs) return this.unmountIfIdle();
+    this.idleUnmount = setTimeout(() => void this.unmountIfIdle().catch((err: unknown) => this.deps.logger?.warn({ err: String(err) }, 'unmounting idle scratch filesystem failed')), this.deps.idleUnmountDelayMs).unref();
   }
 
   /** Unmount the scratch filesystem if no disk is in it and none is being made; keep the image. */
