@@ -183,7 +183,7 @@ describe('buildLayerFromTar', () => {
     } finally {
       await mounts.release(a.digest);
     }
-    expect(await isMountPoint(dir)).toBe(false);
+    expect(isMountPoint(dir)).toBe(false);
   });
 
   it('later entries replace earlier ones (tar semantics) without following links', async () => {
@@ -254,12 +254,12 @@ describe('LayerMounts', () => {
     expect(loopsOf(layer.imagePath)).not.toBe('');
     await mounts.release(layer.digest);
     await mounts.release(layer.digest);
-    expect(await isMountPoint(d1!)).toBe(true);
+    expect(isMountPoint(d1!)).toBe(true);
     // A release racing a new acquire must leave it mounted for the new holder.
     const [, again] = await Promise.all([mounts.release(layer.digest), mounts.acquire(layer.digest, layer.imagePath)]);
-    expect(await isMountPoint(again)).toBe(true);
+    expect(isMountPoint(again)).toBe(true);
     await mounts.release(layer.digest);
-    expect(await isMountPoint(d1!)).toBe(false);
+    expect(isMountPoint(d1!)).toBe(false);
     expect(mounts.mounted()).toEqual([]);
     expect(loopsOf(layer.imagePath)).toBe('');
   });
@@ -276,14 +276,14 @@ describe('LayerMounts', () => {
     mountsToClean.push(mounts);
     const result = await mounts.reconcile(new Set([keepLayer.digest]));
     expect(result.unmounted).toEqual([other.digest]);
-    expect(await isMountPoint(otherDir)).toBe(false);
+    expect(isMountPoint(otherDir)).toBe(false);
     expect(existsSync(otherDir)).toBe(false);
     expect(loopsOf(other.imagePath)).toBe('');
-    expect(await isMountPoint(keepDir)).toBe(true);
+    expect(isMountPoint(keepDir)).toBe(true);
     // Adopting the surviving mount is a refcount, and the last release unmounts it.
     expect(await mounts.acquire(keepLayer.digest, keepLayer.imagePath)).toBe(keepDir);
     await mounts.release(keepLayer.digest);
-    expect(await isMountPoint(keepDir)).toBe(false);
+    expect(isMountPoint(keepDir)).toBe(false);
     expect(loopsOf(keepLayer.imagePath)).toBe('');
   });
 });

@@ -1,3 +1,4 @@
+import { statSync } from 'node:fs';
 import { readFile, readdir, readlink, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -37,10 +38,10 @@ export async function readMountInfo(): Promise<MountInfo[]> {
   return out;
 }
 
-/** Whether something is mounted at `dir`: a mount point's st_dev differs from its parent's. Cheap (two stats). */
-export async function isMountPoint(dir: string): Promise<boolean> {
+/** Whether something is mounted at `dir`: a mount point's st_dev differs from its parent's. Two stats of local paths, synchronous: ~10 µs, where a thread-pool round trip costs more. */
+export function isMountPoint(dir: string): boolean {
   try {
-    const [a, b] = await Promise.all([stat(dir), stat(path.dirname(dir))]);
+    const [a, b] = [statSync(dir), statSync(path.dirname(dir))];
     return a.dev !== b.dev || a.ino === b.ino;
   } catch {
     return false;
@@ -106,18 +107,18 @@ export interface UnmountOptions {
  * doubling to 640 ms, about 1.3 s in all) before the lazy fallback.
  */
 export async function unmount(dir: string, opts: UnmountOptions): Promise<'not-mounted' | 'unmounted' | 'detached'> {
-  if (!(await isMountPoint(dir))) return 'not-mounted';
+  if (!isMountPoint(dir)) return 'not-mounted';
   const umount = opts.umountBinary ?? 'umount';
   let r = await runTool(umount, [dir]);
-  for (let delayMs = 5; r.code !== 0 && delayMs <= 640 && (await isMountPoint(dir)); delayMs *= 2) {
+  for (let delayMs = 5; r.code !== 0 && delayMs <= 640 && isMountPoint(dir); delayMs *= 2) {
     await sleep(delayMs);
     r = await runTool(umount, [dir]);
   }
-  if (r.code === 0 || !(await isMountPoint(dir))) return 'unmounted';
+  if (r.code === 0 || !isMountPoint(dir)) return 'unmounted';
   if (opts.lazyFallback) {
     opts.onLazy?.(r.stderr.trim());
     r = await runTool(umount, ['-l', dir]);
-    if (r.code === 0 || !(await isMountPoint(dir))) return 'detached';
+    if (r.code === 0 || !isMountPoint(dir)) return 'detached';
   }
   throw new RollboxError('internal', `unmounting ${dir} failed: ${r.stderr.trim()}`);
 }

@@ -197,7 +197,7 @@ export class LayerMounts {
 
   private async mountImage(imagePath: string, dir: string): Promise<void> {
     await mkdir(dir, { recursive: true });
-    if (await isMountPoint(dir)) {
+    if (isMountPoint(dir)) {
       // Left by a previous worker process: adopt it if it is this image, else replace it.
       const loop = await loopDeviceOf(dir);
       if (loop && loop.backingFile === (await realpath(imagePath).catch(() => imagePath))) return;
@@ -209,7 +209,7 @@ export class LayerMounts {
 
   /** Unmount whatever is at `dir` and make sure its loop device is detached. Returns whether it was mounted. */
   private async unmountDir(dir: string, lazyFallback: boolean): Promise<boolean> {
-    if (!(await isMountPoint(dir))) return false;
+    if (!isMountPoint(dir)) return false;
     const loop = await loopDeviceOf(dir);
     const outcome = await unmount(dir, {
       umountBinary: this.deps.umountBinary,

@@ -37,6 +37,8 @@ export interface WorkerHostDeps {
 }
 
 /** What the worker host's parts (create handling, op handling, the host itself) share. */
+const HOST_READINGS_TTL_MS = 100;
+
 export class HostContext {
   readonly local = new LocalSandboxes();
   /** Pins of packed layers (see OpHandler.packWritableLayer). */
@@ -46,6 +48,8 @@ export class HostContext {
   stopped = false;
   /** The last network self-test's verdict. */
   networkHealth: NetworkHealth | undefined;
+  /** Free memory and pressure as last read (see hostReadings). */
+  private readings: { atMs: number; freeMemoryMiB: number; pressure: ReturnType<typeof readPressure> } | undefined;
 
   constructor(readonly deps: WorkerHostDeps) {
     this.log = deps.logger.child({ nodeId: deps.config.nodeId });
@@ -90,17 +94,32 @@ export class HostContext {
   /** This host as admission sees it now: capacity, reservations (less `releasing`'s, being replaced), free memory, disk, pressure. */
   admissionState(releasing?: { memoryMiB: number; cpuMillis: number; diskMiB: number }): AdmissionState {
     const { config } = this.deps;
+    const readings = this.hostReadings();
     const reserved = this.local.reserved();
     if (releasing) for (const k of ['memoryMiB', 'cpuMillis', 'diskMiB'] as const) reserved[k] -= releasing[k];
     return {
       capacity: config,
       reserved,
       sandboxes: this.local.size - (releasing ? 1 : 0),
-      hostFreeMemoryMiB: Math.floor(os.freemem() / 1024 / 1024),
+      hostFreeMemoryMiB: readings.freeMemoryMiB,
       hostReserveMiB: config.hostReserveMiB,
       disk: this.diskSpace(),
-      pressure: { ...readPressure(), memoryFullMaxPct: config.psi.memoryFullMaxPct, cpuSomeMaxPct: config.psi.cpuSomeMaxPct },
+      pressure: { ...readings.pressure, memoryFullMaxPct: config.psi.memoryFullMaxPct, cpuSomeMaxPct: config.psi.cpuSomeMaxPct },
     };
+  }
+
+  /**
+   * Free memory and PSI, read at most every HOST_READINGS_TTL_MS: a burst of creates would
+   * otherwise read /proc/meminfo and two pressure files each. Pressure is a 10 s average and
+   * every admitted sandbox's reservation is counted at once, so a reading this old decides
+   * the same.
+   */
+  private hostReadings(): NonNullable<HostContext['readings']> {
+    const nowMs = performance.now();
+    if (!this.readings || nowMs - this.readings.atMs > HOST_READINGS_TTL_MS) {
+      this.readings = { atMs: nowMs, freeMemoryMiB: Math.floor(os.freemem() / 1024 / 1024), pressure: readPressure() };
+    }
+    return this.readings;
   }
 
   diskSpace(): { capacityMiB: number; freeMiB: number; sizeMiB: number } {

@@ -120,18 +120,21 @@ export function makeCgroup(dir: string): void {
   mkdirSync(dir);
 }
 
-/** rmdir a cgroup and its children, deepest first; reports whether it is gone. */
+/**
+ * rmdir a cgroup and its children, deepest first; reports whether it is gone. The rmdir
+ * is tried first: a cgroup without children (most are) costs no directory listing.
+ */
 export function removeCgroupTree(dir: string): boolean {
-  let entries: string[];
   try {
-    entries = readdirSync(dir, { withFileTypes: true })
-      .filter((d) => d.isDirectory())
-      .map((d) => d.name);
+    rmdirSync(dir);
+    return true;
   } catch (err) {
-    return (err as NodeJS.ErrnoException).code === 'ENOENT';
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === 'ENOENT') return true;
+    if (code !== 'EBUSY' && code !== 'ENOTEMPTY') return false;
   }
   let ok = true;
-  for (const child of entries) ok = removeCgroupTree(path.join(dir, child)) && ok;
+  for (const child of childCgroups(dir)) ok = removeCgroupTree(path.join(dir, child)) && ok;
   try {
     rmdirSync(dir);
   } catch (err) {
@@ -141,17 +144,20 @@ export function removeCgroupTree(dir: string): boolean {
 }
 
 /**
- * Kill every process anywhere under each of `dirs` (one per hierarchy, same sandbox) and
- * remove the trees. `freezerDir`, the sandbox's freezer cgroup, is frozen around each
- * kill round (v1 freezing is hierarchical) so nothing forks away from us.
+ * Kill every process of one sandbox and remove its cgroup trees (`dirs`, one per
+ * hierarchy). Its processes are listed from `procsDir`'s tree alone (every process is in
+ * every hierarchy, so one tree has them all). The first round kills without freezing:
+ * they all live in the sandbox's pid namespace, and when its init dies the kernel kills
+ * the rest and lets nothing fork in it any more. Should anything survive, later rounds
+ * freeze `freezerDir` around the kill (v1 freezing is hierarchical).
  */
-export async function destroyCgroupTrees(dirs: readonly string[], freezerDir: string | undefined): Promise<boolean> {
+export async function destroyCgroupTrees(dirs: readonly string[], procsDir: string, freezerDir: string | undefined): Promise<boolean> {
   for (let attempt = 0; attempt < 50; attempt++) {
-    const busy = dirs.flatMap((d) => walk(d)).filter((d) => readProcs(d).length > 0);
+    const busy = walk(procsDir).filter((d) => readProcs(d).length > 0);
     if (busy.length > 0) {
-      writeFreezer(freezerDir, 'FROZEN');
+      if (attempt > 0) writeFreezer(freezerDir, 'FROZEN');
       for (const d of busy) for (const pid of readProcs(d)) killQuietly(pid);
-      writeFreezer(freezerDir, 'THAWED');
+      if (attempt > 0) writeFreezer(freezerDir, 'THAWED');
       await sleep(attempt < 5 ? 2 : 10);
       continue;
     }
@@ -163,19 +169,18 @@ export async function destroyCgroupTrees(dirs: readonly string[], freezerDir: st
   return false;
 }
 
-function walk(dir: string): string[] {
-  const out: string[] = [];
-  let entries: string[];
+function childCgroups(dir: string): string[] {
   try {
-    entries = readdirSync(dir, { withFileTypes: true })
+    return readdirSync(dir, { withFileTypes: true })
       .filter((d) => d.isDirectory())
       .map((d) => d.name);
   } catch {
-    return out;
+    return [];
   }
-  for (const e of entries) out.push(...walk(path.join(dir, e)));
-  out.push(dir);
-  return out;
+}
+
+function walk(dir: string): string[] {
+  return [...childCgroups(dir).flatMap((child) => walk(path.join(dir, child))), dir];
 }
 
 /**

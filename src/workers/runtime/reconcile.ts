@@ -131,7 +131,8 @@ export async function reconcile(ctx: RuntimeContext, keep: ReadonlySet<string>):
         if (!e.isDirectory()) continue;
         const id = layout.sandboxIdOfContainer(e.name);
         if (id && adopted.has(id)) continue;
-        await destroyCgroupTrees([path.join(parent, e.name)], h === cg.freezer ? path.join(parent, e.name) : undefined);
+        const dir = path.join(parent, e.name);
+        await destroyCgroupTrees([dir], dir, h === cg.freezer ? dir : undefined);
         if (id) removed.add(id);
       }
     }

@@ -260,9 +260,9 @@ export class ScratchDisks {
   async detach(sandboxId: string, target: string): Promise<void> {
     // The disk is going away: writing its dirty pages back first (what umount would do)
     // could take seconds after a write-heavy command. Best effort: umount works regardless.
-    if (await isMountPoint(target)) await this.deps.helper.shutdown(target).catch((err: unknown) => this.deps.logger?.warn({ target, err: String(err) }, 'disk shutdown failed'));
+    if (isMountPoint(target)) await this.deps.helper.shutdown(target).catch((err: unknown) => this.deps.logger?.warn({ target, err: String(err) }, 'disk shutdown failed'));
     await this.unmount(target, 'sandbox disk', true);
-    if (await isMountPoint(target)) throw new RollboxError('internal', `${target} is still mounted`);
+    if (isMountPoint(target)) throw new RollboxError('internal', `${target} is still mounted`);
     if (!this.isMounted()) return;
     rmSync(this.imageOf(sandboxId), { force: true });
     // One-shot sandboxes come and go one at a time: unmounting and mounting it between them costs each ~100 ms.
@@ -331,7 +331,7 @@ export class ScratchDisks {
   /** umount with brief retries on EBUSY (a process still inside), then, if `lazy`, a lazy detach. */
   private async unmount(target: string, what: string, lazy: boolean): Promise<void> {
     for (let delayMs = 5; ; delayMs *= 2) {
-      if (!(await isMountPoint(target))) return;
+      if (!isMountPoint(target)) return;
       try {
         await this.deps.helper.umount(target);
         return;

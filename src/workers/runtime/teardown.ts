@@ -13,21 +13,19 @@ export async function unmountRootfs(ctx: RuntimeContext, rootfs: string): Promis
 
 /**
  * Stop a container without runc: `runc delete --force` polls in 100 ms sleeps after its
- * SIGKILL, which would dominate destroy. We do what it does: freeze the container's
- * cgroup, SIGKILL every process in it (the init first among them), thaw, wait until it
- * is empty, and remove its cgroups (exec slots included).
+ * SIGKILL, which would dominate destroy. We do what it does: SIGKILL every process in its
+ * cgroups (the init among them), wait until they are empty, and remove them (exec slots
+ * included).
  */
 async function killContainer(ctx: RuntimeContext, id: string): Promise<boolean> {
   const cg = await ctx.cgroups();
-  const besteffort = ctx.sandboxes.get(id)?.besteffort ?? false;
-  const rel = ctx.layout.cgroupRelOf(id, besteffort);
-  const other = ctx.layout.cgroupRelOf(id, !besteffort);
-  // A leftover's class may be unknown: its cgroups may be in either tree.
-  if (cg.all.some((h) => existsSync(path.join(h, other)))) await destroyCgroupTrees(cg.all.map((h) => path.join(h, other)), path.join(cg.freezer, other));
-  return destroyCgroupTrees(
-    cg.all.map((h) => path.join(h, rel)),
-    path.join(cg.freezer, rel),
-  );
+  const destroy = (rel: string) => destroyCgroupTrees(cg.all.map((h) => path.join(h, rel)), path.join(cg.pids, rel), path.join(cg.freezer, rel));
+  const known = ctx.sandboxes.get(id);
+  const rel = ctx.layout.cgroupRelOf(id, known?.besteffort ?? false);
+  // A leftover's class is unknown: its cgroups may be in either tree.
+  const other = ctx.layout.cgroupRelOf(id, !(known?.besteffort ?? false));
+  if (!known && cg.all.some((h) => existsSync(path.join(h, other)))) await destroy(other);
+  return destroy(rel);
 }
 
 /**
@@ -69,6 +67,6 @@ export async function teardown(ctx: RuntimeContext, id: string, rec: SandboxReco
   // reference), so the loop device detaches itself; then the image is deleted.
   await ctx.scratch.detach(id, layout.diskOf(id));
   // Never rm -r through a live mount.
-  if (await isMountPoint(rootfs)) throw new RollboxError('internal', `${rootfs} is still mounted`);
+  if (isMountPoint(rootfs)) throw new RollboxError('internal', `${rootfs} is still mounted`);
   await rm(bundle, { recursive: true, force: true });
 }
