@@ -1,0 +1,18 @@
+"""rollbox: Python client for rollbox sandboxes. `rollbox.aio` is the asyncio twin (needs httpx)."""
+from ._core import RetryPolicy, Timeouts
+from .client import Files, Jobs, Layers, Rollbox, Sandbox, Sandboxes
+from .errors import (
+    AdmissionExhausted, CommandFailed, Conflict, ConnectionFailed, Forbidden, Internal, InvalidArchive, InvalidLayer,
+    InvalidRequest, InvalidState, NetworkUnavailable, NoCapacity, NodeLost, NotFound, PayloadTooLarge, QuotaExceeded,
+    ResultUnknown, RollboxError, Timeout, Unauthenticated, Unavailable,
+)
+from .types import CommandStatus, ExecResult, RunResult, StreamEvent
+
+__version__ = "0.1.0"
+__all__ = [
+    "Rollbox", "Sandbox", "Sandboxes", "Files", "Jobs", "Layers", "Timeouts", "RetryPolicy",
+    "ExecResult", "StreamEvent", "CommandStatus", "RunResult",
+    "RollboxError", "CommandFailed", "ConnectionFailed", "AdmissionExhausted", "Conflict", "Forbidden", "Internal",
+    "InvalidArchive", "InvalidLayer", "InvalidRequest", "InvalidState", "NetworkUnavailable", "NoCapacity", "NodeLost",
+    "NotFound", "PayloadTooLarge", "QuotaExceeded", "ResultUnknown", "Timeout", "Unauthenticated", "Unavailable",
+]

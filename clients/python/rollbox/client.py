@@ -1,0 +1,325 @@
+"""The synchronous client (standard library only). `rollbox.aio` has the same names, async."""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+
+from . import _core as core
+from ._tar import extract_tar, tar_of_dir
+from ._transport import SyncTransport
+from .errors import CommandFailed, ConnectionFailed, RollboxError
+from .types import CommandStatus, ExecResult, RunResult, StreamEvent
+
+Command = Union[str, Sequence[str]]
+USER_AGENT = "rollbox-python/0.1.0"
+
+
+class Rollbox:
+    """
+    A client of one rollbox gateway. Thread-safe; one per process is plenty (it keeps a
+    bounded pool of keep-alive connections). Pickles to its base URL, token and options:
+    connections are opened lazily in whichever process uses it.
+    """
+
+    def __init__(self, base_url: Optional[str] = None, token: Optional[str] = None, *, timeouts: Optional[core.Timeouts] = None,
+                 retry: Optional[core.RetryPolicy] = None, max_connections: int = 64):
+        self.base_url = (base_url or os.environ.get("ROLLBOX_URL") or "http://127.0.0.1:8080").rstrip("/")
+        self.token = token if token is not None else os.environ.get("ROLLBOX_TOKEN", "")
+        self.timeouts = timeouts or core.Timeouts()
+        self.retry = retry or core.RetryPolicy()
+        self.max_connections = max_connections
+        self._transport: Optional[SyncTransport] = None
+        self.sandboxes = Sandboxes(self)
+        self.jobs = Jobs(self)
+        self.layers = Layers(self)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    def __enter__(self) -> "Rollbox":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {"base_url": self.base_url, "token": self.token, "timeouts": self.timeouts, "retry": self.retry, "max_connections": self.max_connections}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__init__(state["base_url"], state["token"], timeouts=state["timeouts"], retry=state["retry"], max_connections=state["max_connections"])  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return f"Rollbox({self.base_url!r})"
+
+    @property
+    def transport(self) -> SyncTransport:
+        if self._transport is None:
+            self._transport = SyncTransport(self.base_url, self.timeouts, self.max_connections)
+        return self._transport
+
+    # -- calls -----------------------------------------------------------------------------
+    def sandbox(self, sandbox_id: str) -> "Sandbox":
+        """A handle on an existing sandbox (no call is made)."""
+        return Sandbox(self, sandbox_id)
+
+    def run(self, cmd: Command, *, image: Optional[Union[str, Mapping[str, Any]]] = None, files: Optional[Mapping[str, Union[bytes, str]]] = None,
+            fetch: Optional[Sequence[str]] = None, stdin: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
+            timeout: Optional[float] = None, resources: Optional[Mapping[str, Any]] = None, network: Optional[Mapping[str, Any]] = None,
+            workdir: Optional[str] = None) -> RunResult:
+        """One command in a fresh sandbox, discarded afterwards (the function-call tier)."""
+        request = core.run_request(cmd=cmd, image=image, files=files, fetch=fetch, stdin=stdin, env=env, timeout=timeout,
+                                   resources=resources, network=network, workdir=workdir, timeouts=self.timeouts)
+        return RunResult.from_json(self._call(request))
+
+    def _call(self, request: core.Request) -> Any:
+        headers = request.all_headers(self.token, USER_AGENT)
+        started = time.monotonic()
+        for attempt in range(1, 1_000_000):
+            try:
+                answer = self.transport.send(request, headers)
+                return core.parse_json(answer.body) if request.expect == "json" else answer.body
+            except RollboxError as error:
+                if not self._retry_wait(error, request, attempt, started):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _retry_wait(self, error: RollboxError, request: core.Request, attempt: int, started: float) -> bool:
+        """Sleeps before the next try and says True, or says False (give up: raise it)."""
+        if not core.should_retry(error, request):
+            return False
+        delay = self.retry.delay(attempt, error)
+        if request.retry_for is not None and not isinstance(error, ConnectionFailed):
+            if time.monotonic() - started + delay > request.retry_for:
+                return False
+        elif attempt >= self.retry.attempts:
+            return False
+        time.sleep(delay)
+        return True
+
+
+class Sandboxes:
+    def __init__(self, client: Rollbox):
+        self._client = client
+
+    def create(self, *, image: Optional[Union[str, Mapping[str, Any]]] = None, resources: Optional[Mapping[str, Any]] = None,
+               network: Optional[Mapping[str, Any]] = None, hidden_paths: Optional[Sequence[str]] = None, env: Optional[Mapping[str, str]] = None,
+               labels: Optional[Mapping[str, str]] = None, job: Optional[str] = None, workdir: Optional[str] = None,
+               ttl_seconds: Optional[int] = None, sandbox_class: Optional[str] = None, idempotency_key: Optional[str] = None) -> "Sandbox":
+        """
+        A running sandbox. `idempotency_key` (generated when not given) is sent on every
+        retry, so a create is done once however often it is retried; 429/503 answers (quota,
+        no capacity) are waited out up to `Timeouts.create`.
+        """
+        request = core.create_request(image=image, resources=resources, network=network, hidden_paths=hidden_paths, env=env, labels=labels,
+                                      job=job, workdir=workdir, ttl_seconds=ttl_seconds, sandbox_class=sandbox_class,
+                                      idempotency_key=idempotency_key, timeouts=self._client.timeouts)
+        record = self._client._call(request)
+        return Sandbox(self._client, record["id"], record)
+
+    def get(self, sandbox_id: str) -> "Sandbox":
+        return Sandbox(self._client, sandbox_id, self._client._call(core.Request("GET", core.sandbox_path(sandbox_id))))
+
+    def list(self, *, job: Optional[str] = None, label: Optional[str] = None, state: Optional[str] = None) -> List["Sandbox"]:
+        from urllib.parse import urlencode
+
+        query = urlencode({k: v for k, v in (("job", job), ("label", label), ("state", state)) if v is not None})
+        answer = self._client._call(core.Request("GET", f"/v1/sandboxes?{query}"))
+        return [Sandbox(self._client, r["id"], r) for r in answer["sandboxes"]]
+
+
+class Sandbox:
+    """A handle on one sandbox: its id and its last known record. Pickles to base URL, token and id."""
+
+    def __init__(self, client: Rollbox, sandbox_id: str, record: Optional[Dict[str, Any]] = None):
+        self._client = client
+        self.id = sandbox_id
+        self.record: Dict[str, Any] = record or {"id": sandbox_id}
+        self.files = Files(client, sandbox_id)
+
+    def __reduce__(self):
+        return (_restore_sandbox, (self._client.__getstate__(), self.id))
+
+    def __repr__(self) -> str:
+        return f"Sandbox({self.id!r}, state={self.record.get('state')!r})"
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.delete()
+
+    @property
+    def state(self) -> Optional[str]:
+        return self.record.get("state")
+
+    def exec(self, cmd: Command, *, stdin: Optional[str] = None, env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+             timeout: Optional[float] = None, command_id: Optional[str] = None, check: bool = False) -> ExecResult:
+        """
+        Runs a command (a string goes to `/bin/sh -c`, a list is an argv) and waits for it.
+        `timeout` is the command's (seconds; the server kills it and answers `timed_out`).
+        Re-sending a `command_id` returns the recorded result (`replayed`) without running it
+        again. `check=True` raises CommandFailed on a non-zero exit or a timeout.
+        """
+        body = core.exec_body(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, command_id=command_id)
+        result = ExecResult.from_json(self._client._call(core.exec_request(self.id, body, self._client.timeouts)))
+        if check and not result.ok:
+            raise CommandFailed(result)
+        return result
+
+    def stream(self, cmd: Command, *, stdin: Optional[str] = None, env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+               timeout: Optional[float] = None, command_id: Optional[str] = None) -> Iterator[StreamEvent]:
+        """
+        Output as it is produced: `stdout`/`stderr` events, then one `exit` event with the
+        result. A dropped stream is resumed with the same command id and the last event id
+        seen: the command runs once, and no chunk is lost or repeated. Also follows a
+        background command: pass its `command_id`.
+        """
+        body = core.exec_body(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, command_id=command_id)
+        last_event_id, attempt, started = "0", 0, time.monotonic()
+        while True:
+            attempt += 1
+            request = core.exec_request(self.id, body, self._client.timeouts, stream=True, last_event_id=last_event_id)
+            try:
+                parser = core.SseParser()
+                for line in core.lines_of(self._client.transport.stream(request, request.all_headers(self._client.token, USER_AGENT))):
+                    raw = parser.feed(line)
+                    if raw is None:
+                        continue
+                    if raw["id"]:
+                        last_event_id = raw["id"]
+                    event = core.stream_event(raw, body["commandId"])
+                    if event is not None:
+                        yield event
+                        attempt = 0  # progress: a later drop starts its retries afresh
+                        if event.type == "exit":
+                            return
+                raise ConnectionFailed("the event stream ended before its exit event")
+            except RollboxError as error:
+                if not self._client._retry_wait(error, request, max(attempt, 1), started):
+                    raise
+
+    def exec_background(self, cmd: Command, *, stdin: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
+                        cwd: Optional[str] = None, timeout: Optional[float] = None, command_id: Optional[str] = None) -> CommandStatus:
+        """Starts a command and returns at once; follow it with `command(id)` or `stream(..., command_id=id)`."""
+        body = core.exec_body(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, command_id=command_id, background=True)
+        return CommandStatus.from_json(self._client._call(core.exec_request(self.id, body, self._client.timeouts)))
+
+    def command(self, command_id: str) -> CommandStatus:
+        from urllib.parse import quote
+
+        return CommandStatus.from_json(self._client._call(core.Request("GET", core.sandbox_path(self.id, f"/commands/{quote(command_id, safe='')}"))))
+
+    def commands(self, limit: int = 1000) -> List[Dict[str, Any]]:
+        """The command log (trajectory): every exec with its argv, times, state and result."""
+        return self._client._call(core.Request("GET", core.sandbox_path(self.id, f"/commands?limit={int(limit)}")))["commands"]
+
+    def refresh(self) -> "Sandbox":
+        self.record = self._client._call(core.Request("GET", core.sandbox_path(self.id)))
+        return self
+
+    def pause(self, mode: str = "freeze") -> "Sandbox":
+        """`freeze` (CPU stopped, memory kept) or `hibernate` (writable layer packed, memory freed)."""
+        self.record = self._client._call(core.Request("POST", core.sandbox_path(self.id, "/pause"), {"mode": mode}, replayable=False))
+        return self
+
+    def resume(self) -> "Sandbox":
+        self.record = self._client._call(core.Request("POST", core.sandbox_path(self.id, "/resume"), replayable=False))
+        return self
+
+    def snapshot(self, name: Optional[str] = None, exclude: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+        """The writable layer as a new layer (scope sandbox:snapshot); returns the layer record."""
+        body: Dict[str, Any] = {}
+        if name is not None:
+            body["name"] = name
+        if exclude is not None:
+            body["exclude"] = list(exclude)
+        return self._client._call(core.Request("POST", core.sandbox_path(self.id, "/snapshot"), body, replayable=False))
+
+    def set_policy(self, *, network: Optional[Mapping[str, Any]] = None, hidden_paths: Optional[Sequence[str]] = None) -> "Sandbox":
+        """A new task stage: the given network policy and/or hidden paths replace the current ones."""
+        body: Dict[str, Any] = {}
+        if network is not None:
+            body["network"] = network
+        if hidden_paths is not None:
+            body["hiddenPaths"] = list(hidden_paths)
+        self.record = self._client._call(core.Request("PATCH", core.sandbox_path(self.id, "/policy"), body))
+        return self
+
+    def delete(self) -> "Sandbox":
+        self.record = self._client._call(core.Request("DELETE", core.sandbox_path(self.id)))
+        return self
+
+
+def _restore_sandbox(client_state: Dict[str, Any], sandbox_id: str) -> Sandbox:
+    client = Rollbox.__new__(Rollbox)
+    client.__setstate__(client_state)
+    return Sandbox(client, sandbox_id)
+
+
+class Files:
+    """Files of a running sandbox (paths resolve inside it)."""
+
+    def __init__(self, client: Rollbox, sandbox_id: str):
+        self._client, self._id = client, sandbox_id
+
+    def read(self, path: str) -> bytes:
+        return self._client._call(core.files_request(self._id, "GET", path))
+
+    def write(self, path: str, data: Union[bytes, str], mode: Optional[str] = None) -> Dict[str, Any]:
+        """Writes a file (parents created); `mode` like "0755"."""
+        content = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        return self._client._call(core.files_request(self._id, "PUT", path, content=content, mode=mode))
+
+    def read_tar(self, path: str) -> bytes:
+        return self._client._call(core.files_request(self._id, "GET", path, tar=True))
+
+    def write_tar(self, path: str, tar: bytes) -> Dict[str, Any]:
+        return self._client._call(core.files_request(self._id, "PUT", path, content=tar, tar=True))
+
+    def upload(self, local_dir: str, remote_dir: str) -> Dict[str, Any]:
+        """A local directory's contents into `remote_dir` (created if missing), as one tar."""
+        return self.write_tar(remote_dir, tar_of_dir(local_dir))
+
+    def download(self, remote_dir: str, local_dir: str) -> None:
+        """A sandbox directory's contents into `local_dir` (unsafe entries refused)."""
+        extract_tar(self.read_tar(remote_dir), local_dir)
+
+
+class Jobs:
+    def __init__(self, client: Rollbox):
+        self._client = client
+
+    def pause(self, job: str, mode: str = "freeze") -> Dict[str, Any]:
+        """Every live sandbox labelled with this training job, on every host; each one's outcome."""
+        from urllib.parse import quote
+
+        return self._client._call(core.Request("POST", f"/v1/jobs/{quote(job, safe='')}/pause", {"mode": mode}))
+
+    def resume(self, job: str) -> Dict[str, Any]:
+        from urllib.parse import quote
+
+        return self._client._call(core.Request("POST", f"/v1/jobs/{quote(job, safe='')}/resume"))
+
+
+class Layers:
+    def __init__(self, client: Rollbox):
+        self._client = client
+
+    def upload(self, tar: Union[bytes, str], name: Optional[str] = None) -> Dict[str, Any]:
+        """A rootfs tar (bytes, or a path to one) as a content-addressed layer; returns its record."""
+        from urllib.parse import quote
+
+        content = tar if isinstance(tar, bytes) else open(tar, "rb").read()
+        path = "/v1/layers" + (f"?name={quote(name, safe='')}" if name else "")
+        return self._client._call(core.Request("POST", path, content=content, headers={"content-type": "application/x-tar"}, read_timeout=600))
+
+    def list(self) -> List[Dict[str, Any]]:
+        return self._client._call(core.Request("GET", "/v1/layers"))["layers"]
+
+    def get(self, ref: str) -> Dict[str, Any]:
+        from urllib.parse import quote
+
+        return self._client._call(core.Request("GET", f"/v1/layers/{quote(ref, safe='')}"))

@@ -1,0 +1,171 @@
+"""Typed errors: one class per code of the API's error table (docs/errors.md)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Dict, Optional, Type
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .types import ExecResult
+
+
+class RollboxError(Exception):
+    """An error answer of the API (or a failure to reach it), with its code."""
+
+    code = "internal"
+
+    def __init__(self, message: str, *, status: int = 0, code: Optional[str] = None, retry_after: Optional[float] = None):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        if code is not None:
+            self.code = code
+        #: Seconds the server asked to wait before trying again (429 and 503 answers).
+        self.retry_after = retry_after
+
+    def __reduce__(self):  # exceptions cross process boundaries (multiprocessing, Ray)
+        return (_rebuild_error, (type(self), self.message, self.status, self.code, self.retry_after))
+
+    def __str__(self) -> str:
+        return f"{self.code} ({self.status}): {self.message}" if self.status else f"{self.code}: {self.message}"
+
+
+def _rebuild_error(cls, message, status, code, retry_after):
+    return cls(message, status=status, code=code, retry_after=retry_after)
+
+
+class InvalidRequest(RollboxError):
+    code = "invalid_request"
+
+
+class InvalidLayer(RollboxError):
+    code = "invalid_layer"
+
+
+class InvalidArchive(RollboxError):
+    code = "invalid_archive"
+
+
+class Unauthenticated(RollboxError):
+    code = "unauthenticated"
+
+
+class Forbidden(RollboxError):
+    code = "forbidden"
+
+
+class NotFound(RollboxError):
+    code = "not_found"
+
+
+class Conflict(RollboxError):
+    code = "conflict"
+
+
+class InvalidState(RollboxError):
+    code = "invalid_state"
+
+
+class ResultUnknown(RollboxError):
+    """The command's host or init died while it ran: it may or may not have taken effect."""
+
+    code = "result_unknown"
+
+
+class PayloadTooLarge(RollboxError):
+    code = "payload_too_large"
+
+
+class QuotaExceeded(RollboxError):
+    code = "quota_exceeded"
+
+
+class Internal(RollboxError):
+    code = "internal"
+
+
+class AdmissionExhausted(RollboxError):
+    code = "admission_exhausted"
+
+
+class NoCapacity(RollboxError):
+    code = "no_capacity"
+
+
+class NetworkUnavailable(RollboxError):
+    code = "network_unavailable"
+
+
+class Unavailable(RollboxError):
+    code = "unavailable"
+
+
+class Timeout(RollboxError):
+    """The API's `timeout` (504), or a client-side wait (create, HTTP read) that ran out."""
+
+    code = "timeout"
+
+
+class NodeLost(RollboxError):
+    code = "node_lost"
+
+
+class ConnectionFailed(RollboxError):
+    """The gateway could not be reached, or the connection dropped before an answer."""
+
+    code = "connection"
+
+    def __init__(self, message: str, *, maybe_sent: bool = True, **kwargs):
+        super().__init__(message, **kwargs)
+        #: False when the request certainly did not reach the gateway (refused, or a stale
+        #: idle connection the server had closed): then any request is safe to send again.
+        self.maybe_sent = maybe_sent
+
+    def __reduce__(self):
+        return (_rebuild_connection_failed, (self.message, self.maybe_sent))
+
+
+def _rebuild_connection_failed(message, maybe_sent):
+    return ConnectionFailed(message, maybe_sent=maybe_sent)
+
+
+class CommandFailed(RollboxError):
+    """`exec(..., check=True)` of a command that exited non-zero (or timed out); `result` is attached."""
+
+    code = "command_failed"
+
+    def __init__(self, result: "ExecResult"):
+        what = "timed out" if result.timed_out else f"exited {result.exit_code}"
+        super().__init__(f"command {result.command_id} {what}: {result.stderr[-500:]}")
+        self.result = result
+
+    def __reduce__(self):
+        return (CommandFailed, (self.result,))
+
+
+ERRORS_BY_CODE: Dict[str, Type[RollboxError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidRequest, InvalidLayer, InvalidArchive, Unauthenticated, Forbidden, NotFound, Conflict, InvalidState,
+        ResultUnknown, PayloadTooLarge, QuotaExceeded, Internal, AdmissionExhausted, NoCapacity, NetworkUnavailable,
+        Unavailable, Timeout, NodeLost,
+    )
+}
+
+
+def error_from_answer(status: int, body: bytes, retry_after: Optional[str]) -> RollboxError:
+    """The typed error of an error answer (`{"error": {"code", "message"}}`)."""
+    import json
+
+    code, message = "internal", f"HTTP {status}"
+    try:
+        err = json.loads(body.decode("utf-8"))["error"]
+        code, message = str(err["code"]), str(err["message"])
+    except (ValueError, KeyError, TypeError):
+        if body:
+            message = f"HTTP {status}: {body[:200].decode('utf-8', 'replace')}"
+    seconds: Optional[float] = None
+    if retry_after:
+        try:
+            seconds = float(retry_after)
+        except ValueError:
+            seconds = None
+    return ERRORS_BY_CODE.get(code, RollboxError)(message, status=status, code=code, retry_after=seconds)
