@@ -1,6 +1,7 @@
 """As a new user: `pip install ./clients/python` in a fresh virtualenv, then the README's example as printed."""
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +16,10 @@ def test_readme_example_runs_in_a_fresh_virtualenv(stack, tmp_path):
     # packages through --system-site-packages. The client itself needs no other package.
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
     python = venv / "bin" / "python"
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-index", "--no-build-isolation", str(REPO / "clients" / "python")],
-                   check=True, cwd=tmp_path)
+    # Built from a copy: setuptools writes its metadata beside the sources, not in the checkout then.
+    source = tmp_path / "src"
+    shutil.copytree(REPO / "clients" / "python", source, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-index", "--no-build-isolation", str(source)], check=True, cwd=tmp_path)
     readme = (REPO / "README.md").read_text()
     example = re.search(r"<!-- python-example[^>]*-->\n```python\n(.*?)```", readme, re.S).group(1)
     env = {**os.environ, "ROLLBOX_URL": stack["url"], "ROLLBOX_TOKEN": stack["tokens"]["user"], "PYTHONPATH": ""}
