@@ -10,13 +10,13 @@ import { serve } from '@hono/node-server';
 import type { Redis } from 'ioredis';
 import pino, { type Logger } from 'pino';
 import type { Config } from './config/index.ts';
-import { ExecService, FilesService, Janitor, LayerCollector, NodeRequests, PoolService, RunService, SandboxService, createGateway, createMetrics, newId } from './gateway/index.ts';
+import { BatchRunner, BatchService, ExecService, FilesService, Janitor, LayerCollector, NodeRequests, PoolService, RunService, SandboxService, createGateway, createMetrics, newId, runTask, type LayerBuilder } from './gateway/index.ts';
 import { createTokenIssuer, createTokenVerifier, loadOrCreateHsSecret } from './iam/index.ts';
 import { BurstController, CommandProvider, LocalProvider, TraceRecorder, type CloudProvider } from './burst/index.ts';
 import { LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar, fetchLayers } from './layers/index.ts';
 import { NodeDirectory, ReplyHub } from './queues/index.ts';
 import { BlockingPool, connectRedis, startRedisServer, type RedisServerHandle } from './redis/index.ts';
-import { CommandLog, LayerRegistry, PoolRegistry, SandboxRegistry, keys } from './registry/index.ts';
+import { BatchStore, CommandLog, LayerRegistry, PoolRegistry, SandboxRegistry, keys } from './registry/index.ts';
 import { WorkerHost } from './workers/index.ts';
 import { NetworkSelfTest, SandboxNetworks } from './workers/network/index.ts';
 import { createRuncRuntime } from './workers/runtime/index.ts';
@@ -84,6 +84,18 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const execs = new ExecService({ redis, blocking, registry, commands, nodes, metrics, now });
   const files = new FilesService({ config, redis, registry, nodes });
   const runs = new RunService({ sandboxes, files, execs, now });
+  const batchStore = new BatchStore(redis, now);
+  const buildLayer: LayerBuilder = (tar, { maxBytes }) => buildLayerFromTar(tar, { store, tmpDir: path.join(config.dataDir, 'tmp'), maxBytes });
+  const batchRunner = new BatchRunner({
+    store: batchStore,
+    execute: (run) => runTask({ sandboxes, files, execs, layers, buildLayer, store: batchStore, collectMaxBytes: config.files.maxBytes, now }, run),
+    slots: config.batch.slots,
+    leaseMs: config.batch.leaseMs,
+    tenantWeights: config.batch.tenantWeights,
+    now,
+    logger: logger.child({ name: 'batches' }),
+  });
+  const batches = new BatchService({ store: batchStore, blocking, kick: () => batchRunner.kick(), maxNdjsonBytes: config.batch.maxBytes });
   const verifier = createTokenVerifier(config.jwt);
   const app = createGateway({
     config,
@@ -94,19 +106,21 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     files,
     pools,
     runs,
+    batches,
     layers,
     directory,
     metrics,
     logger,
     now,
     burst,
-    buildLayer: (tar, { maxBytes }) => buildLayerFromTar(tar, { store, tmpDir: path.join(config.dataDir, 'tmp'), maxBytes }),
+    buildLayer,
     layerImagePath: (digest) => layerImagePath(store, digest),
   });
   const collector = new LayerCollector({ redis, layers, store, graceMs: config.layerGc.graceMs, logger, now });
   const layerGc = { collector, intervalMs: config.layerGc.intervalMs };
   const janitor = new Janitor({ redis, registry, commands, directory, lostAfterMs: config.node.lostAfterMs, intervalMs: 500, logger, now, layerGc });
   janitor.start();
+  batchRunner.start();
 
   const server = await new Promise<ReturnType<typeof serve>>((resolve) => {
     const s = serve({ fetch: app.fetch, hostname: config.http.host, port: config.http.port }, () => resolve(s));
@@ -122,6 +136,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     gatewayId,
     async stop() {
       janitor.stop();
+      await batchRunner.stop();
       await burst.stop();
       await provider?.close?.();
       directory.stop();

@@ -53,6 +53,16 @@ const deps: Omit<GatewayDeps, 'verifier'> = {
     snapshot: () => answer(LAYER),
     setPolicy: () => answer(SANDBOX),
   },
+  batches: {
+    submit: () => answer(undefined as never),
+    submitNdjson: () => answer(undefined as never),
+    get: () => answer(undefined as never),
+    list: () => answer([]),
+    cancel: () => answer(undefined as never),
+    task: () => answer(undefined as never),
+    results: () => answer(undefined as never),
+    waitForLine: () => answer(undefined),
+  },
   runs: { run: () => answer({ status: 'ok', exitCode: 0, stdout: '', stderr: '', truncated: false, oomKilled: false, durationMs: 1, totalMs: 2, files: {} }) },
   pools: {
     put: (_p, name, r) => answer({ ...r, name, layerDigests: [DIGEST], version: 'v1', createdAt: SANDBOX.createdAt, updatedAt: SANDBOX.createdAt, status: { target: 0, ready: 0, starting: 0, hosts: [], claimsPerMinute: 0, missesPerMinute: 0 } }),

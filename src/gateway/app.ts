@@ -10,6 +10,7 @@ import type { NodeDirectory } from '../queues/index.ts';
 import { authenticate, authenticateFromUrl, type GatewayEnv } from './auth.ts';
 import { describeZodError, errorResponse, handleError } from './errors.ts';
 import type { GatewayMetrics } from './metrics.ts';
+import { NDJSON, registerBatchRoutes, type BatchApi } from './routes/batches.ts';
 import { registerClusterRoutes, type BurstApi } from './routes/cluster.ts';
 import { registerCommandRoutes, type ExecApi } from './routes/commands.ts';
 import { registerFilesRoutes, type FilesApi } from './routes/files.ts';
@@ -30,6 +31,7 @@ export interface GatewayDeps {
   files: FilesApi;
   pools: PoolApi;
   runs: RunApi;
+  batches: BatchApi;
   layers: LayerRouteDeps['layers'];
   buildLayer: LayerBuilder;
   /** Path of a layer image in the store, for the blob download. */
@@ -82,6 +84,9 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   app.use('/v1/jobs/*', jsonLimit);
   app.use('/v1/pools/*', jsonLimit);
   app.use('/v1/run', jsonLimit);
+  // An NDJSON batch is read as it streams, under its own cap (routes/batches.ts).
+  app.use('/v1/batches', (c, next) => ((c.req.header('content-type') ?? '').startsWith(NDJSON) ? next() : jsonLimit(c, next)));
+  app.use('/v1/batches/*', jsonLimit);
   // SandboxFusion's path, outside /v1: its clients post to a configured URL ending in /run_code.
   app.use('/run_code', authenticateFromUrl(deps.verifier), jsonLimit);
 
@@ -90,6 +95,7 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   registerFilesRoutes(app, deps.files);
   registerPoolRoutes(app, deps.pools);
   registerRunRoutes(app, deps.runs, deps.config.runCodeLanguages);
+  registerBatchRoutes(app, deps.batches);
   registerLayerRoutes(app, { layers: deps.layers, buildLayer: deps.buildLayer, layerImagePath: deps.layerImagePath, uploadLimitBytes: deps.config.http.layerUploadLimitBytes, now: deps.now });
   registerClusterRoutes(app, { directory: deps.directory, burst: deps.burst, jsonLimit });
   return app;

@@ -14,3 +14,4 @@ export { Janitor, LayerCollector } from './housekeeping/index.ts';
 export type { LayerCollectorDeps } from './housekeeping/index.ts';
 export { createMetrics } from './metrics.ts';
 export type { GatewayMetrics } from './metrics.ts';
+export { BatchRunner, BatchService, runTask } from './batches/index.ts';

@@ -23,6 +23,9 @@ export interface BuildLayerOptions {
 
 const DEFAULT_MAX_ENTRIES = 200_000;
 
+/** Builds a layer from a tar stream and stores it (what the gateway hands its routes and batch grading). */
+export type LayerBuilder = (tar: Readable, options: { maxBytes: number }) => Promise<{ digest: string; sizeBytes: number }>;
+
 /**
  * Turn a tar (stream or file path; plain or gzip) into a stored EROFS layer. The same tar
  * gives the same digest on a machine: ownership and mtimes come from the tar, directories

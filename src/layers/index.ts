@@ -1,6 +1,7 @@
 export { LayerStore } from './store.ts';
 export type { StoredLayer } from './store.ts';
 export { buildLayerFromTar, buildBusyboxBase } from './build.ts';
+export type { LayerBuilder } from './build.ts';
 export type { BuildLayerOptions, BusyboxBaseOptions } from './build.ts';
 export { LayerMounts } from './mounts.ts';
 export type { LayerMountsDeps, LayerLogger } from './mounts.ts';

@@ -6,3 +6,5 @@ export { CommandLog } from './commands.ts';
 export { OutputWriter, followOutput, readOutput } from './output.ts';
 export type { OutputChunk, OutputRead } from './output.ts';
 export { keys } from './keys.ts';
+export { BatchStore } from './batches.ts';
+export type { BatchLoad, ResultLineInput } from './batches.ts';

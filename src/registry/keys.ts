@@ -45,6 +45,25 @@ export const keys = {
   burstCounts: 'rb:burst:counts',
   /** Diverted creates that found no cloud slot and went local (pending demand), scored by time. */
   burstFellBack: 'rb:burst:fell-back',
+  /** A batch (hash: state, options, counts `n:*`, timestamps `ts:*`); its tasks' keys share the prefix. */
+  batch: (id: string) => `rb:batch:${id}`,
+  /** customId -> task JSON. */
+  batchSpecs: (id: string) => `rb:batch:${id}:specs`,
+  /** customIds waiting to run, first out first. */
+  batchQueue: (id: string) => `rb:batch:${id}:queue`,
+  /** Running tasks, scored by when their runner's lease ends. */
+  batchLeases: (id: string) => `rb:batch:${id}:leases`,
+  batchAttempts: (id: string) => `rb:batch:${id}:attempts`,
+  /** customId -> terminal status (a task ends once). */
+  batchDone: (id: string) => `rb:batch:${id}:done`,
+  /** customId -> the sandbox of its latest attempt. */
+  batchSandboxes: (id: string) => `rb:batch:${id}:sandboxes`,
+  /** Result lines, one per ended task (a stream: its ids are the cursors). */
+  batchResults: (id: string) => `rb:batch:${id}:results`,
+  /** A tenant's batches, scored by creation time. */
+  tenantBatches: (tenant: string) => `rb:tenant:${tenant}:batches`,
+  /** Batches with tasks to run or running (a set). */
+  activeBatches: 'rb:batches:active',
   /** Create events for `rollbox burst record` (a stream). */
   burstTrace: 'rb:burst:trace',
 } as const;

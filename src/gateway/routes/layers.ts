@@ -3,12 +3,12 @@ import { Readable } from 'node:stream';
 import { createRoute, z } from '@hono/zod-openapi';
 import { Layer, LayerList, LayerName, RollboxError, UploadLayerQuery } from '../../api/index.ts';
 import { requireScope } from '../../iam/index.ts';
+import type { LayerBuilder } from '../../layers/index.ts';
 import type { LayerRegistry } from '../../registry/index.ts';
 import { describeZodError } from '../errors.ts';
 import { errors, json, requireLayerRead, security, type GatewayApp } from './common.ts';
 
-/** Turns an uploaded tar into a stored EROFS layer (the layer store decides where). */
-export type LayerBuilder = (tar: Readable, options: { maxBytes: number }) => Promise<{ digest: string; sizeBytes: number }>;
+export type { LayerBuilder };
 
 export interface LayerRouteDeps {
   layers: Pick<LayerRegistry, 'register' | 'list' | 'resolve' | 'unname'>;

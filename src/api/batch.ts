@@ -1,0 +1,171 @@
+import { z } from 'zod';
+import { ExecRequest } from './exec.ts';
+import { CreateSandboxRequest, LayerRef, NetworkPolicy } from './sandbox.ts';
+
+const AbsolutePath = CreateSandboxRequest.shape.workdir.unwrap();
+/** A path inside the sandbox: absolute, or relative to the task's workdir; never climbing out with `..`. */
+const TaskFilePath = z
+  .string()
+  .min(1)
+  .max(4096)
+  .refine((p) => !p.includes('\0') && !p.split('/').includes('..'), 'must not contain NUL or ..');
+const Command = { argv: ExecRequest.shape.argv, cmd: ExecRequest.shape.cmd };
+const oneCommand = (s: { argv?: unknown; cmd?: unknown }) => (s.argv === undefined) !== (s.cmd === undefined);
+
+export const BatchStep = z
+  .strictObject({
+    ...Command,
+    stdin: ExecRequest.shape.stdin,
+    env: ExecRequest.shape.env,
+    cwd: ExecRequest.shape.cwd,
+    timeoutMs: z.number().int().min(1).max(3600 * 1000).default(60_000),
+  })
+  .refine(oneCommand, 'give exactly one of argv and cmd');
+export type BatchStep = z.infer<typeof BatchStep>;
+
+/**
+ * The grade: a command run after the steps, whose exit status and output the platform
+ * records (nothing the steps write can stand in for them).
+ * - `fresh-sandbox`: a new sandbox of the task's image, then a layer of what the steps left
+ *   at `collect` (copied out of their sandbox), then the grader's `layers` on top, so grader
+ *   files win over the agent's at the same path and nothing else the steps changed reaches it.
+ * - `same-sandbox`: a new stage of the steps' sandbox: every process they left is killed,
+ *   the task's hidden paths are revealed (`hiddenPaths` of the grade stage, default none) and
+ *   the network changed (`network`, default none). Faster; trusts the binaries the steps
+ *   could have replaced.
+ */
+export const BatchGrade = z
+  .strictObject({
+    mode: z.enum(['fresh-sandbox', 'same-sandbox']).default('fresh-sandbox'),
+    ...Command,
+    env: ExecRequest.shape.env,
+    cwd: ExecRequest.shape.cwd,
+    timeoutMs: z.number().int().min(1).max(3600 * 1000).default(300_000),
+    /** fresh-sandbox: the grader's layers, stacked over the task's image and the collected output. */
+    layers: z.array(LayerRef).max(8).default([]),
+    /** fresh-sandbox: the task's output, copied from the steps' sandbox (absolute directories or files). */
+    collect: z.array(AbsolutePath).max(32).default([]),
+    /** same-sandbox: the hidden paths while grading (the task's are revealed unless listed here). */
+    hiddenPaths: z.array(AbsolutePath).max(256).default([]),
+    /** same-sandbox: the network while grading. */
+    network: NetworkPolicy.default({ mode: 'none', allow: [] }),
+  })
+  .refine(oneCommand, 'give exactly one of argv and cmd');
+export type BatchGrade = z.infer<typeof BatchGrade>;
+
+export const BatchTask = z.strictObject({
+  /** The task's name, unique in its batch: results are keyed by it. */
+  customId: z.string().regex(/^[A-Za-z0-9_.:-]{1,128}$/, 'customId is [A-Za-z0-9_.:-]{1,128}'),
+  image: CreateSandboxRequest.shape.image,
+  resources: CreateSandboxRequest.shape.resources,
+  network: CreateSandboxRequest.shape.network,
+  hiddenPaths: CreateSandboxRequest.shape.hiddenPaths,
+  env: CreateSandboxRequest.shape.env,
+  workdir: CreateSandboxRequest.shape.workdir,
+  /** Written before the first step: path (absolute, or under workdir) -> base64 content. */
+  files: z.record(TaskFilePath, z.base64()).default({}),
+  steps: z.array(BatchStep).min(1).max(100),
+  grade: BatchGrade.optional(),
+});
+export type BatchTask = z.infer<typeof BatchTask>;
+
+export const BatchOptions = z.strictObject({
+  /** Sandboxes of this batch at once (across the cluster). */
+  maxConcurrency: z.coerce.number().int().min(1).max(10_000).default(16),
+  /** Tries of a task whose platform failed (infra_error); a step's non-zero exit is never retried. */
+  maxAttempts: z.coerce.number().int().min(1).max(10).default(3),
+  /** Tasks not finished this long after the submit end `cancelled` and the batch `expired`. */
+  completionWindowSeconds: z.coerce.number().int().min(1).max(30 * 86_400).default(86_400),
+  /** besteffort by default: batch work never slows trainers' latency-class sandboxes. */
+  class: z.enum(['latency', 'besteffort']).default('besteffort'),
+  metadata: z.record(z.string().max(64), z.string().max(512)).default({}),
+});
+export type BatchOptions = z.infer<typeof BatchOptions>;
+
+export const CreateBatchRequest = BatchOptions.extend({ tasks: z.array(BatchTask).min(1).max(50_000) });
+export type CreateBatchRequest = z.infer<typeof CreateBatchRequest>;
+
+/** Options of an NDJSON submit (the body is the tasks, one per line). */
+export const BatchSubmitQuery = BatchOptions.omit({ metadata: true }).extend({
+  /** JSON object of string values. */
+  metadata: z.string().max(16_384).optional(),
+});
+
+export const BatchState = z.enum(['validating', 'in_progress', 'finalizing', 'completed', 'cancelling', 'cancelled', 'failed', 'expired']);
+export type BatchState = z.infer<typeof BatchState>;
+export const TERMINAL_BATCH_STATES: readonly BatchState[] = ['completed', 'cancelled', 'failed', 'expired'];
+
+export const TaskStatus = z.enum(['succeeded', 'failed', 'timeout', 'infra_error', 'cancelled']);
+export type TaskStatus = z.infer<typeof TaskStatus>;
+
+export const BatchCounts = z.object({
+  total: z.number().int(),
+  queued: z.number().int(),
+  running: z.number().int(),
+  succeeded: z.number().int(),
+  failed: z.number().int(),
+  timeout: z.number().int(),
+  infra_error: z.number().int(),
+  cancelled: z.number().int(),
+});
+export type BatchCounts = z.infer<typeof BatchCounts>;
+
+export const Batch = z.object({
+  id: z.string(),
+  tenant: z.string(),
+  state: BatchState,
+  options: BatchOptions,
+  counts: BatchCounts,
+  /** When it entered each state it has been in (ISO 8601). */
+  timestamps: z.partialRecord(BatchState, z.string()),
+  createdAt: z.string(),
+  expiresAt: z.string(),
+  error: z.object({ code: z.string(), message: z.string() }).optional(),
+});
+export type Batch = z.infer<typeof Batch>;
+export const BatchList = z.object({ batches: z.array(Batch) });
+
+export const StepResult = z.object({
+  exitCode: z.number().int().nullable(),
+  stdout: z.string(),
+  stderr: z.string(),
+  truncated: z.boolean(),
+  timedOut: z.boolean(),
+  oomKilled: z.boolean(),
+  durationMs: z.number(),
+});
+export type StepResult = z.infer<typeof StepResult>;
+
+/** One line of a batch's results: a task that ended. */
+export const BatchResultLine = z.object({
+  customId: z.string(),
+  status: TaskStatus,
+  steps: z.array(StepResult),
+  grade: StepResult.extend({ mode: BatchGrade.shape.mode, passed: z.boolean() }).optional(),
+  attempts: z.number().int(),
+  sandboxId: z.string().optional(),
+  /** Why the platform (infra_error), the task's input (failed before a step ran) or a cancel ended it. */
+  error: z.object({ code: z.string(), message: z.string() }).optional(),
+  /** Resume reading after this line: `?after=<cursor>`. */
+  cursor: z.string(),
+  endedAt: z.string(),
+});
+export type BatchResultLine = z.infer<typeof BatchResultLine>;
+
+export const BatchResultsQuery = z.strictObject({
+  after: z.string().regex(/^\d+-\d+$/).optional(),
+  limit: z.coerce.number().int().min(1).max(10_000).default(1000),
+  /** Long-poll: with nothing new yet, wait up to this many seconds for a line (or the batch's end). */
+  waitSeconds: z.coerce.number().min(0).max(60).default(0),
+});
+
+/** Where one task stands: queued (with its position in the batch's queue), running, or its ending. */
+export const BatchTaskStatus = z.object({
+  customId: z.string(),
+  state: z.enum(['queued', 'running', 'done']),
+  /** 0-based place in its batch's queue (queued tasks only). */
+  position: z.number().int().optional(),
+  attempts: z.number().int(),
+  status: TaskStatus.optional(),
+});
+export type BatchTaskStatus = z.infer<typeof BatchTaskStatus>;

@@ -1,0 +1,131 @@
+import path from 'node:path';
+import { FILES_BYTES_TYPE, RollboxError, type BatchOptions, type BatchTask, type ErrorCode, type ExecResult, type StepResult } from '../../api/index.ts';
+import type { Principal } from '../../iam/index.ts';
+import type { BatchStore, LayerRegistry, ResultLineInput } from '../../registry/index.ts';
+import type { ExecService } from '../exec-service.ts';
+import type { FilesService } from '../files-service.ts';
+import type { LayerBuilder } from '../../layers/index.ts';
+import type { SandboxService } from '../sandbox-service.ts';
+import { gradeInFreshSandbox, gradeInPlace } from './grade.ts';
+
+export interface TaskDeps {
+  sandboxes: Pick<SandboxService, 'create' | 'delete' | 'setPolicy'>;
+  files: Pick<FilesService, 'write' | 'read'>;
+  execs: Pick<ExecService, 'exec'>;
+  layers: Pick<LayerRegistry, 'register'>;
+  buildLayer: LayerBuilder;
+  store: Pick<BatchStore, 'attemptSandbox' | 'recordAttemptSandbox'>;
+  /** Cap of what a fresh-sandbox grade collects from the steps' sandbox. */
+  collectMaxBytes: number;
+  now: () => number;
+}
+
+/** What running one task came to: a result to record, or a reason to queue it again. */
+export type TaskOutcome =
+  | { kind: 'result'; line: ResultLineInput }
+  /** The platform failed: retried while attempts remain, then `infra_error`. */
+  | { kind: 'infra'; error: { code: string; message: string }; steps: StepResult[] }
+  /** No room now (quota, capacity): queued again, the attempt not charged. */
+  | { kind: 'backpressure'; error: { code: string; message: string } }
+  /** Stopped from outside (the batch cancelled, the gateway stopping): the runner decides. */
+  | { kind: 'aborted'; steps: StepResult[] };
+
+/** Everything a batch's task may do in its sandboxes, granted by the submitter's `batch:submit`. */
+const TASK_SCOPES = new Set(['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'sandbox:policy'] as const);
+const BACKPRESSURE: ReadonlySet<ErrorCode> = new Set(['quota_exceeded', 'no_capacity', 'admission_exhausted', 'network_unavailable', 'unavailable']);
+/** At create or when writing the task's files: the task's own input is wrong (never retried). */
+const TASK_INPUT_ERRORS: ReadonlySet<ErrorCode> = new Set(['invalid_request', 'not_found', 'invalid_layer', 'invalid_archive', 'payload_too_large', 'forbidden']);
+const TTL_MARGIN_SEC = 300;
+
+export interface TaskRun {
+  batchId: string;
+  tenant: string;
+  options: BatchOptions;
+  customId: string;
+  attempt: number;
+  task: BatchTask;
+  signal: AbortSignal;
+}
+
+function stepOf(r: ExecResult): StepResult {
+  return { exitCode: r.timedOut ? null : r.exitCode, stdout: r.stdout, stderr: r.stderr, truncated: r.truncated, timedOut: r.timedOut, oomKilled: r.oomKilled, durationMs: r.durationMs };
+}
+
+/**
+ * Runs one attempt of a task: a sandbox of its image (besteffort unless the batch says
+ * otherwise), its files, its steps in order (the first non-zero exit or timeout ends them),
+ * then its grade; every sandbox it made is deleted whatever happens. A previous attempt's
+ * sandbox (its runner died) is deleted first, so two attempts never run side by side.
+ */
+export async function runTask(deps: TaskDeps, run: TaskRun): Promise<TaskOutcome> {
+  const { task, options } = run;
+  const acting: Principal = { tenant: run.tenant, scopes: TASK_SCOPES };
+  const made: string[] = [];
+  const steps: StepResult[] = [];
+  const stepsMs = task.steps.reduce((s, x) => s + x.timeoutMs, 0) + (task.grade?.timeoutMs ?? 0);
+  const create = async (image: BatchTask['image'], role: string, hiddenPaths: string[]): Promise<string> => {
+    const { sandbox } = await deps.sandboxes.create(
+      acting,
+      {
+        image,
+        resources: task.resources,
+        class: options.class,
+        network: role === 'steps' ? task.network : (task.grade?.network ?? { mode: 'none', allow: [] }),
+        hiddenPaths,
+        env: task.env,
+        workdir: task.workdir,
+        labels: { 'rollbox.batch': run.batchId, 'rollbox.task': run.customId, 'rollbox.role': role },
+        ttlSeconds: Math.ceil(stepsMs / 1000) + TTL_MARGIN_SEC,
+      },
+      `${run.batchId}.${run.customId}.${run.attempt}.${role}`,
+    );
+    made.push(sandbox.id);
+    if (run.signal.aborted) throw run.signal.reason;
+    return sandbox.id;
+  };
+  const onAbort = () => void Promise.all(made.map((id) => deps.sandboxes.delete(acting, id).catch(() => undefined)));
+  run.signal.addEventListener('abort', onAbort, { once: true });
+  let stage: 'input' | 'steps' = 'input';
+  try {
+    const previous = await deps.store.attemptSandbox(run.batchId, run.customId);
+    if (previous) await deps.sandboxes.delete(acting, previous).catch(() => undefined);
+    const sandboxId = await create(task.image, 'steps', task.hiddenPaths);
+    await deps.store.recordAttemptSandbox(run.batchId, run.customId, sandboxId);
+    for (const [file, content] of Object.entries(task.files)) {
+      await deps.files.write(acting, sandboxId, { path: path.posix.resolve(task.workdir, file) }, Buffer.from(content, 'base64'), FILES_BYTES_TYPE);
+    }
+    stage = 'steps';
+    let status: 'succeeded' | 'failed' | 'timeout' = 'succeeded';
+    for (const [i, step] of task.steps.entries()) {
+      if (run.signal.aborted) return { kind: 'aborted', steps };
+      const r = await deps.execs.exec(acting, sandboxId, { ...step, background: false, commandId: `${run.batchId}.${run.attempt}.s${i}` });
+      steps.push(stepOf(r));
+      if (r.timedOut || r.exitCode !== 0) {
+        status = r.timedOut ? 'timeout' : 'failed';
+        break;
+      }
+    }
+    const line: ResultLineInput = { customId: run.customId, status, steps, attempts: run.attempt, sandboxId };
+    const grade = task.grade;
+    if (grade && !run.signal.aborted) {
+      const graded =
+        grade.mode === 'same-sandbox'
+          ? await gradeInPlace(deps, acting, sandboxId, grade)
+          : (await gradeInFreshSandbox(deps, acting, sandboxId, task, grade, (image) => create(image, 'grade', []))).result;
+      line.grade = { ...stepOf(graded), mode: grade.mode, passed: !graded.timedOut && graded.exitCode === 0 };
+    }
+    if (run.signal.aborted) return { kind: 'aborted', steps };
+    return { kind: 'result', line };
+  } catch (err) {
+    if (run.signal.aborted) return { kind: 'aborted', steps };
+    const error = err instanceof RollboxError ? { code: err.code, message: err.message } : { code: 'internal', message: String(err) };
+    if (err instanceof RollboxError && BACKPRESSURE.has(err.code) && stage === 'input') return { kind: 'backpressure', error };
+    if (err instanceof RollboxError && TASK_INPUT_ERRORS.has(err.code) && stage === 'input') {
+      return { kind: 'result', line: { customId: run.customId, status: 'failed', steps, attempts: run.attempt, error } };
+    }
+    return { kind: 'infra', error, steps };
+  } finally {
+    run.signal.removeEventListener('abort', onAbort);
+    await Promise.all(made.map((id) => deps.sandboxes.delete(acting, id).catch(() => undefined)));
+  }
+}
