@@ -178,12 +178,13 @@ export class BatchStore {
   }
 
   /** The sandbox of the task's latest attempt (deleted before the next attempt starts). */
-  async attemptSandbox(id: string, customId: string): Promise<string | undefined> {
-    return (await this.redis.hget(keys.batchSandboxes(id), customId)) ?? undefined;
+  async attemptSandbox(id: string, customId: string): Promise<{ sandboxId: string; attempt: number } | undefined> {
+    const raw = await this.redis.hget(keys.batchSandboxes(id), customId);
+    return raw ? (JSON.parse(raw) as { sandboxId: string; attempt: number }) : undefined;
   }
 
-  async recordAttemptSandbox(id: string, customId: string, sandboxId: string): Promise<void> {
-    await this.redis.hset(keys.batchSandboxes(id), customId, sandboxId);
+  async recordAttemptSandbox(id: string, customId: string, attempt: { sandboxId: string; attempt: number }): Promise<void> {
+    await this.redis.hset(keys.batchSandboxes(id), customId, JSON.stringify(attempt));
   }
 
   async state(id: string): Promise<BatchState | undefined> {

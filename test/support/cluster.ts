@@ -44,6 +44,8 @@ export interface TestCluster {
    * optionally inside a network namespace standing for another host.
    */
   spawnWorker(options: SpawnedWorkerOptions): Promise<ChildProcess>;
+  /** Starts a gateway as its own `rollbox gateway` process (so a test can SIGKILL it); resolves with it and its URL. */
+  spawnGateway(options: { name: string; env?: Record<string, string> }): Promise<{ child: ChildProcess; url: string }>;
   workerConfig(options: TestWorkerOptions): Config;
   /** Stops the gateway; `startGateway` brings it back on the same port. */
   stopGateway(): Promise<void>;
@@ -66,13 +68,14 @@ export async function startTestCluster(options: { workers?: TestWorkerOptions[];
   const logger = pino({ level: 'silent' });
   const workers: WorkerHandle[] = [];
   const children: ChildProcess[] = [];
+  const gatewayChildren: ChildProcess[] = [];
   let redis: RedisServerHandle | undefined;
   let gateway: GatewayHandle | undefined;
 
   const workerConfig = (w: TestWorkerOptions) => loadConfig({}, { ...env, ...w.env, ROLLBOX_DATA_DIR: path.join(rootDir, w.nodeId), ROLLBOX_NODE_ID: w.nodeId });
 
   const stop = async () => {
-    for (const child of children) if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+    for (const child of [...children, ...gatewayChildren]) if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
     await gateway?.stop();
     for (const w of workers) await w.stop({ destroySandboxes: true });
     // Workers that were spawned (and maybe killed) left containers behind: a worker
@@ -113,6 +116,24 @@ export async function startTestCluster(options: { workers?: TestWorkerOptions[];
         (child as ChildProcess & { nodeId?: string }).nodeId = w.nodeId;
         children.push(child);
         return child;
+      },
+      async spawnGateway(g) {
+        const child = spawn(process.execPath, [path.join(REPO_ROOT, 'bin/rollbox.js'), 'gateway', '--data-dir', path.join(rootDir, g.name)], {
+          env: { ...process.env, ...env, REDIS_URL: redis!.url, ROLLBOX_LOG_LEVEL: 'info', ...g.env },
+          stdio: ['ignore', 'inherit', 'pipe'],
+        });
+        gatewayChildren.push(child);
+        // Its log (stderr) says where it listens; the rest of it is drained unread.
+        let out = '';
+        const onLog = (d: Buffer) => void (out += d.toString());
+        child.stderr!.on('data', onLog);
+        const url = await waitFor(`gateway ${g.name} listening`, async () => {
+          if (child.exitCode !== null) throw new Error(`gateway ${g.name} exited ${child.exitCode} before listening`);
+          return /"url":"(http:\/\/[^"]+)".*"msg":"gateway listening"/.exec(out)?.[1];
+        }, 60_000);
+        child.stderr!.off('data', onLog).resume();
+        out = '';
+        return { child, url };
       },
       async stopGateway() {
         await gateway?.stop();

@@ -9,9 +9,9 @@ import type { SandboxService } from '../sandbox-service.ts';
 import { gradeInFreshSandbox, gradeInPlace } from './grade.ts';
 
 export interface TaskDeps {
-  sandboxes: Pick<SandboxService, 'create' | 'delete' | 'setPolicy'>;
+  sandboxes: Pick<SandboxService, 'create' | 'delete' | 'setPolicy' | 'get'>;
   files: Pick<FilesService, 'write' | 'read'>;
-  execs: Pick<ExecService, 'exec'>;
+  execs: Pick<ExecService, 'exec' | 'commandLog'>;
   layers: Pick<LayerRegistry, 'register'>;
   buildLayer: LayerBuilder;
   store: Pick<BatchStore, 'attemptSandbox' | 'recordAttemptSandbox'>;
@@ -45,6 +45,36 @@ export interface TaskRun {
   attempt: number;
   task: BatchTask;
   signal: AbortSignal;
+}
+
+const stepCommandId = (run: Pick<TaskRun, 'batchId'>, attempt: number, i: number) => `${run.batchId}.${attempt}.s${i}`;
+
+/**
+ * A previous attempt whose runner died: when every step it needed is recorded done in its
+ * sandbox's command log (the runner died after the steps, before recording the task), its
+ * results are taken as they are and its sandbox (still running) goes on to the grade, so
+ * no step runs to completion twice. Otherwise its sandbox is deleted and the task starts over.
+ */
+async function resumePrevious(deps: TaskDeps, acting: Principal, run: TaskRun, previous: { sandboxId: string; attempt: number }) {
+  const log = await deps.execs.commandLog(acting, previous.sandboxId, 1000).catch(() => []);
+  const sandbox = await deps.sandboxes.get(acting, previous.sandboxId).catch(() => undefined);
+  const byId = new Map(log.map((c) => [c.commandId, c]));
+  const steps: StepResult[] = [];
+  let status: 'succeeded' | 'failed' | 'timeout' = 'succeeded';
+  for (let i = 0; i < run.task.steps.length && status === 'succeeded'; i++) {
+    const c = byId.get(stepCommandId(run, previous.attempt, i));
+    if (c?.state !== 'done' || !c.result) {
+      await deps.sandboxes.delete(acting, previous.sandboxId).catch(() => undefined);
+      return undefined;
+    }
+    steps.push(stepOf({ ...c.result, replayed: false }));
+    if (c.result.timedOut || c.result.exitCode !== 0) status = c.result.timedOut ? 'timeout' : 'failed';
+  }
+  if (run.task.grade && sandbox?.state !== 'running') {
+    // The steps completed but their sandbox is gone: there is nothing left to grade.
+    return { sandboxId: undefined, steps, status, lost: true } as const;
+  }
+  return { sandboxId: previous.sandboxId, steps, status, lost: false } as const;
 }
 
 function stepOf(r: ExecResult): StepResult {
@@ -88,21 +118,33 @@ export async function runTask(deps: TaskDeps, run: TaskRun): Promise<TaskOutcome
   let stage: 'input' | 'steps' = 'input';
   try {
     const previous = await deps.store.attemptSandbox(run.batchId, run.customId);
-    if (previous) await deps.sandboxes.delete(acting, previous).catch(() => undefined);
-    const sandboxId = await create(task.image, 'steps', task.hiddenPaths);
-    await deps.store.recordAttemptSandbox(run.batchId, run.customId, sandboxId);
-    for (const [file, content] of Object.entries(task.files)) {
-      await deps.files.write(acting, sandboxId, { path: path.posix.resolve(task.workdir, file) }, Buffer.from(content, 'base64'), FILES_BYTES_TYPE);
+    const resumed = previous ? await resumePrevious(deps, acting, run, previous) : undefined;
+    if (resumed?.lost) {
+      return { kind: 'result', line: { customId: run.customId, status: 'infra_error', steps: resumed.steps, attempts: run.attempt, error: { code: 'node_lost', message: 'the steps completed, but their sandbox was lost before the grade' } } };
     }
-    stage = 'steps';
+    let sandboxId: string;
     let status: 'succeeded' | 'failed' | 'timeout' = 'succeeded';
-    for (const [i, step] of task.steps.entries()) {
-      if (run.signal.aborted) return { kind: 'aborted', steps };
-      const r = await deps.execs.exec(acting, sandboxId, { ...step, background: false, commandId: `${run.batchId}.${run.attempt}.s${i}` });
-      steps.push(stepOf(r));
-      if (r.timedOut || r.exitCode !== 0) {
-        status = r.timedOut ? 'timeout' : 'failed';
-        break;
+    if (resumed?.sandboxId) {
+      sandboxId = resumed.sandboxId;
+      made.push(sandboxId);
+      steps.push(...resumed.steps);
+      status = resumed.status;
+      stage = 'steps';
+    } else {
+      sandboxId = await create(task.image, 'steps', task.hiddenPaths);
+      await deps.store.recordAttemptSandbox(run.batchId, run.customId, { sandboxId, attempt: run.attempt });
+      for (const [file, content] of Object.entries(task.files)) {
+        await deps.files.write(acting, sandboxId, { path: path.posix.resolve(task.workdir, file) }, Buffer.from(content, 'base64'), FILES_BYTES_TYPE);
+      }
+      stage = 'steps';
+      for (const [i, step] of task.steps.entries()) {
+        if (run.signal.aborted) return { kind: 'aborted', steps };
+        const r = await deps.execs.exec(acting, sandboxId, { ...step, background: false, commandId: stepCommandId(run, run.attempt, i) });
+        steps.push(stepOf(r));
+        if (r.timedOut || r.exitCode !== 0) {
+          status = r.timedOut ? 'timeout' : 'failed';
+          break;
+        }
       }
     }
     const line: ResultLineInput = { customId: run.customId, status, steps, attempts: run.attempt, sandboxId };
