@@ -25,7 +25,7 @@ async function allResults(id: string, t = token): Promise<{ lines: BatchResultLi
 const step = (cmd: string, timeoutMs = 20_000) => ({ cmd, timeoutMs });
 
 beforeAll(async () => {
-  cluster = await startTestCluster({ workers: [{ nodeId: 'batch-node', env: { ROLLBOX_NODE_MAX_STARTING: '16' } }], env: { ROLLBOX_BATCH_SLOTS: '12', ROLLBOX_HEARTBEAT_MS: '500' } });
+  cluster = await startTestCluster({ workers: [{ nodeId: 'batch-node', env: { ROLLBOX_NODE_MAX_STARTING: '16' } }], env: { ROLLBOX_BATCH_SLOTS: '12', ROLLBOX_HEARTBEAT_MS: '500', ROLLBOX_BODY_LIMIT_BYTES: String(256 * 1024) } });
   token = await cluster.token('eval-team', ['batch:submit', 'layer:write', 'sandbox:read']);
 });
 afterAll(async () => {
@@ -80,6 +80,22 @@ describe('evaluation batches', () => {
     const after = results[9]!.cursor;
     const rest = await fetch(`${cluster.url}/v1/batches/${ok.body.id}/results?after=${after}`, { headers: { authorization: `Bearer ${token}` } });
     expect((await rest.text()).split('\n').filter(Boolean).map((l) => JSON.parse(l).customId)).toEqual(results.slice(10).map((r) => r.customId));
+
+    // Streamed: the batch exists (validating) while its body still arrives, and NDJSON is not
+    // held to the JSON cap (256 KiB here) that a JSON batch of the same tasks meets.
+    const pad = 'x'.repeat(20_000);
+    const bigTasks = Array.from({ length: 20 }, (_, i) => ({ customId: `big${i}`, env: { PAD: pad }, steps: [step('test ${#PAD} = 20000')] }));
+    expect((await api(cluster, token, 'POST', '/v1/batches', { tasks: bigTasks })).status).toBe(413);
+    let push!: (line: string | null) => void;
+    const body = new ReadableStream<Uint8Array>({ start: (ctl) => void (push = (l) => (l === null ? ctl.close() : ctl.enqueue(new TextEncoder().encode(l)))) });
+    const streamed = fetch(`${cluster.url}/v1/batches`, { method: 'POST', body, duplex: 'half', headers: { authorization: `Bearer ${token}`, 'content-type': 'application/x-ndjson' } } as RequestInit);
+    for (const t of bigTasks.slice(0, 10)) push(`${JSON.stringify(t)}\n`);
+    await waitFor('the batch, validating while its body streams', async () => (await api<{ batches: Batch[] }>(cluster, token, 'GET', '/v1/batches')).body.batches.some((b) => b.state === 'validating'));
+    for (const t of bigTasks.slice(10)) push(`${JSON.stringify(t)}\n`);
+    push(null);
+    const big = (await (await streamed).json()) as Batch;
+    expect(big.counts.total).toBe(20);
+    expect((await allResults(big.id)).batch.counts.succeeded).toBe(20);
 
     const bad = `${JSON.stringify({ customId: 'a', steps: [step('true')] })}\n{"customId":"b","steps":[]}\n`;
     const refused = await api(cluster, token, 'POST', '/v1/batches', bad, { 'content-type': 'application/x-ndjson' });

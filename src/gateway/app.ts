@@ -85,8 +85,8 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   app.use('/v1/pools/*', jsonLimit);
   app.use('/v1/run', jsonLimit);
   // An NDJSON batch is read as it streams, under its own cap (routes/batches.ts).
-  app.use('/v1/batches', (c, next) => ((c.req.header('content-type') ?? '').startsWith(NDJSON) ? next() : jsonLimit(c, next)));
-  app.use('/v1/batches/*', jsonLimit);
+  // (`/v1/batches/*` matches `/v1/batches` too, and bodyLimit reads a chunked body whole first.)
+  app.use('/v1/batches/*', (c, next) => (c.req.path === '/v1/batches' && (c.req.header('content-type') ?? '').startsWith(NDJSON) ? next() : jsonLimit(c, next)));
   // SandboxFusion's path, outside /v1: its clients post to a configured URL ending in /run_code.
   app.use('/run_code', authenticateFromUrl(deps.verifier), jsonLimit);
 
