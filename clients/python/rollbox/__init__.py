@@ -1,17 +1,18 @@
 """rollbox: Python client for rollbox sandboxes. `rollbox.aio` is the asyncio twin (needs httpx)."""
 from ._core import RetryPolicy, Timeouts
+from .batches import Batches
 from .client import Files, Jobs, Layers, Rollbox, Sandbox, Sandboxes
 from .errors import (
     AdmissionExhausted, CommandFailed, Conflict, ConnectionFailed, Forbidden, Internal, InvalidArchive, InvalidLayer,
     InvalidRequest, InvalidState, NetworkUnavailable, NoCapacity, NodeLost, NotFound, PayloadTooLarge, QuotaExceeded,
     ResultUnknown, RollboxError, Timeout, Unauthenticated, Unavailable,
 )
-from .types import CommandStatus, ExecResult, RunResult, StreamEvent
+from .types import Batch, BatchResult, BatchTaskStatus, CommandStatus, ExecResult, GradeResult, RunResult, StepResult, StreamEvent
 
 __version__ = "0.1.0"
 __all__ = [
-    "Rollbox", "Sandbox", "Sandboxes", "Files", "Jobs", "Layers", "Timeouts", "RetryPolicy",
-    "ExecResult", "StreamEvent", "CommandStatus", "RunResult",
+    "Rollbox", "Sandbox", "Sandboxes", "Files", "Jobs", "Layers", "Batches", "Timeouts", "RetryPolicy",
+    "ExecResult", "StreamEvent", "CommandStatus", "RunResult", "Batch", "BatchResult", "BatchTaskStatus", "StepResult", "GradeResult",
     "RollboxError", "CommandFailed", "ConnectionFailed", "AdmissionExhausted", "Conflict", "Forbidden", "Internal",
     "InvalidArchive", "InvalidLayer", "InvalidRequest", "InvalidState", "NetworkUnavailable", "NoCapacity", "NodeLost",
     "NotFound", "PayloadTooLarge", "QuotaExceeded", "ResultUnknown", "Timeout", "Unauthenticated", "Unavailable",

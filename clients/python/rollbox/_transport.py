@@ -97,7 +97,9 @@ class SyncTransport:
             if conn.sock is None:
                 conn.connect()
             conn.sock.settimeout(read_timeout)
-            conn.request(request.method, self.prefix + request.path, body=request.encoded(), headers=headers)
+            # A streamed body (an iterator, no Content-Length) is sent chunked, pulled as it goes.
+            body = request.stream.chunks() if request.stream is not None else request.encoded()
+            conn.request(request.method, self.prefix + request.path, body=body, headers=headers)
         except socket.timeout as err:
             raise ConnectionFailed(f"connecting to {self.host}:{self.port} timed out: {err}", maybe_sent=False) from err
         except (ConnectionRefusedError, socket.gaierror) as err:

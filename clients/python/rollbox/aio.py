@@ -18,6 +18,7 @@ except ImportError as err:  # pragma: no cover
 
 from . import _core as core
 from ._tar import extract_tar, tar_of_dir
+from .aio_batches import AsyncBatches
 from .client import USER_AGENT, Command
 from .errors import CommandFailed, ConnectionFailed, RollboxError, Timeout, error_from_answer
 from .types import CommandStatus, ExecResult, RunResult, StreamEvent
@@ -38,6 +39,7 @@ class AsyncRollbox:
         self.sandboxes = AsyncSandboxes(self)
         self.jobs = AsyncJobs(self)
         self.layers = AsyncLayers(self)
+        self.batches = AsyncBatches(self)
 
     async def close(self) -> None:
         if self._http is not None:
@@ -85,7 +87,9 @@ class AsyncRollbox:
 
     async def _send_once(self, request: core.Request) -> httpx.Response:
         try:
-            response = await self.http.request(request.method, request.path, content=request.encoded(),
+            # A streamed body (an async iterator, no Content-Length) is sent chunked, pulled as it goes.
+            content = request.stream.async_chunks() if request.stream is not None else request.encoded()
+            response = await self.http.request(request.method, request.path, content=content,
                                                headers=request.all_headers(self.token, USER_AGENT), timeout=self._timeout(request))
         except (httpx.ConnectError, httpx.ConnectTimeout) as err:
             raise ConnectionFailed(f"cannot reach {self.base_url}: {err}", maybe_sent=False) from err
@@ -102,7 +106,7 @@ class AsyncRollbox:
         for attempt in range(1, 1_000_000):
             try:
                 response = await self._send_once(request)
-                return core.parse_json(response.content) if request.expect == "json" else response.content
+                return core.decode(request, response.headers, response.content)
             except RollboxError as error:
                 if not await self._retry_wait(error, request, attempt, started):
                     raise

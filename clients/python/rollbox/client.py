@@ -8,6 +8,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 from . import _core as core
 from ._tar import extract_tar, tar_of_dir
 from ._transport import SyncTransport
+from .batches import Batches
 from .errors import CommandFailed, ConnectionFailed, RollboxError
 from .types import CommandStatus, ExecResult, RunResult, StreamEvent
 
@@ -33,6 +34,7 @@ class Rollbox:
         self.sandboxes = Sandboxes(self)
         self.jobs = Jobs(self)
         self.layers = Layers(self)
+        self.batches = Batches(self)
 
     # -- lifecycle -------------------------------------------------------------------------
     def close(self) -> None:
@@ -80,7 +82,7 @@ class Rollbox:
         for attempt in range(1, 1_000_000):
             try:
                 answer = self.transport.send(request, headers)
-                return core.parse_json(answer.body) if request.expect == "json" else answer.body
+                return core.decode(request, answer.headers, answer.body)
             except RollboxError as error:
                 if not self._retry_wait(error, request, attempt, started):
                     raise

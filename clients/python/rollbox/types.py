@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 
 @dataclass(frozen=True)
@@ -107,3 +107,145 @@ class RunResult:
             pool=d.get("pool"),
             error=d.get("error"),
         )
+
+
+#: The states a batch ends in: no task runs again, and its results are all written.
+TERMINAL_BATCH_STATES = frozenset({"completed", "cancelled", "failed", "expired"})
+
+
+@dataclass(frozen=True)
+class Batch:
+    """
+    An evaluation batch: `state` (validating, in_progress, finalizing, completed, cancelling,
+    cancelled, failed, expired), `counts` (total, queued, running, succeeded, failed,
+    timeout, infra_error, cancelled), its `options`, and when it entered each state.
+    """
+
+    id: str
+    state: str
+    counts: Dict[str, int]
+    options: Dict[str, Any]
+    timestamps: Dict[str, str]
+    tenant: str = ""
+    created_at: str = ""
+    expires_at: str = ""
+    #: Why it failed (an NDJSON line refused, say): {code, message}.
+    error: Optional[Dict[str, str]] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def done(self) -> bool:
+        """True once it ended (completed, cancelled, failed or expired)."""
+        return self.state in TERMINAL_BATCH_STATES
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "Batch":
+        return cls(
+            id=d["id"],
+            state=d["state"],
+            counts=dict(d.get("counts") or {}),
+            options=dict(d.get("options") or {}),
+            timestamps=dict(d.get("timestamps") or {}),
+            tenant=d.get("tenant", ""),
+            created_at=d.get("createdAt", ""),
+            expires_at=d.get("expiresAt", ""),
+            error=d.get("error"),
+            raw=d,
+        )
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One step (or the grade) of a batch task; `exit_code` is None when it did not exit by itself (a timeout)."""
+
+    exit_code: Optional[int]
+    stdout: str
+    stderr: str
+    truncated: bool
+    timed_out: bool
+    oom_killed: bool
+    duration_ms: float
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    @staticmethod
+    def _fields(d: Dict[str, Any]) -> Dict[str, Any]:
+        code = d.get("exitCode")
+        return dict(exit_code=None if code is None else int(code), stdout=d.get("stdout", ""), stderr=d.get("stderr", ""),
+                    truncated=bool(d.get("truncated", False)), timed_out=bool(d.get("timedOut", False)),
+                    oom_killed=bool(d.get("oomKilled", False)), duration_ms=float(d.get("durationMs", 0)))
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "StepResult":
+        return cls(**cls._fields(d))
+
+
+@dataclass(frozen=True)
+class GradeResult(StepResult):
+    """The grade command's result, its `mode` (fresh-sandbox or same-sandbox) and whether it `passed`."""
+
+    mode: str = "fresh-sandbox"
+    passed: bool = False
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "GradeResult":
+        return cls(**cls._fields(d), mode=d.get("mode", "fresh-sandbox"), passed=bool(d.get("passed", False)))
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """
+    One line of a batch's results: a task that ended, `status` succeeded, failed (a step
+    exited non-zero, or the task's input was refused), timeout, infra_error (the platform
+    failed it `attempts` times) or cancelled. `cursor` is where to resume after it.
+    """
+
+    custom_id: str
+    status: str
+    steps: List[StepResult]
+    grade: Optional[GradeResult]
+    attempts: int
+    sandbox_id: Optional[str]
+    error: Optional[Dict[str, str]]
+    cursor: str
+    ended_at: str = ""
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "succeeded"
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "BatchResult":
+        grade = d.get("grade")
+        return cls(
+            custom_id=d["customId"],
+            status=d["status"],
+            steps=[StepResult.from_json(s) for s in d.get("steps") or []],
+            grade=GradeResult.from_json(grade) if grade else None,
+            attempts=int(d.get("attempts", 0)),
+            sandbox_id=d.get("sandboxId"),
+            error=d.get("error"),
+            cursor=d["cursor"],
+            ended_at=d.get("endedAt", ""),
+            raw=d,
+        )
+
+
+@dataclass(frozen=True)
+class BatchTaskStatus:
+    """Where one task of a batch stands: `queued` (with its 0-based `position`), `running`, or `done` (with its `status`)."""
+
+    custom_id: str
+    state: str
+    attempts: int
+    position: Optional[int] = None
+    status: Optional[str] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "BatchTaskStatus":
+        return cls(custom_id=d["customId"], state=d["state"], attempts=int(d.get("attempts", 0)), position=d.get("position"),
+                   status=d.get("status"), raw=d)
