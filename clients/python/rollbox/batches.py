@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Mapping, Optional, Union
 from urllib.parse import quote
 
+from . import _batch_core as bcore
 from . import _core as core
 from .types import Batch, BatchResult, BatchTaskStatus
 
@@ -30,12 +31,12 @@ class Batches:
         50,000 tasks are never held at once; a bad line fails the batch (InvalidRequest naming
         the line). Never sent twice: a submit that may have arrived is not retried.
         """
-        options = core.batch_options(max_concurrency=max_concurrency, max_attempts=max_attempts,
+        options = bcore.batch_options(max_concurrency=max_concurrency, max_attempts=max_attempts,
                                      completion_window_seconds=completion_window_seconds, sandbox_class=sandbox_class, metadata=metadata)
-        return Batch.from_json(self._client._call(core.submit_request(tasks, options)))
+        return Batch.from_json(self._client._call(bcore.submit_request(tasks, options)))
 
     def get(self, batch_id: str) -> Batch:
-        return Batch.from_json(self._client._call(core.Request("GET", core.batch_path(batch_id))))
+        return Batch.from_json(self._client._call(core.Request("GET", bcore.batch_path(batch_id))))
 
     def list(self, limit: int = 100) -> List[Batch]:
         """The tenant's batches, newest first."""
@@ -44,14 +45,14 @@ class Batches:
 
     def cancel(self, batch_id: str) -> Batch:
         """Queued tasks end `cancelled` at once, running ones soon after; results already written stay."""
-        return Batch.from_json(self._client._call(core.Request("POST", core.batch_path(batch_id, "/cancel"))))
+        return Batch.from_json(self._client._call(core.Request("POST", bcore.batch_path(batch_id, "/cancel"))))
 
     def task(self, batch_id: str, custom_id: str) -> BatchTaskStatus:
         """One task: queued (with its position), running, or done (with its status)."""
-        path = core.batch_path(batch_id, f"/tasks/{quote(custom_id, safe='')}")
+        path = bcore.batch_path(batch_id, f"/tasks/{quote(custom_id, safe='')}")
         return BatchTaskStatus.from_json(self._client._call(core.Request("GET", path)))
 
-    def results(self, batch_id: str, *, after: Optional[str] = None, follow: bool = True, wait_seconds: float = core.RESULTS_WAIT_S,
+    def results(self, batch_id: str, *, after: Optional[str] = None, follow: bool = True, wait_seconds: float = bcore.RESULTS_WAIT_S,
                 limit: int = 1000) -> Iterator[BatchResult]:
         """
         Result lines, oldest first, from after the cursor `after` (a line's `.cursor`). With
@@ -59,7 +60,7 @@ class Batches:
         every line was read; without, it stops at the last line written so far. A dropped
         connection is retried from the last line handed out: none is lost or repeated.
         """
-        follower = core.ResultsFollower(batch_id, after=after, follow=follow, wait_seconds=wait_seconds, limit=limit, timeouts=self._client.timeouts)
+        follower = bcore.ResultsFollower(batch_id, after=after, follow=follow, wait_seconds=wait_seconds, limit=limit, timeouts=self._client.timeouts)
         while True:
             request = follower.request()
             if request is None:

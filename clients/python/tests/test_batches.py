@@ -268,10 +268,11 @@ def test_submit_is_retried_only_when_it_certainly_did_not_arrive(stack, client):
 
 
 def test_a_streamed_submit_is_sent_once_at_most():
+    from rollbox import _batch_core as bcore
     from rollbox import _core as core
     from rollbox.errors import Unavailable
 
-    request = core.submit_request((task(f"g{i}", "true") for i in range(3)), {"maxConcurrency": 2})
+    request = bcore.submit_request((task(f"g{i}", "true") for i in range(3)), {"maxConcurrency": 2})
     assert request.stream is not None and not request.replayable and request.path == "/v1/batches?maxConcurrency=2"
     assert core.should_retry(ConnectionFailed("refused", maybe_sent=False), request)  # nothing pulled yet: safe
     body = b"".join(request.stream.chunks())
