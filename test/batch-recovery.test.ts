@@ -13,7 +13,7 @@ afterAll(async () => {
   await cluster?.stop();
 });
 
-describe('a batch when a gateway and a worker host are SIGKILLed', () => {
+describe('when a gateway and a worker host are SIGKILLed', () => {
   it('loses no task, records each once, and runs no completed step again', async () => {
     const workers = [await cluster.spawnWorker({ nodeId: 'rec-w1' }), await cluster.spawnWorker({ nodeId: 'rec-w2' })];
     const admin = await cluster.token('ops', ['admin']);
@@ -55,4 +55,34 @@ describe('a batch when a gateway and a worker host are SIGKILLed', () => {
       expect(completed, `task ${l.customId}`).toBeLessThanOrEqual(1);
     }
   }, 240_000);
+
+  it('places a create again when its worker host dies before the sandbox ran: every create under load answers 201', async () => {
+    const workers = [await cluster.spawnWorker({ nodeId: 'rec-w3' }), await cluster.spawnWorker({ nodeId: 'rec-w4' })];
+    const admin = await cluster.token('ops', ['admin']);
+    await waitFor('both new worker hosts', async () => (await api<{ nodes: NodeHeartbeat[] }>(cluster, admin, 'GET', '/v1/nodes')).body.nodes?.filter((n) => n.healthy && ['rec-w3', 'rec-w4'].includes(n.nodeId)).length === 2, 30_000);
+    const token = await cluster.token('creates', ['sandbox:create', 'sandbox:read', 'sandbox:delete']);
+    const statuses: number[] = [];
+    const ids: string[] = [];
+    let next = 0;
+    let killed = false;
+    await Promise.all(
+      Array.from({ length: 8 }, async () => {
+        while (next < 60) {
+          next++;
+          const r = await api(cluster, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 32, cpuMillis: 100 } });
+          statuses.push(r.status);
+          if (r.status === 201) ids.push(r.body.id);
+          else process.stderr.write(`create: ${r.status} ${JSON.stringify(r.body)}\n`);
+          if (!killed && statuses.length >= 10) {
+            killed = true;
+            workers[0]!.kill('SIGKILL');
+          }
+        }
+      }),
+    );
+    expect(statuses.filter((s) => s !== 201)).toEqual([]);
+    // Those answered well after the kill run on a live host.
+    const after = await Promise.all(ids.slice(-20).map(async (id) => (await api(cluster, token, 'GET', `/v1/sandboxes/${id}`)).body));
+    for (const s of after) expect({ id: s.id, state: s.state, deadHost: s.node === 'rec-w3' }).toEqual({ id: s.id, state: 'running', deadHost: false });
+  }, 120_000);
 });

@@ -141,7 +141,9 @@ export class SandboxService {
       placement.exclude.add(r.nodeId);
       const next = attempt + 1 < config.placement.maxRefusals ? this.place(placement) : undefined;
       if (!next) return { kind: 'exhausted', detail: `no worker host admitted sandbox ${id} after ${placement.exclude.size} refusals (last: ${r.reason})` };
-      if (!(await registry.reassign(id, node, next))) return { kind: 'started', sandbox: settledOrThrow(await this.waitSettled(id, tenant)) };
+      // A node lost before the sandbox ran (still creating there) loses it to the next one.
+      const lost = directory.isSilent(r.nodeId, config.node.lostAfterMs);
+      if (!(await registry.reassign(id, node, next, { fromCreating: lost }))) return { kind: 'started', sandbox: settledOrThrow(await this.waitSettled(id, tenant)) };
       node = next;
     }
   }

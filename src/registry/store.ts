@@ -178,9 +178,12 @@ export class SandboxRegistry {
     }
   }
 
-  /** Moves a pending or hibernated sandbox to another node; false when it is in neither state. */
-  async reassign(id: string, fromNode: string | undefined, toNode: string): Promise<boolean> {
-    const moved = await REASSIGN.run(this.redis, [keys.sandbox(id), fromNode ? keys.nodeSandboxes(fromNode) : 'rb:none', keys.nodeSandboxes(toNode)], [id, toNode]);
+  /**
+   * Moves a pending or hibernated sandbox to another node; with `fromCreating`, also one
+   * still creating on `fromNode` (a node lost before the sandbox ran). False when it may not move.
+   */
+  async reassign(id: string, fromNode: string | undefined, toNode: string, options: { fromCreating?: boolean } = {}): Promise<boolean> {
+    const moved = await REASSIGN.run(this.redis, [keys.sandbox(id), fromNode ? keys.nodeSandboxes(fromNode) : 'rb:none', keys.nodeSandboxes(toNode)], [id, toNode, options.fromCreating ? '1' : '0', fromNode ?? '']);
     return moved === 1;
   }
 

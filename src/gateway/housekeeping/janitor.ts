@@ -60,10 +60,11 @@ export class Janitor {
     const locked = await redis.set(keys.lock(`lost:${nodeId}`), '1', 'PX', 10_000, 'NX');
     if (!locked) return;
     const ids = await registry.sandboxesOfNode(nodeId);
-    // Pending creates are left to their gateway, which places them elsewhere (or to the
-    // unsettled sweep if that gateway is gone too); hibernated ones run nowhere.
+    // Creates that have not run yet (pending, creating) are left to their gateway, which
+    // places them elsewhere (or to the unsettled sweep if that gateway is gone too);
+    // hibernated ones run nowhere.
     for (const id of ids) {
-      await registry.transition(id, 'failed', { from: ['creating', 'running', 'paused', 'stopping'], node: nodeId, failureReason: 'lost', detail: `worker host ${nodeId} stopped heartbeating` });
+      await registry.transition(id, 'failed', { from: ['running', 'paused', 'stopping'], node: nodeId, failureReason: 'lost', detail: `worker host ${nodeId} stopped heartbeating` });
     }
     const unfinished = (await pendingOps(redis, nodeId, { includeQueued: true })).flatMap((m) => {
       const op = NodeOp.safeParse(m);
