@@ -18,6 +18,7 @@ import { registerLayerRoutes, type LayerBuilder, type LayerRouteDeps } from './r
 import { registerPoolRoutes, type PoolApi } from './routes/pools.ts';
 import { registerRunRoutes, type RunApi } from './routes/run.ts';
 import { registerSandboxRoutes, type SandboxApi } from './routes/sandboxes.ts';
+import { registerBatchPage } from './ui/index.ts';
 
 export type { LayerBuilder } from './routes/layers.ts';
 
@@ -96,6 +97,7 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   registerPoolRoutes(app, deps.pools);
   registerRunRoutes(app, deps.runs, deps.config.runCodeLanguages);
   registerBatchRoutes(app, deps.batches);
+  registerBatchPage(app);
   registerLayerRoutes(app, { layers: deps.layers, buildLayer: deps.buildLayer, layerImagePath: deps.layerImagePath, uploadLimitBytes: deps.config.http.layerUploadLimitBytes, now: deps.now });
   registerClusterRoutes(app, { directory: deps.directory, burst: deps.burst, jsonLimit });
   return app;
