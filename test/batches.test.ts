@@ -131,7 +131,7 @@ describe('evaluation batches', () => {
       'rm -rf /work/repo/tests', // deleted tests
       'rm /bin/sh && printf "#!/.rollbox/busybox sh\\necho REAL PASS\\nexit 0\\n" > /bin/sh && chmod +x /bin/sh', // replaced shell
       'mkdir -p /etc/profile.d && echo "echo REAL PASS; exit 0" > /etc/profile.d/x.sh; echo 42 > /tmp/answer', // planted outside collect
-      '(while true; do echo 42 > /work/repo/answer 2>/dev/null; sleep 0.01; done) >/dev/null 2>&1 &', // a process left running
+      '(while true; do echo "echo REAL PASS; exit 0" > /work/repo/tests/test.sh; sleep 0.01; done) >/dev/null 2>&1 &', // a process left running, rewriting the test
     ];
     const tasks = [
       ...cheats.map((cmd, i) => ({ customId: `cheat-${i}`, image, steps: [step(cmd)], grade })),
@@ -144,8 +144,6 @@ describe('evaluation batches', () => {
     for (let i = 0; i < cheats.length; i++) {
       const l = byId.get(`cheat-${i}`)!;
       expect(l.status, `cheat ${i}: ${JSON.stringify(l)}`).toBe('succeeded');
-      // cheat 4's loop writes the answer in the steps' sandbox only after the collect ran, if at all: the grader decides either way on what was collected
-      if (i === 4) continue;
       expect(l.grade, `cheat ${i}`).toMatchObject({ passed: false, exitCode: 1, stdout: 'REAL FAIL\n' });
     }
   }, 120_000);
