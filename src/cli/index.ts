@@ -1,6 +1,7 @@
 import { Command, Option } from 'commander';
 import { loadConfig, type Config } from '../config/index.ts';
 import { issueTokenCommand } from '../iam/index.ts';
+import { registerBatchCommands } from './batch.ts';
 import { addBurstRecordCommand } from './burst-record.ts';
 import { registerBurstCommands } from './burst.ts';
 import { createLogger, ensureBaseLayer, startEmbedded, startGatewayRole, startWorkerRole } from '../main.ts';
@@ -110,6 +111,7 @@ export async function runCli(argv: string[]): Promise<void> {
     });
 
   registerBurstCommands(program);
+  registerBatchCommands(program);
   addBurstRecordCommand(program);
 
   try {

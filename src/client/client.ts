@@ -129,7 +129,7 @@ export class RollboxClient {
         }
         error = new RollboxApiError(0, 'network', 'the event stream ended before the exit event');
       } catch (err) {
-        error = err instanceof RollboxApiError ? err : new RollboxApiError(0, 'network', err instanceof Error ? err.message : String(err));
+        error = err instanceof RollboxApiError ? err : new RollboxApiError(0, 'network', networkMessage(err));
       }
       if (!isRetryable(error) || attempt >= this.retry.attempts) throw error;
       await this.backoff(attempt, error);
@@ -202,34 +202,46 @@ export class RollboxClient {
 
   private async call(method: string, path: string, body?: unknown, headers: Record<string, string> = {}, options: { bytes?: boolean } = {}): Promise<unknown> {
     const isTar = body instanceof Uint8Array;
-    const init: RequestInit = {
-      method,
-      headers: {
-        ...this.authHeader(),
-        ...(isTar ? { 'content-type': 'application/x-tar' } : body !== undefined ? { 'content-type': 'application/json' } : {}),
-        ...headers,
-      },
+    const init = {
+      headers: { ...(isTar ? { 'content-type': 'application/x-tar' } : body !== undefined ? { 'content-type': 'application/json' } : {}), ...headers },
       body: isTar ? (body as unknown as BodyInit) : body !== undefined ? JSON.stringify(body) : undefined,
     };
+    return this.request(method, path, init, async (response) => {
+      if (options.bytes) return new Uint8Array(await response.arrayBuffer());
+      const text = await response.text();
+      return text ? JSON.parse(text) : undefined;
+    });
+  }
+
+  /**
+   * One API request with the client's retries (the transport of every method here and of
+   * BatchesClient); `read` takes a 2xx answer apart inside the try, so a connection dropped
+   * mid-body is retried too. `retry`: `always` (the default: idempotent requests, or ones
+   * carrying an idempotency key / commandId), `refused` (only answers saying the request was
+   * not taken, 429 and 503: a create with no idempotency key), `never` (a body sent once).
+   */
+  async request<T>(
+    method: string,
+    path: string,
+    init: { headers?: Record<string, string>; body?: BodyInit; retry?: 'always' | 'refused' | 'never' },
+    read: (response: Response) => Promise<T>,
+  ): Promise<T> {
+    const retry = init.retry ?? 'always';
+    // A streamed body needs half-duplex fetch (the answer may come before the body ends).
+    const requestInit: RequestInit = { method, headers: { ...this.authHeader(), ...init.headers }, body: init.body, ...(init.body instanceof ReadableStream ? { duplex: 'half' } : {}) };
     for (let attempt = 1; ; attempt++) {
       let error: RollboxApiError;
       try {
-        const response = await this.fetch(this.url(path), init);
-        if (response.ok && options.bytes) return new Uint8Array(await response.arrayBuffer());
+        const response = await this.fetch(this.url(path), requestInit);
         if (!response.ok) throw await apiErrorOf(response);
-        const text = await response.text();
-        return text ? JSON.parse(text) : undefined;
+        return await read(response);
       } catch (err) {
-        if (err instanceof RollboxApiError) {
-          if (!isRetryable(err) || attempt >= this.retry.attempts) throw err;
-          await this.backoff(attempt, err);
-          continue;
-        }
         // A dropped connection or a gateway that is restarting: the request may or may not
         // have arrived; the idempotency key / commandId makes the retry safe either way.
-        error = new RollboxApiError(0, 'network', err instanceof Error ? err.message : String(err));
+        error = err instanceof RollboxApiError ? err : new RollboxApiError(0, 'network', networkMessage(err));
       }
-      if (!isRetryable(error) || attempt >= this.retry.attempts) throw error;
+      const again = retry === 'always' ? isRetryable(error) : retry === 'refused' && (error.status === 429 || error.status === 503) && isRetryable(error);
+      if (!again || attempt >= this.retry.attempts) throw error;
       await this.backoff(attempt, error);
     }
   }
@@ -287,6 +299,13 @@ export async function* serverSentEvents(body: ReadableStream<Uint8Array>): Async
       if (data.length || event.event !== 'message') yield event;
     }
   }
+}
+
+/** fetch's own message is "fetch failed": add its cause (ECONNREFUSED, a reset...). */
+function networkMessage(err: unknown): string {
+  if (!(err instanceof Error)) return String(err);
+  const cause = err.cause instanceof Error ? err.cause.message : undefined;
+  return cause && !err.message.includes(cause) ? `${err.message}: ${cause}` : err.message;
 }
 
 function filesPath(id: string, query: Record<string, string | undefined>): string {

@@ -1,2 +1,4 @@
 export { RollboxClient, RollboxApiError, serverSentEvents } from './client.ts';
 export type { ExecStreamEvent, RollboxClientOptions, RetryPolicy } from './client.ts';
+export { BatchesClient, NDJSON_TYPE } from './batches.ts';
+export type { BatchResultsOptions, BatchSubmitOptions } from './batches.ts';
