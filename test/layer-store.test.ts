@@ -10,6 +10,7 @@ import tar from 'tar-stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { RollboxError } from '../src/api/index.ts';
 import { LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar, isMountPoint } from '../src/layers/index.ts';
+import { waitFor } from './support/cluster.ts';
 
 type Entry = Partial<tar.Header> & { name: string; content?: string };
 
@@ -28,6 +29,11 @@ function sha256Hex(file: string): string {
 
 function loopsOf(imagePath: string): string {
   return execFileSync('losetup', ['-j', imagePath], { encoding: 'utf8' }).trim();
+}
+
+/** The kernel detaches an autoclear loop device after its last unmount, asynchronously: under load, a little later. */
+async function loopsGone(imagePath: string): Promise<void> {
+  await waitFor(`the loop device of ${imagePath} detached`, async () => loopsOf(imagePath) === '');
 }
 
 let top: string;
@@ -261,7 +267,7 @@ describe('LayerMounts', () => {
     await mounts.release(layer.digest);
     expect(isMountPoint(d1!)).toBe(false);
     expect(mounts.mounted()).toEqual([]);
-    expect(loopsOf(layer.imagePath)).toBe('');
+    await loopsGone(layer.imagePath);
   });
 
   it('reconcile removes mounts left by a previous process and keeps the ones in use', async () => {
@@ -278,12 +284,12 @@ describe('LayerMounts', () => {
     expect(result.unmounted).toEqual([other.digest]);
     expect(isMountPoint(otherDir)).toBe(false);
     expect(existsSync(otherDir)).toBe(false);
-    expect(loopsOf(other.imagePath)).toBe('');
+    await loopsGone(other.imagePath);
     expect(isMountPoint(keepDir)).toBe(true);
     // Adopting the surviving mount is a refcount, and the last release unmounts it.
     expect(await mounts.acquire(keepLayer.digest, keepLayer.imagePath)).toBe(keepDir);
     await mounts.release(keepLayer.digest);
     expect(isMountPoint(keepDir)).toBe(false);
-    expect(loopsOf(keepLayer.imagePath)).toBe('');
+    await loopsGone(keepLayer.imagePath);
   });
 });

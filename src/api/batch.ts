@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { ExecRequest } from './exec.ts';
+import { ExecRequest, ExecResult } from './exec.ts';
 import { CreateSandboxRequest, LayerRef, NetworkPolicy } from './sandbox.ts';
 
 const AbsolutePath = CreateSandboxRequest.shape.workdir.unwrap();
@@ -125,15 +125,8 @@ export const Batch = z.object({
 export type Batch = z.infer<typeof Batch>;
 export const BatchList = z.object({ batches: z.array(Batch) });
 
-export const StepResult = z.object({
-  exitCode: z.number().int().nullable(),
-  stdout: z.string(),
-  stderr: z.string(),
-  truncated: z.boolean(),
-  timedOut: z.boolean(),
-  oomKilled: z.boolean(),
-  durationMs: z.number(),
-});
+/** A step's (or the grade's) command as it ended; exitCode null when it timed out. */
+export const StepResult = ExecResult.pick({ stdout: true, stderr: true, truncated: true, timedOut: true, oomKilled: true, durationMs: true }).extend({ exitCode: z.number().int().nullable() });
 export type StepResult = z.infer<typeof StepResult>;
 
 /** One line of a batch's results: a task that ended. */

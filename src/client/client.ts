@@ -227,8 +227,10 @@ export class RollboxClient {
     read: (response: Response) => Promise<T>,
   ): Promise<T> {
     const retry = init.retry ?? 'always';
-    // A streamed body needs half-duplex fetch (the answer may come before the body ends).
-    const requestInit: RequestInit = { method, headers: { ...this.authHeader(), ...init.headers }, body: init.body, ...(init.body instanceof ReadableStream ? { duplex: 'half' } : {}) };
+    // A streamed body needs half-duplex fetch, and `redirect: 'error'`: to follow redirects
+    // fetch tees the body and the unread branch would buffer all of it (nodejs/undici#4058).
+    const stream = init.body instanceof ReadableStream ? ({ duplex: 'half', redirect: 'error' } as const) : {};
+    const requestInit: RequestInit = { method, headers: { ...this.authHeader(), ...init.headers }, body: init.body, ...stream };
     for (let attempt = 1; ; attempt++) {
       let error: RollboxApiError;
       try {

@@ -32,7 +32,8 @@ export type TaskOutcome =
 
 /** Everything a batch's task may do in its sandboxes, granted by the submitter's `batch:submit`. */
 const TASK_SCOPES = new Set(['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'sandbox:policy'] as const);
-const BACKPRESSURE: ReadonlySet<ErrorCode> = new Set(['quota_exceeded', 'no_capacity', 'admission_exhausted', 'network_unavailable', 'unavailable']);
+/** At create: no room now, or none in time (a create nobody picked up: `timeout`). */
+const BACKPRESSURE: ReadonlySet<ErrorCode> = new Set(['quota_exceeded', 'no_capacity', 'admission_exhausted', 'network_unavailable', 'unavailable', 'timeout']);
 /** At create or when writing the task's files: the task's own input is wrong (never retried). */
 const TASK_INPUT_ERRORS: ReadonlySet<ErrorCode> = new Set(['invalid_request', 'not_found', 'invalid_layer', 'invalid_archive', 'payload_too_large', 'forbidden']);
 const TTL_MARGIN_SEC = 300;

@@ -48,6 +48,17 @@ local function cancelledLine(task, reason)
     ',"error":{"code":"cancelled","message":' .. cjson.encode(reason) .. '},"endedAt":' .. cjson.encode(nowIso) .. '}'
 end
 
+-- A task that stopped running here goes back to the head of the queue, or ends cancelled
+-- when its batch is being cancelled.
+local function backToQueue(task)
+  if redis.call('HGET', batch, 'state') == 'cancelling' then
+    finish(task, 'cancelled', cancelledLine(task, 'the batch was cancelled'))
+  else
+    redis.call('LPUSH', queue, task)
+    redis.call('HINCRBY', batch, 'n:queued', 1)
+  end
+end
+
 if op == 'claim' then
   -- ARGV[5] lease end (ms). Answers {customId, attempt} or false.
   if redis.call('HGET', batch, 'state') ~= 'in_progress' then return false end
@@ -70,12 +81,7 @@ elseif op == 'requeue' then
   if redis.call('ZREM', leases, task) == 0 then return false end
   redis.call('HINCRBY', batch, 'n:running', -1)
   if ARGV[6] == '0' then redis.call('HINCRBY', attempts, task, -1) end
-  if redis.call('HGET', batch, 'state') == 'cancelling' then
-    finish(task, 'cancelled', cancelledLine(task, 'the batch was cancelled'))
-  else
-    redis.call('LPUSH', queue, task)
-    redis.call('HINCRBY', batch, 'n:queued', 1)
-  end
+  backToQueue(task)
   settle()
   return true
 elseif op == 'renew' then
@@ -88,12 +94,7 @@ elseif op == 'reclaim' then
   for _, task in ipairs(lapsed) do
     redis.call('ZREM', leases, task)
     redis.call('HINCRBY', batch, 'n:running', -1)
-    if redis.call('HGET', batch, 'state') == 'cancelling' then
-      finish(task, 'cancelled', cancelledLine(task, 'the batch was cancelled'))
-    else
-      redis.call('LPUSH', queue, task)
-      redis.call('HINCRBY', batch, 'n:queued', 1)
-    end
+    backToQueue(task)
   end
   settle()
   return #lapsed
