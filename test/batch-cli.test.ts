@@ -79,7 +79,7 @@ describe('rollbox batch (CLI)', () => {
     expect(table).toMatch(/^wall time\s+[\d.]+ s$/m);
     expect(table).toMatch(/^tasks\/s\s+[\d.]+$/m);
     expect(table).toMatch(/^slowest 5:$/m);
-    expect(table).toMatch(/^not succeeded \(5\):$/m);
+    expect(table).toMatch(/^failures \(5\):$/m);
     for (const i of [3, 7, 11, 15, 19]) expect(table).toMatch(new RegExp(`^  bad-${i}\\s+failed\\s+exit 3 \\(step 1\\): nope$`, 'm'));
 
     // The batch as JSON, with the options given on the command line.

@@ -105,7 +105,6 @@ function whyFailed(line: BatchResultLine): string {
 /** What a followed batch's lines add up to, kept small: counts, the slowest few, the first failures. */
 class Summary {
   lines = 0;
-  readonly statuses = new Map<TaskStatus, number>();
   graded = { passed: 0, failed: 0 };
   readonly slowest: { customId: string; ms: number; status: TaskStatus }[] = [];
   readonly failed: BatchResultLine[] = [];
@@ -113,7 +112,6 @@ class Summary {
 
   add(line: BatchResultLine): void {
     this.lines++;
-    this.statuses.set(line.status, (this.statuses.get(line.status) ?? 0) + 1);
     if (line.grade) this.graded[line.grade.passed ? 'passed' : 'failed']++;
     const ms = durationOf(line);
     if (this.slowest.length < SLOWEST || ms > this.slowest.at(-1)!.ms) {
@@ -144,7 +142,7 @@ class Summary {
       for (const s of this.slowest) text.push(`  ${s.customId.padEnd(idWidth)}  ${seconds(s.ms).padStart(9)}  ${s.status}`);
     }
     if (this.failedCount > 0) {
-      text.push('', `not succeeded (${this.failedCount}):`);
+      text.push('', `failures (${this.failedCount}):`);
       for (const l of this.failed) text.push(`  ${l.customId.padEnd(idWidth)}  ${l.status.padEnd(11)}  ${whyFailed(l)}`);
       if (this.failedCount > this.failed.length) text.push(`  ... and ${this.failedCount - this.failed.length} more (rollbox batch results ${batch.id})`);
     }
@@ -155,7 +153,7 @@ class Summary {
 /** Follows a batch to its end with a progress bar on stderr; the summary table on stdout. */
 async function follow(client: BatchesClient, batch: Batch, startedAt: number, showProgress: boolean): Promise<void> {
   const total = batch.counts.total;
-  const bar = progressBar(`batch ${batch.id}`, { enabled: showProgress });
+  const bar = progressBar(batch.id, { enabled: showProgress });
   const onSignal = () => {
     bar.done();
     process.stderr.write(`rollbox: batch ${batch.id} keeps running; follow it again with: rollbox batch results ${batch.id} --follow\n`);
@@ -165,8 +163,7 @@ async function follow(client: BatchesClient, batch: Batch, startedAt: number, sh
   const summary = new Summary();
   let lastDraw = 0;
   const draw = () => {
-    const notOk = summary.lines - (summary.statuses.get('succeeded') ?? 0);
-    bar.update(total ? summary.lines / total : 1, `${summary.lines}/${total}${notOk ? `, ${notOk} not succeeded` : ''}`);
+    bar.update(total ? summary.lines / total : 1, `${summary.lines}/${total}${summary.failedCount ? `, ${summary.failedCount} failures` : ''}`);
     lastDraw = performance.now();
   };
   for await (const line of client.batchResults(batch.id, { follow: true })) {
