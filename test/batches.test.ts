@@ -202,4 +202,16 @@ describe('evaluation batches', () => {
       return live.every((s) => ['terminated', 'failed'].includes(s.state));
     });
   }, 180_000);
+
+  it('expires a batch at the end of its completion window: what ran stays, the rest ends cancelled', async () => {
+    const tasks = Array.from({ length: 20 }, (_, i) => ({ customId: `e${i}`, resources: { memoryMiB: 32, cpuMillis: 100 }, steps: [step('sleep 0.3')] }));
+    const submitted = (await api<Batch>(cluster, token, 'POST', '/v1/batches', { tasks, maxConcurrency: 1, completionWindowSeconds: 1 })).body;
+    const { lines, batch } = await allResults(submitted.id);
+    expect(batch.state).toBe('expired');
+    expect(batch.timestamps.expired).toBeTruthy();
+    expect(lines).toHaveLength(20);
+    expect(batch.counts.succeeded).toBeGreaterThan(0);
+    expect(batch.counts.succeeded + batch.counts.cancelled).toBe(20);
+    expect(lines.find((l) => l.status === 'cancelled')?.error?.message).toMatch(/completion window/);
+  }, 60_000);
 });
