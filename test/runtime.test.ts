@@ -418,12 +418,15 @@ describe('runc runtime', () => {
     const freeBefore = scratchFree();
     await rt.destroy('full');
     expectGone(rt, 'full');
+    // The image's blocks are freed when its loop device lets go of it (asynchronously, see loopsAfterRelease).
+    await loopsAfterRelease(() => (scratchFree() >= freeBefore + (16 * MIB) / 4096 - 64 ? '' : 'held'));
     const freeAfterDestroy = scratchFree();
     expect(freeAfterDestroy).toBeGreaterThanOrEqual(freeBefore + (16 * MIB) / 4096 - 64);
     await rt.create(spec('full', small));
     const again = await rt.exec('full', cmd('ls /root; dd if=/dev/zero of=/root/big bs=1M count=12 2>/dev/null && echo wrote'));
     expect(again).toMatchObject({ exitCode: 0, stdout: 'wrote\n' }); // and /root was empty
     await rt.destroy('full');
+    await loopsAfterRelease(() => (scratchFree() >= freeAfterDestroy - 8 ? '' : 'held'));
     expect(scratchFree()).toBeGreaterThanOrEqual(freeAfterDestroy - 8);
     // Loop devices of sandbox disks detach themselves once their overlay is gone.
     expect(await loopsAfterRelease(() => loopsUnderTop().filter((l) => l.includes('/scratch/disks/full.img')))).toEqual([]);
