@@ -33,6 +33,10 @@ describe('rollbox up (npm start)', () => {
     expect(sandbox.state).toBe('running');
     const run = await fetch(`${url}/${sandbox.id}/exec`, { method: 'POST', headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' }, body: '{"cmd":"echo hello"}' });
     expect(((await run.json()) as { stdout: string }).stdout).toBe('hello\n');
+    // The batch page it points to, with the token in the fragment (never sent to the server).
+    const page = stdout.split('\n').find((l) => l.includes('/ui#token='))!.trim();
+    expect(page.split('#token=')[1]).toBe(token);
+    expect(await (await fetch(page.split('#')[0]!)).text()).toContain('rollbox batches');
     // A command still running (for ten minutes) must not hold the shutdown up.
     const background = await fetch(`${url}/${sandbox.id}/exec`, { method: 'POST', headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' }, body: '{"cmd":"sleep 600","background":true}' });
     expect(background.status).toBe(202);

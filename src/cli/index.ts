@@ -65,6 +65,8 @@ export async function runCli(argv: string[]): Promise<void> {
           'then run a command in it (put its id in place of SBX):',
           `  curl -s -X POST -H 'Authorization: Bearer ${stack.adminToken}' -H 'Content-Type: application/json' -d '{"cmd":"echo hello from $(hostname)"}' ${stack.url}/v1/sandboxes/SBX/exec`,
           `API description: ${stack.url}/openapi.json`,
+          `evaluation batches (rollbox batch submit tasks.jsonl --follow, with ROLLBOX_URL and ROLLBOX_TOKEN set) are shown at:`,
+          `  ${stack.url}/ui#token=${stack.adminToken}`,
           'Ctrl-C stops everything.',
           '',
         ].join('\n'),
