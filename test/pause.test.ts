@@ -92,12 +92,15 @@ describe('pause and resume (freeze)', () => {
   });
 
   it('ends a hibernated sandbox at its TTL with failed(timeout)', async () => {
-    const { body: sandbox } = await api(cluster, token, 'POST', '/v1/sandboxes', { ttlSeconds: 2 });
-    expect((await api(cluster, token, 'POST', `/v1/sandboxes/${sandbox.id}/pause`, { mode: 'hibernate' })).body.state).toBe('hibernated');
+    // A TTL well past the time hibernating takes on a loaded host (it packs the writable
+    // layer): the sandbox must reach hibernated before its TTL ends.
+    const { body: sandbox } = await api(cluster, token, 'POST', '/v1/sandboxes', { ttlSeconds: 6 });
+    const paused = await api(cluster, token, 'POST', `/v1/sandboxes/${sandbox.id}/pause`, { mode: 'hibernate' });
+    expect(paused.body.state, JSON.stringify(paused.body)).toBe('hibernated');
     const ended = await waitFor('ttl while hibernated', async () => {
       const s = await api(cluster, token, 'GET', `/v1/sandboxes/${sandbox.id}`);
       return s.body.state === 'failed' ? s.body : undefined;
-    });
+    }, 30_000);
     expect(ended).toMatchObject({ failureReason: 'timeout', detail: 'ttl expired while hibernated' });
   });
 });
