@@ -58,7 +58,8 @@ const freeMiB = (dir: string) => {
 
 beforeAll(async () => {
   // The probes load the host on purpose: a slow heartbeat must not be taken for a lost node.
-  cluster = await startTestCluster({ env: { ROLLBOX_NODE_LOST_AFTER_MS: '10000' } });
+  // Memory pressure is what some of these tests make on purpose: admission by PSI is off here, so a later test's create is not refused by an earlier one's balloon.
+  cluster = await startTestCluster({ env: { ROLLBOX_NODE_LOST_AFTER_MS: '10000', ROLLBOX_NODE_PSI_MEMORY_MAX: '0' } });
   worker = await cluster.spawnWorker({ nodeId: NODE });
   token = await cluster.token('adversary', ['layer:write', 'sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'admin']);
   await waitFor('worker heartbeat', async () => (await api(cluster, token, 'GET', '/v1/nodes')).body.nodes?.length === 1);

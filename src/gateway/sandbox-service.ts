@@ -107,6 +107,8 @@ export class SandboxService {
     const started = await this.startOnNodes(id, principal.tenant, placement, node, `${id}.`);
     if (started.kind === 'started') return { sandbox: started.sandbox, replayed: false };
     if (started.kind === 'timeout') return { sandbox: settledOrThrow(await this.onCreateTimeout(id, principal.tenant)), replayed: false };
+    // Lost as it started, before this call answered: a new sandbox takes its place (and its Idempotency-Key).
+    if (started.kind === 'lost') return registry.releaseIdempotencyKey(principal.tenant, idempotencyKey).then(() => this.createOnce(principal, request, idempotencyKey));
     await registry.transition(id, 'failed', { from: ['pending'], failureReason: 'admission_exhausted', detail: started.detail });
     await registry.releaseIdempotencyKey(principal.tenant, idempotencyKey);
     throw new RollboxError('admission_exhausted', started.detail, 5);
@@ -122,7 +124,7 @@ export class SandboxService {
     placement: PlacementRequest & { exclude: Set<string> },
     firstNode: string,
     requestPrefix: string,
-  ): Promise<{ kind: 'started'; sandbox: Sandbox } | { kind: 'exhausted'; detail: string } | { kind: 'timeout' }> {
+  ): Promise<{ kind: 'started'; sandbox: Sandbox } | { kind: 'exhausted'; detail: string } | { kind: 'timeout' } | { kind: 'lost' }> {
     const { registry, config, directory } = this.deps;
     for (let attempt = 0, node = firstNode; ; attempt++) {
       directory.assume(node, id, placement);
@@ -143,7 +145,11 @@ export class SandboxService {
       if (!next) return { kind: 'exhausted', detail: `no worker host admitted sandbox ${id} after ${placement.exclude.size} refusals (last: ${r.reason})` };
       // A node lost before the sandbox ran (still creating there) loses it to the next one.
       const lost = directory.isSilent(r.nodeId, config.node.lostAfterMs);
-      if (!(await registry.reassign(id, node, next, { fromCreating: lost }))) return { kind: 'started', sandbox: settledOrThrow(await this.waitSettled(id, tenant)) };
+      if (!(await registry.reassign(id, node, next, { fromCreating: lost }))) {
+        const settled = await this.waitSettled(id, tenant);
+        // It got to running there, and the host died before answering: nobody has its id yet.
+        return lost && settled.state === 'failed' && settled.failureReason === 'lost' ? { kind: 'lost' } : { kind: 'started', sandbox: settledOrThrow(settled) };
+      }
       node = next;
     }
   }
@@ -255,6 +261,7 @@ export class SandboxService {
     if (started.kind === 'started') return started.sandbox;
     // Still hibernated: nothing was lost, the caller may try again.
     if (started.kind === 'timeout') throw new RollboxError('timeout', `sandbox ${sandbox.id} did not come back in time; it stays hibernated`, 5);
+    if (started.kind === 'lost') throw new RollboxError('node_lost', `the worker host waking sandbox ${sandbox.id} stopped heartbeating`, 1);
     throw new RollboxError('admission_exhausted', started.detail, 5);
   }
 
