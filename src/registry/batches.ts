@@ -14,9 +14,9 @@ export interface BatchLoad {
   state: BatchState;
   queued: number;
   running: number;
-  maxConcurrency: number;
   createdAtMs: number;
   expiresAtMs: number;
+  options: BatchOptions;
 }
 
 export type ResultLineInput = Omit<BatchResultLine, 'cursor' | 'endedAt'>;
@@ -78,16 +78,7 @@ export class BatchStore {
 
   /** validating -> in_progress: its tasks may be claimed from now on. */
   async start(id: string): Promise<boolean> {
-    const at = new Date(this.now()).toISOString();
-    const moved = await this.redis.eval(
-      "if redis.call('HGET', KEYS[1], 'state') ~= 'validating' then return 0 end redis.call('HSET', KEYS[1], 'state', 'in_progress', 'ts:in_progress', ARGV[1]) redis.call('SADD', KEYS[2], ARGV[2]) return 1",
-      2,
-      keys.batch(id),
-      keys.activeBatches,
-      at,
-      id,
-    );
-    return moved === 1;
+    return (await this.run(id, 'start')) === 1;
   }
 
   /** A batch whose input was refused: `failed`, nothing of it runs. */
@@ -135,12 +126,13 @@ export class BatchStore {
     const ids = await this.redis.smembers(keys.activeBatches);
     if (ids.length === 0) return [];
     const p = this.redis.pipeline();
-    for (const id of ids) p.hmget(keys.batch(id), 'tenant', 'state', 'n:queued', 'n:running', 'maxConcurrency', 'createdAtMs', 'expiresAtMs');
+    for (const id of ids) p.hmget(keys.batch(id), 'tenant', 'state', 'n:queued', 'n:running', 'createdAtMs', 'expiresAtMs', 'options');
     const rows = (await p.exec())!;
     return ids.flatMap((id, i) => {
-      const [tenant, state, queued, running, max, created, expires] = rows[i]![1] as (string | null)[];
-      if (!tenant || !state) return [];
-      return [{ id, tenant, state: state as BatchState, queued: Number(queued), running: Number(running), maxConcurrency: Number(max), createdAtMs: Number(created), expiresAtMs: Number(expires) }];
+      const [tenant, state, queued, running, created, expires, options] = rows[i]![1] as (string | null)[];
+      if (!tenant || !state || !options) return [];
+      const parsed = BatchOptions.parse(JSON.parse(options));
+      return [{ id, tenant, state: state as BatchState, queued: Number(queued), running: Number(running), createdAtMs: Number(created), expiresAtMs: Number(expires), options: parsed }];
     });
   }
 

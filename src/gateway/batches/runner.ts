@@ -4,7 +4,7 @@ import type { BatchLoad, BatchStore } from '../../registry/index.ts';
 import type { TaskOutcome, TaskRun } from './task.ts';
 
 export interface BatchRunnerDeps {
-  store: Pick<BatchStore, 'loads' | 'claim' | 'finish' | 'requeue' | 'renew' | 'reclaim' | 'cancel' | 'state' | 'get'>;
+  store: Pick<BatchStore, 'loads' | 'claim' | 'finish' | 'requeue' | 'renew' | 'reclaim' | 'cancel' | 'state'>;
   /** Runs one attempt of a task (task.ts's runTask with its dependencies bound). */
   execute: (run: TaskRun) => Promise<TaskOutcome>;
   /** Tasks this gateway runs at once, over every batch. */
@@ -36,7 +36,7 @@ const BACKPRESSURE_PAUSE_MS = 1000;
 export function pickBatch(loads: readonly BatchLoad[], weights: Readonly<Record<string, number>>): BatchLoad | undefined {
   const runningByTenant = new Map<string, number>();
   for (const l of loads) runningByTenant.set(l.tenant, (runningByTenant.get(l.tenant) ?? 0) + l.running);
-  const open = loads.filter((l) => l.state === 'in_progress' && l.queued > 0 && l.running < l.maxConcurrency);
+  const open = loads.filter((l) => l.state === 'in_progress' && l.queued > 0 && l.running < l.options.maxConcurrency);
   const share = (l: BatchLoad) => (runningByTenant.get(l.tenant) ?? 0) / (weights[l.tenant] ?? 1);
   return [...open].sort((a, b) => share(a) - share(b) || a.running - b.running || a.createdAtMs - b.createdAtMs)[0];
 }
@@ -121,8 +121,7 @@ export class BatchRunner {
       }
       pick.running++;
       pick.queued--;
-      const batch = await store.get(pick.id);
-      this.launch({ batchId: pick.id, tenant: pick.tenant, options: batch!.options, customId: claimed.customId, attempt: claimed.attempt, task: claimed.task });
+      this.launch({ batchId: pick.id, tenant: pick.tenant, options: pick.options, customId: claimed.customId, attempt: claimed.attempt, task: claimed.task });
     }
   }
 

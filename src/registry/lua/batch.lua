@@ -59,7 +59,13 @@ local function backToQueue(task)
   end
 end
 
-if op == 'claim' then
+if op == 'start' then
+  -- validating -> in_progress: its tasks may be claimed from now on. Answers 1, or 0 when it was not validating.
+  if redis.call('HGET', batch, 'state') ~= 'validating' then return 0 end
+  enter('in_progress')
+  redis.call('SADD', active, id)
+  return 1
+elseif op == 'claim' then
   -- ARGV[5] lease end (ms). Answers {customId, attempt} or false.
   if redis.call('HGET', batch, 'state') ~= 'in_progress' then return false end
   if count('running') >= tonumber(redis.call('HGET', batch, 'maxConcurrency')) then return false end
