@@ -7,9 +7,10 @@ cd "$(dirname "$0")/.."
 # iptables: rollbox's accept rules where a host's iptables (Docker's, say) filters sandbox
 # traffic; python3-minimal: the tests build a Python layer from it for POST /run_code;
 # python3-pytest, python3-httpx, python3-venv, python3-wheel: the Python client's tests (clients/python);
-# chromium: the batch page's test drives it headless.
+# chromium: the batch page's test drives it headless; attr (setfattr) and zstd: image import
+# (xattrs and opaque directories of image layers; zstd-compressed layers).
 missing=""
-for pkg in runc erofs-utils redis-server busybox-static nftables iptables iproute2 e2fsprogs musl-tools gcc python3-minimal python3-pytest python3-httpx python3-venv python3-wheel chromium; do
+for pkg in runc erofs-utils redis-server busybox-static nftables iptables iproute2 e2fsprogs attr zstd musl-tools gcc python3-minimal python3-pytest python3-httpx python3-venv python3-wheel chromium; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing="$missing $pkg"
 done
 

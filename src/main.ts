@@ -16,7 +16,8 @@ import { BurstController, CommandProvider, LocalProvider, TraceRecorder, type Cl
 import { LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar, fetchLayers } from './layers/index.ts';
 import { NodeDirectory, ReplyHub } from './queues/index.ts';
 import { BlockingPool, connectRedis, startRedisServer, type RedisServerHandle } from './redis/index.ts';
-import { BatchStore, CommandLog, LayerRegistry, PoolRegistry, SandboxRegistry, keys } from './registry/index.ts';
+import { BatchStore, CommandLog, ImageRegistry, LayerRegistry, PoolRegistry, SandboxRegistry, keys } from './registry/index.ts';
+import { importImage } from './images/index.ts';
 import { WorkerHost } from './workers/index.ts';
 import { NetworkSelfTest, SandboxNetworks } from './workers/network/index.ts';
 import { createRuncRuntime } from './workers/runtime/index.ts';
@@ -52,7 +53,9 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const registry = new SandboxRegistry(redis, now);
   const commands = new CommandLog(redis, now);
   const layers = new LayerRegistry(redis);
+  const images = new ImageRegistry(redis, layers);
   const store = layerStoreOf(config);
+  const tmpDir = path.join(config.dataDir, 'tmp');
   const directory = new NodeDirectory(redis, { refreshMs: Math.min(1000, config.node.heartbeatMs), now });
   const replies = new ReplyHub(subscriber, gatewayId);
   await Promise.all([directory.start(), replies.start()]);
@@ -67,6 +70,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     redis,
     directory,
     layers,
+    images,
     registry,
     provider,
     config: { ...config.burst, localPool: config.node.pool, lostAfterMs: config.node.lostAfterMs, redisUrl },
@@ -79,13 +83,13 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     now,
     random: Math.random,
   });
-  const pools = new PoolService({ pools: new PoolRegistry(redis, now), layers, directory, placement: { choices: config.placement.choices, staleAfterMs: config.node.lostAfterMs }, defaultRequests: config.defaultRequests, now, random: Math.random });
-  const sandboxes = new SandboxService({ config, registry, layers, directory, nodes, metrics, now, random: Math.random, burst, pools });
+  const pools = new PoolService({ pools: new PoolRegistry(redis, now), images, directory, placement: { choices: config.placement.choices, staleAfterMs: config.node.lostAfterMs }, defaultRequests: config.defaultRequests, now, random: Math.random });
+  const sandboxes = new SandboxService({ config, registry, layers, images, directory, nodes, metrics, now, random: Math.random, burst, pools });
   const execs = new ExecService({ redis, blocking, registry, commands, nodes, metrics, now });
   const files = new FilesService({ config, redis, registry, nodes });
   const runs = new RunService({ sandboxes, files, execs, now });
   const batchStore = new BatchStore(redis, now);
-  const buildLayer: LayerBuilder = (tar, { maxBytes }) => buildLayerFromTar(tar, { store, tmpDir: path.join(config.dataDir, 'tmp'), maxBytes });
+  const buildLayer: LayerBuilder = (tar, { maxBytes }) => buildLayerFromTar(tar, { store, tmpDir, maxBytes });
   const batchRunner = new BatchRunner({
     store: batchStore,
     execute: (run) => runTask({ sandboxes, files, execs, layers, buildLayer, store: batchStore, collectMaxBytes: config.files.maxBytes, now }, run),
@@ -115,8 +119,13 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     burst,
     buildLayer,
     layerImagePath: (digest) => layerImagePath(store, digest),
+    images: {
+      images,
+      importImage: (archive, query) => importImage(archive, query, { store, layers, images, tmpDir, maxLayerBytes: config.http.layerUploadLimitBytes, now }),
+      syncedLayers: async () => new Set(await redis.smembers(keys.burstSyncedLayers)),
+    },
   });
-  const collector = new LayerCollector({ redis, layers, store, graceMs: config.layerGc.graceMs, logger, now });
+  const collector = new LayerCollector({ redis, layers, images, store, graceMs: config.layerGc.graceMs, logger, now });
   const layerGc = { collector, intervalMs: config.layerGc.intervalMs };
   const janitor = new Janitor({ redis, registry, commands, directory, lostAfterMs: config.node.lostAfterMs, intervalMs: 500, logger, now, layerGc });
   janitor.start();
@@ -236,6 +245,7 @@ function layerSyncOf(config: Config, redis: Redis, store: LayerStore, tmpDir: st
   const { gatewayUrl, gatewayToken, syncLayers } = config.node;
   if (!gatewayUrl || !gatewayToken) throw new Error('ROLLBOX_SYNC_LAYERS needs ROLLBOX_GATEWAY_URL and ROLLBOX_GATEWAY_TOKEN (a token with layer read scope)');
   const layers = new LayerRegistry(redis);
+  const images = new ImageRegistry(redis, layers);
   return async (signal) => {
     const digests = new Set<string>();
     for (const ref of syncLayers) {
@@ -243,7 +253,10 @@ function layerSyncOf(config: Config, redis: Redis, store: LayerStore, tmpDir: st
         const published = await redis.smembers(keys.burstSyncedLayers);
         if (!published.length) throw new Error('the cluster has not published its pre-synced layer set yet (a gateway does at start)');
         for (const d of published) digests.add(d);
-      } else digests.add((await layers.resolve(ref)).digest);
+      } else {
+        const image = await images.get(ref);
+        for (const d of image ? image.layers.map((l) => l.digest) : [(await layers.resolve(ref)).digest]) digests.add(d);
+      }
     }
     return fetchLayers([...digests].sort(), { gatewayUrl, token: gatewayToken, store, tmpDir, signal });
   };

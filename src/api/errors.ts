@@ -6,6 +6,7 @@
 export const ERROR_CODES = {
   invalid_request: { status: 400, meaning: 'The request does not match its schema or asks for something impossible (the message names the field).' },
   invalid_layer: { status: 400, meaning: 'An uploaded layer is not a tar, or holds an entry no layer may hold (absolute or `..` names, links out, device nodes).' },
+  invalid_image: { status: 400, meaning: 'An image archive is not a `docker save` or OCI layout tar, lacks a blob its manifest names, fails a digest check, has no manifest for the platform asked, or has more layers than a sandbox can stack.' },
   invalid_archive: { status: 400, meaning: 'A tar for the files API names paths outside its directory, or is malformed.' },
   unauthenticated: { status: 401, meaning: 'No token, or one that does not verify (signature, `iss`, `aud`, `exp`).' },
   forbidden: { status: 403, meaning: 'The token lacks the scope the route needs.' },

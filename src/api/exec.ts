@@ -1,5 +1,6 @@
 import path from 'node:path';
 import { z } from 'zod';
+import { ExecUser } from './sandbox.ts';
 
 export const ExecRequest = z
   .strictObject({
@@ -20,6 +21,8 @@ export const ExecRequest = z
       .max(4096)
       .refine((p) => !/^\/proc(\/|$)/.test(path.posix.normalize(p)), 'must not be under /proc')
       .optional(),
+    /** Who the command runs as: `name`, `uid`, `name:group` or `uid:gid` (the sandbox's /etc/passwd and /etc/group). Default: the sandbox's user, else root. */
+    user: ExecUser.optional(),
     /** Default 60 s; for `background` commands, 24 h. */
     timeoutMs: z.number().int().min(1).max(24 * 3600 * 1000).optional(),
     /** Return at once with the command's id; read its status and output later (GET .../commands/:commandId). */

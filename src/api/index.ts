@@ -10,6 +10,7 @@ export {
   NetworkAllowRule,
   NetworkPolicy,
   CreateSandboxRequest,
+  ExecUser,
   SandboxState,
   FailureReason,
   TERMINAL_STATES,
@@ -24,6 +25,7 @@ export {
 } from './sandbox.ts';
 export { ExecRequest, ExecResult, CommandState, CommandRecord, CommandStatus, ListCommandsQuery, CommandList, DEFAULT_EXEC_TIMEOUT_MS, DEFAULT_BACKGROUND_TIMEOUT_MS } from './exec.ts';
 export { Layer, LayerName, LayerList, UploadLayerQuery, SnapshotRequest } from './layer.ts';
+export { ImageName, Platform, ImportImageQuery, ImageConfig, ImageLayer, Image, ImportReport, ImportedImage, ImageList, MAX_STACK_LAYERS, withImageDefaults } from './image.ts';
 export { NodeHeartbeat, NodeList } from './node.ts';
 export { PoolName, PutPoolRequest, PoolRecord, Pool, PoolList, NodePoolStatus } from './pool.ts';
 export { FilesReadQuery, FilesWriteQuery, FilesWriteResult, FILES_TAR_TYPE, FILES_BYTES_TYPE } from './files.ts';

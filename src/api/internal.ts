@@ -25,6 +25,8 @@ export const ExecOp = z.object({
   stdin: z.string().optional(),
   env: z.record(z.string(), z.string()),
   cwd: z.string().optional(),
+  /** As given to exec, else the sandbox's default user; none: root. */
+  user: z.string().optional(),
   timeoutMs: z.number().int(),
   /** Also append output to the command's output stream as it is produced. */
   stream: z.boolean().default(false),

@@ -87,6 +87,8 @@ export type NetworkPolicy = z.infer<typeof NetworkPolicy>;
 
 const EnvMap = z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'env names are [A-Za-z_][A-Za-z0-9_]*').max(256), z.string().max(32_768));
 const AbsolutePath = z.string().startsWith('/', 'must be an absolute path').max(4096).refine((p) => !p.includes('\0'), 'must not contain NUL');
+/** A user as in an image config: `name`, `uid`, `name:group` or `uid:gid`, resolved against the sandbox's own /etc/passwd and /etc/group. */
+export const ExecUser = z.string().regex(/^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,63})?$/, 'user is name, uid, name:group or uid:gid');
 const LabelMap = z.record(z.string().regex(/^[A-Za-z0-9_./-]{1,63}$/, 'label keys are [A-Za-z0-9_./-]{1,63}'), z.string().max(256));
 
 export const CreateSandboxRequest = z.strictObject({
@@ -96,7 +98,10 @@ export const CreateSandboxRequest = z.strictObject({
   network: NetworkPolicy.default({ mode: 'none', allow: [] }),
   hiddenPaths: z.array(AbsolutePath).max(256).default([]),
   env: EnvMap.default({}),
-  workdir: AbsolutePath.default('/'),
+  /** Default: the image's WorkingDir (an imported image), else `/`. */
+  workdir: AbsolutePath.optional(),
+  /** Who commands run as unless an exec says otherwise (`name`, `uid`, `name:group`, `uid:gid`); default: the image's User, else root. */
+  user: ExecUser.optional(),
   /** The sandbox is stopped this long after it starts running. */
   ttlSeconds: z.number().int().min(1).max(7 * 24 * 3600).default(3600),
   labels: LabelMap.default({}),
@@ -173,7 +178,7 @@ export const SandboxList = z.object({ sandboxes: z.array(Sandbox) });
 export type SandboxList = z.infer<typeof SandboxList>;
 
 export const PauseRequest = z.strictObject({
-  /** freeze: cgroup freezer (memory stays); hibernate: pack the writable layer and free memory (not available yet). */
+  /** freeze: cgroup freezer (memory stays); hibernate: pack the writable layer into a layer and free the host (resume starts it again). */
   mode: z.enum(['freeze', 'hibernate']).default('freeze'),
 });
 export type PauseRequest = z.infer<typeof PauseRequest>;

@@ -67,10 +67,10 @@ export const Env = z.object({
   ROLLBOX_LAYER_GC_GRACE_MS: z.coerce.number().int().min(0).default(10 * 60_000).describe('A layer nothing references is collected once unreferenced this long.'),
   ROLLBOX_LAYER_GC_INTERVAL_MS: z.coerce.number().int().min(100).default(60_000).describe('How often the gateways\' janitor looks for unreferenced layers.'),
 
-  ROLLBOX_SYNC_LAYERS: z.string().optional().describe('Worker: layers (names or digests, comma-separated) copied into its own store before it reports ready; `cluster` = the cluster\'s pre-synced set. Default: `cluster` in pool `cloud`, none elsewhere.'),
+  ROLLBOX_SYNC_LAYERS: z.string().optional().describe('Worker: layers (names or digests, or imported images\' names, comma-separated) copied into its own store before it reports ready; `cluster` = the cluster\'s pre-synced set. Default: `cluster` in pool `cloud`, none elsewhere.'),
   ROLLBOX_GATEWAY_URL: z.string().url().optional().describe('Worker: the gateway it fetches layer blobs from (with `ROLLBOX_SYNC_LAYERS`).'),
   ROLLBOX_GATEWAY_TOKEN: z.string().optional().describe('Worker: a token with layer read scope for that gateway.'),
-  ROLLBOX_BURST_SYNC_LAYERS: z.string().default('busybox').describe('Gateway: the cluster\'s pre-synced layer set (names or digests, comma-separated); only creates within it may burst to the cloud.'),
+  ROLLBOX_BURST_SYNC_LAYERS: z.string().default('busybox').describe('Gateway: the cluster\'s pre-synced layer set (layer names or digests, or imported images\' names for all their layers; comma-separated); only creates within it may burst to the cloud.'),
   ROLLBOX_BURST_PROVIDER: z.enum(['none', 'local', 'command']).default('none').describe('Gateway: how cloud hosts are started: `none` (operators run them), `local` (processes here, for demos and tests), `command` (operator programs).'),
   ROLLBOX_BURST_PROVISION_CMD: z.string().optional().describe('Provider `command`: the program that starts a cloud host (JSON on stdin and stdout; see docs/burst.md).'),
   ROLLBOX_BURST_TERMINATE_CMD: z.string().optional().describe('Provider `command`: the program that ends a cloud host (idempotent).'),

@@ -14,6 +14,7 @@ import { NDJSON, registerBatchRoutes, type BatchApi } from './routes/batches.ts'
 import { registerClusterRoutes, type BurstApi } from './routes/cluster.ts';
 import { registerCommandRoutes, type ExecApi } from './routes/commands.ts';
 import { registerFilesRoutes, type FilesApi } from './routes/files.ts';
+import { registerImageRoutes, type ImageRouteDeps } from './routes/images.ts';
 import { registerLayerRoutes, type LayerBuilder, type LayerRouteDeps } from './routes/layers.ts';
 import { registerPoolRoutes, type PoolApi } from './routes/pools.ts';
 import { registerRunRoutes, type RunApi } from './routes/run.ts';
@@ -37,6 +38,7 @@ export interface GatewayDeps {
   buildLayer: LayerBuilder;
   /** Path of a layer image in the store, for the blob download. */
   layerImagePath: (digest: string) => Promise<string | undefined>;
+  images: ImageRouteDeps;
   directory: Pick<NodeDirectory, 'list'>;
   metrics: Pick<GatewayMetrics, 'registry' | 'middleware'>;
   logger: Logger;
@@ -99,6 +101,7 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   registerBatchRoutes(app, deps.batches);
   registerBatchPage(app);
   registerLayerRoutes(app, { layers: deps.layers, buildLayer: deps.buildLayer, layerImagePath: deps.layerImagePath, uploadLimitBytes: deps.config.http.layerUploadLimitBytes, now: deps.now });
+  registerImageRoutes(app, deps.images);
   registerClusterRoutes(app, { directory: deps.directory, burst: deps.burst, jsonLimit });
   return app;
 }

@@ -2,12 +2,13 @@ import { createHash } from 'node:crypto';
 import { RollboxError, type CreateSandboxRequest, type Pool, type PoolRecord, type PutPoolRequest } from '../api/index.ts';
 import { requireScope, type Principal } from '../iam/index.ts';
 import { chooseNode, type NodeDirectory, type PlacementRequest } from '../queues/index.ts';
-import type { LayerRegistry, PoolRegistry } from '../registry/index.ts';
+import type { ImageRegistry, PoolRegistry } from '../registry/index.ts';
 import { withDefaultRequests } from './placement-of.ts';
 
 export interface PoolServiceDeps {
   pools: PoolRegistry;
-  layers: Pick<LayerRegistry, 'resolveAll'>;
+  /** A pool's image may be an imported one: its layers, then the pool's own. */
+  images: Pick<ImageRegistry, 'resolveStack'>;
   directory: Pick<NodeDirectory, 'candidates' | 'list'>;
   placement: { choices: number; staleAfterMs: number };
   /** Requests a pool's definition leaves out (what its ready sandboxes reserve). */
@@ -39,7 +40,7 @@ export class PoolService {
 
   async put(principal: Principal, name: string, request: PutPoolRequest): Promise<Pool> {
     requireScope(principal, 'admin');
-    const layerDigests = await this.deps.layers.resolveAll([request.image.base, ...request.image.layers]);
+    const { layerDigests } = await this.deps.images.resolveStack(request.image);
     const existing = await this.deps.pools.get(name);
     const nowIso = new Date(this.deps.now()).toISOString();
     const spec = { ...request, resources: withDefaultRequests(request.resources, this.deps.defaultRequests), layerDigests };

@@ -1,10 +1,10 @@
 import { createHash } from 'node:crypto';
-import { RollboxError, isTerminal, newId, type CreateSandboxRequest, type JobActionResult, type Layer, type ListSandboxesQuery } from '../api/index.ts';
+import { RollboxError, isTerminal, newId, withImageDefaults, type CreateSandboxRequest, type JobActionResult, type Layer, type ListSandboxesQuery } from '../api/index.ts';
 import type { PauseRequest, PolicyPatch, Reply, Sandbox, SnapshotRequest } from '../api/index.ts';
 import type { Config } from '../config/index.ts';
 import { requireScope, type Principal } from '../iam/index.ts';
 import { chooseNode, type NodeDirectory, type PlacementRequest } from '../queues/index.ts';
-import type { LayerRegistry, SandboxRegistry } from '../registry/index.ts';
+import type { ImageRegistry, LayerRegistry, SandboxRegistry } from '../registry/index.ts';
 import type { GatewayMetrics } from './metrics.ts';
 import { networkUnavailable, placementOf, withDefaultRequests } from './placement-of.ts';
 import type { PoolService } from './pool-service.ts';
@@ -25,7 +25,9 @@ export interface CreateRouting {
 export interface SandboxServiceDeps {
   config: Pick<Config, 'placement' | 'quota' | 'defaultRequests'> & { node: Pick<Config['node'], 'lostAfterMs' | 'pool'> };
   registry: SandboxRegistry;
-  layers: LayerRegistry;
+  /** Snapshots register their layer; `image.base` resolves to an imported image's layers or a layer. */
+  layers: Pick<LayerRegistry, 'register' | 'unpin'>;
+  images: Pick<ImageRegistry, 'resolveStack'>;
   directory: NodeDirectory;
   nodes: NodeRequests;
   metrics: Pick<GatewayMetrics, 'creates' | 'refusals'>;
@@ -49,8 +51,7 @@ export class SandboxService {
   constructor(private readonly deps: SandboxServiceDeps) {}
 
   async create(principal: Principal, request: CreateSandboxRequest, idempotencyKey: string | undefined): Promise<{ sandbox: Sandbox; replayed: boolean }> {
-    const { creates } = this.deps.metrics;
-    const arrivedAtMs = this.deps.now();
+    const [{ creates }, arrivedAtMs] = [this.deps.metrics, this.deps.now()];
     try {
       const outcome = await this.createOnce(principal, request, idempotencyKey);
       creates.inc({ outcome: outcome.replayed ? 'replayed' : outcome.sandbox.state });
@@ -66,8 +67,8 @@ export class SandboxService {
   private async createOnce(principal: Principal, request: CreateSandboxRequest, idempotencyKey: string | undefined): Promise<{ sandbox: Sandbox; replayed: boolean }> {
     requireScope(principal, 'sandbox:create');
     const { registry, config, directory } = this.deps;
-    request = { ...request, resources: withDefaultRequests(request.resources, config.defaultRequests) };
-    const layerDigests = await this.deps.layers.resolveAll([request.image.base, ...request.image.layers]);
+    const { layerDigests, image } = await this.deps.images.resolveStack(request.image);
+    request = { ...withImageDefaults(request, image?.config), resources: withDefaultRequests(request.resources, config.defaultRequests) };
     const local = { ...placementOf(request), pool: config.node.pool, exclude: new Set<string>() };
     // A ready sandbox of a warm pool takes the place of a cold start: its id is the sandbox's.
     const claimed = await this.deps.pools?.claim(request, layerDigests, local);

@@ -21,7 +21,8 @@ export interface BuildLayerOptions {
   mkfsBinary?: string;
 }
 
-const DEFAULT_MAX_ENTRIES = 200_000;
+/** Cap on a layer tar's entries when the caller sets none. */
+export const DEFAULT_MAX_ENTRIES = 200_000;
 
 /** Builds a layer from a tar stream and stores it (what the gateway hands its routes and batch grading). */
 export type LayerBuilder = (tar: Readable, options: { maxBytes: number }) => Promise<{ digest: string; sizeBytes: number }>;

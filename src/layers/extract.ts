@@ -1,17 +1,28 @@
 import { constants as fsc } from 'node:fs';
 import { lchown, link, lstat, lutimes, mkdir, open, rm, symlink, chmod, utimes } from 'node:fs/promises';
 import path from 'node:path';
-import { Readable, Transform } from 'node:stream';
+import { Transform, type Duplex, type Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
-import { createGunzip } from 'node:zlib';
 import tar from 'tar-stream';
 import { RollboxError } from '../api/index.ts';
+import { decompressed } from './decompress.ts';
+import { ImageLayerEntries } from './image-entries.ts';
 
 export interface ExtractLimits {
   /** Cap on the sum of regular-file contents. */
   maxBytes: number;
   /** Cap on the number of tar entries. */
   maxEntries: number;
+}
+
+export interface ExtractOptions {
+  /**
+   * A layer of an OCI or Docker image: whiteouts and opaque markers become overlayfs'
+   * own, FIFOs and xattrs are kept (see ImageLayerEntries). Otherwise they are refused.
+   */
+  imageLayer?: boolean;
+  /** Sees the tar's bytes after decompression (the image's diff_id is their sha256). */
+  onTarChunk?: (chunk: Buffer) => void;
 }
 
 interface DirMeta {
@@ -65,7 +76,7 @@ export function symlinkStaysInside(linkComps: readonly string[], target: string)
  * does not follow links. Only this process writes under `root` (a fresh 0700 temp dir),
  * so the lstat checks cannot be raced.
  */
-export async function extractTarSafely(input: Readable, root: string, limits: ExtractLimits): Promise<void> {
+export async function extractTarSafely(input: Readable, root: string, limits: ExtractLimits, options: ExtractOptions = {}): Promise<void> {
   const extract = tar.extract();
   let rawBytes = 0;
   let contentBytes = 0;
@@ -80,6 +91,7 @@ export async function extractTarSafely(input: Readable, root: string, limits: Ex
   const meter = new Transform({
     transform(chunk: Buffer, _enc, cb) {
       rawBytes += chunk.length;
+      options.onTarChunk?.(chunk);
       if (rawBytes - contentBytes > META_SLACK_BYTES + META_BYTES_PER_ENTRY * (entries + 1) + 2 * 1024 * 1024) {
         cb(new RollboxError('invalid_layer', 'tar metadata exceeds the allowed size'));
         return;
@@ -88,9 +100,9 @@ export async function extractTarSafely(input: Readable, root: string, limits: Ex
     },
   });
 
-  let source: [Readable] | [Readable, Transform];
+  let source: [Readable] | [Readable, Duplex];
   try {
-    source = await maybeGunzip(input);
+    source = await decompressed(input);
   } catch (err) {
     throw toLayerError(err);
   }
@@ -104,6 +116,7 @@ export async function extractTarSafely(input: Readable, root: string, limits: Ex
   dirs.set('', { mode: 0o755, uid: 0, gid: 0, mtime: EPOCH });
 
   const abs = (comps: readonly string[]): string => path.join(root, ...comps);
+  const image = options.imageLayer ? new ImageLayerEntries(abs) : undefined;
 
   /** Make sure every component of `comps` is a real directory, creating missing ones. */
   const ensureDirs = async (comps: readonly string[]): Promise<void> => {
@@ -151,8 +164,24 @@ export async function extractTarSafely(input: Readable, root: string, limits: Ex
         throw new RollboxError('payload_too_large', `layer has more than ${limits.maxEntries} entries`);
       }
       const comps = entryComponents(h.name, 'entry');
-      const leaf = comps[comps.length - 1];
-      if (leaf?.startsWith('.wh.')) refuse(`overlay whiteout ${JSON.stringify(h.name)} is not supported yet`);
+      if (image) {
+        const special = image.classify(comps, h);
+        if (special.kind === 'whiteout') {
+          await ensureDirs(special.comps.slice(0, -1));
+          await image.whiteout(special.comps);
+          entry.resume();
+          continue;
+        }
+        if (special.kind === 'opaque') {
+          await ensureDirs(special.dirComps);
+          image.opaque(special.dirComps);
+          entry.resume();
+          continue;
+        }
+        image.noteXattrs(comps, h.name, h.pax as Record<string, string> | undefined);
+      } else if (comps[comps.length - 1]?.startsWith('.wh.')) {
+        refuse(`overlay whiteout ${JSON.stringify(h.name)} belongs in an image (POST /v1/images), not a layer`);
+      }
       const mode = (h.mode ?? 0o644) & 0o7777;
       const uid = h.uid ?? 0;
       const gid = h.gid ?? 0;
@@ -244,7 +273,13 @@ export async function extractTarSafely(input: Readable, root: string, limits: Ex
           refuse(`device node ${JSON.stringify(rel)} is not allowed in a layer`);
           break;
         case 'fifo':
-          refuse(`fifo ${JSON.stringify(rel)} is not supported in a layer`);
+          if (!image) refuse(`fifo ${JSON.stringify(rel)} is not supported in a layer`);
+          await ensureDirs(parents);
+          await clearSlot(comps, false);
+          await image.fifo(comps);
+          await lchown(abs(comps), uid, gid);
+          await chmod(abs(comps), mode);
+          entry.resume();
           break;
         default:
           refuse(`entry ${JSON.stringify(rel)} has unsupported type ${String(type)}`);
@@ -267,6 +302,7 @@ export async function extractTarSafely(input: Readable, root: string, limits: Ex
     await chmod(p, meta.mode);
     await utimes(p, meta.mtime, meta.mtime);
   }
+  await image?.finish();
 }
 
 function toLayerError(err: unknown): Error {
@@ -274,33 +310,7 @@ function toLayerError(err: unknown): Error {
   const e = err as NodeJS.ErrnoException;
   if (e?.code === 'ENAMETOOLONG') return new RollboxError('invalid_layer', 'entry path too long');
   if (e?.code === 'Z_DATA_ERROR' || e?.code === 'Z_BUF_ERROR') return new RollboxError('invalid_layer', `bad gzip data: ${e.message}`);
+  if (e?.code === 'ZSTD_FAILED') return new RollboxError('invalid_layer', `bad zstd data: ${e.message}`);
   if (e instanceof Error && /tar|header|unexpected end/i.test(e.message)) return new RollboxError('invalid_layer', `malformed tar: ${e.message}`);
   return new RollboxError('internal', `layer extraction failed: ${e instanceof Error ? e.message : String(err)}`);
-}
-
-/** Return the stream as pipeline stages, adding a gunzip stage when it starts with the gzip magic. */
-async function maybeGunzip(input: Readable): Promise<[Readable] | [Readable, Transform]> {
-  const it = input[Symbol.asyncIterator]() as AsyncIterator<Buffer>;
-  let head = Buffer.alloc(0);
-  let ended = false;
-  while (head.length < 2) {
-    const n = await it.next();
-    if (n.done) {
-      ended = true;
-      break;
-    }
-    head = Buffer.concat([head, Buffer.from(n.value)]);
-  }
-  async function* replay(): AsyncGenerator<Buffer> {
-    if (head.length) yield head;
-    if (ended) return;
-    for (;;) {
-      const n = await it.next();
-      if (n.done) return;
-      yield Buffer.from(n.value);
-    }
-  }
-  const replayed = Readable.from(replay(), { objectMode: false });
-  if (head[0] === 0x1f && head[1] === 0x8b) return [replayed, createGunzip()];
-  return [replayed];
 }

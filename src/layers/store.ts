@@ -35,9 +35,10 @@ export class LayerStore {
 
   /**
    * Move a finished image into the store under its sha256. The source file is consumed
-   * (moved or deleted). Idempotent: storing the same bytes twice yields the same result.
+   * (moved or deleted). Idempotent: storing the same bytes twice yields the same result;
+   * `added` tells whether these bytes were new to the store.
    */
-  async put(tmpImagePath: string): Promise<StoredLayer> {
+  async put(tmpImagePath: string): Promise<StoredLayer & { added: boolean }> {
     const { hex, sizeBytes } = await sha256File(tmpImagePath);
     const digest = `sha256:${hex}`;
     const imagePath = this.pathOf(digest);
@@ -47,7 +48,7 @@ export class LayerStore {
       // Stored again: a fresh mtime tells garbage collection the image is in use again.
       const now = new Date();
       await utimes(imagePath, now, now).catch(() => undefined);
-      return { digest, sizeBytes, imagePath };
+      return { digest, sizeBytes, imagePath, added: false };
     }
     await chmod(tmpImagePath, 0o444);
     try {
@@ -67,7 +68,7 @@ export class LayerStore {
       }
       await unlink(tmpImagePath).catch(() => undefined);
     }
-    return { digest, sizeBytes, imagePath };
+    return { digest, sizeBytes, imagePath, added: true };
   }
 
   /** Digests of every stored image. */

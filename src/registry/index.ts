@@ -8,3 +8,4 @@ export type { OutputChunk, OutputRead } from './output.ts';
 export { keys } from './keys.ts';
 export { BatchStore } from './batches.ts';
 export type { BatchLoad, ResultLineInput } from './batches.ts';
+export { ImageRegistry } from './images.ts';

@@ -25,6 +25,12 @@ export const keys = {
   /** Layers stored but not yet recorded where they are used (snapshot, hibernation), scored by when the pin lapses. */
   layerPins: 'rb:layer-pins',
   lock: (name: string) => `rb:lock:${name}`,
+  /** Imported images (name -> Image JSON). */
+  images: 'rb:images',
+  /** An image layer's diff_id (sha256 of its uncompressed tar) -> the EROFS layer it became. */
+  imageDiffIds: 'rb:image-diffids',
+  /** An image layer blob's digest (compressed, as in a manifest) -> its diff_id. */
+  imageBlobs: 'rb:image-blobs',
   /** Warm pool definitions (name -> PoolRecord JSON). */
   pools: 'rb:pools',
   /** One worker host's ready sandboxes of one version of a pool (a list of sandbox ids). */

@@ -61,7 +61,7 @@ export async function handleCreate(ctx: HostContext, job: CreateJob): Promise<vo
       resources: spec.resources,
       class: spec.class,
       env: spec.env,
-      workdir: spec.workdir,
+      workdir: spec.workdir ?? '/',
       hiddenPaths: spec.hiddenPaths,
       network: spec.network,
     });
@@ -107,7 +107,7 @@ async function layerImage(ctx: HostContext, digest: string): Promise<{ digest: s
  */
 async function bindPooled(ctx: HostContext, id: string, spec: Sandbox['spec']): Promise<boolean> {
   try {
-    await ctx.deps.runtime.claim(id, { resources: spec.resources, env: spec.env, workdir: spec.workdir, hiddenPaths: spec.hiddenPaths, network: spec.network });
+    await ctx.deps.runtime.claim(id, { resources: spec.resources, env: spec.env, workdir: spec.workdir ?? '/', hiddenPaths: spec.hiddenPaths, network: spec.network });
     return true;
   } catch (err) {
     ctx.log.warn({ err, sandboxId: id }, 'binding a warm-pool sandbox failed; starting it cold');

@@ -88,6 +88,7 @@ export class OpHandler {
         stdin: op.stdin,
         env: op.env,
         cwd: op.cwd,
+        user: op.user,
         timeoutMs: op.timeoutMs,
         outputCapBytes: ctx.deps.config.execOutputCapBytes,
         onOutput: output && ((stream, chunk) => output.write(stream, chunk)),

@@ -3,7 +3,7 @@ from ._core import RetryPolicy, Timeouts
 from .batches import Batches
 from .client import Files, Jobs, Layers, Rollbox, Sandbox, Sandboxes
 from .errors import (
-    AdmissionExhausted, CommandFailed, Conflict, ConnectionFailed, Forbidden, Internal, InvalidArchive, InvalidLayer,
+    AdmissionExhausted, CommandFailed, Conflict, ConnectionFailed, Forbidden, Internal, InvalidArchive, InvalidImage, InvalidLayer,
     InvalidRequest, InvalidState, NetworkUnavailable, NoCapacity, NodeLost, NotFound, PayloadTooLarge, QuotaExceeded,
     ResultUnknown, RollboxError, Timeout, Unauthenticated, Unavailable,
 )
@@ -14,6 +14,6 @@ __all__ = [
     "Rollbox", "Sandbox", "Sandboxes", "Files", "Jobs", "Layers", "Batches", "Timeouts", "RetryPolicy",
     "ExecResult", "StreamEvent", "CommandStatus", "RunResult", "Batch", "BatchResult", "BatchTaskStatus", "StepResult", "GradeResult",
     "RollboxError", "CommandFailed", "ConnectionFailed", "AdmissionExhausted", "Conflict", "Forbidden", "Internal",
-    "InvalidArchive", "InvalidLayer", "InvalidRequest", "InvalidState", "NetworkUnavailable", "NoCapacity", "NodeLost",
+    "InvalidArchive", "InvalidImage", "InvalidLayer", "InvalidRequest", "InvalidState", "NetworkUnavailable", "NoCapacity", "NodeLost",
     "NotFound", "PayloadTooLarge", "QuotaExceeded", "ResultUnknown", "Timeout", "Unauthenticated", "Unavailable",
 ]

@@ -40,6 +40,10 @@ class InvalidLayer(RollboxError):
     code = "invalid_layer"
 
 
+class InvalidImage(RollboxError):
+    code = "invalid_image"
+
+
 class InvalidArchive(RollboxError):
     code = "invalid_archive"
 
@@ -144,7 +148,7 @@ class CommandFailed(RollboxError):
 ERRORS_BY_CODE: Dict[str, Type[RollboxError]] = {
     cls.code: cls
     for cls in (
-        InvalidRequest, InvalidLayer, InvalidArchive, Unauthenticated, Forbidden, NotFound, Conflict, InvalidState,
+        InvalidRequest, InvalidLayer, InvalidImage, InvalidArchive, Unauthenticated, Forbidden, NotFound, Conflict, InvalidState,
         ResultUnknown, PayloadTooLarge, QuotaExceeded, Internal, AdmissionExhausted, NoCapacity, NetworkUnavailable,
         Unavailable, Timeout, NodeLost,
     )

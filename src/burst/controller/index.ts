@@ -4,7 +4,7 @@ import type { Logger } from 'pino';
 import type { Registry } from 'prom-client';
 import { BurstPolicy, BurstStatus, type BurstDecisionReason, type CreateSandboxRequest, type Sandbox } from '../../api/index.ts';
 import type { NodeDirectory, PlacementRequest } from '../../queues/index.ts';
-import { keys, type LayerRegistry, type SandboxRegistry } from '../../registry/index.ts';
+import { keys, type ImageRegistry, type LayerRegistry, type SandboxRegistry } from '../../registry/index.ts';
 import { planCloudScaling, stepDiversion } from '../policy/index.ts';
 import type { CloudProvider } from '../providers/index.ts';
 import type { TraceRecorder } from '../trace/index.ts';
@@ -20,12 +20,14 @@ export interface BurstControllerDeps {
   redis: Redis;
   directory: NodeDirectory;
   layers: LayerRegistry;
+  /** An imported image's name in the synced set stands for all its layers. */
+  images?: Pick<ImageRegistry, 'get'>;
   registry: SandboxRegistry;
   /** Undefined: nothing is provisioned; cloud hosts that operators start are still used. */
   provider: CloudProvider | undefined;
   config: {
     tickMs: number;
-    /** The cluster's pre-synced layer set, names or digests. */
+    /** The cluster's pre-synced layer set: layer names or digests, or image names. */
     syncLayers: readonly string[];
     localPool: string;
     lostAfterMs: number;
@@ -104,10 +106,15 @@ export class BurstController {
     }
   }
 
-  /** Names resolve once registered; a layer uploaded later joins the set then. */
+  /** Names resolve once registered; a layer uploaded (or an image imported) later joins the set then. */
   private async publishSyncedLayers(): Promise<void> {
     const digests: string[] = [];
     for (const ref of this.deps.config.syncLayers) {
+      const image = await this.deps.images?.get(ref);
+      if (image) {
+        digests.push(...image.layers.map((l) => l.digest).filter((d) => !digests.includes(d)));
+        continue;
+      }
       const layer = await this.deps.layers.resolve(ref).catch(() => undefined);
       if (layer) digests.push(layer.digest);
     }

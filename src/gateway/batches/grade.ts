@@ -20,7 +20,8 @@ const KILL_LEFTOVERS = ['/.rollbox/busybox', 'sh', '-c', 'for r in 1 2 3; do for
  * files), then the grade runs. It runs the image's binaries as the steps left them.
  */
 export async function gradeInPlace(deps: TaskDeps, acting: Principal, sandboxId: string, grade: Grade): Promise<ExecResult> {
-  await deps.execs.exec(acting, sandboxId, { argv: KILL_LEFTOVERS, env: {}, timeoutMs: 30_000, background: false });
+  // As root: whatever user the steps ran as (the image's, or another an exec named), their processes go.
+  await deps.execs.exec(acting, sandboxId, { argv: KILL_LEFTOVERS, env: {}, user: '0', timeoutMs: 30_000, background: false });
   await deps.sandboxes.setPolicy(acting, sandboxId, { hiddenPaths: grade.hiddenPaths, network: grade.network });
   return deps.execs.exec(acting, sandboxId, { argv: grade.argv, cmd: grade.cmd, env: grade.env, cwd: grade.cwd, timeoutMs: grade.timeoutMs, background: false });
 }

@@ -94,6 +94,8 @@ export async function runTask(deps: TaskDeps, run: TaskRun): Promise<TaskOutcome
   const made: string[] = [];
   const steps: StepResult[] = [];
   const stepsMs = task.steps.reduce((s, x) => s + x.timeoutMs, 0) + (task.grade?.timeoutMs ?? 0);
+  // The task's, else its image's WorkingDir (known once the sandbox is created): relative file paths resolve against it.
+  let workdir = task.workdir ?? '/';
   const create = async (image: BatchTask['image'], role: string, hiddenPaths: string[]): Promise<string> => {
     const { sandbox } = await deps.sandboxes.create(
       acting,
@@ -111,6 +113,7 @@ export async function runTask(deps: TaskDeps, run: TaskRun): Promise<TaskOutcome
       `${run.batchId}.${run.customId}.${run.attempt}.${role}`,
     );
     made.push(sandbox.id);
+    if (role === 'steps') workdir = sandbox.spec.workdir ?? workdir;
     if (run.signal.aborted) throw run.signal.reason;
     return sandbox.id;
   };
@@ -135,7 +138,7 @@ export async function runTask(deps: TaskDeps, run: TaskRun): Promise<TaskOutcome
       sandboxId = await create(task.image, 'steps', task.hiddenPaths);
       await deps.store.recordAttemptSandbox(run.batchId, run.customId, { sandboxId, attempt: run.attempt });
       for (const [file, content] of Object.entries(task.files)) {
-        await deps.files.write(acting, sandboxId, { path: path.posix.resolve(task.workdir, file) }, Buffer.from(content, 'base64'), FILES_BYTES_TYPE);
+        await deps.files.write(acting, sandboxId, { path: path.posix.resolve(workdir, file) }, Buffer.from(content, 'base64'), FILES_BYTES_TYPE);
       }
       stage = 'steps';
       for (const [i, step] of task.steps.entries()) {

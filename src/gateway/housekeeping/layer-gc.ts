@@ -1,11 +1,12 @@
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { LayerStore } from '../../layers/index.ts';
-import { keys, type LayerRegistry } from '../../registry/index.ts';
+import { keys, type ImageRegistry, type LayerRegistry } from '../../registry/index.ts';
 
 export interface LayerCollectorDeps {
   redis: Redis;
   layers: LayerRegistry;
+  images: Pick<ImageRegistry, 'layerDigests'>;
   store: Pick<LayerStore, 'list' | 'storedAtMs' | 'remove'>;
   /** A layer goes only after it has stayed unreferenced this long. */
   graceMs: number;
@@ -18,7 +19,7 @@ const SCAN_COUNT = 1000;
 
 /**
  * Layer garbage collection. Referenced: the layers (and the hibernation layer) of every
- * sandbox not yet terminated, every named layer, layers pinned between their image
+ * sandbox not yet terminated, every named layer, every imported image's layers, layers pinned between their image
  * landing in the store and the record that uses them (snapshot, hibernation; see
  * LayerRegistry.pin), and the parents (lineage) of anything referenced. Everything else known to the registry or present in the layer store is a
  * candidate from the first pass that sees it unreferenced, and is removed (record, then
@@ -73,7 +74,7 @@ export class LayerCollector {
 
   private async referenced(named: readonly string[]): Promise<Set<string>> {
     const { redis, layers } = this.deps;
-    const roots = new Set([...named, ...(await layers.pinned(this.deps.now()))]);
+    const roots = new Set([...named, ...(await layers.pinned(this.deps.now())), ...(await this.deps.images.layerDigests())]);
     // Every sandbox not yet terminated is in its tenant's live set.
     const liveSets: string[] = [];
     let cursor = '0';

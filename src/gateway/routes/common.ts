@@ -1,6 +1,8 @@
+import { Readable } from 'node:stream';
 import type { OpenAPIHono } from '@hono/zod-openapi';
+import type { Context } from 'hono';
 import { z } from '@hono/zod-openapi';
-import { ERROR_CODES, ErrorBody, type ErrorCode } from '../../api/index.ts';
+import { ERROR_CODES, ErrorBody, RollboxError, type ErrorCode } from '../../api/index.ts';
 import { requireScope, type Principal } from '../../iam/index.ts';
 import type { GatewayEnv } from '../auth.ts';
 
@@ -33,4 +35,21 @@ export function errors(...codes: ErrorCode[]): ErrorResponses {
 export function requireLayerRead(principal: Principal): void {
   if (principal.scopes.has('sandbox:create') || principal.scopes.has('layer:write')) return;
   requireScope(principal, 'layer:read');
+}
+
+/**
+ * A streamed upload (a layer tar, an image archive) handed to `use`. If it fails before
+ * the body is read to its end, the answer closes the connection: a client must not send
+ * its next request on a connection that still carries the rest of this body.
+ */
+export async function withUploadBody<T>(c: Context<GatewayEnv>, what: string, use: (body: Readable) => Promise<T>): Promise<T> {
+  if (!c.req.raw.body) throw new RollboxError('invalid_request', `body: ${what} is required`);
+  const body = Readable.fromWeb(c.req.raw.body as never);
+  try {
+    return await use(body);
+  } catch (err) {
+    if (!body.readableEnded) c.header('Connection', 'close');
+    body.destroy();
+    throw err;
+  }
 }

@@ -6,7 +6,7 @@ import { requireScope } from '../../iam/index.ts';
 import type { LayerBuilder } from '../../layers/index.ts';
 import type { LayerRegistry } from '../../registry/index.ts';
 import { describeZodError } from '../errors.ts';
-import { errors, json, requireLayerRead, security, type GatewayApp } from './common.ts';
+import { errors, json, requireLayerRead, security, withUploadBody, type GatewayApp } from './common.ts';
 
 export type { LayerBuilder };
 
@@ -27,9 +27,10 @@ export function registerLayerRoutes(app: GatewayApp, deps: LayerRouteDeps): void
     const query = UploadLayerQuery.safeParse(c.req.query());
     if (!query.success) throw new RollboxError('invalid_request', describeZodError(query.error, 'query'));
     const declared = Number(c.req.header('content-length') ?? NaN);
-    if (declared > deps.uploadLimitBytes) throw new RollboxError('payload_too_large', `layer tar is larger than ${deps.uploadLimitBytes} bytes`);
-    if (!c.req.raw.body) throw new RollboxError('invalid_request', 'body: a tar archive is required');
-    const built = await deps.buildLayer(Readable.fromWeb(c.req.raw.body as never), { maxBytes: deps.uploadLimitBytes });
+    const built = await withUploadBody(c, 'a tar archive', async (body) => {
+      if (declared > deps.uploadLimitBytes) throw new RollboxError('payload_too_large', `layer tar is larger than ${deps.uploadLimitBytes} bytes`);
+      return deps.buildLayer(body, { maxBytes: deps.uploadLimitBytes });
+    });
     const layer = await deps.layers.register({ digest: built.digest, sizeBytes: built.sizeBytes, name: query.data.name, parents: [], createdAt: new Date(deps.now()).toISOString() });
     return c.json(layer, 201);
   });

@@ -48,7 +48,7 @@ enum {
 enum { K_SPAWN = 1, K_STARTED = 2, K_EXITED = 3, K_FAILED = 4, K_SPAWN_FILE = 5 };
 #define KEEPER_INLINE_MAX (32u << 10)
 
-enum { SPAWN_HAS_STDIN = 1 };
+enum { SPAWN_HAS_STDIN = 1, SPAWN_HAS_USER = 2 };
 
 #define LISTEN_FD 3
 #define CGROUP_FD_FIRST 4
@@ -59,6 +59,8 @@ enum { SPAWN_HAS_STDIN = 1 };
 #define MAX_SESSIONS 1024
 #define MAX_KEEPERS 256
 #define MAX_SLOT_NAME 63
+/* A spawn's user (`name`, `uid`, `name:group`, `uid:gid`): the API allows 129 bytes. */
+#define MAX_USER_SPEC 255
 #define READ_CHUNK 65536
 /* Past this many bytes queued for the worker, stop reading the command's output: the
  * command blocks on its pipe instead of the init's memory growing. */
@@ -72,6 +74,7 @@ struct spawn_req {
   uint32_t cap_out, cap_err;
   int32_t oom_score_adj;
   const char *slot, *cwd;
+  const char *user; /* NULL: as the init runs (root) */
   char **argv;   /* points into the payload */
   char **envreq; /* points into the payload */
   uint32_t argc, envc;
@@ -90,7 +93,7 @@ uint32_t get_u32(const char *p);
 /* Parses a SPAWN payload into r (pointing into it); NULL, or what is wrong with it. */
 const char *parse_spawn(const char *p, size_t len, struct spawn_req *r);
 void free_req(struct spawn_req *r);
-/* Between fork and exec: the command's stdio, session, fds, cwd, environment; never returns. */
+/* Between fork and exec: the command's stdio, session, fds, user, cwd, environment; never returns. */
 __attribute__((noreturn)) void child_exec(const struct spawn_req *r, int in_fd, int out_fd, int err_fd);
 
 /* A slot's keeper, in the process forked for it; never returns. */

@@ -11,6 +11,15 @@ describe('init protocol', () => {
     expect(p.subarray(24).toString('utf8').split('\0')).toEqual(['s0', '/work', 'sh', '-c', 'echo é', 'A=1', '']);
   });
 
+  it('sets the user flag and puts the user after the env strings', () => {
+    const p = encodeSpawn({ argv: ['id'], env: { A: '1', B: '2' }, cwd: '/', user: 'alice:2000', slot: '', hasStdin: false, stdoutCapBytes: 1, stderrCapBytes: 1, oomScoreAdj: 0 }).subarray(8);
+    expect([p.readUInt32LE(0), p.readUInt32LE(16), p.readUInt32LE(20)]).toEqual([2, 1, 2]);
+    expect(p.subarray(24).toString('utf8').split('\0')).toEqual(['', '/', 'id', 'A=1', 'B=2', 'alice:2000', '']);
+    const withStdin = encodeSpawn({ argv: ['id'], env: {}, cwd: '/', user: '0', slot: 's1', hasStdin: true, stdoutCapBytes: 1, stderrCapBytes: 1, oomScoreAdj: 0 }).subarray(8);
+    expect(withStdin.readUInt32LE(0)).toBe(3);
+    expect(withStdin.subarray(24).toString('utf8').split('\0')).toEqual(['s1', '/', 'id', '0', '']);
+  });
+
   it('splits a byte stream into frames however it arrives', () => {
     const stream = Buffer.concat([frame(Frame.stdout, Buffer.from('hello')), frame(Frame.truncated, Buffer.from([0])), frame(Frame.exit, Buffer.alloc(8))]);
     for (const step of [1, 3, 8, 13, stream.length]) {

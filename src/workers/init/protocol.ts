@@ -20,6 +20,7 @@ const HEADER_BYTES = 8;
 export const MAX_FRAME_BYTES = 16 << 20;
 export const STDIN_CHUNK_BYTES = 64 * 1024;
 const SPAWN_HAS_STDIN = 1;
+const SPAWN_HAS_USER = 2;
 
 export function frame(type: number, payload: Buffer = Buffer.alloc(0)): Buffer {
   const header = Buffer.alloc(HEADER_BYTES);
@@ -33,6 +34,8 @@ export interface SpawnRequest {
   /** Added to (and replacing entries of) the sandbox's own environment. */
   env: Record<string, string>;
   cwd: string;
+  /** Who the command runs as (`name`, `uid`, `name:group`, `uid:gid`), resolved by the init; none: root. */
+  user?: string;
   /** Exec cgroup the command joins before it execs ('' for none). */
   slot: string;
   hasStdin: boolean;
@@ -44,13 +47,14 @@ export interface SpawnRequest {
 export function encodeSpawn(r: SpawnRequest): Buffer {
   const env = Object.entries(r.env).map(([k, v]) => `${k}=${v}`);
   const head = Buffer.alloc(24);
-  head.writeUInt32LE(r.hasStdin ? SPAWN_HAS_STDIN : 0, 0);
+  head.writeUInt32LE((r.hasStdin ? SPAWN_HAS_STDIN : 0) | (r.user === undefined ? 0 : SPAWN_HAS_USER), 0);
   head.writeUInt32LE(Math.min(r.stdoutCapBytes, 0xffff_ffff), 4);
   head.writeUInt32LE(Math.min(r.stderrCapBytes, 0xffff_ffff), 8);
   head.writeInt32LE(r.oomScoreAdj, 12);
   head.writeUInt32LE(r.argv.length, 16);
   head.writeUInt32LE(env.length, 20);
-  const strings = [r.slot, r.cwd, ...r.argv, ...env].map((s) => `${s}\0`).join('');
+  // The user, when there is one, follows the env strings (spawn.c's parse_spawn).
+  const strings = [r.slot, r.cwd, ...r.argv, ...env, ...(r.user === undefined ? [] : [r.user])].map((s) => `${s}\0`).join('');
   return frame(Frame.spawn, Buffer.concat([head, Buffer.from(strings, 'utf8')]));
 }
 

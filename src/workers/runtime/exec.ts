@@ -10,6 +10,8 @@ interface CommandSpec {
   argv: string[];
   env: Record<string, string>;
   cwd?: string;
+  /** Who the command runs as (the init resolves it); none: root. */
+  user?: string;
   stdin?: Buffer;
   timeoutMs: number;
   stdoutCapBytes: number;
@@ -82,6 +84,7 @@ async function runInSandbox(ctx: RuntimeContext, rec: SandboxRecord, spec: Comma
         argv: spec.argv,
         env: rec.env ? { ...rec.env, ...spec.env } : spec.env,
         cwd: spec.cwd ?? rec.workdir,
+        user: spec.user,
         slot: slot.name,
         stdin: spec.stdin,
         stdoutCapBytes: spec.stdoutCapBytes,
@@ -127,12 +130,15 @@ async function runInSandbox(ctx: RuntimeContext, rec: SandboxRecord, spec: Comma
 export async function execCommand(ctx: RuntimeContext, sandboxId: string, spec: RuntimeExecSpec): Promise<RuntimeExecOutcome> {
   const rec = recordOf(ctx, sandboxId);
   validateExec(spec);
+  // The init takes the user as one NUL-terminated string.
+  if (spec.user !== undefined && (spec.user === '' || spec.user.includes('\0'))) throw new RollboxError('invalid_request', 'user must be a name, uid, name:group or uid:gid');
   const release = spec.holdBackBesteffort && !rec.besteffort ? ctx.guard.hold() : undefined;
   try {
     const run = await runInSandbox(ctx, rec, {
       argv: spec.argv,
       env: spec.env,
       cwd: spec.cwd,
+      user: spec.user,
       stdin: spec.stdin === undefined ? undefined : Buffer.from(spec.stdin, 'utf8'),
       timeoutMs: spec.timeoutMs,
       stdoutCapBytes: spec.outputCapBytes,
@@ -154,7 +160,7 @@ export async function execCommand(ctx: RuntimeContext, sandboxId: string, spec: 
   }
 }
 
-/** The files API's commands: bytes in and out, run from / with no extra environment. */
+/** The files API's commands: bytes in and out, run as root from / with no extra environment. */
 export async function execRawCommand(ctx: RuntimeContext, sandboxId: string, spec: RuntimeRawExecSpec): Promise<RuntimeRawExecOutcome> {
   const rec = recordOf(ctx, sandboxId);
   const run = await runInSandbox(ctx, rec, {

@@ -44,6 +44,8 @@ export interface RuntimeExecSpec {
   stdin?: string;
   env: Record<string, string>;
   cwd?: string;
+  /** `name`, `uid`, `name:group` or `uid:gid`, resolved by the init against the sandbox's /etc/passwd and /etc/group; none: root. */
+  user?: string;
   timeoutMs: number;
   /** Bytes kept per stream; the rest is drained and dropped (truncated = true). */
   outputCapBytes: number;

@@ -1,0 +1,111 @@
+import { createHash } from 'node:crypto';
+import { mkdir, mkdtemp, rm } from 'node:fs/promises';
+import path from 'node:path';
+import { Transform, Writable, type Readable } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
+import { RollboxError } from '../api/index.ts';
+import { extractTarSafely, mkfsErofs, type LayerStore } from '../layers/index.ts';
+import type { ImageRegistry, LayerRegistry } from '../registry/index.ts';
+
+export interface ImageLayerDeps {
+  store: Pick<LayerStore, 'has' | 'put' | 'pathOf'>;
+  layers: Pick<LayerRegistry, 'register' | 'get' | 'pin'>;
+  images: Pick<ImageRegistry, 'diffIdOfBlob' | 'layerOfDiffId' | 'remember'>;
+  tmpDir: string;
+  /** Cap on one layer's file contents. */
+  maxLayerBytes: number;
+  now: () => number;
+}
+
+export interface ImageLayerBlob {
+  diffId: string;
+  digest: string;
+  sizeBytes: number;
+  /** Found stored already (the same layer in an earlier image): not built again. */
+  reused: boolean;
+  /** This import put the EROFS image in the store (removed again if the import fails). */
+  added: boolean;
+}
+
+/** Layer tars of real images hold far more entries than hand-made layers. */
+const MAX_LAYER_ENTRIES = 2_000_000;
+/** A layer stays out of garbage collection this long while its image's import runs. */
+const IMPORT_PIN_MS = 6 * 3600 * 1000;
+
+function hashing(hash: ReturnType<typeof createHash>): Transform {
+  return new Transform({
+    transform(chunk: Buffer, _enc, done) {
+      hash.update(chunk);
+      done(null, chunk);
+    },
+  });
+}
+
+/**
+ * One layer blob of an archive, in two steps so the next blob can be read while this one's
+ * EROFS image is built: `read` consumes the blob (hashing it; extracting it unless the same
+ * blob or the same uncompressed content is stored already) and answers `build`, which makes
+ * and stores the EROFS image. Both digests are checked: the blob's against the name the
+ * archive gives it, the uncompressed tar's (diff_id) later against the image config.
+ */
+export async function readImageLayer(blob: Readable, claimedDigest: string | undefined, archivePath: string, deps: ImageLayerDeps): Promise<{ build: () => Promise<ImageLayerBlob> }> {
+  const blobHash = createHash('sha256');
+  const checkBlobDigest = (): void => {
+    const got = `sha256:${blobHash.digest('hex')}`;
+    if (claimedDigest && got !== claimedDigest) throw new RollboxError('invalid_image', `blob ${archivePath}: its bytes hash to ${got}`);
+  };
+  const stored = async (diffId: string): Promise<ImageLayerBlob | undefined> => {
+    const digest = await deps.images.layerOfDiffId(diffId);
+    const layer = digest && (await deps.store.has(digest)) ? await deps.layers.get(digest) : undefined;
+    if (!layer) return undefined;
+    await deps.layers.pin(layer.digest, deps.now() + IMPORT_PIN_MS);
+    return { diffId, digest: layer.digest, sizeBytes: layer.sizeBytes, reused: true, added: false };
+  };
+
+  // The same blob in an earlier image: only read through (the archive is one stream) and checked.
+  const knownDiffId = claimedDigest ? await deps.images.diffIdOfBlob(claimedDigest) : undefined;
+  const known = knownDiffId ? await stored(knownDiffId) : undefined;
+  if (known) {
+    await pipeline(blob, hashing(blobHash), new Writable({ write: (_c, _e, done) => done() }));
+    checkBlobDigest();
+    return { build: async () => known };
+  }
+
+  await mkdir(deps.tmpDir, { recursive: true });
+  const work = await mkdtemp(path.join(deps.tmpDir, 'image-layer-'));
+  const root = path.join(work, 'root');
+  const diffHash = createHash('sha256');
+  try {
+    await mkdir(root, { mode: 0o755 });
+    const hashed = blob.pipe(hashing(blobHash));
+    blob.once('error', (err) => hashed.destroy(err));
+    await extractTarSafely(hashed, root, { maxBytes: deps.maxLayerBytes, maxEntries: MAX_LAYER_ENTRIES }, { imageLayer: true, onTarChunk: (c) => diffHash.update(c) }).catch((err: unknown) => {
+      if (err instanceof RollboxError && err.code === 'invalid_layer') throw new RollboxError('invalid_layer', `layer ${archivePath}: ${err.message}`);
+      throw err;
+    });
+    checkBlobDigest();
+  } catch (err) {
+    await rm(work, { recursive: true, force: true });
+    throw err;
+  }
+  const diffId = `sha256:${diffHash.digest('hex')}`;
+  return {
+    build: async () => {
+      try {
+        // The same content compressed another way, or an older docker save naming layers by id.
+        const again = await stored(diffId);
+        if (again) return again;
+        const imagePath = path.join(work, 'image.erofs');
+        // Image layers keep their xattrs: capabilities, ACLs and the overlay's opaque marks.
+        await mkfsErofs(root, imagePath, { keepXattrs: true });
+        const put = await deps.store.put(imagePath);
+        await deps.layers.pin(put.digest, deps.now() + IMPORT_PIN_MS);
+        await deps.layers.register({ digest: put.digest, sizeBytes: put.sizeBytes, parents: [], createdAt: new Date(deps.now()).toISOString() });
+        await deps.images.remember(diffId, put.digest, claimedDigest);
+        return { diffId, digest: put.digest, sizeBytes: put.sizeBytes, reused: false, added: put.added };
+      } finally {
+        await rm(work, { recursive: true, force: true });
+      }
+    },
+  };
+}

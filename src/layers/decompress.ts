@@ -1,0 +1,55 @@
+import { spawn } from 'node:child_process';
+import { Duplex, Readable } from 'node:stream';
+import { createGunzip } from 'node:zlib';
+
+const GZIP_MAGIC = [0x1f, 0x8b];
+const ZSTD_MAGIC = [0x28, 0xb5, 0x2f, 0xfd];
+
+/**
+ * The stream as pipeline stages, with a decompression stage when it starts with the gzip
+ * or zstd magic (image layers come either way; Node 20 has no zstd, so the `zstd` tool
+ * decompresses). Plain tars pass as they are.
+ */
+export async function decompressed(input: Readable): Promise<[Readable] | [Readable, Duplex]> {
+  const it = input[Symbol.asyncIterator]() as AsyncIterator<Buffer>;
+  let head = Buffer.alloc(0);
+  let ended = false;
+  while (head.length < ZSTD_MAGIC.length) {
+    const n = await it.next();
+    if (n.done) {
+      ended = true;
+      break;
+    }
+    head = Buffer.concat([head, Buffer.from(n.value)]);
+  }
+  async function* replay(): AsyncGenerator<Buffer> {
+    if (head.length) yield head;
+    if (ended) return;
+    for (;;) {
+      const n = await it.next();
+      if (n.done) return;
+      yield Buffer.from(n.value);
+    }
+  }
+  const replayed = Readable.from(replay(), { objectMode: false });
+  const startsWith = (magic: number[]): boolean => magic.every((b, i) => head[i] === b);
+  if (startsWith(GZIP_MAGIC)) return [replayed, createGunzip()];
+  if (startsWith(ZSTD_MAGIC)) return [replayed, zstdDecompressor()];
+  return [replayed];
+}
+
+function zstdDecompressor(): Duplex {
+  const child = spawn('zstd', ['-dcq'], { stdio: ['pipe', 'pipe', 'pipe'] });
+  const stderr: Buffer[] = [];
+  child.stderr.on('data', (b: Buffer) => stderr.push(b));
+  const duplex = Duplex.from({ writable: child.stdin, readable: child.stdout });
+  child.on('error', (err) => duplex.destroy(err));
+  child.on('close', (code) => {
+    if (code === 0 || code === null) return;
+    const err = Object.assign(new Error(Buffer.concat(stderr).toString().trim().slice(0, 300) || `zstd exited ${code}`), { code: 'ZSTD_FAILED' });
+    duplex.destroy(err);
+  });
+  // A pipeline torn down early (a refused entry) must not leave zstd running.
+  duplex.on('close', () => child.kill('SIGKILL'));
+  return duplex;
+}

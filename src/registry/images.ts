@@ -1,0 +1,74 @@
+import type { Redis } from 'ioredis';
+import { Image, MAX_STACK_LAYERS, RollboxError, type ImageSpec, type LayerDigest } from '../api/index.ts';
+import { keys } from './keys.ts';
+import type { LayerRegistry } from './layers.ts';
+
+/** Imported images (name -> layers and config), and which EROFS layer each image layer became. */
+export class ImageRegistry {
+  constructor(
+    private readonly redis: Redis,
+    private readonly layers: Pick<LayerRegistry, 'resolveAll' | 'get'>,
+  ) {}
+
+  async put(image: Image): Promise<void> {
+    await this.redis.hset(keys.images, image.name, JSON.stringify(image));
+  }
+
+  async get(name: string): Promise<Image | undefined> {
+    const json = await this.redis.hget(keys.images, name);
+    return json ? Image.parse(JSON.parse(json)) : undefined;
+  }
+
+  async getOrThrow(name: string): Promise<Image> {
+    const image = await this.get(name);
+    if (!image) throw new RollboxError('not_found', `image ${name} not found`);
+    return image;
+  }
+
+  async list(): Promise<Image[]> {
+    const all = Object.values(await this.redis.hgetall(keys.images)).map((json) => Image.parse(JSON.parse(json)));
+    return all.sort((a, b) => a.name.localeCompare(b.name));
+  }
+
+  /** Removes the record; its layers stay while anything else references them (layer garbage collection). */
+  async delete(name: string): Promise<Image> {
+    const image = await this.getOrThrow(name);
+    await this.redis.hdel(keys.images, name);
+    return image;
+  }
+
+  /** Every layer of every image (roots for layer garbage collection). */
+  async layerDigests(): Promise<string[]> {
+    return [...new Set((await this.list()).flatMap((i) => i.layers.map((l) => l.digest)))];
+  }
+
+  /** The EROFS layer an image layer became, by diff_id, if it is still registered. */
+  async layerOfDiffId(diffId: string): Promise<LayerDigest | undefined> {
+    const digest = await this.redis.hget(keys.imageDiffIds, diffId);
+    return digest && (await this.layers.get(digest)) ? digest : undefined;
+  }
+
+  async diffIdOfBlob(blobDigest: string): Promise<string | undefined> {
+    return (await this.redis.hget(keys.imageBlobs, blobDigest)) ?? undefined;
+  }
+
+  async remember(diffId: string, layerDigest: string, blobDigest: string | undefined): Promise<void> {
+    const multi = this.redis.multi().hset(keys.imageDiffIds, diffId, layerDigest);
+    if (blobDigest) multi.hset(keys.imageBlobs, blobDigest, diffId);
+    await multi.exec();
+  }
+
+  /**
+   * The layers of a create's image, lowest first: an imported image's layers when `base`
+   * names one (image names come before layer names), then the extra layers on top.
+   */
+  async resolveStack(spec: ImageSpec): Promise<{ layerDigests: LayerDigest[]; image?: Image }> {
+    const image = await this.get(spec.base);
+    const extra = await this.layers.resolveAll(image ? spec.layers : [spec.base, ...spec.layers]);
+    const layerDigests = [...(image?.layers.map((l) => l.digest) ?? []), ...extra];
+    if (layerDigests.length > MAX_STACK_LAYERS) {
+      throw new RollboxError('invalid_request', `image: ${layerDigests.length} layers${image ? ` (image ${image.name} has ${image.layers.length})` : ''}; a sandbox stacks at most ${MAX_STACK_LAYERS}`);
+    }
+    return image ? { layerDigests, image } : { layerDigests };
+  }
+}
