@@ -4,7 +4,10 @@
  * same layer contents extracted with `tar -xf` and turned into EROFS by `mkfs.erofs` with
  * rollbox's flags. Then a second image on the same base layer: its import time and the
  * layers it reused, and the bytes the layer store holds for both images next to what the
- * same two images take uploaded flattened (one layer each, `POST /v1/layers`).
+ * same two images take uploaded flattened (one layer each, `POST /v1/layers`). Last, the
+ * same for a real image pair made of this host's own Debian files (BENCH_IMPORT_REAL=0 skips
+ * it): a base of its binaries and libraries, with Python's standard library on one and this
+ * repository's node_modules on the other; Python and Node then run in sandboxes of them.
  *
  * The image is generated here, deterministically (seeded), and streamed to disk: a base
  * layer (~60% of the bytes, a few thousand files of 1 KB to 4 MB of text, JSON and some
@@ -26,6 +29,8 @@ import { pipeline } from 'node:stream/promises';
 import { createGzip } from 'node:zlib';
 import { pack, type Header, type Pack } from 'tar-stream';
 import type { Image, ImportedImage, Layer } from '../src/api/index.ts';
+import { mulberry32 } from '../src/burst/index.ts';
+import { sha256File } from '../src/layers/index.ts';
 import { runToolOk } from '../src/proc/index.ts';
 import { progressBar, writeSvg } from '../src/report/index.ts';
 import { api, startTestCluster, type TestCluster } from '../test/support/cluster.ts';
@@ -76,17 +81,7 @@ interface RootSpec {
   exec?: boolean;
 }
 
-/** A small, fast, seeded PRNG (mulberry32). */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+const rng = mulberry32;
 
 const WORDS = (() => {
   const r = rng(1);
@@ -350,9 +345,9 @@ interface BuiltLayer {
  * An OCI image layout with gzip layers, as real tools write it: the blobs (layers, config,
  * manifest) first, then index.json and oci-layout.
  */
-async function writeOciArchive(file: string, layers: BuiltLayer[], refName: string): Promise<number> {
+async function writeOciArchive(file: string, layers: Pick<BuiltLayer, 'gz' | 'gzDescriptor' | 'diffId'>[], refName: string, imageConfig = IMAGE_CONFIG): Promise<number> {
   const { config, manifest, configDescriptor } = imageJsonBlobs(
-    { layers: [], config: IMAGE_CONFIG },
+    { layers: [], config: imageConfig },
     layers.map((l) => l.gzDescriptor),
     layers.map((l) => l.diffId),
   );
@@ -372,6 +367,85 @@ async function writeOciArchive(file: string, layers: BuiltLayer[], refName: stri
     await add({ name: 'oci-layout', mtime: new Date(0) }, JSON.stringify({ imageLayoutVersion: '1.0.0' }));
   });
   return bytes;
+}
+
+// ---------------------------------------------------------------- a real image pair
+
+/**
+ * Two images of this host's own Debian files on one base (its /etc, binaries and shared
+ * libraries, less LLVM and static archives): A adds Python's standard library, B this
+ * repository's node_modules under /opt/app. Real files (ELF binaries, .py, .js), real sizes.
+ */
+const REAL_BASE = ['etc', 'bin', 'sbin', 'lib', 'lib64', 'usr/bin', 'usr/sbin', 'usr/lib64', 'usr/lib/x86_64-linux-gnu'];
+const REAL_BASE_EXCLUDES = ['--exclude=usr/lib/x86_64-linux-gnu/libLLVM*', '--exclude=*.a', '--exclude=usr/lib/x86_64-linux-gnu/valgrind', '--exclude=usr/lib/x86_64-linux-gnu/dri'];
+const REPO = path.resolve(import.meta.dirname, '..');
+
+async function hostTar(file: string, args: string[]): Promise<Pick<BuiltLayer, 'tar' | 'tarBytes' | 'diffId' | 'gz' | 'gzDescriptor'>> {
+  // GNU tar keeps hard links, symlinks, modes and owners; --sort=name makes the bytes repeatable.
+  await runToolOk('tar', ['--sort=name', '--numeric-owner', '-cf', file, ...args]);
+  const { size } = await fs.stat(file);
+  const diffId = `sha256:${(await sha256File(file)).hex}`;
+  const { digest, size: gzSize } = await gzipFile(file, `${file}.gz`);
+  return { tar: file, tarBytes: size, diffId, gz: `${file}.gz`, gzDescriptor: { mediaType: MEDIA_TYPES.layerGzip, digest, size: gzSize } };
+}
+
+async function realPair(cluster: TestCluster, token: string, work: string): Promise<Record<string, unknown>> {
+  const bar = progressBar('real pair: tar + gzip of host files', { total: 5 });
+  const base = await hostTar(path.join(work, 'real-base.tar'), ['-C', '/', ...REAL_BASE_EXCLUDES, ...REAL_BASE]);
+  bar.tick();
+  const python = await hostTar(path.join(work, 'real-python.tar'), ['-C', '/', 'usr/lib/python3.11', 'usr/lib/python3']);
+  bar.tick();
+  const node = await hostTar(path.join(work, 'real-node.tar'), ['-C', REPO, '--transform=s,^node_modules,opt/app/node_modules,', 'node_modules']);
+  bar.tick();
+  const flatA = path.join(work, 'real-flat-a.tar');
+  const flatB = path.join(work, 'real-flat-b.tar');
+  await runToolOk('tar', ['--sort=name', '--numeric-owner', '-cf', flatA, '-C', '/', ...REAL_BASE_EXCLUDES, ...REAL_BASE, 'usr/lib/python3.11', 'usr/lib/python3']);
+  bar.tick();
+  await runToolOk('tar', ['--sort=name', '--numeric-owner', '-cf', flatB, '-C', '/', ...REAL_BASE_EXCLUDES, ...REAL_BASE, '-C', REPO, '--transform=s,^node_modules,opt/app/node_modules,', 'node_modules']);
+  bar.done();
+  const config = { Env: ['PATH=/usr/local/bin:/usr/bin:/bin'], WorkingDir: '/opt/app' };
+  const archiveA = path.join(work, 'real-a.tar');
+  const archiveB = path.join(work, 'real-b.tar');
+  await writeOciArchive(archiveA, [base, python], 'real-python:1', config);
+  await writeOciArchive(archiveB, [base, node], 'real-node:1', config);
+
+  const a = await upload<ImportedImage>(cluster, token, '/v1/images?name=real-python', archiveA, 'import real A (base + python)');
+  const b = await upload<ImportedImage>(cluster, token, '/v1/images?name=real-node', archiveB, 'import real B (base + node_modules)');
+  const flatUploadA = await upload<Layer>(cluster, token, '/v1/layers?name=real-flat-a', flatA, 'real A flattened as a layer');
+  const flatUploadB = await upload<Layer>(cluster, token, '/v1/layers?name=real-flat-b', flatB, 'real B flattened as a layer');
+  const distinct = new Map([...a.body.layers, ...b.body.layers].map((l) => [l.digest, l.sizeBytes]));
+  const storedLayered = [...distinct.values()].reduce((x, y) => x + y, 0);
+  const storedFlattened = flatUploadA.body.sizeBytes + flatUploadB.body.sizeBytes;
+
+  // They are images one can use: Python and Node run in sandboxes made from them.
+  const run = async (image: string, cmd: string): Promise<string> => {
+    const created = await api(cluster, token, 'POST', '/v1/sandboxes', { image: { base: image } });
+    if (created.status !== 201) throw new Error(`create from ${image}: ${JSON.stringify(created.body)}`);
+    try {
+      const r = await api(cluster, token, 'POST', `/v1/sandboxes/${created.body.id}/exec`, { cmd });
+      if (r.body.exitCode !== 0) throw new Error(`${image}: ${cmd}: ${r.body.stderr}`);
+      return (r.body.stdout as string).trim();
+    } finally {
+      await api(cluster, token, 'DELETE', `/v1/sandboxes/${created.body.id}`);
+    }
+  };
+  const pythonSays = await run('real-python', 'python3 -c "import json, sqlite3, ssl; print(json.dumps(sqlite3.sqlite_version_info[:1]))"');
+  const nodeSays = await run('real-node', 'node -e "console.log(require(\'zod/package.json\').name)"');
+  const figures = {
+    baseMiB: round(base.tarBytes / MiB),
+    topAMiB: round(python.tarBytes / MiB),
+    topBMiB: round(node.tarBytes / MiB),
+    firstImportMs: round(a.ms),
+    secondImportMs: round(b.ms),
+    secondImport: b.body.import,
+    flattenedSecondUploadMs: round(flatUploadB.ms),
+    storedBytesLayered: storedLayered,
+    storedBytesFlattened: storedFlattened,
+    storedRatio: round(storedLayered / storedFlattened),
+    runs: { python: pythonSays, node: nodeSays },
+  };
+  log(`real pair: base ${figures.baseMiB} MiB + python ${figures.topAMiB} MiB / + node_modules ${figures.topBMiB} MiB; second import ${(b.ms / 1000).toFixed(2)} s (reused ${b.body.import.layersReused}) vs flattened ${(flatUploadB.ms / 1000).toFixed(2)} s; stored ${(storedLayered / MiB).toFixed(1)} MiB layered vs ${(storedFlattened / MiB).toFixed(1)} MiB flattened; python says ${pythonSays}, node says ${nodeSays}`);
+  return figures;
 }
 
 // ---------------------------------------------------------------- HTTP
@@ -568,8 +642,8 @@ try {
     console.log(JSON.stringify({ ...common, dry: true, secondImageMiB: round(tarBytesB / MiB), secondArchiveMiB: round(archiveBBytes / MiB), floorErofsMiB: round(floorErofsBytes / MiB) }));
   } else {
     // 3. Import A, then B (on A's base), over HTTP.
-    cluster = await startTestCluster();
-    const token = await cluster.token('bench', ['layer:write', 'layer:read']);
+    cluster = await startTestCluster({ workers: [{ nodeId: 'bench-import' }] });
+    const token = await cluster.token('bench', ['layer:write', 'layer:read', 'sandbox:create', 'sandbox:exec', 'sandbox:delete']);
     const a = await upload<ImportedImage>(cluster, token, '/v1/images?name=bench-a', archiveA, 'import image A');
     const importMBps = round(tarBytesA / MB / (a.ms / 1000));
     log(`import A: ${(a.ms / 1000).toFixed(2)} s, ${importMBps} MB/s (floor: mkfs ${floorMkfsMBps} MB/s, tar -xf + mkfs ${floorExtractMkfsMBps} MB/s), built ${a.body.import.layersBuilt}, reused ${a.body.import.layersReused}`);
@@ -618,6 +692,8 @@ try {
       ]),
     );
     log(`chart: ${chart}`);
+    // 5. A real image pair (this host's files); BENCH_IMPORT_REAL=0 leaves it out.
+    const real = process.env.BENCH_IMPORT_REAL === '0' ? undefined : await realPair(cluster, token, work);
     console.log(
       JSON.stringify({
         ...common,
@@ -635,6 +711,7 @@ try {
         storedBytesLayered,
         storedBytesFlattened,
         storedRatio: round(storedBytesLayered / storedBytesFlattened),
+        ...(real ? { realPair: real } : {}),
         note: 'MB = 1e6 bytes of uncompressed layer tars (image A); floor = mkfs.erofs (rollbox flags) of the same layers extracted with tar -xf, same run; ratioToFloor = import MB/s / floor mkfs MB/s (ratioToExtractMkfsFloor: / tar -xf + mkfs); stored* = EROFS bytes of both images, distinct layers vs one flattened layer each',
         chart,
       }),

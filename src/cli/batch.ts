@@ -4,58 +4,21 @@
  * Results go to stdout as NDJSON, progress to stderr, so `> out.jsonl` keeps only results.
  */
 import fs from 'node:fs';
-import { once } from 'node:events';
 import type { Command } from 'commander';
 import type { Batch, BatchResultLine, TaskStatus } from '../api/index.ts';
-import { BatchesClient, RollboxApiError, RollboxClient, type BatchSubmitOptions } from '../client/index.ts';
+import { BatchesClient, type BatchSubmitOptions } from '../client/index.ts';
 import { progressBar } from '../report/index.ts';
+import { CliError, connect, out, reported, table, withConnection as withConnectionFor, type ConnectionFlags } from './common.ts';
 
-const DEFAULT_URL = 'http://127.0.0.1:8080';
 const SLOWEST = 5;
 const FAILED_SHOWN = 20;
 
-/** An error the CLI reports as `rollbox: <code>: <message>`. */
-class CliError extends Error {
-  constructor(
-    readonly code: string,
-    message: string,
-  ) {
-    super(message);
-  }
-}
-
-interface ConnectionFlags {
-  url?: string;
-  token?: string;
-}
-
 function withConnection(command: Command): Command {
-  return command.option('--url <url>', `gateway URL (env ROLLBOX_URL, default ${DEFAULT_URL})`).option('--token <token>', 'API token with scope batch:submit (env ROLLBOX_TOKEN)');
+  return withConnectionFor(command, 'batch:submit');
 }
 
 function clientOf(flags: ConnectionFlags): BatchesClient {
-  const token = flags.token ?? process.env.ROLLBOX_TOKEN;
-  if (!token) throw new CliError('unauthenticated', 'no token: give --token or set ROLLBOX_TOKEN');
-  return new BatchesClient(new RollboxClient({ baseUrl: flags.url ?? process.env.ROLLBOX_URL ?? DEFAULT_URL, token }));
-}
-
-/** Runs an action; any failure becomes `<code>: <message>` for runCli to print (and exit 1). */
-function reported<A extends unknown[]>(action: (...args: A) => Promise<void>): (...args: A) => Promise<void> {
-  return async (...args) => {
-    try {
-      await action(...args);
-    } catch (err) {
-      throw new Error(describeError(err), { cause: err });
-    }
-  };
-}
-
-function describeError(err: unknown): string {
-  if (err instanceof RollboxApiError || err instanceof CliError) return `${err.code}: ${err.message}`;
-  if (!(err instanceof Error)) return `error: ${String(err)}`;
-  const code = (err as NodeJS.ErrnoException).code;
-  // Node's system errors already start with their code (ENOENT: no such file...).
-  return typeof code === 'string' ? (err.message.startsWith(code) ? err.message : `${code}: ${err.message}`) : `error: ${err.message}`;
+  return new BatchesClient(connect(flags));
 }
 
 function positiveInt(flag: string, value: string | undefined): number | undefined {
@@ -75,11 +38,6 @@ function metadataOf(value: string | undefined): Record<string, string> | undefin
     metadata[pair.slice(0, eq).trim()] = pair.slice(eq + 1);
   }
   return metadata;
-}
-
-/** Writes to stdout, waiting when the pipe is full. */
-async function out(text: string): Promise<void> {
-  if (!process.stdout.write(text)) await once(process.stdout, 'drain');
 }
 
 function seconds(ms: number): string {
@@ -185,8 +143,7 @@ function listTable(batches: Batch[]): string {
     const done = c.succeeded + c.failed + c.timeout + c.infra_error + c.cancelled;
     rows.push([b.id, b.state, `${done}/${c.total}`, String(c.failed + c.timeout + c.infra_error), b.createdAt]);
   }
-  const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => r[i]!.length)));
-  return rows.map((r) => r.map((cell, i) => cell.padEnd(widths[i]!)).join('  ').trimEnd()).join('\n') + '\n';
+  return table(rows);
 }
 
 export function registerBatchCommands(program: Command): void {

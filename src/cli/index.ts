@@ -4,6 +4,7 @@ import { issueTokenCommand } from '../iam/index.ts';
 import { registerBatchCommands } from './batch.ts';
 import { addBurstRecordCommand } from './burst-record.ts';
 import { registerBurstCommands } from './burst.ts';
+import { registerImageCommands } from './image.ts';
 import { createLogger, ensureBaseLayer, startEmbedded, startGatewayRole, startWorkerRole } from '../main.ts';
 
 /** Flags override the environment; the result is parsed once into a Config. */
@@ -114,6 +115,7 @@ export async function runCli(argv: string[]): Promise<void> {
 
   registerBurstCommands(program);
   registerBatchCommands(program);
+  registerImageCommands(program);
   addBurstRecordCommand(program);
 
   try {

@@ -1,6 +1,6 @@
 import type { z } from 'zod';
 import { Batch, BatchList, BatchResultLine, BatchTaskStatus, TERMINAL_BATCH_STATES, type BatchState, type CreateBatchRequest } from '../api/index.ts';
-import type { RollboxClient } from './client.ts';
+import { json, streamOf, type RollboxClient } from './client.ts';
 
 export const NDJSON_TYPE = 'application/x-ndjson';
 /** How long one long-poll of a followed batch's results waits for a line (the API allows 60). */
@@ -98,24 +98,4 @@ export class BatchesClient {
       if (lines.length === 0 && page.state && TERMINAL_BATCH_STATES.includes(page.state)) return;
     }
   }
-}
-
-async function json(response: Response): Promise<unknown> {
-  return JSON.parse(await response.text());
-}
-
-/** A pull stream over chunks: the next is read only when fetch wants it, so a file is never held whole. */
-function streamOf(chunks: AsyncIterable<string | Uint8Array>): ReadableStream<Uint8Array> {
-  const iterator = chunks[Symbol.asyncIterator]();
-  const encoder = new TextEncoder();
-  return new ReadableStream<Uint8Array>({
-    async pull(controller) {
-      const { value, done } = await iterator.next();
-      if (done) controller.close();
-      else controller.enqueue(typeof value === 'string' ? encoder.encode(value) : value);
-    },
-    async cancel(reason) {
-      await iterator.return?.(reason);
-    },
-  });
 }

@@ -320,3 +320,24 @@ function isRetryable(error: RollboxApiError): boolean {
   if (!RETRYABLE_STATUS.has(error.status)) return false;
   return error.status === 502 ? error.code !== 'node_lost' : RETRYABLE_CODES.has(error.code);
 }
+
+/** A response body parsed as JSON (answers are then checked against their schema). */
+export async function json(response: Response): Promise<unknown> {
+  return JSON.parse(await response.text());
+}
+
+/** A pull stream over chunks: the next is read only when fetch wants it, so a file is never held whole. */
+export function streamOf(chunks: AsyncIterable<string | Uint8Array>): ReadableStream<Uint8Array> {
+  const iterator = chunks[Symbol.asyncIterator]();
+  const encoder = new TextEncoder();
+  return new ReadableStream<Uint8Array>({
+    async pull(controller) {
+      const { value, done } = await iterator.next();
+      if (done) controller.close();
+      else controller.enqueue(typeof value === 'string' ? encoder.encode(value) : value);
+    },
+    async cancel(reason) {
+      await iterator.return?.(reason);
+    },
+  });
+}

@@ -2,3 +2,5 @@ export { RollboxClient, RollboxApiError, serverSentEvents } from './client.ts';
 export type { ExecStreamEvent, RollboxClientOptions, RetryPolicy } from './client.ts';
 export { BatchesClient, NDJSON_TYPE } from './batches.ts';
 export type { BatchResultsOptions, BatchSubmitOptions } from './batches.ts';
+export { ImagesClient } from './images.ts';
+export type { ImportImageOptions } from './images.ts';

@@ -20,7 +20,7 @@ export async function decompressed(input: Readable): Promise<[Readable] | [Reada
       ended = true;
       break;
     }
-    head = Buffer.concat([head, Buffer.from(n.value)]);
+    head = Buffer.concat([head, asBuffer(n.value)]);
   }
   async function* replay(): AsyncGenerator<Buffer> {
     if (head.length) yield head;
@@ -28,7 +28,7 @@ export async function decompressed(input: Readable): Promise<[Readable] | [Reada
     for (;;) {
       const n = await it.next();
       if (n.done) return;
-      yield Buffer.from(n.value);
+      yield asBuffer(n.value);
     }
   }
   const replayed = Readable.from(replay(), { objectMode: false });
@@ -36,6 +36,11 @@ export async function decompressed(input: Readable): Promise<[Readable] | [Reada
   if (startsWith(GZIP_MAGIC)) return [replayed, createGunzip()];
   if (startsWith(ZSTD_MAGIC)) return [replayed, zstdDecompressor()];
   return [replayed];
+}
+
+/** A view, not a copy (Buffer.from(buffer) would copy every chunk of a multi-GB stream). */
+function asBuffer(chunk: Uint8Array): Buffer {
+  return Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength);
 }
 
 function zstdDecompressor(): Duplex {
