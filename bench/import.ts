@@ -435,7 +435,9 @@ async function realPair(cluster: TestCluster, token: string, work: string): Prom
     baseMiB: round(base.tarBytes / MiB),
     topAMiB: round(python.tarBytes / MiB),
     topBMiB: round(node.tarBytes / MiB),
+    archiveAMiB: round((await fs.stat(archiveA)).size / MiB),
     firstImportMs: round(a.ms),
+    firstImportPeakRssGrowthMiB: a.peakRssGrowthMiB,
     secondImportMs: round(b.ms),
     secondImport: b.body.import,
     flattenedSecondUploadMs: round(flatUploadB.ms),
@@ -451,7 +453,11 @@ async function realPair(cluster: TestCluster, token: string, work: string): Prom
 // ---------------------------------------------------------------- HTTP
 
 /** POSTs a file as a streamed body, with a bar of the bytes sent; the answer and the wall time. */
-async function upload<T>(cluster: TestCluster, token: string, urlPath: string, file: string, label: string): Promise<{ body: T; ms: number }> {
+/**
+ * POSTs a file, streamed. `peakRssGrowthMiB`: how far this process's RSS (the gateway runs
+ * in it) rose above where it was at the start, sampled every 50 ms: an archive is never held whole.
+ */
+async function upload<T>(cluster: TestCluster, token: string, urlPath: string, file: string, label: string): Promise<{ body: T; ms: number; peakRssGrowthMiB: number }> {
   const { size } = await fs.stat(file);
   const bar = progressBar(label, { total: size });
   let sent = 0;
@@ -465,6 +471,9 @@ async function upload<T>(cluster: TestCluster, token: string, urlPath: string, f
   const source = createReadStream(file);
   source.on('error', (err) => counting.destroy(err));
   const started = performance.now();
+  const rssAtStart = process.memoryUsage.rss();
+  let peakRss = rssAtStart;
+  const sampler = setInterval(() => (peakRss = Math.max(peakRss, process.memoryUsage.rss())), 50);
   const response = await fetch(`${cluster.url}${urlPath}`, {
     method: 'POST',
     headers: { authorization: `Bearer ${token}`, 'content-type': 'application/x-tar' },
@@ -473,9 +482,10 @@ async function upload<T>(cluster: TestCluster, token: string, urlPath: string, f
   } as RequestInit);
   const text = await response.text();
   const ms = performance.now() - started;
+  clearInterval(sampler);
   bar.done();
   if (response.status !== 201) throw new Error(`POST ${urlPath}: ${response.status} ${text.slice(0, 2000)}`);
-  return { body: JSON.parse(text) as T, ms };
+  return { body: JSON.parse(text) as T, ms, peakRssGrowthMiB: round((peakRss - rssAtStart) / MiB) };
 }
 
 async function get<T>(cluster: TestCluster, token: string, urlPath: string): Promise<T> {
@@ -702,6 +712,7 @@ try {
         ratioToFloor: round(importMBps / floorMkfsMBps),
         ratioToExtractMkfsFloor: round(importMBps / floorExtractMkfsMBps),
         firstImport: a.body.import,
+        firstImportPeakRssGrowthMiB: a.peakRssGrowthMiB,
         secondImageMiB: round(tarBytesB / MiB),
         secondImportMs: round(b.ms),
         secondImportReusedLayers: b.body.import.layersReused,

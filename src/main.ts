@@ -17,7 +17,7 @@ import { LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar, fetchLaye
 import { NodeDirectory, ReplyHub } from './queues/index.ts';
 import { BlockingPool, connectRedis, startRedisServer, type RedisServerHandle } from './redis/index.ts';
 import { BatchStore, CommandLog, ImageRegistry, LayerRegistry, PoolRegistry, SandboxRegistry, keys } from './registry/index.ts';
-import { importImage } from './images/index.ts';
+import { ImportHolds, importImage } from './images/index.ts';
 import { WorkerHost } from './workers/index.ts';
 import { NetworkSelfTest, SandboxNetworks } from './workers/network/index.ts';
 import { createRuncRuntime } from './workers/runtime/index.ts';
@@ -56,6 +56,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const images = new ImageRegistry(redis, layers);
   const store = layerStoreOf(config);
   const tmpDir = path.join(config.dataDir, 'tmp');
+  const importHolds = new ImportHolds();
   const directory = new NodeDirectory(redis, { refreshMs: Math.min(1000, config.node.heartbeatMs), now });
   const replies = new ReplyHub(subscriber, gatewayId);
   await Promise.all([directory.start(), replies.start()]);
@@ -121,7 +122,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     layerImagePath: (digest) => layerImagePath(store, digest),
     images: {
       images,
-      importImage: (archive, query) => importImage(archive, query, { store, layers, images, tmpDir, maxLayerBytes: config.http.layerUploadLimitBytes, now }),
+      importImage: (archive, query) => importImage(archive, query, { store, layers, images, holds: importHolds, tmpDir, maxLayerBytes: config.http.layerUploadLimitBytes, now }),
       syncedLayers: async () => new Set(await redis.smembers(keys.burstSyncedLayers)),
     },
   });

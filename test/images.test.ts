@@ -5,7 +5,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ExecResult, Image, ImportedImage, Layer } from '../src/api/index.ts';
-import { api, startTestCluster, type TestCluster } from './support/cluster.ts';
+import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { digestOf, dockerSave, layerTar, ociLayout, type Corruption, type ImageDef, type TarEntry } from './support/oci.ts';
 
 /**
@@ -47,7 +47,8 @@ function busyboxEntries(): TarEntry[] {
 }
 
 beforeAll(async () => {
-  cluster = await startTestCluster({ workers: [{ nodeId: 'node-img' }] });
+  // app-a is in the cloud pool's pre-synced set by name: all its layers are.
+  cluster = await startTestCluster({ workers: [{ nodeId: 'node-img' }], env: { ROLLBOX_BURST_SYNC_LAYERS: 'busybox,app-a', ROLLBOX_BURST_TICK_MS: '200' } });
   token = await cluster.token('images', ['layer:write', 'sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'sandbox:snapshot']);
   probeDir = await fs.mkdtemp(path.join(os.tmpdir(), 'rollbox-xattr-probe-'));
   await fs.writeFile(path.join(probeDir, 'probe.c'), PROBE_C);
@@ -225,8 +226,14 @@ describe('image import', () => {
   it('lists, reads and deletes image records; layers stay while an image uses them', async () => {
     const list = await api<{ images: Image[] }>(cluster, token, 'GET', '/v1/images');
     expect(list.body.images.map((i) => i.name)).toEqual(expect.arrayContaining(['app-a', 'app-b', 'app-b-docker', 'multi']));
-    const one = await api<Image>(cluster, token, 'GET', '/v1/images/app-a');
-    expect(one.body).toMatchObject({ name: 'app-a', digest: imageA.digest, layers: imageA.layers, config: imageA.config, synced: false });
+    const one = await waitFor('app-a synced for burst', async () => {
+      const r = await api<Image>(cluster, token, 'GET', '/v1/images/app-a');
+      return r.body.synced ? r : undefined;
+    });
+    expect(one.body).toMatchObject({ name: 'app-a', digest: imageA.digest, layers: imageA.layers, config: imageA.config, synced: true });
+    expect((await api(cluster, token, 'GET', '/v1/burst')).body.syncedLayers).toEqual(expect.arrayContaining(imageA.layers.map((l) => l.digest)));
+    // app-b shares app-a's base, but its own upper layer is not in the set.
+    expect((await api<Image>(cluster, token, 'GET', '/v1/images/app-b')).body.synced).toBe(false);
     expect(one.body.sizeBytes).toBe(imageA.layers.reduce((s, l) => s + l.sizeBytes, 0));
     const deleted = await api(cluster, token, 'DELETE', '/v1/images/app-b-docker');
     expect(deleted.status).toBe(200);

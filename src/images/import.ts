@@ -11,7 +11,32 @@ import { chooseImage } from './manifest.ts';
 export interface ImageImportDeps extends ImageLayerDeps {
   store: Pick<LayerStore, 'has' | 'put' | 'pathOf' | 'remove'>;
   layers: Pick<LayerRegistry, 'register' | 'get' | 'pin' | 'unpin' | 'forget' | 'resolve'>;
-  images: Pick<ImageRegistry, 'diffIdOfBlob' | 'layerOfDiffId' | 'remember' | 'put'>;
+  images: Pick<ImageRegistry, 'diffIdOfBlob' | 'layerOfDiffId' | 'remember' | 'put' | 'layerDigests'>;
+  /** Layers the imports running in this process hold (one instance per gateway). */
+  holds: ImportHolds;
+}
+
+/**
+ * Which layers running imports hold: a failed import removes the layers it added only
+ * when no other import holds them (two imports of images on one new base build it
+ * once each; the one that stored it first may be the one that fails).
+ */
+export class ImportHolds {
+  private readonly counts = new Map<string, number>();
+
+  take(digest: string): void {
+    this.counts.set(digest, (this.counts.get(digest) ?? 0) + 1);
+  }
+
+  release(digest: string): void {
+    const n = (this.counts.get(digest) ?? 0) - 1;
+    if (n > 0) this.counts.set(digest, n);
+    else this.counts.delete(digest);
+  }
+
+  heldByOthers(digest: string): boolean {
+    return (this.counts.get(digest) ?? 0) > 1;
+  }
 }
 
 /** JSON files (manifests, configs, indexes) are small; anything past this is a layer or not ours. */
@@ -110,7 +135,10 @@ export async function importImage(input: Readable, query: ImportImageQuery, deps
         }
         const { build } = await readImageLayer(blob, claimed ? `sha256:${claimed[1]}` : undefined, name, deps);
         await building.catch(() => undefined);
-        const built = build();
+        const built = build().then((layer) => {
+          deps.holds.take(layer.digest);
+          return layer;
+        });
         built.catch(() => undefined); // awaited below; not an unhandled rejection meanwhile
         building = built;
         builds.set(name, built);
@@ -139,7 +167,7 @@ export async function importImage(input: Readable, query: ImportImageQuery, deps
     );
     // Layers of other platforms or images in the archive: built, but nothing uses them.
     const used = new Set(layers.map((l) => l.digest));
-    const unused = (await Promise.all(builds.values())).filter((l) => l.added && !used.has(l.digest));
+    const unused = (await Promise.all(builds.values())).filter((l) => !used.has(l.digest));
     await removeLayers(unused, deps);
 
     const image: Image = {
@@ -165,15 +193,27 @@ export async function importImage(input: Readable, query: ImportImageQuery, deps
       },
     };
   } catch (err) {
-    const settled = await Promise.allSettled(builds.values());
-    await removeLayers(settled.flatMap((s) => (s.status === 'fulfilled' ? [s.value] : [])), deps);
+    await removeLayers(await settledLayers(builds), deps);
     throw err;
+  } finally {
+    for (const layer of await settledLayers(builds)) deps.holds.release(layer.digest);
   }
 }
 
-/** Unpins layers of a failed (or partly unused) import and removes the ones it added. */
+async function settledLayers(builds: Map<string, Promise<ImageLayerBlob>>): Promise<ImageLayerBlob[]> {
+  return (await Promise.allSettled(builds.values())).flatMap((s) => (s.status === 'fulfilled' ? [s.value] : []));
+}
+
+/**
+ * Unpins layers of a failed (or partly unused) import and removes the ones it added, unless
+ * an image or another running import uses them (the pin is shared: another import's pin
+ * goes too, but its hold keeps the layer, and its image record protects it from then on).
+ */
 async function removeLayers(layers: readonly ImageLayerBlob[], deps: ImageImportDeps): Promise<void> {
+  if (layers.length === 0) return;
+  const inImages = new Set(await deps.images.layerDigests());
   for (const layer of layers) {
+    if (deps.holds.heldByOthers(layer.digest) || inImages.has(layer.digest)) continue;
     await deps.layers.unpin(layer.digest);
     if (!layer.added) continue;
     await deps.layers.forget(layer.digest);

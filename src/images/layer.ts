@@ -56,10 +56,11 @@ export async function readImageLayer(blob: Readable, claimedDigest: string | und
   };
   const stored = async (diffId: string): Promise<ImageLayerBlob | undefined> => {
     const digest = await deps.images.layerOfDiffId(diffId);
-    const layer = digest && (await deps.store.has(digest)) ? await deps.layers.get(digest) : undefined;
-    if (!layer) return undefined;
-    await deps.layers.pin(layer.digest, deps.now() + IMPORT_PIN_MS);
-    return { diffId, digest: layer.digest, sizeBytes: layer.sizeBytes, reused: true, added: false };
+    if (!digest) return undefined;
+    // Pinned first: every garbage collection pass from now on keeps it (one already past its pin check could still take it; then it is built again next time).
+    await deps.layers.pin(digest, deps.now() + IMPORT_PIN_MS);
+    const layer = (await deps.store.has(digest)) ? await deps.layers.get(digest) : undefined;
+    return layer && { diffId, digest: layer.digest, sizeBytes: layer.sizeBytes, reused: true, added: false };
   };
 
   // The same blob in an earlier image: only read through (the archive is one stream) and checked.
