@@ -57,8 +57,9 @@ class Request:
     #: Raw bytes (a file, a tar) instead of a JSON body.
     content: Optional[bytes] = None
     headers: Dict[str, str] = field(default_factory=dict)
-    #: A body produced as it is sent (NDJSON tasks), chunked; it can be sent once only.
-    stream: Optional["NdjsonBody"] = None
+    #: A body produced as it is sent, chunked (NDJSON tasks, an image archive): `chunks()`,
+    #: `async_chunks()`, and `started` once it cannot be sent again.
+    stream: Optional[Any] = None
     #: Safe to send again after it may have arrived (a GET, PUT or DELETE, a create with its
     #: Idempotency-Key, an exec with its commandId). Anything else is retried only when it
     #: certainly did not arrive.

@@ -19,6 +19,7 @@ except ImportError as err:  # pragma: no cover
 from . import _core as core
 from ._tar import extract_tar, tar_of_dir
 from .aio_batches import AsyncBatches
+from .images import AsyncImages, layer_upload_request
 from .client import USER_AGENT, Command
 from .errors import CommandFailed, ConnectionFailed, RollboxError, Timeout, error_from_answer
 from .types import CommandStatus, ExecResult, RunResult, StreamEvent
@@ -40,6 +41,7 @@ class AsyncRollbox:
         self.jobs = AsyncJobs(self)
         self.layers = AsyncLayers(self)
         self.batches = AsyncBatches(self)
+        self.images = AsyncImages(self)
 
     async def close(self) -> None:
         if self._http is not None:
@@ -306,9 +308,7 @@ class AsyncLayers:
         self._client = client
 
     async def upload(self, tar: Union[bytes, str], name: Optional[str] = None) -> Dict[str, Any]:
-        content = tar if isinstance(tar, bytes) else open(tar, "rb").read()
-        path = "/v1/layers" + (f"?name={quote(name, safe='')}" if name else "")
-        return await self._client._call(core.Request("POST", path, content=content, headers={"content-type": "application/x-tar"}, read_timeout=600))
+        return await self._client._call(layer_upload_request(tar, name))
 
     async def list(self) -> List[Dict[str, Any]]:
         return (await self._client._call(core.Request("GET", "/v1/layers")))["layers"]

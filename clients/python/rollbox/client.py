@@ -9,6 +9,7 @@ from . import _core as core
 from ._tar import extract_tar, tar_of_dir
 from ._transport import SyncTransport
 from .batches import Batches
+from .images import Images, layer_upload_request
 from .errors import CommandFailed, ConnectionFailed, RollboxError
 from .types import CommandStatus, ExecResult, RunResult, StreamEvent
 
@@ -35,6 +36,7 @@ class Rollbox:
         self.jobs = Jobs(self)
         self.layers = Layers(self)
         self.batches = Batches(self)
+        self.images = Images(self)
 
     # -- lifecycle -------------------------------------------------------------------------
     def close(self) -> None:
@@ -311,12 +313,8 @@ class Layers:
         self._client = client
 
     def upload(self, tar: Union[bytes, str], name: Optional[str] = None) -> Dict[str, Any]:
-        """A rootfs tar (bytes, or a path to one) as a content-addressed layer; returns its record."""
-        from urllib.parse import quote
-
-        content = tar if isinstance(tar, bytes) else open(tar, "rb").read()
-        path = "/v1/layers" + (f"?name={quote(name, safe='')}" if name else "")
-        return self._client._call(core.Request("POST", path, content=content, headers={"content-type": "application/x-tar"}, read_timeout=600))
+        """A rootfs tar (bytes, or a path to one, streamed) as a content-addressed layer; returns its record."""
+        return self._client._call(layer_upload_request(tar, name))
 
     def list(self) -> List[Dict[str, Any]]:
         return self._client._call(core.Request("GET", "/v1/layers"))["layers"]
