@@ -13,7 +13,7 @@ import type { Config } from './config/index.ts';
 import { BatchRunner, BatchService, ExecService, FilesService, Janitor, LayerCollector, NodeRequests, PoolService, RunService, SandboxService, createGateway, createMetrics, newId, runTask, type LayerBuilder } from './gateway/index.ts';
 import { createTokenIssuer, createTokenVerifier, loadOrCreateHsSecret } from './iam/index.ts';
 import { BurstController, CommandProvider, LocalProvider, TraceRecorder, type CloudProvider } from './burst/index.ts';
-import { LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar, fetchLayers } from './layers/index.ts';
+import { ExtractWorkers, LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar, fetchLayers } from './layers/index.ts';
 import { NodeDirectory, ReplyHub } from './queues/index.ts';
 import { BlockingPool, connectRedis, startRedisServer, type RedisServerHandle } from './redis/index.ts';
 import { BatchStore, CommandLog, ImageRegistry, LayerRegistry, PoolRegistry, SandboxRegistry, keys } from './registry/index.ts';
@@ -57,6 +57,9 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const store = layerStoreOf(config);
   const tmpDir = path.join(config.dataDir, 'tmp');
   const importHolds = new ImportHolds();
+  // Uploaded layers and image layers are extracted on worker threads, off the event loop.
+  const extractWorkers = new ExtractWorkers();
+  const extract = extractWorkers.extract;
   const directory = new NodeDirectory(redis, { refreshMs: Math.min(1000, config.node.heartbeatMs), now });
   const replies = new ReplyHub(subscriber, gatewayId);
   await Promise.all([directory.start(), replies.start()]);
@@ -90,7 +93,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const files = new FilesService({ config, redis, registry, nodes });
   const runs = new RunService({ sandboxes, files, execs, now });
   const batchStore = new BatchStore(redis, now);
-  const buildLayer: LayerBuilder = (tar, { maxBytes }) => buildLayerFromTar(tar, { store, tmpDir, maxBytes });
+  const buildLayer: LayerBuilder = (tar, { maxBytes }) => buildLayerFromTar(tar, { store, tmpDir, maxBytes, extract });
   const batchRunner = new BatchRunner({
     store: batchStore,
     execute: (run) => runTask({ sandboxes, files, execs, layers, buildLayer, store: batchStore, collectMaxBytes: config.files.maxBytes, now }, run),
@@ -122,7 +125,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     layerImagePath: (digest) => layerImagePath(store, digest),
     images: {
       images,
-      importImage: (archive, query) => importImage(archive, query, { store, layers, images, holds: importHolds, tmpDir, maxLayerBytes: config.http.layerUploadLimitBytes, now }),
+      importImage: (archive, query) => importImage(archive, query, { store, layers, images, holds: importHolds, tmpDir, maxLayerBytes: config.http.layerUploadLimitBytes, now, extract }),
       syncedLayers: async () => new Set(await redis.smembers(keys.burstSyncedLayers)),
     },
   });
@@ -152,6 +155,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
       directory.stop();
       await new Promise<void>((resolve) => server.close(() => resolve()));
       await replies.stop();
+      await extractWorkers.close();
       await blocking.close();
       await redis.quit().catch(() => {});
     },

@@ -4,7 +4,7 @@ import path from 'node:path';
 import { Transform, Writable, type Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { RollboxError } from '../api/index.ts';
-import { extractTarSafely, mkfsErofs, type LayerStore } from '../layers/index.ts';
+import { extractInThread, mkfsErofs, type LayerStore, type TarExtractor } from '../layers/index.ts';
 import type { ImageRegistry, LayerRegistry } from '../registry/index.ts';
 
 export interface ImageLayerDeps {
@@ -15,6 +15,8 @@ export interface ImageLayerDeps {
   /** Cap on one layer's file contents. */
   maxLayerBytes: number;
   now: () => number;
+  /** Default: in this thread (a gateway passes its ExtractWorkers). */
+  extract?: TarExtractor;
 }
 
 export interface ImageLayerBlob {
@@ -75,21 +77,21 @@ export async function readImageLayer(blob: Readable, claimedDigest: string | und
   await mkdir(deps.tmpDir, { recursive: true });
   const work = await mkdtemp(path.join(deps.tmpDir, 'image-layer-'));
   const root = path.join(work, 'root');
-  const diffHash = createHash('sha256');
+  let diffId: string;
   try {
     await mkdir(root, { mode: 0o755 });
     const hashed = blob.pipe(hashing(blobHash));
     blob.once('error', (err) => hashed.destroy(err));
-    await extractTarSafely(hashed, root, { maxBytes: deps.maxLayerBytes, maxEntries: MAX_LAYER_ENTRIES }, { imageLayer: true, onTarChunk: (c) => diffHash.update(c) }).catch((err: unknown) => {
+    const extracted = await (deps.extract ?? extractInThread)(hashed, root, { maxBytes: deps.maxLayerBytes, maxEntries: MAX_LAYER_ENTRIES }, { imageLayer: true }).catch((err: unknown) => {
       if (err instanceof RollboxError && err.code === 'invalid_layer') throw new RollboxError('invalid_layer', `layer ${archivePath}: ${err.message}`);
       throw err;
     });
+    diffId = `sha256:${extracted.tarSha256}`;
     checkBlobDigest();
   } catch (err) {
     await rm(work, { recursive: true, force: true });
     throw err;
   }
-  const diffId = `sha256:${diffHash.digest('hex')}`;
   return {
     build: async () => {
       try {

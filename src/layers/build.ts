@@ -7,7 +7,7 @@ import { promisify } from 'node:util';
 import tar from 'tar-stream';
 import { RollboxError } from '../api/index.ts';
 import { mkfsErofs } from './erofs.ts';
-import { extractTarSafely } from './extract.ts';
+import { extractInThread, type TarExtractor } from './extract-workers.ts';
 import type { LayerStore, StoredLayer } from './store.ts';
 
 export interface BuildLayerOptions {
@@ -19,6 +19,8 @@ export interface BuildLayerOptions {
   /** Cap on the number of tar entries (default 200 000). */
   maxEntries?: number;
   mkfsBinary?: string;
+  /** Default: in this thread (a gateway passes its ExtractWorkers). */
+  extract?: TarExtractor;
 }
 
 /** Cap on a layer tar's entries when the caller sets none. */
@@ -39,7 +41,7 @@ export async function buildLayerFromTar(source: Readable | string, opts: BuildLa
   try {
     const root = path.join(work, 'root');
     await mkdir(root, { mode: 0o755 });
-    await extractTarSafely(input, root, { maxBytes: opts.maxBytes, maxEntries: opts.maxEntries ?? DEFAULT_MAX_ENTRIES });
+    await (opts.extract ?? extractInThread)(input, root, { maxBytes: opts.maxBytes, maxEntries: opts.maxEntries ?? DEFAULT_MAX_ENTRIES }, {});
     const image = path.join(work, 'image.erofs');
     await mkfsErofs(root, image, opts.mkfsBinary ? { mkfsBinary: opts.mkfsBinary } : {});
     return await opts.store.put(image);

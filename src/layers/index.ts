@@ -9,6 +9,8 @@ export { hexOfDigest, isLayerDigest, sha256File } from './digest.ts';
 export { mkfsErofs } from './erofs.ts';
 export { entryComponents, extractTarSafely, symlinkStaysInside } from './extract.ts';
 export type { ExtractOptions, ExtractLimits } from './extract.ts';
+export { ExtractWorkers, extractInThread } from './extract-workers.ts';
+export type { TarExtractor } from './extract-workers.ts';
 export { readMountInfo, isMountPoint, loopDeviceOf, listLoopDevices, unmount } from './hostmounts.ts';
 export type { MountInfo, LoopDevice, UnmountOptions } from './hostmounts.ts';
 export { checkFilesArchive } from './archive.ts';

@@ -1,0 +1,51 @@
+/**
+ * An extraction worker thread: takes one tar at a time as chunks from its parent
+ * (extract-workers.ts), extracts it with extractTarSafely, and answers the sha256 of the
+ * (decompressed) tar. Chunks are acknowledged as the extraction pulls them, which is the
+ * parent's backpressure.
+ */
+import { createHash } from 'node:crypto';
+import { Readable } from 'node:stream';
+import { parentPort } from 'node:worker_threads';
+import { RollboxError } from '../api/index.ts';
+import { extractTarSafely } from './extract.ts';
+import type { FromExtractThread, ToExtractThread } from './extract-workers.ts';
+
+const port = parentPort!;
+const post = (msg: FromExtractThread): void => port.postMessage(msg);
+
+interface Job {
+  id: number;
+  input: Readable;
+  pending: Buffer[];
+  ended: boolean;
+  wantsData: boolean;
+}
+let job: Job | undefined;
+
+function pump(j: Job): void {
+  while (j.wantsData && j.pending.length > 0) {
+    post({ type: 'ack', id: j.id });
+    j.wantsData = j.input.push(j.pending.shift());
+  }
+  if (j.wantsData && j.ended && j.pending.length === 0 && !j.input.readableEnded) j.input.push(null);
+}
+
+port.on('message', (msg: ToExtractThread) => {
+  if (msg.type === 'start') {
+    const j: Job = { id: msg.id, pending: [], ended: false, wantsData: false, input: new Readable({ read: () => { j.wantsData = true; pump(j); } }) };
+    job = j;
+    const hash = createHash('sha256');
+    extractTarSafely(j.input, msg.root, msg.limits, { imageLayer: msg.imageLayer, onTarChunk: (c) => hash.update(c) }).then(
+      () => post({ type: 'done', id: j.id, tarSha256: hash.digest('hex') }),
+      (err: unknown) => post({ type: 'error', id: j.id, code: err instanceof RollboxError ? err.code : 'internal', message: err instanceof Error ? err.message : String(err) }),
+    );
+    return;
+  }
+  const j = job;
+  if (!j || j.id !== msg.id) return; // a late message of a finished job
+  if (msg.type === 'chunk') j.pending.push(Buffer.from(msg.chunk));
+  else if (msg.type === 'end') j.ended = true;
+  else j.input.destroy(new RollboxError('invalid_layer', 'the upload stopped before its end'));
+  pump(j);
+});

@@ -1,0 +1,180 @@
+import { createHash } from 'node:crypto';
+import type { Readable } from 'node:stream';
+import { Worker } from 'node:worker_threads';
+import { RollboxError, isErrorCode } from '../api/index.ts';
+import { extractTarSafely, type ExtractLimits } from './extract.ts';
+
+/** Extracts a tar (plain, gzip or zstd) under `root`; answers the sha256 hex of the decompressed tar. */
+export type TarExtractor = (input: Readable, root: string, limits: ExtractLimits, options: { imageLayer?: boolean }) => Promise<{ tarSha256: string }>;
+
+/** In the calling thread (tests, the base layer at start; a gateway uses ExtractWorkers). */
+export const extractInThread: TarExtractor = async (input, root, limits, options) => {
+  const hash = createHash('sha256');
+  await extractTarSafely(input, root, limits, { ...options, onTarChunk: (c) => hash.update(c) });
+  return { tarSha256: hash.digest('hex') };
+};
+
+export type ToExtractThread =
+  | { type: 'start'; id: number; root: string; limits: ExtractLimits; imageLayer: boolean }
+  | { type: 'chunk'; id: number; chunk: ArrayBuffer }
+  | { type: 'end' | 'abort'; id: number };
+export type FromExtractThread = { type: 'ack'; id: number } | { type: 'done'; id: number; tarSha256: string } | { type: 'error'; id: number; code: string; message: string };
+
+/** Chunks sent and not yet taken by the thread's extraction: the rest of the upload waits. */
+const MAX_CHUNKS_IN_FLIGHT = 16;
+const THREAD_ENTRY = new URL('./extract-thread.mjs', import.meta.url);
+const IDLE_THREAD_MS = 60_000;
+
+interface Slot {
+  worker: Worker;
+  /** Its thread failed or exited: never handed out again. */
+  dead?: boolean;
+  /** While idle: ends the thread when no job came for a while (a thread holds tens of MiB). */
+  idleTimer?: NodeJS.Timeout;
+  /** The job running on it: its acks, its end. */
+  current?: { id: number; onAck: () => void; settle: (msg: FromExtractThread | Error) => void };
+}
+
+/**
+ * Layer extraction off the event loop: a few worker threads, each extracting one tar at a
+ * time (tens of thousands of small synchronous file system calls per layer would otherwise
+ * stall every request the gateway serves meanwhile). The calling thread only forwards the
+ * upload's chunks, with backpressure; a thread that dies fails its job and is replaced.
+ */
+export class ExtractWorkers {
+  private readonly idle: Slot[] = [];
+  private readonly waiting: ((slot: Slot) => void)[] = [];
+  private started = 0;
+  private nextId = 1;
+  private closed = false;
+
+  constructor(private readonly size = 2) {}
+
+  readonly extract: TarExtractor = async (input, root, limits, options) => {
+    const slot = await this.take();
+    const id = this.nextId++;
+    let inFlight = 0;
+    let wake: (() => void) | undefined;
+    let failure: Error | undefined;
+    const result = new Promise<{ tarSha256: string }>((resolve, reject) => {
+      slot.current = {
+        id,
+        onAck: () => {
+          inFlight--;
+          wake?.();
+        },
+        settle: (outcome) => {
+          slot.current = undefined;
+          if (!(outcome instanceof Error) && outcome.type === 'done') resolve({ tarSha256: outcome.tarSha256 });
+          else {
+            failure = outcome instanceof Error ? outcome : outcome.type === 'error' && isErrorCode(outcome.code) ? new RollboxError(outcome.code, outcome.message) : new RollboxError('internal', 'unexpected message from the extraction thread');
+            reject(failure);
+          }
+          wake?.();
+        },
+      };
+    });
+    result.catch(() => undefined); // awaited below
+    try {
+      slot.worker.postMessage({ type: 'start', id, root, limits, imageLayer: options.imageLayer ?? false } satisfies ToExtractThread);
+      for await (const chunk of input as AsyncIterable<Buffer>) {
+        while (inFlight >= MAX_CHUNKS_IN_FLIGHT && !failure) await new Promise<void>((r) => (wake = r));
+        if (failure) break; // the thread refused the tar: the rest of the upload is not needed
+        inFlight++;
+        const copy = chunk.buffer.slice(chunk.byteOffset, chunk.byteOffset + chunk.byteLength) as ArrayBuffer;
+        slot.worker.postMessage({ type: 'chunk', id, chunk: copy } satisfies ToExtractThread, [copy]);
+      }
+      slot.worker.postMessage({ type: 'end', id } satisfies ToExtractThread);
+    } catch (err) {
+      slot.worker.postMessage({ type: 'abort', id } satisfies ToExtractThread);
+      await result.catch(() => undefined);
+      this.give(slot);
+      throw err;
+    }
+    try {
+      return await result;
+    } finally {
+      input.destroy();
+      this.give(slot);
+    }
+  };
+
+  /** Ends the threads (a gateway stopping). */
+  async close(): Promise<void> {
+    this.closed = true;
+    await Promise.all(
+      this.idle.splice(0).map((s) => {
+        clearTimeout(s.idleTimer);
+        return s.worker.terminate();
+      }),
+    );
+  }
+
+  private take(): Promise<Slot> {
+    const slot = this.idle.pop();
+    if (slot) {
+      clearTimeout(slot.idleTimer);
+      return Promise.resolve(slot);
+    }
+    if (this.started < this.size) {
+      this.started++;
+      return Promise.resolve(this.spawn());
+    }
+    return new Promise((resolve) => this.waiting.push(resolve));
+  }
+
+  private give(slot: Slot): void {
+    if (this.closed) {
+      void slot.worker.terminate();
+      return;
+    }
+    const next = this.waiting.shift();
+    if (slot.dead) {
+      // Its place goes to a new thread, for whoever waits.
+      this.started--;
+      if (next) void this.take().then(next);
+      return;
+    }
+    if (next) {
+      next(slot);
+      return;
+    }
+    this.idle.push(slot);
+    slot.idleTimer = setTimeout(() => {
+      const at = this.idle.indexOf(slot);
+      if (at < 0) return;
+      this.idle.splice(at, 1);
+      this.started--;
+      slot.dead = true;
+      void slot.worker.terminate();
+    }, IDLE_THREAD_MS).unref();
+  }
+
+  private spawn(): Slot {
+    const slot: Slot = { worker: new Worker(THREAD_ENTRY) };
+    slot.worker.unref(); // an idle thread never keeps the process alive
+    slot.worker.on('message', (msg: FromExtractThread) => {
+      const job = slot.current;
+      if (!job || job.id !== msg.id) return;
+      if (msg.type === 'ack') job.onAck();
+      else job.settle(msg);
+    });
+    const lost = (why: string): void => {
+      if (slot.dead) return;
+      slot.dead = true;
+      const job = slot.current;
+      job?.settle(new RollboxError('internal', `layer extraction thread ${why}`));
+      // Idle: gone from the pool now. Busy: its job gives it back, and it is replaced then.
+      const at = this.idle.indexOf(slot);
+      if (at >= 0) {
+        this.idle.splice(at, 1);
+        this.started--;
+      }
+    };
+    slot.worker.on('error', (err) => lost(`failed: ${err.message}`));
+    slot.worker.on('exit', (code) => {
+      if (!this.closed) lost(`exited (${code})`);
+    });
+    return slot;
+  }
+}
