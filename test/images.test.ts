@@ -49,7 +49,7 @@ function busyboxEntries(): TarEntry[] {
 beforeAll(async () => {
   // app-a is in the cloud pool's pre-synced set by name: all its layers are.
   cluster = await startTestCluster({ workers: [{ nodeId: 'node-img' }], env: { ROLLBOX_BURST_SYNC_LAYERS: 'busybox,app-a', ROLLBOX_BURST_TICK_MS: '200' } });
-  token = await cluster.token('images', ['layer:write', 'sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'sandbox:snapshot']);
+  token = await cluster.token('images', ['sandbox:run', 'layer:write', 'sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'sandbox:snapshot']);
   probeDir = await fs.mkdtemp(path.join(os.tmpdir(), 'rollbox-xattr-probe-'));
   await fs.writeFile(path.join(probeDir, 'probe.c'), PROBE_C);
   execFileSync('musl-gcc', ['-static', '-O2', '-o', path.join(probeDir, 'getxattr'), path.join(probeDir, 'probe.c')]);
@@ -157,6 +157,9 @@ describe('image import', () => {
     const other = await sandbox({ image: { base: 'app-a' }, env: { GREETING: 'from the request' }, workdir: '/tmp' });
     expect(await out(other, 'echo "$GREETING"; pwd; echo $PATH')).toBe('from the request\n/tmp\n/usr/bin:/bin');
     expect(await out(other, 'id -u', { user: '0' })).toBe('0');
+    // The function-call tier runs as the image's user too, with its env.
+    const run = await api(cluster, token, 'POST', '/v1/run', { image: { base: 'app-a' }, cmd: 'id -u; echo "$GREETING"', resources: { memoryMiB: 64, diskMiB: 64 } });
+    expect(run.body, JSON.stringify(run.body)).toMatchObject({ status: 'ok', stdout: '1000\nhello from the image\n' });
   });
 
   it('stores a layer shared by two images once and does not build it again', async () => {

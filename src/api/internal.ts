@@ -6,12 +6,32 @@ import { NetworkPolicy } from './sandbox.ts';
  * Messages between gateways and worker hosts (BullMQ job data and replies). Not part of
  * the public HTTP API, but defined here so both sides parse the same shapes.
  */
+/**
+ * `POST /v1/run` in one operation: once the sandbox runs, its host writes the files, runs
+ * the command, reads the fetched files and discards the sandbox, then answers `ran`.
+ */
+export const RunOnce = z.object({
+  argv: z.array(z.string()),
+  stdin: z.string().optional(),
+  env: z.record(z.string(), z.string()),
+  cwd: z.string(),
+  user: z.string().optional(),
+  timeoutMs: z.number().int(),
+  /** Absolute path -> base64 content, written before the command. */
+  files: z.record(z.string(), z.string()),
+  /** Absolute paths read back after it (regular files; a missing one is left out). */
+  fetch: z.array(z.string()),
+  fetchMaxBytes: z.number().int(),
+});
+export type RunOnce = z.infer<typeof RunOnce>;
+
 export const CreateJob = z.object({
   sandboxId: z.string(),
   /** Placement attempt: the BullMQ job id is `<sandboxId>.<attempt>`, so a retry of one attempt is idempotent. */
   attempt: z.number().int(),
   requestId: z.string(),
   replyTo: z.string(),
+  run: RunOnce.optional(),
 });
 export type CreateJob = z.infer<typeof CreateJob>;
 
@@ -93,6 +113,8 @@ const ReplyError = z.object({ code: z.string(), message: z.string(), retryAfterS
 
 export const Reply = z.discriminatedUnion('kind', [
   z.object({ kind: z.literal('created'), requestId: z.string(), nodeId: z.string() }),
+  /** A create with `run`: the command's result and fetched files; the sandbox is gone. */
+  z.object({ kind: z.literal('ran'), requestId: z.string(), nodeId: z.string(), result: ExecResult, files: z.record(z.string(), z.string()) }),
   z.object({ kind: z.literal('refused'), requestId: z.string(), nodeId: z.string(), reason: z.string() }),
   /** workerMs: from the worker host taking the op to sending this reply (the Server-Timing `worker` entry). */
   z.object({ kind: z.literal('exec'), requestId: z.string(), result: ExecResult, workerMs: z.number().optional() }),
@@ -102,3 +124,5 @@ export const Reply = z.discriminatedUnion('kind', [
   z.object({ kind: z.literal('error'), requestId: z.string(), error: ReplyError }),
 ]);
 export type Reply = z.infer<typeof Reply>;
+/** What a create with `run` answers: the command's result and the fetched files. */
+export type Ran = Pick<Extract<Reply, { kind: 'ran' }>, 'result' | 'files'>;

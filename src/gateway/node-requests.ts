@@ -1,5 +1,5 @@
 import type { Redis } from 'ioredis';
-import { RollboxError, isErrorCode, type CreateJob, type NodeOp, type Reply } from '../api/index.ts';
+import { RollboxError, isErrorCode, type CreateJob, type NodeOp, type Reply, type Sandbox } from '../api/index.ts';
 import { pushToInbox, type ReplyHub } from '../queues/index.ts';
 
 /** A node operation or create job as a caller writes it: the reply address is filled in here. */
@@ -64,4 +64,20 @@ export class NodeRequests {
 /** A worker host's error reply as the typed error it was on the worker (unknown codes become internal). */
 export function toRollboxError(error: { code: string; message: string; retryAfterSeconds?: number }): RollboxError {
   return new RollboxError(isErrorCode(error.code) ? error.code : 'internal', error.message, error.retryAfterSeconds);
+}
+
+/** A create that ended in a failure answers with an error naming it, not with a 201. */
+export function settledOrThrow(sandbox: Sandbox): Sandbox {
+  if (sandbox.state !== 'failed') return sandbox;
+  const detail = `sandbox ${sandbox.id} failed (${sandbox.failureReason})${sandbox.detail ? `: ${sandbox.detail}` : ''}`;
+  switch (sandbox.failureReason) {
+    case 'lost':
+      throw new RollboxError('node_lost', detail, 1);
+    case 'admission_exhausted':
+      throw new RollboxError('admission_exhausted', detail, 5);
+    case 'timeout':
+      throw new RollboxError('timeout', detail, 5);
+    default:
+      throw new RollboxError('internal', detail);
+  }
 }

@@ -1,14 +1,12 @@
 import path from 'node:path';
-import { FILES_BYTES_TYPE, RollboxError, type ErrorCode, type RunRequest, type RunResult, type Scope } from '../api/index.ts';
+import { RollboxError, type ErrorCode, type RunOnce, type RunRequest, type RunResult, type Scope } from '../api/index.ts';
 import { requireScope, type Principal } from '../iam/index.ts';
-import type { ExecService } from './exec-service.ts';
-import type { FilesService } from './files-service.ts';
 import type { SandboxService } from './sandbox-service.ts';
 
 export interface RunServiceDeps {
   sandboxes: Pick<SandboxService, 'create' | 'delete'>;
-  files: Pick<FilesService, 'write' | 'read'>;
-  execs: Pick<ExecService, 'exec'>;
+  /** Cap on one fetched file (the files API's). */
+  fetchMaxBytes: number;
   now: () => number;
 }
 
@@ -24,8 +22,10 @@ const CALLER_ERRORS: ReadonlySet<ErrorCode> = new Set(['invalid_request', 'inval
 
 /**
  * The function-call tier: one command in a fresh sandbox, which is discarded afterwards
- * whatever happened. Built on the same create (warm pools included), files, exec and
- * delete as the rest of the API, so it has their isolation and their failure handling.
+ * whatever happened. The same create as the rest of the API (placement, admission, warm
+ * pools, isolation), carrying the run: once the sandbox runs, its host writes the files,
+ * runs the command, reads the fetched files and discards it, and answers once (see
+ * workers/run-once.ts), instead of a round trip through Redis for each of those steps.
  */
 export class RunService {
   constructor(private readonly deps: RunServiceDeps) {}
@@ -37,8 +37,20 @@ export class RunService {
     let sandboxId: string | undefined;
     let pool: string | undefined;
     const answer = (result: Omit<RunResult, 'totalMs' | 'sandboxId' | 'pool'>): RunResult => ({ ...result, totalMs: this.deps.now() - startedAt, ...(sandboxId ? { sandboxId } : {}), ...(pool ? { pool } : {}) });
+    const resolve = (file: string): string => path.posix.resolve(request.workdir, file);
+    const run: RunOnce = {
+      argv: request.argv ?? ['/bin/sh', '-c', request.cmd!],
+      ...(request.stdin !== undefined ? { stdin: request.stdin } : {}),
+      env: request.env,
+      cwd: request.workdir,
+      timeoutMs: request.timeoutMs,
+      files: Object.fromEntries(Object.entries(request.files).map(([file, content]) => [resolve(file), content])),
+      fetch: request.fetch.map(resolve),
+      fetchMaxBytes: this.deps.fetchMaxBytes,
+    };
+    let ran = false;
     try {
-      const { sandbox } = await this.deps.sandboxes.create(
+      const created = await this.deps.sandboxes.create(
         acting,
         {
           image: request.image,
@@ -52,36 +64,24 @@ export class RunService {
           ttlSeconds: Math.ceil(request.timeoutMs / 1000) + SANDBOX_TTL_MARGIN_SEC,
         },
         undefined,
+        run,
       );
-      sandboxId = sandbox.id;
-      pool = sandbox.pool;
-      for (const [file, content] of Object.entries(request.files)) {
-        const target = path.posix.resolve(request.workdir, file);
-        await this.deps.files.write(acting, sandbox.id, { path: target }, Buffer.from(content, 'base64'), FILES_BYTES_TYPE);
-      }
-      const result = await this.deps.execs.exec(acting, sandbox.id, { argv: request.argv, cmd: request.cmd, stdin: request.stdin, env: request.env, timeoutMs: request.timeoutMs, background: false });
+      sandboxId = created.sandbox.id;
+      pool = created.sandbox.pool;
+      if (!created.ran) throw new RollboxError('node_lost', `the worker host of sandbox ${sandboxId} was lost while the command ran`);
+      ran = true;
+      const { result, files } = created.ran;
       const status = result.timedOut ? 'timeout' : result.exitCode === 0 ? 'ok' : 'failed';
-      const files = await this.fetch(acting, sandbox.id, request);
-      return answer({ status, exitCode: result.timedOut ? null : result.exitCode, stdout: result.stdout, stderr: result.stderr, truncated: result.truncated, oomKilled: result.oomKilled, durationMs: result.durationMs, files });
+      // Fetched files, under the paths as the request gave them.
+      const fetched = Object.fromEntries(request.fetch.flatMap((file) => (files[resolve(file)] !== undefined ? [[file, files[resolve(file)]!]] : [])));
+      return answer({ status, exitCode: result.timedOut ? null : result.exitCode, stdout: result.stdout, stderr: result.stderr, truncated: result.truncated, oomKilled: result.oomKilled, durationMs: result.durationMs, files: fetched });
     } catch (err) {
       if (err instanceof RollboxError && CALLER_ERRORS.has(err.code)) throw err;
       const error = err instanceof RollboxError ? { code: err.code, message: err.message } : { code: 'internal', message: String(err) };
       return answer({ status: 'infra_error', exitCode: null, stdout: '', stderr: '', truncated: false, oomKilled: false, durationMs: 0, files: {}, error });
     } finally {
-      if (sandboxId) await this.deps.sandboxes.delete(acting, sandboxId).catch(() => undefined);
+      // Its host discards the sandbox with the answer; without one, it is deleted here.
+      if (sandboxId && !ran) await this.deps.sandboxes.delete(acting, sandboxId).catch(() => undefined);
     }
-  }
-
-  /** The regular files among `request.fetch` that exist, as base64 (a directory or a missing path is left out). */
-  private async fetch(acting: Principal, sandboxId: string, request: RunRequest): Promise<Record<string, string>> {
-    const out: Record<string, string> = {};
-    for (const file of request.fetch) {
-      const read = await this.deps.files.read(acting, sandboxId, { path: path.posix.resolve(request.workdir, file), format: 'auto' }).catch((err: unknown) => {
-        if (err instanceof RollboxError && err.code === 'not_found') return undefined;
-        throw err;
-      });
-      if (read && !read.tar) out[file] = read.body.toString('base64');
-    }
-    return out;
   }
 }

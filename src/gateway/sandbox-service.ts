@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { RollboxError, isTerminal, newId, withImageDefaults, type CreateSandboxRequest, type JobActionResult, type Layer, type ListSandboxesQuery } from '../api/index.ts';
-import type { PauseRequest, PolicyPatch, Reply, Sandbox, SnapshotRequest } from '../api/index.ts';
+import type { PauseRequest, PolicyPatch, Ran, Reply, RunOnce, Sandbox, SnapshotRequest } from '../api/index.ts';
 import type { Config } from '../config/index.ts';
 import { requireScope, type Principal } from '../iam/index.ts';
 import { chooseNode, type NodeDirectory, type PlacementRequest } from '../queues/index.ts';
@@ -8,7 +8,7 @@ import type { ImageRegistry, LayerRegistry, SandboxRegistry } from '../registry/
 import type { GatewayMetrics } from './metrics.ts';
 import { networkUnavailable, placementOf, withDefaultRequests } from './placement-of.ts';
 import type { PoolService } from './pool-service.ts';
-import { toRollboxError, type NodeRequests } from './node-requests.ts';
+import { settledOrThrow, toRollboxError, type NodeRequests } from './node-requests.ts';
 
 /** Cloud burst routing and the create trace (src/burst); without it every create goes to the local pool. */
 export interface CreateRouting {
@@ -50,10 +50,11 @@ const NODE_CHECK_MS = 500;
 export class SandboxService {
   constructor(private readonly deps: SandboxServiceDeps) {}
 
-  async create(principal: Principal, request: CreateSandboxRequest, idempotencyKey: string | undefined): Promise<{ sandbox: Sandbox; replayed: boolean }> {
+  /** With `run`, the host runs it once the sandbox runs and discards the sandbox: `ran` is its result (none: the host was lost meanwhile). */
+  async create(principal: Principal, request: CreateSandboxRequest, idempotencyKey: string | undefined, run?: RunOnce): Promise<{ sandbox: Sandbox; replayed: boolean; ran?: Ran }> {
     const [{ creates }, arrivedAtMs] = [this.deps.metrics, this.deps.now()];
     try {
-      const outcome = await this.createOnce(principal, request, idempotencyKey);
+      const outcome = await this.createOnce(principal, request, idempotencyKey, run);
       creates.inc({ outcome: outcome.replayed ? 'replayed' : outcome.sandbox.state });
       if (!outcome.replayed) this.deps.burst?.recordCreate(arrivedAtMs, principal.tenant, request, outcome.sandbox);
       return outcome;
@@ -64,7 +65,7 @@ export class SandboxService {
     }
   }
 
-  private async createOnce(principal: Principal, request: CreateSandboxRequest, idempotencyKey: string | undefined): Promise<{ sandbox: Sandbox; replayed: boolean }> {
+  private async createOnce(principal: Principal, request: CreateSandboxRequest, idempotencyKey: string | undefined, run?: RunOnce): Promise<{ sandbox: Sandbox; replayed: boolean; ran?: Ran }> {
     requireScope(principal, 'sandbox:create');
     const { registry, config, directory } = this.deps;
     const { layerDigests, image } = await this.deps.images.resolveStack(request.image);
@@ -105,11 +106,11 @@ export class SandboxService {
       return { sandbox: await this.waitSettled(admitted.sandboxId, principal.tenant), replayed: true };
     }
 
-    const started = await this.startOnNodes(id, principal.tenant, placement, node, `${id}.`);
-    if (started.kind === 'started') return { sandbox: started.sandbox, replayed: false };
+    const started = await this.startOnNodes(id, principal.tenant, placement, node, `${id}.`, run);
+    if (started.kind === 'started') return { sandbox: started.sandbox, replayed: false, ...(started.ran ? { ran: started.ran } : {}) };
     if (started.kind === 'timeout') return { sandbox: settledOrThrow(await this.onCreateTimeout(id, principal.tenant)), replayed: false };
     // Lost as it started, before this call answered: a new sandbox takes its place (and its Idempotency-Key).
-    if (started.kind === 'lost') return registry.releaseIdempotencyKey(principal.tenant, idempotencyKey).then(() => this.createOnce(principal, request, idempotencyKey));
+    if (started.kind === 'lost') return registry.releaseIdempotencyKey(principal.tenant, idempotencyKey).then(() => this.createOnce(principal, request, idempotencyKey, run));
     await registry.transition(id, 'failed', { from: ['pending'], failureReason: 'admission_exhausted', detail: started.detail });
     await registry.releaseIdempotencyKey(principal.tenant, idempotencyKey);
     throw new RollboxError('admission_exhausted', started.detail, 5);
@@ -125,23 +126,32 @@ export class SandboxService {
     placement: PlacementRequest & { exclude: Set<string> },
     firstNode: string,
     requestPrefix: string,
-  ): Promise<{ kind: 'started'; sandbox: Sandbox } | { kind: 'exhausted'; detail: string } | { kind: 'timeout' } | { kind: 'lost' }> {
+    run?: RunOnce,
+  ): Promise<{ kind: 'started'; sandbox: Sandbox; ran?: Ran } | { kind: 'exhausted'; detail: string } | { kind: 'timeout' } | { kind: 'lost' }> {
     const { registry, config, directory } = this.deps;
     for (let attempt = 0, node = firstNode; ; attempt++) {
       directory.assume(node, id, placement);
       const requestId = `${requestPrefix}${attempt}`;
       const targetNode = node;
-      const reply = await this.awaitCreateReply(requestId, targetNode, (timeoutMs) => this.deps.nodes.sendCreate(targetNode, { sandboxId: id, attempt, requestId }, timeoutMs)).catch((err: unknown) => err);
+      const job = { sandboxId: id, attempt, requestId, ...(run ? { run } : {}) };
+      const reply = await this.awaitCreateReply(requestId, targetNode, (timeoutMs) => this.deps.nodes.sendCreate(targetNode, job, timeoutMs + (run?.timeoutMs ?? 0))).catch((err: unknown) => err);
       if (reply instanceof RollboxError && reply.code === 'timeout') return { kind: 'timeout' };
       if (reply instanceof Error) throw reply;
       const r = reply as Reply;
-      if (r.kind === 'created') return { kind: 'started', sandbox: await registry.getOwned(id, tenant) };
-      if (r.kind === 'error') return { kind: 'started', sandbox: settledOrThrow(await this.waitSettled(id, tenant)) };
+      if (r.kind === 'created' || r.kind === 'ran') return { kind: 'started', sandbox: await registry.getOwned(id, tenant), ...(r.kind === 'ran' ? { ran: { result: r.result, files: r.files } } : {}) };
+      if (r.kind === 'error') {
+        const settled = settledOrThrow(await this.waitSettled(id, tenant));
+        if (run) throw toRollboxError(r.error); // it started, and the run failed
+        return { kind: 'started', sandbox: settled };
+      }
       if (r.kind !== 'refused') throw new RollboxError('internal', `unexpected reply ${r.kind}`);
 
       directory.forget(r.nodeId, id);
       this.deps.metrics.refusals.inc({ node: r.nodeId });
       placement.exclude.add(r.nodeId);
+      // A run whose host was lost once its sandbox started may have run: not placed again (the caller hears node_lost).
+      const current = run && directory.isSilent(r.nodeId, config.node.lostAfterMs) ? await registry.getOwned(id, tenant) : undefined;
+      if (current && current.state !== 'pending') return { kind: 'started', sandbox: current };
       const next = attempt + 1 < config.placement.maxRefusals ? this.place(placement) : undefined;
       if (!next) return { kind: 'exhausted', detail: `no worker host admitted sandbox ${id} after ${placement.exclude.size} refusals (last: ${r.reason})` };
       // A node lost before the sandbox ran (still creating there) loses it to the next one.
@@ -329,22 +339,5 @@ export class SandboxService {
 
   private waitTerminal(id: string, tenant: string): Promise<Sandbox> {
     return this.pollUntil(id, tenant, (s) => isTerminal(s.state), LIFECYCLE_REPLY_TIMEOUT_MS);
-  }
-
-}
-
-/** A create that ended in a failure answers with an error naming it, not with a 201. */
-function settledOrThrow(sandbox: Sandbox): Sandbox {
-  if (sandbox.state !== 'failed') return sandbox;
-  const detail = `sandbox ${sandbox.id} failed (${sandbox.failureReason})${sandbox.detail ? `: ${sandbox.detail}` : ''}`;
-  switch (sandbox.failureReason) {
-    case 'lost':
-      throw new RollboxError('node_lost', detail, 1);
-    case 'admission_exhausted':
-      throw new RollboxError('admission_exhausted', detail, 5);
-    case 'timeout':
-      throw new RollboxError('timeout', detail, 5);
-    default:
-      throw new RollboxError('internal', detail);
   }
 }

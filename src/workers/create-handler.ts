@@ -2,6 +2,7 @@ import { RollboxError, reservationOf, type CreateJob, type Sandbox } from '../ap
 import { decideAdmission } from './admission.ts';
 import type { HostContext } from './host-context.ts';
 import type { LocalSandbox } from './local-sandboxes.ts';
+import { runAndDiscard } from './run-once.ts';
 
 /**
  * A create request taken from this host's inbox: admitted or refused here (the second
@@ -84,7 +85,10 @@ export async function handleCreate(ctx: HostContext, job: CreateJob): Promise<vo
       await ctx.reply(job.replyTo, { kind: 'error', requestId: job.requestId, error: { code: 'conflict', message: `sandbox became ${running.kind === 'refused' ? running.current : 'missing'} while starting` } });
       return;
     }
-    await ctx.reply(job.replyTo, { kind: 'created', requestId: job.requestId, nodeId: ctx.nodeId });
+    // A run goes on outside the create: the host's limit on starts in flight is not held by a command.
+    // It runs as the sandbox's user (an image's User), as an exec would.
+    if (job.run) void runAndDiscard(ctx, sandbox.id, { ...job, run: { ...job.run, user: job.run.user ?? spec.user } }).catch((err: unknown) => ctx.log.error({ err, sandboxId: sandbox.id }, 'answering a run failed'));
+    else await ctx.reply(job.replyTo, { kind: 'created', requestId: job.requestId, nodeId: ctx.nodeId });
   } catch (err) {
     ctx.log.error({ err, sandboxId: sandbox.id }, 'create failed');
     await ctx.removeLocal(sandbox.id);

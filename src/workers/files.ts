@@ -71,12 +71,7 @@ interface FilesDeps {
 }
 
 export async function readSandboxFiles(deps: FilesDeps, op: FilesReadOp): Promise<Reply> {
-  // One byte more than the cap: the marker.
-  const run = await deps.runtime.execRaw(op.sandboxId, { argv: shell(READ_SCRIPT, op.path, op.format), timeoutMs: FILES_EXEC_TIMEOUT_MS, maxStdoutBytes: op.maxBytes + 1 });
-  if (run.overflowed) throw new RollboxError('payload_too_large', `${op.path} is larger than the files limit of ${op.maxBytes} bytes`);
-  checkExit(run, op.path);
-  const tar = run.stdout[0] === 't'.charCodeAt(0);
-  const body = run.stdout.subarray(1);
+  const { tar, body } = await readInSandbox(deps.runtime, op.sandboxId, op.path, op.format, op.maxBytes);
   await deps.redis.set(op.resultKey, body, 'PX', FILES_TRANSFER_TTL_MS);
   return { kind: 'files', requestId: op.requestId, tar, sizeBytes: body.length };
 }
@@ -84,10 +79,24 @@ export async function readSandboxFiles(deps: FilesDeps, op: FilesReadOp): Promis
 export async function writeSandboxFiles(deps: FilesDeps, op: FilesWriteOp): Promise<Reply> {
   const body = await deps.redis.getBuffer(op.bodyKey);
   if (!body) throw new RollboxError('timeout', 'the upload expired before the worker host read it; send it again');
-  const script = op.tar ? shell(WRITE_TAR_SCRIPT, op.path) : shell(WRITE_FILE_SCRIPT, op.path, op.mode ?? '');
-  const run = await deps.runtime.execRaw(op.sandboxId, { argv: script, stdin: body, timeoutMs: FILES_EXEC_TIMEOUT_MS, maxStdoutBytes: 64 * 1024 });
-  checkExit(run, op.path);
+  await writeInSandbox(deps.runtime, op.sandboxId, op.path, body, op.tar ? { tar: true } : { mode: op.mode });
   return { kind: 'files', requestId: op.requestId, tar: op.tar, sizeBytes: body.length };
+}
+
+/** A file's bytes (`tar: false`), or a tar of a directory (or, format `tar`, of the file). */
+export async function readInSandbox(runtime: SandboxRuntime, sandboxId: string, path: string, format: 'auto' | 'tar', maxBytes: number): Promise<{ tar: boolean; body: Buffer }> {
+  // One byte more than the cap: the marker.
+  const run = await runtime.execRaw(sandboxId, { argv: shell(READ_SCRIPT, path, format), timeoutMs: FILES_EXEC_TIMEOUT_MS, maxStdoutBytes: maxBytes + 1 });
+  if (run.overflowed) throw new RollboxError('payload_too_large', `${path} is larger than the files limit of ${maxBytes} bytes`);
+  checkExit(run, path);
+  return { tar: run.stdout[0] === 't'.charCodeAt(0), body: run.stdout.subarray(1) };
+}
+
+/** A file's bytes (parents created), or with `tar` a checked tar extracted into the directory. */
+export async function writeInSandbox(runtime: SandboxRuntime, sandboxId: string, path: string, body: Buffer, how: { tar: true } | { mode?: string | undefined }): Promise<void> {
+  const script = 'tar' in how ? shell(WRITE_TAR_SCRIPT, path) : shell(WRITE_FILE_SCRIPT, path, how.mode ?? '');
+  const run = await runtime.execRaw(sandboxId, { argv: script, stdin: body, timeoutMs: FILES_EXEC_TIMEOUT_MS, maxStdoutBytes: 64 * 1024 });
+  checkExit(run, path);
 }
 
 function shell(script: string, ...args: string[]): string[] {
