@@ -11,7 +11,7 @@ export interface RunServiceDeps {
 }
 
 /** What the steps of a run need, granted by `sandbox:run` alone. */
-const RUN_SCOPES: Scope[] = ['sandbox:create', 'sandbox:exec', 'sandbox:delete', 'sandbox:read'];
+const RUN_SCOPES: Scope[] = ['sandbox:create', 'sandbox:delete'];
 /** The sandbox of a run outlives its command by at most this (should the discard be lost). */
 const SANDBOX_TTL_MARGIN_SEC = 120;
 /**
