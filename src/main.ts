@@ -91,7 +91,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const sandboxes = new SandboxService({ config, registry, layers, images, directory, nodes, metrics, now, random: Math.random, burst, pools });
   const execs = new ExecService({ redis, blocking, registry, commands, nodes, metrics, now });
   const files = new FilesService({ config, redis, registry, nodes });
-  const runs = new RunService({ sandboxes, fetchMaxBytes: config.files.maxBytes, now });
+  const runs = new RunService({ sandboxes, redis, fetchMaxBytes: config.files.maxBytes, now });
   const batchStore = new BatchStore(redis, now);
   const buildLayer: LayerBuilder = (tar, { maxBytes }) => buildLayerFromTar(tar, { store, tmpDir, maxBytes, extract });
   const batchRunner = new BatchRunner({

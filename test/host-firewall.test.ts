@@ -145,7 +145,11 @@ describe.each(PASSING)('on a host with $fixture', ({ fixture, subnet, touches })
     expect((await api(cluster, token, 'DELETE', `/v1/sandboxes/${neighbour.body.id}`)).status).toBe(200);
 
     await sh(id, `(nc ${fw.target.address} ${HOLD_PORT} > /tmp/ticks 2>&1; echo ended > /tmp/ended) </dev/zero >/dev/null 2>&1 &`);
-    await waitFor('ticks flowing', async () => (await sh(id, 'wc -l < /tmp/ticks')).stdout.trim() !== '0', 30_000);
+    await waitFor('ticks flowing', async () => (await sh(id, 'wc -l < /tmp/ticks')).stdout.trim() !== '0', 30_000).catch(async (err: Error) => {
+      // Seen twice in CI under load, not understood yet: say what the sandbox and the target saw.
+      const seen = (await sh(id, 'echo ticks:; cat /tmp/ticks; echo ended:; cat /tmp/ended; netstat -tn; ps')).stdout;
+      throw new Error(`${err.message}\n${seen}\ntarget's connections to ${HOLD_PORT}: ${JSON.stringify(fw.target.connections(HOLD_PORT))}`);
+    });
     const narrowed = await api(cluster, token, 'PATCH', `/v1/sandboxes/${id}/policy`, { network: { mode: 'allowlist', allow: [{ host: 'allowed.name', ports: [PORT_A] }] } });
     expect(narrowed.status, JSON.stringify(narrowed.body)).toBe(200);
     await waitFor('the held connection to end', async () => (await sh(id, 'cat /tmp/ended 2>/dev/null')).stdout.includes('ended'), 30_000);

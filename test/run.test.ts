@@ -53,6 +53,15 @@ describe('POST /v1/run', () => {
     expect(argv.body).toMatchObject({ status: 'ok', stdout: 'absolute' });
   });
 
+  it('fetches files back, small ones in its answer and large ones by a transfer key', async () => {
+    const r = await run({ cmd: 'echo small > small.txt; head -c 3000000 /dev/zero | tr "\\0" a > big.txt', fetch: ['small.txt', 'big.txt', 'missing.txt'] });
+    expect(r.body.status, JSON.stringify(r.body).slice(0, 500)).toBe('ok');
+    expect(Object.keys(r.body.files).sort()).toEqual(['big.txt', 'small.txt']);
+    expect(Buffer.from(r.body.files['small.txt']!, 'base64').toString()).toBe('small\n');
+    const big = Buffer.from(r.body.files['big.txt']!, 'base64');
+    expect([big.length, big.every((b) => b === 0x61)]).toEqual([3_000_000, true]);
+  });
+
   it('keeps failed, timeout and infra_error apart', async () => {
     const failed = await run({ cmd: 'echo oops >&2; exit 3' });
     expect(failed.body).toMatchObject({ status: 'failed', exitCode: 3, stderr: 'oops\n' });

@@ -114,7 +114,8 @@ const ReplyError = z.object({ code: z.string(), message: z.string(), retryAfterS
 export const Reply = z.discriminatedUnion('kind', [
   z.object({ kind: z.literal('created'), requestId: z.string(), nodeId: z.string() }),
   /** A create with `run`: the command's result and fetched files; the sandbox is gone. */
-  z.object({ kind: z.literal('ran'), requestId: z.string(), nodeId: z.string(), result: ExecResult, files: z.record(z.string(), z.string()) }),
+  /** `filesKey`: the fetched files were too large for a reply (pub/sub) and wait in this Redis key instead, as JSON. */
+  z.object({ kind: z.literal('ran'), requestId: z.string(), nodeId: z.string(), result: ExecResult, files: z.record(z.string(), z.string()), filesKey: z.string().optional() }),
   z.object({ kind: z.literal('refused'), requestId: z.string(), nodeId: z.string(), reason: z.string() }),
   /** workerMs: from the worker host taking the op to sending this reply (the Server-Timing `worker` entry). */
   z.object({ kind: z.literal('exec'), requestId: z.string(), result: ExecResult, workerMs: z.number().optional() }),
@@ -125,4 +126,4 @@ export const Reply = z.discriminatedUnion('kind', [
 ]);
 export type Reply = z.infer<typeof Reply>;
 /** What a create with `run` answers: the command's result and the fetched files. */
-export type Ran = Pick<Extract<Reply, { kind: 'ran' }>, 'result' | 'files'>;
+export type Ran = Pick<Extract<Reply, { kind: 'ran' }>, 'result' | 'files' | 'filesKey'>;

@@ -1,10 +1,13 @@
 import path from 'node:path';
 import { RollboxError, type ErrorCode, type RunOnce, type RunRequest, type RunResult, type Scope } from '../api/index.ts';
+import type { Redis } from 'ioredis';
 import { requireScope, type Principal } from '../iam/index.ts';
 import type { SandboxService } from './sandbox-service.ts';
 
 export interface RunServiceDeps {
   sandboxes: Pick<SandboxService, 'create' | 'delete'>;
+  /** Large fetched files come by a transfer key (see workers/run-once.ts). */
+  redis: Pick<Redis, 'getdel'>;
   /** Cap on one fetched file (the files API's). */
   fetchMaxBytes: number;
   now: () => number;
@@ -70,7 +73,8 @@ export class RunService {
       pool = created.sandbox.pool;
       if (!created.ran) throw new RollboxError('node_lost', `the worker host of sandbox ${sandboxId} was lost while the command ran`);
       ran = true;
-      const { result, files } = created.ran;
+      const { result, filesKey } = created.ran;
+      const files = filesKey ? (JSON.parse((await this.deps.redis.getdel(filesKey)) ?? '{}') as Record<string, string>) : created.ran.files;
       const status = result.timedOut ? 'timeout' : result.exitCode === 0 ? 'ok' : 'failed';
       // Fetched files, under the paths as the request gave them.
       const fetched = Object.fromEntries(request.fetch.flatMap((file) => (files[resolve(file)] !== undefined ? [[file, files[resolve(file)]!]] : [])));

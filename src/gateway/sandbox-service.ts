@@ -138,7 +138,7 @@ export class SandboxService {
       if (reply instanceof RollboxError && reply.code === 'timeout') return { kind: 'timeout' };
       if (reply instanceof Error) throw reply;
       const r = reply as Reply;
-      if (r.kind === 'created' || r.kind === 'ran') return { kind: 'started', sandbox: await registry.getOwned(id, tenant), ...(r.kind === 'ran' ? { ran: { result: r.result, files: r.files } } : {}) };
+      if (r.kind === 'created' || r.kind === 'ran') return { kind: 'started', sandbox: await registry.getOwned(id, tenant), ...(r.kind === 'ran' ? { ran: { result: r.result, files: r.files, ...(r.filesKey ? { filesKey: r.filesKey } : {}) } } : {}) };
       if (r.kind === 'error') {
         const settled = settledOrThrow(await this.waitSettled(id, tenant));
         if (run) throw toRollboxError(r.error); // it started, and the run failed

@@ -13,7 +13,7 @@ import type { RuntimeRawExecOutcome, SandboxRuntime } from './runtime/types.ts';
  */
 
 /** Bytes in transit live this long in Redis; the gateway deletes them as soon as it is done. */
-const FILES_TRANSFER_TTL_MS = 120_000;
+export const FILES_TRANSFER_TTL_MS = 120_000;
 /** Reading or writing 64 MiB inside a sandbox takes well under a second; this bounds a stuck one. */
 const FILES_EXEC_TIMEOUT_MS = 90_000;
 

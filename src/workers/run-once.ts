@@ -1,6 +1,10 @@
 import { RollboxError, type CreateJob, type Reply, type RunOnce } from '../api/index.ts';
-import { readInSandbox, writeInSandbox } from './files.ts';
+import { keys } from '../registry/index.ts';
+import { FILES_TRANSFER_TTL_MS, readInSandbox, writeInSandbox } from './files.ts';
 import type { HostContext } from './host-context.ts';
+
+/** Fetched files up to this size (JSON) travel in the reply itself. */
+const INLINE_FILES_BYTES = 1 << 20;
 
 /**
  * `POST /v1/run` on the host, once its sandbox runs: the files, the command, the fetched
@@ -32,7 +36,15 @@ export async function runAndDiscard(ctx: HostContext, sandboxId: string, job: Cr
       });
       if (read && !read.tar) files[path] = read.body.toString('base64');
     }
-    reply = { kind: 'ran', requestId: job.requestId, nodeId: ctx.nodeId, result: { ...outcome, oomKilled: oomKills > 0, commandId: 'run', replayed: false }, files };
+    const result = { ...outcome, oomKilled: oomKills > 0, commandId: 'run', replayed: false };
+    const fetched = JSON.stringify(files);
+    if (fetched.length <= INLINE_FILES_BYTES) reply = { kind: 'ran', requestId: job.requestId, nodeId: ctx.nodeId, result, files };
+    else {
+      // Redis drops a subscriber whose pending messages pass 32 MB: large files go by key, as the files API's do.
+      const filesKey = keys.filesTransfer(job.requestId);
+      await ctx.deps.redis.set(filesKey, fetched, 'PX', FILES_TRANSFER_TTL_MS);
+      reply = { kind: 'ran', requestId: job.requestId, nodeId: ctx.nodeId, result, files: {}, filesKey };
+    }
   } catch (err) {
     const error = err instanceof RollboxError ? { code: err.code, message: err.message } : { code: 'internal', message: err instanceof Error ? err.message : String(err) };
     reply = { kind: 'error', requestId: job.requestId, error };
