@@ -144,9 +144,11 @@ describe.each(PASSING)('on a host with $fixture', ({ fixture, subnet, touches })
     hostListener.kill('SIGKILL');
     expect((await api(cluster, token, 'DELETE', `/v1/sandboxes/${neighbour.body.id}`)).status).toBe(200);
 
-    await sh(id, `(nc ${fw.target.address} ${HOLD_PORT} > /tmp/ticks 2>&1; echo ended > /tmp/ended) </dev/zero >/dev/null 2>&1 &`);
+    // A line every 100 ms keeps stdin open (and makes nc notice a cut at its next write); fed from /dev/zero, busybox nc
+    // blocked writing to a peer that never reads, within milliseconds, and never read a tick (the flake this test had).
+    await sh(id, `((while :; do echo x; sleep 0.1; done) | nc ${fw.target.address} ${HOLD_PORT} > /tmp/ticks 2>&1; echo ended > /tmp/ended) >/dev/null 2>&1 &`);
     await waitFor('ticks flowing', async () => (await sh(id, 'wc -l < /tmp/ticks')).stdout.trim() !== '0', 30_000).catch(async (err: Error) => {
-      // Seen twice in CI under load, not understood yet: say what the sandbox and the target saw.
+      // Should it time out again: what the sandbox and the target saw.
       const seen = (await sh(id, 'echo ticks:; cat /tmp/ticks; echo ended:; cat /tmp/ended; netstat -tn; ps')).stdout;
       throw new Error(`${err.message}\n${seen}\ntarget's connections to ${HOLD_PORT}: ${JSON.stringify(fw.target.connections(HOLD_PORT))}`);
     });

@@ -191,10 +191,12 @@ describe('network mode allowlist', () => {
 
   it('a narrowed policy cuts an open connection', async () => {
     const s = await createSandbox({ network: policyTo([PORT_A, HOLD_PORT]) });
-    await sh(s.id, `(nc ${target.address} ${HOLD_PORT} > /tmp/ticks 2>&1; cut -d' ' -f1 /proc/uptime > /tmp/ended) </dev/zero >/dev/null 2>&1 &`);
+    // A line every 100 ms keeps stdin open (and makes nc notice a cut at its next write); fed from /dev/zero, busybox nc
+    // blocked writing to a peer that never reads, within milliseconds, and never read a tick (the flake this test had).
+    await sh(s.id, `((while :; do echo x; sleep 0.1; done) | nc ${target.address} ${HOLD_PORT} > /tmp/ticks 2>&1; cut -d' ' -f1 /proc/uptime > /tmp/ended) >/dev/null 2>&1 &`);
     // Generous waits: the host is shared and can be very busy; the number printed below is the measurement.
     await waitFor('ticks flowing', async () => (await sh(s.id, 'wc -l < /tmp/ticks')).stdout.trim() !== '0', 60_000).catch(async (err: Error) => {
-      // Seen once in CI under load, not understood yet: say what the sandbox and the target saw.
+      // Should it time out again: what the sandbox and the target saw.
       const seen = (await sh(s.id, 'echo ticks:; cat /tmp/ticks; echo ended:; cat /tmp/ended; netstat -tn; ps')).stdout;
       throw new Error(`${err.message}\n${seen}\ntarget's connections to ${HOLD_PORT}: ${JSON.stringify(target.connections(HOLD_PORT))}`);
     });
