@@ -65,6 +65,8 @@ export async function runCli(argv: string[]): Promise<void> {
           `  ${curl}`,
           'then run a command in it (put its id in place of SBX):',
           `  curl -s -X POST -H 'Authorization: Bearer ${stack.adminToken}' -H 'Content-Type: application/json' -d '{"cmd":"echo hello from $(hostname)"}' ${stack.url}/v1/sandboxes/SBX/exec`,
+          `bring your own environment: docker save IMAGE -o image.tar; rollbox image import image.tar --name NAME (with ROLLBOX_URL and ROLLBOX_TOKEN set),`,
+          `  then create with '{"image":{"base":"NAME"}}'`,
           `API description: ${stack.url}/openapi.json`,
           `evaluation batches (rollbox batch submit tasks.jsonl --follow, with ROLLBOX_URL and ROLLBOX_TOKEN set) are shown at:`,
           `  ${stack.url}/ui#token=${stack.adminToken}`,
