@@ -24,13 +24,13 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { Readable, Transform } from 'node:stream';
+import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { createGzip } from 'node:zlib';
 import { pack, type Header, type Pack } from 'tar-stream';
 import type { Image, ImportedImage, Layer } from '../src/api/index.ts';
 import { mulberry32 } from '../src/burst/index.ts';
-import { sha256File } from '../src/layers/index.ts';
+import { sha256File, tap } from '../src/layers/index.ts';
 import { runToolOk } from '../src/proc/index.ts';
 import { progressBar, writeSvg } from '../src/report/index.ts';
 import { api, startTestCluster, type TestCluster } from '../test/support/cluster.ts';
@@ -274,12 +274,9 @@ async function writeTar(file: string, write: (add: AddEntry, archive: Pack) => P
   const archive = pack();
   const hash = createHash('sha256');
   let bytes = 0;
-  const tap = new Transform({
-    transform(chunk: Buffer, _encoding, cb) {
-      hash.update(chunk);
-      bytes += chunk.length;
-      cb(null, chunk);
-    },
+  const hashing = tap((chunk) => {
+    hash.update(chunk);
+    bytes += chunk.length;
   });
   // An entry's callback comes once the pack took its bytes: awaiting it is the backpressure.
   const add: AddEntry = (header, content = '') => new Promise((resolve, reject) => archive.entry({ mtime: MTIME, ...header }, content, (err) => (err ? reject(err) : resolve())));
@@ -287,7 +284,7 @@ async function writeTar(file: string, write: (add: AddEntry, archive: Pack) => P
     await write(add, archive);
     archive.finalize();
   };
-  await Promise.all([produce(), pipeline(Readable.from(archive as AsyncIterable<Buffer>), tap, createWriteStream(file))]);
+  await Promise.all([produce(), pipeline(Readable.from(archive as AsyncIterable<Buffer>), hashing, createWriteStream(file))]);
   return { digest: `sha256:${hash.digest('hex')}`, bytes };
 }
 
@@ -321,14 +318,11 @@ async function writeLayerTar(layer: LayerSpec, file: string, onBytes: (n: number
 async function gzipFile(file: string, out: string): Promise<{ digest: string; size: number }> {
   const hash = createHash('sha256');
   let size = 0;
-  const tap = new Transform({
-    transform(chunk: Buffer, _encoding, cb) {
-      hash.update(chunk);
-      size += chunk.length;
-      cb(null, chunk);
-    },
+  const hashing = tap((chunk) => {
+    hash.update(chunk);
+    size += chunk.length;
   });
-  await pipeline(createReadStream(file), createGzip({ level: GZIP_LEVEL }), tap, createWriteStream(out));
+  await pipeline(createReadStream(file), createGzip({ level: GZIP_LEVEL }), hashing, createWriteStream(out));
   return { digest: `sha256:${hash.digest('hex')}`, size };
 }
 
@@ -452,21 +446,17 @@ async function realPair(cluster: TestCluster, token: string, work: string): Prom
 
 // ---------------------------------------------------------------- HTTP
 
-/** POSTs a file as a streamed body, with a bar of the bytes sent; the answer and the wall time. */
 /**
- * POSTs a file, streamed. `peakRssGrowthMiB`: how far this process's RSS (the gateway runs
+ * POSTs a file as a streamed body, with a bar of the bytes sent; the answer and the wall time. `peakRssGrowthMiB`: how far this process's RSS (the gateway runs
  * in it) rose above where it was at the start, sampled every 50 ms: an archive is never held whole.
  */
 async function upload<T>(cluster: TestCluster, token: string, urlPath: string, file: string, label: string): Promise<{ body: T; ms: number; peakRssGrowthMiB: number }> {
   const { size } = await fs.stat(file);
   const bar = progressBar(label, { total: size });
   let sent = 0;
-  const counting = new Transform({
-    transform(chunk: Buffer, _encoding, cb) {
-      sent += chunk.length;
-      bar.update(sent / size, `${Math.floor(sent / MiB)}/${Math.round(size / MiB)} MiB${sent === size ? ', waiting for the answer' : ''}`);
-      cb(null, chunk);
-    },
+  const counting = tap((chunk) => {
+    sent += chunk.length;
+    bar.update(sent / size, `${Math.floor(sent / MiB)}/${Math.round(size / MiB)} MiB${sent === size ? ', waiting for the answer' : ''}`);
   });
   const source = createReadStream(file);
   source.on('error', (err) => counting.destroy(err));

@@ -73,7 +73,6 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const burst = new BurstController({
     redis,
     directory,
-    layers,
     images,
     registry,
     provider,
@@ -249,8 +248,7 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
 function layerSyncOf(config: Config, redis: Redis, store: LayerStore, tmpDir: string): (signal: AbortSignal) => Promise<string[]> {
   const { gatewayUrl, gatewayToken, syncLayers } = config.node;
   if (!gatewayUrl || !gatewayToken) throw new Error('ROLLBOX_SYNC_LAYERS needs ROLLBOX_GATEWAY_URL and ROLLBOX_GATEWAY_TOKEN (a token with layer read scope)');
-  const layers = new LayerRegistry(redis);
-  const images = new ImageRegistry(redis, layers);
+  const images = new ImageRegistry(redis, new LayerRegistry(redis));
   return async (signal) => {
     const digests = new Set<string>();
     for (const ref of syncLayers) {
@@ -258,10 +256,7 @@ function layerSyncOf(config: Config, redis: Redis, store: LayerStore, tmpDir: st
         const published = await redis.smembers(keys.burstSyncedLayers);
         if (!published.length) throw new Error('the cluster has not published its pre-synced layer set yet (a gateway does at start)');
         for (const d of published) digests.add(d);
-      } else {
-        const image = await images.get(ref);
-        for (const d of image ? image.layers.map((l) => l.digest) : [(await layers.resolve(ref)).digest]) digests.add(d);
-      }
+      } else for (const d of await images.layersOf(ref)) digests.add(d);
     }
     return fetchLayers([...digests].sort(), { gatewayUrl, token: gatewayToken, store, tmpDir, signal });
   };

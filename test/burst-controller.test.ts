@@ -9,7 +9,7 @@ import { CreateSandboxRequest, type NodeHeartbeat } from '../src/api/index.ts';
 import { BurstController, CommandProvider, TraceRecorder } from '../src/burst/index.ts';
 import { NodeDirectory, idleHeartbeat, type PlacementRequest } from '../src/queues/index.ts';
 import { connectRedis, startRedisServer, type RedisServerHandle } from '../src/redis/index.ts';
-import { LayerRegistry, SandboxRegistry, keys } from '../src/registry/index.ts';
+import { ImageRegistry, LayerRegistry, SandboxRegistry, keys } from '../src/registry/index.ts';
 
 const DIGEST = `sha256:${'ab'.repeat(32)}`;
 let dir: string;
@@ -69,7 +69,7 @@ describe('burst controller across two gateways (real Redis, command provider)', 
       new BurstController({
         redis,
         directory,
-        layers,
+        images: new ImageRegistry(redis, layers),
         registry,
         provider,
         config: { tickMs: 100, syncLayers: ['base'], localPool: 'local', lostAfterMs: 5000, redisUrl: server.url },

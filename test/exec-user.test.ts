@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ExecResult } from '../src/api/index.ts';
-import { api, startTestCluster, type TestCluster } from './support/cluster.ts';
+import type { WorkerHandle } from '../src/main.ts';
+import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { tarOf } from './support/tar.ts';
 
 /**
@@ -11,13 +12,16 @@ import { tarOf } from './support/tar.ts';
 const PASSWD = 'root:x:0:0:root:/root:/bin/sh\nalice:x:1000:1000:Alice:/home/alice:/bin/sh\n4321:x:1000:1000::/:/bin/sh\n';
 const GROUP = 'root:x:0:\nalice:x:1000:\ndev:x:2000:bob,alice\n';
 
+const NODE = 'node-u';
 let cluster: TestCluster;
+let worker: WorkerHandle;
 let token: string;
 let accounts: string;
 const made: string[] = [];
 
 beforeAll(async () => {
-  cluster = await startTestCluster({ workers: [{ nodeId: 'node-u' }] });
+  cluster = await startTestCluster();
+  worker = await cluster.addWorker({ nodeId: NODE });
   token = await cluster.token('users', ['layer:write', 'sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete']);
   const tar = await tarOf([
     { name: 'etc/passwd', content: PASSWD, mode: 0o644 },
@@ -90,6 +94,23 @@ describe('exec user', () => {
     }
     const badCreate = await api(cluster, token, 'POST', '/v1/sandboxes', { user: 'a b' });
     expect(badCreate.status).toBe(400);
+  });
+
+  it("keeps the sandbox's user when it comes from a warm pool and across a worker restart", async () => {
+    const admin = await cluster.token('ops', ['admin']);
+    const pool = { image: { base: 'busybox', layers: [accounts] }, size: 1, diskMiB: 64, resources: { memoryMiB: 64 } };
+    expect((await api(cluster, admin, 'PUT', '/v1/pools/users', pool)).status).toBe(200);
+    await waitFor('a ready sandbox in the pool', async () => (await api(cluster, admin, 'GET', '/v1/pools/users')).body.status?.ready === 1, 30_000);
+    const pooled = await api(cluster, token, 'POST', '/v1/sandboxes', { image: pool.image, resources: { memoryMiB: 64, diskMiB: 64 }, user: 'alice' });
+    expect(pooled.body.pool, JSON.stringify(pooled.body)).toBe('users');
+    made.push(pooled.body.id);
+    const cold = await sandbox({ user: 'alice' });
+    expect(await api(cluster, admin, 'DELETE', '/v1/pools/users').then((r) => r.status)).toBe(204);
+    for (const id of [pooled.body.id, cold]) expect(await out(id, 'id -u')).toBe('1000');
+    // Adopted by a new worker process: the user comes back with the sandbox (the claim's, or the bundle's).
+    await worker.stop({ destroySandboxes: false });
+    worker = await cluster.addWorker({ nodeId: NODE });
+    for (const id of [pooled.body.id, cold]) expect(await out(id, 'id -u; echo $HOME')).toBe('1000\n/home/alice');
   });
 
   it('runs as root without a user, and the files API stays root', async () => {

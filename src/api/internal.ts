@@ -15,7 +15,6 @@ export const RunOnce = z.object({
   stdin: z.string().optional(),
   env: z.record(z.string(), z.string()),
   cwd: z.string(),
-  user: z.string().optional(),
   timeoutMs: z.number().int(),
   /** Absolute path -> base64 content, written before the command. */
   files: z.record(z.string(), z.string()),
@@ -45,7 +44,7 @@ export const ExecOp = z.object({
   stdin: z.string().optional(),
   env: z.record(z.string(), z.string()),
   cwd: z.string().optional(),
-  /** As given to exec, else the sandbox's default user; none: root. */
+  /** As given to exec; none: the sandbox's user (its host knows it), else root. */
   user: z.string().optional(),
   timeoutMs: z.number().int(),
   /** Also append output to the command's output stream as it is produced. */

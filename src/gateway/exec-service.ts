@@ -49,14 +49,9 @@ const RECORD_CHECK_MS = 5000;
 /** A blocked read of an output stream wakes this often to look at the command's record. */
 const FOLLOW_BLOCK_MS = 2000;
 const POLL_MS = 25;
-/** Sandboxes whose default user this gateway remembers (oldest forgotten first). */
-const DEFAULT_USERS_KEPT = 10_000;
 
 /** Commands in sandboxes, through the command log: buffered, streamed, replayed. */
 export class ExecService {
-  /** Each sandbox's default user (its spec's `user`), read from its record once: a spec's user never changes. */
-  private readonly defaultUsers = new Map<string, string | undefined>();
-
   constructor(private readonly deps: ExecServiceDeps) {}
 
   /**
@@ -134,7 +129,6 @@ export class ExecService {
     const { commands, nodes } = this.deps;
     const requestId = newId('req');
     const commandId = request.commandId ?? newId('cmd');
-    const user = request.user ?? (await this.defaultUserOf(id, principal.tenant));
     const op = nodes.addressed({
       kind: 'exec',
       sandboxId: id,
@@ -144,7 +138,7 @@ export class ExecService {
       stdin: request.stdin,
       env: request.env,
       cwd: request.cwd,
-      user,
+      user: request.user,
       timeoutMs: timeoutOf(request),
       stream: options.stream,
       background: options.background ?? false,
@@ -169,22 +163,6 @@ export class ExecService {
     if (claimed.kind === 'missing') throw new RollboxError('not_found', `sandbox ${id} not found`);
     const reason = claimed.failureReason ? ` (${claimed.failureReason})` : '';
     throw new RollboxError('invalid_state', `sandbox ${id} is ${claimed.state || 'unknown'}${reason}, not running`);
-  }
-
-  /**
-   * Who a command runs as when the exec names nobody. Read once per sandbox, so most execs
-   * stay one round trip; not remembered before the sandbox runs (its spec is settled by then).
-   */
-  private async defaultUserOf(id: string, tenant: string): Promise<string | undefined> {
-    if (this.defaultUsers.has(id)) return this.defaultUsers.get(id);
-    const sandbox = await this.deps.registry.get(id);
-    // Missing or another tenant's: the claim refuses it, and the op is never sent.
-    if (!sandbox || sandbox.tenant !== tenant) return undefined;
-    if (sandbox.state !== 'pending' && sandbox.state !== 'creating') {
-      if (this.defaultUsers.size >= DEFAULT_USERS_KEPT) this.defaultUsers.delete(this.defaultUsers.keys().next().value!);
-      this.defaultUsers.set(id, sandbox.spec.user);
-    }
-    return sandbox.spec.user;
   }
 
   /**

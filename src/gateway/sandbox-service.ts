@@ -52,7 +52,8 @@ export class SandboxService {
 
   /** With `run`, the host runs it once the sandbox runs and discards the sandbox: `ran` is its result (none: the host was lost meanwhile). */
   async create(principal: Principal, request: CreateSandboxRequest, idempotencyKey: string | undefined, run?: RunOnce): Promise<{ sandbox: Sandbox; replayed: boolean; ran?: Ran }> {
-    const [{ creates }, arrivedAtMs] = [this.deps.metrics, this.deps.now()];
+    const { creates } = this.deps.metrics;
+    const arrivedAtMs = this.deps.now();
     try {
       const outcome = await this.createOnce(principal, request, idempotencyKey, run);
       creates.inc({ outcome: outcome.replayed ? 'replayed' : outcome.sandbox.state });
@@ -138,7 +139,7 @@ export class SandboxService {
       if (reply instanceof RollboxError && reply.code === 'timeout') return { kind: 'timeout' };
       if (reply instanceof Error) throw reply;
       const r = reply as Reply;
-      if (r.kind === 'created' || r.kind === 'ran') return { kind: 'started', sandbox: await registry.getOwned(id, tenant), ...(r.kind === 'ran' ? { ran: { result: r.result, files: r.files, ...(r.filesKey ? { filesKey: r.filesKey } : {}) } } : {}) };
+      if (r.kind === 'created' || r.kind === 'ran') return { kind: 'started', sandbox: await registry.getOwned(id, tenant), ...(r.kind === 'ran' ? { ran: r } : {}) };
       if (r.kind === 'error') {
         const settled = settledOrThrow(await this.waitSettled(id, tenant));
         if (run) throw toRollboxError(r.error); // it started, and the run failed

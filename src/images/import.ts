@@ -1,9 +1,9 @@
 import path from 'node:path';
-import { Readable, Transform } from 'node:stream';
+import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import tar from 'tar-stream';
 import { MAX_STACK_LAYERS, RollboxError, type Image, type ImportedImage, type ImportImageQuery } from '../api/index.ts';
-import type { LayerStore } from '../layers/index.ts';
+import { tap, type LayerStore } from '../layers/index.ts';
 import type { ImageRegistry, LayerRegistry } from '../registry/index.ts';
 import { readImageLayer, type ImageLayerBlob, type ImageLayerDeps } from './layer.ts';
 import { chooseImage } from './manifest.ts';
@@ -85,15 +85,9 @@ export async function importImage(input: Readable, query: ImportImageQuery, deps
   // One EROFS build at a time runs beside the reading of the next blob: disk holds at most two extracted layers.
   let building: Promise<unknown> = Promise.resolve();
 
-  const counter = new Transform({
-    transform(chunk: Buffer, _enc, done) {
-      archiveBytes += chunk.length;
-      done(null, chunk);
-    },
-  });
   const extract = tar.extract();
   let archiveError: unknown;
-  const piping = pipeline(input, counter, extract).catch((err: unknown) => {
+  const piping = pipeline(input, tap((c) => (archiveBytes += c.length)), extract).catch((err: unknown) => {
     archiveError ??= err;
   });
 

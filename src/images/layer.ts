@@ -1,10 +1,10 @@
 import { createHash } from 'node:crypto';
 import { mkdir, mkdtemp, rm } from 'node:fs/promises';
 import path from 'node:path';
-import { Transform, Writable, type Readable } from 'node:stream';
+import { Writable, type Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { RollboxError } from '../api/index.ts';
-import { extractInThread, mkfsErofs, type LayerStore, type TarExtractor } from '../layers/index.ts';
+import { extractInThread, mkfsErofs, tap, type LayerStore, type TarExtractor } from '../layers/index.ts';
 import type { ImageRegistry, LayerRegistry } from '../registry/index.ts';
 
 export interface ImageLayerDeps {
@@ -34,15 +34,6 @@ const MAX_LAYER_ENTRIES = 2_000_000;
 /** A layer stays out of garbage collection this long while its image's import runs. */
 const IMPORT_PIN_MS = 6 * 3600 * 1000;
 
-function hashing(hash: ReturnType<typeof createHash>): Transform {
-  return new Transform({
-    transform(chunk: Buffer, _enc, done) {
-      hash.update(chunk);
-      done(null, chunk);
-    },
-  });
-}
-
 /**
  * One layer blob of an archive, in two steps so the next blob can be read while this one's
  * EROFS image is built: `read` consumes the blob (hashing it; extracting it unless the same
@@ -69,7 +60,7 @@ export async function readImageLayer(blob: Readable, claimedDigest: string | und
   const knownDiffId = claimedDigest ? await deps.images.diffIdOfBlob(claimedDigest) : undefined;
   const known = knownDiffId ? await stored(knownDiffId) : undefined;
   if (known) {
-    await pipeline(blob, hashing(blobHash), new Writable({ write: (_c, _e, done) => done() }));
+    await pipeline(blob, tap((c) => blobHash.update(c)), new Writable({ write: (_c, _e, done) => done() }));
     checkBlobDigest();
     return { build: async () => known };
   }
@@ -80,7 +71,7 @@ export async function readImageLayer(blob: Readable, claimedDigest: string | und
   let diffId: string;
   try {
     await mkdir(root, { mode: 0o755 });
-    const hashed = blob.pipe(hashing(blobHash));
+    const hashed = blob.pipe(tap((c) => blobHash.update(c)));
     blob.once('error', (err) => hashed.destroy(err));
     const extracted = await (deps.extract ?? extractInThread)(hashed, root, { maxBytes: deps.maxLayerBytes, maxEntries: MAX_LAYER_ENTRIES }, { imageLayer: true }).catch((err: unknown) => {
       if (err instanceof RollboxError && err.code === 'invalid_layer') throw new RollboxError('invalid_layer', `layer ${archivePath}: ${err.message}`);

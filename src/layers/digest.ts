@@ -1,5 +1,6 @@
 import { createHash } from 'node:crypto';
 import { createReadStream } from 'node:fs';
+import { Transform } from 'node:stream';
 import { RollboxError } from '../api/index.ts';
 
 const DIGEST_RE = /^sha256:([0-9a-f]{64})$/;
@@ -23,4 +24,14 @@ export async function sha256File(filePath: string): Promise<{ hex: string; sizeB
     sizeBytes += (chunk as Buffer).length;
   }
   return { hex: hash.digest('hex'), sizeBytes };
+}
+
+/** A pass-through stream stage that shows every chunk to `onChunk` (a hash, a byte count). */
+export function tap(onChunk: (chunk: Buffer) => void): Transform {
+  return new Transform({
+    transform(chunk: Buffer, _encoding, done) {
+      onChunk(chunk);
+      done(null, chunk);
+    },
+  });
 }

@@ -76,22 +76,22 @@ export class ExtractWorkers {
     });
     result.catch(() => undefined); // awaited below
     try {
-      slot.worker.postMessage({ type: 'start', id, root, limits, imageLayer: options.imageLayer ?? false } satisfies ToExtractThread);
-      for await (const chunk of input as AsyncIterable<Buffer>) {
-        while (inFlight >= MAX_CHUNKS_IN_FLIGHT && !failure) await new Promise<void>((r) => (wake = r));
-        if (failure) break; // the thread refused the tar: the rest of the upload is not needed
-        inFlight++;
-        const copy = chunk.buffer.slice(chunk.byteOffset, chunk.byteOffset + chunk.byteLength) as ArrayBuffer;
-        slot.worker.postMessage({ type: 'chunk', id, chunk: copy } satisfies ToExtractThread, [copy]);
+      try {
+        slot.worker.postMessage({ type: 'start', id, root, limits, imageLayer: options.imageLayer ?? false } satisfies ToExtractThread);
+        for await (const chunk of input as AsyncIterable<Buffer>) {
+          while (inFlight >= MAX_CHUNKS_IN_FLIGHT && !failure) await new Promise<void>((r) => (wake = r));
+          if (failure) break; // the thread refused the tar: the rest of the upload is not needed
+          inFlight++;
+          const copy = chunk.buffer.slice(chunk.byteOffset, chunk.byteOffset + chunk.byteLength) as ArrayBuffer;
+          slot.worker.postMessage({ type: 'chunk', id, chunk: copy } satisfies ToExtractThread, [copy]);
+        }
+        slot.worker.postMessage({ type: 'end', id } satisfies ToExtractThread);
+      } catch (err) {
+        // The upload failed: the thread stops its job, and the slot goes back once it has.
+        slot.worker.postMessage({ type: 'abort', id } satisfies ToExtractThread);
+        await result.catch(() => undefined);
+        throw err;
       }
-      slot.worker.postMessage({ type: 'end', id } satisfies ToExtractThread);
-    } catch (err) {
-      slot.worker.postMessage({ type: 'abort', id } satisfies ToExtractThread);
-      await result.catch(() => undefined);
-      this.give(slot);
-      throw err;
-    }
-    try {
       return await result;
     } finally {
       input.destroy();

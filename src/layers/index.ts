@@ -5,7 +5,7 @@ export type { LayerBuilder } from './build.ts';
 export type { BuildLayerOptions, BusyboxBaseOptions } from './build.ts';
 export { LayerMounts } from './mounts.ts';
 export type { LayerMountsDeps, LayerLogger } from './mounts.ts';
-export { hexOfDigest, isLayerDigest, sha256File } from './digest.ts';
+export { hexOfDigest, isLayerDigest, sha256File, tap } from './digest.ts';
 export { mkfsErofs } from './erofs.ts';
 export { entryComponents, extractTarSafely, symlinkStaysInside } from './extract.ts';
 export type { ExtractOptions, ExtractLimits } from './extract.ts';

@@ -2,10 +2,10 @@ import { createHash, randomBytes } from 'node:crypto';
 import { createWriteStream } from 'node:fs';
 import { mkdir, rm } from 'node:fs/promises';
 import path from 'node:path';
-import { Readable, Transform } from 'node:stream';
+import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { RollboxError } from '../api/index.ts';
-import { hexOfDigest } from './digest.ts';
+import { hexOfDigest, tap } from './digest.ts';
 import type { LayerStore } from './store.ts';
 
 export interface LayerFetchOptions {
@@ -44,14 +44,8 @@ async function fetchOne(digest: string, options: LayerFetchOptions): Promise<voi
   }
   const tmpPath = path.join(options.tmpDir, `fetch-${expectedHex.slice(0, 12)}-${randomBytes(4).toString('hex')}.erofs`);
   const hash = createHash('sha256');
-  const hashing = new Transform({
-    transform(chunk: Buffer, _encoding, done) {
-      hash.update(chunk);
-      done(null, chunk);
-    },
-  });
   try {
-    await pipeline(Readable.fromWeb(response.body as never), hashing, createWriteStream(tmpPath));
+    await pipeline(Readable.fromWeb(response.body as never), tap((c) => hash.update(c)), createWriteStream(tmpPath));
     const actualHex = hash.digest('hex');
     if (actualHex !== expectedHex) throw new RollboxError('invalid_layer', `layer ${digest}: downloaded bytes hash to sha256:${actualHex}`);
     await options.store.put(tmpPath);

@@ -58,6 +58,12 @@ export class ImageRegistry {
     await multi.exec();
   }
 
+  /** What a name stands for in a synced layer set: an imported image's layers, else the one layer (a name or digest). */
+  async layersOf(ref: string): Promise<LayerDigest[]> {
+    const image = await this.get(ref);
+    return image ? image.layers.map((l) => l.digest) : this.layers.resolveAll([ref]);
+  }
+
   /**
    * The layers of a create's image, lowest first: an imported image's layers when `base`
    * names one (image names come before layer names), then the extra layers on top.

@@ -63,6 +63,7 @@ export async function handleCreate(ctx: HostContext, job: CreateJob): Promise<vo
       class: spec.class,
       env: spec.env,
       workdir: spec.workdir ?? '/',
+      ...(spec.user ? { user: spec.user } : {}),
       hiddenPaths: spec.hiddenPaths,
       network: spec.network,
     });
@@ -86,8 +87,7 @@ export async function handleCreate(ctx: HostContext, job: CreateJob): Promise<vo
       return;
     }
     // A run goes on outside the create: the host's limit on starts in flight is not held by a command.
-    // It runs as the sandbox's user (an image's User), as an exec would.
-    if (job.run) void runAndDiscard(ctx, sandbox.id, { ...job, run: { ...job.run, user: job.run.user ?? spec.user } }).catch((err: unknown) => ctx.log.error({ err, sandboxId: sandbox.id }, 'answering a run failed'));
+    if (job.run) void runAndDiscard(ctx, sandbox.id, { ...job, run: job.run }).catch((err: unknown) => ctx.log.error({ err, sandboxId: sandbox.id }, 'answering a run failed'));
     else await ctx.reply(job.replyTo, { kind: 'created', requestId: job.requestId, nodeId: ctx.nodeId });
   } catch (err) {
     ctx.log.error({ err, sandboxId: sandbox.id }, 'create failed');
@@ -111,7 +111,7 @@ async function layerImage(ctx: HostContext, digest: string): Promise<{ digest: s
  */
 async function bindPooled(ctx: HostContext, id: string, spec: Sandbox['spec']): Promise<boolean> {
   try {
-    await ctx.deps.runtime.claim(id, { resources: spec.resources, env: spec.env, workdir: spec.workdir ?? '/', hiddenPaths: spec.hiddenPaths, network: spec.network });
+    await ctx.deps.runtime.claim(id, { resources: spec.resources, env: spec.env, workdir: spec.workdir ?? '/', ...(spec.user ? { user: spec.user } : {}), hiddenPaths: spec.hiddenPaths, network: spec.network });
     return true;
   } catch (err) {
     ctx.log.warn({ err, sandboxId: id }, 'binding a warm-pool sandbox failed; starting it cold');

@@ -23,7 +23,6 @@ export async function runAndDiscard(ctx: HostContext, sandboxId: string, job: Cr
       stdin: run.stdin,
       env: run.env,
       cwd: run.cwd,
-      user: run.user,
       timeoutMs: run.timeoutMs,
       outputCapBytes: ctx.deps.config.execOutputCapBytes,
       holdBackBesteffort: true,

@@ -4,7 +4,7 @@ import type { Logger } from 'pino';
 import type { Registry } from 'prom-client';
 import { BurstPolicy, BurstStatus, type BurstDecisionReason, type CreateSandboxRequest, type Sandbox } from '../../api/index.ts';
 import type { NodeDirectory, PlacementRequest } from '../../queues/index.ts';
-import { keys, type ImageRegistry, type LayerRegistry, type SandboxRegistry } from '../../registry/index.ts';
+import { keys, type ImageRegistry, type SandboxRegistry } from '../../registry/index.ts';
 import { planCloudScaling, stepDiversion } from '../policy/index.ts';
 import type { CloudProvider } from '../providers/index.ts';
 import type { TraceRecorder } from '../trace/index.ts';
@@ -19,9 +19,8 @@ export { CLOUD_POOL } from './fleet.ts';
 export interface BurstControllerDeps {
   redis: Redis;
   directory: NodeDirectory;
-  layers: LayerRegistry;
-  /** An imported image's name in the synced set stands for all its layers. */
-  images?: Pick<ImageRegistry, 'get'>;
+  /** Resolves the synced set's names: an imported image's name stands for all its layers. */
+  images: Pick<ImageRegistry, 'layersOf'>;
   registry: SandboxRegistry;
   /** Undefined: nothing is provisioned; cloud hosts that operators start are still used. */
   provider: CloudProvider | undefined;
@@ -108,16 +107,8 @@ export class BurstController {
 
   /** Names resolve once registered; a layer uploaded (or an image imported) later joins the set then. */
   private async publishSyncedLayers(): Promise<void> {
-    const digests: string[] = [];
-    for (const ref of this.deps.config.syncLayers) {
-      const image = await this.deps.images?.get(ref);
-      if (image) {
-        digests.push(...image.layers.map((l) => l.digest).filter((d) => !digests.includes(d)));
-        continue;
-      }
-      const layer = await this.deps.layers.resolve(ref).catch(() => undefined);
-      if (layer) digests.push(layer.digest);
-    }
+    const resolved = await Promise.all(this.deps.config.syncLayers.map((ref) => this.deps.images.layersOf(ref).catch(() => [])));
+    const digests = [...new Set(resolved.flat())];
     const current = new Set(await this.deps.redis.smembers(keys.burstSyncedLayers));
     if (digests.length === current.size && digests.every((d) => current.has(d))) return;
     const multi = this.deps.redis.multi().del(keys.burstSyncedLayers);

@@ -6,7 +6,7 @@ import { NO_NETWORK, applyPolicy } from './policy.ts';
 import { CPU_PERIOD_US, cpuShares } from './spec.ts';
 import type { SandboxBinding } from './types.ts';
 
-/** What a claim bound (env, workdir), kept in the bundle so a restarted worker adopts it. */
+/** What a claim bound (env, workdir, user), kept in the bundle so a restarted worker adopts it. */
 const CLAIM_FILE = 'claim.json';
 const MIB = 1024 * 1024;
 
@@ -49,15 +49,16 @@ export async function claimSandbox(ctx: RuntimeContext, id: string, binding: San
     writeFileSync(configFile, JSON.stringify(config));
     rec.env = binding.env;
     rec.workdir = binding.workdir;
-    writeFileSync(path.join(ctx.layout.bundleOf(id), CLAIM_FILE), JSON.stringify({ env: binding.env, workdir: binding.workdir }));
+    rec.user = binding.user;
+    writeFileSync(path.join(ctx.layout.bundleOf(id), CLAIM_FILE), JSON.stringify({ env: binding.env, workdir: binding.workdir, user: binding.user }));
   });
   await applyPolicy(ctx, id, { hiddenPaths: binding.hiddenPaths, network: binding.network ?? NO_NETWORK });
 }
 
-/** A claimed sandbox's env and workdir, for adoption (undefined: created for itself). */
-export function readClaim(ctx: RuntimeContext, id: string): { env: Record<string, string>; workdir: string } | undefined {
+/** A claimed sandbox's env, workdir and user, for adoption (undefined: created for itself). */
+export function readClaim(ctx: RuntimeContext, id: string): { env: Record<string, string>; workdir: string; user?: string } | undefined {
   try {
-    return JSON.parse(readFileSync(path.join(ctx.layout.bundleOf(id), CLAIM_FILE), 'utf8')) as { env: Record<string, string>; workdir: string };
+    return JSON.parse(readFileSync(path.join(ctx.layout.bundleOf(id), CLAIM_FILE), 'utf8')) as { env: Record<string, string>; workdir: string; user?: string };
   } catch {
     return undefined;
   }

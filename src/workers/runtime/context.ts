@@ -69,6 +69,8 @@ export interface SandboxRecord {
   /** Layers this process holds references on, base first (released exactly once). */
   layers: { digest: string; imagePath: string }[];
   workdir: string;
+  /** Who commands run as when an exec names nobody (the create's, or a claim's); none: root. */
+  user?: string;
   /** Bound by a claim (warm pools): every command's environment starts from it. */
   env?: Record<string, string>;
   besteffort: boolean;

@@ -15,6 +15,7 @@ import type { SandboxPolicy, SandboxRuntimeSpec } from './types.ts';
 
 export const LAYERS_ANNOTATION = 'io.rollbox.layers';
 export const WORKDIR_ANNOTATION = 'io.rollbox.workdir';
+export const USER_ANNOTATION = 'io.rollbox.user';
 export const CLASS_ANNOTATION = 'io.rollbox.class';
 
 /**
@@ -44,7 +45,7 @@ export async function createSandbox(ctx: RuntimeContext, spec: SandboxRuntimeSpe
     const cg = await ctx.cgroups();
     const rel = layout.cgroupRelOf(id, besteffort);
     const cgroupDirs: SandboxCgroupDirs = { pids: path.join(cg.pids, rel), freezer: path.join(cg.freezer, rel), memory: path.join(cg.memory, rel) };
-    const rec: SandboxRecord = { id, layers: [], workdir: spec.workdir, besteffort, socketPath: layout.socketOf(id), slots: new ExecSlots(cgroupDirs) };
+    const rec: SandboxRecord = { id, layers: [], workdir: spec.workdir, ...(spec.user ? { user: spec.user } : {}), besteffort, socketPath: layout.socketOf(id), slots: new ExecSlots(cgroupDirs) };
     try {
       // 1. Synchronous on purpose, here and below: each of these local-fs calls takes
       // microseconds, while a round trip through libuv's thread pool costs ~0.2-0.5 ms.
@@ -78,6 +79,7 @@ export async function createSandbox(ctx: RuntimeContext, spec: SandboxRuntimeSpe
           'io.rollbox.sandbox': id,
           [LAYERS_ANNOTATION]: JSON.stringify(layers),
           [WORKDIR_ANNOTATION]: spec.workdir,
+          ...(spec.user ? { [USER_ANNOTATION]: spec.user } : {}),
           [CLASS_ANNOTATION]: spec.class,
         },
       });

@@ -138,7 +138,8 @@ export async function execCommand(ctx: RuntimeContext, sandboxId: string, spec: 
       argv: spec.argv,
       env: spec.env,
       cwd: spec.cwd,
-      user: spec.user,
+      // The files API's raw commands (execRawCommand) name nobody and stay root.
+      user: spec.user ?? rec.user,
       stdin: spec.stdin === undefined ? undefined : Buffer.from(spec.stdin, 'utf8'),
       timeoutMs: spec.timeoutMs,
       stdoutCapBytes: spec.outputCapBytes,

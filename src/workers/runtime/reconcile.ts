@@ -6,7 +6,7 @@ import type { NetworkPolicy } from '../../api/index.ts';
 import { readMountInfo } from '../../layers/index.ts';
 import { destroyCgroupTrees, removeCgroupTree } from './cgroups.ts';
 import type { RuntimeContext, SandboxRecord } from './context.ts';
-import { CLASS_ANNOTATION, LAYERS_ANNOTATION, WORKDIR_ANNOTATION, acquireLayers } from './create.ts';
+import { CLASS_ANNOTATION, LAYERS_ANNOTATION, USER_ANNOTATION, WORKDIR_ANNOTATION, acquireLayers } from './create.ts';
 import { readClaim } from './claim.ts';
 import { ExecSlots } from './exec-slots.ts';
 import { BESTEFFORT_ROOT, isSandboxId } from './layout.ts';
@@ -51,7 +51,8 @@ async function adopt(ctx: RuntimeContext, id: string): Promise<boolean> {
   const rel = layout.cgroupRelOf(id, besteffort);
   const slots = new ExecSlots({ pids: path.join(cg.pids, rel), freezer: path.join(cg.freezer, rel), memory: path.join(cg.memory, rel) });
   const claimed = readClaim(ctx, id);
-  const rec: SandboxRecord = { id, layers: [], workdir: claimed?.workdir ?? ann[WORKDIR_ANNOTATION] ?? '/', env: claimed?.env, besteffort, socketPath: layout.socketOf(id), slots };
+  const user = claimed ? claimed.user : ann[USER_ANNOTATION];
+  const rec: SandboxRecord = { id, layers: [], workdir: claimed?.workdir ?? ann[WORKDIR_ANNOTATION] ?? '/', ...(user ? { user } : {}), env: claimed?.env, besteffort, socketPath: layout.socketOf(id), slots };
   try {
     await acquireLayers(ctx, layers, rec);
   } catch (err) {

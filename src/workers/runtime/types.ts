@@ -9,6 +9,8 @@ export interface SandboxRuntimeSpec {
   class: SandboxClass;
   env: Record<string, string>;
   workdir: string;
+  /** Who commands run as when an exec names nobody (an image's User); none: root. */
+  user?: string;
   hiddenPaths: string[];
   /**
    * A packed writable layer (hibernation) whose contents, whiteouts and opaque dirs
@@ -29,6 +31,7 @@ export interface SandboxBinding {
   resources: Resources;
   env: Record<string, string>;
   workdir: string;
+  user?: string;
   hiddenPaths: string[];
   network?: NetworkPolicy;
 }
@@ -44,7 +47,7 @@ export interface RuntimeExecSpec {
   stdin?: string;
   env: Record<string, string>;
   cwd?: string;
-  /** `name`, `uid`, `name:group` or `uid:gid`, resolved by the init against the sandbox's /etc/passwd and /etc/group; none: root. */
+  /** `name`, `uid`, `name:group` or `uid:gid`, resolved by the init against the sandbox's /etc/passwd and /etc/group; none: the sandbox's user, else root. */
   user?: string;
   timeoutMs: number;
   /** Bytes kept per stream; the rest is drained and dropped (truncated = true). */
