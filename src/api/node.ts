@@ -8,7 +8,7 @@ export const NodeHeartbeat = z.object({
   /** Epoch ms when the heartbeat was written, by the node's clock. */
   atMs: z.number(),
   healthy: z.boolean(),
-  /** False while the host is still syncing its layer set (a cloud host); absent means ready. */
+  /** False while the host starts: adopting its sandboxes, testing its network, (a cloud host) syncing its layer set; absent means ready. */
   ready: z.boolean().optional(),
   /** diskMiB: the sum of sandbox diskMiB the node promises (scratch space x overcommit). */
   capacity: z.object({ cpuMillis: z.number(), memoryMiB: z.number(), maxSandboxes: z.number(), maxStarting: z.number(), diskMiB: z.number().optional() }),

@@ -4,6 +4,8 @@ export const keys = {
   tenantLive: (tenant: string) => `rb:tenant:${tenant}:live`,
   tenantAll: (tenant: string) => `rb:tenant:${tenant}:all`,
   nodeSandboxes: (nodeId: string) => `rb:node:${nodeId}:sbx`,
+  /** Of those, the ones being deleted (state `stopping`); kept by the transition script. */
+  nodeStopping: (nodeId: string) => `rb:node:${nodeId}:stopping`,
   command: (sandboxId: string, commandId: string) => `rb:cmd:${sandboxId}:${commandId}`,
   /** Output of a streaming exec, as a Redis stream of chunks. */
   commandOutput: (sandboxId: string, commandId: string) => `rb:out:${sandboxId}:${commandId}`,
@@ -51,6 +53,8 @@ export const keys = {
   burstCounts: 'rb:burst:counts',
   /** Diverted creates that found no cloud slot and went local (pending demand), scored by time. */
   burstFellBack: 'rb:burst:fell-back',
+  /** Of those, the ones that failed, scored by when they fell back (unmet demand for a while). */
+  burstFellBackFailed: 'rb:burst:fell-back-failed',
   /** A batch (hash: state, options, counts `n:*`, timestamps `ts:*`); its tasks' keys share the prefix. */
   batch: (id: string) => `rb:batch:${id}`,
   /** customId -> task JSON. */

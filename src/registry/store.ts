@@ -150,7 +150,7 @@ export class SandboxRegistry {
     if (terminal) patch.push('endedAt', new Date(this.now()).toISOString());
     const result = (await TRANSITION.run(
       this.redis,
-      [keys.sandbox(id), keys.unsettled],
+      [keys.sandbox(id), keys.unsettled, keys.burstFellBack, keys.burstFellBackFailed],
       [to, origins.join(','), terminal ? '1' : '0', 'rb:tenant:', 'rb:node:', options.node ?? '', ...patch],
     )) as string[];
     if (result[0] === 'missing') return { kind: 'missing' };
@@ -248,6 +248,12 @@ export class SandboxRegistry {
 
   async sandboxesOfNode(nodeId: string): Promise<string[]> {
     return this.redis.smembers(keys.nodeSandboxes(nodeId));
+  }
+
+  /** A node's sandboxes and, of those, the ones being deleted (`stopping`): two calls whatever their number. */
+  async nodeView(nodeId: string): Promise<{ live: Set<string>; stopping: Set<string> }> {
+    const [live, stopping] = await Promise.all([this.redis.smembers(keys.nodeSandboxes(nodeId)), this.redis.smembers(keys.nodeStopping(nodeId))]);
+    return { live: new Set(live), stopping: new Set(stopping) };
   }
 
   /** Sandboxes that should have settled (left pending/creating) before `nowMs`. */

@@ -69,8 +69,8 @@ export async function handleCreate(ctx: HostContext, job: CreateJob): Promise<vo
     });
     const startedAtMs = ctx.now();
     // A sandbox back from hibernation keeps the TTL it started with.
-    local.expiresAtMs = Date.parse(sandbox.expiresAt ?? '') || startedAtMs + sandbox.spec.ttlSeconds * 1000;
     local.starting = false;
+    ctx.setExpiry(local, Date.parse(sandbox.expiresAt ?? '') || startedAtMs + sandbox.spec.ttlSeconds * 1000);
     const running = await registry.transition(sandbox.id, 'running', {
       from: ['creating'],
       node: ctx.nodeId,

@@ -8,8 +8,10 @@ export interface HeartbeatInput {
   config: Config['node'];
   atMs: number;
   healthy: boolean;
-  /** Only for hosts that sync their layers first (cloud hosts): placement skips them until ready. */
-  sync?: { ready: boolean; syncedLayers: string[] };
+  /** False while the host starts (adopting, self-testing, syncing layers): placement skips it. */
+  ready: boolean;
+  /** Only for hosts that sync their layers first (cloud hosts). */
+  syncedLayers?: string[];
   local: LocalSandboxes;
   diskCapacityMiB: number;
   cachedLayers: string[];
@@ -25,7 +27,8 @@ export function heartbeatOf(input: HeartbeatInput): NodeHeartbeat {
     pool: config.pool,
     atMs: input.atMs,
     healthy: input.healthy,
-    ...(input.sync ?? {}),
+    ready: input.ready,
+    ...(input.syncedLayers ? { syncedLayers: input.syncedLayers } : {}),
     capacity: { cpuMillis: config.cpuMillis, memoryMiB: config.memoryMiB, maxSandboxes: config.maxSandboxes, maxStarting: config.maxStarting, diskMiB: input.diskCapacityMiB },
     used: local.reserved(),
     measured: { cpuLoad: os.loadavg()[0]! / os.availableParallelism(), memoryUsedFraction: 1 - os.freemem() / os.totalmem() },

@@ -6,7 +6,8 @@ import { publishReply } from '../queues/index.ts';
 import { LayerRegistry, type CommandLog, type SandboxRegistry } from '../registry/index.ts';
 import os from 'node:os';
 import { diskCapacityMiB, readPressure, type AdmissionState } from './admission.ts';
-import { LocalSandboxes } from './local-sandboxes.ts';
+import { Deadlines } from './deadlines.ts';
+import { LocalSandboxes, type LocalSandbox } from './local-sandboxes.ts';
 import type { NetworkHealth } from './network/index.ts';
 import type { SandboxRuntime } from './runtime/types.ts';
 
@@ -45,6 +46,8 @@ export class HostContext {
   readonly layers: LayerRegistry;
   readonly log: Logger;
   readonly now: () => number;
+  /** Running sandboxes' TTLs, each a timer of its own (nothing sweeps them). */
+  readonly ttls: Deadlines;
   stopped = false;
   /** The last network self-test's verdict. */
   networkHealth: NetworkHealth | undefined;
@@ -55,6 +58,7 @@ export class HostContext {
     this.log = deps.logger.child({ nodeId: deps.config.nodeId });
     this.now = deps.now ?? Date.now;
     this.layers = new LayerRegistry(deps.redis);
+    this.ttls = new Deadlines((id) => void this.expire(id).catch((err: unknown) => this.log.warn({ err, sandboxId: id }, 'ending an expired sandbox failed')), this.now);
   }
 
   get nodeId(): string {
@@ -72,7 +76,23 @@ export class HostContext {
   /** Out of the table first: nothing (the init watch, say) may take a sandbox being destroyed for a dead one. */
   async removeLocal(id: string): Promise<void> {
     this.local.delete(id);
+    this.ttls.clear(id);
     await this.deps.runtime.destroy(id).catch((err) => this.log.error({ err, sandboxId: id }, 'destroy failed'));
+  }
+
+  /** A running sandbox's TTL: it ends `failed(timeout)` at `atMs` (Infinity: never). */
+  setExpiry(sandbox: LocalSandbox, atMs: number): void {
+    sandbox.expiresAtMs = atMs;
+    this.ttls.set(sandbox.id, atMs);
+  }
+
+  private async expire(id: string): Promise<void> {
+    const s = this.local.get(id);
+    if (!s || s.starting || s.pool) return;
+    if (s.expiresAtMs > this.now()) return this.ttls.set(id, s.expiresAtMs); // moved later meanwhile
+    await this.removeLocal(id);
+    await this.deps.registry.transition(id, 'failed', { node: this.nodeId, failureReason: 'timeout', detail: 'ttl expired' });
+    this.log.info({ sandboxId: id }, 'ttl expired');
   }
 
   /**

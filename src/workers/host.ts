@@ -3,6 +3,7 @@ import { InboxConsumer, pendingOps, type InboxLane, type InboxReceipt } from '..
 import { PoolRegistry, keys } from '../registry/index.ts';
 import { handleCreate } from './create-handler.ts';
 import { heartbeatOf } from './heartbeat.ts';
+import { Audit } from './audit.ts';
 import { HostContext, type WorkerHostDeps } from './host-context.ts';
 import { OpHandler } from './op-handler.ts';
 import { PoolKeeper } from './pool-keeper.ts';
@@ -10,9 +11,8 @@ import { PoolKeeper } from './pool-keeper.ts';
 export type { WorkerHostDeps } from './host-context.ts';
 
 const OPS_CONCURRENCY = 256;
-const REGISTRY_SYNC_MS = 3000;
-/** How often the inits of local sandboxes are checked (two small /proc reads each). */
-const INIT_WATCH_MS = 2000;
+/** The audit's tick: it checks its share of the sandboxes (see audit.ts) this often. */
+const AUDIT_TICK_MS = 1000;
 /** How often warm pools are refilled and checked. */
 const POOL_TICK_MS = 500;
 const SYNC_RETRY_MS = 1000;
@@ -31,18 +31,23 @@ const STOP_GRACE_MS = 5000;
  *   start: reconcile (adopt what Redis says runs here, remove everything else) -> network
  *          self-test -> first heartbeat -> (cloud hosts) layer sync -> take from its inboxes
  *   run:   creates under local admission (create-handler.ts), operations on its sandboxes
- *          (op-handler.ts), heartbeats, TTLs, init watch, registry sync, network self-test,
- *          warm pools (pool-keeper.ts)
+ *          (op-handler.ts), heartbeats, network self-test, warm pools (pool-keeper.ts).
+ *          Nothing here visits every sandbox on a timer: an init's death arrives as an
+ *          event (the runtime's onExit), a TTL as its own timer (ctx.ttls), a delete as a
+ *          message; the audit (audit.ts) is the slow, spread-out safety net behind them.
  *   stop:  stop taking, give running operations a grace, (embedded stack) destroy all
  */
 export class WorkerHost {
   private readonly ctx: HostContext;
   private readonly ops: OpHandler;
   private readonly pools: PoolKeeper;
+  private readonly audit: Audit;
+  /** Heartbeats written; a later one that finds the node's entry gone means it was declared lost. */
+  private beats = 0;
   private inboxes: InboxConsumer[] = [];
   private timers: NodeJS.Timeout[] = [];
-  /** False while a cloud host syncs its layers: placement skips it. */
-  private ready: boolean;
+  /** False until the host has started (adopted, tested, synced): placement skips it. */
+  private ready = false;
   private syncedLayers: string[] | undefined;
   private readonly stopping = new AbortController();
   private networkTick: Promise<void> | undefined;
@@ -51,7 +56,14 @@ export class WorkerHost {
     this.ctx = new HostContext(deps);
     this.ops = new OpHandler(this.ctx);
     this.pools = new PoolKeeper(this.ctx, new PoolRegistry(deps.redis), deps.config.poolRefillConcurrency);
-    this.ready = !deps.syncLayers;
+    this.audit = new Audit({
+      intervalMs: deps.config.auditMs,
+      tickMs: AUDIT_TICK_MS,
+      now: this.ctx.now,
+      ids: () => this.ctx.local.ids(),
+      check: (id) => this.checkOne(id),
+      compareWithRegistry: () => this.compareWithRegistry(),
+    });
   }
 
   get nodeId(): string {
@@ -60,19 +72,35 @@ export class WorkerHost {
 
   async start(): Promise<void> {
     const { ctx } = this;
-    await this.reconcile();
-    await this.tickNetwork();
-    await this.heartbeat();
-    await this.syncLayersBeforeReady();
-    if (ctx.stopped) return;
     const { config } = this.deps;
+    this.deps.runtime.onExit((id) => void this.checkOne(id).catch((err) => ctx.log.warn({ err, sandboxId: id }, 'handling a dead init failed')));
+    // A host coming back to sandboxes of its own heartbeats at once, saying `ready: false`
+    // (placement skips it) until they are adopted, its network tested and (cloud hosts) its
+    // layers synced: adopting thousands of sandboxes takes longer than a janitor waits
+    // before it declares a silent host lost. A new host first speaks when ready.
+    let beat: NodeJS.Timeout | undefined;
+    const startBeating = async () => {
+      beat ??= setInterval(() => void this.heartbeat().catch((err) => ctx.log.warn({ err }, 'heartbeat failed')), config.heartbeatMs);
+      await this.heartbeat();
+    };
+    try {
+      const own = await this.deps.registry.sandboxesOfNode(this.nodeId);
+      if (own.length) await startBeating();
+      await this.reconcile(own);
+      await this.tickNetwork();
+      if (this.deps.syncLayers) await startBeating();
+      await this.syncLayersBeforeReady();
+    } finally {
+      clearInterval(beat);
+    }
+    if (ctx.stopped) return;
+    this.ready = true;
+    await this.heartbeat();
     this.inboxes = [this.inbox('create', config.maxStarting, (m) => handleCreate(ctx, CreateJob.parse(m))), this.inbox('ops', OPS_CONCURRENCY, (m, r) => this.ops.handle(NodeOp.parse(m), r))];
     const requeued = await Promise.all(this.inboxes.map((i) => i.start()));
     const every = (ms: number, what: string, fn: () => Promise<void>) => this.timers.push(setInterval(() => void fn().catch((err) => ctx.log.warn({ err }, `${what} failed`)), ms));
     every(config.heartbeatMs, 'heartbeat', () => this.heartbeat());
-    every(1000, 'ttl sweep', () => this.expireTtls());
-    every(REGISTRY_SYNC_MS, 'registry sync', () => this.syncWithRegistry());
-    every(INIT_WATCH_MS, 'init watch', () => this.watchInits());
+    every(AUDIT_TICK_MS, 'audit', () => this.audit.tick());
     every(NETWORK_TICK_MS, 'network self-test', () => this.tickNetwork());
     every(POOL_TICK_MS, 'warm pools', () => this.pools.tick());
     for (const t of this.timers) t.unref();
@@ -92,29 +120,22 @@ export class WorkerHost {
     });
   }
 
-  /** Heartbeats say `ready: false` until the layer set is in this host's own store. */
+  /** A cloud host copies its layer set into its own store before it is ready. */
   private async syncLayersBeforeReady(): Promise<void> {
     const { syncLayers } = this.deps;
     const { ctx } = this;
     if (!syncLayers) return;
-    const beat = setInterval(() => void this.heartbeat().catch((err) => ctx.log.warn({ err }, 'heartbeat failed')), this.deps.config.heartbeatMs);
-    try {
-      while (!ctx.stopped) {
-        try {
-          this.syncedLayers = await syncLayers(this.stopping.signal);
-          break;
-        } catch (err) {
-          if (ctx.stopped) return;
-          ctx.log.warn({ err }, 'layer sync failed; retrying');
-          await new Promise((r) => setTimeout(r, SYNC_RETRY_MS));
-        }
+    while (!ctx.stopped) {
+      try {
+        this.syncedLayers = await syncLayers(this.stopping.signal);
+        ctx.log.info({ layers: this.syncedLayers.length }, 'layers synced; ready');
+        return;
+      } catch (err) {
+        if (ctx.stopped) return;
+        ctx.log.warn({ err }, 'layer sync failed; retrying');
+        await new Promise((r) => setTimeout(r, SYNC_RETRY_MS));
       }
-    } finally {
-      clearInterval(beat);
     }
-    this.ready = true;
-    ctx.log.info({ layers: this.syncedLayers?.length }, 'layers synced; ready');
-    await this.heartbeat();
   }
 
   /**
@@ -128,6 +149,7 @@ export class WorkerHost {
     ctx.stopped = true;
     this.stopping.abort();
     for (const t of this.timers) clearInterval(t);
+    ctx.ttls.clearAll();
     await this.pools.stop({ destroy: options.destroySandboxes });
     // A round in flight holds a probe network: it ends before the stop's reconcile removes everything.
     await this.networkTick;
@@ -155,6 +177,7 @@ export class WorkerHost {
       // Commands cut short by the destroys now finish: let them record their results.
       await this.untilIdle(STOP_GRACE_MS);
     }
+    this.deps.runtime.detach();
   }
 
   private busy(): number {
@@ -166,10 +189,9 @@ export class WorkerHost {
   }
 
   /** Adopt sandboxes Redis says are ours and still run; remove everything else. */
-  private async reconcile(): Promise<void> {
+  private async reconcile(ids: readonly string[]): Promise<void> {
     const { ctx } = this;
     const { registry, runtime, commands } = this.deps;
-    const ids = await registry.sandboxesOfNode(this.nodeId);
     const records = (await Promise.all(ids.map((id) => registry.get(id)))).filter((s): s is Sandbox => !!s && !isTerminal(s.state));
     const live = records.filter((s) => s.state === 'running' || s.state === 'paused' || s.state === 'stopping');
     const pooled = await this.pools.toAdopt();
@@ -179,7 +201,9 @@ export class WorkerHost {
     for (const s of records) {
       if (adopted.has(s.id)) {
         const { memoryMiB, cpuMillis, diskMiB } = reservationOf(s.spec.resources);
-        ctx.local.set({ id: s.id, memoryMiB, cpuMillis, diskMiB, expiresAtMs: Date.parse(s.expiresAt ?? '') || Infinity, starting: false });
+        const local = { id: s.id, memoryMiB, cpuMillis, diskMiB, expiresAtMs: Infinity, starting: false };
+        ctx.local.set(local);
+        ctx.setExpiry(local, Date.parse(s.expiresAt ?? '') || Infinity);
       } else if (s.state !== 'pending' && s.state !== 'hibernated') {
         // Its container is gone (host rebooted, or the worker died mid-create).
         await registry.transition(s.id, 'failed', { failureReason: s.state === 'creating' ? 'infra_error' : 'lost', detail: 'container not found when the worker host restarted' });
@@ -203,14 +227,21 @@ export class WorkerHost {
       config: this.deps.config,
       atMs: ctx.now(),
       healthy: !ctx.stopped,
-      sync: this.deps.syncLayers ? { ready: this.ready, syncedLayers: this.syncedLayers ?? [] } : undefined,
+      ready: this.ready,
+      syncedLayers: this.deps.syncLayers ? (this.syncedLayers ?? []) : undefined,
       local: ctx.local,
       diskCapacityMiB: ctx.diskSpace().capacityMiB,
       cachedLayers: this.deps.runtime.mountedLayers(),
       network: ctx.networkHealth,
       pools: this.pools.status(),
     });
-    await this.deps.redis.hset(keys.nodes, this.nodeId, JSON.stringify(heartbeat));
+    const added = await this.deps.redis.hset(keys.nodes, this.nodeId, JSON.stringify(heartbeat));
+    // Our entry was gone: a janitor declared this host lost (a long stall) and failed its
+    // sandboxes. Those must go here too, now rather than at the audit's next round.
+    if (added && this.beats++ > 0) {
+      ctx.log.warn('this host had been declared lost; comparing its sandboxes with the registry');
+      this.audit.requestCompare();
+    }
   }
 
   /** The network self-test's tick (one at a time); verdict changes are logged, the heartbeat carries them to placement. */
@@ -230,36 +261,34 @@ export class WorkerHost {
     await this.networkTick;
   }
 
-  /** Inits that died while no command ran (killed from the host, say) are noticed here. */
-  private async watchInits(): Promise<void> {
-    for (const s of this.ctx.local.running()) await this.ctx.checkAlive(s.id);
+  /**
+   * One sandbox, checked when its init's channel closed, or by the audit: a dead init ends
+   * a tenant's sandbox failed (init_lost or oom) and a warm pool's ready one withdrawn.
+   */
+  private async checkOne(id: string): Promise<void> {
+    const s = this.ctx.local.get(id);
+    if (!s || s.starting || this.ctx.stopped) return;
+    if (s.pool) await this.pools.dropIfDead(id);
+    else await this.ctx.checkAlive(id);
   }
 
   /**
    * Registry wins: a sandbox that ended while this host could not act on it (declared
-   * lost during a long stall, or a delete whose message was lost) is removed here.
+   * lost during a long stall, or a delete whose message was lost) is removed here. Two
+   * calls (the node's sets), whatever the number of sandboxes.
    */
-  private async syncWithRegistry(): Promise<void> {
+  private async compareWithRegistry(): Promise<void> {
     const { ctx } = this;
-    const ids = ctx.local.running().map((s) => s.id);
-    const states = await this.deps.registry.states(ids);
-    for (const [i, state] of states.entries()) {
-      const id = ids[i]!;
-      if (state !== undefined && !isTerminal(state) && state !== 'stopping') continue;
+    const running = ctx.local.running();
+    if (running.length === 0) return;
+    const { live, stopping } = await this.deps.registry.nodeView(this.nodeId);
+    for (const { id } of running) {
+      if (live.has(id) && !stopping.has(id)) continue;
+      // Started or ended meanwhile: only what is still here, as it was, goes.
+      if (ctx.local.get(id)?.starting !== false) continue;
       await ctx.removeLocal(id);
-      if (state === 'stopping') await this.deps.registry.transition(id, 'terminated', { node: this.nodeId });
-      ctx.log.info({ sandboxId: id, state }, 'removed a sandbox the registry no longer keeps running here');
-    }
-  }
-
-  private async expireTtls(): Promise<void> {
-    const { ctx } = this;
-    const now = ctx.now();
-    for (const s of ctx.local.running()) {
-      if (s.expiresAtMs > now) continue;
-      await ctx.removeLocal(s.id);
-      await this.deps.registry.transition(s.id, 'failed', { node: this.nodeId, failureReason: 'timeout', detail: 'ttl expired' });
-      ctx.log.info({ sandboxId: s.id }, 'ttl expired');
+      if (stopping.has(id)) await this.deps.registry.transition(id, 'terminated', { node: this.nodeId });
+      ctx.log.info({ sandboxId: id, stopping: stopping.has(id) }, 'removed a sandbox the registry no longer keeps running here');
     }
   }
 }

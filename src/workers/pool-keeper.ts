@@ -5,8 +5,6 @@ import type { HostContext } from './host-context.ts';
 
 /** A ready sandbox off its list with no sandbox record after this long was lost by its claimer (a gateway died mid-create). */
 const ORPHAN_AFTER_MS = 30_000;
-/** Ticks between checks that ready sandboxes' inits are alive (two small file reads each). */
-const INIT_CHECK_TICKS = 4;
 
 type PoolRef = { name: string; version: string };
 
@@ -24,7 +22,6 @@ export class PoolKeeper {
   private offList = new Map<string, number>();
   private starts = new Set<Promise<void>>();
   private stopped = false;
-  private ticks = 0;
   /** One tick at a time: a slow one (many discards) is not overlapped by the next. */
   private ticking = false;
 
@@ -95,18 +92,19 @@ export class PoolKeeper {
       if ((await this.pools.withdraw(s.pool, this.ctx.nodeId, s.id)) || !(await this.ctx.deps.registry.get(s.id))) await this.discard(s.id);
     }
     await this.shrink();
-    if (++this.ticks % INIT_CHECK_TICKS === 0) await this.dropDead();
     await this.collectOrphans();
     this.refill();
   }
 
-  /** A ready sandbox whose init died (killed from the host, OOM) must not be handed out. */
-  private async dropDead(): Promise<void> {
-    for (const s of this.ctx.local.pooled()) {
-      if (s.starting || (await this.ctx.deps.runtime.isRunning(s.id))) continue;
-      // Claimed meanwhile: its create finds it dead, destroys it and starts cold (create-handler.ts).
-      if (await this.pools.withdraw(s.pool, this.ctx.nodeId, s.id)) await this.discard(s.id);
-    }
+  /**
+   * A ready sandbox whose init died (killed from the host, OOM) must not be handed out
+   * (the host calls this when its init's channel closes, and from its audit).
+   */
+  async dropIfDead(id: string): Promise<void> {
+    const s = this.ctx.local.get(id);
+    if (!s?.pool || s.starting || (await this.ctx.deps.runtime.isRunning(id))) return;
+    // Claimed meanwhile: its create finds it dead, destroys it and starts cold (create-handler.ts).
+    if (await this.pools.withdraw(s.pool, this.ctx.nodeId, id)) await this.discard(id);
   }
 
   /**

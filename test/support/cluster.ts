@@ -34,6 +34,8 @@ export interface SpawnedWorkerOptions extends TestWorkerOptions {
 export interface TestCluster {
   url: string;
   redisUrl: string;
+  /** The redis-server's pid (a new one after restartRedis). */
+  redisPid(): number;
   rootDir: string;
   config: Config;
   token(tenant: string, scopes: Scope[], ttlSeconds?: number): Promise<string>;
@@ -96,6 +98,7 @@ export async function startTestCluster(options: { workers?: TestWorkerOptions[];
     const cluster: TestCluster = {
       url: gateway.url,
       redisUrl: redis.url,
+      redisPid: () => redis!.pid,
       rootDir,
       config,
       token: (tenant, scopes, ttlSeconds = 600) => createTokenIssuer(config.jwt).issue({ tenant, scopes, ttlSeconds }),

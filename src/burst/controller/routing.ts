@@ -1,8 +1,8 @@
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import { isTerminal, type BurstDecisionReason, type BurstPolicy, type CreateSandboxRequest } from '../../api/index.ts';
+import { type BurstDecisionReason, type BurstPolicy, type CreateSandboxRequest } from '../../api/index.ts';
 import type { PlacementRequest } from '../../queues/index.ts';
-import { keys, type SandboxRegistry } from '../../registry/index.ts';
+import { keys } from '../../registry/index.ts';
 import { decideCreate } from '../policy/index.ts';
 import { CLOUD_POOL } from './fleet.ts';
 import type { BurstMetrics } from './metrics.ts';
@@ -13,7 +13,6 @@ const UNMET_DEMAND_MS = 30_000;
 
 export interface CreateRouterDeps {
   redis: Redis;
-  registry: SandboxRegistry;
   metrics: BurstMetrics;
   logger: Logger;
   now: () => number;
@@ -65,28 +64,19 @@ export class CreateRouter {
 
   /**
    * Diverted creates that went local for want of a cloud slot: those still live, plus
-   * those refused outright in the last UNMET_DEMAND_MS (they never got a sandbox).
+   * those that failed (refused outright: they never got a sandbox) in the last
+   * UNMET_DEMAND_MS. Three calls whatever their number: the sandbox transition script
+   * moves an ended one out of the live set (a failed one into the failed set, by when it
+   * fell back), so nothing here reads a sandbox's state.
    */
   async pendingDivertedDemand(nowMs: number): Promise<number> {
-    const { redis } = this.deps;
-    const entries = await redis.zrange(keys.burstFellBack, '0', '-1', 'WITHSCORES');
-    const ids: string[] = [];
-    const atMs: number[] = [];
-    for (let i = 0; i < entries.length; i += 2) {
-      ids.push(entries[i]!);
-      atMs.push(Number(entries[i + 1]));
-    }
-    const states = await this.deps.registry.states(ids);
-    const gone: string[] = [];
-    let pending = 0;
-    for (const [i, state] of states.entries()) {
-      const live = state !== undefined && !isTerminal(state);
-      const recentlyRefused = (state === undefined || state === 'failed') && nowMs - atMs[i]! < UNMET_DEMAND_MS;
-      if (live || recentlyRefused) pending++;
-      else gone.push(ids[i]!);
-    }
-    if (gone.length) await redis.zrem(keys.burstFellBack, ...gone);
-    return pending;
+    const [, live, recentlyFailed] = (await this.deps.redis
+      .multi()
+      .zremrangebyscore(keys.burstFellBackFailed, '-inf', `(${nowMs - UNMET_DEMAND_MS}`)
+      .zcard(keys.burstFellBack)
+      .zcard(keys.burstFellBackFailed)
+      .exec()) as [unknown, [null, number], [null, number]];
+    return live[1] + recentlyFailed[1];
   }
 
   private count(target: 'local' | 'cloud', reason: BurstDecisionReason): void {

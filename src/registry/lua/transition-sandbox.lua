@@ -1,7 +1,10 @@
--- KEYS: sandbox, unsettled
--- ARGV: to, allowedFrom (comma list), terminal ('1'|'0'), tenantLivePrefix, nodeSandboxesPrefix,
+-- KEYS: sandbox, unsettled, burstFellBack, burstFellBackFailed
+-- ARGV: to, allowedFrom (comma list), terminal ('1'|'0'), tenantLivePrefix, nodePrefix,
 --       expectedNode (or ''), then field/value pairs to set
 -- Returns: {'ok', from} | {'refused', currentState} | {'missing'}
+-- Besides the record: the tenant's live set and the node's sets (its sandboxes, and those
+-- being deleted: what its worker host's audit compares with) follow the state, as does the
+-- burst controller's count of diverted creates that fell back (none of them is polled).
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return {'missing'} end
 if ARGV[6] ~= '' and redis.call('HGET', KEYS[1], 'node') ~= ARGV[6] then return {'refused', state} end
@@ -11,12 +14,22 @@ if not allowed then return {'refused', state} end
 local fields = {'state', ARGV[1]}
 for i = 7, #ARGV do fields[#fields + 1] = ARGV[i] end
 redis.call('HSET', KEYS[1], unpack(fields))
-if ARGV[1] ~= 'pending' and ARGV[1] ~= 'creating' then redis.call('ZREM', KEYS[2], redis.call('HGET', KEYS[1], 'id')) end
+local id = redis.call('HGET', KEYS[1], 'id')
+local node = redis.call('HGET', KEYS[1], 'node')
+if ARGV[1] ~= 'pending' and ARGV[1] ~= 'creating' then redis.call('ZREM', KEYS[2], id) end
+if ARGV[1] == 'stopping' and node then redis.call('SADD', ARGV[5] .. node .. ':stopping', id) end
 if ARGV[3] == '1' then
   local tenant = redis.call('HGET', KEYS[1], 'tenant')
-  local node = redis.call('HGET', KEYS[1], 'node')
-  local id = redis.call('HGET', KEYS[1], 'id')
   redis.call('SREM', ARGV[4] .. tenant .. ':live', id)
-  if node then redis.call('SREM', ARGV[5] .. node .. ':sbx', id) end
+  if node then
+    redis.call('SREM', ARGV[5] .. node .. ':sbx', id)
+    redis.call('SREM', ARGV[5] .. node .. ':stopping', id)
+  end
+  local fellBackAtMs = redis.call('ZSCORE', KEYS[3], id)
+  if fellBackAtMs then
+    redis.call('ZREM', KEYS[3], id)
+    -- A diverted create that failed still counts as unmet demand for a while.
+    if ARGV[1] == 'failed' then redis.call('ZADD', KEYS[4], fellBackAtMs, id) end
+  end
 end
 return {'ok', state}

@@ -13,6 +13,7 @@ import { isProcessAlive, readRuncState } from './runc.ts';
 import { ScratchDisks } from './scratch.ts';
 import { CPU_PERIOD_US } from './spec.ts';
 import { DEFAULT_INIT_BINARY } from '../init/index.ts';
+import { InitWatch } from './init-watch.ts';
 
 export interface RuntimeLogger {
   warn(obj: object, msg?: string): void;
@@ -98,6 +99,10 @@ export interface RuntimeContext {
   diskHelper: DiskHelper;
   guard: BesteffortGuard;
   sandboxes: Map<string, SandboxRecord>;
+  /** Tells of inits that die while no destroy stops them (see init-watch.ts). */
+  initWatch: InitWatch;
+  /** The listener `onExit` registered: the host's, told of each such death. */
+  exitListener?: (sandboxId: string) => void;
   /** Serializes create/destroy/adopt/policy per sandbox id; exec does not take the lock. */
   locked<T>(id: string, fn: () => Promise<T>): Promise<T>;
   cgroups(): Promise<CgroupHierarchies>;
@@ -171,6 +176,11 @@ export function createRuntimeContext(deps: RuncRuntimeDeps): RuntimeContext {
       onError: (file, err) => log?.warn({ file, err: String(err) }, 'besteffort guard could not write a CPU quota'),
     }),
     sandboxes,
+    initWatch: new InitWatch({
+      confirmDead: async (id) => !(await ctx.isRunningNow(id)),
+      onDeath: (id) => ctx.exitListener?.(id),
+      onError: (id, err) => log?.warn({ sandboxId: id, err: String(err) }, 'checking a closed init channel failed'),
+    }),
     async locked<T>(id: string, fn: () => Promise<T>): Promise<T> {
       const prev = locks.get(id) ?? Promise.resolve();
       const run = prev.then(fn, fn);

@@ -11,6 +11,7 @@ import { readProcs } from './cgroups.ts';
 import { lastRuncError } from './runc.ts';
 import { CPU_PERIOD_US, containerConfig } from './spec.ts';
 import { teardown } from './teardown.ts';
+import { recordDiskDevice } from './disk-on-host.ts';
 import type { SandboxPolicy, SandboxRuntimeSpec } from './types.ts';
 
 export const LAYERS_ANNOTATION = 'io.rollbox.layers';
@@ -55,6 +56,7 @@ export async function createSandbox(ctx: RuntimeContext, spec: SandboxRuntimeSpe
       // allSettled: the cleanup below must not start while either is still running.
       const settled = await Promise.allSettled([acquireLayers(ctx, layers, rec), ctx.scratch.attach(id, spec.resources.diskMiB, disk)]);
       for (const r of settled) if (r.status === 'rejected') throw r.reason;
+      recordDiskDevice(ctx, id, (settled[1] as PromiseFulfilledResult<string>).value);
       // 2.
       if (spec.restoreUpper) await restoreUpper(ctx, spec.restoreUpper, path.join(disk, 'upper'));
       // 3. runc joins cgroups that exist and writes their limits; made here, the init can
@@ -86,6 +88,7 @@ export async function createSandbox(ctx: RuntimeContext, spec: SandboxRuntimeSpe
       writeFileSync(path.join(bundle, 'config.json'), JSON.stringify(config));
       // 4.
       const pid = await startContainer(ctx, id, besteffort || spec.lowPriority === true, rec.socketPath, cgroupDirs);
+      await ctx.scratch.releaseFromHost(disk);
       // A latency sandbox started low (a pool's refill) leaves SCHED_IDLE now, in the
       // background, so its claim need not: runc's work was what had to yield.
       if (spec.lowPriority && !besteffort) await leaveIdleScheduling(ctx, readProcs(cgroupDirs.pids));
@@ -120,6 +123,7 @@ export async function createSandbox(ctx: RuntimeContext, spec: SandboxRuntimeSpe
       await applyNetwork(ctx, id, pid, policy.network);
       writePolicy(ctx, id, policy);
       ctx.sandboxes.set(id, rec);
+      ctx.initWatch.watch(id, rec.socketPath);
     } catch (err) {
       await teardown(ctx, id, rec).catch((e: unknown) => ctx.log?.warn({ sandboxId: id, err: String(e) }, 'cleanup after failed create failed'));
       if (err instanceof RollboxError) throw err;

@@ -133,6 +133,20 @@ sub shutdown_fs {
   return '';
 }
 
+# Mount an attached loop device again (its filesystem is live in a sandbox's overlay): only
+# if it is still bound to image, checked while our handle on it keeps it from detaching and
+# being reused by another disk meanwhile.
+sub mount_loop {
+  my ($dev, $image, $target, $fstype, $flags, $data) = @_;
+  my ($name) = $dev =~ m{^/dev/(loop\d+)$} or do { $! = 22; fail("not a loop device: $dev") };
+  sysopen(my $loop, $dev, O_RDONLY) or fail("open $dev");
+  my $bound = '';
+  if (open(my $bf, '<', "/sys/block/$name/loop/backing_file")) { $bound = <$bf> // ''; close($bf) }
+  chomp $bound;
+  if ($bound ne $image) { close($loop); $! = 6; fail("$dev is no longer bound to $image") }
+  return mount_dev($dev, $loop, $target, $fstype, $flags, $data);
+}
+
 sub umount_target {
   my ($target, $flags) = @_;
   syscall($SYS_umount2, $target, $flags + 0) == 0 or fail("umount $target");
@@ -145,6 +159,7 @@ while (defined(my $line = <STDIN>)) {
   my $result = eval {
     if ($op eq 'make-disk') { make_disk(@args) }
     elsif ($op eq 'mount-image') { mount_image(@args) }
+    elsif ($op eq 'mount-loop') { mount_loop(@args) }
     elsif ($op eq 'umount') { umount_target(@args) }
     elsif ($op eq 'shutdown') { shutdown_fs(@args) }
     else { die "22\tunknown op $op\n" }
@@ -215,6 +230,14 @@ export class DiskHelper {
   /** Loop-attach `image` (autoclear, direct I/O if asked) and mount it on `target`. Returns the loop device. */
   mountImage(image: string, target: string, fsType: string, flags: number, data: string, directIo: boolean): Promise<string> {
     return this.request('mount-image', [image, target, fsType, String(flags), data, directIo ? '1' : '0']);
+  }
+
+  /**
+   * Mount loop device `device` on `target` again, only while it is still bound to `image`
+   * (else ENXIO): a disk whose filesystem lives on in a sandbox's overlay.
+   */
+  async mountLoop(device: string, image: string, target: string, fsType: string, flags: number, data: string): Promise<void> {
+    await this.request('mount-loop', [device, image, target, fsType, String(flags), data]);
   }
 
   async umount(target: string, flags = 0): Promise<void> {

@@ -81,6 +81,11 @@ export class RuntimeLayout {
     return path.join(this.bundleOf(id), 'disk');
   }
 
+  /** The loop device of the sandbox's disk (see disk-on-host.ts). */
+  diskDeviceFileOf(id: string): string {
+    return path.join(this.bundleOf(id), 'disk-device');
+  }
+
   runcStateOf(id: string): string {
     return path.join(this.runcRoot, this.containerIdOf(id), 'state.json');
   }

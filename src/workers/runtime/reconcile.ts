@@ -3,7 +3,7 @@ import { readFile, readdir, rm, rmdir } from 'node:fs/promises';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { NetworkPolicy } from '../../api/index.ts';
-import { readMountInfo } from '../../layers/index.ts';
+import { isMountPoint, readMountInfo } from '../../layers/index.ts';
 import { destroyCgroupTrees, removeCgroupTree } from './cgroups.ts';
 import type { RuntimeContext, SandboxRecord } from './context.ts';
 import { CLASS_ANNOTATION, LAYERS_ANNOTATION, USER_ANNOTATION, WORKDIR_ANNOTATION, acquireLayers } from './create.ts';
@@ -70,6 +70,9 @@ async function adopt(ctx: RuntimeContext, id: string): Promise<boolean> {
     }
   }
   ctx.sandboxes.set(id, rec);
+  ctx.initWatch.watch(id, rec.socketPath);
+  // A worker that died between a start and letting go of the disk left it mounted here.
+  if (existsSync(layout.diskDeviceFileOf(id)) && isMountPoint(layout.diskOf(id))) await ctx.scratch.releaseFromHost(layout.diskOf(id));
   return true;
 }
 

@@ -9,6 +9,7 @@ import { applyPolicy, freezerStateFile, setFrozen } from './policy.ts';
 import { reconcile } from './reconcile.ts';
 import { packUpperDir, upperDirOfBundle } from './snapshot.ts';
 import { teardown } from './teardown.ts';
+import { withDiskOnHost } from './disk-on-host.ts';
 import type { SandboxRuntime } from './types.ts';
 
 export interface RuncRuntime extends SandboxRuntime {
@@ -55,7 +56,9 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     },
     async snapshot(id, options) {
       checkSandboxId(id);
-      await packUpperDir({ upperDir: await upperDirOfBundle(layout.bundleOf(id)), freezerStateFile: await freezerStateFile(ctx, id), ...options });
+      const upperDir = await upperDirOfBundle(layout.bundleOf(id));
+      const freezerState = await freezerStateFile(ctx, id);
+      await withDiskOnHost(ctx, id, () => packUpperDir({ upperDir, freezerStateFile: freezerState, ...options }));
     },
     applyPolicy: (id, change) => {
       checkSandboxId(id);
@@ -72,6 +75,13 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
       return readOomKills(path.join((await ctx.cgroups()).memory, ctx.cgroupRel(id)));
     },
     reconcile: (keep) => reconcile(ctx, keep),
+    onExit(listener) {
+      ctx.exitListener = listener;
+    },
+    detach() {
+      ctx.exitListener = undefined;
+      ctx.initWatch.close();
+    },
     mountedLayers: () => ctx.layerMounts.mounted(),
     diskSpace: () => ({ ...ctx.scratch.space(), preallocated: deps.preallocateDisks ?? false }),
   };

@@ -6,6 +6,7 @@ import { isMountPoint, unmount } from '../../layers/index.ts';
 import { destroyCgroupTrees } from './cgroups.ts';
 import type { RuntimeContext, SandboxRecord } from './context.ts';
 import { runTool } from '../../proc/index.ts';
+import { mountDiskOnHost } from './disk-on-host.ts';
 
 export async function unmountRootfs(ctx: RuntimeContext, rootfs: string): Promise<void> {
   await unmount(rootfs, { umountBinary: ctx.umountBin, lazyFallback: true, onLazy: (stderr) => ctx.log?.warn({ rootfs, stderr }, 'overlay still busy; detaching lazily') });
@@ -37,6 +38,12 @@ async function killContainer(ctx: RuntimeContext, id: string): Promise<boolean> 
 export async function teardown(ctx: RuntimeContext, id: string, rec: SandboxRecord | undefined): Promise<void> {
   const { layout } = ctx;
   const bundle = layout.bundleOf(id);
+  // This death is ours: not one to report.
+  ctx.initWatch.unwatch(id);
+  // The host holds the disk again before the container dies: the overlay's reference
+  // going must not be its last (that would write its dirty pages back, which can take
+  // seconds; scratch.detach shuts the filesystem down instead).
+  await mountDiskOnHost(ctx, id).catch((err: unknown) => ctx.log?.warn({ sandboxId: id, err: String(err) }, 'could not mount the disk on the host before the destroy'));
   if (!(await killContainer(ctx, id))) {
     // Something in the cgroup would not die (e.g. stuck in D state): let runc try.
     const [file, args] = ctx.runc(false, 'delete', '--force', layout.containerIdOf(id));

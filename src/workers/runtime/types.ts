@@ -117,6 +117,17 @@ export interface SandboxRuntime {
   /** Whether the sandbox's init process is alive. */
   isRunning(sandboxId: string): Promise<boolean>;
   /**
+   * The host's listener for sandboxes whose init died while this runtime did not stop it
+   * (killed from the host, the OOM killer): told by an event soon after the death, not by
+   * polling. One listener; a later call replaces it.
+   */
+  onExit(listener: (sandboxId: string) => void): void;
+  /**
+   * This process lets go of its sandboxes without stopping them (a worker host that stops
+   * and leaves them to the next start): no more exit events, no watch held.
+   */
+  detach(): void;
+  /**
    * OOM kills in the sandbox's own memory cgroup: its init, and processes commands left
    * running (those of running commands count in the command's outcome instead).
    */
