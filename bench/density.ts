@@ -10,7 +10,9 @@
  *   - host memory per sandbox (MemTotal - MemAvailable, against the empty host);
  *   - exec of `true` into 20 random sandboxes, a first exec into each after the idle
  *     window and then again;
- *   - creates per second and deletes per second of 40 extra sandboxes at that density.
+ *   - creates per second and deletes per second of 40 extra sandboxes at that density,
+ *     beside the floor at that density: raw `runc run -d` + `runc delete -f` of the same
+ *     config, 8 at once (what the kernel and runc alone do with that many sandboxes live).
  * Targets (issue 27): idle CPU at the top level at most 0.05 cores and at most 2x the
  * 10-live figure + 0.02; Redis calls/s within 20% of the 10-live figure; exec p50 at the
  * top level at most 1.2x the 10-live one; creates/s at the top level at least 0.8 of an
@@ -22,7 +24,7 @@ import { Redis } from 'ioredis';
 import { usedMiB } from './support/meminfo.ts';
 import { redisCallsSoFar } from './support/redis-calls.ts';
 import { jsonClient } from './support/http.ts';
-import { timed } from './support/runc-floor.ts';
+import { rawRuncRunFloor, timed } from './support/runc-floor.ts';
 import { lineChartsSvg, progressBar, summarize, writeSvg } from '../src/report/index.ts';
 import { startTestCluster } from '../test/support/cluster.ts';
 
@@ -39,8 +41,9 @@ const RESOURCES = { memoryMiB: 256, cpuMillis: 100, diskMiB: 64, requests: { mem
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const round = (v: number, digits = 3) => Math.round(v * 10 ** digits) / 10 ** digits;
 
+const NODE = 'bench-density';
 const cluster = await startTestCluster({
-  workers: [{ nodeId: 'bench-density', env: { ROLLBOX_NODE_MAX_SANDBOXES: String(TOP + CHURN + 10) } }],
+  workers: [{ nodeId: NODE, env: { ROLLBOX_NODE_MAX_SANDBOXES: String(TOP + CHURN + 10) } }],
   env: { ROLLBOX_HEARTBEAT_MS: '1000', ROLLBOX_NODE_LOST_AFTER_MS: '10000', ROLLBOX_TENANT_MAX_SANDBOXES: String(TOP + CHURN + 10), ROLLBOX_LOG_LEVEL: 'warn' },
 });
 process.once('SIGINT', () => void cluster.stop().finally(() => process.exit(130)));
@@ -96,6 +99,8 @@ interface Level {
   execAgainP99Ms: number;
   createsPerSecond: number;
   deletesPerSecond: number;
+  /** Raw runc run + delete per second at this density (the floor). */
+  floorRunsPerSecond: number;
 }
 const levels: Level[] = [];
 
@@ -125,6 +130,9 @@ try {
     const extra: string[] = [];
     const createMs = await inParallel(`${CHURN} creates at ${target} live`, CHURN, () => create(extra));
     const deleteMs = await inParallel(`${CHURN} deletes at ${target} live`, CHURN, (i) => remove(extra[i]!));
+    const floorBar = progressBar(`floor at ${target} live`, { total: CHURN });
+    const floor = await rawRuncRunFloor({ workerDir: path.join(cluster.rootDir, NODE, 'worker'), templateSandboxId: ids[0]!, runs: CHURN, concurrency: CONCURRENCY, deleteEach: true, onRun: () => floorBar.tick() });
+    floorBar.done();
     const f = summarize(first);
     const a = summarize(again);
     const level: Level = {
@@ -139,6 +147,7 @@ try {
       execAgainP99Ms: round(a.p99Ms, 1),
       createsPerSecond: round((CHURN / createMs) * 1000, 1),
       deletesPerSecond: round((CHURN / deleteMs) * 1000, 1),
+      floorRunsPerSecond: round((CHURN / floor.wallMs) * 1000, 1),
     };
     levels.push(level);
     process.stderr.write(`${JSON.stringify(level)}\n`);
@@ -151,6 +160,7 @@ try {
       { title: 'CPU at idle', yLabel: 'cores', series: [series('gateway + worker host', (l) => l.rollboxCpuCores), series('redis-server', (l) => l.redisCpuCores)] },
       { title: 'exec of `true` into random sandboxes', yLabel: 'ms', series: [series('p50, first', (l) => l.execFirstP50Ms), series('p50, again', (l) => l.execAgainP50Ms), series('p99, first', (l) => l.execFirstP99Ms)] },
       { title: 'Redis calls at idle', yLabel: 'calls per second', series: [series('all clients', (l) => l.redisCallsPerSecond)] },
+      { title: 'churn at that density', yLabel: 'per second', series: [series('creates', (l) => l.createsPerSecond), series('deletes', (l) => l.deletesPerSecond), series('raw runc run + delete', (l) => l.floorRunsPerSecond)] },
     ]),
   );
   process.stderr.write(`chart: ${chart}\n`);
@@ -165,6 +175,9 @@ try {
         redisCallsTopOverLow: round(high.redisCallsPerSecond / low.redisCallsPerSecond, 2),
         execP50TopOverLow: round(high.execAgainP50Ms / low.execAgainP50Ms, 2),
         createsTopOverLow: round(high.createsPerSecond / low.createsPerSecond, 2),
+        /** The same, each level's creates/s taken as a fraction of its own floor first. */
+        createsOverFloorTopOverLow: round(high.createsPerSecond / high.floorRunsPerSecond / (low.createsPerSecond / low.floorRunsPerSecond), 2),
+        floorTopOverLow: round(high.floorRunsPerSecond / low.floorRunsPerSecond, 2),
       },
       targets: { topCpuCores: 0.05, topCpuAtMost: round(2 * low.rollboxCpuCores + 0.02), redisCallsWithin: 0.2, execP50AtMost: 1.2, createsAtLeast: 0.8, hostMiBPerSandbox: 2 },
       resources: RESOURCES,

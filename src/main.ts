@@ -128,7 +128,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
       syncedLayers: async () => new Set(await redis.smembers(keys.burstSyncedLayers)),
     },
   });
-  const collector = new LayerCollector({ redis, layers, images, store, graceMs: config.layerGc.graceMs, logger, now });
+  const collector = new LayerCollector({ redis, layers, sandboxes: registry, images, store, graceMs: config.layerGc.graceMs, logger, now });
   const layerGc = { collector, intervalMs: config.layerGc.intervalMs };
   const janitor = new Janitor({ redis, registry, commands, directory, lostAfterMs: config.node.lostAfterMs, intervalMs: 500, logger, now, layerGc });
   janitor.start();

@@ -1,5 +1,6 @@
 import fs from 'node:fs';
 import path from 'node:path';
+import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { hostTraces } from './support/host.ts';
@@ -111,5 +112,29 @@ describe('layer garbage collection', () => {
     }
     await api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`);
     await collected(previous!);
+  });
+
+  it('reads which layers live sandboxes use from counts, and counts sandboxes recorded before the counts existed', async () => {
+    const redis = new Redis(cluster.redisUrl);
+    try {
+      const used = await upload('used-by-old', 'old.txt');
+      const old = await create(['used-by-old']);
+      expect(Number(await redis.hget('rb:layer-refs', used))).toBe(1);
+      await api(cluster, token, 'DELETE', '/v1/layers/used-by-old');
+      // As a cluster upgraded from before the counts: no count, no flag, no marker.
+      await redis.multi().hdel('rb:layer-refs', used).hdel(`rb:sbx:${old}`, 'layerRefs').del('rb:layer-refs:complete').exec();
+      const unused = await upload('unused', 'unused.txt');
+      await api(cluster, token, 'DELETE', '/v1/layers/unused');
+      await collected(unused);
+      // The pass that collected `unused` counted the old sandbox first: its layer stayed.
+      expect(await redis.exists('rb:layer-refs:complete')).toBe(1);
+      expect(Number(await redis.hget('rb:layer-refs', used))).toBe(1);
+      expect(stored(used)).toBe(true);
+      await api(cluster, token, 'DELETE', `/v1/sandboxes/${old}`);
+      await collected(used);
+      expect(await redis.hget('rb:layer-refs', used)).toBeNull();
+    } finally {
+      redis.disconnect();
+    }
   });
 });

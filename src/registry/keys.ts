@@ -22,6 +22,13 @@ export const keys = {
   layer: (digest: string) => `rb:layer:${digest}`,
   layers: 'rb:layers',
   layerNames: 'rb:layer-names',
+  /**
+   * digest -> how many live sandboxes refer to the layer (their layers and hibernation
+   * layers), kept by the sandbox scripts so garbage collection reads no sandbox record.
+   */
+  layerRefs: 'rb:layer-refs',
+  /** Set once every sandbox recorded before the counts existed has been counted. */
+  layerRefsComplete: 'rb:layer-refs:complete',
   /** Unreferenced layers, scored by when garbage collection first saw them unreferenced. */
   layerGcCandidates: 'rb:layer-gc-candidates',
   /** Layers stored but not yet recorded where they are used (snapshot, hibernation), scored by when the pin lapses. */

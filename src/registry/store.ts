@@ -18,6 +18,7 @@ const ADMIT_SANDBOX = new LuaScript(import.meta.dirname, 'admit-sandbox');
 const TRANSITION = new LuaScript(import.meta.dirname, 'transition-sandbox');
 const REASSIGN = new LuaScript(import.meta.dirname, 'reassign-sandbox');
 const SET_SPEC = new LuaScript(import.meta.dirname, 'set-sandbox-spec');
+const COUNT_LAYER_REFS = new LuaScript(import.meta.dirname, 'count-layer-refs');
 
 /** Idempotency keys are remembered this long. */
 const IDEMPOTENCY_TTL_SEC = 24 * 3600;
@@ -40,8 +41,6 @@ export interface TransitionOptions {
   detail?: string;
   startedAt?: string;
   expiresAt?: string;
-  /** Replaces the sandbox's layers. */
-  layerDigests?: readonly string[];
   /** The packed writable layer of a hibernated sandbox; '' clears it (woken). */
   hibernationLayer?: string;
 }
@@ -108,7 +107,7 @@ export class SandboxRegistry {
     const idemKey = input.idempotencyKey ? keys.idempotency(record.tenant, input.idempotencyKey) : '';
     const result = (await ADMIT_SANDBOX.run(
       this.redis,
-      [keys.sandbox(record.id), keys.tenantLive(record.tenant), keys.tenantAll(record.tenant), idemKey, record.node ? keys.nodeSandboxes(record.node) : '', keys.unsettled],
+      [keys.sandbox(record.id), keys.tenantLive(record.tenant), keys.tenantAll(record.tenant), idemKey, record.node ? keys.nodeSandboxes(record.node) : '', keys.unsettled, keys.layerRefs],
       [
         record.id,
         record.tenant,
@@ -145,12 +144,11 @@ export class SandboxRegistry {
     if (options.detail) patch.push('detail', options.detail.slice(0, 2000));
     if (options.startedAt) patch.push('startedAt', options.startedAt);
     if (options.expiresAt) patch.push('expiresAt', options.expiresAt);
-    if (options.layerDigests) patch.push('layerDigests', JSON.stringify(options.layerDigests));
     if (options.hibernationLayer !== undefined) patch.push('hibernationLayer', options.hibernationLayer);
     if (terminal) patch.push('endedAt', new Date(this.now()).toISOString());
     const result = (await TRANSITION.run(
       this.redis,
-      [keys.sandbox(id), keys.unsettled, keys.burstFellBack, keys.burstFellBackFailed],
+      [keys.sandbox(id), keys.unsettled, keys.burstFellBack, keys.burstFellBackFailed, keys.layerRefs],
       [to, origins.join(','), terminal ? '1' : '0', 'rb:tenant:', 'rb:node:', options.node ?? '', ...patch],
     )) as string[];
     if (result[0] === 'missing') return { kind: 'missing' };
@@ -248,6 +246,26 @@ export class SandboxRegistry {
 
   async sandboxesOfNode(nodeId: string): Promise<string[]> {
     return this.redis.smembers(keys.nodeSandboxes(nodeId));
+  }
+
+  /**
+   * Layers some live sandbox refers to (its layers, its hibernation layer): one read of the
+   * counts the sandbox scripts keep, whatever the number of sandboxes. The first call on a
+   * cluster whose sandboxes predate the counts counts those once (a scan of the tenants'
+   * live sets, one script per sandbox), then never again.
+   */
+  async layersInUse(): Promise<string[]> {
+    if (!(await this.redis.exists(keys.layerRefsComplete))) {
+      let cursor = '0';
+      do {
+        const [next, sets] = await this.redis.scan(cursor, 'MATCH', keys.tenantLive('*'), 'COUNT', 1000);
+        for (const set of sets) for (const id of await this.redis.smembers(set)) await COUNT_LAYER_REFS.run(this.redis, [keys.sandbox(id), keys.layerRefs], []);
+        cursor = next;
+      } while (cursor !== '0');
+      await this.redis.set(keys.layerRefsComplete, String(this.now()));
+    }
+    const counts = await this.redis.hgetall(keys.layerRefs);
+    return Object.keys(counts).filter((digest) => Number(counts[digest]) > 0);
   }
 
   /** A node's sandboxes and, of those, the ones being deleted (`stopping`): two calls whatever their number. */

@@ -1,11 +1,12 @@
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { LayerStore } from '../../layers/index.ts';
-import { keys, type ImageRegistry, type LayerRegistry } from '../../registry/index.ts';
+import { keys, type ImageRegistry, type LayerRegistry, type SandboxRegistry } from '../../registry/index.ts';
 
 export interface LayerCollectorDeps {
   redis: Redis;
   layers: LayerRegistry;
+  sandboxes: Pick<SandboxRegistry, 'layersInUse'>;
   images: Pick<ImageRegistry, 'layerDigests'>;
   store: Pick<LayerStore, 'list' | 'storedAtMs' | 'remove'>;
   /** A layer goes only after it has stayed unreferenced this long. */
@@ -15,7 +16,6 @@ export interface LayerCollectorDeps {
 }
 
 const LOCK_MS = 60_000;
-const SCAN_COUNT = 1000;
 
 /**
  * Layer garbage collection. Referenced: the layers (and the hibernation layer) of every
@@ -73,28 +73,9 @@ export class LayerCollector {
   }
 
   private async referenced(named: readonly string[]): Promise<Set<string>> {
-    const { redis, layers } = this.deps;
+    const { layers } = this.deps;
     const roots = new Set([...named, ...(await layers.pinned(this.deps.now())), ...(await this.deps.images.layerDigests())]);
-    // Every sandbox not yet terminated is in its tenant's live set.
-    const liveSets: string[] = [];
-    let cursor = '0';
-    do {
-      const [next, found] = await redis.scan(cursor, 'MATCH', keys.tenantLive('*'), 'COUNT', SCAN_COUNT);
-      liveSets.push(...found);
-      cursor = next;
-    } while (cursor !== '0');
-    for (const set of liveSets) {
-      const ids = await redis.smembers(set);
-      for (let i = 0; i < ids.length; i += 500) {
-        const pipeline = redis.pipeline();
-        for (const id of ids.slice(i, i + 500)) pipeline.hmget(keys.sandbox(id), 'layerDigests', 'hibernationLayer');
-        for (const [, row] of (await pipeline.exec()) ?? []) {
-          const [digests, hibernation] = (row ?? []) as (string | null)[];
-          for (const d of JSON.parse(digests ?? '[]') as string[]) roots.add(d);
-          if (hibernation) roots.add(hibernation);
-        }
-      }
-    }
+    for (const digest of await this.deps.sandboxes.layersInUse()) roots.add(digest);
     // Lineage: a referenced layer keeps its parents.
     const referenced = new Set<string>();
     const queue = [...roots];

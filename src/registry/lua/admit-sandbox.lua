@@ -1,4 +1,4 @@
--- KEYS: sandbox, tenantLive, tenantAll, idempotency (or ''), nodeSandboxes (or ''), unsettled
+-- KEYS: sandbox, tenantLive, tenantAll, idempotency (or ''), nodeSandboxes (or ''), unsettled, layerRefs
 -- ARGV: id, tenant, maxLive, createdAtMs, idemValue (or ''), unsettledDeadlineMs, idemTtlSec, then field/value pairs
 -- Returns: {'created'} | {'exists', value} | {'quota', liveCount}
 if KEYS[4] ~= '' then
@@ -15,4 +15,7 @@ redis.call('SADD', KEYS[2], ARGV[1])
 redis.call('ZADD', KEYS[3], tonumber(ARGV[4]), ARGV[1])
 if KEYS[5] ~= '' then redis.call('SADD', KEYS[5], ARGV[1]) end
 redis.call('ZADD', KEYS[6], tonumber(ARGV[6]), ARGV[1])
+-- Its layers are referenced while it lives (layer garbage collection reads the counts).
+for _, digest in ipairs(cjson.decode(redis.call('HGET', KEYS[1], 'layerDigests') or '[]')) do redis.call('HINCRBY', KEYS[7], digest, 1) end
+redis.call('HSET', KEYS[1], 'layerRefs', '1')
 return {'created'}

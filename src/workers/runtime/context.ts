@@ -9,7 +9,7 @@ import { discoverCgroups, type CgroupHierarchies } from './cgroups.ts';
 import { DiskHelper } from './diskhelper.ts';
 import type { ExecSlots } from './exec-slots.ts';
 import { BESTEFFORT_ROOT, RuntimeLayout } from './layout.ts';
-import { isProcessAlive, readRuncState } from './runc.ts';
+import { isProcessAlive, readRuncState, type RuncState } from './runc.ts';
 import { ScratchDisks } from './scratch.ts';
 import { CPU_PERIOD_US } from './spec.ts';
 import { DEFAULT_INIT_BINARY } from '../init/index.ts';
@@ -117,6 +117,8 @@ export interface RuntimeContext {
   runc(besteffort: boolean, ...args: string[]): [string, string[]];
   /** Whether the sandbox's container has a live init. */
   isRunningNow(id: string): Promise<boolean>;
+  /** Forgets the init identity read from runc's state (teardown: the id may get a new container). */
+  forgetInit(id: string): void;
   /** The init's host pid; invalid_state when it is not running. */
   initPidOf(id: string): Promise<number>;
 }
@@ -130,6 +132,19 @@ export function createRuntimeContext(deps: RuncRuntimeDeps): RuntimeContext {
   const log = deps.logger;
   const diskHelper = new DiskHelper({ perlBinary: deps.perlBinary });
   const sandboxes = new Map<string, SandboxRecord>();
+  /**
+   * Each container's init (pid and start time), read from runc's state.json once: that
+   * file holds the whole config (~10 KB of JSON), and liveness checks (the audit, an init
+   * channel's close) only need the pid's /proc/PID/stat.
+   */
+  const inits = new Map<string, RuncState>();
+  const initOf = async (id: string): Promise<RuncState | undefined> => {
+    const known = inits.get(id);
+    if (known) return known;
+    const state = await readRuncState(layout.runcStateOf(id));
+    if (state) inits.set(id, { init_process_pid: state.init_process_pid, init_process_start: state.init_process_start });
+    return state;
+  };
   const locks = new Map<string, Promise<unknown>>();
   let cgroupsPromise: Promise<CgroupHierarchies> | undefined;
   let cgroupsFound: CgroupHierarchies | undefined;
@@ -209,12 +224,13 @@ export function createRuntimeContext(deps: RuncRuntimeDeps): RuntimeContext {
       return besteffort ? [chrtBin, ['--idle', '0', runcBin, ...full]] : [runcBin, full];
     },
     async isRunningNow(id) {
-      const state = await readRuncState(layout.runcStateOf(id));
-      return !!state && (await isProcessAlive(state.init_process_pid, state.init_process_start));
+      const state = await initOf(id);
+      return !!state && isProcessAlive(state.init_process_pid, state.init_process_start);
     },
+    forgetInit: (id) => void inits.delete(id),
     async initPidOf(id) {
-      const state = await readRuncState(layout.runcStateOf(id));
-      if (!state || !(await isProcessAlive(state.init_process_pid, state.init_process_start))) throw new RollboxError('invalid_state', `sandbox ${id} is not running`);
+      const state = await initOf(id);
+      if (!state || !isProcessAlive(state.init_process_pid, state.init_process_start)) throw new RollboxError('invalid_state', `sandbox ${id} is not running`);
       return state.init_process_pid;
     },
   };

@@ -40,6 +40,7 @@ export async function teardown(ctx: RuntimeContext, id: string, rec: SandboxReco
   const bundle = layout.bundleOf(id);
   // This death is ours: not one to report.
   ctx.initWatch.unwatch(id);
+  ctx.forgetInit(id);
   // The host holds the disk again before the container dies: the overlay's reference
   // going must not be its last (that would write its dirty pages back, which can take
   // seconds; scratch.detach shuts the filesystem down instead).
