@@ -168,7 +168,8 @@ describe('a failed pull is a coded error and leaves nothing half-stored', () => 
     {
       what: 'a registry that goes away mid-pull',
       ref: async () => {
-        await flaky.push(await image('gone', 1_500_000), 't/gone:1');
+        // One large blob: the registry cannot have written it all into its socket before it dies.
+        await flaky.push(await image('gone', 24_000_000, 1), 't/gone:1');
         flakyProxy.setRate(400_000);
         return `${flakyProxy.host}/t/gone:1`;
       },

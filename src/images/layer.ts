@@ -65,6 +65,9 @@ export async function heldLayer(key: { diffId?: string; blobDigest?: string }, d
  */
 export async function readImageLayer(blob: Readable, claimedDigest: string | undefined, archivePath: string, deps: ImageLayerDeps): Promise<{ build: () => Promise<ImageLayerBlob> }> {
   const blobHash = createHash('sha256');
+  // Joined before anything awaits: an error of the blob, now or later, reaches whoever reads `hashed`.
+  const hashed = tap((c) => blobHash.update(c));
+  pipeline(blob, hashed).catch(() => undefined);
   const checkBlobDigest = (): void => {
     const got = `sha256:${blobHash.digest('hex')}`;
     if (claimedDigest && got !== claimedDigest) throw new RollboxError('invalid_image', `blob ${archivePath}: its bytes hash to ${got}`);
@@ -72,7 +75,7 @@ export async function readImageLayer(blob: Readable, claimedDigest: string | und
   // The same blob in an earlier image: only read through (the archive is one stream) and checked.
   const known = claimedDigest ? await heldLayer({ blobDigest: claimedDigest }, deps) : undefined;
   if (known) {
-    await pipeline(blob, tap((c) => blobHash.update(c)), new Writable({ write: (_c, _e, done) => done() }));
+    await pipeline(hashed, new Writable({ write: (_c, _e, done) => done() }));
     checkBlobDigest();
     return { build: async () => known };
   }
@@ -83,8 +86,6 @@ export async function readImageLayer(blob: Readable, claimedDigest: string | und
   let diffId: string;
   try {
     await mkdir(root, { mode: 0o755 });
-    const hashed = blob.pipe(tap((c) => blobHash.update(c)));
-    blob.once('error', (err) => hashed.destroy(err));
     const extracted = await (deps.extract ?? extractInThread)(hashed, root, { maxBytes: deps.maxLayerBytes, maxEntries: MAX_LAYER_ENTRIES }, { imageLayer: true }).catch((err: unknown) => {
       if (err instanceof RollboxError && err.code === 'invalid_layer') throw new RollboxError('invalid_layer', `layer ${archivePath}: ${err.message}`);
       throw err;

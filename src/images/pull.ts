@@ -1,3 +1,4 @@
+import { pipeline } from 'node:stream/promises';
 import { MAX_STACK_LAYERS, RollboxError, type Image, type ImportReport, type PullProgress } from '../api/index.ts';
 import { tap } from '../layers/index.ts';
 import { INDEX_MEDIA_TYPES, type ImageReference, type RegistryRepository } from '../oci-registry/index.ts';
@@ -70,14 +71,12 @@ export async function pullImage(target: PullTarget, deps: ImagePullDeps, listene
     const stop = (): void => void blob.destroy(stopped.reason as Error);
     stopped.addEventListener('abort', stop, { once: true });
     try {
-      const counted = blob.pipe(
-        tap((c) => {
-          progress.bytesDone += c.length;
-          progress.bytesFetched += c.length;
-          listener.advanced({ ...progress });
-        }),
-      );
-      blob.once('error', (err) => counted.destroy(err));
+      const counted = tap((c) => {
+        progress.bytesDone += c.length;
+        progress.bytesFetched += c.length;
+        listener.advanced({ ...progress });
+      });
+      pipeline(blob, counted).catch(() => undefined); // its error reaches the layer's reader through `counted`
       const { build } = await readImageLayer(counted, d.digest, `${ref.canonical} ${d.digest}`, deps);
       return await build();
     } finally {

@@ -19,6 +19,7 @@ export interface ImagePullsDeps {
 /** A pull taken over this many times (its gateways kept stopping) ends failed instead. */
 const MAX_RESUMES = 3;
 const WAIT_POLL_MS = 200;
+const STOP_WAIT_MS = 10_000;
 const DEFAULT_PLATFORM = 'linux/amd64';
 const NAME_MAX = 128;
 
@@ -62,7 +63,9 @@ export class ImagePulls {
     clearInterval(this.sweeper);
     const stopped = [...this.running.values()];
     for (const c of stopped) c.abort(new RollboxError('unavailable', 'the gateway running the pull is stopping'));
-    while (this.running.size > 0) await new Promise((r) => setTimeout(r, 20));
+    // Each stops within moments (its streams are cut); a stuck one must not hold the gateway's stop.
+    const deadline = this.deps.now() + STOP_WAIT_MS;
+    while (this.running.size > 0 && this.deps.now() < deadline) await new Promise((r) => setTimeout(r, 20));
   }
 
   /** `POST /v1/images/pull`: the record at once (state `pulling` for a new image). */

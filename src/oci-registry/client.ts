@@ -1,6 +1,7 @@
 import { createHash } from 'node:crypto';
 import type { IncomingMessage } from 'node:http';
 import { Transform, type Readable } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
 import { RollboxError } from '../api/index.ts';
 import { parseChallenges, type Challenge } from './challenge.ts';
 import type { Credentials } from './credentials.ts';
@@ -126,10 +127,11 @@ export class RegistryRepository {
         done(seen === sizeBytes ? null : new RollboxError('registry_unavailable', `blob ${digest}: ${url.host} sent ${seen} of its ${sizeBytes} bytes`));
       },
     });
+    // Before the pipeline's own handlers: the stream fails with a coded error, not the socket's.
     res.once('error', (err) => counted.destroy(unreachable(url, err)));
     res.once('aborted', () => counted.destroy(new RollboxError('registry_unavailable', `blob ${digest}: ${url.host} closed the connection after ${seen} of ${sizeBytes} bytes`)));
-    counted.once('close', () => res.destroy());
-    return res.pipe(counted);
+    pipeline(res, counted).catch(() => undefined); // read by the caller, who sees its error
+    return counted;
   }
 
   private async blobAnswer(digest: string): Promise<{ res: IncomingMessage; url: URL }> {

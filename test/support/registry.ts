@@ -238,19 +238,33 @@ export async function startRegistryProxy(target: string, options: { bytesPerSeco
       res.writeHead(up.statusCode ?? 502, headers);
       const startedAt = Date.now();
       let sent = 0;
+      // Paused by the client's backpressure, by the rate, or both: resumed when neither holds it.
+      let full = false;
+      let waiting = false;
+      const resume = (): void => {
+        if (!full && !waiting) up.resume();
+      };
       up.on('data', (chunk: Buffer) => {
         sent += chunk.length;
         state.bytes += chunk.length;
-        if (!res.write(chunk)) up.pause();
-        if (rate > 0) {
-          const aheadMs = (sent / rate) * 1000 - (Date.now() - startedAt);
-          if (aheadMs > 5) {
-            up.pause();
-            setTimeout(() => up.resume(), aheadMs);
-          }
+        if (!res.write(chunk)) {
+          full = true;
+          up.pause();
+        }
+        const aheadMs = rate > 0 ? (sent / rate) * 1000 - (Date.now() - startedAt) : 0;
+        if (aheadMs > 5) {
+          waiting = true;
+          up.pause();
+          setTimeout(() => {
+            waiting = false;
+            resume();
+          }, aheadMs);
         }
       });
-      res.on('drain', () => up.resume());
+      res.on('drain', () => {
+        full = false;
+        resume();
+      });
       up.on('end', () => res.end());
       up.on('error', () => res.destroy());
       up.on('aborted', () => res.destroy());
