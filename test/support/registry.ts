@@ -38,8 +38,8 @@ export interface TestRegistry {
   served: ServedRequest[];
   /** Token requests the token server answered (token auth): status and whether they carried credentials. */
   tokenRequests: { status: number; withCredentials: boolean }[];
-  /** Pushes an OCI layout (a tar from ./oci.ts) as `repo:tag`; `all`: every image of an index (a multi-platform image). */
-  push(layoutTar: Buffer, repoTag: string, options?: { all?: boolean }): Promise<void>;
+  /** Pushes an OCI layout (a tar from ./oci.ts, or a path to one) as `repo:tag`; `all`: every image of an index (a multi-platform image). */
+  push(layoutTar: Buffer | string, repoTag: string, options?: { all?: boolean }): Promise<void>;
   /** Where the registry keeps a blob's bytes. */
   blobFile(digest: string): string;
   /** Ends the registry now (SIGKILL), as a crash would. */
@@ -148,12 +148,12 @@ ${authYaml}`;
     served,
     tokenRequests,
     async push(layoutTar, repoTag, options = {}) {
-      const file = path.join(dir, `push-${randomBytes(4).toString('hex')}.tar`);
-      await fs.writeFile(file, layoutTar);
+      const file = typeof layoutTar === 'string' ? layoutTar : path.join(dir, `push-${randomBytes(4).toString('hex')}.tar`);
+      if (typeof layoutTar !== 'string') await fs.writeFile(file, layoutTar);
       try {
-        await run('skopeo', ['copy', '--quiet', ...(options.all ? ['--all'] : []), '--dest-tls-verify=false', ...creds, `oci-archive:${file}`, `docker://${host}/${repoTag}`], { timeout: 120_000 });
+        await run('skopeo', ['copy', '--quiet', ...(options.all ? ['--all'] : []), '--dest-tls-verify=false', ...creds, `oci-archive:${file}`, `docker://${host}/${repoTag}`], { timeout: 600_000 });
       } finally {
-        await fs.rm(file, { force: true });
+        if (file !== layoutTar) await fs.rm(file, { force: true });
       }
     },
     blobFile: (digest) => {
