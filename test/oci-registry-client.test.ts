@@ -21,6 +21,8 @@ interface Seen {
 const seen: Seen[] = [];
 const manifest = Buffer.from(JSON.stringify({ schemaVersion: 2, mediaType: 'application/vnd.oci.image.manifest.v1+json', config: { digest: 'sha256:x', size: 1 }, layers: [] }));
 const blob = Buffer.from('layer bytes');
+const big = Buffer.alloc(4 << 20, 7);
+const stalled = Buffer.alloc(100_000, 9);
 const sha = (b: Buffer): string => `sha256:${createHash('sha256').update(b).digest('hex')}`;
 let tokensIssued = 0;
 /** Tokens the registry takes (one is struck off to force a 401). */
@@ -60,6 +62,12 @@ beforeAll(async () => {
       return void res.writeHead(200, { 'content-type': 'application/vnd.oci.image.manifest.v1+json', 'docker-content-digest': lieAboutDigest ? sha(Buffer.from('other')) : sha(manifest) }).end(manifest);
     }
     if (url.pathname === `/v2/team/app/blobs/${sha(blob)}`) return void res.writeHead(307, { location: `http://${storageHost}/signed/blob?sig=abc` }).end();
+    if (url.pathname === `/v2/team/app/blobs/${sha(big)}`) return void res.writeHead(200, { 'content-length': big.length }).end(big);
+    if (url.pathname === `/v2/team/app/blobs/${sha(stalled)}`) {
+      res.writeHead(200, { 'content-length': stalled.length });
+      res.write(stalled.subarray(0, 1000)); // then nothing
+      return;
+    }
     res.writeHead(404).end('{"errors":[{"code":"BLOB_UNKNOWN","message":"blob unknown"}]}');
   }));
 });
@@ -111,5 +119,22 @@ describe('RegistryRepository', () => {
     expect(err).toMatchObject({ code: 'registry_unauthorized' });
     expect(err!.message).not.toContain('nope');
     expect(err!.message).toMatch(/refused the configured credentials/);
+  });
+
+  it('times a blob out only while its reader waits for bytes: a reader busy elsewhere is not cut off, a registry that stalls is', async () => {
+    const repo = new RegistryRepository(parseReference(`${registryHost}/team/app:1`), { ...options(Date.now), timeoutMs: 300 });
+    const stream = await repo.blobStream(sha(big), big.length);
+    await new Promise((r) => setTimeout(r, 1000)); // the reader is busy (a layer waiting for an extraction thread)
+    const chunks: Buffer[] = [];
+    for await (const c of stream as AsyncIterable<Buffer>) chunks.push(c);
+    expect(Buffer.concat(chunks).equals(big)).toBe(true);
+
+    const stalling = await repo.blobStream(sha(stalled), stalled.length);
+    const startedAt = Date.now();
+    const read = (async () => {
+      for await (const c of stalling as AsyncIterable<Buffer>) void c;
+    })();
+    await expect(read).rejects.toMatchObject({ code: 'registry_unavailable', message: expect.stringMatching(/sent nothing for 0.3 s \(1000 of 100000 bytes\)/) });
+    expect(Date.now() - startedAt).toBeLessThan(3000);
   });
 });

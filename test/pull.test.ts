@@ -192,6 +192,12 @@ describe('image pull', () => {
     expect((await api<ImageRecord>(cluster, token, 'GET', `/v1/images/${name}`)).body.pull!.id).toBe(record.pull!.id);
     const run = await api(cluster, token, 'POST', '/v1/run', { image: { ref }, cmd: 'cat /hello', resources: { memoryMiB: 64, diskMiB: 64 } });
     expect(run.body, JSON.stringify(run.body)).toMatchObject({ status: 'ok', stdout: 'from a registry\n' });
+    // A warm pool's image may be a ref too (its layers are the pulled image's).
+    const admin = await cluster.token('pulls-admin', ['admin']);
+    const pool = await api(cluster, admin, 'PUT', '/v1/pools/from-ref', { image: { ref }, size: 0, diskMiB: 64 });
+    expect(pool.status, JSON.stringify(pool.body)).toBe(200);
+    expect(pool.body).toMatchObject({ image: { base: name }, layerDigests: record.layers.map((l) => l.digest) });
+    await api(cluster, admin, 'DELETE', '/v1/pools/from-ref');
 
     const missing = await api(cluster, token, 'POST', '/v1/sandboxes', { image: { ref: `${registry.host}/t/run:nope` } });
     expect(missing.status).toBe(404);

@@ -2,6 +2,7 @@ import { z } from 'zod';
 import os from 'node:os';
 import path from 'node:path';
 import { RunCodeLanguage } from '../api/run-code.ts';
+import { registryHostOf } from '../oci-registry/index.ts';
 
 /** What `POST /run_code` runs without ROLLBOX_RUN_CODE_LANGUAGES: a `python` layer the operator registers, and the base image's shell. */
 const DEFAULT_RUN_CODE_LANGUAGES = {
@@ -218,8 +219,7 @@ function parseMirrors(value: string): Map<string, string[]> {
       const url = URL.canParse(u) ? new URL(u) : undefined;
       if (!url || (url.protocol !== 'http:' && url.protocol !== 'https:') || (url.pathname !== '/' && url.pathname !== '')) throw new Error(`invalid configuration: ROLLBOX_REGISTRY_MIRRORS: ${JSON.stringify(u)} is not an http(s)://host[:port] URL`);
     }
-    const registry = entry.slice(0, eq).trim().toLowerCase();
-    mirrors.set(registry === 'index.docker.io' || registry === 'registry-1.docker.io' ? 'docker.io' : registry, urls);
+    mirrors.set(registryHostOf(entry.slice(0, eq).trim()), urls);
   }
   return mirrors;
 }

@@ -127,7 +127,7 @@ export class ImagePulls {
   async delete(name: string): Promise<ImageRecord> {
     const record = await this.record(name);
     if (record.pull?.state === 'pulling') throw new RollboxError('invalid_state', `image ${name} is being pulled; delete it once the pull has ended`);
-    if (record.digest && record.layers.length > 0) await this.deps.images.delete(name).catch(() => undefined);
+    if (record.state === 'ready') await this.deps.images.delete(name);
     await this.deps.pulls.delete(name);
     return record;
   }

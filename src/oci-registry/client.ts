@@ -1,7 +1,6 @@
 import { createHash } from 'node:crypto';
 import type { IncomingMessage } from 'node:http';
-import { Transform, type Readable } from 'node:stream';
-import { pipeline } from 'node:stream/promises';
+import { Readable } from 'node:stream';
 import { RollboxError } from '../api/index.ts';
 import { parseChallenges, type Challenge } from './challenge.ts';
 import type { Credentials } from './credentials.ts';
@@ -116,22 +115,7 @@ export class RegistryRepository {
       res.resume();
       throw new RollboxError('invalid_image', `blob ${digest}: ${url.host} serves ${length} bytes, the manifest says ${sizeBytes}`);
     }
-    let seen = 0;
-    const counted = new Transform({
-      transform(chunk: Buffer, _encoding, done) {
-        seen += chunk.length;
-        if (seen > sizeBytes) done(new RollboxError('invalid_image', `blob ${digest}: more than the ${sizeBytes} bytes the manifest says`));
-        else done(null, chunk);
-      },
-      flush(done) {
-        done(seen === sizeBytes ? null : new RollboxError('registry_unavailable', `blob ${digest}: ${url.host} sent ${seen} of its ${sizeBytes} bytes`));
-      },
-    });
-    // Before the pipeline's own handlers: the stream fails with a coded error, not the socket's.
-    res.once('error', (err) => counted.destroy(unreachable(url, err)));
-    res.once('aborted', () => counted.destroy(new RollboxError('registry_unavailable', `blob ${digest}: ${url.host} closed the connection after ${seen} of ${sizeBytes} bytes`)));
-    pipeline(res, counted).catch(() => undefined); // read by the caller, who sees its error
-    return counted;
+    return meteredBlob(res, url, digest, sizeBytes, this.options.timeoutMs);
   }
 
   private async blobAnswer(digest: string): Promise<{ res: IncomingMessage; url: URL }> {
@@ -277,4 +261,52 @@ export class RegistryRepository {
     const seconds = typeof parsed.expires_in === 'number' && parsed.expires_in > TOKEN_MIN_SECONDS ? parsed.expires_in : TOKEN_MIN_SECONDS;
     return { value, expiresAtMs: this.now() + seconds * 1000 };
   }
+}
+
+/**
+ * A blob's body as a stream of exactly `sizeBytes` bytes. A registry that sends nothing for
+ * `idleMs` while the reader waits for bytes fails it (`registry_unavailable`); a reader that
+ * is busy (a layer waiting for an extraction thread) does not: the socket's own timeout is
+ * off, this one runs only while bytes are wanted.
+ */
+function meteredBlob(res: IncomingMessage, url: URL, digest: string, sizeBytes: number, idleMs: number): Readable {
+  res.socket?.setTimeout(0);
+  let seen = 0;
+  let timer: NodeJS.Timeout | undefined;
+  const disarm = (): void => {
+    clearTimeout(timer);
+    timer = undefined;
+  };
+  const arm = (): void => {
+    timer ??= setTimeout(() => out.destroy(new RollboxError('registry_unavailable', `blob ${digest}: ${url.host} sent nothing for ${idleMs / 1000} s (${seen} of ${sizeBytes} bytes)`)), idleMs);
+  };
+  const out = new Readable({
+    highWaterMark: 1 << 20,
+    read() {
+      res.resume();
+      arm();
+    },
+    destroy(err, done) {
+      disarm();
+      res.destroy();
+      done(err);
+    },
+  });
+  res.pause();
+  res.on('data', (chunk: Buffer) => {
+    disarm();
+    seen += chunk.length;
+    if (seen > sizeBytes) return void out.destroy(new RollboxError('invalid_image', `blob ${digest}: more than the ${sizeBytes} bytes the manifest says`));
+    if (out.push(chunk)) arm();
+    else res.pause();
+  });
+  res.once('end', () => {
+    disarm();
+    if (seen === sizeBytes) out.push(null);
+    else out.destroy(new RollboxError('registry_unavailable', `blob ${digest}: ${url.host} sent ${seen} of its ${sizeBytes} bytes`));
+  });
+  const cut = (err?: unknown): void => void out.destroy(err ? unreachable(url, err) : new RollboxError('registry_unavailable', `blob ${digest}: ${url.host} closed the connection after ${seen} of ${sizeBytes} bytes`));
+  res.once('error', cut);
+  res.once('aborted', () => cut());
+  return out;
 }
