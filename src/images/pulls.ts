@@ -20,6 +20,7 @@ export interface ImagePullsDeps {
 const MAX_RESUMES = 3;
 const WAIT_POLL_MS = 200;
 const STOP_WAIT_MS = 10_000;
+const PROGRESS_WRITE_MS = 1000;
 const DEFAULT_PLATFORM = 'linux/amd64';
 const NAME_MAX = 128;
 
@@ -164,7 +165,8 @@ export class ImagePulls {
       });
       return writes;
     };
-    const ticker = setInterval(() => void write(), Math.max(100, Math.floor(leaseMs / 3)));
+    // Progress readers see it within a second; the lease is renewed well within its term.
+    const ticker = setInterval(() => void write(), Math.max(100, Math.min(PROGRESS_WRITE_MS, Math.floor(leaseMs / 3))));
     const listener: PullListener = {
       planned: (digest, progress) => {
         pull = { ...pull, digest, progress };
@@ -195,7 +197,7 @@ export class ImagePulls {
           await write({ giveUp: true });
         } else if (!(controller.signal.reason instanceof RollboxError && controller.signal.reason.code === 'conflict')) {
           const error = err instanceof RollboxError ? { code: err.code, message: err.message } : { code: 'internal' as const, message: err instanceof Error ? err.message : String(err) };
-          logger.warn({ image: name, ref: pull.ref, pull: pull.id, code: error.code, msg: error.message }, 'image pull failed');
+          logger.warn({ image: name, ref: pull.ref, pull: pull.id, code: error.code, reason: error.message }, 'image pull failed');
           await finish({ state: 'failed', error });
         } else clearInterval(ticker);
       } finally {
