@@ -78,9 +78,10 @@ beforeAll(async () => {
   token = await cluster.token('pull-registries', ['layer:write']);
 }, 120_000);
 afterAll(async () => {
-  await cluster?.stop();
+  // The registries first: they are ended by pid whatever becomes of the cluster's stop.
   await flakyProxy?.stop();
   for (const r of [anon, basic, tokenAuth, origin, mirror, flaky]) await r?.stop();
+  await cluster?.stop();
   if (dir) await fs.rm(dir, { recursive: true, force: true });
 });
 

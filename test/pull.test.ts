@@ -66,9 +66,10 @@ beforeAll(async () => {
 }, 120_000);
 afterAll(async () => {
   for (const id of made) await api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`).catch(() => undefined);
-  await cluster?.stop();
+  // The registry first: it is ended by pid whatever becomes of the cluster's stop.
   await proxy?.stop();
   await registry?.stop();
+  await cluster?.stop();
 });
 
 describe('image pull', () => {
