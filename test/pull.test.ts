@@ -200,6 +200,24 @@ describe('image pull', () => {
     expect(pool.body).toMatchObject({ image: { base: name }, layerDigests: record.layers.map((l) => l.digest) });
     await api(cluster, admin, 'DELETE', '/v1/pools/from-ref');
 
+    // A pull that takes longer than the create may wait: 504 image_pull_timeout, and the pull goes on.
+    await registry.push(await ociLayout([{ layers: [fixture.base, await ownLayer('slow', 1_000_000)] }], { gzip: true }), 't/slow:1');
+    const impatient = await cluster.spawnGateway({ name: 'gw-impatient', env: { ROLLBOX_IMAGE_PULL_WAIT_MS: '1500' } });
+    try {
+      proxy.setRate(100_000);
+      const slowRef = `${proxy.host}/t/slow:1`;
+      const waited = await api({ url: impatient.url }, token, 'POST', '/v1/sandboxes', { image: { ref: slowRef }, resources: { memoryMiB: 64, diskMiB: 64 } });
+      expect(waited.status, JSON.stringify(waited.body)).toBe(504);
+      expect(waited.body.error).toMatchObject({ code: 'image_pull_timeout' });
+      proxy.setRate(0);
+      const slowName = `127.0.0.1-${proxy.host.split(':')[1]}-t-slow-1`;
+      const slow = await pullEnded(cluster, token, slowName, (await api<ImageRecord>(cluster, token, 'GET', `/v1/images/${slowName}`)).body.pull!.id);
+      expect(slow.state).toBe('ready');
+    } finally {
+      proxy.setRate(0);
+      impatient.child.kill('SIGTERM');
+    }
+
     const missing = await api(cluster, token, 'POST', '/v1/sandboxes', { image: { ref: `${registry.host}/t/run:nope` } });
     expect(missing.status).toBe(404);
     expect(missing.body.error).toMatchObject({ code: 'image_not_found' });
