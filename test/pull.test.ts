@@ -102,6 +102,16 @@ describe('image pull', () => {
     await checkFixtureView((cmd, extra) => sh(id, cmd, extra));
   }, 120_000);
 
+  it('pulls plain, gzip and zstd layers', async () => {
+    const [plain, gz, zst] = await Promise.all(['plain', 'gzip', 'zstd'].map((k) => layerTar([{ name: `${k}.txt`, content: `${k} layer\n` }, { name: `${k}.bin`, content: randomBytes(50_000) }])));
+    const def: ImageDef = { layers: [fixture.base, plain!, gz!, zst!] };
+    await registry.push(await ociLayout([def], { gzip: [true, false, true, 'zstd'] }), 't/compressed:1');
+    const done = await pulled(cluster, token, { ref: `${registry.host}/t/compressed:1` });
+    expect(done, JSON.stringify(done)).toMatchObject({ state: 'ready' });
+    expect(done.layers.map((l) => l.diffId)).toEqual(ociImage(def).layers.map((l) => l.diffId));
+    expect(await sh(await sandbox({ image: { base: done.name } }), 'cat /plain.txt /gzip.txt /zstd.txt')).toMatchObject({ stdout: 'plain layer\ngzip layer\nzstd layer\n' });
+  }, 120_000);
+
   it('yields the platform asked from a multi-platform index', async () => {
     const arch = (a: string) => layerTar([...busyboxEntries(), { name: 'arch', content: `${a}\n` }]);
     const layout = await ociLayout(
