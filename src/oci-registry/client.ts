@@ -50,6 +50,16 @@ interface Endpoint {
   down?: RollboxError;
 }
 
+/** The `mediaType` a manifest or index names itself (undefined: none, or not JSON). */
+function mediaTypeIn(bytes: Buffer): string | undefined {
+  try {
+    const type = (JSON.parse(bytes.toString('utf8')) as { mediaType?: unknown }).mediaType;
+    return typeof type === 'string' ? type : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
 const sha256 = (buf: Buffer): string => `sha256:${createHash('sha256').update(buf).digest('hex')}`;
 
 /**
@@ -89,7 +99,7 @@ export class RegistryRepository {
     let mediaType = (header(res.headers, 'content-type') ?? '').split(';')[0]!.trim();
     if (!INDEX_MEDIA_TYPES.has(mediaType) && !MANIFEST_MEDIA_TYPES.has(mediaType)) {
       // Some registries answer application/json: the document names its own type.
-      mediaType = (JSON.parse(bytes.toString('utf8') || '{}') as { mediaType?: string }).mediaType ?? mediaType;
+      mediaType = mediaTypeIn(bytes) ?? mediaType;
     }
     if (SCHEMA1_MEDIA_TYPES.has(mediaType)) throw new RollboxError('invalid_image', `${what} is a Docker schema 1 manifest (not supported: push it again with a current client)`);
     if (!INDEX_MEDIA_TYPES.has(mediaType) && !MANIFEST_MEDIA_TYPES.has(mediaType)) throw new RollboxError('invalid_image', `${what}: not an image manifest or index (${mediaType || 'no media type'})`);
