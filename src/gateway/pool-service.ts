@@ -10,7 +10,7 @@ export interface PoolServiceDeps {
   /** A pool's image may be an imported one: its layers, then the pool's own. */
   images: Pick<ImageRegistry, 'resolveStack'>;
   /** A pool's `image.ref`: the image holding it (pulled first). */
-  resolveImage?: (spec: ImageSpec) => Promise<ImageSpec>;
+  resolveImage: (spec: ImageSpec) => Promise<ImageSpec>;
   directory: Pick<NodeDirectory, 'candidates' | 'list'>;
   placement: { choices: number; staleAfterMs: number };
   /** Requests a pool's definition leaves out (what its ready sandboxes reserve). */
@@ -42,10 +42,7 @@ export class PoolService {
 
   async put(principal: Principal, name: string, request: PutPoolRequest): Promise<Pool> {
     requireScope(principal, 'admin');
-    if (request.image.ref !== undefined) {
-      if (!this.deps.resolveImage) throw new RollboxError('invalid_request', 'image.ref: this gateway does not pull images');
-      request = { ...request, image: await this.deps.resolveImage(request.image) };
-    }
+    if (request.image.ref !== undefined) request = { ...request, image: await this.deps.resolveImage(request.image) };
     const { layerDigests } = await this.deps.images.resolveStack(request.image);
     const existing = await this.deps.pools.get(name);
     const nowIso = new Date(this.deps.now()).toISOString();
