@@ -13,6 +13,7 @@ describe('parseReference (as docker reads references)', () => {
     ['ghcr.io/org/sub/img:v1.2', 'ghcr.io', 'org/sub/img', 'ghcr.io/org/sub/img:v1.2'],
     ['127.0.0.1:5000/t/task:1', '127.0.0.1:5000', 't/task', '127.0.0.1:5000/t/task:1'],
     ['localhost/app', 'localhost', 'app', 'localhost/app:latest'],
+    ['Registry.Example:5000/app', 'registry.example:5000', 'app', 'registry.example:5000/app:latest'],
     ['localhost:5000/a__b/c-d.e_f', 'localhost:5000', 'a__b/c-d.e_f', 'localhost:5000/a__b/c-d.e_f:latest'],
   ];
   for (const [input, registry, repository, canonical] of cases) {

@@ -57,6 +57,8 @@ export function parseReference(input: string): ImageReference {
   let registry = hasRegistry ? first : DOCKER_HUB;
   let repository = hasRegistry ? rest.slice(slash + 1) : rest;
   if (hasRegistry && !DOMAIN.test(registry)) fail(`${registry} is not a registry host[:port]`);
+  // Host names are case-blind: the lowercase form is what config and auth files are matched against.
+  registry = registry.toLowerCase();
   if (registry === 'index.docker.io' || registry === 'registry-1.docker.io') registry = DOCKER_HUB;
   if (repository !== repository.toLowerCase()) fail('a repository name must be lowercase');
   if (repository.split('/').some((c) => !PATH_COMPONENT.test(c))) fail('each path component is [a-z0-9] words joined by ".", "_", "__" or "-"');
