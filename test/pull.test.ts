@@ -203,6 +203,19 @@ describe('image pull', () => {
     expect((await api<ImageRecord>(cluster, token, 'GET', `/v1/images/${name}`)).body.pull!.id).toBe(record.pull!.id);
     const run = await api(cluster, token, 'POST', '/v1/run', { image: { ref }, cmd: 'cat /hello', resources: { memoryMiB: 64, diskMiB: 64 } });
     expect(run.body, JSON.stringify(run.body)).toMatchObject({ status: 'ok', stdout: 'from a registry\n' });
+    // A batch task's image, and its grade's fresh sandbox of it, may be a ref.
+    const batchToken = await cluster.token('pulls', ['batch:submit']);
+    const submitted = await api(cluster, batchToken, 'POST', '/v1/batches', {
+      tasks: [{ customId: 'from-ref', image: { ref }, resources: { memoryMiB: 32 }, steps: [{ cmd: 'cat /hello' }], grade: { cmd: 'cat /hello', mode: 'fresh-sandbox' } }],
+    });
+    expect(submitted.status, JSON.stringify(submitted.body)).toBe(201);
+    const batch = await waitFor('the batch', async () => {
+      const b = (await api(cluster, batchToken, 'GET', `/v1/batches/${submitted.body.id}`)).body;
+      return b.state === 'completed' ? b : undefined;
+    }, 60_000);
+    const results = await fetch(`${cluster.url}/v1/batches/${submitted.body.id}/results`, { headers: { authorization: `Bearer ${batchToken}` } }).then((r) => r.text());
+    expect(batch.counts, results).toMatchObject({ succeeded: 1, failed: 0, infra_error: 0 });
+    expect(JSON.parse(results.trim())).toMatchObject({ customId: 'from-ref', status: 'succeeded', grade: { exitCode: 0, stdout: 'from a registry\n' } });
     // A warm pool's image may be a ref too (its layers are the pulled image's).
     const admin = await cluster.token('pulls-admin', ['admin']);
     const pool = await api(cluster, admin, 'PUT', '/v1/pools/from-ref', { image: { ref }, size: 0, diskMiB: 64 });
