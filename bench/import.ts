@@ -8,6 +8,9 @@
  * same for a real image pair made of this host's own Debian files (BENCH_IMPORT_REAL=0 skips
  * it): a base of its binaries and libraries, with Python's standard library on one and this
  * repository's node_modules on the other; Python and Node then run in sandboxes of them.
+ * The pull arm (bench/support/pull-arm.ts; BENCH_IMPORT_PULL=0 skips it): image A pushed
+ * into a loopback registry, then `skopeo copy` of it to a directory beside `rollbox image
+ * pull` of it, MB/s of compressed blob bytes.
  *
  * The image is generated here, deterministically (seeded), and streamed to disk: a base
  * layer (~60% of the bytes, a few thousand files of 1 KB to 4 MB of text, JSON and some
@@ -35,6 +38,7 @@ import { runToolOk } from '../src/proc/index.ts';
 import { progressBar, writeSvg } from '../src/report/index.ts';
 import { api, startTestCluster, type TestCluster } from '../test/support/cluster.ts';
 import { blobPath, imageJsonBlobs, MEDIA_TYPES, REF_NAME_ANNOTATION, type Descriptor, type ImageDef } from '../test/support/oci.ts';
+import { pullArm } from './support/pull-arm.ts';
 import { timed } from './support/runc-floor.ts';
 
 const TOTAL_BYTES = Number(process.env.BENCH_IMPORT_MB ?? 300) * 1e6;
@@ -661,6 +665,9 @@ try {
     const storedBytesFlattened = flatSizes[0]! + flatSizes[1]!;
     log(`stored: layered ${(storedBytesLayered / MiB).toFixed(1)} MiB (${distinct.size} distinct layers) vs flattened ${(storedBytesFlattened / MiB).toFixed(1)} MiB; second image: import ${(b.ms / 1000).toFixed(2)} s vs flattened upload ${(flatUploadB.ms / 1000).toFixed(2)} s`);
 
+    // 5. The pull arm: image A from a loopback registry, beside skopeo copy (BENCH_IMPORT_PULL=0 leaves it out).
+    const pull = process.env.BENCH_IMPORT_PULL === '0' ? undefined : await pullArm(archiveA, work, log);
+
     const chart = writeSvg(
       path.resolve(import.meta.dirname, 'out', 'import.svg'),
       barChartsSvg(`Image import: ${layersA.length} layers, ${Math.round(tarBytesA / MiB)} MiB uncompressed (OCI layout, gzip)`, [
@@ -689,10 +696,23 @@ try {
             { label: 'flattened', value: storedBytesFlattened / MiB },
           ],
         },
+        ...(pull
+          ? [
+              {
+                title: 'pull from a loopback registry, MB/s of compressed blobs',
+                yLabel: 'MB/s',
+                bars: [
+                  { label: 'skopeo copy to dir:', value: pull.skopeoMBps },
+                  { label: 'rollbox client, blobs only', value: pull.transferMBps },
+                  { label: 'rollbox image pull', value: pull.pullMBps },
+                ],
+              },
+            ]
+          : []),
       ]),
     );
     log(`chart: ${chart}`);
-    // 5. A real image pair (this host's files); BENCH_IMPORT_REAL=0 leaves it out.
+    // 6. A real image pair (this host's files); BENCH_IMPORT_REAL=0 leaves it out.
     const real = process.env.BENCH_IMPORT_REAL === '0' ? undefined : await realPair(cluster, token, work);
     console.log(
       JSON.stringify({
@@ -713,7 +733,8 @@ try {
         storedBytesFlattened,
         storedRatio: round(storedBytesLayered / storedBytesFlattened),
         ...(real ? { realPair: real } : {}),
-        note: 'MB = 1e6 bytes of uncompressed layer tars (image A); floor = mkfs.erofs (rollbox flags) of the same layers extracted with tar -xf, same run; ratioToFloor = import MB/s / floor mkfs MB/s (ratioToExtractMkfsFloor: / tar -xf + mkfs); stored* = EROFS bytes of both images, distinct layers vs one flattened layer each',
+        ...(pull ? { pull } : {}),
+        note: 'MB = 1e6 bytes of uncompressed layer tars (image A); floor = mkfs.erofs (rollbox flags) of the same layers extracted with tar -xf, same run; ratioToFloor = import MB/s / floor mkfs MB/s (ratioToExtractMkfsFloor: / tar -xf + mkfs); stored* = EROFS bytes of both images, distinct layers vs one flattened layer each; pull: MB/s of image A\'s compressed blobs from a loopback registry: skopeo copy to dir: (floor), rollbox\'s client reading the blobs (transfer), rollbox image pull end to end (transfer + extraction + EROFS build, a fresh cluster)',
         chart,
       }),
     );

@@ -8,9 +8,11 @@ cd "$(dirname "$0")/.."
 # traffic; python3-minimal: the tests build a Python layer from it for POST /run_code;
 # python3-pytest, python3-httpx, python3-venv, python3-wheel: the Python client's tests (clients/python);
 # chromium: the batch page's test drives it headless; attr (setfattr) and zstd: image import
-# (xattrs and opaque directories of image layers; zstd-compressed layers).
+# (xattrs and opaque directories of image layers; zstd-compressed layers); docker-registry,
+# skopeo and openssl: the image pull tests run a real registry on loopback, push images into
+# it and make the token auth's certificate.
 missing=""
-for pkg in runc erofs-utils redis-server busybox-static nftables iptables iproute2 e2fsprogs attr zstd musl-tools gcc python3-minimal python3-pytest python3-httpx python3-venv python3-wheel chromium; do
+for pkg in runc erofs-utils redis-server busybox-static nftables iptables iproute2 e2fsprogs attr zstd musl-tools gcc python3-minimal python3-pytest python3-httpx python3-venv python3-wheel chromium docker-registry skopeo openssl; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing="$missing $pkg"
 done
 
@@ -18,8 +20,19 @@ if [ -n "$missing" ]; then
   echo "rollbox: installing apt packages:$missing" >&2
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >&2
-  # policy-rc.d keeps Debian from starting its own redis-server service: rollbox starts its own.
+  # A policy-rc.d that says no keeps Debian from starting the services it installs
+  # (redis-server, docker-registry): rollbox and its tests start their own, on ports they pick.
+  policy=/usr/sbin/policy-rc.d
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod 755 "$policy"
+    trap 'rm -f "$policy"' EXIT
+  fi
   apt-get install -y -qq --no-install-recommends $missing >&2
+fi
+
+# A system registry left running by an earlier install (it listens on :5000): stopped.
+if [ -x /etc/init.d/docker-registry ] && /etc/init.d/docker-registry status >/dev/null 2>&1; then
+  /etc/init.d/docker-registry stop >&2 || true
 fi
 
 # Installed dependencies are stamped with the lockfile's hash: a content check, because

@@ -16,8 +16,9 @@ import { BurstController, CommandProvider, LocalProvider, TraceRecorder, type Cl
 import { ExtractWorkers, LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar, fetchLayers } from './layers/index.ts';
 import { NodeDirectory, ReplyHub } from './queues/index.ts';
 import { BlockingPool, connectRedis, startRedisServer, type RedisServerHandle } from './redis/index.ts';
-import { BatchStore, CommandLog, ImageRegistry, LayerRegistry, PoolRegistry, SandboxRegistry, keys } from './registry/index.ts';
-import { ImportHolds, importImage } from './images/index.ts';
+import { BatchStore, CommandLog, ImagePullRecords, ImageRegistry, LayerRegistry, PoolRegistry, SandboxRegistry, keys } from './registry/index.ts';
+import { ImagePulls, ImportHolds, importImage, pullImage, resolveImageRef } from './images/index.ts';
+import { RegistryRepository, loadDockerConfig } from './oci-registry/index.ts';
 import { WorkerHost } from './workers/index.ts';
 import { NetworkSelfTest, SandboxNetworks } from './workers/network/index.ts';
 import { createRuncRuntime } from './workers/runtime/index.ts';
@@ -86,8 +87,21 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     now,
     random: Math.random,
   });
-  const pools = new PoolService({ pools: new PoolRegistry(redis, now), images, directory, placement: { choices: config.placement.choices, staleAfterMs: config.node.lostAfterMs }, defaultRequests: config.defaultRequests, now, random: Math.random });
-  const sandboxes = new SandboxService({ config, registry, layers, images, directory, nodes, metrics, now, random: Math.random, burst, pools });
+  const layerDeps = { store, layers, images, holds: importHolds, tmpDir, maxLayerBytes: config.http.layerUploadLimitBytes, now, extract };
+  const imagePulls = new ImagePulls({
+    images,
+    pulls: new ImagePullRecords(redis),
+    layers,
+    leaseMs: config.imagePull.leaseMs,
+    logger: logger.child({ name: 'image-pulls' }),
+    now,
+    pull: (target, listener, signal) =>
+      pullImage(target, { ...layerDeps, layerConcurrency: config.imagePull.layerConcurrency, repository: async (ref) => new RegistryRepository(ref, { ...config.registries, credentials: await loadDockerConfig(config.registries.authFile) }) }, listener, signal),
+  });
+  // A create's (or a pool's) image.ref: the image holding it, pulled first if none does.
+  const resolveImage = resolveImageRef(imagePulls, config.imagePull.waitMs);
+  const pools = new PoolService({ pools: new PoolRegistry(redis, now), images, resolveImage, directory, placement: { choices: config.placement.choices, staleAfterMs: config.node.lostAfterMs }, defaultRequests: config.defaultRequests, now, random: Math.random });
+  const sandboxes = new SandboxService({ config, registry, layers, images, resolveImage, directory, nodes, metrics, now, random: Math.random, burst, pools });
   const execs = new ExecService({ redis, blocking, registry, commands, nodes, metrics, now });
   const files = new FilesService({ config, redis, registry, nodes });
   const runs = new RunService({ sandboxes, redis, fetchMaxBytes: config.files.maxBytes, now });
@@ -123,8 +137,8 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     buildLayer,
     layerImagePath: (digest) => layerImagePath(store, digest),
     images: {
-      images,
-      importImage: (archive, query) => importImage(archive, query, { store, layers, images, holds: importHolds, tmpDir, maxLayerBytes: config.http.layerUploadLimitBytes, now, extract }),
+      records: imagePulls,
+      importImage: (archive, query) => importImage(archive, query, layerDeps),
       syncedLayers: async () => new Set(await redis.smembers(keys.burstSyncedLayers)),
     },
   });
@@ -133,6 +147,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const janitor = new Janitor({ redis, registry, commands, directory, lostAfterMs: config.node.lostAfterMs, intervalMs: 500, logger, now, layerGc });
   janitor.start();
   batchRunner.start();
+  imagePulls.start();
 
   const server = await new Promise<ReturnType<typeof serve>>((resolve) => {
     const s = serve({ fetch: app.fetch, hostname: config.http.host, port: config.http.port }, () => resolve(s));
@@ -148,6 +163,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     gatewayId,
     async stop() {
       janitor.stop();
+      await imagePulls.stop();
       await batchRunner.stop();
       await burst.stop();
       await provider?.close?.();

@@ -133,8 +133,8 @@ describe('rollbox image (CLI)', () => {
   it('lists, shows and deletes; a deleted image is not_found', async () => {
     const list = await rollbox(['image', 'list']);
     expect(list.code).toBe(0);
-    expect(list.stdout).toMatch(/^NAME\s+PLATFORM\s+LAYERS\s+SIZE MiB\s+CREATED\s+SYNCED$/m);
-    for (const name of ['cli-a', 'cli-b']) expect(list.stdout).toMatch(new RegExp(`^${name}\\s+linux/amd64\\s+2\\s+\\d+\\.\\d+\\s+\\d{4}-\\S+\\s+(yes|no)$`, 'm'));
+    expect(list.stdout).toMatch(/^NAME\s+PLATFORM\s+LAYERS\s+SIZE MiB\s+CREATED\s+SYNCED\s+STATE$/m);
+    for (const name of ['cli-a', 'cli-b']) expect(list.stdout).toMatch(new RegExp(`^${name}\\s+linux/amd64\\s+2\\s+\\d+\\.\\d+\\s+\\d{4}-\\S+\\s+(yes|no)\\s+ready$`, 'm'));
     const listJson = JSON.parse((await rollbox(['image', 'list', '--json'])).stdout) as { images: Image[] };
     expect(listJson.images.map((i) => i.name)).toEqual(expect.arrayContaining(['cli-a', 'cli-b', 'cli-c']));
 

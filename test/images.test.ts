@@ -1,101 +1,34 @@
-import { execFileSync } from 'node:child_process';
-import { readFileSync } from 'node:fs';
 import fs from 'node:fs/promises';
-import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ExecResult, Image, ImportedImage, Layer } from '../src/api/index.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
-import { digestOf, dockerSave, layerTar, ociLayout, type Corruption, type ImageDef, type TarEntry } from './support/oci.ts';
+import { FIXTURE_CONFIG, busyboxEntries, checkFixtureView, imageFixtureLayers, upperLayer } from './support/image-fixture.ts';
+import { digestOf, dockerSave, layerTar, ociLayout, type Corruption, type ImageDef } from './support/oci.ts';
 
 /**
  * Images built here as OCI layouts and `docker save` archives, imported over HTTP, and
  * every property they carry checked from inside a sandbox made from them.
  */
 
-const PASSWD = 'root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:App:/home/app:/bin/sh\n';
-const GROUP = 'root:x:0:\napp:x:1000:\n';
-/** cap_net_raw=ep as the kernel stores it (VFS_CAP_REVISION_2). */
-const CAP_NET_RAW = Buffer.from('0100000200200000000000000000000000000000', 'hex');
-
 let cluster: TestCluster;
 let token: string;
 let base: Buffer;
-let probeDir: string;
 const made: string[] = [];
-
-/** A static getxattr probe: busybox has no getfattr. Prints the value in hex, or the errno's name. */
-const PROBE_C = `#include <stdio.h>
-#include <sys/xattr.h>
-int main(int argc, char **argv) {
-  unsigned char buf[4096];
-  ssize_t n = lgetxattr(argv[1], argv[2], buf, sizeof buf);
-  if (n < 0) { perror("getxattr"); return 1; }
-  for (ssize_t i = 0; i < n; i++) printf("%02x", buf[i]);
-  printf("\\n");
-  return 0;
-}
-`;
-
-function busyboxEntries(): TarEntry[] {
-  const applets = ['sh', 'ls', 'cat', 'id', 'stat', 'echo', 'pwd', 'test', 'touch', 'mkfifo', 'readlink', 'env', 'sleep', 'true'];
-  return [
-    { name: 'bin/', type: 'directory' },
-    { name: 'bin/busybox', content: readFileSync('/bin/busybox'), mode: 0o755 },
-    ...applets.map((a): TarEntry => ({ name: `bin/${a}`, type: 'symlink', linkname: 'busybox' })),
-  ];
-}
 
 beforeAll(async () => {
   // app-a is in the cloud pool's pre-synced set by name: all its layers are.
   cluster = await startTestCluster({ workers: [{ nodeId: 'node-img' }], env: { ROLLBOX_BURST_SYNC_LAYERS: 'busybox,app-a', ROLLBOX_BURST_TICK_MS: '200' } });
   token = await cluster.token('images', ['sandbox:run', 'layer:write', 'sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'sandbox:snapshot']);
-  probeDir = await fs.mkdtemp(path.join(os.tmpdir(), 'rollbox-xattr-probe-'));
-  await fs.writeFile(path.join(probeDir, 'probe.c'), PROBE_C);
-  execFileSync('musl-gcc', ['-static', '-O2', '-o', path.join(probeDir, 'getxattr'), path.join(probeDir, 'probe.c')]);
-  base = await layerTar([
-    ...busyboxEntries(),
-    { name: 'bin/getxattr', content: await fs.readFile(path.join(probeDir, 'getxattr')), mode: 0o755 },
-    { name: 'etc/', type: 'directory' },
-    { name: 'etc/passwd', content: PASSWD },
-    { name: 'etc/group', content: GROUP },
-    { name: 'etc/motd', content: 'welcome\n' },
-    { name: 'data/', type: 'directory' },
-    { name: 'data/a', content: 'a\n' },
-    { name: 'data/b', content: 'b\n' },
-    { name: 'opt/tool/', type: 'directory' },
-    { name: 'opt/tool/old', content: 'old\n' },
-    { name: 'home/app/', type: 'directory', uid: 1000, gid: 1000, mode: 0o750 },
-    { name: 'home/app/notes', content: 'mine\n', uid: 1000, gid: 1000, mode: 0o600 },
-    { name: 'srv/app/', type: 'directory', uid: 1000, gid: 1000 },
-  ]);
+  ({ base } = await imageFixtureLayers());
 });
 afterAll(async () => {
   for (const id of made) await api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`).catch(() => undefined);
   await cluster?.stop();
-  if (probeDir) await fs.rm(probeDir, { recursive: true, force: true });
 });
 
-async function upper(): Promise<Buffer> {
-  return layerTar([
-    { name: 'etc/.wh.motd', content: '' },
-    { name: 'data/.wh..wh..opq', content: '' },
-    { name: 'data/c', content: 'c\n' },
-    { name: 'opt/.wh.tool', content: '' },
-    { name: 'opt/tool', content: 'now a file\n' },
-    { name: 'usr/bin/', type: 'directory' },
-    { name: 'usr/bin/tool', content: '#!/bin/sh\necho tool\n', mode: 0o755 },
-    { name: 'usr/bin/tool-again', type: 'link', linkname: 'usr/bin/tool' },
-    { name: 'usr/bin/elevate', content: 'x', mode: 0o4755 },
-    { name: 'usr/bin/pinger', content: 'x', mode: 0o755, pax: { 'LIBARCHIVE.xattr.security.capability': CAP_NET_RAW.toString('base64') } },
-    { name: 'usr/bin/noted', content: 'x', pax: { 'SCHILY.xattr.user.note': 'hello' } },
-    { name: 'usr/bin/sh-link', type: 'symlink', linkname: '../../bin/busybox' },
-    { name: 'run/', type: 'directory' },
-    { name: 'run/pipe', type: 'fifo', mode: 0o640, uid: 1000, gid: 1000 },
-  ]);
-}
-
-const CONFIG = { Env: ['PATH=/usr/bin:/bin', 'GREETING=hello from the image'], WorkingDir: '/srv/app', User: 'app', Cmd: ['/bin/sh'] };
+const upper = upperLayer;
+const CONFIG = FIXTURE_CONFIG;
 
 async function importArchive(name: string, archive: Buffer, query = ''): Promise<{ status: number; body: ImportedImage & { error?: { code: string; message: string } } }> {
   return api(cluster, token, 'POST', `/v1/images?name=${name}${query}`, new Uint8Array(archive), { 'content-type': 'application/x-tar' });
@@ -135,24 +68,7 @@ describe('image import', () => {
     expect(imageA.layers).toHaveLength(2);
 
     const id = await sandbox({ image: { base: 'app-a' } });
-    // The config's defaults: env, working directory, user.
-    expect(await out(id, 'echo "$GREETING"; pwd; id -u; id -g; echo $HOME')).toBe('hello from the image\n/srv/app\n1000\n1000\n/home/app');
-    // Whiteout: gone; opaque: only the upper layer's entries; a directory replaced by a file.
-    expect((await sh(id, 'cat /etc/motd')).exitCode).not.toBe(0);
-    expect(await out(id, 'ls /data')).toBe('c');
-    expect(await out(id, 'cat /opt/tool')).toBe('now a file');
-    // Hard link, setuid, symlink, owner, FIFO.
-    expect(await out(id, 'stat -c "%i %h" /usr/bin/tool; stat -c "%i %h" /usr/bin/tool-again')).toMatch(/^(\d+) 2\n\1 2$/);
-    expect(await out(id, 'stat -c %a /usr/bin/elevate')).toBe('4755');
-    expect(await out(id, 'readlink /usr/bin/sh-link')).toBe('../../bin/busybox');
-    expect(await out(id, 'stat -c "%u:%g %a %F" /home/app/notes /run/pipe')).toBe('1000:1000 600 regular file\n1000:1000 640 fifo');
-    expect(await out(id, 'cat /home/app/notes')).toBe('mine');
-    // xattrs, read with the sandbox's own probe (as root: security.* needs no privilege to read, but be plain).
-    expect(await out(id, 'getxattr /usr/bin/pinger security.capability', { user: '0' })).toBe(CAP_NET_RAW.toString('hex'));
-    expect(await out(id, 'getxattr /usr/bin/noted user.note')).toBe(Buffer.from('hello').toString('hex'));
-    // The overlay's own marks are not visible as files or xattrs.
-    expect((await sh(id, 'getxattr /data trusted.overlay.opaque', { user: '0' })).exitCode).not.toBe(0);
-    expect(await out(id, 'ls -a /etc')).not.toMatch(/\.wh\./);
+    await checkFixtureView((cmd, extra) => sh(id, cmd, extra));
     // The request's env and workdir override the image's; an exec's user overrides the image's.
     const other = await sandbox({ image: { base: 'app-a' }, env: { GREETING: 'from the request' }, workdir: '/tmp' });
     expect(await out(other, 'echo "$GREETING"; pwd; echo $PATH')).toBe('from the request\n/tmp\n/usr/bin:/bin');

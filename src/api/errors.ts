@@ -23,6 +23,10 @@ export const ERROR_CODES = {
   unavailable: { status: 503, meaning: 'A dependency (Redis, a gateway shutting down) is not available (Retry-After).' },
   timeout: { status: 504, meaning: 'The operation did not finish in time; the command log or the sandbox record says what became of it.' },
   node_lost: { status: 502, meaning: 'The worker host stopped heartbeating while the request was on it.' },
+  image_not_found: { status: 404, meaning: 'An image pull found no such repository, tag or digest in the registry (or a mirror).' },
+  registry_unauthorized: { status: 502, meaning: 'The registry refused rollbox\'s credentials for an image pull (none configured for it, or wrong ones: see `ROLLBOX_REGISTRY_AUTH_FILE`).' },
+  registry_unavailable: { status: 502, meaning: 'An image pull could not reach the registry or it stopped answering: connection refused or cut, TLS failure (a plain-HTTP registry not listed in `ROLLBOX_REGISTRY_INSECURE`), a timeout, a 5xx or 429 answer.' },
+  image_pull_timeout: { status: 504, meaning: 'A create whose `image.ref` had to be pulled waited longer than `ROLLBOX_IMAGE_PULL_WAIT_MS`; the pull goes on (`GET /v1/images/:name`).' },
 } as const satisfies Record<string, { status: number; meaning: string }>;
 
 export type ErrorCode = keyof typeof ERROR_CODES;

@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { LayerName } from './layer.ts';
-import { LayerDigest, type CreateSandboxRequest } from './sandbox.ts';
+import { ErrorBody } from './common.ts';
+import { ImageRef, LayerDigest, Platform, type CreateSandboxRequest } from './sandbox.ts';
 
 /**
  * Lower layers one sandbox may stack (an image's layers and the create's own together). The
@@ -10,9 +11,6 @@ export const MAX_STACK_LAYERS = 40;
 
 /** Image names share the layer names' alphabet: an image name is what `image.base` takes. */
 export const ImageName = LayerName;
-
-/** `os/architecture[/variant]`, as in an OCI index (`linux/amd64`, `linux/arm64/v8`). */
-export const Platform = z.string().regex(/^[a-z0-9]+\/[a-z0-9_]+(\/[a-z0-9]+)?$/, 'platform is os/architecture[/variant]');
 
 export const ImportImageQuery = z.strictObject({
   name: ImageName,
@@ -56,8 +54,69 @@ export const Image = z.object({
   createdAt: z.string(),
   /** Every layer is in the cloud pool's pre-synced set (creates from it may burst). */
   synced: z.boolean().optional(),
+  /** Pulled from this registry reference (canonical: `docker.io/library/python:3.12`, or with `@sha256:...`); absent for an import. */
+  ref: z.string().optional(),
 });
 export type Image = z.infer<typeof Image>;
+
+/** `ready`: creates may use it; `pulling`: its first pull runs; `failed`: its only pull failed (`error` says why). */
+export const ImageState = z.enum(['pulling', 'ready', 'failed']);
+export type ImageState = z.infer<typeof ImageState>;
+
+export const PullImageRequest = z.strictObject({
+  ref: ImageRef,
+  /** The image's name. Default: derived from the ref (see docs/images.md: `python:3.12` -> `python-3.12`). */
+  name: ImageName.optional(),
+  /** From a multi-platform index (default `linux/amd64`). */
+  platform: Platform.default('linux/amd64'),
+});
+export type PullImageRequest = z.infer<typeof PullImageRequest>;
+
+/** How far a pull is: layers and compressed blob bytes, of the manifest's totals (0 until the manifest is read). */
+export const PullProgress = z.object({
+  layersTotal: z.number().int(),
+  layersDone: z.number().int(),
+  /** Layers held already (same blob digest or diff_id): not fetched. */
+  layersReused: z.number().int(),
+  bytesTotal: z.number().int(),
+  /** Blob bytes of the layers done or being fetched (a reused layer counts whole). */
+  bytesDone: z.number().int(),
+  /** Blob bytes read from the registry. */
+  bytesFetched: z.number().int(),
+});
+export type PullProgress = z.infer<typeof PullProgress>;
+
+/** The latest pull of an image name (kept beside the image record; one at a time per name, shared by every gateway). */
+export const ImagePull = z.object({
+  id: z.string(),
+  ref: z.string(),
+  platform: Platform,
+  state: ImageState,
+  startedAt: z.string(),
+  finishedAt: z.string().optional(),
+  /** The manifest, once resolved. */
+  digest: LayerDigest.optional(),
+  progress: PullProgress,
+  error: ErrorBody.shape.error.optional(),
+  /** Times another gateway took the pull over after the one running it stopped. */
+  resumed: z.number().int().default(0),
+});
+export type ImagePull = z.infer<typeof ImagePull>;
+
+/**
+ * An image as the API answers it: the image (when one is ready; during its first pull
+ * `layers` is empty and `digest` unset), its `state`, and its latest pull. A pull of a
+ * name that holds a ready image leaves it `ready` (creates go on using it) until the new
+ * one replaces it; `pull` shows that pull, `pull.error` why it failed.
+ */
+export const ImageRecord = Image.extend({
+  digest: LayerDigest.optional(),
+  state: ImageState,
+  pull: ImagePull.optional(),
+  /** `failed`: why (the pull's error). */
+  error: ErrorBody.shape.error.optional(),
+});
+export type ImageRecord = z.infer<typeof ImageRecord>;
 
 /** What one import did: which layers it had to build and which it found stored already. */
 export const ImportReport = z.object({
@@ -69,10 +128,10 @@ export const ImportReport = z.object({
 });
 export type ImportReport = z.infer<typeof ImportReport>;
 
-export const ImportedImage = Image.extend({ import: ImportReport });
+export const ImportedImage = ImageRecord.extend({ import: ImportReport });
 export type ImportedImage = z.infer<typeof ImportedImage>;
 
-export const ImageList = z.object({ images: z.array(Image) });
+export const ImageList = z.object({ images: z.array(ImageRecord) });
 export type ImageList = z.infer<typeof ImageList>;
 
 /**

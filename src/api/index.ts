@@ -3,7 +3,9 @@ export type { ErrorCode } from './errors.ts';
 export {
   LayerDigest,
   LayerRef,
+  ImageRef,
   ImageSpec,
+  baseOf,
   Resources,
   reservationOf,
   SandboxClass,
@@ -11,6 +13,7 @@ export {
   NetworkPolicy,
   CreateSandboxRequest,
   ExecUser,
+  Platform,
   SandboxState,
   FailureReason,
   TERMINAL_STATES,
@@ -25,7 +28,7 @@ export {
 } from './sandbox.ts';
 export { ExecRequest, ExecResult, CommandState, CommandRecord, CommandStatus, ListCommandsQuery, CommandList, DEFAULT_EXEC_TIMEOUT_MS, DEFAULT_BACKGROUND_TIMEOUT_MS } from './exec.ts';
 export { Layer, LayerName, LayerList, UploadLayerQuery, SnapshotRequest } from './layer.ts';
-export { ImageName, Platform, ImportImageQuery, ImageConfig, ImageLayer, Image, ImportReport, ImportedImage, ImageList, MAX_STACK_LAYERS, withImageDefaults } from './image.ts';
+export { ImageName, ImportImageQuery, ImageConfig, ImageLayer, Image, ImageState, PullImageRequest, PullProgress, ImagePull, ImageRecord, ImportReport, ImportedImage, ImageList, MAX_STACK_LAYERS, withImageDefaults } from './image.ts';
 export { NodeHeartbeat, NodeList } from './node.ts';
 export { PoolName, PutPoolRequest, PoolRecord, Pool, PoolList, NodePoolStatus } from './pool.ts';
 export { FilesReadQuery, FilesWriteQuery, FilesWriteResult, FILES_TAR_TYPE, FILES_BYTES_TYPE } from './files.ts';

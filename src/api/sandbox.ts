@@ -8,12 +8,37 @@ export type LayerDigest = z.infer<typeof LayerDigest>;
 export const LayerRef = z.union([LayerDigest, z.string().regex(/^[a-z0-9][a-z0-9._-]{0,127}$/, 'must be a digest or a layer name')]);
 export type LayerRef = z.infer<typeof LayerRef>;
 
-export const ImageSpec = z.strictObject({
-  base: LayerRef.default('busybox'),
-  /** Stacked on top of base, lowest first. */
-  layers: z.array(LayerRef).max(32).default([]),
-});
+/**
+ * An image in an OCI registry, as `docker pull` takes it: `[registry/]name[:tag][@digest]`
+ * (`docker.io/library/` implied, tag `latest` by default). Checked in full where it is
+ * pulled (src/oci-registry); here only its alphabet and length.
+ */
+export const ImageRef = z.string().min(1).max(512).regex(/^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$/, 'ref is [registry/]name[:tag][@digest]');
+export type ImageRef = z.infer<typeof ImageRef>;
+
+/** `os/architecture[/variant]`, as in an OCI index (`linux/amd64`, `linux/arm64/v8`). */
+export const Platform = z.string().regex(/^[a-z0-9]+\/[a-z0-9_]+(\/[a-z0-9]+)?$/, 'platform is os/architecture[/variant]');
+
+/**
+ * `base` (a layer or an imported image, default `busybox`) or `ref` (an image in a
+ * registry: pulled first unless an image holds it already, as `docker run` does), then
+ * `layers` on top. The gateway turns a `ref` into the `base` of the image holding it.
+ */
+export const ImageSpec = z
+  .strictObject({
+    base: LayerRef.optional(),
+    ref: ImageRef.optional(),
+    /** With `ref`: which platform of a multi-platform image (default `linux/amd64`). */
+    platform: Platform.optional(),
+    /** Stacked on top of base, lowest first. */
+    layers: z.array(LayerRef).max(32).default([]),
+  })
+  .refine((s) => !(s.base !== undefined && s.ref !== undefined), 'image takes base or ref, not both')
+  .refine((s) => s.platform === undefined || s.ref !== undefined, 'image.platform goes with image.ref');
 export type ImageSpec = z.infer<typeof ImageSpec>;
+
+/** The layer or image a spec stacks on (before a `ref` is resolved, the default base). */
+export const baseOf = (spec: Pick<ImageSpec, 'base'>): string => spec.base ?? 'busybox';
 
 /**
  * Limits cap what a sandbox may use; `requests` are what it reserves on its host, which is

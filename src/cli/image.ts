@@ -1,13 +1,14 @@
 /**
- * `rollbox image import | list | show | delete`: images on a gateway (--url / ROLLBOX_URL,
+ * `rollbox image import | pull | list | show | delete`: images on a gateway (--url / ROLLBOX_URL,
  * --token / ROLLBOX_TOKEN; import and delete need scope layer:write, reads layer:read).
  * An import streams a `docker save` archive or an OCI image layout (a tar) from a file or
- * stdin, never read whole; progress goes to stderr, the summary (or --json) to stdout.
+ * stdin, never read whole; a pull asks the gateway to pull a registry reference and follows
+ * its record until it ends. Progress goes to stderr, the summary (or --json) to stdout.
  */
 import fs from 'node:fs';
 import path from 'node:path';
 import type { Command } from 'commander';
-import type { Image, ImportedImage } from '../api/index.ts';
+import type { ImageRecord, ImportedImage } from '../api/index.ts';
 import { ImagesClient } from '../client/index.ts';
 import { progressBar, type ProgressBar } from '../report/index.ts';
 import { CliError, connect, out, reported, table, withConnection, type ConnectionFlags } from './common.ts';
@@ -105,7 +106,7 @@ function summary(image: ImportedImage, wallMs: number): string {
   const report = image.import;
   return table([
     ['name', image.name],
-    ['digest', image.digest],
+    ['digest', image.digest ?? '-'],
     ['platform', image.platform],
     ['layers', `${image.layers.length} (${report.layersBuilt} built, ${report.layersReused} reused)`],
     ['size', `${mib(image.sizeBytes)} MiB`],
@@ -114,14 +115,39 @@ function summary(image: ImportedImage, wallMs: number): string {
   ]);
 }
 
-function listTable(images: Image[]): string {
-  const rows = [['NAME', 'PLATFORM', 'LAYERS', 'SIZE MiB', 'CREATED', 'SYNCED']];
-  for (const i of images) rows.push([i.name, i.platform, String(i.layers.length), mib(i.sizeBytes), i.createdAt, i.synced === undefined ? '-' : i.synced ? 'yes' : 'no']);
+function listTable(images: ImageRecord[]): string {
+  const rows = [['NAME', 'PLATFORM', 'LAYERS', 'SIZE MiB', 'CREATED', 'SYNCED', 'STATE']];
+  for (const i of images) {
+    const state = i.pull?.state === 'pulling' ? 'pulling' : i.state;
+    rows.push([i.name, i.platform, String(i.layers.length), mib(i.sizeBytes), i.createdAt, i.synced === undefined ? '-' : i.synced ? 'yes' : 'no', state]);
+  }
   return table(rows);
 }
 
+/** A pull's progress on stderr from the record's `pull.progress`: layers and MB done of total, and the rate. */
+function drawPull(bar: ProgressBar, record: ImageRecord, startedAt: number): void {
+  const p = record.pull?.progress;
+  if (!p || p.layersTotal === 0) return bar.update(0, 'resolving the manifest'.padEnd(NOTE_WIDTH));
+  const rate = `${mb(p.bytesFetched / Math.max((performance.now() - startedAt) / 1000, 0.001))} MB/s`;
+  bar.update(p.bytesTotal ? p.bytesDone / p.bytesTotal : p.layersDone / p.layersTotal, `${p.layersDone}/${p.layersTotal} layers, ${mb(p.bytesDone)}/${mb(p.bytesTotal)} MB, ${rate}`.padEnd(NOTE_WIDTH));
+}
+
+function pullSummary(image: ImageRecord, wallMs: number): string {
+  const p = image.pull?.progress;
+  return table([
+    ['name', image.name],
+    ['ref', image.ref ?? '-'],
+    ['digest', image.digest ?? '-'],
+    ['platform', image.platform],
+    ['layers', `${image.layers.length} (${p ? p.layersTotal - p.layersReused : 0} fetched, ${p?.layersReused ?? 0} reused)`],
+    ['size', `${mib(image.sizeBytes)} MiB`],
+    ['fetched', `${mb(p?.bytesFetched ?? 0)} MB`],
+    ['time', seconds(wallMs)],
+  ]);
+}
+
 export function registerImageCommands(program: Command): void {
-  const image = program.command('image').description('images: import a docker save archive or an OCI layout, list, show, delete');
+  const image = program.command('image').description('images: import a docker save archive or an OCI layout, pull from a registry, list, show, delete');
 
   withConnection(
     image
@@ -157,6 +183,34 @@ export function registerImageCommands(program: Command): void {
         if (source !== process.stdin) source.destroy();
       }
       await out(flags.json ? `${JSON.stringify(imported, null, 2)}\n` : summary(imported, performance.now() - startedAt));
+    }),
+  );
+
+  withConnection(
+    image
+      .command('pull')
+      .description('pull REF from its registry ([registry/]name[:tag][@digest], as docker takes it) and wait until it is ready; prints a summary')
+      .argument('<ref>', 'the image reference')
+      .option('--name <name>', "the image's name (default: derived from the ref, `python:3.12` -> `python-3.12`)")
+      .option('--platform <os/arch>', 'which image of a multi-platform index (default linux/amd64)')
+      .option('--json', 'print the pulled image record as JSON instead of the summary')
+      .option('--progress', 'draw the progress bar even when stderr is not a terminal'),
+    'layer:write',
+  ).action(
+    reported(async (ref: string, flags: ConnectionFlags & { name?: string; platform?: string; json?: boolean; progress?: boolean }) => {
+      const client = clientOf(flags);
+      const startedAt = performance.now();
+      const started = await client.pullImage({ ref, name: flags.name, platform: flags.platform });
+      const bar = progressBar(started.name, { enabled: Boolean(flags.progress) || process.stderr.isTTY === true });
+      let pulled: ImageRecord;
+      try {
+        drawPull(bar, started, startedAt);
+        pulled = await client.waitForImage(started.name, { pullId: started.pull?.id, pollMs: 250, onProgress: (r) => drawPull(bar, r, startedAt) });
+        drawPull(bar, pulled, startedAt);
+      } finally {
+        bar.done();
+      }
+      await out(flags.json ? `${JSON.stringify(pulled, null, 2)}\n` : pullSummary(pulled, performance.now() - startedAt));
     }),
   );
 

@@ -318,7 +318,8 @@ function filesPath(id: string, query: Record<string, string | undefined>): strin
 function isRetryable(error: RollboxApiError): boolean {
   if (error.code === 'network') return true;
   if (!RETRYABLE_STATUS.has(error.status)) return false;
-  return error.status === 502 ? error.code !== 'node_lost' : RETRYABLE_CODES.has(error.code);
+  // A 502 is a host or a registry gone for a moment, unless the registry refused the credentials (trying again changes nothing).
+  return error.status === 502 ? error.code !== 'node_lost' && error.code !== 'registry_unauthorized' : RETRYABLE_CODES.has(error.code);
 }
 
 /** A response body parsed as JSON (answers are then checked against their schema). */

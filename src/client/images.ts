@@ -1,5 +1,5 @@
-import { Image, ImageList, ImportedImage } from '../api/index.ts';
-import { json, streamOf, type RollboxClient } from './client.ts';
+import { ImageList, ImageRecord, ImportedImage, type PullImageRequest } from '../api/index.ts';
+import { RollboxApiError, json, streamOf, type RollboxClient } from './client.ts';
 
 /** The options of an import (sent as query parameters); unset ones take the API's defaults. */
 export interface ImportImageOptions {
@@ -9,6 +9,18 @@ export interface ImportImageOptions {
   platform?: string;
   /** Which image of an archive holding several: a tag (`repo:tag`, or an OCI `org.opencontainers.image.ref.name`). */
   ref?: string;
+}
+
+/** What to pull: `ref` as docker takes it; `name` (default: derived from the ref) and `platform` (default linux/amd64). */
+export type PullImageOptions = { ref: string; name?: string; platform?: string };
+
+export interface WaitForImageOptions {
+  /** Give up (throw `image_pull_timeout`) after this long; default: wait as long as it takes. */
+  timeoutMs?: number;
+  /** Between reads of the record (default 500 ms). */
+  pollMs?: number;
+  /** Each read of the record while the pull runs (progress: layers and bytes done of total). */
+  onProgress?: (record: ImageRecord) => void;
 }
 
 /**
@@ -38,13 +50,54 @@ export class ImagesClient {
     return ImportedImage.parse(await this.client.request('POST', `/v1/images?${params}`, init, json));
   }
 
-  /** The imported images (shared by the cluster), each with its layers (lowest first) and whether they are all pre-synced for burst. */
-  async listImages(): Promise<Image[]> {
+  /**
+   * Starts pulling an image from its registry (scope layer:write) and answers its record at
+   * once: `pulling` for a new image (`pull` shows how far), or `ready` with the new pull in
+   * `pull` when the name holds an image already. A second pull of the same ref while one
+   * runs joins it (the same `pull.id`). Retried safely: a retry joins the pull it started.
+   */
+  async pullImage(options: PullImageOptions): Promise<ImageRecord> {
+    const body: PullImageRequest = { ref: options.ref, ...(options.name !== undefined ? { name: options.name } : {}), platform: options.platform ?? 'linux/amd64' };
+    const init = { headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) };
+    return ImageRecord.parse(await this.client.request('POST', '/v1/images/pull', init, json));
+  }
+
+  /**
+   * Reads the record until the pull `pullId` (default: the one running now) has ended:
+   * answers the ready image, throws the pull's error (`RollboxApiError` with its code:
+   * `registry_unauthorized`, `image_not_found`, ...) if it failed.
+   */
+  async waitForImage(name: string, options: WaitForImageOptions & { pullId?: string } = {}): Promise<ImageRecord> {
+    const deadline = options.timeoutMs === undefined ? Infinity : Date.now() + options.timeoutMs;
+    let pullId = options.pullId;
+    for (;;) {
+      const record = await this.getImage(name);
+      pullId ??= record.pull?.id;
+      const pull = record.pull?.id === pullId ? record.pull : undefined;
+      if (!pull || pull.state !== 'pulling') {
+        if (pull?.state === 'failed') throw new RollboxApiError(422, pull.error?.code ?? 'internal', pull.error?.message ?? 'the pull failed');
+        if (record.state === 'ready') return record;
+        throw new RollboxApiError(409, 'conflict', `image ${name}: its pull ${pullId ?? ''} is no longer its latest`);
+      }
+      options.onProgress?.(record);
+      if (Date.now() >= deadline) throw new RollboxApiError(504, 'image_pull_timeout', `image ${name} is still being pulled after ${options.timeoutMs} ms`);
+      await new Promise((r) => setTimeout(r, options.pollMs ?? 500));
+    }
+  }
+
+  /** `pullImage`, then `waitForImage` of that pull: the ready image, or the pull's error. */
+  async pullImageAndWait(options: PullImageOptions & WaitForImageOptions): Promise<ImageRecord> {
+    const started = await this.pullImage(options);
+    return this.waitForImage(started.name, { ...options, pullId: started.pull?.id });
+  }
+
+  /** The images (shared by the cluster): imported, pulled, or being pulled; each with its layers (lowest first), state, latest pull and whether its layers are all pre-synced for burst. */
+  async listImages(): Promise<ImageRecord[]> {
     return ImageList.parse(await this.client.request('GET', '/v1/images', {}, json)).images;
   }
 
-  async getImage(name: string): Promise<Image> {
-    return Image.parse(await this.client.request('GET', `/v1/images/${encodeURIComponent(name)}`, {}, json));
+  async getImage(name: string): Promise<ImageRecord> {
+    return ImageRecord.parse(await this.client.request('GET', `/v1/images/${encodeURIComponent(name)}`, {}, json));
   }
 
   /**
@@ -52,7 +105,7 @@ export class ImagesClient {
    * images use them; garbage collection takes them after. Retried like any call, so a
    * retry after a dropped answer may find the image gone already (`not_found`).
    */
-  async deleteImage(name: string): Promise<Image> {
-    return Image.parse(await this.client.request('DELETE', `/v1/images/${encodeURIComponent(name)}`, {}, json));
+  async deleteImage(name: string): Promise<ImageRecord> {
+    return ImageRecord.parse(await this.client.request('DELETE', `/v1/images/${encodeURIComponent(name)}`, {}, json));
   }
 }

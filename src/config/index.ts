@@ -2,6 +2,7 @@ import { z } from 'zod';
 import os from 'node:os';
 import path from 'node:path';
 import { RunCodeLanguage } from '../api/run-code.ts';
+import { registryHostOf } from '../oci-registry/index.ts';
 
 /** What `POST /run_code` runs without ROLLBOX_RUN_CODE_LANGUAGES: a `python` layer the operator registers, and the base image's shell. */
 const DEFAULT_RUN_CODE_LANGUAGES = {
@@ -67,6 +68,14 @@ export const Env = z.object({
   ROLLBOX_FILES_MAX_BYTES: z.coerce.number().int().min(1024).max(512 * 1024 * 1024).default(64 * 1024 * 1024).describe('Largest file or tar one `/files` request moves (it travels through Redis; 413 past it).'),
   ROLLBOX_LAYER_GC_GRACE_MS: z.coerce.number().int().min(0).default(10 * 60_000).describe('A layer nothing references is collected once unreferenced this long.'),
   ROLLBOX_LAYER_GC_INTERVAL_MS: z.coerce.number().int().min(100).default(60_000).describe('How often the gateways\' janitor looks for unreferenced layers.'),
+
+  ROLLBOX_REGISTRY_AUTH_FILE: z.string().optional().describe('Gateway: a Docker `config.json` whose `auths` give image pulls their registry credentials (`auth`: base64 of `user:password`, or `username` and `password`), read at each pull. Unset: pulls are anonymous.'),
+  ROLLBOX_REGISTRY_INSECURE: z.string().default('').describe('Gateway: registries (`host[:port]`, comma-separated) image pulls speak plain HTTP to; every other registry is HTTPS only.'),
+  ROLLBOX_REGISTRY_MIRRORS: z.string().default('').describe('Gateway: `registry=URL|URL,...` mirrors image pulls try first, in order, before the registry itself (`docker.io=http://127.0.0.1:5000`: a pull-through cache of Docker Hub; the URL\'s scheme is used as written).'),
+  ROLLBOX_REGISTRY_TIMEOUT_MS: z.coerce.number().int().min(100).default(30_000).describe('Gateway: longest wait for a registry during a pull (an answer, or the next bytes of a blob); past it the pull fails `registry_unavailable`.'),
+  ROLLBOX_IMAGE_PULL_LAYERS: z.coerce.number().int().min(1).max(16).default(3).describe('Gateway: layer blobs one image pull fetches (and extracts) at once.'),
+  ROLLBOX_IMAGE_PULL_WAIT_MS: z.coerce.number().int().min(100).default(15 * 60_000).describe('Gateway: how long a create whose `image.ref` is not held yet waits for its pull (then 504 `image_pull_timeout`; the pull goes on).'),
+  ROLLBOX_IMAGE_PULL_LEASE_MS: z.coerce.number().int().min(500).default(15_000).describe('Gateway: a running image pull\'s lease, renewed every third of it; a pull whose gateway stopped renewing is taken over by another gateway (or the same one restarted).'),
 
   ROLLBOX_SYNC_LAYERS: z.string().optional().describe('Worker: layers (names or digests, or imported images\' names, comma-separated) copied into its own store before it reports ready; `cluster` = the cluster\'s pre-synced set. Default: `cluster` in pool `cloud`, none elsewhere.'),
   ROLLBOX_GATEWAY_URL: z.string().url().optional().describe('Worker: the gateway it fetches layer blobs from (with `ROLLBOX_SYNC_LAYERS`).'),
@@ -172,6 +181,13 @@ export function loadConfig(env: NodeJS.ProcessEnv, overrides: Partial<Record<key
           .map(([tenant, weight]) => [tenant, Number(weight)]),
       ),
     },
+    registries: {
+      authFile: e.ROLLBOX_REGISTRY_AUTH_FILE,
+      insecure: new Set(parseList(e.ROLLBOX_REGISTRY_INSECURE).map((h) => h.toLowerCase())),
+      mirrors: parseMirrors(e.ROLLBOX_REGISTRY_MIRRORS),
+      timeoutMs: e.ROLLBOX_REGISTRY_TIMEOUT_MS,
+    },
+    imagePull: { layerConcurrency: e.ROLLBOX_IMAGE_PULL_LAYERS, waitMs: e.ROLLBOX_IMAGE_PULL_WAIT_MS, leaseMs: e.ROLLBOX_IMAGE_PULL_LEASE_MS },
     defaultRequests: { memoryMiB: e.ROLLBOX_DEFAULT_REQUEST_MEMORY_MIB, cpuMillis: e.ROLLBOX_DEFAULT_REQUEST_CPU_MILLIS },
     runCodeLanguages: z.record(z.string(), RunCodeLanguage).parse({ ...DEFAULT_RUN_CODE_LANGUAGES, ...(e.ROLLBOX_RUN_CODE_LANGUAGES ? (JSON.parse(e.ROLLBOX_RUN_CODE_LANGUAGES) as object) : {}) }),
     network: {
@@ -192,4 +208,20 @@ export function loadConfig(env: NodeJS.ProcessEnv, overrides: Partial<Record<key
 
 function parseList(value: string): string[] {
   return value.split(',').map((s) => s.trim()).filter(Boolean);
+}
+
+/** `docker.io=http://127.0.0.1:5000|https://m.example,ghcr.io=...`: mirror base URLs per registry host, in order. */
+function parseMirrors(value: string): Map<string, string[]> {
+  const mirrors = new Map<string, string[]>();
+  for (const entry of parseList(value)) {
+    const eq = entry.indexOf('=');
+    if (eq <= 0) throw new Error(`invalid configuration: ROLLBOX_REGISTRY_MIRRORS: ${JSON.stringify(entry)} is not registry=URL`);
+    const urls = entry.slice(eq + 1).split('|').map((u) => u.trim()).filter(Boolean);
+    for (const u of urls) {
+      const url = URL.canParse(u) ? new URL(u) : undefined;
+      if (!url || (url.protocol !== 'http:' && url.protocol !== 'https:') || (url.pathname !== '/' && url.pathname !== '')) throw new Error(`invalid configuration: ROLLBOX_REGISTRY_MIRRORS: ${JSON.stringify(u)} is not an http(s)://host[:port] URL`);
+    }
+    mirrors.set(registryHostOf(entry.slice(0, eq).trim()), urls);
+  }
+  return mirrors;
 }

@@ -96,7 +96,7 @@ const deps: Omit<GatewayDeps, 'verifier'> = {
   },
   buildLayer: async () => answer({ digest: DIGEST, sizeBytes: 2048 }),
   layerImagePath: async () => undefined,
-  images: { images: { list: () => answer([]), getOrThrow: () => answer(undefined as never), delete: () => answer(undefined as never) }, importImage: () => answer(undefined as never), syncedLayers: async () => new Set() },
+  images: { records: { list: () => answer([]), record: () => answer(undefined as never), delete: () => answer(undefined as never), request: () => answer(undefined as never) }, importImage: () => answer(undefined as never), syncedLayers: async () => new Set() },
   directory: { list: () => [] },
   metrics: createMetrics({ list: () => [] } as never),
   logger: pino({ level: 'silent' }),

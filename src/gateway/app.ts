@@ -87,6 +87,7 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   app.use('/v1/jobs/*', jsonLimit);
   app.use('/v1/pools/*', jsonLimit);
   app.use('/v1/run', jsonLimit);
+  app.use('/v1/images/pull', jsonLimit);
   // An NDJSON batch is read as it streams, under its own cap (routes/batches.ts).
   // (`/v1/batches/*` matches `/v1/batches` too, and bodyLimit reads a chunked body whole first.)
   app.use('/v1/batches/*', (c, next) => (c.req.path === '/v1/batches' && (c.req.header('content-type') ?? '').startsWith(NDJSON) ? next() : jsonLimit(c, next)));

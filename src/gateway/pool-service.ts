@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { RollboxError, type CreateSandboxRequest, type Pool, type PoolRecord, type PutPoolRequest } from '../api/index.ts';
+import { RollboxError, type CreateSandboxRequest, type ImageSpec, type Pool, type PoolRecord, type PutPoolRequest } from '../api/index.ts';
 import { requireScope, type Principal } from '../iam/index.ts';
 import { chooseNode, type NodeDirectory, type PlacementRequest } from '../queues/index.ts';
 import type { ImageRegistry, PoolRegistry } from '../registry/index.ts';
@@ -9,6 +9,8 @@ export interface PoolServiceDeps {
   pools: PoolRegistry;
   /** A pool's image may be an imported one: its layers, then the pool's own. */
   images: Pick<ImageRegistry, 'resolveStack'>;
+  /** A pool's `image.ref`: the image holding it (pulled first). */
+  resolveImage: (spec: ImageSpec) => Promise<ImageSpec>;
   directory: Pick<NodeDirectory, 'candidates' | 'list'>;
   placement: { choices: number; staleAfterMs: number };
   /** Requests a pool's definition leaves out (what its ready sandboxes reserve). */
@@ -40,6 +42,7 @@ export class PoolService {
 
   async put(principal: Principal, name: string, request: PutPoolRequest): Promise<Pool> {
     requireScope(principal, 'admin');
+    if (request.image.ref !== undefined) request = { ...request, image: await this.deps.resolveImage(request.image) };
     const { layerDigests } = await this.deps.images.resolveStack(request.image);
     const existing = await this.deps.pools.get(name);
     const nowIso = new Date(this.deps.now()).toISOString();

@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { RollboxError, isTerminal, newId, withImageDefaults, type CreateSandboxRequest, type JobActionResult, type Layer, type ListSandboxesQuery } from '../api/index.ts';
+import { RollboxError, isTerminal, newId, withImageDefaults, type CreateSandboxRequest, type ImageSpec, type JobActionResult, type Layer, type ListSandboxesQuery } from '../api/index.ts';
 import type { PauseRequest, PolicyPatch, Ran, Reply, RunOnce, Sandbox, SnapshotRequest } from '../api/index.ts';
 import type { Config } from '../config/index.ts';
 import { requireScope, type Principal } from '../iam/index.ts';
@@ -28,6 +28,8 @@ export interface SandboxServiceDeps {
   /** Snapshots register their layer; `image.base` resolves to an imported image's layers or a layer. */
   layers: Pick<LayerRegistry, 'register' | 'unpin'>;
   images: Pick<ImageRegistry, 'resolveStack'>;
+  /** An `image.ref` becomes the `base` of the image holding it (pulled first, waited for). */
+  resolveImage: (spec: ImageSpec) => Promise<ImageSpec>;
   directory: NodeDirectory;
   nodes: NodeRequests;
   metrics: Pick<GatewayMetrics, 'creates' | 'refusals'>;
@@ -69,6 +71,7 @@ export class SandboxService {
   private async createOnce(principal: Principal, request: CreateSandboxRequest, idempotencyKey: string | undefined, run?: RunOnce): Promise<{ sandbox: Sandbox; replayed: boolean; ran?: Ran }> {
     requireScope(principal, 'sandbox:create');
     const { registry, config, directory } = this.deps;
+    if (request.image.ref !== undefined) request = { ...request, image: await this.deps.resolveImage(request.image) };
     const { layerDigests, image } = await this.deps.images.resolveStack(request.image);
     request = { ...withImageDefaults(request, image?.config), resources: withDefaultRequests(request.resources, config.defaultRequests) };
     const local = { ...placementOf(request), pool: config.node.pool, exclude: new Set<string>() };

@@ -6,6 +6,7 @@ import { MAX_STACK_LAYERS, RollboxError, type Image, type ImportedImage, type Im
 import { tap, type LayerStore } from '../layers/index.ts';
 import type { ImageRegistry, LayerRegistry } from '../registry/index.ts';
 import { readImageLayer, type ImageLayerBlob, type ImageLayerDeps } from './layer.ts';
+import { ImageLayerSet, type ImportHolds } from './layer-set.ts';
 import { chooseImage } from './manifest.ts';
 
 export interface ImageImportDeps extends ImageLayerDeps {
@@ -14,29 +15,6 @@ export interface ImageImportDeps extends ImageLayerDeps {
   images: Pick<ImageRegistry, 'diffIdOfBlob' | 'layerOfDiffId' | 'remember' | 'put' | 'layerDigests'>;
   /** Layers the imports running in this process hold (one instance per gateway). */
   holds: ImportHolds;
-}
-
-/**
- * Which layers running imports hold: a failed import removes the layers it added only
- * when no other import holds them (two imports of images on one new base build it
- * once each; the one that stored it first may be the one that fails).
- */
-export class ImportHolds {
-  private readonly counts = new Map<string, number>();
-
-  take(digest: string): void {
-    this.counts.set(digest, (this.counts.get(digest) ?? 0) + 1);
-  }
-
-  release(digest: string): void {
-    const n = (this.counts.get(digest) ?? 0) - 1;
-    if (n > 0) this.counts.set(digest, n);
-    else this.counts.delete(digest);
-  }
-
-  heldByOthers(digest: string): boolean {
-    return (this.counts.get(digest) ?? 0) > 1;
-  }
 }
 
 /** JSON files (manifests, configs, indexes) are small; anything past this is a layer or not ours. */
@@ -78,6 +56,7 @@ export async function importImage(input: Readable, query: ImportImageQuery, deps
     throw new RollboxError('conflict', `${query.name} is a layer's name; an image needs a name of its own (image.base takes either)`);
   }
   const metadata = new Map<string, Buffer>();
+  const set = new ImageLayerSet(deps);
   const builds = new Map<string, Promise<ImageLayerBlob>>();
   const aliases = new Map<string, string>();
   let metadataBytes = 0;
@@ -129,11 +108,7 @@ export async function importImage(input: Readable, query: ImportImageQuery, deps
         }
         const { build } = await readImageLayer(blob, claimed ? `sha256:${claimed[1]}` : undefined, name, deps);
         await building.catch(() => undefined);
-        const built = build().then((layer) => {
-          deps.holds.take(layer.digest);
-          return layer;
-        });
-        built.catch(() => undefined); // awaited below; not an unhandled rejection meanwhile
+        const built = set.add(build());
         building = built;
         builds.set(name, built);
       }
@@ -159,11 +134,6 @@ export async function importImage(input: Readable, query: ImportImageQuery, deps
         return layer;
       }),
     );
-    // Layers of other platforms or images in the archive: built, but nothing uses them.
-    const used = new Set(layers.map((l) => l.digest));
-    const unused = (await Promise.all(builds.values())).filter((l) => !used.has(l.digest));
-    await removeLayers(unused, deps);
-
     const image: Image = {
       name: query.name,
       digest: chosen.digest,
@@ -173,12 +143,11 @@ export async function importImage(input: Readable, query: ImportImageQuery, deps
       sizeBytes: layers.reduce((s, l) => s + l.sizeBytes, 0),
       createdAt: new Date(deps.now()).toISOString(),
     };
-    await deps.images.put(image);
-    // The image record references them now.
-    await Promise.all([...used].map((d) => deps.layers.unpin(d)));
+    await set.commit(image);
     const distinct = [...new Map(layers.map((l) => [l.digest, l])).values()];
     return {
       ...image,
+      state: 'ready',
       import: {
         layersBuilt: distinct.filter((l) => !l.reused).length,
         layersReused: distinct.filter((l) => l.reused).length,
@@ -187,30 +156,9 @@ export async function importImage(input: Readable, query: ImportImageQuery, deps
       },
     };
   } catch (err) {
-    await removeLayers(await settledLayers(builds), deps);
+    await set.abort();
     throw err;
   } finally {
-    for (const layer of await settledLayers(builds)) deps.holds.release(layer.digest);
-  }
-}
-
-async function settledLayers(builds: Map<string, Promise<ImageLayerBlob>>): Promise<ImageLayerBlob[]> {
-  return (await Promise.allSettled(builds.values())).flatMap((s) => (s.status === 'fulfilled' ? [s.value] : []));
-}
-
-/**
- * Unpins layers of a failed (or partly unused) import and removes the ones it added, unless
- * an image or another running import uses them (the pin is shared: another import's pin
- * goes too, but its hold keeps the layer, and its image record protects it from then on).
- */
-async function removeLayers(layers: readonly ImageLayerBlob[], deps: ImageImportDeps): Promise<void> {
-  if (layers.length === 0) return;
-  const inImages = new Set(await deps.images.layerDigests());
-  for (const layer of layers) {
-    if (deps.holds.heldByOthers(layer.digest) || inImages.has(layer.digest)) continue;
-    await deps.layers.unpin(layer.digest);
-    if (!layer.added) continue;
-    await deps.layers.forget(layer.digest);
-    await deps.store.remove(layer.digest);
+    await set.release();
   }
 }

@@ -34,8 +34,30 @@ const MAX_LAYER_ENTRIES = 2_000_000;
 /** A layer stays out of garbage collection this long while its image's import runs. */
 const IMPORT_PIN_MS = 6 * 3600 * 1000;
 
+/** The EROFS layer an image layer (by diff_id) became, if it is stored still: pinned for the import using it. */
+async function storedLayer(diffId: string, deps: ImageLayerDeps): Promise<ImageLayerBlob | undefined> {
+  const digest = await deps.images.layerOfDiffId(diffId);
+  if (!digest) return undefined;
+  // Pinned first: every garbage collection pass from now on keeps it (one already past its pin check could still take it; then it is built again next time).
+  await deps.layers.pin(digest, deps.now() + IMPORT_PIN_MS);
+  const layer = (await deps.store.has(digest)) ? await deps.layers.get(digest) : undefined;
+  return layer && { diffId, digest: layer.digest, sizeBytes: layer.sizeBytes, reused: true, added: false };
+}
+
 /**
- * One layer blob of an archive, in two steps so the next blob can be read while this one's
+ * A layer held already, by its uncompressed content (diff_id) or its blob's digest (an
+ * earlier import or pull of that blob): found, it need not be read (a pull) or only read
+ * through and checked (an archive).
+ */
+export async function heldLayer(key: { diffId?: string; blobDigest?: string }, deps: ImageLayerDeps): Promise<ImageLayerBlob | undefined> {
+  const byContent = key.diffId ? await storedLayer(key.diffId, deps) : undefined;
+  if (byContent) return byContent;
+  const diffId = key.blobDigest ? await deps.images.diffIdOfBlob(key.blobDigest) : undefined;
+  return diffId ? storedLayer(diffId, deps) : undefined;
+}
+
+/**
+ * One layer blob of an archive or a registry, in two steps so the next blob can be read while this one's
  * EROFS image is built: `read` consumes the blob (hashing it; extracting it unless the same
  * blob or the same uncompressed content is stored already) and answers `build`, which makes
  * and stores the EROFS image. Both digests are checked: the blob's against the name the
@@ -43,24 +65,17 @@ const IMPORT_PIN_MS = 6 * 3600 * 1000;
  */
 export async function readImageLayer(blob: Readable, claimedDigest: string | undefined, archivePath: string, deps: ImageLayerDeps): Promise<{ build: () => Promise<ImageLayerBlob> }> {
   const blobHash = createHash('sha256');
+  // Joined before anything awaits: an error of the blob, now or later, reaches whoever reads `hashed`.
+  const hashed = tap((c) => blobHash.update(c));
+  pipeline(blob, hashed).catch(() => undefined);
   const checkBlobDigest = (): void => {
     const got = `sha256:${blobHash.digest('hex')}`;
     if (claimedDigest && got !== claimedDigest) throw new RollboxError('invalid_image', `blob ${archivePath}: its bytes hash to ${got}`);
   };
-  const stored = async (diffId: string): Promise<ImageLayerBlob | undefined> => {
-    const digest = await deps.images.layerOfDiffId(diffId);
-    if (!digest) return undefined;
-    // Pinned first: every garbage collection pass from now on keeps it (one already past its pin check could still take it; then it is built again next time).
-    await deps.layers.pin(digest, deps.now() + IMPORT_PIN_MS);
-    const layer = (await deps.store.has(digest)) ? await deps.layers.get(digest) : undefined;
-    return layer && { diffId, digest: layer.digest, sizeBytes: layer.sizeBytes, reused: true, added: false };
-  };
-
   // The same blob in an earlier image: only read through (the archive is one stream) and checked.
-  const knownDiffId = claimedDigest ? await deps.images.diffIdOfBlob(claimedDigest) : undefined;
-  const known = knownDiffId ? await stored(knownDiffId) : undefined;
+  const known = claimedDigest ? await heldLayer({ blobDigest: claimedDigest }, deps) : undefined;
   if (known) {
-    await pipeline(blob, tap((c) => blobHash.update(c)), new Writable({ write: (_c, _e, done) => done() }));
+    await pipeline(hashed, new Writable({ write: (_c, _e, done) => done() }));
     checkBlobDigest();
     return { build: async () => known };
   }
@@ -71,8 +86,6 @@ export async function readImageLayer(blob: Readable, claimedDigest: string | und
   let diffId: string;
   try {
     await mkdir(root, { mode: 0o755 });
-    const hashed = blob.pipe(tap((c) => blobHash.update(c)));
-    blob.once('error', (err) => hashed.destroy(err));
     const extracted = await (deps.extract ?? extractInThread)(hashed, root, { maxBytes: deps.maxLayerBytes, maxEntries: MAX_LAYER_ENTRIES }, { imageLayer: true }).catch((err: unknown) => {
       if (err instanceof RollboxError && err.code === 'invalid_layer') throw new RollboxError('invalid_layer', `layer ${archivePath}: ${err.message}`);
       throw err;
@@ -87,7 +100,7 @@ export async function readImageLayer(blob: Readable, claimedDigest: string | und
     build: async () => {
       try {
         // The same content compressed another way, or an older docker save naming layers by id.
-        const again = await stored(diffId);
+        const again = await storedLayer(diffId, deps);
         if (again) return again;
         const imagePath = path.join(work, 'image.erofs');
         // Image layers keep their xattrs: capabilities, ACLs and the overlay's opaque marks.

@@ -17,7 +17,7 @@ const Descriptor = z.object({
   platform: PlatformSpec.optional(),
   annotations: z.record(z.string(), z.string()).optional(),
 });
-type Descriptor = z.infer<typeof Descriptor>;
+export type Descriptor = z.infer<typeof Descriptor>;
 const OciIndex = z.object({ manifests: z.array(Descriptor) });
 const OciManifest = z.object({ config: Descriptor, layers: z.array(Descriptor) });
 const DockerManifest = z.array(z.object({ Config: z.string(), RepoTags: z.array(z.string()).nullish(), Layers: z.array(z.string()) }));
@@ -108,7 +108,8 @@ function onlyOne<T>(candidates: T[], label: (c: T) => string, what: string): T {
   invalid(`the archive holds ${candidates.length} images (${candidates.map(label).join(', ').slice(0, 300)}): choose one with ref=`);
 }
 
-function configOf(buf: Buffer, layerCount: number): { config: ImageConfig; diffIds: string[]; platform: string } {
+/** The config blob's parts a sandbox uses, its diff_ids (one per layer) and its platform. */
+export function imageConfigOf(buf: Buffer, layerCount: number): { config: ImageConfig; diffIds: string[]; platform: string } {
   const blobConfig = parseJson(ImageConfigBlob, buf, 'image config');
   if (blobConfig.rootfs.diff_ids.length !== layerCount) invalid(`the image config lists ${blobConfig.rootfs.diff_ids.length} layer diff_ids, its manifest ${layerCount} layers`);
   const c = blobConfig.config ?? {};
@@ -138,21 +139,32 @@ function chooseFromOciIndex(metadata: ReadonlyMap<string, Buffer>, want: { platf
   }
   // One image per top-level entry (a nested index is one multi-platform image).
   const top = onlyOne(tops, (d) => refOf(d) ?? d.digest, 'in index.json');
-  let manifest: Descriptor = top;
-  if (INDEX_TYPES.has(top.mediaType ?? '')) {
-    const nested = parseJson(OciIndex, blob(metadata, top.digest, 'image index'), `image index ${top.digest}`);
-    const forPlatform = nested.manifests.filter((d) => d.platform && platformMatches(platformOf(d.platform), want.platform));
-    if (forPlatform.length === 0) {
-      invalid(`no manifest for platform ${want.platform} (the image has: ${nested.manifests.map((d) => (d.platform ? platformOf(d.platform) : 'unknown')).join(', ')}); choose one with platform=`);
-    }
-    manifest = forPlatform[0]!;
-  }
-  const parsed = parseJson(OciManifest, blob(metadata, manifest.digest, 'manifest'), `manifest ${manifest.digest}`);
-  const { config, diffIds, platform } = configOf(blob(metadata, parsed.config.digest, 'image config'), parsed.layers.length);
-  if (!INDEX_TYPES.has(top.mediaType ?? '') && !platformMatches(platform, want.platform) && platform !== 'unknown/unknown') {
-    invalid(`the image is for ${platform}, not ${want.platform}; choose with platform=`);
-  }
+  const nested = INDEX_TYPES.has(top.mediaType ?? '');
+  const manifest = nested ? manifestForPlatform(blob(metadata, top.digest, 'image index'), `image index ${top.digest}`, want.platform) : top;
+  const parsed = parseImageManifest(blob(metadata, manifest.digest, 'manifest'), `manifest ${manifest.digest}`);
+  const { config, diffIds, platform } = imageConfigOf(blob(metadata, parsed.config.digest, 'image config'), parsed.layers.length);
+  if (!nested) checkPlatform(platform, want.platform);
   return { digest: manifest.digest, platform, layerPaths: parsed.layers.map((l) => blobPath(l.digest)), diffIds, config };
+}
+
+/** The manifest an image index (OCI index or Docker manifest list) gives for a platform. */
+export function manifestForPlatform(indexBytes: Buffer, what: string, want: string): Descriptor {
+  const index = parseJson(OciIndex, indexBytes, what);
+  const forPlatform = index.manifests.filter((d) => d.platform && platformMatches(platformOf(d.platform), want));
+  if (forPlatform.length === 0) {
+    invalid(`no manifest for platform ${want} (the image has: ${index.manifests.map((d) => (d.platform ? platformOf(d.platform) : 'unknown')).join(', ')}); choose one with platform=`);
+  }
+  return forPlatform[0]!;
+}
+
+/** An image manifest (OCI or Docker schema 2): its config and layer descriptors. */
+export function parseImageManifest(bytes: Buffer, what: string): { config: Descriptor; layers: Descriptor[] } {
+  return parseJson(OciManifest, bytes, what);
+}
+
+/** A single-platform image must be for the platform asked (an image that names none passes). */
+export function checkPlatform(platform: string, want: string): void {
+  if (!platformMatches(platform, want) && platform !== 'unknown/unknown') invalid(`the image is for ${platform}, not ${want}; choose with platform=`);
 }
 
 function chooseFromDockerManifest(metadata: ReadonlyMap<string, Buffer>, want: { platform: string; ref?: string | undefined }): ChosenImage {
@@ -169,7 +181,7 @@ function chooseFromDockerManifest(metadata: ReadonlyMap<string, Buffer>, want: {
   const configDigest = sha256Of(configBuf);
   const named = /^(?:blobs\/sha256\/)?([0-9a-f]{64})(?:\.json)?$/.exec(configPath)?.[1];
   if (named && `sha256:${named}` !== configDigest) invalid(`config ${entry.Config}: its bytes hash to ${configDigest}`);
-  const { config, diffIds, platform } = configOf(configBuf, entry.Layers.length);
+  const { config, diffIds, platform } = imageConfigOf(configBuf, entry.Layers.length);
   if (!platformMatches(platform, want.platform)) invalid(`the image is for ${platform}, not ${want.platform}`);
   return { digest: configDigest, platform, layerPaths: entry.Layers.map((p) => p.replace(/^\.\//, '')), diffIds, config };
 }

@@ -276,6 +276,8 @@ export async function extractTarSafely(input: Readable, root: string, limits: Ex
           await image.fifo(comps);
           lchownSync(abs(comps), uid, gid);
           chmodSync(abs(comps), mode);
+          // The entry's time, not the extraction's: the same tar must give the same EROFS image.
+          utimesSync(abs(comps), mtime, mtime);
           entry.resume();
           break;
         default:

@@ -1,4 +1,4 @@
-import { lstat } from 'node:fs/promises';
+import { lstat, utimes } from 'node:fs/promises';
 import { RollboxError } from '../api/index.ts';
 import { runToolOk } from '../proc/index.ts';
 
@@ -50,6 +50,8 @@ export class ImageLayerEntries {
     const p = this.abs(comps);
     if (await lstat(p).then(() => true, () => false)) return;
     await runToolOk('mknod', ['-m', '0000', '--', p, 'c', '0', '0']);
+    // Time 0, not the extraction's: the same tar must give the same EROFS image.
+    await utimes(p, 0, 0);
   }
 
   opaque(dirComps: readonly string[]): void {

@@ -1,5 +1,5 @@
 import type { Redis } from 'ioredis';
-import { Image, MAX_STACK_LAYERS, RollboxError, type ImageSpec, type LayerDigest } from '../api/index.ts';
+import { Image, MAX_STACK_LAYERS, RollboxError, baseOf, type ImageSpec, type LayerDigest } from '../api/index.ts';
 import { keys } from './keys.ts';
 import type { LayerRegistry } from './layers.ts';
 
@@ -68,9 +68,10 @@ export class ImageRegistry {
    * The layers of a create's image, lowest first: an imported image's layers when `base`
    * names one (image names come before layer names), then the extra layers on top.
    */
-  async resolveStack(spec: ImageSpec): Promise<{ layerDigests: LayerDigest[]; image?: Image }> {
-    const image = await this.get(spec.base);
-    const extra = await this.layers.resolveAll(image ? spec.layers : [spec.base, ...spec.layers]);
+  async resolveStack(spec: Pick<ImageSpec, 'base' | 'layers'>): Promise<{ layerDigests: LayerDigest[]; image?: Image }> {
+    const base = baseOf(spec);
+    const image = await this.get(base);
+    const extra = await this.layers.resolveAll(image ? spec.layers : [base, ...spec.layers]);
     const layerDigests = [...(image?.layers.map((l) => l.digest) ?? []), ...extra];
     if (layerDigests.length > MAX_STACK_LAYERS) {
       throw new RollboxError('invalid_request', `image: ${layerDigests.length} layers${image ? ` (image ${image.name} has ${image.layers.length})` : ''}; a sandbox stacks at most ${MAX_STACK_LAYERS}`);

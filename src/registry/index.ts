@@ -9,3 +9,5 @@ export { keys } from './keys.ts';
 export { BatchStore } from './batches.ts';
 export type { BatchLoad, ResultLineInput } from './batches.ts';
 export { ImageRegistry } from './images.ts';
+export { ImagePullRecords } from './image-pulls.ts';
+export type { PullClaim } from './image-pulls.ts';

@@ -40,6 +40,12 @@ export const keys = {
   imageDiffIds: 'rb:image-diffids',
   /** An image layer blob's digest (compressed, as in a manifest) -> its diff_id. */
   imageBlobs: 'rb:image-blobs',
+  /** The latest pull of each image name (name -> ImagePull JSON); `{image-pulls}`: its scripts' keys share a slot. */
+  imagePulls: 'rb:{image-pulls}',
+  /** Names whose pull runs. */
+  imagePullsActive: 'rb:{image-pulls}:active',
+  /** Held (and renewed) by the gateway running a name's pull; lapsed: another gateway takes the pull over. */
+  imagePullLease: (name: string) => `rb:{image-pulls}:lease:${name}`,
   /** Warm pool definitions (name -> PoolRecord JSON). */
   pools: 'rb:pools',
   /** One worker host's ready sandboxes of one version of a pool (a list of sandbox ids). */

@@ -6,6 +6,7 @@
  * a cut-off stream). Everything is deterministic: the same definition gives the same bytes.
  */
 import { createHash } from 'node:crypto';
+import { execFileSync } from 'node:child_process';
 import { gzipSync } from 'node:zlib';
 import { pack, type Header } from 'tar-stream';
 
@@ -65,6 +66,7 @@ export const MEDIA_TYPES = {
   config: 'application/vnd.oci.image.config.v1+json',
   layer: 'application/vnd.oci.image.layer.v1.tar',
   layerGzip: 'application/vnd.oci.image.layer.v1.tar+gzip',
+  layerZstd: 'application/vnd.oci.image.layer.v1.tar+zstd',
 } as const;
 
 export const REF_NAME_ANNOTATION = 'org.opencontainers.image.ref.name';
@@ -135,11 +137,15 @@ export interface OciImage {
   manifest: { descriptor: Descriptor; blob: Buffer };
 }
 
-/** The blobs and digests of one image (layers gzip-compressed when `gzip`). */
-export function ociImage(image: ImageDef, opts: { gzip?: boolean } = {}): OciImage {
-  const layers = image.layers.map((tar) => {
-    const blob = opts.gzip ? gzipSync(tar) : tar;
-    const descriptor: Descriptor = { mediaType: opts.gzip ? MEDIA_TYPES.layerGzip : MEDIA_TYPES.layer, digest: digestOf(blob), size: blob.length };
+/** How a layer blob is compressed: `true` is gzip; a list gives each layer its own (lowest first). */
+export type Compression = boolean | 'zstd' | (boolean | 'zstd')[];
+
+/** The blobs and digests of one image (layers gzip-compressed when `gzip`, zstd with `'zstd'`: the `zstd` tool). */
+export function ociImage(image: ImageDef, opts: { gzip?: Compression } = {}): OciImage {
+  const layers = image.layers.map((tar, i) => {
+    const how = Array.isArray(opts.gzip) ? (opts.gzip[i] ?? false) : (opts.gzip ?? false);
+    const blob = how === 'zstd' ? execFileSync('zstd', ['-q', '-c'], { input: tar }) : how ? gzipSync(tar) : tar;
+    const descriptor: Descriptor = { mediaType: how === 'zstd' ? MEDIA_TYPES.layerZstd : how ? MEDIA_TYPES.layerGzip : MEDIA_TYPES.layer, digest: digestOf(blob), size: blob.length };
     return { descriptor, diffId: digestOf(tar), blob };
   });
   const { config, manifest, configDescriptor } = imageJsonBlobs(
@@ -163,7 +169,7 @@ export function ociImage(image: ImageDef, opts: { gzip?: boolean } = {}): OciIma
  * images one multi-platform image: index.json names one image index blob whose manifests
  * carry their platform (refNames[0] annotates that index).
  */
-export async function ociLayout(images: ImageDef[], opts: { gzip?: boolean; index?: 'flat' | 'nested'; refNames?: string[]; corrupt?: Corruption } = {}): Promise<Buffer> {
+export async function ociLayout(images: ImageDef[], opts: { gzip?: Compression; index?: 'flat' | 'nested'; refNames?: string[]; corrupt?: Corruption } = {}): Promise<Buffer> {
   if (images.length === 0) throw new Error('ociLayout: no image');
   const built = images.map((image) => ociImage(image, { gzip: opts.gzip ?? false }));
   const blobs = new BlobSet();

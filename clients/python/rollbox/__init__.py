@@ -3,9 +3,9 @@ from ._core import RetryPolicy, Timeouts
 from .batches import Batches
 from .client import Files, Jobs, Layers, Rollbox, Sandbox, Sandboxes
 from .errors import (
-    AdmissionExhausted, CommandFailed, Conflict, ConnectionFailed, Forbidden, Internal, InvalidArchive, InvalidImage, InvalidLayer,
-    InvalidRequest, InvalidState, NetworkUnavailable, NoCapacity, NodeLost, NotFound, PayloadTooLarge, QuotaExceeded,
-    ResultUnknown, RollboxError, Timeout, Unauthenticated, Unavailable,
+    AdmissionExhausted, CommandFailed, Conflict, ConnectionFailed, Forbidden, ImageNotFound, ImagePullTimeout, Internal, InvalidArchive,
+    InvalidImage, InvalidLayer, InvalidRequest, InvalidState, NetworkUnavailable, NoCapacity, NodeLost, NotFound, PayloadTooLarge,
+    QuotaExceeded, RegistryUnauthorized, RegistryUnavailable, ResultUnknown, RollboxError, Timeout, Unauthenticated, Unavailable,
 )
 from .types import Batch, BatchResult, BatchTaskStatus, CommandStatus, ExecResult, GradeResult, RunResult, StepResult, StreamEvent
 
@@ -16,4 +16,5 @@ __all__ = [
     "RollboxError", "CommandFailed", "ConnectionFailed", "AdmissionExhausted", "Conflict", "Forbidden", "Internal",
     "InvalidArchive", "InvalidImage", "InvalidLayer", "InvalidRequest", "InvalidState", "NetworkUnavailable", "NoCapacity", "NodeLost",
     "NotFound", "PayloadTooLarge", "QuotaExceeded", "ResultUnknown", "Timeout", "Unauthenticated", "Unavailable",
+    "ImageNotFound", "ImagePullTimeout", "RegistryUnauthorized", "RegistryUnavailable",
 ]

@@ -112,6 +112,30 @@ class NodeLost(RollboxError):
     code = "node_lost"
 
 
+class ImageNotFound(RollboxError):
+    """An image pull found no such repository, tag or digest in the registry."""
+
+    code = "image_not_found"
+
+
+class RegistryUnauthorized(RollboxError):
+    """The registry refused the gateway's credentials for a pull (the operator's auth file)."""
+
+    code = "registry_unauthorized"
+
+
+class RegistryUnavailable(RollboxError):
+    """An image pull could not reach the registry, or it stopped answering."""
+
+    code = "registry_unavailable"
+
+
+class ImagePullTimeout(RollboxError):
+    """A create whose `image.ref` had to be pulled waited past the gateway's limit (the pull goes on), or `images.wait` ran out."""
+
+    code = "image_pull_timeout"
+
+
 class ConnectionFailed(RollboxError):
     """The gateway could not be reached, or the connection dropped before an answer."""
 
@@ -150,7 +174,7 @@ ERRORS_BY_CODE: Dict[str, Type[RollboxError]] = {
     for cls in (
         InvalidRequest, InvalidLayer, InvalidImage, InvalidArchive, Unauthenticated, Forbidden, NotFound, Conflict, InvalidState,
         ResultUnknown, PayloadTooLarge, QuotaExceeded, Internal, AdmissionExhausted, NoCapacity, NetworkUnavailable,
-        Unavailable, Timeout, NodeLost,
+        Unavailable, Timeout, NodeLost, ImageNotFound, RegistryUnauthorized, RegistryUnavailable, ImagePullTimeout,
     )
 }
 

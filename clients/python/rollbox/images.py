@@ -1,16 +1,19 @@
 """
 Images (`client.images`): import a `docker save` archive or an OCI image layout, streamed
-from a file (never read whole); list, get and delete image records. `AsyncImages` is the
-asyncio twin. An image's layers and config: docs/images.md.
+from a file (never read whole); pull one from a registry and wait until it is ready; list,
+get and delete image records. `AsyncImages` is the asyncio twin. An image's layers and
+config, pulls and their registry settings: docs/images.md.
 """
 from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import IO, TYPE_CHECKING, Any, AsyncIterator, Callable, Dict, Iterator, List, Optional, Union
 from urllib.parse import quote, urlencode
 
 from . import _core as core
+from .errors import ERRORS_BY_CODE, Conflict, ImagePullTimeout, RollboxError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .aio import AsyncRollbox
@@ -86,6 +89,40 @@ def image_path(name: str) -> str:
     return f"/v1/images/{quote(name, safe='')}"
 
 
+#: Between reads of a pulling image's record.
+PULL_POLL_S = 0.5
+
+
+def pull_request(ref: str, name: Optional[str], platform: Optional[str]) -> core.Request:
+    # A retry of a pull joins the pull it started (same ref, same name): safe to send again.
+    body = {"ref": ref, **({"name": name} if name else {}), **({"platform": platform} if platform else {})}
+    return core.Request("POST", "/v1/images/pull", body=body)
+
+
+class _PullWait:
+    """Reads of a record until the pull `pull_id` has ended: the ready record, or the pull's error raised as its typed class."""
+
+    def __init__(self, name: str, pull_id: Optional[str], timeout: Optional[float]):
+        self.name, self.pull_id = name, pull_id
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+
+    def settled(self, record: Dict[str, Any]) -> bool:
+        pull = record.get("pull") or {}
+        if self.pull_id is None:
+            self.pull_id = pull.get("id")
+        if pull.get("id") == self.pull_id and pull.get("state") == "pulling":
+            if self.deadline is not None and time.monotonic() > self.deadline:
+                raise ImagePullTimeout(f"image {self.name} is still being pulled", code="image_pull_timeout")
+            return False
+        if pull.get("id") == self.pull_id and pull.get("state") == "failed":
+            error = pull.get("error") or {}
+            code = str(error.get("code", "internal"))
+            raise ERRORS_BY_CODE.get(code, RollboxError)(f"pulling {pull.get('ref')}: {error.get('message', 'failed')}", code=code)
+        if record.get("state") == "ready":
+            return True
+        raise Conflict(f"image {self.name}: its pull {self.pull_id} is no longer its latest", code="conflict")
+
+
 class Images:
     def __init__(self, client: "Rollbox"):
         self._client = client
@@ -98,6 +135,36 @@ class Images:
         durationMs). `platform` picks from a multi-platform index, `ref` an image of several.
         """
         return self._client._call(import_request(source, name, platform, ref, on_progress))
+
+    def pull(self, ref: str, *, name: Optional[str] = None, platform: Optional[str] = None) -> Dict[str, Any]:
+        """
+        Starts pulling `ref` (`[registry/]name[:tag][@digest]`, as docker takes it) and answers
+        the record at once: state `pulling` for a new image, with `pull` (its id, progress:
+        layers and bytes done of total). A pull of the same ref already running is joined.
+        """
+        return self._client._call(pull_request(ref, name, platform))
+
+    def wait(self, name: str, *, pull_id: Optional[str] = None, timeout: Optional[float] = None,
+             on_progress: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
+        """
+        Waits until the pull `pull_id` (default: the name's latest) has ended: answers the
+        ready record, or raises the pull's error (`RegistryUnauthorized`, `ImageNotFound`,
+        `InvalidImage`, ...); `ImagePullTimeout` past `timeout` seconds.
+        """
+        waiting = _PullWait(name, pull_id, timeout)
+        while True:
+            record = self.get(name)
+            if waiting.settled(record):
+                return record
+            if on_progress:
+                on_progress(record)
+            time.sleep(PULL_POLL_S)
+
+    def pull_and_wait(self, ref: str, *, name: Optional[str] = None, platform: Optional[str] = None, timeout: Optional[float] = None,
+                      on_progress: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
+        """`pull`, then `wait` for that pull: the ready image record."""
+        started = self.pull(ref, name=name, platform=platform)
+        return self.wait(started["name"], pull_id=(started.get("pull") or {}).get("id"), timeout=timeout, on_progress=on_progress)
 
     def list(self) -> List[Dict[str, Any]]:
         return self._client._call(core.Request("GET", "/v1/images"))["images"]
@@ -118,6 +185,28 @@ class AsyncImages:
                              on_progress: Optional[Callable[[int], None]] = None) -> Dict[str, Any]:
         """As `Images.import_archive`, awaited (the file is read off the event loop)."""
         return await self._client._call(import_request(source, name, platform, ref, on_progress))
+
+    async def pull(self, ref: str, *, name: Optional[str] = None, platform: Optional[str] = None) -> Dict[str, Any]:
+        """As `Images.pull`, awaited."""
+        return await self._client._call(pull_request(ref, name, platform))
+
+    async def wait(self, name: str, *, pull_id: Optional[str] = None, timeout: Optional[float] = None,
+                   on_progress: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
+        """As `Images.wait`, awaited (the waits between reads sleep on the event loop)."""
+        waiting = _PullWait(name, pull_id, timeout)
+        while True:
+            record = await self.get(name)
+            if waiting.settled(record):
+                return record
+            if on_progress:
+                on_progress(record)
+            await asyncio.sleep(PULL_POLL_S)
+
+    async def pull_and_wait(self, ref: str, *, name: Optional[str] = None, platform: Optional[str] = None, timeout: Optional[float] = None,
+                            on_progress: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
+        """As `Images.pull_and_wait`, awaited."""
+        started = await self.pull(ref, name=name, platform=platform)
+        return await self.wait(started["name"], pull_id=(started.get("pull") or {}).get("id"), timeout=timeout, on_progress=on_progress)
 
     async def list(self) -> List[Dict[str, Any]]:
         return (await self._client._call(core.Request("GET", "/v1/images")))["images"]

@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from rollbox import InvalidImage, NotFound
+from rollbox import ImageNotFound, InvalidImage, NotFound
 from rollbox.aio import AsyncRollbox
 
 
@@ -114,5 +114,55 @@ def test_the_async_client_imports_lists_and_deletes(stack, tmp_path):
             await client.images.delete("py-async")
             with pytest.raises(NotFound):
                 await client.images.get("py-async")
+
+    asyncio.run(main())
+
+
+def push(stack, tmp_path, archive, repo_tag):
+    """Puts an OCI layout into the stack's test registry, as an image is pushed (skopeo)."""
+    import subprocess
+
+    path = tmp_path / "push.tar"
+    path.write_bytes(archive)
+    subprocess.run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"oci-archive:{path}", f"docker://{stack['registry']}/{repo_tag}"], check=True, timeout=120)
+    return f"{stack['registry']}/{repo_tag}"
+
+
+def test_pull_from_a_registry_and_wait_until_ready(client, stack, tmp_path):
+    ref = push(stack, tmp_path, oci_layout([BASE, layer({"srv/pulled.txt": "pulled\n"})], {"Env": ["FROM=registry"], "WorkingDir": "/srv"}), "py/pulled:1")
+    started = client.images.pull(ref, name="py-pulled")
+    assert started["name"] == "py-pulled" and started["pull"]["ref"] == ref
+    seen = []
+    image = client.images.wait("py-pulled", pull_id=started["pull"]["id"], on_progress=seen.append)
+    assert image["state"] == "ready" and image["ref"] == ref and len(image["layers"]) == 2
+    assert image["pull"]["progress"]["layersDone"] == 2 and all(r["pull"]["state"] == "pulling" for r in seen)
+
+    # Pulled again: every layer is held, nothing fetched.
+    again = client.images.pull_and_wait(ref, name="py-pulled")
+    assert again["pull"]["id"] != started["pull"]["id"] and again["pull"]["progress"]["bytesFetched"] == 0
+
+    sb = client.sandboxes.create(image={"ref": ref, "layers": ["busybox"]}, resources={"memoryMiB": 64})
+    try:
+        assert sb.exec('echo "$FROM"; cat pulled.txt').stdout == "registry\npulled\n"
+    finally:
+        sb.delete()
+
+    with pytest.raises(ImageNotFound):
+        client.images.pull_and_wait(f"{stack['registry']}/py/pulled:missing")
+    with pytest.raises(ImageNotFound):
+        client.sandboxes.create(image={"ref": f"{stack['registry']}/py/nothing:1"}, resources={"memoryMiB": 64})
+
+
+def test_the_async_client_pulls_and_waits(stack, tmp_path):
+    ref = push(stack, tmp_path, oci_layout([BASE, layer({"srv/apull.txt": "async pull\n"})], {}), "py/apulled:1")
+
+    async def main():
+        async with AsyncRollbox(stack["url"], stack["tokens"]["user"]) as client:
+            image = await client.images.pull_and_wait(ref, name="py-apulled", timeout=120)
+            assert image["state"] == "ready" and image["ref"] == ref
+            assert (await client.images.get("py-apulled"))["layers"] == image["layers"]
+            with pytest.raises(ImageNotFound):
+                await client.images.pull_and_wait(f"{stack['registry']}/py/apulled:missing")
+            await client.images.delete("py-apulled")
 
     asyncio.run(main())

@@ -1,6 +1,6 @@
 import type { Redis } from 'ioredis';
 import { z } from 'zod';
-import { TRACE_FORMAT, type CreateSandboxRequest, type Sandbox, type TraceEvent, type TraceHeader } from '../../api/index.ts';
+import { TRACE_FORMAT, baseOf, type CreateSandboxRequest, type Sandbox, type TraceEvent, type TraceHeader } from '../../api/index.ts';
 import { keys, type LayerRegistry, type SandboxRegistry } from '../../registry/index.ts';
 
 /** One create as the gateway saw it; the sandbox id lets the export find its lifetime. */
@@ -30,7 +30,7 @@ export class TraceRecorder {
       cpuMillis: request.resources.cpuMillis,
       memoryMiB: request.resources.memoryMiB,
       // Digests once resolved; a request refused before that keeps its refs (resolved at export).
-      layers: sandbox?.layerDigests ?? [request.image.base, ...request.image.layers],
+      layers: sandbox?.layerDigests ?? [baseOf(request.image), ...request.image.layers],
       stayLocal: request.placement?.stayLocal || undefined,
       tenant,
     };

@@ -53,7 +53,7 @@ export async function gradeInFreshSandbox(
     await deps.layers.register({ digest, sizeBytes, parents: [], createdAt: new Date(deps.now()).toISOString() });
     layers.push(digest);
   }
-  const sandboxId = await create({ base: task.image.base, layers: [...layers, ...grade.layers] });
+  const sandboxId = await create({ ...task.image, layers: [...layers, ...grade.layers] });
   const result = await deps.execs.exec(acting, sandboxId, { argv: grade.argv, cmd: grade.cmd, env: grade.env, cwd: grade.cwd, timeoutMs: grade.timeoutMs, background: false });
   return { result, sandboxId };
 }

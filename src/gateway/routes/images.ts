@@ -1,23 +1,28 @@
 import type { Readable } from 'node:stream';
 import { createRoute, z } from '@hono/zod-openapi';
-import { Image, ImageList, ImageName, ImportImageQuery, RollboxError, type ImportedImage } from '../../api/index.ts';
+import { ImageList, ImageName, ImageRecord, ImportImageQuery, PullImageRequest, RollboxError, type ImportedImage } from '../../api/index.ts';
 import { requireScope } from '../../iam/index.ts';
-import type { ImageRegistry } from '../../registry/index.ts';
 import { describeZodError } from '../errors.ts';
-import { errors, json, requireLayerRead, security, withUploadBody, type GatewayApp } from './common.ts';
+import { errors, json, jsonBody, requireLayerRead, security, withUploadBody, type GatewayApp } from './common.ts';
 
 export interface ImageRouteDeps {
-  images: Pick<ImageRegistry, 'list' | 'getOrThrow' | 'delete'>;
+  /** Image records (an image and its latest pull) and pulls: src/images ImagePulls. */
+  records: {
+    list(): Promise<ImageRecord[]>;
+    record(name: string): Promise<ImageRecord>;
+    delete(name: string): Promise<ImageRecord>;
+    request(request: PullImageRequest): Promise<ImageRecord>;
+  };
   importImage: (archive: Readable, query: ImportImageQuery) => Promise<ImportedImage>;
   /** Digests of the cloud pool's pre-synced layers: an image all of whose layers are in it may burst. */
   syncedLayers: () => Promise<ReadonlySet<string>>;
 }
 
-/** Images: a `docker save` archive or an OCI layout goes in as one stream; records of layers and config come out. */
+/** Images: a `docker save` archive or an OCI layout goes in as one stream, or is pulled from a registry; records of layers and config come out. */
 export function registerImageRoutes(app: GatewayApp, deps: ImageRouteDeps): void {
-  const withSynced = async (images: Image[]): Promise<Image[]> => {
+  const withSynced = async <T extends ImageRecord>(images: T[]): Promise<T[]> => {
     const synced = await deps.syncedLayers();
-    return images.map((i) => ({ ...i, synced: i.layers.every((l) => synced.has(l.digest)) }));
+    return images.map((i) => (i.state === 'ready' ? { ...i, synced: i.layers.every((l) => synced.has(l.digest)) } : i));
   };
   // A streamed body of any size (each layer is capped on its own): outside the OpenAPI routes, validated here.
   app.post('/v1/images', async (c) => {
@@ -26,17 +31,36 @@ export function registerImageRoutes(app: GatewayApp, deps: ImageRouteDeps): void
     if (!query.success) throw new RollboxError('invalid_request', describeZodError(query.error, 'query'));
     const imported = await withUploadBody(c, 'a docker save archive or an OCI image layout (tar)', (body) => deps.importImage(body, query.data));
     const [withState] = await withSynced([imported]);
-    return c.json({ ...imported, synced: withState!.synced }, 201);
-  });
-  app.openapi(createRoute({ method: 'get', path: '/v1/images', security, responses: { 200: json(ImageList, 'imported images'), ...errors() } }), async (c) => {
-    requireLayerRead(c.get('principal'));
-    return c.json({ images: await withSynced(await deps.images.list()) }, 200);
+    return c.json(withState!, 201);
   });
   app.openapi(
-    createRoute({ method: 'get', path: '/v1/images/{name}', security, request: { params: z.object({ name: ImageName }) }, responses: { 200: json(Image, 'an image: its layers lowest first and its config'), ...errors('not_found') } }),
+    createRoute({
+      method: 'post',
+      path: '/v1/images/pull',
+      security,
+      request: { body: jsonBody(PullImageRequest) },
+      responses: { 202: json(ImageRecord, 'the image record at once: `pulling` (a new image), or `ready` with the new pull in `pull` (a name holding an image); it ends `ready` or `failed` with `error`'), ...errors('conflict') },
+    }),
+    async (c) => {
+      requireScope(c.get('principal'), 'layer:write');
+      return c.json(await deps.records.request(c.req.valid('json')), 202);
+    },
+  );
+  app.openapi(createRoute({ method: 'get', path: '/v1/images', security, responses: { 200: json(ImageList, 'images: imported, pulled, and pulls under way or failed'), ...errors() } }), async (c) => {
+    requireLayerRead(c.get('principal'));
+    return c.json({ images: await withSynced(await deps.records.list()) }, 200);
+  });
+  app.openapi(
+    createRoute({
+      method: 'get',
+      path: '/v1/images/{name}',
+      security,
+      request: { params: z.object({ name: ImageName }) },
+      responses: { 200: json(ImageRecord, 'an image: its layers lowest first, its config, its state and latest pull (progress while it runs)'), ...errors('not_found') },
+    }),
     async (c) => {
       requireLayerRead(c.get('principal'));
-      const [image] = await withSynced([await deps.images.getOrThrow(c.req.valid('param').name)]);
+      const [image] = await withSynced([await deps.records.record(c.req.valid('param').name)]);
       return c.json(image!, 200);
     },
   );
@@ -46,11 +70,11 @@ export function registerImageRoutes(app: GatewayApp, deps: ImageRouteDeps): void
       path: '/v1/images/{name}',
       security,
       request: { params: z.object({ name: ImageName }) },
-      responses: { 200: json(Image, 'the removed record; its layers stay while sandboxes, snapshots or other images use them, then garbage collection takes them'), ...errors('not_found') },
+      responses: { 200: json(ImageRecord, 'the removed record; its layers stay while sandboxes, snapshots or other images use them, then garbage collection takes them'), ...errors('not_found', 'invalid_state') },
     }),
     async (c) => {
       requireScope(c.get('principal'), 'layer:write');
-      return c.json(await deps.images.delete(c.req.valid('param').name), 200);
+      return c.json(await deps.records.delete(c.req.valid('param').name), 200);
     },
   );
 }
