@@ -48,7 +48,7 @@ const cluster = await startTestCluster({
 });
 process.once('SIGINT', () => void cluster.stop().finally(() => process.exit(130)));
 const redis = new Redis(cluster.redisUrl);
-const call = jsonClient(cluster.url, await cluster.token('bench', ['sandbox:create', 'sandbox:delete', 'sandbox:exec']));
+const call = jsonClient(cluster.url, await cluster.token('bench', ['sandbox:create', 'sandbox:delete', 'sandbox:exec'], 6 * 3600));
 const ids: string[] = [];
 
 /** `count` tasks, CONCURRENCY at a time, with a progress bar; the wall time. */
