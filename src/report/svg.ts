@@ -55,14 +55,16 @@ export function cdfChartSvg(title: string, series: readonly LatencySeries[]): st
 /** Several panels side by side sharing an x axis, one line (with points) per series. */
 export function lineChartsSvg(title: string, xLabel: string, panels: readonly Panel[]): string {
   const panelWidth = 420;
-  const height = 400;
   const margin = { left: 70, right: 20, top: 50, bottom: 80 };
+  const legends = panels.map((p) => legendRows(p.series.map((s) => s.label), panelWidth - margin.left - margin.right));
+  const extraRows = Math.max(0, ...legends.map((l) => (l.length ? l[l.length - 1]!.row : 0)));
+  const height = 400 + extraRows * 16;
   const parts = frame(panelWidth * panels.length, height, title);
   panels.forEach((panel, p) => {
     const left = p * panelWidth + margin.left;
     const right = (p + 1) * panelWidth - margin.right;
     const top = margin.top;
-    const bottom = height - margin.bottom;
+    const bottom = 400 - margin.bottom;
     const all = panel.series.flatMap((s) => s.points);
     const xMin = Math.min(...all.map((q) => q.x));
     const xMax = Math.max(...all.map((q) => q.x));
@@ -73,11 +75,12 @@ export function lineChartsSvg(title: string, xLabel: string, panels: readonly Pa
     for (let i = 0; i <= 4; i++) parts.push(...horizontalGrid(y((yMax * i) / 4), left, right, formatNumber((yMax * i) / 4)));
     for (const v of [...new Set(all.map((q) => q.x))].sort((a, b) => a - b)) parts.push(...verticalGrid(x(v), top, bottom, formatNumber(v)));
     parts.push(...axisLabels({ x: (left + right) / 2, y: bottom + 34 }, xLabel, { x: left - 52, y: (top + bottom) / 2 }, panel.yLabel));
+    const legend = legends[p]!;
     panel.series.forEach((s, i) => {
       const points = [...s.points].sort((a, b) => a.x - b.x).map((q) => ({ x: x(q.x), y: y(q.y) }));
       parts.push(polyline(colorOf(i), points));
       for (const q of points) parts.push(`<circle cx="${q.x.toFixed(1)}" cy="${q.y.toFixed(1)}" r="3" fill="${colorOf(i)}"/>`);
-      parts.push(...legendItem(colorOf(i), left + (i % 3) * 120, bottom + 50 + Math.floor(i / 3) * 16, s.label));
+      parts.push(...legendItem(colorOf(i), left + legend[i]!.x, bottom + 50 + legend[i]!.row * 16, s.label));
     });
   });
   return close(parts);
@@ -125,6 +128,24 @@ function polyline(color: string, points: readonly { x: number; y: number }[]): s
   return `<polyline fill="none" stroke="${color}" stroke-width="2" points="${points.map((q) => `${q.x.toFixed(1)},${q.y.toFixed(1)}`).join(' ')}"/>`;
 }
 
+/** Where each legend entry goes (offset within the row, row) so that none overlaps the next: entries flow left to right and wrap at `width`. */
+function legendRows(labels: readonly string[], width: number): { x: number; row: number }[] {
+  const out: { x: number; row: number }[] = [];
+  let x = 0;
+  let row = 0;
+  for (const label of labels) {
+    // 12 px of colour, a gap, ~6.5 px per character of 12 px sans-serif, then a gap.
+    const entryWidth = 16 + Math.ceil(label.length * 6.5) + 14;
+    if (x > 0 && x + entryWidth > width) {
+      x = 0;
+      row++;
+    }
+    out.push({ x, row });
+    x += entryWidth;
+  }
+  return out;
+}
+
 function legendItem(color: string, x: number, y: number, label: string): string[] {
   return [`<rect x="${x}" y="${y - 10}" width="12" height="12" fill="${color}"/>`, `<text x="${x + 16}" y="${y}">${escapeXml(label)}</text>`];
 }
@@ -137,7 +158,7 @@ function niceCeil(v: number): number {
 }
 
 function formatNumber(v: number): string {
-  return Math.abs(v) >= 1000 ? v.toFixed(0) : String(Math.round(v * 100) / 100);
+  return Math.abs(v) >= 1000 ? v.toFixed(0) : String(Number(v.toPrecision(3)));
 }
 
 function escapeXml(text: string): string {
