@@ -11,7 +11,7 @@ import { readProcs } from './cgroups.ts';
 import { lastRuncError } from './runc.ts';
 import { CPU_PERIOD_US, containerConfig } from './spec.ts';
 import { teardown } from './teardown.ts';
-import { recordDiskDevice } from './disk-on-host.ts';
+import { recordDiskDevice, releaseDisk } from './disk-on-host.ts';
 import type { SandboxPolicy, SandboxRuntimeSpec } from './types.ts';
 
 export const LAYERS_ANNOTATION = 'io.rollbox.layers';
@@ -88,7 +88,7 @@ export async function createSandbox(ctx: RuntimeContext, spec: SandboxRuntimeSpe
       writeFileSync(path.join(bundle, 'config.json'), JSON.stringify(config));
       // 4.
       const pid = await startContainer(ctx, id, besteffort || spec.lowPriority === true, rec.socketPath, cgroupDirs);
-      await ctx.scratch.releaseFromHost(disk);
+      await releaseDisk(ctx, id);
       // A latency sandbox started low (a pool's refill) leaves SCHED_IDLE now, in the
       // background, so its claim need not: runc's work was what had to yield.
       if (spec.lowPriority && !besteffort) await leaveIdleScheduling(ctx, readProcs(cgroupDirs.pids));

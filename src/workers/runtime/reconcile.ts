@@ -13,6 +13,7 @@ import { BESTEFFORT_ROOT, isSandboxId } from './layout.ts';
 import { NO_NETWORK, readPolicy } from './policy.ts';
 import { SANDBOX_INIT } from './spec.ts';
 import { teardown, unmountRootfs } from './teardown.ts';
+import { releaseDisk } from './disk-on-host.ts';
 
 interface BundleConfig {
   annotations?: Record<string, string>;
@@ -72,7 +73,7 @@ async function adopt(ctx: RuntimeContext, id: string): Promise<boolean> {
   ctx.sandboxes.set(id, rec);
   ctx.initWatch.watch(id, rec.socketPath);
   // A worker that died between a start and letting go of the disk left it mounted here.
-  if (existsSync(layout.diskDeviceFileOf(id)) && isMountPoint(layout.diskOf(id))) await ctx.scratch.releaseFromHost(layout.diskOf(id));
+  if (existsSync(layout.diskDeviceFileOf(id)) && isMountPoint(layout.diskOf(id))) await releaseDisk(ctx, id);
   return true;
 }
 

@@ -180,7 +180,7 @@ export class ScratchDisks {
 
   /**
    * Give sandbox `sandboxId` an empty disk of `diskMiB` mounted at `target` (an existing
-   * empty dir). Returns its loop device, for `mountOnHost` once the host has let go of it.
+   * empty dir). Returns its loop device (see disk-on-host.ts).
    */
   async attach(sandboxId: string, diskMiB: number, target: string): Promise<string> {
     if (!Number.isInteger(diskMiB) || diskMiB < 1) throw new RollboxError('invalid_request', `diskMiB must be a positive integer`);
@@ -195,35 +195,6 @@ export class ScratchDisks {
     }
     this.attaching--;
     return device;
-  }
-
-  /**
-   * Once the sandbox's overlay holds its disk (the overlay keeps a private reference to its
-   * upper dir's mount), the host's own mount of it goes: every container start copies the
-   * host's mount table into its new mount namespace and drops it again, which at 3,000
-   * sandboxes, one disk mount each, cost ~50 ms of kernel time per start. The filesystem,
-   * its loop device and the image stay while the overlay lives. Best effort: a disk that
-   * stays mounted only costs that copy.
-   */
-  async releaseFromHost(target: string): Promise<void> {
-    await this.deps.helper.umount(target).catch((err: unknown) => this.deps.logger?.warn({ target, err: String(err) }, 'the host kept its mount of a sandbox disk'));
-  }
-
-  /**
-   * The host mounts a sandbox's disk again (snapshots read the upper dir; destroys shut the
-   * filesystem down before the container dies). Whether it did: false when the disk is
-   * mounted already or its filesystem is gone with its container (the loop device no
-   * longer bound to the sandbox's image).
-   */
-  async mountOnHost(sandboxId: string, device: string, target: string): Promise<boolean> {
-    if (isMountPoint(target)) return false;
-    try {
-      await this.deps.helper.mountLoop(device, this.imageOf(sandboxId), target, 'ext4', MS_NOSUID | MS_NODEV, EXT4_OPTIONS);
-      return true;
-    } catch (err) {
-      if (err instanceof DiskOpError && (err.errno === 'ENXIO' || err.errno === 'ENOENT')) return false;
-      throw err;
-    }
   }
 
   private async attachDisk(sandboxId: string, diskMiB: number, target: string): Promise<string> {
