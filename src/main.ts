@@ -10,12 +10,12 @@ import { serve } from '@hono/node-server';
 import type { Redis } from 'ioredis';
 import pino, { type Logger } from 'pino';
 import type { Config } from './config/index.ts';
-import { BatchRunner, BatchService, ExecService, FilesService, Janitor, LayerCollector, NodeRequests, PoolService, RunService, SandboxService, createGateway, createMetrics, newId, runTask, type LayerBuilder } from './gateway/index.ts';
+import { startingAnswer, BatchRunner, BatchService, ExecService, FilesService, Janitor, LayerCollector, NodeRequests, PoolService, RunService, SandboxService, createGateway, createMetrics, newId, runTask, type LayerBuilder } from './gateway/index.ts';
 import { createTokenIssuer, createTokenVerifier, loadOrCreateHsSecret } from './iam/index.ts';
 import { BurstController, CommandProvider, LocalProvider, TraceRecorder, type CloudProvider } from './burst/index.ts';
 import { ExtractWorkers, LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar, fetchLayers } from './layers/index.ts';
 import { NodeDirectory, ReplyHub } from './queues/index.ts';
-import { BlockingPool, connectRedis, startRedisServer, type RedisServerHandle } from './redis/index.ts';
+import { BlockingPool, connectRedis, redactedRedisUrl, startRedisServer, waitForRedis, type RedisServerHandle, type RedisWaitState } from './redis/index.ts';
 import { BatchStore, CommandLog, ImagePullRecords, ImageRegistry, LayerRegistry, PoolRegistry, SandboxRegistry, keys } from './registry/index.ts';
 import { ImagePulls, ImportHolds, importImage, pullImage, resolveImageRef } from './images/index.ts';
 import { RegistryRepository, loadDockerConfig } from './oci-registry/index.ts';
@@ -46,7 +46,30 @@ export interface GatewayHandle extends Stoppable {
   gatewayId: string;
 }
 
-export async function startGatewayRole(config: Config, redisUrl: string, logger: Logger): Promise<GatewayHandle> {
+/**
+ * A gateway listens at once: until its Redis answers (and `prepare` ran), /healthz says it
+ * is starting, /readyz answers 503 with what it waits for, and every other route 503
+ * `unavailable`, so an orchestrator's probe and a person see the same reason the logs give.
+ */
+export async function startGatewayRole(config: Config, redisUrl: string, logger: Logger, options: { prepare?: () => Promise<void> } = {}): Promise<GatewayHandle> {
+  logger.info({ redis: redactedRedisUrl(redisUrl), layerStore: config.layerStoreDir, dataDir: config.dataDir, jwt: config.jwt.jwksUrl ?? config.jwt.publicKeyFile ?? config.jwt.secretFile }, 'gateway starting');
+  let waiting: RedisWaitState | undefined = { reason: 'connecting', error: '' };
+  let handle: (request: Request, env: unknown) => Response | Promise<Response> = (request) => startingAnswer(request, waiting);
+  const server = await new Promise<ReturnType<typeof serve>>((resolve) => {
+    const s = serve({ fetch: (request, env) => handle(request, env), hostname: config.http.host, port: config.http.port }, () => resolve(s));
+  });
+  const address = server.address();
+  const port = typeof address === 'object' && address ? address.port : config.http.port;
+  const url = `http://${config.http.host}:${port}`;
+  logger.info({ url }, 'gateway answering /healthz and /readyz while it starts');
+  try {
+    await waitForRedis(redisUrl, { logger, what: 'gateway', onState: (state) => (waiting = state) });
+    waiting = { reason: 'preparing', error: '' };
+    await options.prepare?.();
+  } catch (err) {
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+    throw err;
+  }
   const redis = connectRedis(redisUrl);
   const subscriber = connectRedis(redisUrl);
   const gatewayId = newId('gw');
@@ -68,7 +91,6 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const metrics = createMetrics(directory);
   const nodes = new NodeRequests(replies, redis);
   const blocking = new BlockingPool(() => connectRedis(redisUrl));
-  let url = '';
   const provider = burstProviderOf(config);
   const tokens = createTokenIssuer(config.jwt);
   const burst = new BurstController({
@@ -149,12 +171,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   batchRunner.start();
   imagePulls.start();
 
-  const server = await new Promise<ReturnType<typeof serve>>((resolve) => {
-    const s = serve({ fetch: app.fetch, hostname: config.http.host, port: config.http.port }, () => resolve(s));
-  });
-  const address = server.address();
-  const port = typeof address === 'object' && address ? address.port : config.http.port;
-  url = `http://${config.http.host}:${port}`;
+  handle = (request, env) => app.fetch(request, env as never);
   logger.info({ url, gatewayId }, 'gateway listening');
   await burst.start();
   return {
@@ -214,6 +231,8 @@ export interface WorkerHandle {
 
 export async function startWorkerRole(config: Config, redisUrl: string, logger: Logger): Promise<WorkerHandle> {
   const nodeId = await nodeIdOf(config);
+  logger.info({ nodeId, redis: redactedRedisUrl(redisUrl), dataDir: config.dataDir, layerStore: config.layerStoreDir }, 'worker host starting');
+  await waitForRedis(redisUrl, { logger, what: `worker host ${nodeId}` });
   const redis = connectRedis(redisUrl);
   const blocking: Redis[] = [];
   const store = layerStoreOf(config);

@@ -83,8 +83,8 @@ export async function runCli(argv: string[]): Promise<void> {
     .addOption(dataDir)
     .action(async (flags) => {
       const config = configFrom(flags);
-      await ensureBaseLayer(config, requireRedisUrl(config));
-      const gateway = await startGatewayRole(config, requireRedisUrl(config), createLogger(config, 'gateway'));
+      const redisUrl = requireRedisUrl(config);
+      const gateway = await startGatewayRole(config, redisUrl, createLogger(config, 'gateway'), { prepare: () => ensureBaseLayer(config, redisUrl).then(() => undefined) });
       stopOnSignal(gateway.stop);
     });
 

@@ -15,3 +15,4 @@ export type { LayerCollectorDeps } from './housekeeping/index.ts';
 export { createMetrics } from './metrics.ts';
 export type { GatewayMetrics } from './metrics.ts';
 export { BatchRunner, BatchService, runTask } from './batches/index.ts';
+export { startingAnswer } from './starting.ts';

@@ -51,5 +51,6 @@ describe('the cloud fleet, one tick at a time (no I/O, explicit clock)', () => {
     const load = observeLoad([candidate('local-1', 'local', { used: { cpuMillis: 0, memoryMiB: 500 } }), candidate('cloud-1', 'cloud', { used: { cpuMillis: 0, memoryMiB: 300 } }), candidate('gone', 'local', {}, 9000)], policy, { localPool: 'local', lostAfterMs: 5000 });
     expect(load.utilization).toBeCloseTo(0.5);
     expect(load.utilizationWithCloudLoad).toBeCloseTo(0.8);
+    expect(load.localHosts).toBe(1); // the silent one does not count
   });
 });

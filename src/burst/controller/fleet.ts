@@ -29,7 +29,7 @@ export function usageOf(c: PlacementCandidate): NodeUsage {
  * Local-pool utilization from the heartbeats, and the same with what the cloud runs now
  * counted as if it came home (the stop rule's view with `stopCountsCloudLoad`).
  */
-export function observeLoad(candidates: readonly PlacementCandidate[], policy: BurstPolicy, config: { localPool: string; lostAfterMs: number }): { utilization: number; utilizationWithCloudLoad: number } {
+export function observeLoad(candidates: readonly PlacementCandidate[], policy: BurstPolicy, config: { localPool: string; lostAfterMs: number }): { utilization: number; utilizationWithCloudLoad: number; localHosts: number } {
   const alive = candidates.filter((c) => isAlive(c, config.lostAfterMs));
   const localUsage = alive.filter((c) => c.heartbeat.pool === config.localPool).map(usageOf);
   const cloudLoad = { cpuMillis: 0, memoryMiB: 0 };
@@ -40,7 +40,7 @@ export function observeLoad(candidates: readonly PlacementCandidate[], policy: B
     cloudLoad.cpuMillis += measured ? u.measured.cpuFraction * u.capacity.cpuMillis : u.requested.cpuMillis;
     cloudLoad.memoryMiB += measured ? u.measured.memoryFraction * u.capacity.memoryMiB : u.requested.memoryMiB;
   }
-  return { utilization: utilizationOf(localUsage, policy.utilizationBasis), utilizationWithCloudLoad: utilizationOf(localUsage, policy.utilizationBasis, cloudLoad) };
+  return { utilization: utilizationOf(localUsage, policy.utilizationBasis), utilizationWithCloudLoad: utilizationOf(localUsage, policy.utilizationBasis, cloudLoad), localHosts: localUsage.length };
 }
 
 export interface FleetStepInput {

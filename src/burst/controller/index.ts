@@ -122,8 +122,10 @@ export class BurstController {
     const policy = this.policy;
     const nowMs = this.deps.now();
     const candidates = directory.candidates();
-    const { utilization, utilizationWithCloudLoad } = observeLoad(candidates, policy, config);
-    const diversion = stepDiversion(previous.diversion, utilization, nowMs, policy, utilizationWithCloudLoad);
+    const { utilization, utilizationWithCloudLoad, localHosts } = observeLoad(candidates, policy, config);
+    // No local host reporting (a cluster starting, before its first heartbeat) is no load to
+    // divert from: diversion never starts then (it goes on if the hosts vanish mid-burst).
+    const diversion = localHosts === 0 && !previous.diversion.diverting ? previous.diversion : stepDiversion(previous.diversion, utilization, nowMs, policy, utilizationWithCloudLoad);
     if (diversion.diverting !== previous.diversion.diverting) this.log.info({ utilization, diverting: diversion.diverting }, diversion.diverting ? 'burst: diverting eligible creates to the cloud pool' : 'burst: diversion stopped');
 
     const fleet = stepFleet({ previous, candidates, listedProviderIds: await this.listProviderHosts(nowMs), nowMs, lostAfterMs: config.lostAfterMs, drainGraceMs: this.drainGraceMs() });

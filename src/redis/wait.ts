@@ -1,0 +1,81 @@
+import { Redis } from 'ioredis';
+import type { Logger } from 'pino';
+
+/** Why Redis cannot be used yet, as an operator would put it. */
+export interface RedisWaitState {
+  /** refused, dns, timeout, protected_mode, loading, or other */
+  reason: string;
+  error: string;
+}
+
+/** A Redis URL as logs and answers may show it: no password. */
+export function redactedRedisUrl(url: string): string {
+  try {
+    const u = new URL(url);
+    if (u.password) u.password = '***';
+    return u.toString();
+  } catch {
+    return 'redis://(unparseable url)';
+  }
+}
+
+/** Refusals no wait will cure: the process should say so and exit. */
+const FATAL = /^(NOAUTH|WRONGPASS|NOPERM)\b|invalid password|ERR AUTH/i;
+
+function classify(err: unknown): RedisWaitState {
+  const message = err instanceof Error ? err.message : String(err);
+  const code = (err as NodeJS.ErrnoException | undefined)?.code ?? '';
+  if (code === 'ECONNREFUSED' || /ECONNREFUSED/.test(message)) return { reason: 'refused', error: message };
+  if (code === 'ENOTFOUND' || code === 'EAI_AGAIN' || /ENOTFOUND|EAI_AGAIN/.test(message)) return { reason: 'dns', error: message };
+  if (/protected mode/i.test(message)) return { reason: 'protected_mode', error: message.split('\n')[0]!.slice(0, 300) };
+  if (/^LOADING/.test(message)) return { reason: 'loading', error: message };
+  if (/timeout|ETIMEDOUT/i.test(message)) return { reason: 'timeout', error: message };
+  return { reason: 'other', error: message.slice(0, 300) };
+}
+
+export class RedisRefusedError extends Error {
+  constructor(url: string, message: string) {
+    super(`Redis at ${redactedRedisUrl(url)} refused this process: ${message} (check the password or ACL in REDIS_URL)`);
+    this.name = 'RedisRefusedError';
+  }
+}
+
+/**
+ * Waits until Redis at `url` answers PING, logging every `logEveryMs` which Redis it waits
+ * for and the last error (refused, DNS, timeout, protected mode), and telling `onState`
+ * (a gateway's /readyz). A refusal no wait will cure (wrong password, an ACL) throws
+ * RedisRefusedError. Without this a process whose Redis is away would sit in ioredis's
+ * reconnect loop, printing nothing.
+ */
+export async function waitForRedis(url: string, options: { logger: Logger; what: string; logEveryMs?: number; retryMs?: number; onState?: (state: RedisWaitState | undefined) => void; signal?: AbortSignal }): Promise<void> {
+  const logEveryMs = options.logEveryMs ?? 3000;
+  let lastLogMs = -Infinity;
+  const startedMs = Date.now();
+  for (let attempt = 0; ; attempt++) {
+    if (options.signal?.aborted) throw new Error(`${options.what}: stopped while waiting for Redis`);
+    const probe = new Redis(url, { lazyConnect: true, retryStrategy: () => null, maxRetriesPerRequest: 0, enableOfflineQueue: false, connectTimeout: 2000, enableAutoPipelining: false });
+    // ioredis answers a failed connect with "Connection is closed."; the cause is the error event's.
+    let cause: unknown;
+    probe.on('error', (err) => (cause ??= err));
+    try {
+      await probe.connect();
+      await probe.ping();
+      if (attempt > 0) options.logger.info({ redis: redactedRedisUrl(url), waitedMs: Date.now() - startedMs }, `${options.what}: Redis answers`);
+      options.onState?.(undefined);
+      return;
+    } catch (caught) {
+      const err = cause ?? caught;
+      const message = err instanceof Error ? err.message : String(err);
+      if (FATAL.test(message)) throw new RedisRefusedError(url, message);
+      const state = classify(err);
+      options.onState?.(state);
+      if (Date.now() - lastLogMs >= logEveryMs) {
+        lastLogMs = Date.now();
+        options.logger.warn({ redis: redactedRedisUrl(url), reason: state.reason, error: state.error, waitedMs: Date.now() - startedMs }, `${options.what}: waiting for Redis`);
+      }
+    } finally {
+      probe.disconnect();
+    }
+    await new Promise((r) => setTimeout(r, options.retryMs ?? 500));
+  }
+}
