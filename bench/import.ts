@@ -35,7 +35,7 @@ import type { Image, ImportedImage, Layer } from '../src/api/index.ts';
 import { mulberry32 } from '../src/burst/index.ts';
 import { sha256File, tap } from '../src/layers/index.ts';
 import { runToolOk } from '../src/proc/index.ts';
-import { progressBar, writeSvg } from '../src/report/index.ts';
+import { barChartsSvg, progressBar, writeSvg } from '../src/report/index.ts';
 import { api, startTestCluster, type TestCluster } from '../test/support/cluster.ts';
 import { blobPath, imageJsonBlobs, MEDIA_TYPES, REF_NAME_ANNOTATION, type Descriptor, type ImageDef } from '../test/support/oci.ts';
 import { pullArm } from './support/pull-arm.ts';
@@ -486,59 +486,6 @@ async function get<T>(cluster: TestCluster, token: string, urlPath: string): Pro
   const r = await api<T>(cluster, token, 'GET', urlPath);
   if (r.status !== 200) throw new Error(`GET ${urlPath}: ${r.status} ${JSON.stringify(r.body)}`);
   return r.body;
-}
-
-// ---------------------------------------------------------------- the chart
-
-interface BarPanel {
-  title: string;
-  yLabel: string;
-  bars: { label: string; value: number }[];
-}
-
-/** Panels of bars side by side (src/report draws lines and CDFs only). */
-function barChartsSvg(title: string, panels: BarPanel[]): string {
-  const colors = ['#7f7f7f', '#1f77b4', '#d62728', '#2ca02c'];
-  const esc = (s: string) => s.replace(/[<>&"]/g, (c) => ({ '<': '&lt;', '>': '&gt;', '&': '&amp;', '"': '&quot;' })[c]!);
-  const panelWidth = 400;
-  const height = 380;
-  const m = { left: 70, right: 20, top: 50, bottom: 70 };
-  const parts = [
-    `<svg xmlns="http://www.w3.org/2000/svg" width="${panelWidth * panels.length}" height="${height}" font-family="sans-serif" font-size="12">`,
-    `<rect width="100%" height="100%" fill="white"/>`,
-    `<text x="${(panelWidth * panels.length) / 2}" y="20" text-anchor="middle" font-size="15">${esc(title)}</text>`,
-  ];
-  panels.forEach((p, i) => {
-    const left = i * panelWidth + m.left;
-    const right = (i + 1) * panelWidth - m.right;
-    const bottom = height - m.bottom;
-    const max = niceCeil(Math.max(...p.bars.map((b) => b.value), 0));
-    const y = (v: number) => bottom - (v / max) * (bottom - m.top);
-    parts.push(`<text x="${(left + right) / 2}" y="${m.top - 14}" text-anchor="middle" font-size="13">${esc(p.title)}</text>`);
-    for (let k = 0; k <= 4; k++) {
-      const v = (max * k) / 4;
-      parts.push(`<line x1="${left}" x2="${right}" y1="${y(v)}" y2="${y(v)}" stroke="#eee"/>`, `<text x="${left - 6}" y="${y(v) + 4}" text-anchor="end">${round(v)}</text>`);
-    }
-    parts.push(`<text transform="translate(${left - 50} ${(m.top + bottom) / 2}) rotate(-90)" text-anchor="middle">${esc(p.yLabel)}</text>`);
-    const slot = (right - left) / p.bars.length;
-    p.bars.forEach((b, j) => {
-      const x = left + slot * j + slot * 0.15;
-      const w = slot * 0.7;
-      parts.push(
-        `<rect x="${x.toFixed(1)}" y="${y(b.value).toFixed(1)}" width="${w.toFixed(1)}" height="${(bottom - y(b.value)).toFixed(1)}" fill="${colors[j % colors.length]}"/>`,
-        `<text x="${(x + w / 2).toFixed(1)}" y="${(y(b.value) - 5).toFixed(1)}" text-anchor="middle">${round(b.value)}</text>`,
-        `<text x="${(x + w / 2).toFixed(1)}" y="${bottom + 18}" text-anchor="middle">${esc(b.label)}</text>`,
-      );
-    });
-  });
-  parts.push('</svg>');
-  return `${parts.join('\n')}\n`;
-}
-
-function niceCeil(v: number): number {
-  if (v <= 0) return 1;
-  const power = 10 ** Math.floor(Math.log10(v));
-  return ([1, 2, 5, 10].find((k) => k * power >= v) ?? 10) * power;
 }
 
 // ---------------------------------------------------------------- the run

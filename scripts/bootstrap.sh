@@ -47,3 +47,5 @@ fi
 
 # The sandboxes' PID 1 (src/workers/init/rollbox-init.c).
 sh scripts/build-init.sh
+# The lazy layers' gate and the split layers' mount helper (src/layers/gate/rollbox-gate.c).
+sh scripts/build-gate.sh

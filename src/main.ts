@@ -13,7 +13,8 @@ import type { Config } from './config/index.ts';
 import { startingAnswer, BatchRunner, BatchService, ExecService, FilesService, Janitor, LayerCollector, NodeRequests, PoolService, RunService, SandboxService, createGateway, createMetrics, newId, runTask, type LayerBuilder } from './gateway/index.ts';
 import { createTokenIssuer, createTokenVerifier, loadOrCreateHsSecret } from './iam/index.ts';
 import { BurstController, CommandProvider, LocalProvider, TraceRecorder, type CloudProvider } from './burst/index.ts';
-import { ExtractWorkers, LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar, fetchLayers } from './layers/index.ts';
+import { ExtractWorkers, LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar } from './layers/index.ts';
+import { LazyLayers } from './layers/lazy/index.ts';
 import { NodeDirectory, ReplyHub } from './queues/index.ts';
 import { BlockingPool, connectRedis, redactedRedisUrl, startRedisServer, waitForRedis, type RedisServerHandle, type RedisWaitState } from './redis/index.ts';
 import { BatchStore, CommandLog, ImagePullRecords, ImageRegistry, LayerRegistry, PoolRegistry, SandboxRegistry, keys } from './registry/index.ts';
@@ -22,6 +23,7 @@ import { RegistryRepository, loadDockerConfig } from './oci-registry/index.ts';
 import { WorkerHost } from './workers/index.ts';
 import { NetworkSelfTest, SandboxNetworks } from './workers/network/index.ts';
 import { createRuncRuntime } from './workers/runtime/index.ts';
+import { layerSourceOf, layerSyncOf } from './worker-layers.ts';
 
 export interface Stoppable {
   stop(): Promise<void>;
@@ -34,10 +36,6 @@ export function createLogger(config: Pick<Config, 'logLevel'>, name: string): Lo
 
 function layerStoreOf(config: Config): LayerStore {
   return new LayerStore(config.layerStoreDir);
-}
-
-async function layerImagePath(store: LayerStore, digest: string): Promise<string | undefined> {
-  return (await store.has(digest)) ? store.pathOf(digest) : undefined;
 }
 
 export interface GatewayHandle extends Stoppable {
@@ -157,7 +155,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     now,
     burst,
     buildLayer,
-    layerImagePath: (digest) => layerImagePath(store, digest),
+    layerStore: store,
     images: {
       records: imagePulls,
       importImage: (archive, query) => importImage(archive, query, layerDeps),
@@ -226,6 +224,8 @@ async function nodeIdOf(config: Config): Promise<string> {
 
 export interface WorkerHandle {
   nodeId: string;
+  /** The host's lazy layers (when it fetches what its store lacks). */
+  lazy?: LazyLayers;
   stop(options?: { destroySandboxes: boolean }): Promise<void>;
 }
 
@@ -237,7 +237,10 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
   const blocking: Redis[] = [];
   const store = layerStoreOf(config);
   const workerDir = path.join(config.dataDir, 'worker');
-  const layerMounts = new LayerMounts({ dataDir: workerDir, storeDir: config.layerStoreDir, logger, idleUnmountDelayMs: config.node.idleUnmountMs });
+  // The host is made below; its lazy layers tell it (later) which sandboxes to fail.
+  const hostRef: { current?: WorkerHost } = {};
+  const source = layerSourceOf(config, redis, store, workerDir, logger, (digests) => hostRef.current?.failSandboxesOnLayers(digests) ?? Promise.resolve());
+  const layerMounts = new LayerMounts({ dataDir: workerDir, storeDir: config.layerStoreDir, logger, idleUnmountDelayMs: config.node.idleUnmountMs, lazy: source.lazy });
   const network = new SandboxNetworks({
     nodeId,
     poolCidr: config.network.poolCidr,
@@ -259,41 +262,29 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
     registry: new SandboxRegistry(redis),
     commands: new CommandLog(redis),
     runtime,
-    layerImagePath: (digest) => layerImagePath(store, digest),
+    layerFiles: source.layerFiles,
+    ...(source.lazy ? { layerCache: source.lazy } : {}),
     storeLayerImage: (tmpImagePath) => store.put(tmpImagePath),
     tmpDir: path.join(workerDir, 'tmp'),
     logger,
-    syncLayers: config.node.syncLayers.length ? layerSyncOf(config, redis, store, path.join(workerDir, 'tmp')) : undefined,
+    syncLayers: config.node.syncLayers.length ? layerSyncOf(config, redis, store, path.join(workerDir, 'tmp'), source.lazy) : undefined,
     networkSelfTest: new NetworkSelfTest({ networks: network, nodeId, probeCidr: config.network.probeCidr, intervalMs: config.network.selfTestIntervalMs }),
   });
+  // The gate first: an adopted sandbox's lazy layers are its.
+  await source.lazy?.start();
+  const housekeeping = source.lazy && setInterval(() => void source.lazy!.collect().then(() => source.lazy!.enforceLimit()).catch((err: unknown) => logger.warn({ err }, 'lazy layer housekeeping failed')), config.layerGc.intervalMs).unref();
+  hostRef.current = host;
   await host.start();
   return {
     nodeId,
+    lazy: source.lazy,
     async stop(options = { destroySandboxes: false }) {
+      clearInterval(housekeeping);
       await host.stop(options);
+      // Nothing is mounted any more after a destroying stop: the gate can end with it.
+      await source.lazy?.stop({ shutdownGate: options.destroySandboxes });
       await Promise.all([redis, ...blocking].map((c) => c.quit().catch(() => {})));
     },
-  };
-}
-
-/**
- * A host that shares no disk with the cluster (a cloud host) copies its layer set from a
- * gateway into its own store. "cluster" names the set the burst controller publishes.
- */
-function layerSyncOf(config: Config, redis: Redis, store: LayerStore, tmpDir: string): (signal: AbortSignal) => Promise<string[]> {
-  const { gatewayUrl, gatewayToken, syncLayers } = config.node;
-  if (!gatewayUrl || !gatewayToken) throw new Error('ROLLBOX_SYNC_LAYERS needs ROLLBOX_GATEWAY_URL and ROLLBOX_GATEWAY_TOKEN (a token with layer read scope)');
-  const images = new ImageRegistry(redis, new LayerRegistry(redis));
-  return async (signal) => {
-    const digests = new Set<string>();
-    for (const ref of syncLayers) {
-      if (ref === 'cluster') {
-        const published = await redis.smembers(keys.burstSyncedLayers);
-        if (!published.length) throw new Error('the cluster has not published its pre-synced layer set yet (a gateway does at start)');
-        for (const d of published) digests.add(d);
-      } else for (const d of await images.layersOf(ref)) digests.add(d);
-    }
-    return fetchLayers([...digests].sort(), { gatewayUrl, token: gatewayToken, store, tmpDir, signal });
   };
 }
 

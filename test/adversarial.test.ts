@@ -283,8 +283,8 @@ describe('file walls', () => {
     const runcPath = '/usr/sbin/runc';
     const layers = await api(cluster, token, 'GET', '/v1/layers');
     const base = layers.body.layers.find((l: { name?: string }) => l.name === 'busybox');
-    const layerImage = path.join(cluster.config.layerStoreDir, 'sha256', `${base.digest.slice(7)}.erofs`);
-    const watched = [runcPath, '/bin/busybox', layerImage];
+    const layerFiles = ['meta', 'blob'].map((ext) => path.join(cluster.config.layerStoreDir, 'sha256', `${base.digest.slice(7)}.${ext}`));
+    const watched = [runcPath, '/bin/busybox', ...layerFiles];
     const before = watched.map(sha256);
     const neighbourBusybox = (await run(neighbour, 'sha256sum /bin/busybox')).stdout;
 

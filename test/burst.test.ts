@@ -9,7 +9,7 @@ import { readTraceFile } from '../src/burst/trace/index.ts';
 import { loadConfig } from '../src/config/index.ts';
 import { startWorkerRole } from '../src/main.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
-import { hostTraces } from './support/host.ts';
+import { gatesUnder, hostTraces } from './support/host.ts';
 import pino from 'pino';
 
 const REPO_ROOT = path.resolve(import.meta.dirname, '..');
@@ -31,6 +31,7 @@ beforeAll(async () => {
 afterAll(async () => {
   await cluster?.stop();
   expect(hostTraces(cluster.rootDir)).toEqual({ mounts: [], loops: [], containers: [] });
+  expect(gatesUnder(cluster.rootDir)).toEqual([]);
 });
 
 async function tarOf(name: string, content: string): Promise<Uint8Array> {
@@ -106,8 +107,11 @@ describe('live cloud burst (local provider, real runc)', () => {
     expect(await poolOf(hostId)).toBe('cloud');
     const onCloud = await api(cluster, token, 'POST', `/v1/sandboxes/${diverted.body.id}/exec`, { argv: ['echo', 'from the cloud'] });
     expect(onCloud.body.stdout).toBe('from the cloud\n');
-    // The host's layers are its own copies, fetched from the gateway.
-    expect(fs.readdirSync(path.join(burstHostsDir, hostId, 'layers', 'sha256'))).toHaveLength(1);
+    // The host synced the layer's metadata from the gateway (its data is read on demand into its own chunk cache).
+    const busybox = status.syncedLayers[0].slice(7);
+    const cached = fs.readdirSync(path.join(burstHostsDir, hostId, 'worker', 'lazy'));
+    expect(cached).toEqual(expect.arrayContaining([`${busybox}.chunks`, `${busybox}.meta`, `${busybox}.data`]));
+    expect(fs.existsSync(path.join(burstHostsDir, hostId, 'layers', 'sha256'))).toBe(false);
 
     // Ineligible: asked to stay local, or a layer outside the synced set.
     const stayLocal = await create({ placement: { stayLocal: true } });
@@ -165,8 +169,11 @@ describe('live cloud burst (local provider, real runc)', () => {
 /** A SIGKILLed worker leaves containers behind; a worker started on its data dir removes them. */
 async function reapKilledHost(hostId: string): Promise<void> {
   const dataDir = path.join(burstHostsDir, hostId);
-  const config = loadConfig({}, { ROLLBOX_DATA_DIR: dataDir, ROLLBOX_NODE_ID: hostId, ROLLBOX_POOL: 'reap', ROLLBOX_LAYER_STORE: path.join(dataDir, 'layers'), ROLLBOX_LOG_LEVEL: 'silent' });
+  // As the host itself was configured (its gateway: the gate of its lazy layers ends with it too).
+  const hostEnv = { ROLLBOX_GATEWAY_URL: cluster.url, ROLLBOX_GATEWAY_TOKEN: await cluster.token('reaper', ['layer:read']) };
+  const config = loadConfig({}, { ROLLBOX_DATA_DIR: dataDir, ROLLBOX_NODE_ID: hostId, ROLLBOX_POOL: 'reap', ROLLBOX_LAYER_STORE: path.join(dataDir, 'layers'), ROLLBOX_LOG_LEVEL: 'silent', ...hostEnv });
   const reaper = await startWorkerRole(config, cluster.redisUrl, pino({ level: 'silent' }));
   await reaper.stop({ destroySandboxes: true });
   expect(hostTraces(dataDir).containers).toEqual([]);
+  expect(fs.existsSync(path.join(dataDir, 'worker', 'gate', 'gate.sock'))).toBe(false);
 }

@@ -9,7 +9,7 @@ import { gzipSync } from 'node:zlib';
 import tar from 'tar-stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { RollboxError } from '../src/api/index.ts';
-import { LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar, isMountPoint } from '../src/layers/index.ts';
+import { LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar, isMountPoint, mkfsErofs, parseChunkTable, readMountInfo, type LayerFiles } from '../src/layers/index.ts';
 import { waitFor } from './support/cluster.ts';
 
 type Entry = Partial<tar.Header> & { name: string; content?: string };
@@ -164,15 +164,20 @@ describe('buildLayerFromTar', () => {
     expect(a.digest).toMatch(/^sha256:[0-9a-f]{64}$/);
     expect(b.digest).toBe(a.digest);
     expect(c.digest).toBe(a.digest);
-    expect(a.imagePath).toBe(store.pathOf(a.digest));
-    expect(sha256Hex(a.imagePath)).toBe(a.digest.slice(7));
-    expect((await stat(a.imagePath)).size).toBe(a.sizeBytes);
+    // A split layer: the digest is the chunk table's sha256, and the table names the meta's and every chunk's.
+    const paths = store.splitPathsOf(a.digest);
+    expect(a.files).toEqual({ digest: a.digest, imagePath: paths.metaPath, blobPath: paths.blobPath });
+    expect(sha256Hex(paths.tablePath)).toBe(a.digest.slice(7));
+    const table = parseChunkTable(readFileSync(paths.tablePath), a.digest);
+    expect(table.meta.sha256).toBe(sha256Hex(paths.metaPath));
+    expect(table.chunks).toEqual([createHash('sha256').update(readFileSync(paths.blobPath)).digest('hex')]);
+    expect((await stat(paths.metaPath)).size + (await stat(paths.blobPath)).size).toBe(a.sizeBytes);
     expect(await store.has(a.digest)).toBe(true);
     expect(await readdir(tmpDir)).toEqual([]);
 
     const mounts = new LayerMounts({ dataDir: path.join(top, 'node-a'), storeDir: store.dir });
     mountsToClean.push(mounts);
-    const dir = await mounts.acquire(a.digest, a.imagePath);
+    const dir = await mounts.acquire(a.files);
     try {
       expect(await readFile(path.join(dir, 'app/main.sh'), 'utf8')).toBe('#!/bin/sh\necho hi\n');
       expect(await readlink(path.join(dir, 'app/link'))).toBe('lib/data.txt');
@@ -186,6 +191,9 @@ describe('buildLayerFromTar', () => {
       expect((await stat(path.join(dir, 'suid'))).mode & 0o7777).toBe(0o4755);
       expect((await stat(path.join(dir, 'app/lib/data.txt'))).mtimeMs).toBe(1_600_000_000_000);
       expect((await stat(path.join(dir, 'app/main.sh'))).mtimeMs).toBe(1_700_000_000_000);
+      // File-backed: the meta image with the blob as its device, no loop device.
+      expect((await readMountInfo()).find((m) => m.mountPoint === dir)).toMatchObject({ fsType: 'erofs', source: paths.metaPath });
+      expect(loopsOf(paths.metaPath) + loopsOf(paths.blobPath)).toBe('');
     } finally {
       await mounts.release(a.digest);
     }
@@ -214,7 +222,7 @@ describe('buildBusyboxBase', () => {
     expect(b.digest).toBe(a.digest);
     const mounts = new LayerMounts({ dataDir: path.join(top, 'node-b'), storeDir: store.dir });
     mountsToClean.push(mounts);
-    const dir = await mounts.acquire(a.digest, a.imagePath);
+    const dir = await mounts.acquire(a.files);
     try {
       expect((await stat(path.join(dir, 'bin/busybox'))).mode & 0o777).toBe(0o755);
       expect(await readlink(path.join(dir, 'bin/sh'))).toBe('/bin/busybox');
@@ -229,6 +237,19 @@ describe('buildBusyboxBase', () => {
   });
 });
 
+/** A single-image layer, as older data dirs hold them (and as snapshots are stored): one EROFS image whose sha256 is its digest. */
+async function singleImageLayer(content: string): Promise<LayerFiles> {
+  const work = await mkdtemp(path.join(tmpDir, 'single-'));
+  try {
+    await mkdir(path.join(work, 'root'));
+    await writeFile(path.join(work, 'root', 'f'), content);
+    await mkfsErofs(path.join(work, 'root'), path.join(work, 'image.erofs'));
+    return (await store.put(path.join(work, 'image.erofs'))).files;
+  } finally {
+    await rm(work, { recursive: true, force: true });
+  }
+}
+
 describe('LayerStore', () => {
   it('puts idempotently and removes', async () => {
     const f1 = path.join(top, 'img1');
@@ -241,56 +262,82 @@ describe('LayerStore', () => {
     expect(a.added).toBe(true);
     expect(existsSync(f1) || existsSync(f2)).toBe(false);
     expect(a.digest).toBe(`sha256:${createHash('sha256').update('same bytes').digest('hex')}`);
+    expect(await store.locate(a.digest)).toEqual({ digest: a.digest, imagePath: store.imagePathOf(a.digest) });
+    expect(await store.list()).toContain(a.digest);
     await store.remove(a.digest);
     expect(await store.has(a.digest)).toBe(false);
-    expect(() => store.pathOf('sha256:../../etc')).toThrow(RollboxError);
+    expect(() => store.imagePathOf('sha256:../../etc')).toThrow(RollboxError);
+  });
+
+  it('stores a split layer once, and removes all its files', async () => {
+    const raw = await tarOf([{ name: 'x', type: 'file', content: 'split me' }]);
+    const a = await buildLayerFromTar(Readable.from(raw), { store, tmpDir, maxBytes: 1 << 20 });
+    const again = await buildLayerFromTar(Readable.from(raw), { store, tmpDir, maxBytes: 1 << 20 });
+    expect(again.digest).toBe(a.digest);
+    expect(await store.list()).toContain(a.digest);
+    expect(await store.storedAtMs(a.digest)).toBeGreaterThan(0);
+    await store.remove(a.digest);
+    expect(await store.has(a.digest)).toBe(false);
+    expect(Object.values(store.splitPathsOf(a.digest)).filter((p) => existsSync(p))).toEqual([]);
   });
 });
 
 describe('LayerMounts', () => {
-  it('mounts once under concurrency, unmounts and detaches at zero', async () => {
+  it('mounts once under concurrency and unmounts at zero (split, file-backed)', async () => {
     const layer = await buildBusyboxBase({ store, tmpDir });
     const mounts = new LayerMounts({ dataDir: path.join(top, 'node-c'), storeDir: store.dir });
     mountsToClean.push(mounts);
-    const [d1, d2, d3] = await Promise.all([1, 2, 3].map(() => mounts.acquire(layer.digest, layer.imagePath)));
+    const [d1, d2, d3] = await Promise.all([1, 2, 3].map(() => mounts.acquire(layer.files)));
     expect(d1).toBe(d2);
     expect(d2).toBe(d3);
     const lines = readFileSync('/proc/self/mounts', 'utf8').split('\n').filter((l) => l.split(' ')[1] === d1);
     expect(lines).toHaveLength(1);
     expect(mounts.mounted()).toEqual([layer.digest]);
-    expect(loopsOf(layer.imagePath)).not.toBe('');
+    expect(loopsOf(layer.files.imagePath) + loopsOf(layer.files.blobPath!)).toBe('');
     await mounts.release(layer.digest);
     await mounts.release(layer.digest);
     expect(isMountPoint(d1!)).toBe(true);
     // A release racing a new acquire must leave it mounted for the new holder.
-    const [, again] = await Promise.all([mounts.release(layer.digest), mounts.acquire(layer.digest, layer.imagePath)]);
+    const [, again] = await Promise.all([mounts.release(layer.digest), mounts.acquire(layer.files)]);
     expect(isMountPoint(again)).toBe(true);
     await mounts.release(layer.digest);
     expect(isMountPoint(d1!)).toBe(false);
     expect(mounts.mounted()).toEqual([]);
+  });
+
+  it('still mounts single-image layers (loop device, detached at zero)', async () => {
+    const layer = await singleImageLayer('from an older data dir');
+    const mounts = new LayerMounts({ dataDir: path.join(top, 'node-e'), storeDir: store.dir });
+    mountsToClean.push(mounts);
+    const dir = await mounts.acquire(layer);
+    expect(await readFile(path.join(dir, 'f'), 'utf8')).toBe('from an older data dir');
+    expect(loopsOf(layer.imagePath)).not.toBe('');
+    await mounts.release(layer.digest);
+    expect(isMountPoint(dir)).toBe(false);
     await loopsGone(layer.imagePath);
   });
 
   it('reconcile removes mounts left by a previous process and keeps the ones in use', async () => {
     const keepLayer = await buildBusyboxBase({ store, tmpDir });
     const other = await buildLayerFromTar(Readable.from(await tarOf([{ name: 'f', type: 'file', content: 'other' }])), { store, tmpDir, maxBytes: 1 << 20 });
+    const single = await singleImageLayer('single');
     const dataDir = path.join(top, 'node-d');
     const previous = new LayerMounts({ dataDir, storeDir: store.dir });
-    const keepDir = await previous.acquire(keepLayer.digest, keepLayer.imagePath);
-    const otherDir = await previous.acquire(other.digest, other.imagePath);
+    const keepDir = await previous.acquire(keepLayer.files);
+    const otherDir = await previous.acquire(other.files);
+    const singleDir = await previous.acquire(single);
     // "Restart": a fresh instance knows nothing of those mounts.
     const mounts = new LayerMounts({ dataDir, storeDir: store.dir });
     mountsToClean.push(mounts);
     const result = await mounts.reconcile(new Set([keepLayer.digest]));
-    expect(result.unmounted).toEqual([other.digest]);
-    expect(isMountPoint(otherDir)).toBe(false);
-    expect(existsSync(otherDir)).toBe(false);
-    await loopsGone(other.imagePath);
+    expect(result.unmounted.sort()).toEqual([other.digest, single.digest].sort());
+    expect([otherDir, singleDir].filter((d) => isMountPoint(d) || existsSync(d))).toEqual([]);
+    await loopsGone(single.imagePath);
     expect(isMountPoint(keepDir)).toBe(true);
     // Adopting the surviving mount is a refcount, and the last release unmounts it.
-    expect(await mounts.acquire(keepLayer.digest, keepLayer.imagePath)).toBe(keepDir);
+    expect(await mounts.acquire(keepLayer.files)).toBe(keepDir);
+    expect(readFileSync('/proc/self/mounts', 'utf8').split('\n').filter((l) => l.split(' ')[1] === keepDir)).toHaveLength(1);
     await mounts.release(keepLayer.digest);
     expect(isMountPoint(keepDir)).toBe(false);
-    await loopsGone(keepLayer.imagePath);
   });
 });

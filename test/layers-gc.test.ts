@@ -15,8 +15,9 @@ beforeAll(async () => {
 });
 afterAll(async () => cluster?.stop());
 
-const imageOf = (digest: string) => path.join(cluster.rootDir, 'layers', 'sha256', `${digest.slice('sha256:'.length)}.erofs`);
-const stored = (digest: string) => fs.existsSync(imageOf(digest));
+/** Any file of the layer in the store: a split layer's (uploads) or a single image (snapshots). */
+const filesOf = (digest: string) => ['erofs', 'chunks', 'meta', 'blob'].map((ext) => path.join(cluster.rootDir, 'layers', 'sha256', `${digest.slice('sha256:'.length)}.${ext}`));
+const stored = (digest: string) => filesOf(digest).some((f) => fs.existsSync(f));
 const registered = async (digest: string) => (await api(cluster, token, 'GET', `/v1/layers/${digest}`)).status === 200;
 const collected = (digest: string) => waitFor(`layer ${digest} collected`, async () => !stored(digest) && !(await registered(digest)), 30_000);
 const create = async (layers: string[] = []) => {

@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -31,9 +32,27 @@ describe('layers', () => {
 
     const listed = await api(cluster, token, 'GET', '/v1/layers');
     expect(listed.body.layers.map((l: { name: string }) => l.name)).toEqual(expect.arrayContaining(['busybox', 'workspace-a']));
-    const blob = await fetch(`${cluster.url}/v1/layers/workspace-a/blob`, { headers: { authorization: `Bearer ${token}` } });
-    expect(blob.status).toBe(200);
-    expect((await blob.arrayBuffer()).byteLength).toBe(first.body.sizeBytes);
+    // A split layer: its metadata image and data blob make its size; the chunk table is its identity.
+    const get = (file: string, headers: Record<string, string> = {}) => fetch(`${cluster.url}/v1/layers/workspace-a/${file}`, { headers: { authorization: `Bearer ${token}`, ...headers } });
+    const [blob, meta, chunks] = await Promise.all(['blob', 'meta', 'chunks'].map((f) => get(f)));
+    expect([blob!.status, meta!.status, chunks!.status]).toEqual([200, 200, 200]);
+    const blobBytes = Buffer.from(await blob!.arrayBuffer());
+    expect(blobBytes.length + (await meta!.arrayBuffer()).byteLength).toBe(first.body.sizeBytes);
+    const tableBytes = Buffer.from(await chunks!.arrayBuffer());
+    expect(`sha256:${createHash('sha256').update(tableBytes).digest('hex')}`).toBe(first.body.digest);
+    expect(JSON.parse(tableBytes.toString())).toMatchObject({ chunkSizeBytes: 1048576, blob: { sizeBytes: blobBytes.length } });
+    // Ranges, as hosts reading the layer on demand ask for them.
+    const part = await get('blob', { range: 'bytes=10-19' });
+    expect(part.status).toBe(206);
+    expect(part.headers.get('content-range')).toBe(`bytes 10-19/${blobBytes.length}`);
+    expect(Buffer.from(await part.arrayBuffer())).toEqual(blobBytes.subarray(10, 20));
+    const tail = await get('blob', { range: 'bytes=-5' });
+    expect([tail.status, tail.headers.get('content-range')]).toEqual([206, `bytes ${blobBytes.length - 5}-${blobBytes.length - 1}/${blobBytes.length}`]);
+    await tail.arrayBuffer();
+    const past = await get('blob', { range: `bytes=${blobBytes.length}-` });
+    expect([past.status, past.headers.get('content-range'), (await past.json()).error.code]).toEqual([416, `bytes */${blobBytes.length}`, 'range_not_satisfiable']);
+    const busybox = await fetch(`${cluster.url}/v1/layers/busybox/meta`, { method: 'HEAD', headers: { authorization: `Bearer ${token}` } });
+    expect(busybox.status).toBe(200);
 
     const sandbox = await api(cluster, token, 'POST', '/v1/sandboxes', { image: { base: 'busybox', layers: ['workspace-a'] } });
     expect(sandbox.status, JSON.stringify(sandbox.body)).toBe(201);

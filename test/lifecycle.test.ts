@@ -72,9 +72,11 @@ describe('sandbox lifecycle', () => {
   it('isolates writes between two sandboxes on one layer and never changes the layer image', async () => {
     const layers = await api(cluster, token, 'GET', '/v1/layers');
     const base = layers.body.layers.find((l: { name?: string }) => l.name === 'busybox');
-    const imagePath = path.join(cluster.config.layerStoreDir, 'sha256', `${base.digest.slice(7)}.erofs`);
-    const hashBefore = createHash('sha256').update(fs.readFileSync(imagePath)).digest('hex');
-    expect(`sha256:${hashBefore}`).toBe(base.digest);
+    // A split layer: its chunk table (whose sha256 is the digest), metadata image and data blob.
+    const files = ['chunks', 'meta', 'blob'].map((ext) => path.join(cluster.config.layerStoreDir, 'sha256', `${base.digest.slice(7)}.${ext}`));
+    const hashesOf = () => files.map((f) => createHash('sha256').update(fs.readFileSync(f)).digest('hex'));
+    const hashBefore = hashesOf();
+    expect(`sha256:${hashBefore[0]}`).toBe(base.digest);
 
     const [a, b] = await Promise.all([api(cluster, token, 'POST', '/v1/sandboxes', {}), api(cluster, token, 'POST', '/v1/sandboxes', {})]);
     expect([a.status, b.status]).toEqual([201, 201]);
@@ -84,7 +86,7 @@ describe('sandbox lifecycle', () => {
     expect((await exec(a.body.id, { cmd: 'cat /etc/written-in-a' })).body.stdout).toBe('secret\n');
 
     await Promise.all([a, b].map((s) => api(cluster, token, 'DELETE', `/v1/sandboxes/${s.body.id}`)));
-    expect(createHash('sha256').update(fs.readFileSync(imagePath)).digest('hex')).toBe(hashBefore);
+    expect(hashesOf()).toEqual(hashBefore);
   });
 
   it('kills a command at its timeout together with its background children', async () => {

@@ -8,15 +8,15 @@ import { Readable } from 'node:stream';
 import tar from 'tar-stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { RollboxError } from '../src/api/index.ts';
-import { LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar, readMountInfo, type StoredLayer } from '../src/layers/index.ts';
+import { LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar, readMountInfo, type LayerFiles } from '../src/layers/index.ts';
 import { BESTEFFORT_ROOT, createRuncRuntime, type RuncRuntime } from '../src/workers/runtime/index.ts';
 import type { RuntimeExecSpec, SandboxRuntimeSpec } from '../src/workers/runtime/types.ts';
 
 let top: string;
 let dataDir: string;
 let store: LayerStore;
-let base: StoredLayer;
-let extra: StoredLayer;
+let base: LayerFiles;
+let extra: LayerFiles;
 let cgroupRoots: string[];
 const nodeId = `t${randomBytes(4).toString('hex')}`;
 const runtimes: RuncRuntime[] = [];
@@ -103,8 +103,9 @@ beforeAll(async () => {
   store = new LayerStore(path.join(top, 'store'));
   const tmpDir = path.join(top, 'tmp');
   await mkdir(tmpDir, { recursive: true });
-  base = await buildBusyboxBase({ store, tmpDir });
-  extra = await buildLayerFromTar(
+  base = (await buildBusyboxBase({ store, tmpDir })).files;
+  extra = (
+    await buildLayerFromTar(
     Readable.from(
       await tarOf([
         { name: 'opt/tool/', type: 'directory', mode: 0o755 },
@@ -112,8 +113,9 @@ beforeAll(async () => {
         { name: 'etc/motd', type: 'file', content: 'from the extra layer\n' },
       ]),
     ),
-    { store, tmpDir, maxBytes: 1 << 20 },
-  );
+      { store, tmpDir, maxBytes: 1 << 20 },
+    )
+  ).files;
   cgroupRoots = (await readMountInfo()).filter((m) => m.fsType === 'cgroup' || m.fsType === 'cgroup2').map((m) => m.mountPoint);
 });
 
@@ -199,7 +201,7 @@ describe('runc runtime', () => {
 
   it('isolates writes between two sandboxes sharing layers and never changes a layer', async () => {
     const rt = newRuntime();
-    const before = [sha256Hex(base.imagePath), sha256Hex(extra.imagePath)];
+    const before = [base.imagePath, base.blobPath!, extra.imagePath, extra.blobPath!].map(sha256Hex);
     const layers = { layerImages: [base, extra] };
     await Promise.all([rt.create(spec('share-a', layers)), rt.create(spec('share-b', layers))]);
     // One mount per layer for both sandboxes.
@@ -210,7 +212,7 @@ describe('runc runtime', () => {
     expect(a.stdout).toBe('1.2.3\nchanged\n');
     const b = await rt.exec('share-b', cmd('cat /etc/motd; ls /opt/tool; test -e /bin/ls && echo has-ls'));
     expect(b.stdout).toBe('from the extra layer\nVERSION\nhas-ls\n');
-    expect([sha256Hex(base.imagePath), sha256Hex(extra.imagePath)]).toEqual(before);
+    expect([base.imagePath, base.blobPath!, extra.imagePath, extra.blobPath!].map(sha256Hex)).toEqual(before);
 
     await rt.destroy('share-a');
     expect(rt.mountedLayers().sort()).toEqual([base.digest, extra.digest].sort()); // b still uses them

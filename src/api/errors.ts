@@ -15,6 +15,7 @@ export const ERROR_CODES = {
   invalid_state: { status: 409, meaning: 'Not in this state: exec in a paused sandbox, files in a hibernated one, resume of a running one...' },
   result_unknown: { status: 409, meaning: 'A command\'s worker host, or its sandbox\'s init, died while it ran: it may or may not have taken effect, and is never run again under its commandId.' },
   payload_too_large: { status: 413, meaning: 'A body, file or layer past its configured cap.' },
+  range_not_satisfiable: { status: 416, meaning: 'A `Range` starts past the end of the layer file asked for (Content-Range says its size).' },
   quota_exceeded: { status: 429, meaning: 'The tenant\'s live-sandbox quota is used up (Retry-After).' },
   internal: { status: 500, meaning: 'A failure of rollbox itself (the message says which); retrying with the same Idempotency-Key or commandId is safe.' },
   admission_exhausted: { status: 503, meaning: 'Every worker host that could take the create refused it (Retry-After).' },

@@ -27,7 +27,7 @@ export {
   JobActionResult,
 } from './sandbox.ts';
 export { ExecRequest, ExecResult, CommandState, CommandRecord, CommandStatus, ListCommandsQuery, CommandList, DEFAULT_EXEC_TIMEOUT_MS, DEFAULT_BACKGROUND_TIMEOUT_MS } from './exec.ts';
-export { Layer, LayerName, LayerList, UploadLayerQuery, SnapshotRequest } from './layer.ts';
+export { Layer, LayerName, LayerList, UploadLayerQuery, SnapshotRequest, LayerChunkTable, CHUNK_TABLE_FORMAT } from './layer.ts';
 export { ImageName, ImportImageQuery, ImageConfig, ImageLayer, Image, ImageState, PullImageRequest, PullProgress, ImagePull, ImageRecord, ImportReport, ImportedImage, ImageList, MAX_STACK_LAYERS, withImageDefaults } from './image.ts';
 export { NodeHeartbeat, NodeList } from './node.ts';
 export { PoolName, PutPoolRequest, PoolRecord, Pool, PoolList, NodePoolStatus } from './pool.ts';

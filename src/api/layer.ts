@@ -19,6 +19,30 @@ export const UploadLayerQuery = z.strictObject({
 export type UploadLayerQuery = z.infer<typeof UploadLayerQuery>;
 
 export const LayerList = z.object({ layers: z.array(Layer) });
+
+const Sha256Hex = z.string().regex(/^[0-9a-f]{64}$/, 'must be 64 hex digits');
+
+/** The format tag of a split layer's chunk table. */
+export const CHUNK_TABLE_FORMAT = 'rollbox.erofs-split.v1';
+
+/**
+ * A split layer's identity document (`GET /v1/layers/:digest/chunks`): the layer is an EROFS
+ * metadata image (`meta`, all a host needs to mount) plus a data blob (the EROFS device its
+ * files' contents live in, read in chunks), and the layer's digest is the sha256 of this
+ * document's bytes exactly as stored. The document names the meta's sha256 and every chunk's,
+ * so the digest covers the layer's whole content: two layers with the same metadata and other
+ * bytes have different digests, and every byte a host fetches is checked before it is used.
+ */
+export const LayerChunkTable = z.strictObject({
+  format: z.literal(CHUNK_TABLE_FORMAT),
+  /** Chunk i is blob bytes [i * chunkSizeBytes, min((i + 1) * chunkSizeBytes, blob.sizeBytes)). */
+  chunkSizeBytes: z.number().int().min(4096).max(64 * 1024 * 1024),
+  meta: z.strictObject({ sha256: Sha256Hex, sizeBytes: z.number().int().min(1) }),
+  blob: z.strictObject({ sizeBytes: z.number().int().min(0) }),
+  /** sha256 of each chunk of the blob, in order. */
+  chunks: z.array(Sha256Hex),
+});
+export type LayerChunkTable = z.infer<typeof LayerChunkTable>;
 export type LayerList = z.infer<typeof LayerList>;
 
 const SandboxPath = z.string().startsWith('/', 'must be an absolute path').max(4096).refine((p) => !p.includes('\0') && !p.split('/').includes('..'), 'must not contain NUL or ..');

@@ -140,8 +140,12 @@ export type CreateSandboxRequest = z.infer<typeof CreateSandboxRequest>;
 export const SandboxState = z.enum(['pending', 'creating', 'running', 'paused', 'hibernated', 'stopping', 'terminated', 'failed']);
 export type SandboxState = z.infer<typeof SandboxState>;
 
-/** `init_lost`: the sandbox's PID 1 (rollbox-init) died; nothing it ran can report a result any more. */
-export const FailureReason = z.enum(['oom', 'timeout', 'admission_exhausted', 'infra_error', 'lost', 'init_lost']);
+/**
+ * `init_lost`: the sandbox's PID 1 (rollbox-init) died; nothing it ran can report a result any more.
+ * `layer_lost`: a layer it read on demand could no longer be guarded on its host (the host's
+ * gate died together with its keeper), so unread data might have read as zeros: it is ended first.
+ */
+export const FailureReason = z.enum(['oom', 'timeout', 'admission_exhausted', 'infra_error', 'lost', 'init_lost', 'layer_lost']);
 export type FailureReason = z.infer<typeof FailureReason>;
 
 export const TERMINAL_STATES: readonly SandboxState[] = ['terminated', 'failed'];

@@ -95,7 +95,7 @@ const deps: Omit<GatewayDeps, 'verifier'> = {
     unname: () => answer({ ...LAYER, name: undefined }),
   },
   buildLayer: async () => answer({ digest: DIGEST, sizeBytes: 2048 }),
-  layerImagePath: async () => undefined,
+  layerStore: { locate: async () => undefined, chunkTable: async () => undefined },
   images: { records: { list: () => answer([]), record: () => answer(undefined as never), delete: () => answer(undefined as never), request: () => answer(undefined as never) }, importImage: () => answer(undefined as never), syncedLayers: async () => new Set() },
   directory: { list: () => [] },
   metrics: createMetrics({ list: () => [] } as never),

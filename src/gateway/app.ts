@@ -36,8 +36,8 @@ export interface GatewayDeps {
   batches: BatchApi;
   layers: LayerRouteDeps['layers'];
   buildLayer: LayerBuilder;
-  /** Path of a layer image in the store, for the blob download. */
-  layerImagePath: (digest: string) => Promise<string | undefined>;
+  /** The layer store the layer routes serve files from. */
+  layerStore: LayerRouteDeps['store'];
   images: ImageRouteDeps;
   directory: Pick<NodeDirectory, 'list'>;
   metrics: Pick<GatewayMetrics, 'registry' | 'middleware'>;
@@ -101,7 +101,7 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   registerRunRoutes(app, deps.runs, deps.config.runCodeLanguages);
   registerBatchRoutes(app, deps.batches);
   registerBatchPage(app);
-  registerLayerRoutes(app, { layers: deps.layers, buildLayer: deps.buildLayer, layerImagePath: deps.layerImagePath, uploadLimitBytes: deps.config.http.layerUploadLimitBytes, now: deps.now });
+  registerLayerRoutes(app, { layers: deps.layers, buildLayer: deps.buildLayer, store: deps.layerStore, uploadLimitBytes: deps.config.http.layerUploadLimitBytes, now: deps.now });
   registerImageRoutes(app, deps.images);
   registerClusterRoutes(app, { directory: deps.directory, burst: deps.burst, jsonLimit });
   return app;

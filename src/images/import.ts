@@ -10,7 +10,7 @@ import { ImageLayerSet, type ImportHolds } from './layer-set.ts';
 import { chooseImage } from './manifest.ts';
 
 export interface ImageImportDeps extends ImageLayerDeps {
-  store: Pick<LayerStore, 'has' | 'put' | 'pathOf' | 'remove'>;
+  store: Pick<LayerStore, 'has' | 'putSplit' | 'remove'>;
   layers: Pick<LayerRegistry, 'register' | 'get' | 'pin' | 'unpin' | 'forget' | 'resolve'>;
   images: Pick<ImageRegistry, 'diffIdOfBlob' | 'layerOfDiffId' | 'remember' | 'put' | 'layerDigests'>;
   /** Layers the imports running in this process hold (one instance per gateway). */

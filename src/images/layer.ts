@@ -4,11 +4,11 @@ import path from 'node:path';
 import { Writable, type Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { RollboxError } from '../api/index.ts';
-import { extractInThread, mkfsErofs, tap, type LayerStore, type TarExtractor } from '../layers/index.ts';
+import { extractInThread, storeTreeAsLayer, tap, type LayerStore, type TarExtractor } from '../layers/index.ts';
 import type { ImageRegistry, LayerRegistry } from '../registry/index.ts';
 
 export interface ImageLayerDeps {
-  store: Pick<LayerStore, 'has' | 'put' | 'pathOf'>;
+  store: Pick<LayerStore, 'has' | 'putSplit'>;
   layers: Pick<LayerRegistry, 'register' | 'get' | 'pin'>;
   images: Pick<ImageRegistry, 'diffIdOfBlob' | 'layerOfDiffId' | 'remember'>;
   tmpDir: string;
@@ -102,10 +102,8 @@ export async function readImageLayer(blob: Readable, claimedDigest: string | und
         // The same content compressed another way, or an older docker save naming layers by id.
         const again = await storedLayer(diffId, deps);
         if (again) return again;
-        const imagePath = path.join(work, 'image.erofs');
         // Image layers keep their xattrs: capabilities, ACLs and the overlay's opaque marks.
-        await mkfsErofs(root, imagePath, { keepXattrs: true });
-        const put = await deps.store.put(imagePath);
+        const put = await storeTreeAsLayer(root, work, deps.store, { keepXattrs: true });
         await deps.layers.pin(put.digest, deps.now() + IMPORT_PIN_MS);
         await deps.layers.register({ digest: put.digest, sizeBytes: put.sizeBytes, parents: [], createdAt: new Date(deps.now()).toISOString() });
         await deps.images.remember(diffId, put.digest, claimedDigest);

@@ -1,6 +1,6 @@
 import { execFile } from 'node:child_process';
 import { createReadStream } from 'node:fs';
-import { mkdir, mkdtemp, readFile, rm } from 'node:fs/promises';
+import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import type { Readable } from 'node:stream';
 import { promisify } from 'node:util';
@@ -8,6 +8,7 @@ import tar from 'tar-stream';
 import { RollboxError } from '../api/index.ts';
 import { mkfsErofs } from './erofs.ts';
 import { extractInThread, type TarExtractor } from './extract-workers.ts';
+import { LAYER_CHUNK_BYTES } from './split.ts';
 import type { LayerStore, StoredLayer } from './store.ts';
 
 export interface BuildLayerOptions {
@@ -42,13 +43,25 @@ export async function buildLayerFromTar(source: Readable | string, opts: BuildLa
     const root = path.join(work, 'root');
     await mkdir(root, { mode: 0o755 });
     await (opts.extract ?? extractInThread)(input, root, { maxBytes: opts.maxBytes, maxEntries: opts.maxEntries ?? DEFAULT_MAX_ENTRIES }, {});
-    const image = path.join(work, 'image.erofs');
-    await mkfsErofs(root, image, opts.mkfsBinary ? { mkfsBinary: opts.mkfsBinary } : {});
-    return await opts.store.put(image);
+    return await storeTreeAsLayer(root, work, opts.store, opts.mkfsBinary ? { mkfsBinary: opts.mkfsBinary } : {});
   } finally {
     input.destroy();
     await rm(work, { recursive: true, force: true });
   }
+}
+
+/**
+ * The one way an extracted tree becomes a layer (uploads, image imports): a split EROFS
+ * layer (metadata image + data blob in LAYER_CHUNK_BYTES chunks, see LayerStore) built in
+ * `workDir` and moved into the store.
+ */
+export async function storeTreeAsLayer(root: string, workDir: string, store: Pick<LayerStore, 'putSplit'>, opts: { keepXattrs?: boolean; mkfsBinary?: string } = {}): Promise<StoredLayer & { added: boolean }> {
+  const metaPath = path.join(workDir, 'layer.meta');
+  const blobPath = path.join(workDir, 'layer.blob');
+  await mkfsErofs(root, metaPath, { ...opts, blob: { path: blobPath, chunkSizeBytes: LAYER_CHUNK_BYTES } });
+  // A tree without file contents gets no blob from mkfs: an empty one is the same device.
+  await writeFile(blobPath, '', { flag: 'a' });
+  return store.putSplit({ metaPath, blobPath, chunkSizeBytes: LAYER_CHUNK_BYTES });
 }
 
 export interface BusyboxBaseOptions {

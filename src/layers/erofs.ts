@@ -31,12 +31,18 @@ export async function mkfsErofs(
     keepXattrs?: boolean;
     /** Paths relative to srcDir to leave out, each with everything under it. */
     excludePaths?: readonly string[];
+    /**
+     * A split image: every file's contents go to this data blob (the EROFS extra device,
+     * `--blobdev`) in chunks of `chunkSizeBytes`, and `outPath` holds only the metadata.
+     */
+    blob?: { path: string; chunkSizeBytes: number };
   } = {},
 ): Promise<void> {
   await runToolOk(opts.mkfsBinary ?? 'mkfs.erofs', [
     '--quiet',
     opts.keepXattrs ? '-x2' : '-x-1',
     ...(opts.excludePaths ?? []).map((p) => `--exclude-path=${p}`),
+    ...(opts.blob ? [`--blobdev=${opts.blob.path}`, `--chunksize=${opts.blob.chunkSizeBytes}`] : []),
     '-U',
     '00000000-0000-0000-0000-000000000000',
     '--preserve-mtime',

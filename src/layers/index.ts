@@ -1,6 +1,7 @@
 export { LayerStore } from './store.ts';
-export type { StoredLayer } from './store.ts';
-export { buildLayerFromTar, buildBusyboxBase } from './build.ts';
+export type { StoredLayer, LayerFiles, SplitPaths } from './store.ts';
+export { buildLayerFromTar, buildBusyboxBase, storeTreeAsLayer } from './build.ts';
+export { LAYER_CHUNK_BYTES, chunkCountOf, chunkRange, chunkTableOf, parseChunkTable } from './split.ts';
 export type { LayerBuilder } from './build.ts';
 export type { BuildLayerOptions, BusyboxBaseOptions } from './build.ts';
 export { LayerMounts } from './mounts.ts';

@@ -1,18 +1,48 @@
-import { randomBytes } from 'node:crypto';
-import { copyFile, chmod, mkdir, readdir, rename, rm, stat, unlink, utimes } from 'node:fs/promises';
+import { createHash, randomBytes } from 'node:crypto';
+import { copyFile, chmod, mkdir, readFile, readdir, rename, rm, stat, unlink, utimes, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { hexOfDigest, sha256File } from './digest.ts';
+import { chunkTableOf } from './split.ts';
+
+/**
+ * Where a layer's files are on this host, as a mount needs them. A single-image layer (the
+ * format before split layers, and what a worker packs for snapshots and hibernation) is one
+ * EROFS image; a split layer is its metadata image (`imagePath`) plus its data blob, the
+ * EROFS device the files' contents live in.
+ */
+export interface LayerFiles {
+  digest: string;
+  /** The single image, or the split layer's metadata image. */
+  imagePath: string;
+  /** A split layer's data blob. */
+  blobPath?: string;
+  /** The blob is this host's sparse chunk cache, filled on first read (see src/layers/lazy). */
+  lazy?: boolean;
+}
 
 export interface StoredLayer {
   digest: string;
+  /** Bytes stored: the image, or meta + blob (+ the chunk table). */
   sizeBytes: number;
-  imagePath: string;
+  files: LayerFiles;
+}
+
+/** The files of a split layer in a store. */
+export interface SplitPaths {
+  tablePath: string;
+  metaPath: string;
+  blobPath: string;
 }
 
 /**
- * Content-addressed store of EROFS images: `<dir>/sha256/<hex>.erofs`. A stored image is
- * never modified (mode 0444) and is only ever replaced by identical bytes, so readers and
- * loop mounts can use a path from `pathOf` without locking.
+ * Content-addressed store of EROFS layers under `<dir>/sha256/`:
+ *   - split layers (what every build makes): `<hex>.chunks` (the chunk table, whose sha256
+ *     is the digest), `<hex>.meta` (metadata image), `<hex>.blob` (data blob);
+ *   - single-image layers (snapshots, hibernation, and layers of older data dirs, which keep
+ *     working as they are): `<hex>.erofs`, whose sha256 is the digest.
+ * A stored file is never modified (mode 0444) and only ever replaced by identical bytes,
+ * so readers and mounts can use its path without locking. A split layer's table is moved in
+ * last: a layer is stored once its table is there.
  */
 export class LayerStore {
   readonly dir: string;
@@ -21,69 +51,130 @@ export class LayerStore {
     this.dir = path.resolve(dir);
   }
 
-  pathOf(digest: string): string {
+  /** The single image of `digest` (whether or not it exists). */
+  imagePathOf(digest: string): string {
     return path.join(this.dir, 'sha256', `${hexOfDigest(digest)}.erofs`);
   }
 
+  splitPathsOf(digest: string): SplitPaths {
+    const base = path.join(this.dir, 'sha256', hexOfDigest(digest));
+    return { tablePath: `${base}.chunks`, metaPath: `${base}.meta`, blobPath: `${base}.blob` };
+  }
+
+  /** The layer's files, or undefined when it is not stored here. */
+  async locate(digest: string): Promise<LayerFiles | undefined> {
+    const split = this.splitPathsOf(digest);
+    if (await isFile(split.tablePath)) return { digest, imagePath: split.metaPath, blobPath: split.blobPath };
+    const imagePath = this.imagePathOf(digest);
+    return (await isFile(imagePath)) ? { digest, imagePath } : undefined;
+  }
+
   async has(digest: string): Promise<boolean> {
-    try {
-      return (await stat(this.pathOf(digest))).isFile();
-    } catch {
-      return false;
-    }
+    return (await this.locate(digest)) !== undefined;
+  }
+
+  /** A split layer's chunk table bytes (undefined: not a split layer stored here). */
+  async chunkTable(digest: string): Promise<Buffer | undefined> {
+    return readFile(this.splitPathsOf(digest).tablePath).catch(() => undefined);
   }
 
   /**
-   * Move a finished image into the store under its sha256. The source file is consumed
-   * (moved or deleted). Idempotent: storing the same bytes twice yields the same result;
-   * `added` tells whether these bytes were new to the store.
+   * Store a single EROFS image under its sha256. The source file is consumed (moved or
+   * deleted). Idempotent: storing the same bytes twice yields the same result; `added`
+   * tells whether these bytes were new to the store.
    */
   async put(tmpImagePath: string): Promise<StoredLayer & { added: boolean }> {
     const { hex, sizeBytes } = await sha256File(tmpImagePath);
     const digest = `sha256:${hex}`;
-    const imagePath = this.pathOf(digest);
-    await mkdir(path.dirname(imagePath), { recursive: true });
-    if (await this.has(digest)) {
+    const imagePath = this.imagePathOf(digest);
+    const files = { digest, imagePath };
+    if (await isFile(imagePath)) {
       await unlink(tmpImagePath).catch(() => undefined);
-      // Stored again: a fresh mtime tells garbage collection the image is in use again.
-      const now = new Date();
-      await utimes(imagePath, now, now).catch(() => undefined);
-      return { digest, sizeBytes, imagePath, added: false };
+      await touch(imagePath);
+      return { digest, sizeBytes, files, added: false };
     }
-    await chmod(tmpImagePath, 0o444);
+    await this.moveIn(tmpImagePath, imagePath, hex);
+    return { digest, sizeBytes, files, added: true };
+  }
+
+  /**
+   * Store a split layer: built by mkfs.erofs (`--blobdev`, see mkfsErofs), whose chunk table
+   * is computed here, or copied from another store with its table (`table`: bytes the caller
+   * checked the meta and blob against). The table's sha256 is the digest. The meta and blob
+   * files are consumed.
+   */
+  async putSplit(tmp: { metaPath: string; blobPath: string; chunkSizeBytes: number; table?: Buffer }): Promise<StoredLayer & { added: boolean }> {
+    const table = tmp.table ?? (await chunkTableOf(tmp.metaPath, tmp.blobPath, tmp.chunkSizeBytes));
+    const hex = createHash('sha256').update(table).digest('hex');
+    const digest = `sha256:${hex}`;
+    const paths = this.splitPathsOf(digest);
+    const sizeBytes = (await stat(tmp.metaPath)).size + (await stat(tmp.blobPath)).size;
+    const files = { digest, imagePath: paths.metaPath, blobPath: paths.blobPath };
+    if (await isFile(paths.tablePath)) {
+      await Promise.all([unlink(tmp.metaPath), unlink(tmp.blobPath)].map((p) => p.catch(() => undefined)));
+      await touch(paths.tablePath);
+      return { digest, sizeBytes, files, added: false };
+    }
+    await this.moveIn(tmp.metaPath, paths.metaPath, hex);
+    await this.moveIn(tmp.blobPath, paths.blobPath, hex);
+    const tableTmp = `${tmp.metaPath}.chunks`;
+    await writeFile(tableTmp, table);
+    await this.moveIn(tableTmp, paths.tablePath, hex);
+    return { digest, sizeBytes, files, added: true };
+  }
+
+  /** Move a finished file into place, atomically (a reader sees no file or the whole file); read-only. */
+  private async moveIn(from: string, to: string, hex: string): Promise<void> {
+    await mkdir(path.dirname(to), { recursive: true });
+    await chmod(from, 0o444);
     try {
-      // rename is atomic: a reader sees either no file or the whole image.
-      await rename(tmpImagePath, imagePath);
+      await rename(from, to);
     } catch (err) {
       if ((err as NodeJS.ErrnoException).code !== 'EXDEV') throw err;
       // Different filesystem: copy beside the target first so the final step stays a rename.
       const staging = path.join(this.dir, 'tmp', `${hex}.${randomBytes(6).toString('hex')}`);
       await mkdir(path.dirname(staging), { recursive: true });
       try {
-        await copyFile(tmpImagePath, staging);
+        await copyFile(from, staging);
         await chmod(staging, 0o444);
-        await rename(staging, imagePath);
+        await rename(staging, to);
       } finally {
         await rm(staging, { force: true });
       }
-      await unlink(tmpImagePath).catch(() => undefined);
+      await unlink(from).catch(() => undefined);
     }
-    return { digest, sizeBytes, imagePath, added: true };
   }
 
-  /** Digests of every stored image. */
+  /** Digests of every stored layer. */
   async list(): Promise<string[]> {
     const names = await readdir(path.join(this.dir, 'sha256')).catch(() => [] as string[]);
-    return names.flatMap((n) => (/^[0-9a-f]{64}\.erofs$/.test(n) ? [`sha256:${n.slice(0, 64)}`] : []));
+    const out = new Set<string>();
+    for (const n of names) if (/^[0-9a-f]{64}\.(erofs|chunks)$/.test(n)) out.add(`sha256:${n.slice(0, 64)}`);
+    return [...out];
   }
 
-  /** When the image was last stored (undefined: not stored). */
+  /** When the layer was last stored (undefined: not stored). */
   async storedAtMs(digest: string): Promise<number | undefined> {
-    return stat(this.pathOf(digest)).then((s) => s.mtimeMs, () => undefined);
+    const split = await stat(this.splitPathsOf(digest).tablePath).then((s) => s.mtimeMs, () => undefined);
+    return split ?? stat(this.imagePathOf(digest)).then((s) => s.mtimeMs, () => undefined);
   }
 
-  /** Delete an image. Callers make sure no sandbox still uses it (a mounted loop device keeps its inode alive anyway). */
+  /**
+   * Delete a layer's files (the table first, so a half-removed layer is not stored). Callers
+   * make sure no sandbox still uses it (a mount keeps its open files alive anyway).
+   */
   async remove(digest: string): Promise<void> {
-    await rm(this.pathOf(digest), { force: true });
+    const split = this.splitPathsOf(digest);
+    for (const p of [split.tablePath, split.metaPath, split.blobPath, this.imagePathOf(digest)]) await rm(p, { force: true });
   }
+}
+
+async function isFile(p: string): Promise<boolean> {
+  return stat(p).then((s) => s.isFile(), () => false);
+}
+
+/** Stored again: a fresh mtime tells garbage collection the layer is in use again. */
+async function touch(p: string): Promise<void> {
+  const now = new Date();
+  await utimes(p, now, now).catch(() => undefined);
 }

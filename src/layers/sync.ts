@@ -2,28 +2,33 @@ import { createHash, randomBytes } from 'node:crypto';
 import { createWriteStream } from 'node:fs';
 import { mkdir, rm } from 'node:fs/promises';
 import path from 'node:path';
-import { Readable } from 'node:stream';
+import { Readable, Transform } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
-import { RollboxError } from '../api/index.ts';
+import { RollboxError, type LayerChunkTable } from '../api/index.ts';
 import { hexOfDigest, tap } from './digest.ts';
+import { parseChunkTable } from './split.ts';
 import type { LayerStore } from './store.ts';
 
 export interface LayerFetchOptions {
-  /** Gateway base URL; blobs come from `GET /v1/layers/:digest/blob`. */
+  /** Gateway base URL; files come from `GET /v1/layers/:digest/{chunks,meta,blob}`. */
   gatewayUrl: string;
   /** Bearer token with layer read scope. */
   token: string;
-  store: LayerStore;
+  store: Pick<LayerStore, 'has' | 'put' | 'putSplit'>;
   tmpDir: string;
   fetchImpl?: typeof fetch;
   signal?: AbortSignal;
+  /** Told the bytes of every response body read (what the host fetched). */
+  onBytes?: (bytes: number) => void;
 }
 
 /**
- * Copies layer images from a gateway into this host's own store (a cloud host shares no
- * disk with the cluster). Every blob is checked against its sha256 digest before it is
- * stored, so a wrong or truncated download never becomes a layer. Layers already in the
- * store are skipped. Returns the digests now held.
+ * Copies whole layers from a gateway into this host's own store (a host that shares no disk
+ * with the cluster, with ROLLBOX_LAYER_FETCH=full or a cloud host's sync of single-image
+ * layers). Every byte is checked before the layer is stored: a split layer's chunk table
+ * against its digest, then its meta and every blob chunk against the table; a single-image
+ * layer against its digest. Layers already in the store are skipped. Returns the digests now
+ * held.
  */
 export async function fetchLayers(digests: readonly string[], options: LayerFetchOptions): Promise<string[]> {
   await mkdir(options.tmpDir, { recursive: true });
@@ -34,22 +39,107 @@ export async function fetchLayers(digests: readonly string[], options: LayerFetc
   return [...digests];
 }
 
-async function fetchOne(digest: string, options: LayerFetchOptions): Promise<void> {
-  const expectedHex = hexOfDigest(digest);
-  const url = `${options.gatewayUrl.replace(/\/$/, '')}/v1/layers/${digest}/blob`;
-  const response = await (options.fetchImpl ?? fetch)(url, { headers: { authorization: `Bearer ${options.token}` }, signal: options.signal });
+/** GET of one of a layer's files: the response (404 as undefined when `missingOk`). */
+export async function getLayerFile(digest: string, file: 'chunks' | 'meta' | 'blob', options: Pick<LayerFetchOptions, 'gatewayUrl' | 'token' | 'fetchImpl' | 'signal'>, init: { range?: string; missingOk?: boolean } = {}): Promise<Response | undefined> {
+  const url = `${options.gatewayUrl.replace(/\/$/, '')}/v1/layers/${digest}/${file}`;
+  const headers: Record<string, string> = { authorization: `Bearer ${options.token}` };
+  if (init.range) headers.range = init.range;
+  let response: Response;
+  try {
+    response = await (options.fetchImpl ?? fetch)(url, { headers, signal: options.signal });
+  } catch (err) {
+    throw new RollboxError('unavailable', `layer ${digest}: GET ${url} failed: ${err instanceof Error ? err.message : String(err)}`);
+  }
+  if (response.status === 404 && init.missingOk) {
+    await response.body?.cancel().catch(() => undefined);
+    return undefined;
+  }
   if (!response.ok || !response.body) {
     const text = await response.text().catch(() => '');
     throw new RollboxError('unavailable', `layer ${digest}: GET ${url} answered ${response.status} ${text.slice(0, 200)}`);
   }
-  const tmpPath = path.join(options.tmpDir, `fetch-${expectedHex.slice(0, 12)}-${randomBytes(4).toString('hex')}.erofs`);
-  const hash = createHash('sha256');
+  return response;
+}
+
+async function readBody(response: Response, options: Pick<LayerFetchOptions, 'onBytes'>): Promise<Buffer> {
+  const body = Buffer.from(await response.arrayBuffer());
+  options.onBytes?.(body.length);
+  return body;
+}
+
+async function fetchOne(digest: string, options: LayerFetchOptions): Promise<void> {
+  const tmpBase = path.join(options.tmpDir, `fetch-${hexOfDigest(digest).slice(0, 12)}-${randomBytes(4).toString('hex')}`);
   try {
-    await pipeline(Readable.fromWeb(response.body as never), tap((c) => hash.update(c)), createWriteStream(tmpPath));
-    const actualHex = hash.digest('hex');
-    if (actualHex !== expectedHex) throw new RollboxError('invalid_layer', `layer ${digest}: downloaded bytes hash to sha256:${actualHex}`);
-    await options.store.put(tmpPath);
+    const tableResponse = await getLayerFile(digest, 'chunks', options, { missingOk: true });
+    if (!tableResponse) {
+      // A single-image layer: the blob is the image, and its sha256 the digest.
+      const hash = createHash('sha256');
+      await download(await getLayerFile(digest, 'blob', options), `${tmpBase}.erofs`, tap((c) => hash.update(c)), options);
+      const actual = `sha256:${hash.digest('hex')}`;
+      if (actual !== digest) throw new RollboxError('invalid_layer', `layer ${digest}: downloaded bytes hash to ${actual}`);
+      await options.store.put(`${tmpBase}.erofs`);
+      return;
+    }
+    const tableBytes = await readBody(tableResponse, options);
+    const table = parseChunkTable(tableBytes, digest);
+    const metaHash = createHash('sha256');
+    await download(await getLayerFile(digest, 'meta', options), `${tmpBase}.meta`, tap((c) => metaHash.update(c)), options);
+    if (metaHash.digest('hex') !== table.meta.sha256) throw new RollboxError('invalid_layer', `layer ${digest}: its metadata image does not match its chunk table`);
+    await download(await getLayerFile(digest, 'blob', options), `${tmpBase}.blob`, chunkChecker(digest, table), options);
+    await options.store.putSplit({ metaPath: `${tmpBase}.meta`, blobPath: `${tmpBase}.blob`, chunkSizeBytes: table.chunkSizeBytes, table: tableBytes });
   } finally {
-    await rm(tmpPath, { force: true });
+    await Promise.all(['.erofs', '.meta', '.blob'].map((ext) => rm(`${tmpBase}${ext}`, { force: true })));
   }
+}
+
+async function download(response: Response | undefined, to: string, check: Transform, options: Pick<LayerFetchOptions, 'onBytes'>): Promise<void> {
+  await pipeline(
+    Readable.fromWeb(response!.body as never),
+    tap((c) => options.onBytes?.(c.length)),
+    check,
+    createWriteStream(to),
+  );
+}
+
+/** A stream stage that checks each chunk of a blob against the table as it passes (and the blob's length at its end). */
+function chunkChecker(digest: string, table: LayerChunkTable): Transform {
+  let index = 0;
+  let inChunk = 0;
+  let hash = createHash('sha256');
+  let total = 0;
+  const finishChunk = (): void => {
+    const got = hash.digest('hex');
+    if (got !== table.chunks[index]) throw new RollboxError('invalid_layer', `layer ${digest}: chunk ${index} of its blob does not match its chunk table`);
+    index++;
+    inChunk = 0;
+    hash = createHash('sha256');
+  };
+  return new Transform({
+    transform(piece: Buffer, _encoding, done) {
+      try {
+        total += piece.length;
+        if (total > table.blob.sizeBytes) throw new RollboxError('invalid_layer', `layer ${digest}: its blob is longer than its chunk table says`);
+        let buf = piece;
+        while (buf.length > 0) {
+          const take = Math.min(buf.length, table.chunkSizeBytes - inChunk);
+          hash.update(buf.subarray(0, take));
+          inChunk += take;
+          buf = buf.subarray(take);
+          if (inChunk === table.chunkSizeBytes) finishChunk();
+        }
+        done(null, piece);
+      } catch (err) {
+        done(err as Error);
+      }
+    },
+    flush(done) {
+      try {
+        if (inChunk > 0) finishChunk();
+        if (total !== table.blob.sizeBytes) throw new RollboxError('invalid_layer', `layer ${digest}: its blob is ${total} bytes, its chunk table says ${table.blob.sizeBytes}`);
+        done();
+      } catch (err) {
+        done(err as Error);
+      }
+    },
+  });
 }

@@ -11,3 +11,4 @@ export type { BatchLoad, ResultLineInput } from './batches.ts';
 export { ImageRegistry } from './images.ts';
 export { ImagePullRecords } from './image-pulls.ts';
 export type { PullClaim } from './image-pulls.ts';
+export { PrefetchLists } from './prefetch.ts';

@@ -1,4 +1,4 @@
 /** What commands and benchmarks show people: percentiles, a progress bar, SVG charts. */
 export { percentile, summarize, type LatencySummary } from './stats.ts';
 export { progressBar, type ProgressBar } from './progress.ts';
-export { cdfChartSvg, lineChartsSvg, writeCdfChart, writeSvg, type LatencySeries, type Panel } from './svg.ts';
+export { barChartsSvg, cdfChartSvg, lineChartsSvg, writeCdfChart, writeSvg, type BarPanel, type LatencySeries, type Panel } from './svg.ts';

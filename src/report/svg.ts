@@ -150,6 +150,44 @@ function legendItem(color: string, x: number, y: number, label: string): string[
   return [`<rect x="${x}" y="${y - 10}" width="12" height="12" fill="${color}"/>`, `<text x="${x + 16}" y="${y}">${escapeXml(label)}</text>`];
 }
 
+export interface BarPanel {
+  title: string;
+  yLabel: string;
+  bars: { label: string; value: number }[];
+}
+
+/** Panels of bars side by side, each bar labelled with its value. */
+export function barChartsSvg(title: string, panels: readonly BarPanel[]): string {
+  const panelWidth = 400;
+  const height = 380;
+  const m = { left: 70, right: 20, top: 50, bottom: 70 };
+  const parts = frame(panelWidth * panels.length, height, title);
+  panels.forEach((p, i) => {
+    const left = i * panelWidth + m.left;
+    const right = (i + 1) * panelWidth - m.right;
+    const bottom = height - m.bottom;
+    const max = niceCeil(Math.max(...p.bars.map((b) => b.value), 0));
+    const y = (v: number) => bottom - (v / max) * (bottom - m.top);
+    parts.push(`<text x="${(left + right) / 2}" y="${m.top - 14}" text-anchor="middle" font-size="13">${escapeXml(p.title)}</text>`);
+    for (let k = 0; k <= 4; k++) {
+      const v = (max * k) / 4;
+      parts.push(`<line x1="${left}" x2="${right}" y1="${y(v)}" y2="${y(v)}" stroke="#eee"/>`, `<text x="${left - 6}" y="${y(v) + 4}" text-anchor="end">${formatNumber(v)}</text>`);
+    }
+    parts.push(`<text transform="translate(${left - 50} ${(m.top + bottom) / 2}) rotate(-90)" text-anchor="middle">${escapeXml(p.yLabel)}</text>`);
+    const slot = (right - left) / p.bars.length;
+    p.bars.forEach((b, j) => {
+      const x = left + slot * j + slot * 0.15;
+      const w = slot * 0.7;
+      parts.push(
+        `<rect x="${x.toFixed(1)}" y="${y(b.value).toFixed(1)}" width="${w.toFixed(1)}" height="${(bottom - y(b.value)).toFixed(1)}" fill="${colorOf(j)}"/>`,
+        `<text x="${(x + w / 2).toFixed(1)}" y="${(y(b.value) - 5).toFixed(1)}" text-anchor="middle">${formatNumber(b.value)}</text>`,
+        `<text x="${(x + w / 2).toFixed(1)}" y="${bottom + 18}" text-anchor="middle">${escapeXml(b.label)}</text>`,
+      );
+    });
+  });
+  return close(parts);
+}
+
 /** 1, 2 or 5 times a power of ten, at least v. */
 function niceCeil(v: number): number {
   if (v <= 0) return 1;

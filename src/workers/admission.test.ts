@@ -35,6 +35,18 @@ describe('decideAdmission', () => {
   });
 });
 
+describe('admission of lazy layers (the chunk cache)', () => {
+  const cache = { committedBytes: 600, limitBytes: 1000 };
+  it('refuses a sandbox whose lazy layers would not fit the cache next to the mounted ones', () => {
+    expect(decideAdmission({ ...base, layerCache: cache }, { ...small, layerCacheBytes: 400 })).toEqual({ admit: true });
+    expect(decideAdmission({ ...base, layerCache: cache }, { ...small, layerCacheBytes: 401 })).toMatchObject({ admit: false, reason: expect.stringContaining('layer cache') });
+  });
+  it('admits what needs nothing of the cache, and hosts without one', () => {
+    expect(decideAdmission({ ...base, layerCache: { committedBytes: 5000, limitBytes: 1000 } }, { ...small, layerCacheBytes: 0 })).toEqual({ admit: true });
+    expect(decideAdmission(base, { ...small, layerCacheBytes: 1e12 })).toEqual({ admit: true });
+  });
+});
+
 describe('admission under pressure and by requests', () => {
   it('refuses while the host thrashes on memory, and on cpu only when asked to watch it', () => {
     const pressure = { memoryFullPct: 0, cpuSomePct: 99, memoryFullMaxPct: 10, cpuSomeMaxPct: 0 };

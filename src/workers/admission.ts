@@ -12,6 +12,11 @@ export interface AdmissionState {
   hostReserveMiB: number;
   /** The scratch filesystem that holds every sandbox disk (see diskCapacityMiB). */
   disk: { capacityMiB: number; freeMiB: number; sizeMiB: number };
+  /**
+   * The chunk cache of lazy layers (a host without the layer store): what its mounted layers
+   * may grow to, each counted at its whole blob, plus what starting sandboxes reserved.
+   */
+  layerCache?: { committedBytes: number; limitBytes: number };
   /** Pressure stall information now (readPressure) and the limits past which nothing new starts (0: not watched). */
   pressure?: { memoryFullPct: number; cpuSomePct: number; memoryFullMaxPct: number; cpuSomeMaxPct: number };
 }
@@ -50,8 +55,11 @@ export function diskCapacityMiB(space: { sizeMiB: number; preallocated: boolean 
  * Node-side admission (the second step of placement): decided from the node's own,
  * current state so a stale cluster snapshot can never overcommit it.
  */
-/** A request without diskMiB (the burst simulator's traces) asks for no disk. */
-export function decideAdmission(state: AdmissionState, request: { memoryMiB: number; cpuMillis: number; diskMiB?: number }): AdmissionDecision {
+/**
+ * A request without diskMiB (the burst simulator's traces) asks for no disk;
+ * `layerCacheBytes`: what its lazy layers not mounted here yet add to the chunk cache.
+ */
+export function decideAdmission(state: AdmissionState, request: { memoryMiB: number; cpuMillis: number; diskMiB?: number; layerCacheBytes?: number }): AdmissionDecision {
   const diskMiB = request.diskMiB ?? 0;
   if (state.sandboxes + 1 > state.capacity.maxSandboxes) return { admit: false, reason: `sandbox limit ${state.capacity.maxSandboxes} reached` };
   if (state.reserved.memoryMiB + request.memoryMiB > state.capacity.memoryMiB)
@@ -62,6 +70,12 @@ export function decideAdmission(state: AdmissionState, request: { memoryMiB: num
     return { admit: false, reason: `disk: ${state.reserved.diskMiB} MiB reserved + ${diskMiB} MiB requested > ${state.disk.capacityMiB} MiB capacity` };
   if (state.disk.freeMiB < state.disk.sizeMiB * SCRATCH_MIN_FREE_FRACTION)
     return { admit: false, reason: `disk pressure: ${state.disk.freeMiB} MiB of ${state.disk.sizeMiB} MiB scratch space free` };
+  const cache = state.layerCache;
+  const cacheBytes = request.layerCacheBytes ?? 0;
+  if (cache && cacheBytes > 0 && cache.committedBytes + cacheBytes > cache.limitBytes) {
+    const mib = (b: number) => Math.ceil(b / 1024 / 1024);
+    return { admit: false, reason: `layer cache: ${mib(cache.committedBytes)} MiB held for mounted lazy layers + ${mib(cacheBytes)} MiB for this sandbox's > ${mib(cache.limitBytes)} MiB limit` };
+  }
   if (state.hostFreeMemoryMiB < state.hostReserveMiB) return { admit: false, reason: `host memory pressure: ${state.hostFreeMemoryMiB} MiB free` };
   const p = state.pressure;
   if (p && p.memoryFullMaxPct > 0 && p.memoryFullPct > p.memoryFullMaxPct) return { admit: false, reason: `memory pressure: every task stalled on memory ${p.memoryFullPct}% of the last 10 s (limit ${p.memoryFullMaxPct}%)` };

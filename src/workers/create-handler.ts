@@ -1,4 +1,5 @@
 import { RollboxError, reservationOf, type CreateJob, type Sandbox } from '../api/index.ts';
+import type { LayerFiles } from '../layers/index.ts';
 import { decideAdmission } from './admission.ts';
 import type { HostContext } from './host-context.ts';
 import type { LocalSandbox } from './local-sandboxes.ts';
@@ -23,7 +24,9 @@ export async function handleCreate(ctx: HostContext, job: CreateJob): Promise<vo
   // its reservation were already this request's (it becomes that below).
   const pooled = sandbox.pool && sandbox.state === 'pending' ? ctx.local.get(sandbox.id) : undefined;
   const ready = pooled?.pool && !pooled.starting ? pooled : undefined;
-  let decision = ctx.stopped ? ({ admit: false, reason: 'worker host stopping' } as const) : decideAdmission(ctx.admissionState(ready), request);
+  // Lazy layers not mounted here yet: the chunk cache they may take (awaited before the decision and its reservation, which follow without a break).
+  const layerCacheBytes = ctx.deps.layerCache && !ready ? await ctx.deps.layerCache.demandBytes([...sandbox.layerDigests, ...(sandbox.hibernationLayer ? [sandbox.hibernationLayer] : [])]) : 0;
+  let decision = ctx.stopped ? ({ admit: false, reason: 'worker host stopping' } as const) : decideAdmission(ctx.admissionState(ready), { ...request, layerCacheBytes });
   ctx.local.noteHandled(sandbox.id, ctx.now());
   // The gateway places allowlist sandboxes only where the self-test passes; its view may be a heartbeat old.
   const { networkHealth } = ctx;
@@ -38,7 +41,7 @@ export async function handleCreate(ctx: HostContext, job: CreateJob): Promise<vo
     return;
   }
   // Reserved at once, before anything awaits: a create admitted beside it sees it.
-  const local: LocalSandbox = { id: sandbox.id, ...request, expiresAtMs: Infinity, starting: true };
+  const local: LocalSandbox = { id: sandbox.id, ...request, expiresAtMs: Infinity, starting: true, layerCacheBytes };
   ctx.local.set(local);
   const moved = await registry.transition(sandbox.id, 'creating', { from: ['pending', 'hibernated'], node: ctx.nodeId });
   if (moved.kind !== 'ok') {
@@ -98,10 +101,10 @@ export async function handleCreate(ctx: HostContext, job: CreateJob): Promise<vo
   }
 }
 
-async function layerImage(ctx: HostContext, digest: string): Promise<{ digest: string; imagePath: string }> {
-  const imagePath = await ctx.deps.layerImagePath(digest);
-  if (!imagePath) throw new RollboxError('internal', `layer ${digest} is not available on node ${ctx.nodeId}`);
-  return { digest, imagePath };
+async function layerImage(ctx: HostContext, digest: string): Promise<LayerFiles> {
+  const files = await ctx.deps.layerFiles(digest);
+  if (!files) throw new RollboxError('internal', `layer ${digest} is not available on node ${ctx.nodeId}`);
+  return files;
 }
 
 /**

@@ -2,6 +2,7 @@ import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { RollboxError, type Reply } from '../api/index.ts';
 import type { Config } from '../config/index.ts';
+import type { LayerFiles } from '../layers/index.ts';
 import { publishReply } from '../queues/index.ts';
 import { LayerRegistry, type CommandLog, type SandboxRegistry } from '../registry/index.ts';
 import os from 'node:os';
@@ -20,8 +21,12 @@ export interface WorkerHostDeps {
   registry: SandboxRegistry;
   commands: CommandLog;
   runtime: SandboxRuntime;
-  /** Absolute path of a layer image on this host, or undefined when it is not available here. */
-  layerImagePath: (digest: string) => Promise<string | undefined>;
+  /**
+   * A layer's files on this host, or undefined when it cannot be had here. On a host without
+   * the layer store this fetches what it needs first: the metadata of a lazy layer, or the
+   * whole layer (ROLLBOX_LAYER_FETCH=full).
+   */
+  layerFiles: (digest: string) => Promise<LayerFiles | undefined>;
   /** Moves a freshly built image into the layer store (content-addressed). */
   storeLayerImage: (tmpImagePath: string) => Promise<{ digest: string; sizeBytes: number }>;
   /** Scratch space for images being built. */
@@ -33,6 +38,8 @@ export interface WorkerHostDeps {
    * digests held. Runs before the host reports ready; retried until it succeeds.
    */
   syncLayers?: (signal: AbortSignal) => Promise<string[]>;
+  /** The chunk cache of lazy layers (a host that fetches what its store lacks), for admission. */
+  layerCache?: { committedBytes(): number; readonly limitBytes: number; demandBytes(digests: readonly string[]): Promise<number> };
   /** The network self-test, ticked at start and every few seconds (see NetworkSelfTest.tick); without it no health is reported. */
   networkSelfTest?: { tick(): Promise<NetworkHealth | undefined> };
 }
@@ -124,6 +131,7 @@ export class HostContext {
       hostFreeMemoryMiB: readings.freeMemoryMiB,
       hostReserveMiB: config.hostReserveMiB,
       disk: this.diskSpace(),
+      ...(this.deps.layerCache ? { layerCache: { committedBytes: this.deps.layerCache.committedBytes() + this.local.startingLayerCacheBytes(), limitBytes: this.deps.layerCache.limitBytes } } : {}),
       pressure: { ...readings.pressure, memoryFullMaxPct: config.psi.memoryFullMaxPct, cpuSomeMaxPct: config.psi.cpuSomeMaxPct },
     };
   }

@@ -120,6 +120,25 @@ export class WorkerHost {
     });
   }
 
+  /**
+   * These lazy layers can no longer be guarded here (the gate died with its keeper): every
+   * sandbox using them ends `failed(layer_lost)` before it reads again, and the layers are
+   * unmounted, to be mounted afresh by the next sandbox.
+   */
+  async failSandboxesOnLayers(digests: readonly string[]): Promise<void> {
+    const { ctx } = this;
+    const ids = this.deps.runtime.sandboxesUsingLayers(new Set(digests));
+    await Promise.all(
+      ids.map(async (id) => {
+        const pooled = ctx.local.get(id)?.pool;
+        await ctx.removeLocal(id);
+        if (!pooled) await this.deps.registry.transition(id, 'failed', { node: this.nodeId, failureReason: 'layer_lost', detail: 'a lazy layer it reads could no longer be guarded on its host (the gate died with its keeper)' });
+      }),
+    );
+    await this.deps.runtime.unmountUnused(digests);
+    if (ids.length) ctx.log.warn({ sandboxes: ids, layers: digests }, 'sandboxes on unguarded lazy layers failed');
+  }
+
   /** A cloud host copies its layer set into its own store before it is ready. */
   private async syncLayersBeforeReady(): Promise<void> {
     const { syncLayers } = this.deps;

@@ -7,6 +7,8 @@ export interface LocalSandbox {
   expiresAtMs: number;
   /** Set while a create is in flight; cleared once running. */
   starting: boolean;
+  /** While starting: the chunk cache its lazy layers may take (see AdmissionState.layerCache). */
+  layerCacheBytes?: number;
   /** A ready sandbox of a warm pool (no tenant yet, no registry record) and the pool version it was made for. */
   pool?: { name: string; version: string };
 }
@@ -59,6 +61,13 @@ export class LocalSandboxes {
   /** Sandboxes of warm pools, ready or starting. */
   pooled(): (LocalSandbox & { pool: { name: string; version: string } })[] {
     return [...this.pooledById.values()];
+  }
+
+  /** Chunk cache reserved by sandboxes still starting (their layers are not mounted yet). */
+  startingLayerCacheBytes(): number {
+    let sum = 0;
+    for (const s of this.byId.values()) if (s.starting) sum += s.layerCacheBytes ?? 0;
+    return sum;
   }
 
   startingCount(): number {

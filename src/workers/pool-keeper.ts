@@ -159,9 +159,9 @@ export class PoolKeeper {
     try {
       const layerImages = await Promise.all(
         def.layerDigests.map(async (digest) => {
-          const imagePath = await ctx.deps.layerImagePath(digest);
-          if (!imagePath) throw new Error(`layer ${digest} is not available on this host`);
-          return { digest, imagePath };
+          const files = await ctx.deps.layerFiles(digest);
+          if (!files) throw new Error(`layer ${digest} is not available on this host`);
+          return files;
         }),
       );
       await ctx.deps.runtime.create({ sandboxId: id, layerImages, resources: { ...def.resources, diskMiB: def.diskMiB }, class: def.class, env: {}, workdir: '/', hiddenPaths: [], lowPriority: true });

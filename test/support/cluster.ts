@@ -82,9 +82,12 @@ export async function startTestCluster(options: { workers?: TestWorkerOptions[];
     for (const w of workers) await w.stop({ destroySandboxes: true });
     // Workers that were spawned (and maybe killed) left containers behind: a worker
     // started on the same data dir reconciles them away, which is what production does.
-    for (const child of children) {
-      const nodeId = (child as ChildProcess & { nodeId?: string }).nodeId!;
-      const cleanup = await startWorkerRole(workerConfig({ nodeId }), redis!.url, logger).catch(() => undefined);
+    // One cleanup per node id (a test may have restarted a worker several times), with its last env.
+    const spawned = new Map(children.map((child) => [(child as ChildProcess & { nodeId: string }).nodeId, child]));
+    for (const child of spawned.values()) {
+      const { nodeId, workerEnv } = child as ChildProcess & { nodeId: string; workerEnv?: Record<string, string> };
+      // With the worker's own env (its layer store, its gateway: its lazy layers' gate ends too).
+      const cleanup = await startWorkerRole(workerConfig({ nodeId, ...(workerEnv ? { env: workerEnv } : {}) }), redis!.url, logger).catch(() => undefined);
       await cleanup?.stop({ destroySandboxes: true });
     }
     await redis?.stop();
@@ -116,7 +119,7 @@ export async function startTestCluster(options: { workers?: TestWorkerOptions[];
           env: { ...process.env, ...env, REDIS_URL: redis!.url, ROLLBOX_LOG_LEVEL: 'warn', ...w.env },
           stdio: ['ignore', 'inherit', 'inherit'],
         });
-        (child as ChildProcess & { nodeId?: string }).nodeId = w.nodeId;
+        Object.assign(child, { nodeId: w.nodeId, workerEnv: w.env });
         children.push(child);
         return child;
       },

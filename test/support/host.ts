@@ -25,3 +25,17 @@ function findRuncRoots(dir: string): string[] {
   for (const entry of fs.readdirSync(dir, { withFileTypes: true })) if (entry.isDirectory()) candidates.push(`${dir}/${entry.name}/worker/runc`);
   return candidates.filter((candidate) => fs.existsSync(candidate));
 }
+
+/** rollbox-gate processes (lazy layers' gates and keepers) serving a data dir under `dir`. */
+export function gatesUnder(dir: string): number[] {
+  return fs.readdirSync('/proc').flatMap((p) => {
+    if (!/^\d+$/.test(p)) return [];
+    let argv: string[];
+    try {
+      argv = fs.readFileSync(`/proc/${p}/cmdline`, 'utf8').split('\0');
+    } catch {
+      return []; // exited meanwhile
+    }
+    return argv[0]?.endsWith('rollbox-gate') && argv.some((a) => a.startsWith(dir)) ? [Number(p)] : [];
+  });
+}

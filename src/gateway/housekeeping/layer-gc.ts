@@ -1,7 +1,7 @@
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { LayerStore } from '../../layers/index.ts';
-import { keys, type ImageRegistry, type LayerRegistry, type SandboxRegistry } from '../../registry/index.ts';
+import { PrefetchLists, keys, type ImageRegistry, type LayerRegistry, type SandboxRegistry } from '../../registry/index.ts';
 
 export interface LayerCollectorDeps {
   redis: Redis;
@@ -27,9 +27,10 @@ const LOCK_MS = 60_000;
  * meanwhile. The grace covers the moments a reference is about to appear, like a layer
  * just uploaded before the create that names it.
  *
- * Worker hosts need nothing: a layer mount is refcounted and unmounted (loop device
- * detached) when its last sandbox on the host releases it, and a referenced layer is
- * never collected.
+ * Worker hosts sharing the store need nothing: a layer mount is refcounted and unmounted
+ * when its last sandbox on the host releases it, and a referenced layer is never collected.
+ * Hosts with a chunk cache of lazy layers remove the files of layers the registry forgot
+ * on their own (LazyLayers.collect).
  */
 export class LayerCollector {
   constructor(private readonly deps: LayerCollectorDeps) {}
@@ -62,6 +63,7 @@ export class LayerCollector {
         if (nowMs - ((await store.storedAtMs(digest)) ?? 0) < graceMs) continue;
         if (!(await layers.forget(digest))) continue; // named meanwhile
         await store.remove(digest);
+        await new PrefetchLists(redis).forget(digest);
         await redis.zrem(keys.layerGcCandidates, digest);
         removed.push(digest);
       }

@@ -1,9 +1,13 @@
 import { createReadStream } from 'node:fs';
+import { stat } from 'node:fs/promises';
 import { Readable } from 'node:stream';
 import { createRoute, z } from '@hono/zod-openapi';
-import { Layer, LayerList, LayerName, RollboxError, UploadLayerQuery } from '../../api/index.ts';
+import type { Context } from 'hono';
+import rangeParser from 'range-parser';
+import { Layer, LayerChunkTable, LayerList, LayerName, RollboxError, UploadLayerQuery } from '../../api/index.ts';
 import { requireScope } from '../../iam/index.ts';
-import type { LayerBuilder } from '../../layers/index.ts';
+import type { LayerBuilder, LayerStore } from '../../layers/index.ts';
+import type { GatewayEnv } from '../auth.ts';
 import type { LayerRegistry } from '../../registry/index.ts';
 import { describeZodError } from '../errors.ts';
 import { errors, json, requireLayerRead, security, withUploadBody, type GatewayApp } from './common.ts';
@@ -13,13 +17,43 @@ export type { LayerBuilder };
 export interface LayerRouteDeps {
   layers: Pick<LayerRegistry, 'register' | 'list' | 'resolve' | 'unname'>;
   buildLayer: LayerBuilder;
-  /** Path of a layer image in the store, for the blob download. */
-  layerImagePath: (digest: string) => Promise<string | undefined>;
+  /** The layer store this gateway serves layers from (the origin of hosts without it). */
+  store: Pick<LayerStore, 'locate' | 'chunkTable'>;
   uploadLimitBytes: number;
   now: () => number;
 }
 
-/** Layers: a tar goes in, a content-addressed EROFS layer comes out; list, read, download, unname. */
+/**
+ * A stored file, whole or the one byte range a `Range` header asks for (206 with
+ * Content-Range; 416 past the end). Hosts reading a lazy layer fetch its chunks this way.
+ */
+async function serveFile(c: Context<GatewayEnv>, filePath: string): Promise<Response> {
+  const sizeBytes = await stat(filePath).then((s) => s.size, () => undefined);
+  if (sizeBytes === undefined) throw new RollboxError('not_found', 'the layer was removed from the store meanwhile');
+  c.header('Content-Type', 'application/octet-stream');
+  c.header('Accept-Ranges', 'bytes');
+  const header = c.req.header('range');
+  const ranges = header === undefined ? undefined : rangeParser(sizeBytes, header, { combine: true });
+  if (ranges === -1) {
+    c.header('Content-Range', `bytes */${sizeBytes}`);
+    throw new RollboxError('range_not_satisfiable', `range ${header} is past the end of ${sizeBytes} bytes`);
+  }
+  // A malformed header, another unit or several ranges: the whole file (RFC 9110 allows ignoring Range).
+  if (ranges === undefined || ranges === -2 || ranges.type !== 'bytes' || ranges.length !== 1) {
+    c.header('Content-Length', String(sizeBytes));
+    return c.body(Readable.toWeb(createReadStream(filePath)) as ReadableStream);
+  }
+  const { start, end } = ranges[0]!;
+  c.header('Content-Range', `bytes ${start}-${end}/${sizeBytes}`);
+  c.header('Content-Length', String(end - start + 1));
+  return c.body(Readable.toWeb(createReadStream(filePath, { start, end })) as ReadableStream, 206);
+}
+
+/**
+ * Layers: a tar goes in, a content-addressed EROFS layer comes out; list, read, unname, and
+ * the layer's files for hosts without the layer store: the data blob (`Range` answered),
+ * and of a split layer its metadata image and chunk table.
+ */
 export function registerLayerRoutes(app: GatewayApp, deps: LayerRouteDeps): void {
   // A streamed body (not JSON): outside the OpenAPI routes, validated here.
   app.post('/v1/layers', async (c) => {
@@ -58,13 +92,40 @@ export function registerLayerRoutes(app: GatewayApp, deps: LayerRouteDeps): void
       return c.json(await deps.layers.unname(c.req.valid('param').name), 200);
     },
   );
-  app.get('/v1/layers/:ref/blob', async (c) => {
+  const filesOf = async (c: Context<GatewayEnv>) => {
     requireLayerRead(c.get('principal'));
-    const layer = await deps.layers.resolve(c.req.param('ref'));
-    const imagePath = await deps.layerImagePath(layer.digest);
-    if (!imagePath) throw new RollboxError('not_found', `layer ${layer.digest} has no image in this gateway's store`);
-    c.header('Content-Type', 'application/octet-stream');
-    c.header('Content-Length', String(layer.sizeBytes));
-    return c.body(Readable.toWeb(createReadStream(imagePath)) as ReadableStream);
+    const layer = await deps.layers.resolve(c.req.param('ref') ?? '');
+    const files = await deps.store.locate(layer.digest);
+    if (!files) throw new RollboxError('not_found', `layer ${layer.digest} has no files in this gateway's store`);
+    return files;
+  };
+  const splitOnly = (digest: string): never => {
+    throw new RollboxError('not_found', `layer ${digest} is a single EROFS image (GET /v1/layers/${digest}/blob is all of it): it has no metadata image or chunk table`);
+  };
+  // Binary bodies, outside the OpenAPI routes: the blob (a split layer's data, or a
+  // single-image layer's image) and a split layer's metadata image.
+  app.get('/v1/layers/:ref/blob', async (c) => {
+    const files = await filesOf(c);
+    return serveFile(c, files.blobPath ?? files.imagePath);
   });
+  app.get('/v1/layers/:ref/meta', async (c) => {
+    const files = await filesOf(c);
+    return files.blobPath ? serveFile(c, files.imagePath) : splitOnly(files.digest);
+  });
+  app.openapi(
+    createRoute({
+      method: 'get',
+      path: '/v1/layers/{ref}/chunks',
+      security,
+      request: { params: z.object({ ref: z.string().max(140) }) },
+      responses: { 200: json(LayerChunkTable, "a split layer's chunk table, the bytes whose sha256 is its digest"), ...errors('not_found') },
+    }),
+    async (c) => {
+      const files = await filesOf(c);
+      const table = await deps.store.chunkTable(files.digest);
+      if (!table) return splitOnly(files.digest);
+      // The stored bytes as they are: a client checks their sha256 against the digest.
+      return c.body(new Uint8Array(table), 200, { 'Content-Type': 'application/json' }) as never;
+    },
+  );
 }

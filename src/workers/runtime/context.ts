@@ -2,7 +2,7 @@ import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { mkdir } from 'node:fs/promises';
 import path from 'node:path';
 import { RollboxError } from '../../api/index.ts';
-import type { LayerMounts } from '../../layers/index.ts';
+import type { LayerFiles, LayerMounts } from '../../layers/index.ts';
 import type { SandboxNetworks } from '../network/index.ts';
 import { BesteffortGuard } from './besteffort-guard.ts';
 import { discoverCgroups, type CgroupHierarchies } from './cgroups.ts';
@@ -68,7 +68,7 @@ export interface RuncRuntimeDeps {
 export interface SandboxRecord {
   id: string;
   /** Layers this process holds references on, base first (released exactly once). */
-  layers: { digest: string; imagePath: string }[];
+  layers: LayerFiles[];
   workdir: string;
   /** Who commands run as when an exec names nobody (the create's, or a claim's); none: root. */
   user?: string;

@@ -13,6 +13,7 @@ import { CPU_PERIOD_US, containerConfig } from './spec.ts';
 import { teardown } from './teardown.ts';
 import { recordDiskDevice, releaseDisk } from './disk-on-host.ts';
 import type { SandboxPolicy, SandboxRuntimeSpec } from './types.ts';
+import type { LayerFiles } from '../../layers/index.ts';
 
 export const LAYERS_ANNOTATION = 'io.rollbox.layers';
 export const WORKDIR_ANNOTATION = 'io.rollbox.workdir';
@@ -159,8 +160,8 @@ async function startContainer(ctx: RuntimeContext, id: string, idlePriority: boo
   }
 }
 
-export async function acquireLayers(ctx: RuntimeContext, layers: { digest: string; imagePath: string }[], rec: SandboxRecord): Promise<void> {
-  const results = await Promise.allSettled(layers.map((l) => ctx.layerMounts.acquire(l.digest, l.imagePath).then(() => l)));
+export async function acquireLayers(ctx: RuntimeContext, layers: LayerFiles[], rec: SandboxRecord): Promise<void> {
+  const results = await Promise.allSettled(layers.map((l) => ctx.layerMounts.acquire(l).then(() => l)));
   for (const r of results) if (r.status === 'fulfilled') rec.layers.push(r.value);
   const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
   if (failed) throw failed.reason;
@@ -188,8 +189,8 @@ function lowerDirs(ctx: RuntimeContext, bundle: string, layers: { digest: string
  * packs one layer again instead of stacking one more: the chain stays bounded. `cp -a`
  * copies into a fresh, empty dir and copies links as links, never through them.
  */
-async function restoreUpper(ctx: RuntimeContext, layer: { digest: string; imagePath: string }, upperDir: string): Promise<void> {
-  const dir = await ctx.layerMounts.acquire(layer.digest, layer.imagePath);
+async function restoreUpper(ctx: RuntimeContext, layer: LayerFiles, upperDir: string): Promise<void> {
+  const dir = await ctx.layerMounts.acquire(layer);
   try {
     const r = await runTool('cp', ['-a', '--', `${dir}/.`, `${upperDir}/`]);
     if (r.code !== 0) throw new RollboxError('internal', `restoring the hibernated writable layer failed: ${r.stderr.trim().slice(0, 500)}`);

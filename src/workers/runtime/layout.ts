@@ -107,7 +107,7 @@ export function validateCreate(spec: SandboxRuntimeSpec): void {
   };
   checkSandboxId(spec.sandboxId);
   if (spec.layerImages.length === 0) bad('a sandbox needs at least a base layer');
-  for (const l of spec.layerImages) if (!/^sha256:[0-9a-f]{64}$/.test(l.digest) || !path.isAbsolute(l.imagePath)) bad(`invalid layer ${l.digest}`);
+  for (const l of spec.layerImages) if (!/^sha256:[0-9a-f]{64}$/.test(l.digest) || !path.isAbsolute(l.imagePath) || (l.blobPath !== undefined && !path.isAbsolute(l.blobPath))) bad(`invalid layer ${l.digest}`);
   const absolute = (p: string): boolean => p.startsWith('/') && !p.includes('\0');
   if (!absolute(spec.workdir)) bad('workdir must be an absolute path');
   if (!spec.hiddenPaths.every(absolute)) bad('hidden paths must be absolute');

@@ -3,7 +3,7 @@ import { readFile, readdir, rm, rmdir } from 'node:fs/promises';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { NetworkPolicy } from '../../api/index.ts';
-import { isMountPoint, readMountInfo } from '../../layers/index.ts';
+import { isMountPoint, readMountInfo, type LayerFiles } from '../../layers/index.ts';
 import { destroyCgroupTrees, removeCgroupTree } from './cgroups.ts';
 import type { RuntimeContext, SandboxRecord } from './context.ts';
 import { CLASS_ANNOTATION, LAYERS_ANNOTATION, USER_ANNOTATION, WORKDIR_ANNOTATION, acquireLayers } from './create.ts';
@@ -46,7 +46,7 @@ async function adopt(ctx: RuntimeContext, id: string): Promise<boolean> {
     return false;
   }
   const ann = config.annotations ?? {};
-  const layers = JSON.parse(ann[LAYERS_ANNOTATION] ?? '[]') as { digest: string; imagePath: string }[];
+  const layers = JSON.parse(ann[LAYERS_ANNOTATION] ?? '[]') as LayerFiles[];
   const besteffort = ann[CLASS_ANNOTATION] === 'besteffort';
   const cg = await ctx.cgroups();
   const rel = layout.cgroupRelOf(id, besteffort);

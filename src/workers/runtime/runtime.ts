@@ -83,6 +83,8 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
       ctx.initWatch.close();
     },
     mountedLayers: () => ctx.layerMounts.mounted(),
+    sandboxesUsingLayers: (digests) => [...ctx.sandboxes.values()].filter((r) => r.layers.some((l) => digests.has(l.digest))).map((r) => r.id),
+    unmountUnused: (digests) => ctx.layerMounts.unmountUnused(digests),
     diskSpace: () => ({ ...ctx.scratch.space(), preallocated: deps.preallocateDisks ?? false }),
   };
 }

@@ -1,10 +1,11 @@
 import type { NetworkPolicy, Resources, SandboxClass } from '../../api/index.ts';
+import type { LayerFiles } from '../../layers/index.ts';
 
 /** What the runtime needs to start one sandbox on this host. */
 export interface SandboxRuntimeSpec {
   sandboxId: string;
-  /** Absolute paths of the sandbox's EROFS layer images, base first. */
-  layerImages: { digest: string; imagePath: string }[];
+  /** The sandbox's layers on this host (absolute paths), base first. */
+  layerImages: LayerFiles[];
   resources: Resources;
   class: SandboxClass;
   env: Record<string, string>;
@@ -16,7 +17,7 @@ export interface SandboxRuntimeSpec {
    * A packed writable layer (hibernation) whose contents, whiteouts and opaque dirs
    * included, are copied into the new upper dir before the container starts.
    */
-  restoreUpper?: { digest: string; imagePath: string };
+  restoreUpper?: LayerFiles;
   /** Default: mode none (loopback only). */
   network?: NetworkPolicy;
   /**
@@ -139,6 +140,10 @@ export interface SandboxRuntime {
   reconcile(keep: ReadonlySet<string>): Promise<{ adopted: string[]; removed: string[]; missing: string[] }>;
   /** Digests of layers currently mounted on this host. */
   mountedLayers(): string[];
+  /** Sandboxes (ids) that use any of these layers. */
+  sandboxesUsingLayers(digests: ReadonlySet<string>): string[];
+  /** Unmount these layers now if no sandbox uses them (instead of after the idle delay). */
+  unmountUnused(digests: readonly string[]): Promise<void>;
   /**
    * The host space sandbox disks (diskMiB) live in, MiB, and whether each disk reserves its
    * whole size there (then it cannot be overcommitted).
