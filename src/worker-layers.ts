@@ -8,11 +8,7 @@ import { LazyLayers } from './layers/lazy/index.ts';
 import { ImageRegistry, LayerRegistry, PrefetchLists, keys } from './registry/index.ts';
 
 /**
- * Part of the composition root (main.ts): where a worker host's layers come from, built
- * from config. Kept apart so main.ts stays readable.
- */
-/**
- * Where this host's layers come from: its store, and for what the store lacks (a host that
+ * Part of the composition root (main.ts), built from config. Where this host's layers come from: its store, and for what the store lacks (a host that
  * shares no layer store with the cluster), its gateway: a lazy layer's metadata (data
  * chunks fetched as they are read) or, with ROLLBOX_LAYER_FETCH=full and for single-image
  * layers, the whole layer copied into the store first.

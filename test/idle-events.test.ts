@@ -36,7 +36,8 @@ async function failedWith(id: string, what: string, timeoutMs = 10_000) {
 }
 
 beforeAll(async () => {
-  const env = { ROLLBOX_NODE_AUDIT_MS: AUDIT_MS, ROLLBOX_NODE_MAX_SANDBOXES: String(IDLE + 20), ROLLBOX_TENANT_MAX_SANDBOXES: String(IDLE + 20) };
+  // Node loss is not what this tests: a loaded machine's slow heartbeat must not look like one.
+  const env = { ROLLBOX_NODE_LOST_AFTER_MS: '10000', ROLLBOX_NODE_AUDIT_MS: AUDIT_MS, ROLLBOX_NODE_MAX_SANDBOXES: String(IDLE + 20), ROLLBOX_TENANT_MAX_SANDBOXES: String(IDLE + 20) };
   cluster = await startTestCluster({ env });
   worker = await cluster.addWorker({ nodeId: NODE, env });
   token = await cluster.token('idle', ['sandbox:create', 'sandbox:read', 'sandbox:exec', 'sandbox:delete']);

@@ -70,7 +70,7 @@ describe('starting before Redis', () => {
 
     // A worker host started now waits too, and says so.
     const worker = rollbox(['worker', '--data-dir', path.join(dir, 'worker-host'), '--node-id', 'startup-w1', '--destroy-on-exit'], env);
-    await waitFor('the worker to log its wait', async () => /worker host startup-w1: waiting for Redis/.test(worker.log()), 10_000);
+    await waitFor('the worker to log its wait', async () => /worker host startup-w1: waiting for Redis/.test(worker.log()), 30_000);
 
     const redis: RedisServerHandle = await startRedisServer({ dataDir: path.join(dir, 'redis'), port: redisPort, persist: false });
     cleanups.push(() => redis.stop());

@@ -3,7 +3,7 @@ from ._core import RetryPolicy, Timeouts
 from .batches import Batches
 from .client import Files, Jobs, Layers, Rollbox, Sandbox, Sandboxes
 from .errors import (
-    AdmissionExhausted, CommandFailed, Conflict, ConnectionFailed, Forbidden, ImageNotFound, ImagePullTimeout, Internal, InvalidArchive,
+    AdmissionExhausted, CommandFailed, Conflict, ConnectionFailed, Forbidden, ImageNotFound, ImagePullTimeout, Internal, RangeNotSatisfiable, InvalidArchive,
     InvalidImage, InvalidLayer, InvalidRequest, InvalidState, NetworkUnavailable, NoCapacity, NodeLost, NotFound, PayloadTooLarge,
     QuotaExceeded, RegistryUnauthorized, RegistryUnavailable, ResultUnknown, RollboxError, Timeout, Unauthenticated, Unavailable,
 )
@@ -16,5 +16,5 @@ __all__ = [
     "RollboxError", "CommandFailed", "ConnectionFailed", "AdmissionExhausted", "Conflict", "Forbidden", "Internal",
     "InvalidArchive", "InvalidImage", "InvalidLayer", "InvalidRequest", "InvalidState", "NetworkUnavailable", "NoCapacity", "NodeLost",
     "NotFound", "PayloadTooLarge", "QuotaExceeded", "ResultUnknown", "Timeout", "Unauthenticated", "Unavailable",
-    "ImageNotFound", "ImagePullTimeout", "RegistryUnauthorized", "RegistryUnavailable",
+    "ImageNotFound", "ImagePullTimeout", "RangeNotSatisfiable", "RegistryUnauthorized", "RegistryUnavailable",
 ]

@@ -112,6 +112,12 @@ class NodeLost(RollboxError):
     code = "node_lost"
 
 
+class RangeNotSatisfiable(RollboxError):
+    """A `Range` started past the end of the layer file asked for."""
+
+    code = "range_not_satisfiable"
+
+
 class ImageNotFound(RollboxError):
     """An image pull found no such repository, tag or digest in the registry."""
 
@@ -173,7 +179,7 @@ ERRORS_BY_CODE: Dict[str, Type[RollboxError]] = {
     cls.code: cls
     for cls in (
         InvalidRequest, InvalidLayer, InvalidImage, InvalidArchive, Unauthenticated, Forbidden, NotFound, Conflict, InvalidState,
-        ResultUnknown, PayloadTooLarge, QuotaExceeded, Internal, AdmissionExhausted, NoCapacity, NetworkUnavailable,
+        ResultUnknown, PayloadTooLarge, RangeNotSatisfiable, QuotaExceeded, Internal, AdmissionExhausted, NoCapacity, NetworkUnavailable,
         Unavailable, Timeout, NodeLost, ImageNotFound, RegistryUnauthorized, RegistryUnavailable, ImagePullTimeout,
     )
 }

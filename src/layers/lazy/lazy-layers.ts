@@ -108,6 +108,7 @@ export class LazyLayers implements LazyBlobHolder {
   private readonly heldAtStart = new Set<string>();
   private reachedGate = false;
   private reconnecting: Promise<void> | undefined;
+  private limiting: Promise<unknown> = Promise.resolve();
   /** Bytes read from the origin since start (chunks, metadata, tables). */
   fetchedBytes = 0;
 
@@ -441,8 +442,18 @@ export class LazyLayers implements LazyBlobHolder {
     return sum;
   }
 
-  /** Past the limit: the data of the least recently used layers no mount needs goes (their metadata stays). */
-  async enforceLimit(): Promise<string[]> {
+  /**
+   * Past the limit: the data of the least recently used layers no mount needs goes (their
+   * metadata stays). One pass at a time: two at once would each count the other's victims
+   * as still there and evict more than needed.
+   */
+  enforceLimit(): Promise<string[]> {
+    const pass = this.limiting.then(() => this.evictPastLimit());
+    this.limiting = pass.catch(() => undefined);
+    return pass;
+  }
+
+  private async evictPastLimit(): Promise<string[]> {
     let used = await this.usedBytes();
     const evicted: string[] = [];
     if (used <= this.deps.limitBytes) return evicted;

@@ -326,7 +326,9 @@ export class ScratchDisks {
       // mounting it, had autoclear not applied): detach it, or the next mount would refuse it.
       const ours = async (): Promise<string[]> =>
         (await listLoopDevices()).filter((l) => l.backingFile.replace(/ \(deleted\)$/, '') === this.imagePath).map((l) => l.device);
-      for (let delayMs = 2; (await ours()).length > 0 && delayMs <= 320; delayMs *= 2) await sleep(delayMs);
+      // A dead sandbox's mount namespace, which still holds the scratch filesystem, is freed
+      // by the kernel on its own time (seconds on a loaded host): wait up to about 5 s.
+      for (let delayMs = 2; (await ours()).length > 0 && delayMs <= 2560; delayMs *= 2) await sleep(delayMs);
       for (const device of await ours()) await runTool(this.deps.losetupBinary ?? 'losetup', ['-d', device]);
       rmSync(this.imagePath, { force: true });
     });
