@@ -13,7 +13,7 @@ import type { Config } from './config/index.ts';
 import { startingAnswer, BatchRunner, BatchService, ExecService, FilesService, Janitor, LayerCollector, NodeRequests, PoolService, RunService, SandboxService, createGateway, createMetrics, newId, runTask, type LayerBuilder } from './gateway/index.ts';
 import { createTokenIssuer, createTokenVerifier, loadOrCreateHsSecret } from './iam/index.ts';
 import { BurstController, CommandProvider, LocalProvider, TraceRecorder, type CloudProvider } from './burst/index.ts';
-import { ExtractWorkers, LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar } from './layers/index.ts';
+import { ExtractWorkers, LayerMounts, LayerStore, MemoryScratch, buildBusyboxBase, buildLayerFromTar } from './layers/index.ts';
 import { LazyLayers } from './layers/lazy/index.ts';
 import { NodeDirectory, ReplyHub } from './queues/index.ts';
 import { BlockingPool, connectRedis, redactedRedisUrl, startRedisServer, waitForRedis, type RedisServerHandle, type RedisWaitState } from './redis/index.ts';
@@ -108,6 +108,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     random: Math.random,
   });
   const layerDeps = { store, layers, images, holds: importHolds, tmpDir, maxLayerBytes: config.http.layerUploadLimitBytes, now, extract };
+  const pullMemory = MemoryScratch.at(config.imagePull.memoryDir, config.imagePull.memoryBytes);
   const imagePulls = new ImagePulls({
     images,
     pulls: new ImagePullRecords(redis),
@@ -116,7 +117,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     logger: logger.child({ name: 'image-pulls' }),
     now,
     pull: (target, listener, signal) =>
-      pullImage(target, { ...layerDeps, layerConcurrency: config.imagePull.layerConcurrency, repository: async (ref) => new RegistryRepository(ref, { ...config.registries, credentials: await loadDockerConfig(config.registries.authFile) }) }, listener, signal),
+      pullImage(target, { ...layerDeps, memory: pullMemory, layerConcurrency: config.imagePull.layerConcurrency, repository: async (ref) => new RegistryRepository(ref, { ...config.registries, credentials: await loadDockerConfig(config.registries.authFile) }) }, listener, signal),
   });
   // A create's (or a pool's) image.ref: the image holding it, pulled first if none does.
   const resolveImage = resolveImageRef(imagePulls, config.imagePull.waitMs);

@@ -112,6 +112,23 @@ describe('image pull', () => {
     expect(await sh(await sandbox({ image: { base: done.name } }), 'cat /plain.txt /gzip.txt /zstd.txt')).toMatchObject({ stdout: 'plain layer\ngzip layer\nzstd layer\n' });
   }, 120_000);
 
+  it('builds a layer whose tree outgrows its memory reservation on disk instead, fetching its blob again', async () => {
+    // 6 MiB of one byte gzips to a few KiB: far past the 4x-blob reservation on the tmpfs.
+    const squeezed = await layerTar([{ name: 'squeezed.bin', content: Buffer.alloc(6 * 1024 * 1024, 0x61) }, { name: 'squeezed.txt', content: 'squeezed\n' }]);
+    const def: ImageDef = { layers: [fixture.base, squeezed] };
+    const oci = ociImage(def, { gzip: true });
+    await registry.push(await ociLayout([def], { gzip: true }), 't/squeezed:1');
+    const done = await pulled(cluster, token, { ref: `${registry.host}/t/squeezed:1` });
+    expect(done, JSON.stringify(done)).toMatchObject({ state: 'ready' });
+    const squeezedBlob = oci.layers[1]!.blob.length;
+    expect(done.pull!.progress).toMatchObject({ layersDone: 2, bytesDone: done.pull!.progress.bytesTotal });
+    // Fetched twice: once into memory (given up), once to disk. The base was held already.
+    expect(done.pull!.progress.bytesFetched).toBe(2 * squeezedBlob);
+    const id = await sandbox({ image: { base: done.name } });
+    expect(await sh(id, 'cat /squeezed.txt; wc -c < /squeezed.bin')).toMatchObject({ stdout: `squeezed\n${6 * 1024 * 1024}\n` });
+    expect((await fs.readdir('/dev/shm')).filter((n) => n.startsWith('rollbox-layer-'))).toEqual([]);
+  }, 120_000);
+
   it('yields the platform asked from a multi-platform index', async () => {
     const arch = (a: string) => layerTar([...busyboxEntries(), { name: 'arch', content: `${a}\n` }]);
     const layout = await ociLayout(

@@ -8,6 +8,8 @@
  * compressed blob bytes.
  */
 import { execFile, spawn } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { readdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { Writable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
@@ -37,6 +39,27 @@ export interface PullArm {
   transferRatioToSkopeo: number;
   /** `rollbox image pull` end to end / skopeo (fetch plus the EROFS build skopeo does not do). */
   pullRatioToSkopeo: number;
+  /** The same pull with every tree extracted on disk (ROLLBOX_IMAGE_PULL_MEMORY_MIB=0). */
+  pullOnDiskMs: number;
+  /** What the layer store holds after the pull (EROFS metadata images and data blobs). */
+  storedMB: number;
+  /** Bytes written to disk by the pull: the trees extracted there plus the store's files; then the same with trees on disk. */
+  diskWrittenMB: number;
+  diskWrittenOnDiskMB: number;
+  /** Disk written / stored: 1 is "written once, in its final form". */
+  diskWrittenPerStored: number;
+  diskWrittenPerStoredOnDisk: number;
+}
+
+/** This process's write_bytes (bytes it caused to be sent to storage). */
+function processWriteBytes(): number {
+  return Number(/^write_bytes: (\d+)$/m.exec(readFileSync('/proc/self/io', 'utf8'))?.[1] ?? 0);
+}
+
+async function allocatedBytes(dir: string): Promise<number> {
+  let sum = 0;
+  for (const name of await readdir(dir)) sum += (await stat(path.join(dir, name))).blocks * 512;
+  return sum;
 }
 
 export async function pullArm(archive: string, work: string, log: (line: string) => void): Promise<PullArm> {
@@ -63,23 +86,37 @@ export async function pullArm(archive: string, work: string, log: (line: string)
     });
     log(`pull arm: rollbox's client reading the blobs ${(transferMs / 1000).toFixed(2)} s, ${round(blobBytes / MB / (transferMs / 1000))} MB/s`);
 
-    cluster = await startTestCluster({ env: { ROLLBOX_REGISTRY_INSECURE: registry.host } });
-    const token = await cluster.token('bench-pull', ['layer:write']);
-    let record: ImageRecord | undefined;
-    const pullMs = await timed(async () => {
-      const child = spawn(process.execPath, [path.join(REPO, 'bin/rollbox.js'), 'image', 'pull', ref, '--name', 'bench-pulled', '--json', '--progress'], {
-        env: { ...process.env, ROLLBOX_URL: cluster!.url, ROLLBOX_TOKEN: token },
-        stdio: ['ignore', 'pipe', 'inherit'],
+    // Twice, each on a fresh cluster: trees extracted on a tmpfs (the default), then on disk.
+    const pullOnce = async (memoryEnv: Record<string, string>, label: string): Promise<{ ms: number; diskBytes: number; storeBytes: number }> => {
+      cluster = await startTestCluster({ env: { ROLLBOX_REGISTRY_INSECURE: registry!.host, ...memoryEnv } });
+      const token = await cluster.token('bench-pull', ['layer:write']);
+      let record: ImageRecord | undefined;
+      const writtenBefore = processWriteBytes();
+      const ms = await timed(async () => {
+        const child = spawn(process.execPath, [path.join(REPO, 'bin/rollbox.js'), 'image', 'pull', ref, '--name', 'bench-pulled', '--json', '--progress'], {
+          env: { ...process.env, ROLLBOX_URL: cluster!.url, ROLLBOX_TOKEN: token },
+          stdio: ['ignore', 'pipe', 'inherit'],
+        });
+        let out = '';
+        child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+        const code = await new Promise<number | null>((r) => child.once('close', r));
+        if (code !== 0) throw new Error(`rollbox image pull exited ${code}`);
+        record = JSON.parse(out) as ImageRecord;
       });
-      let out = '';
-      child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-      const code = await new Promise<number | null>((r) => child.once('close', r));
-      if (code !== 0) throw new Error(`rollbox image pull exited ${code}`);
-      record = JSON.parse(out) as ImageRecord;
-    });
-    const p = record!.pull!.progress;
-    if (p.layersReused !== 0 || p.bytesFetched !== blobBytes) throw new Error(`the pull reused layers or fetched ${p.bytesFetched} of ${blobBytes} bytes: not a full pull`);
-    log(`pull arm: rollbox image pull ${(pullMs / 1000).toFixed(2)} s, ${round(blobBytes / MB / (pullMs / 1000))} MB/s (${p.layersTotal} layers built)`);
+      // The gateway runs in this process: its write_bytes are the trees its threads extracted;
+      // mkfs.erofs (a child) wrote the store's files, counted by their allocated size.
+      const treeBytes = processWriteBytes() - writtenBefore;
+      const storeBytes = await allocatedBytes(path.join(cluster.rootDir, 'layers', 'sha256'));
+      const p = record!.pull!.progress;
+      if (p.layersReused !== 0 || p.bytesFetched !== blobBytes) throw new Error(`the pull reused layers or fetched ${p.bytesFetched} of ${blobBytes} bytes: not a full pull`);
+      log(`pull arm (${label}): rollbox image pull ${(ms / 1000).toFixed(2)} s, ${round(blobBytes / MB / (ms / 1000))} MB/s (${p.layersTotal} layers built), ${round((treeBytes + storeBytes) / MB)} MB written to disk (store ${round(storeBytes / MB)} MB)`);
+      await cluster.stop();
+      cluster = undefined;
+      return { ms, diskBytes: treeBytes + storeBytes, storeBytes };
+    };
+    const inMemory = await pullOnce({}, 'trees in memory');
+    const onDisk = await pullOnce({ ROLLBOX_IMAGE_PULL_MEMORY_MIB: '0' }, 'trees on disk');
+    const pullMs = inMemory.ms;
     const skopeoMBps = round(blobBytes / MB / (skopeoMs / 1000));
     const transferMBps = round(blobBytes / MB / (transferMs / 1000));
     const pullMBps = round(blobBytes / MB / (pullMs / 1000));
@@ -94,6 +131,12 @@ export async function pullArm(archive: string, work: string, log: (line: string)
       pullMBps,
       transferRatioToSkopeo: round(transferMBps / skopeoMBps),
       pullRatioToSkopeo: round(pullMBps / skopeoMBps),
+      pullOnDiskMs: round(onDisk.ms),
+      storedMB: round(inMemory.storeBytes / MB),
+      diskWrittenMB: round(inMemory.diskBytes / MB),
+      diskWrittenOnDiskMB: round(onDisk.diskBytes / MB),
+      diskWrittenPerStored: round(inMemory.diskBytes / inMemory.storeBytes),
+      diskWrittenPerStoredOnDisk: round(onDisk.diskBytes / onDisk.storeBytes),
     };
   } finally {
     await cluster?.stop();

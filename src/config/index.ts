@@ -75,6 +75,8 @@ export const Env = z.object({
   ROLLBOX_REGISTRY_TIMEOUT_MS: z.coerce.number().int().min(100).default(30_000).describe('Gateway: longest wait for a registry during a pull (an answer, or the next bytes of a blob); past it the pull fails `registry_unavailable`.'),
   ROLLBOX_IMAGE_PULL_LAYERS: z.coerce.number().int().min(1).max(16).default(3).describe('Gateway: layer blobs one image pull fetches (and extracts) at once.'),
   ROLLBOX_IMAGE_PULL_WAIT_MS: z.coerce.number().int().min(100).default(15 * 60_000).describe('Gateway: how long a create whose `image.ref` is not held yet waits for its pull (then 504 `image_pull_timeout`; the pull goes on).'),
+  ROLLBOX_IMAGE_PULL_MEMORY_MIB: z.coerce.number().int().min(0).optional().describe('Gateway: room on a tmpfs (ROLLBOX_IMAGE_PULL_MEMORY_DIR) for the extracted trees of layers being pulled, so each pulled layer reaches the disk once, as its EROFS image (0: every tree on disk, written twice). Default: an eighth of the host\'s memory, at most 2048. A layer whose tree outgrows its reservation (4x a compressed blob) is fetched again and built on disk.'),
+  ROLLBOX_IMAGE_PULL_MEMORY_DIR: z.string().default('/dev/shm').describe('Gateway: the tmpfs pulled layers\' trees are extracted into (not a tmpfs, or too full: on disk).'),
   ROLLBOX_IMAGE_PULL_LEASE_MS: z.coerce.number().int().min(500).default(15_000).describe('Gateway: a running image pull\'s lease, renewed every third of it; a pull whose gateway stopped renewing is taken over by another gateway (or the same one restarted).'),
 
   ROLLBOX_SYNC_LAYERS: z.string().optional().describe('Worker: layers (names or digests, or imported images\' names, comma-separated) copied into its own store before it reports ready; `cluster` = the cluster\'s pre-synced set. Default: `cluster` in pool `cloud`, none elsewhere.'),
@@ -205,7 +207,13 @@ export function loadConfig(env: NodeJS.ProcessEnv, overrides: Partial<Record<key
       mirrors: parseMirrors(e.ROLLBOX_REGISTRY_MIRRORS),
       timeoutMs: e.ROLLBOX_REGISTRY_TIMEOUT_MS,
     },
-    imagePull: { layerConcurrency: e.ROLLBOX_IMAGE_PULL_LAYERS, waitMs: e.ROLLBOX_IMAGE_PULL_WAIT_MS, leaseMs: e.ROLLBOX_IMAGE_PULL_LEASE_MS },
+    imagePull: {
+      layerConcurrency: e.ROLLBOX_IMAGE_PULL_LAYERS,
+      waitMs: e.ROLLBOX_IMAGE_PULL_WAIT_MS,
+      leaseMs: e.ROLLBOX_IMAGE_PULL_LEASE_MS,
+      memoryDir: e.ROLLBOX_IMAGE_PULL_MEMORY_DIR,
+      memoryBytes: (e.ROLLBOX_IMAGE_PULL_MEMORY_MIB ?? Math.min(2048, Math.floor(hostMemoryMiB / 8))) * 1024 * 1024,
+    },
     defaultRequests: { memoryMiB: e.ROLLBOX_DEFAULT_REQUEST_MEMORY_MIB, cpuMillis: e.ROLLBOX_DEFAULT_REQUEST_CPU_MILLIS },
     runCodeLanguages: z.record(z.string(), RunCodeLanguage).parse({ ...DEFAULT_RUN_CODE_LANGUAGES, ...(e.ROLLBOX_RUN_CODE_LANGUAGES ? (JSON.parse(e.ROLLBOX_RUN_CODE_LANGUAGES) as object) : {}) }),
     network: {

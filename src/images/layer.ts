@@ -4,7 +4,7 @@ import path from 'node:path';
 import { Writable, type Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { RollboxError } from '../api/index.ts';
-import { extractInThread, storeTreeAsLayer, tap, type LayerStore, type TarExtractor } from '../layers/index.ts';
+import { MemoryScratchFull, extractInThread, outgrewReservation, storeTreeAsLayer, tap, type LayerStore, type MemoryReservation, type TarExtractor } from '../layers/index.ts';
 import type { ImageRegistry, LayerRegistry } from '../registry/index.ts';
 
 export interface ImageLayerDeps {
@@ -62,8 +62,10 @@ export async function heldLayer(key: { diffId?: string; blobDigest?: string }, d
  * blob or the same uncompressed content is stored already) and answers `build`, which makes
  * and stores the EROFS image. Both digests are checked: the blob's against the name the
  * archive gives it, the uncompressed tar's (diff_id) later against the image config.
+ * With `memory` (a pull's reservation on a tmpfs) the tree is extracted there and only the
+ * EROFS image reaches the disk; a tree that outgrows it fails `MemoryScratchFull`.
  */
-export async function readImageLayer(blob: Readable, claimedDigest: string | undefined, archivePath: string, deps: ImageLayerDeps): Promise<{ build: () => Promise<ImageLayerBlob> }> {
+export async function readImageLayer(blob: Readable, claimedDigest: string | undefined, archivePath: string, deps: ImageLayerDeps, memory?: MemoryReservation): Promise<{ build: () => Promise<ImageLayerBlob> }> {
   const blobHash = createHash('sha256');
   // Joined before anything awaits: an error of the blob, now or later, reaches whoever reads `hashed`.
   const hashed = tap((c) => blobHash.update(c));
@@ -81,19 +83,27 @@ export async function readImageLayer(blob: Readable, claimedDigest: string | und
   }
 
   await mkdir(deps.tmpDir, { recursive: true });
+  // The EROFS image is built in `work` (beside the store); the tree goes to memory if it may.
   const work = await mkdtemp(path.join(deps.tmpDir, 'image-layer-'));
-  const root = path.join(work, 'root');
+  const treeDir = memory ? await mkdtemp(path.join(memory.dir, 'rollbox-layer-')) : work;
+  const root = path.join(treeDir, 'root');
+  const maxBytes = memory ? Math.min(deps.maxLayerBytes, memory.bytes) : deps.maxLayerBytes;
+  const removeWork = async (): Promise<void> => {
+    await rm(work, { recursive: true, force: true });
+    if (treeDir !== work) await rm(treeDir, { recursive: true, force: true });
+  };
   let diffId: string;
   try {
     await mkdir(root, { mode: 0o755 });
-    const extracted = await (deps.extract ?? extractInThread)(hashed, root, { maxBytes: deps.maxLayerBytes, maxEntries: MAX_LAYER_ENTRIES }, { imageLayer: true }).catch((err: unknown) => {
+    const extracted = await (deps.extract ?? extractInThread)(hashed, root, { maxBytes, maxEntries: MAX_LAYER_ENTRIES }, { imageLayer: true }).catch((err: unknown) => {
+      if (memory && outgrewReservation(err, memory.bytes, deps.maxLayerBytes)) throw new MemoryScratchFull(memory.bytes);
       if (err instanceof RollboxError && err.code === 'invalid_layer') throw new RollboxError('invalid_layer', `layer ${archivePath}: ${err.message}`);
       throw err;
     });
     diffId = `sha256:${extracted.tarSha256}`;
     checkBlobDigest();
   } catch (err) {
-    await rm(work, { recursive: true, force: true });
+    await removeWork();
     throw err;
   }
   return {
@@ -109,7 +119,7 @@ export async function readImageLayer(blob: Readable, claimedDigest: string | und
         await deps.images.remember(diffId, put.digest, claimedDigest);
         return { diffId, digest: put.digest, sizeBytes: put.sizeBytes, reused: false, added: put.added };
       } finally {
-        await rm(work, { recursive: true, force: true });
+        await removeWork();
       }
     },
   };

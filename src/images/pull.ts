@@ -1,6 +1,6 @@
 import { pipeline } from 'node:stream/promises';
 import { MAX_STACK_LAYERS, RollboxError, type Image, type ImportReport, type PullProgress } from '../api/index.ts';
-import { tap } from '../layers/index.ts';
+import { MemoryScratchFull, tap, type MemoryReservation, type MemoryScratch } from '../layers/index.ts';
 import { INDEX_MEDIA_TYPES, type ImageReference, type RegistryRepository } from '../oci-registry/index.ts';
 import type { ImageImportDeps } from './import.ts';
 import { heldLayer, readImageLayer, type ImageLayerBlob } from './layer.ts';
@@ -12,6 +12,8 @@ export interface ImagePullDeps extends ImageImportDeps {
   repository: (ref: ImageReference) => Promise<Pick<RegistryRepository, 'manifest' | 'blob' | 'blobStream'>>;
   /** Layer blobs fetched (and extracted) at once. */
   layerConcurrency: number;
+  /** Where extracted trees may go instead of the disk (so a layer is written once, as its EROFS image). */
+  memory?: MemoryScratch;
 }
 
 export interface PullTarget {
@@ -28,6 +30,17 @@ export interface PullListener {
 }
 
 const CONFIG_MAX_BYTES = 4 * 1024 * 1024;
+/**
+ * A compressed layer's tree is reserved at this many times its blob (image layers compress
+ * 2-4x; one that expands more is fetched again and built on disk), a plain one at its size.
+ */
+const COMPRESSED_EXPANSION = 4;
+const TREE_SLACK_BYTES = 1 << 20;
+
+function treeEstimateBytes(d: Descriptor & { size: number }): number {
+  const compressed = /gzip|zstd/.test(d.mediaType ?? 'gzip');
+  return Math.ceil(d.size * (compressed ? COMPRESSED_EXPANSION : 1)) + TREE_SLACK_BYTES;
+}
 
 /**
  * Pulls an image from its registry into the layer store and the image records: manifest
@@ -67,19 +80,37 @@ export async function pullImage(target: PullTarget, deps: ImagePullDeps, listene
       return held;
     }
     if (d.size === undefined) throw new RollboxError('invalid_image', `manifest ${manifest.digest}: layer ${d.digest} has no size`);
+    const sized = { ...d, size: d.size };
+    const memory = deps.memory?.reserve(treeEstimateBytes(sized));
+    try {
+      return await fetchAndBuild(sized, memory);
+    } catch (err) {
+      if (!(err instanceof MemoryScratchFull)) throw err;
+      return await fetchAndBuild(sized, undefined); // the blob again, its tree on disk
+    } finally {
+      memory?.release();
+    }
+  };
+  const fetchAndBuild = async (d: Descriptor & { size: number }, memory: MemoryReservation | undefined): Promise<ImageLayerBlob> => {
     const blob = await repo.blobStream(d.digest, d.size);
     const stop = (): void => void blob.destroy(stopped.reason as Error);
     stopped.addEventListener('abort', stop, { once: true });
+    let doneBytes = 0;
     try {
       const counted = tap((c) => {
+        doneBytes += c.length;
         progress.bytesDone += c.length;
         progress.bytesFetched += c.length;
         listener.advanced({ ...progress });
       });
       pipeline(blob, counted).catch(() => undefined); // its error reaches the layer's reader through `counted`
-      const { build } = await readImageLayer(counted, d.digest, `${ref.canonical} ${d.digest}`, deps);
+      const { build } = await readImageLayer(counted, d.digest, `${ref.canonical} ${d.digest}`, deps, memory);
       return await build();
+    } catch (err) {
+      if (err instanceof MemoryScratchFull) progress.bytesDone -= doneBytes; // counted again by the next try
+      throw err;
     } finally {
+      blob.destroy();
       stopped.removeEventListener('abort', stop);
     }
   };

@@ -17,3 +17,5 @@ export type { MountInfo, LoopDevice, UnmountOptions } from './hostmounts.ts';
 export { checkFilesArchive } from './archive.ts';
 export { fetchLayers } from './sync.ts';
 export type { LayerFetchOptions } from './sync.ts';
+export { MemoryScratch, MemoryScratchFull, outgrewReservation } from './memory-scratch.ts';
+export type { MemoryReservation } from './memory-scratch.ts';

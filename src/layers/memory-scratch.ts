@@ -1,0 +1,80 @@
+import { statfsSync } from 'node:fs';
+import { RollboxError } from '../api/index.ts';
+
+/** statfs(2)'s f_type of a tmpfs. */
+const TMPFS_MAGIC = 0x01021994;
+
+export interface MemoryReservation {
+  /** A tmpfs directory to make a private subdirectory in. */
+  dir: string;
+  /** What the reservation holds: the tree extracted into it must stay within it. */
+  bytes: number;
+  release(): void;
+}
+
+/**
+ * Room on a memory filesystem (tmpfs) for extracted layer trees, so that a pulled layer
+ * reaches the disk once, as its EROFS metadata image and data blob, instead of twice (the
+ * tree, then the image). Reservations share one budget; one that does not fit (the budget,
+ * or the tmpfs's free space) is refused and the caller extracts to the disk as before.
+ */
+export class MemoryScratch {
+  private reservedBytes = 0;
+
+  constructor(
+    private readonly dir: string,
+    private readonly budgetBytes: number,
+  ) {}
+
+  /** The directory, when it is a tmpfs and the budget is not 0; else none (every build on disk). */
+  static at(dir: string, budgetBytes: number): MemoryScratch | undefined {
+    if (budgetBytes <= 0) return undefined;
+    try {
+      return statfsSync(dir).type === TMPFS_MAGIC ? new MemoryScratch(dir, budgetBytes) : undefined;
+    } catch {
+      return undefined;
+    }
+  }
+
+  reserve(bytes: number): MemoryReservation | undefined {
+    if (bytes > this.budgetBytes - this.reservedBytes) return undefined;
+    const fs = statfsSync(this.dir);
+    if (fs.bavail * fs.bsize < bytes) return undefined;
+    this.reservedBytes += bytes;
+    let released = false;
+    return {
+      dir: this.dir,
+      bytes,
+      release: () => {
+        if (released) return;
+        released = true;
+        this.reservedBytes -= bytes;
+      },
+    };
+  }
+
+  get heldBytes(): number {
+    return this.reservedBytes;
+  }
+}
+
+/**
+ * A tree outgrew its memory reservation (or the tmpfs filled): not the layer's fault, the
+ * caller builds it again on disk.
+ */
+export class MemoryScratchFull extends Error {
+  constructor(readonly reservedBytes: number) {
+    super(`the extracted layer outgrew its ${reservedBytes}-byte memory reservation`);
+  }
+}
+
+/**
+ * Whether an extraction into a reservation of `reservedBytes` failed for want of room there
+ * (the tmpfs full, or the reservation, where it is below the layer cap, exceeded) rather than
+ * by the layer's own caps.
+ */
+export function outgrewReservation(err: unknown, reservedBytes: number, layerCapBytes: number): boolean {
+  if (!(err instanceof Error)) return false;
+  if (err instanceof RollboxError && err.code === 'payload_too_large') return reservedBytes < layerCapBytes && err.message.includes(`exceed ${reservedBytes} bytes`);
+  return /ENOSPC/.test(err.message) || (err as NodeJS.ErrnoException).code === 'ENOSPC';
+}
