@@ -691,7 +691,7 @@ try {
         storedRatio: round(storedBytesLayered / storedBytesFlattened),
         ...(real ? { realPair: real } : {}),
         ...(pull ? { pull } : {}),
-        note: 'MB = 1e6 bytes of uncompressed layer tars (image A); floor = mkfs.erofs (rollbox flags) of the same layers extracted with tar -xf, same run; ratioToFloor = import MB/s / floor mkfs MB/s (ratioToExtractMkfsFloor: / tar -xf + mkfs); stored* = EROFS bytes of both images, distinct layers vs one flattened layer each; pull: MB/s of image A\'s compressed blobs from a loopback registry: skopeo copy to dir: (floor), rollbox\'s client reading the blobs (transfer), rollbox image pull end to end (transfer + extraction + EROFS build, a fresh cluster), with the trees extracted on a tmpfs (default) and on disk (ROLLBOX_IMAGE_PULL_MEMORY_MIB=0); diskWritten = the gateway process\'s write_bytes (the trees) + the store\'s new files\' allocated bytes',
+        note: 'MB = 1e6 bytes of uncompressed layer tars (image A); floor = mkfs.erofs (rollbox flags) of the same layers extracted with tar -xf, same run; ratioToFloor = import MB/s / floor mkfs MB/s (ratioToExtractMkfsFloor: / tar -xf + mkfs); stored* = EROFS bytes of both images, distinct layers vs one flattened layer each; pull: MB/s of image A\'s compressed blobs from a loopback registry: skopeo copy to dir: (floor), rollbox\'s client reading the blobs (transfer), rollbox image pull end to end (transfer + extraction + EROFS build, a fresh cluster), with the trees extracted on a tmpfs (default) and on disk (ROLLBOX_IMAGE_PULL_MEMORY_MIB=0); diskWritten = the gateway process\'s write_bytes during the pull (trees extracted on disk, and its reaped mkfs.erofs children: the store\'s files)',
         chart,
       }),
     );

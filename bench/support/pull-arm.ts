@@ -43,7 +43,7 @@ export interface PullArm {
   pullOnDiskMs: number;
   /** What the layer store holds after the pull (EROFS metadata images and data blobs). */
   storedMB: number;
-  /** Bytes written to disk by the pull: the trees extracted there plus the store's files; then the same with trees on disk. */
+  /** Bytes written to disk by the pull (the gateway's write_bytes, its mkfs.erofs children included); then the same with trees on disk. */
   diskWrittenMB: number;
   diskWrittenOnDiskMB: number;
   /** Disk written / stored: 1 is "written once, in its final form". */
@@ -51,7 +51,7 @@ export interface PullArm {
   diskWrittenPerStoredOnDisk: number;
 }
 
-/** This process's write_bytes (bytes it caused to be sent to storage). */
+/** This process's write_bytes (bytes it and its reaped children caused to be sent to storage; not tmpfs). */
 function processWriteBytes(): number {
   return Number(/^write_bytes: (\d+)$/m.exec(readFileSync('/proc/self/io', 'utf8'))?.[1] ?? 0);
 }
@@ -103,16 +103,16 @@ export async function pullArm(archive: string, work: string, log: (line: string)
         if (code !== 0) throw new Error(`rollbox image pull exited ${code}`);
         record = JSON.parse(out) as ImageRecord;
       });
-      // The gateway runs in this process: its write_bytes are the trees its threads extracted;
-      // mkfs.erofs (a child) wrote the store's files, counted by their allocated size.
-      const treeBytes = processWriteBytes() - writtenBefore;
+      // The gateway runs in this process: its write_bytes count the trees its threads
+      // extracted and, once reaped, what its mkfs.erofs children wrote (the store's files).
+      const writtenBytes = processWriteBytes() - writtenBefore;
       const storeBytes = await allocatedBytes(path.join(cluster.rootDir, 'layers', 'sha256'));
       const p = record!.pull!.progress;
       if (p.layersReused !== 0 || p.bytesFetched !== blobBytes) throw new Error(`the pull reused layers or fetched ${p.bytesFetched} of ${blobBytes} bytes: not a full pull`);
-      log(`pull arm (${label}): rollbox image pull ${(ms / 1000).toFixed(2)} s, ${round(blobBytes / MB / (ms / 1000))} MB/s (${p.layersTotal} layers built), ${round((treeBytes + storeBytes) / MB)} MB written to disk (store ${round(storeBytes / MB)} MB)`);
+      log(`pull arm (${label}): rollbox image pull ${(ms / 1000).toFixed(2)} s, ${round(blobBytes / MB / (ms / 1000))} MB/s (${p.layersTotal} layers built), ${round(writtenBytes / MB)} MB written to disk (store ${round(storeBytes / MB)} MB)`);
       await cluster.stop();
       cluster = undefined;
-      return { ms, diskBytes: treeBytes + storeBytes, storeBytes };
+      return { ms, diskBytes: writtenBytes, storeBytes };
     };
     const inMemory = await pullOnce({}, 'trees in memory');
     const onDisk = await pullOnce({ ROLLBOX_IMAGE_PULL_MEMORY_MIB: '0' }, 'trees on disk');
