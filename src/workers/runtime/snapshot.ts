@@ -1,5 +1,6 @@
 import { readFile } from 'node:fs/promises';
 import path from 'node:path';
+import { performance } from 'node:perf_hooks';
 import { RollboxError } from '../../api/index.ts';
 import { mkfsErofs } from '../../layers/index.ts';
 import { setFreezerState } from './cgroups.ts';
@@ -19,8 +20,9 @@ export async function upperDirOfBundle(bundleDir: string): Promise<string> {
  * layers shows exactly the sandbox's files. The sandbox is frozen while mkfs reads the
  * upper dir, so the image is one consistent moment (and thawed only if it was running).
  */
-export async function packUpperDir(options: { upperDir: string; outPath: string; excludePaths: readonly string[]; freezerStateFile: string }): Promise<void> {
+export async function packUpperDir(options: { upperDir: string; outPath: string; excludePaths: readonly string[]; freezerStateFile: string }): Promise<{ frozenMs: number }> {
   const wasFrozen = (await readFile(options.freezerStateFile, 'utf8')).trim() === 'FROZEN';
+  const frozenAt = performance.now();
   if (!wasFrozen) await setFreezerState(options.freezerStateFile, 'FROZEN');
   try {
     await mkfsErofs(options.upperDir, options.outPath, {
@@ -30,4 +32,6 @@ export async function packUpperDir(options: { upperDir: string; outPath: string;
   } finally {
     if (!wasFrozen) await setFreezerState(options.freezerStateFile, 'THAWED');
   }
+  // From the freeze asked to the thaw done: what the sandbox's processes lost (0: it was paused already).
+  return { frozenMs: wasFrozen ? 0 : performance.now() - frozenAt };
 }
