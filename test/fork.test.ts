@@ -39,7 +39,7 @@ const CHECKSUM = 'find /data -type f | sort | xargs md5sum | md5sum';
 describe('fork', () => {
   it('forks a sandbox with 64 MiB in 1,000 files and a background process into 8 children with the same files, each on its own', async () => {
     const parent = await create({ labels: { role: 'parent' } });
-    await sh(parent.id, 'mkdir /data && i=0; while [ $i -lt 1000 ]; do head -c 65536 /dev/urandom > /data/f$i; i=$((i+1)); done; rm /bin/vi');
+    await sh(parent.id, 'mkdir -p /data/sub && echo a > /data/sub/a && echo b > /data/sub/b && i=0; while [ $i -lt 1000 ]; do head -c 65536 /dev/urandom > /data/f$i; i=$((i+1)); done; rm /bin/vi');
     const bg = await api(cluster, token, 'POST', `/v1/sandboxes/${parent.id}/exec`, { cmd: 'while true; do echo tick >> /root/ticks; sleep 0.1; done', background: true });
     expect(bg.status, JSON.stringify(bg.body)).toBe(202);
     const sum = await sh(parent.id, CHECKSUM);
@@ -75,6 +75,17 @@ describe('fork', () => {
     expect(await sh(ids[0]!, 'cat /data/f0 /data/only-0; ls /data/f1 2>&1 || true')).toMatch(/^mine\nnew\n.*No such file/);
     for (const id of [...ids.slice(1), parent.id]) expect(await sh(id, `${CHECKSUM}; ls /data/only-0 2>/dev/null || echo absent`)).toBe(`${sum}absent\n`);
 
+    // A child forks again: its opaque directory and whiteout (over the fork layer) carry over, and lineage names the child.
+    await sh(ids[1]!, 'rm -rf /data/sub && mkdir /data/sub && echo c > /data/sub/c && rm /data/f2');
+    const grand = await fork(ids[1]!, { count: 1 });
+    expect(grand.status, JSON.stringify(grand.body)).toBe(201);
+    const grandchild = grand.body.children[0]!.id!;
+    expect(await sh(grandchild, 'ls /data/sub; ls /data/f2 2>/dev/null || echo no-f2')).toBe('c\nno-f2\n');
+    expect((await get(grandchild)).lineage?.parent).toBe(ids[1]);
+    expect((await get(grandchild)).layerDigests).toEqual([...parent.layerDigests, result.forkLayer, grand.body.forkLayer]);
+    await remove([grandchild]);
+    await sh(ids[1]!, 'rm -rf /data/sub /data/f3');
+
     // The parent ran on: its background process still writes.
     const ticks = Number(await sh(parent.id, 'wc -l < /root/ticks'));
     await waitFor('parent ticks on', async () => Number(await sh(parent.id, 'wc -l < /root/ticks')) > ticks + 2);
@@ -83,7 +94,7 @@ describe('fork', () => {
     // Deleting the parent leaves the children working.
     await remove([parent.id]);
     expect((await get(parent.id)).state).toBe('terminated');
-    for (const id of ids.slice(1, 3)) expect(await sh(id, `${CHECKSUM}; echo after > /root/x; cat /root/x`)).toBe(`${sum}after\n`);
+    for (const id of ids.slice(2, 4)) expect(await sh(id, `${CHECKSUM}; echo after > /root/x; cat /root/x`)).toBe(`${sum}after\n`);
 
     // The fork layer lives while a child needs it, and is collected after the last one.
     await remove(ids.slice(0, 7));
