@@ -1,3 +1,5 @@
+import { spawn } from 'node:child_process';
+import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ForkResult, Sandbox } from '../src/api/index.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
@@ -34,6 +36,18 @@ const fork = async (id: string, body: Record<string, unknown>, headers: Record<s
 const get = async (id: string) => (await api<Sandbox>(cluster, token, 'GET', `/v1/sandboxes/${id}`)).body;
 const remove = async (ids: readonly (string | undefined)[]) => Promise.all(ids.filter((id): id is string => !!id).map((id) => api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`)));
 const registered = async (digest: string) => (await api(cluster, token, 'GET', `/v1/layers/${digest}`)).status === 200;
+ /** The real `rollbox` command as a child process, against this cluster. */
+function rollbox(args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  const child = spawn(process.execPath, [path.join(import.meta.dirname, '..', 'bin/rollbox.js'), ...args], { env: { ...process.env, ROLLBOX_URL: cluster.url, ROLLBOX_TOKEN: token }, stdio: ['ignore', 'pipe', 'pipe'] });
+  let stdout = '';
+  let stderr = '';
+  child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
+  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+  return new Promise((resolve, reject) => {
+    child.once('error', reject);
+    child.once('close', (code) => resolve({ code, stdout, stderr }));
+  });
+}
 const CHECKSUM = 'find /data -type f | sort | xargs md5sum | md5sum';
 
 describe('fork', () => {
@@ -109,7 +123,7 @@ describe('fork', () => {
     const parent = await create({ ttlSeconds: 600 });
     await sh(parent.id, 'echo state-1 > /root/state');
     expect((await api(cluster, token, 'POST', `/v1/sandboxes/${parent.id}/pause`, {})).status).toBe(200);
-    const fromPaused = await fork(parent.id, { count: 2, ttlSeconds: 120, network: { mode: 'allowlist', allow: [{ cidr: '127.0.0.1' }] } });
+    const fromPaused = await fork(parent.id, { count: 2, ttlSeconds: 120, resources: { memoryMiB: 96 }, network: { mode: 'allowlist', allow: [{ cidr: '127.0.0.1' }] } });
     expect(fromPaused.status, JSON.stringify(fromPaused.body)).toBe(201);
     expect(fromPaused.body.parentFrozenMs).toBe(0); // it was frozen already
     expect((await get(parent.id)).state).toBe('paused'); // and stays so
@@ -118,6 +132,7 @@ describe('fork', () => {
       expect(await sh(id, 'cat /root/state')).toBe('state-1\n');
       const child = await get(id);
       expect(child.spec.ttlSeconds).toBe(120);
+      expect(child.spec.resources).toMatchObject({ memoryMiB: 96, diskMiB: 256 }); // one limit replaced, the others the parent's
       expect(child.spec.network.mode).toBe('allowlist');
     }
 
@@ -160,6 +175,10 @@ describe('fork', () => {
       expect(r.body.error.code).toBe('invalid_request');
     }
     expect((await fork(parent.id, {})).body.error.code).toBe('invalid_request');
+    const tooSmall = await fork(parent.id, { count: 1, resources: { memoryMiB: 4 } });
+    expect([tooSmall.status, tooSmall.body.error.code]).toEqual([400, 'invalid_request']);
+    const belowRequests = await fork(parent.id, { count: 1, resources: { memoryMiB: 16 } }); // under the parent's 64 MiB request
+    expect([belowRequests.status, belowRequests.body.error.code]).toEqual([400, 'invalid_request']);
     const unknown = await fork('sbx_nope', { count: 1 });
     expect([unknown.status, unknown.body.error.code]).toEqual([404, 'not_found']);
     const noSnap = await api(cluster, token, 'POST', `/v1/snapshots/sha256:${'0'.repeat(64)}/fork`, { count: 1 });
@@ -184,6 +203,28 @@ describe('fork', () => {
     await remove([parent.id, ...first.body.children.map((c) => c.id)]);
     const deleted = await fork(parent.id, { count: 1 });
     expect([deleted.status, deleted.body.error.code]).toEqual([409, 'invalid_state']);
+  });
+
+  it('rollbox sandbox fork: the children in order, or the answer as JSON; bad flags are coded errors', async () => {
+    const parent = await create();
+    await sh(parent.id, 'echo cli > /root/from');
+    const printed = await rollbox(['sandbox', 'fork', parent.id, '--count', '2', '--label', 'via=cli']);
+    expect(printed.code, printed.stderr).toBe(0);
+    expect(printed.stdout).toMatch(new RegExp(`^forked ${parent.id} \\(sandbox, frozen [\\d.]+ ms\\) at sha256:[0-9a-f]{64}: 2 created, 0 refused\n#  ID +STATE +ERROR\n0  sbx_\\w+ +running\n1  sbx_\\w+ +running\n$`));
+    const ids = [...printed.stdout.matchAll(/sbx_\w+/g)].map((m) => m[0]).filter((id) => id !== parent.id);
+    for (const id of ids) {
+      expect(await sh(id, 'cat /root/from')).toBe('cli\n');
+      expect((await get(id)).spec.labels).toEqual({ via: 'cli' });
+    }
+    const json = await rollbox(['sandbox', 'fork', parent.id, '--count', '1', '--memory-mib', '96', '--json']);
+    expect(json.code, json.stderr).toBe(0);
+    const answer = JSON.parse(json.stdout) as ForkResult;
+    expect(answer).toMatchObject({ parent: parent.id, created: 1, processes: false });
+    const bad = await rollbox(['sandbox', 'fork', parent.id, '--count', '65']);
+    expect([bad.code, bad.stderr]).toEqual([1, expect.stringMatching(/^rollbox: invalid_request: count: /)]);
+    const missing = await rollbox(['sandbox', 'fork', 'sbx_nope', '--count', '1']);
+    expect([missing.code, missing.stderr]).toEqual([1, expect.stringMatching(/^rollbox: not_found: /)]);
+    await remove([parent.id, ...ids, answer.children[0]!.id]);
   });
 
   it('32 forks at once near the host capacity: each child created or refused with a coded error, nothing half made', async () => {

@@ -1,15 +1,25 @@
 import { z } from 'zod';
-import { CreateSandboxRequest, LayerDigest, Lineage, NetworkPolicy, Resources, SandboxState } from './sandbox.ts';
+import { CreateSandboxRequest, LayerDigest, Lineage, NetworkPolicy, ResourceFields, SandboxState } from './sandbox.ts';
 
 /** Children of one fork at most (each one is a sandbox, counted against the tenant's quota). */
 export const MAX_FORK_CHILDREN = 64;
 
 const ForkCount = z.number().int().min(1).max(MAX_FORK_CHILDREN);
 
+const { cpuMillis, memoryMiB, diskMiB, pids, requests } = ResourceFields.shape;
+/** The limits given replace the parent's, one by one (no defaults: what is not given stays the parent's). */
+export const ResourceOverrides = z.strictObject({
+  cpuMillis: cpuMillis.unwrap().optional(),
+  memoryMiB: memoryMiB.unwrap().optional(),
+  diskMiB: diskMiB.unwrap().optional(),
+  pids: pids.unwrap().optional(),
+  requests,
+});
+
 /**
  * `POST /v1/sandboxes/:id/fork`: N children whose files are the parent's at the fork point.
  * The parts given replace the parent's in every child (default: the parent's labels,
- * network policy, TTL and resources); everything else (image, env, workdir, user, class,
+ * network policy, TTL and resources, each limit on its own); everything else (image, env, workdir, user, class,
  * hidden paths, job) is the parent's.
  */
 export const ForkRequest = z.strictObject({
@@ -17,7 +27,7 @@ export const ForkRequest = z.strictObject({
   labels: CreateSandboxRequest.shape.labels.unwrap().optional(),
   network: NetworkPolicy.optional(),
   ttlSeconds: CreateSandboxRequest.shape.ttlSeconds.unwrap().optional(),
-  resources: Resources.optional(),
+  resources: ResourceOverrides.optional(),
 });
 export type ForkRequest = z.infer<typeof ForkRequest>;
 

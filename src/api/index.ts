@@ -7,6 +7,7 @@ export {
   ImageSpec,
   baseOf,
   Resources,
+  ResourceFields,
   reservationOf,
   SandboxClass,
   NetworkAllowRule,

@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { MAX_STACK_LAYERS, RollboxError, type CreateSandboxRequest, type ForkChild, type ForkRequest, type ForkResult, type Lineage, type Sandbox, type SnapshotForkRequest } from '../api/index.ts';
+import { MAX_STACK_LAYERS, Resources, RollboxError, type CreateSandboxRequest, type ForkChild, type ForkRequest, type ForkResult, type Lineage, type Sandbox, type SnapshotForkRequest } from '../api/index.ts';
 import { requireScope, type Principal } from '../iam/index.ts';
 import type { ForkRecords, LayerRegistry, SandboxRegistry } from '../registry/index.ts';
 import { toRollboxError, type NodeRequests } from './node-requests.ts';
@@ -12,6 +12,14 @@ export interface ForkServiceDeps {
   nodes: Pick<NodeRequests, 'sendOp'>;
   sandboxes: Pick<SandboxService, 'createPrepared'>;
   now: () => number;
+}
+
+/** The parent's limits with the ones given in their place; requests within the limits. */
+function resourcesOf(parent: Sandbox, overrides: ForkRequest['resources']): Resources {
+  if (!overrides) return parent.spec.resources;
+  const merged = Resources.safeParse({ ...parent.spec.resources, ...Object.fromEntries(Object.entries(overrides).filter(([, v]) => v !== undefined)) });
+  if (!merged.success) throw new RollboxError('invalid_request', `body.resources: ${merged.error.issues.map((i) => i.message).join('; ')} (the parent's, with the ones given: ${JSON.stringify(overrides)})`);
+  return merged.data;
 }
 
 /** Packing a writable layer takes about the time to read it once (as a snapshot does). */
@@ -48,9 +56,10 @@ export class ForkService {
     return this.idempotent(principal, idempotencyKey, { sandbox: id, request }, async () => {
       const parent = await this.deps.registry.getOwned(id, principal.tenant);
       if (parent.layerDigests.length + 1 > MAX_STACK_LAYERS) throw new RollboxError('invalid_request', `sandbox ${id} stacks ${parent.layerDigests.length} layers; its children would stack one more than the ${MAX_STACK_LAYERS} a sandbox may`);
+      const { count, resources, ...overrides } = request;
+      const childResources = resourcesOf(parent, resources); // checked before the parent is packed
       const point = await this.packParent(parent);
-      const { count, ...overrides } = request;
-      const spec: CreateSandboxRequest = { ...parent.spec, ...overrides, image: { ...parent.spec.image, layers: [...parent.spec.image.layers, point.forkLayer] } };
+      const spec: CreateSandboxRequest = { ...parent.spec, ...overrides, resources: childResources, image: { ...parent.spec.image, layers: [...parent.spec.image.layers, point.forkLayer] } };
       return this.makeChildren(principal, spec, count, point);
     });
   }
