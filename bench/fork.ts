@@ -15,7 +15,7 @@ import { progressBar, summarize } from '../src/report/index.ts';
 
 const SIZES_MIB = (process.env.BENCH_FORK_MIB ?? '16,64,256').split(',').map(Number);
 const COUNTS = (process.env.BENCH_FORK_CHILDREN ?? '1,8,32').split(',').map(Number);
-const RUNS = Number(process.env.BENCH_RUNS ?? 1);
+const RUNS = Number(process.env.BENCH_RUNS ?? 2);
 const FILES = 1000;
 
 const cluster = await startTestCluster({ workers: [{ nodeId: 'bench-fork' }] });
