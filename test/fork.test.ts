@@ -1,7 +1,6 @@
-import { spawn } from 'node:child_process';
-import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ForkResult, Sandbox } from '../src/api/index.ts';
+import { runRollbox } from './support/cli.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 
 let cluster: TestCluster;
@@ -36,18 +35,7 @@ const fork = async (id: string, body: Record<string, unknown>, headers: Record<s
 const get = async (id: string) => (await api<Sandbox>(cluster, token, 'GET', `/v1/sandboxes/${id}`)).body;
 const remove = async (ids: readonly (string | undefined)[]) => Promise.all(ids.filter((id): id is string => !!id).map((id) => api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`)));
 const registered = async (digest: string) => (await api(cluster, token, 'GET', `/v1/layers/${digest}`)).status === 200;
- /** The real `rollbox` command as a child process, against this cluster. */
-function rollbox(args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  const child = spawn(process.execPath, [path.join(import.meta.dirname, '..', 'bin/rollbox.js'), ...args], { env: { ...process.env, ROLLBOX_URL: cluster.url, ROLLBOX_TOKEN: token }, stdio: ['ignore', 'pipe', 'pipe'] });
-  let stdout = '';
-  let stderr = '';
-  child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
-  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
-  return new Promise((resolve, reject) => {
-    child.once('error', reject);
-    child.once('close', (code) => resolve({ code, stdout, stderr }));
-  });
-}
+const rollbox = (args: string[]) => runRollbox(args, { url: cluster.url, token });
 const CHECKSUM = 'find /data -type f | sort | xargs md5sum | md5sum';
 
 describe('fork', () => {

@@ -3,6 +3,7 @@ import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { RollboxError } from '../../api/index.ts';
 import { mkfsErofs } from '../../layers/index.ts';
+import { runTool } from '../../proc/index.ts';
 import { PackStage } from './pack-stage.ts';
 import { setFreezerState } from './cgroups.ts';
 
@@ -43,6 +44,9 @@ export async function packUpperDir(options: PackOptions): Promise<{ frozenMs: nu
   const stage = new PackStage(options.upperDir, path.join(path.dirname(options.upperDir), `pack-${process.pid}-${Date.now()}-${Math.random().toString(36).slice(2, 8)}`));
   let frozenMs = 0;
   try {
+    // Written-back first, while the sandbox runs: ext4 (data=ordered) makes the links' journal
+    // commit wait for the disk's dirty data, which would otherwise happen during the freeze.
+    await runTool('sync', ['--file-system', options.upperDir]);
     const staged = await frozen(options.freezerStateFile, () => {
       try {
         stage.build(Date.now());
