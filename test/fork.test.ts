@@ -155,6 +155,22 @@ describe('fork', () => {
     await remove([parent.id, ...pausedKids, ...hibernatedKids, ...snapKids]);
   });
 
+  it('a parent rewriting a large file all through the pack: the children get one whole version of it', async () => {
+    const parent = await create();
+    // 2 MiB (over what is copied outright while frozen), overwritten in place (one write of a whole version, same inode), again and again.
+    await sh(parent.id, 'mkdir /data && echo keep > /data/keep && for i in 0 1 2 3 4 5 6 7 8 9; do head -c 2097152 /dev/zero | tr "\\0" $i > /data/v$i; done; cp /data/v0 /data/big');
+    const writer = await api(cluster, token, 'POST', `/v1/sandboxes/${parent.id}/exec`, { cmd: 'i=0; while true; do i=$(( (i + 1) % 10 )); dd if=/data/v$i of=/data/big bs=2M count=1 conv=notrunc 2>/dev/null; done', background: true });
+    expect(writer.status, JSON.stringify(writer.body)).toBe(202);
+    await new Promise((r) => setTimeout(r, 300));
+    const r = await fork(parent.id, { count: 2 });
+    expect(r.status, JSON.stringify(r.body)).toBe(201);
+    for (const child of r.body.children) {
+      // One version: 2 MiB of a single digit (a torn copy would mix two, or be short).
+      expect(await sh(child.id!, 'cat /data/keep; wc -c < /data/big; tr -d "\\n" < /data/big | fold -w 1 | sort -u | wc -l')).toMatch(/^keep\n2097152\n1\n$/);
+    }
+    await remove([parent.id, ...r.body.children.map((c) => c.id)]);
+  });
+
   it('answers bad input with coded errors, and an Idempotency-Key forks once', async () => {
     const parent = await create();
     for (const count of [0, 65, 1.5]) {
