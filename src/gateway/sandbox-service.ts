@@ -63,8 +63,8 @@ export class SandboxService {
 
   /** With `run`, the host runs it once the sandbox runs and discards the sandbox: `ran` is its result (none: the host was lost meanwhile). */
   async create(principal: Principal, request: CreateSandboxRequest, idempotencyKey: string | undefined, run?: RunOnce): Promise<{ sandbox: Sandbox; replayed: boolean; ran?: Ran }> {
-    requireScope(principal, 'sandbox:create');
     return countedCreate(this.deps, principal.tenant, request, async () => {
+      requireScope(principal, 'sandbox:create');
       if (request.image.ref !== undefined) request = { ...request, image: await this.deps.resolveImage(request.image) };
       const { layerDigests, image } = await this.deps.images.resolveStack(request.image);
       const resolved = { ...withImageDefaults(request, image?.config), resources: withDefaultRequests(request.resources, this.deps.config.defaultRequests) };
