@@ -10,14 +10,14 @@ import { serve } from '@hono/node-server';
 import type { Redis } from 'ioredis';
 import pino, { type Logger } from 'pino';
 import type { Config } from './config/index.ts';
-import { startingAnswer, BatchRunner, BatchService, ExecService, FilesService, Janitor, LayerCollector, NodeRequests, PoolService, RunService, SandboxService, createGateway, createMetrics, newId, runTask, type LayerBuilder } from './gateway/index.ts';
+import { startingAnswer, BatchRunner, BatchService, ExecService, ForkService, FilesService, Janitor, LayerCollector, NodeRequests, PoolService, RunService, SandboxService, createGateway, createMetrics, newId, runTask, type LayerBuilder } from './gateway/index.ts';
 import { createTokenIssuer, createTokenVerifier, loadOrCreateHsSecret } from './iam/index.ts';
 import { BurstController, CommandProvider, LocalProvider, TraceRecorder, type CloudProvider } from './burst/index.ts';
 import { ExtractWorkers, LayerMounts, LayerStore, MemoryScratch, buildBusyboxBase, buildLayerFromTar } from './layers/index.ts';
 import { LazyLayers } from './layers/lazy/index.ts';
 import { NodeDirectory, ReplyHub } from './queues/index.ts';
 import { BlockingPool, connectRedis, redactedRedisUrl, startRedisServer, waitForRedis, type RedisServerHandle, type RedisWaitState } from './redis/index.ts';
-import { BatchStore, CommandLog, ImagePullRecords, ImageRegistry, LayerRegistry, PoolRegistry, SandboxRegistry, keys } from './registry/index.ts';
+import { BatchStore, CommandLog, ForkRecords, ImagePullRecords, ImageRegistry, LayerRegistry, PoolRegistry, SandboxRegistry, keys } from './registry/index.ts';
 import { ImagePulls, ImportHolds, importImage, pullImage, resolveImageRef } from './images/index.ts';
 import { RegistryRepository, loadDockerConfig } from './oci-registry/index.ts';
 import { WorkerHost } from './workers/index.ts';
@@ -123,6 +123,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const resolveImage = resolveImageRef(imagePulls, config.imagePull.waitMs);
   const pools = new PoolService({ pools: new PoolRegistry(redis, now), images, resolveImage, directory, placement: { choices: config.placement.choices, staleAfterMs: config.node.lostAfterMs }, defaultRequests: config.defaultRequests, now, random: Math.random });
   const sandboxes = new SandboxService({ config, registry, layers, images, resolveImage, directory, nodes, metrics, now, random: Math.random, burst, pools });
+  const forks = new ForkService({ registry, layers, forks: new ForkRecords(redis), nodes, sandboxes, now });
   const execs = new ExecService({ redis, blocking, registry, commands, nodes, metrics, now });
   const files = new FilesService({ config, redis, registry, nodes });
   const runs = new RunService({ sandboxes, redis, fetchMaxBytes: config.files.maxBytes, now });
@@ -144,6 +145,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     redis,
     verifier,
     sandboxes,
+    forks,
     execs,
     files,
     pools,

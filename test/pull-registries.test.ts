@@ -1,4 +1,3 @@
-import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import fs from 'node:fs/promises';
 import os from 'node:os';
@@ -7,6 +6,7 @@ import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ImageRecord, Layer } from '../src/api/index.ts';
 import { startGatewayRole } from '../src/main.ts';
+import { runRollbox } from './support/cli.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { busyboxEntries } from './support/image-fixture.ts';
 import { layerTar, ociImage, ociLayout, type ImageDef } from './support/oci.ts';
@@ -20,7 +20,6 @@ import { startRegistryProxy, startTestRegistry, type RegistryProxy, type TestReg
  * mirrors in front of a registry, plain HTTP only where configured, and the CLI.
  */
 
-const REPO_ROOT = path.resolve(import.meta.dirname, '..');
 const BASIC_PASSWORD = `basic-${randomBytes(6).toString('hex')}`;
 const TOKEN_PASSWORD = `token-${randomBytes(6).toString('hex')}`;
 
@@ -231,17 +230,7 @@ describe('mirrors and plain HTTP', () => {
 });
 
 describe('rollbox image pull (CLI)', () => {
-  function rollbox(args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
-    const child = spawn(process.execPath, [path.join(REPO_ROOT, 'bin/rollbox.js'), ...args], { cwd: dir, env: { ...process.env, ROLLBOX_URL: cluster.url, ROLLBOX_TOKEN: token }, stdio: ['ignore', 'pipe', 'pipe'] });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
-    child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
-    return new Promise((resolve, reject) => {
-      child.once('error', reject);
-      child.once('close', (code) => resolve({ code, stdout, stderr }));
-    });
-  }
+  const rollbox = (args: string[]) => runRollbox(args, { url: cluster.url, token, cwd: dir });
 
   it('pulls with a progress bar and a summary, or --json; a ref that cannot be pulled exits 1 with its code', async () => {
     const def: ImageDef = { layers: [await layerTar(busyboxEntries()), await layerTar([{ name: 'cli', content: randomBytes(300_000) }])] };

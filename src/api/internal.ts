@@ -119,7 +119,8 @@ export const Reply = z.discriminatedUnion('kind', [
   /** workerMs: from the worker host taking the op to sending this reply (the Server-Timing `worker` entry). */
   z.object({ kind: z.literal('exec'), requestId: z.string(), result: ExecResult, workerMs: z.number().optional() }),
   z.object({ kind: z.literal('done'), requestId: z.string() }),
-  z.object({ kind: z.literal('snapshot'), requestId: z.string(), digest: z.string(), sizeBytes: z.number() }),
+  /** frozenMs: how long the sandbox was frozen while its writable layer was packed. */
+  z.object({ kind: z.literal('snapshot'), requestId: z.string(), digest: z.string(), sizeBytes: z.number(), frozenMs: z.number().optional() }),
   z.object({ kind: z.literal('files'), requestId: z.string(), tar: z.boolean(), sizeBytes: z.number() }),
   z.object({ kind: z.literal('error'), requestId: z.string(), error: ReplyError }),
 ]);

@@ -169,6 +169,17 @@ export function isTerminal(state: SandboxState): boolean {
   return TERMINAL_STATES.includes(state);
 }
 
+/** Where a child came from: recorded on its sandbox record, shown by `GET /v1/sandboxes/:id`. */
+export const Lineage = z.object({
+  /** The parent: a sandbox id (`sbx_...`), or a snapshot's layer digest. */
+  parent: z.string(),
+  parentKind: z.enum(['sandbox', 'snapshot']),
+  /** The fork point: the read-only layer holding the parent's writable layer at that moment, shared by every child. */
+  forkLayer: LayerDigest,
+  forkedAt: z.string(),
+});
+export type Lineage = z.infer<typeof Lineage>;
+
 /** The sandbox record kept in Redis and returned by the API. */
 export const Sandbox = z.object({
   id: z.string(),
@@ -191,6 +202,8 @@ export const Sandbox = z.object({
   oomKills: z.number().int().default(0),
   /** The warm pool it was taken from (absent: a cold create). */
   pool: z.string().optional(),
+  /** A fork's child: its parent and fork point. */
+  lineage: Lineage.optional(),
 });
 export type Sandbox = z.infer<typeof Sandbox>;
 

@@ -5,6 +5,7 @@ import { registerBatchCommands } from './batch.ts';
 import { addBurstRecordCommand } from './burst-record.ts';
 import { registerBurstCommands } from './burst.ts';
 import { registerImageCommands } from './image.ts';
+import { registerSandboxCommands } from './sandbox.ts';
 import { createLogger, ensureBaseLayer, startEmbedded, startGatewayRole, startWorkerRole } from '../main.ts';
 
 /** Flags override the environment; the result is parsed once into a Config. */
@@ -118,6 +119,7 @@ export async function runCli(argv: string[]): Promise<void> {
   registerBurstCommands(program);
   registerBatchCommands(program);
   registerImageCommands(program);
+  registerSandboxCommands(program);
   addBurstRecordCommand(program);
 
   try {

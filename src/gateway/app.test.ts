@@ -3,7 +3,7 @@ import os from 'node:os';
 import path from 'node:path';
 import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { BurstPolicy, ERROR_CODES, RollboxError, type CommandStatus, type ErrorCode, type ExecResult, type Layer, type Sandbox, type Scope } from '../api/index.ts';
+import { BurstPolicy, ERROR_CODES, RollboxError, type CommandStatus, type ErrorCode, type ExecResult, type ForkResult, type Layer, type Sandbox, type Scope } from '../api/index.ts';
 import { createTokenIssuer, createTokenVerifier, type JwtConfig } from '../iam/index.ts';
 import { createGateway, type GatewayDeps } from './app.ts';
 import { createMetrics } from './metrics.ts';
@@ -40,6 +40,18 @@ const answer = async <T>(value: T): Promise<T> => {
   return value;
 };
 
+const FORK: ForkResult = {
+  parent: 'sbx_1',
+  parentKind: 'sandbox',
+  forkLayer: DIGEST,
+  forkedAt: SANDBOX.createdAt,
+  parentFrozenMs: 12,
+  processes: false,
+  children: [{ id: 'sbx_c1', state: 'running' }, { error: { code: 'no_capacity', message: 'no room' } }],
+  created: 1,
+  refused: 1,
+};
+
 const deps: Omit<GatewayDeps, 'verifier'> = {
   config: { http: { host: '127.0.0.1', port: 0, bodyLimitBytes: 4096, layerUploadLimitBytes: 1 << 20 }, files: { maxBytes: 8192 }, runCodeLanguages: {} },
   redis: { ping: async () => 'PONG' },
@@ -52,6 +64,10 @@ const deps: Omit<GatewayDeps, 'verifier'> = {
     setJobPaused: (_p, job) => answer({ job, results: [{ id: SANDBOX.id, outcome: 'done', state: 'paused' }] }),
     snapshot: () => answer(LAYER),
     setPolicy: () => answer(SANDBOX),
+  },
+  forks: {
+    forkSandbox: (_p, id, r, key) => answer({ result: { ...FORK, parent: id, children: FORK.children.slice(0, r.count) }, replayed: key === 'seen' }),
+    forkSnapshot: (_p, digest, r) => answer({ result: { ...FORK, parent: digest, parentKind: 'snapshot', children: FORK.children.slice(0, r.count) }, replayed: false }),
   },
   batches: {
     submit: () => answer(undefined as never),
@@ -149,6 +165,9 @@ const ROUTES: Route[] = [
   { method: 'POST', path: '/v1/jobs/train-42/resume', status: 200, fails: 'internal' },
   { method: 'POST', path: '/v1/sandboxes/sbx_1/snapshot', body: { name: 'env-17' }, status: 201, fails: 'invalid_state' },
   { method: 'PATCH', path: '/v1/sandboxes/sbx_1/policy', body: { hiddenPaths: ['/grader'] }, status: 200, fails: 'conflict' },
+  { method: 'POST', path: '/v1/sandboxes/sbx_1/fork', body: { count: 2, labels: { branch: 'a' } }, status: 201, fails: 'invalid_state' },
+  { method: 'POST', path: '/v1/sandboxes/sbx_1/fork', body: { count: 1 }, headers: { 'idempotency-key': 'seen' }, status: 200, fails: 'quota_exceeded' },
+  { method: 'POST', path: `/v1/snapshots/${DIGEST}/fork`, body: { count: 2, env: { A: '1' } }, status: 201, fails: 'not_found' },
   { method: 'GET', path: '/v1/sandboxes/sbx_1/files?path=/etc/hostname', status: 200, fails: 'payload_too_large' },
   { method: 'PUT', path: '/v1/sandboxes/sbx_1/files?path=/root/a', body: 'bytes', status: 200, fails: 'invalid_archive' },
   { method: 'POST', path: '/v1/layers?name=tools', body: 'tar bytes', status: 201, fails: 'invalid_layer' },
@@ -194,6 +213,10 @@ describe('gateway routes, in process', () => {
       [{ method: 'GET', path: '/v1/sandboxes/sbx_1/commands?limit=0', status: 400, fails: 'internal' }, /query\.limit/],
       [{ method: 'POST', path: '/v1/layers?name=Not%20A%20Name', body: 'x', status: 400, fails: 'internal' }, /query\.name/],
       [{ method: 'PATCH', path: '/v1/sandboxes/sbx_1/policy', body: {}, status: 400, fails: 'internal' }, /network, hiddenPaths or both/],
+      [{ method: 'POST', path: '/v1/sandboxes/sbx_1/fork', body: { count: 0 }, status: 400, fails: 'internal' }, /body\.count/],
+      [{ method: 'POST', path: '/v1/sandboxes/sbx_1/fork', body: { count: 65 }, status: 400, fails: 'internal' }, /body\.count/],
+      [{ method: 'POST', path: '/v1/sandboxes/sbx_1/fork', body: { count: 2, image: { base: 'busybox' } }, status: 400, fails: 'internal' }, /image/],
+      [{ method: 'POST', path: '/v1/snapshots/not-a-digest/fork', body: { count: 2 }, status: 400, fails: 'internal' }, /digest/],
     ];
     for (const [route, message] of cases) {
       const r = await call(route, { token });

@@ -14,6 +14,7 @@ import { NDJSON, registerBatchRoutes, type BatchApi } from './routes/batches.ts'
 import { registerClusterRoutes, type BurstApi } from './routes/cluster.ts';
 import { registerCommandRoutes, type ExecApi } from './routes/commands.ts';
 import { registerFilesRoutes, type FilesApi } from './routes/files.ts';
+import { registerForkRoutes, type ForkApi } from './routes/forks.ts';
 import { registerImageRoutes, type ImageRouteDeps } from './routes/images.ts';
 import { registerLayerRoutes, type LayerBuilder, type LayerRouteDeps } from './routes/layers.ts';
 import { registerPoolRoutes, type PoolApi } from './routes/pools.ts';
@@ -29,6 +30,7 @@ export interface GatewayDeps {
   redis: Pick<Redis, 'ping'>;
   verifier: TokenVerifier;
   sandboxes: SandboxApi;
+  forks: ForkApi;
   execs: ExecApi;
   files: FilesApi;
   pools: PoolApi;
@@ -85,6 +87,7 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   app.use('/v1/sandboxes/*', (c, next) => (/^\/v1\/sandboxes\/[^/]+\/files$/.test(c.req.path) ? filesLimit(c, next) : jsonLimit(c, next)));
   app.use('/v1/sandboxes', jsonLimit);
   app.use('/v1/jobs/*', jsonLimit);
+  app.use('/v1/snapshots/*', jsonLimit);
   app.use('/v1/pools/*', jsonLimit);
   app.use('/v1/run', jsonLimit);
   app.use('/v1/images/pull', jsonLimit);
@@ -95,6 +98,7 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   app.use('/run_code', authenticateFromUrl(deps.verifier), jsonLimit);
 
   registerSandboxRoutes(app, deps.sandboxes);
+  registerForkRoutes(app, deps.forks);
   registerCommandRoutes(app, deps.execs);
   registerFilesRoutes(app, deps.files);
   registerPoolRoutes(app, deps.pools);

@@ -1,6 +1,8 @@
 export { createGateway } from './app.ts';
 export type { GatewayDeps, LayerBuilder } from './app.ts';
 export { SandboxService } from './sandbox-service.ts';
+export { ForkService } from './fork-service.ts';
+export type { ForkServiceDeps } from './fork-service.ts';
 export type { SandboxServiceDeps } from './sandbox-service.ts';
 export { ExecService } from './exec-service.ts';
 export type { ExecServiceDeps, ExecEvent } from './exec-service.ts';

@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { RollboxError, isTerminal, newId, withImageDefaults, type CreateSandboxRequest, type ImageSpec, type JobActionResult, type Layer, type ListSandboxesQuery } from '../api/index.ts';
+import { RollboxError, isTerminal, newId, withImageDefaults, type CreateSandboxRequest, type ImageSpec, type JobActionResult, type Layer, type Lineage, type ListSandboxesQuery } from '../api/index.ts';
 import type { PauseRequest, PolicyPatch, Ran, Reply, RunOnce, Sandbox, SnapshotRequest } from '../api/index.ts';
 import type { Config } from '../config/index.ts';
 import { requireScope, type Principal } from '../iam/index.ts';
@@ -9,6 +9,7 @@ import type { GatewayMetrics } from './metrics.ts';
 import { networkUnavailable, placementOf, withDefaultRequests } from './placement-of.ts';
 import type { PoolService } from './pool-service.ts';
 import { settledOrThrow, toRollboxError, type NodeRequests } from './node-requests.ts';
+import { countedCreate } from './create-metrics.ts';
 
 /** Cloud burst routing and the create trace (src/burst); without it every create goes to the local pool. */
 export interface CreateRouting {
@@ -40,6 +41,14 @@ export interface SandboxServiceDeps {
   pools?: Pick<PoolService, 'claim' | 'giveBack'>;
 }
 
+/** A create whose image is resolved: what is admitted and started. */
+export interface PreparedCreate {
+  request: CreateSandboxRequest;
+  layerDigests: string[];
+  /** A fork's child: recorded on it. */
+  lineage?: Lineage;
+}
+
 /** Lifecycle operations (destroy, pause, resume) take milliseconds; this bounds a lost reply. */
 const LIFECYCLE_REPLY_TIMEOUT_MS = 30_000;
 /** Packing a large writable layer takes a while (about the time to read it once). */
@@ -54,35 +63,37 @@ export class SandboxService {
 
   /** With `run`, the host runs it once the sandbox runs and discards the sandbox: `ran` is its result (none: the host was lost meanwhile). */
   async create(principal: Principal, request: CreateSandboxRequest, idempotencyKey: string | undefined, run?: RunOnce): Promise<{ sandbox: Sandbox; replayed: boolean; ran?: Ran }> {
-    const { creates } = this.deps.metrics;
-    const arrivedAtMs = this.deps.now();
-    try {
-      const outcome = await this.createOnce(principal, request, idempotencyKey, run);
-      creates.inc({ outcome: outcome.replayed ? 'replayed' : outcome.sandbox.state });
-      if (!outcome.replayed) this.deps.burst?.recordCreate(arrivedAtMs, principal.tenant, request, outcome.sandbox);
-      return outcome;
-    } catch (err) {
-      creates.inc({ outcome: err instanceof RollboxError ? err.code : 'internal' });
-      if (err instanceof RollboxError && ['no_capacity', 'admission_exhausted', 'timeout', 'node_lost'].includes(err.code)) this.deps.burst?.recordCreate(arrivedAtMs, principal.tenant, request, undefined);
-      throw err;
-    }
+    return countedCreate(this.deps, principal.tenant, request, async () => {
+      requireScope(principal, 'sandbox:create');
+      if (request.image.ref !== undefined) request = { ...request, image: await this.deps.resolveImage(request.image) };
+      const { layerDigests, image } = await this.deps.images.resolveStack(request.image);
+      const resolved = { ...withImageDefaults(request, image?.config), resources: withDefaultRequests(request.resources, this.deps.config.defaultRequests) };
+      return this.launch(principal, { request: resolved, layerDigests }, idempotencyKey, run);
+    });
   }
 
-  private async createOnce(principal: Principal, request: CreateSandboxRequest, idempotencyKey: string | undefined, run?: RunOnce): Promise<{ sandbox: Sandbox; replayed: boolean; ran?: Ran }> {
+  /**
+   * A sandbox whose layers are already known (a fork's child): admitted and started as a
+   * create is, never from a warm pool nor burst to the cloud (its layers are fresh).
+   */
+  async createPrepared(principal: Principal, prepared: PreparedCreate): Promise<Sandbox> {
     requireScope(principal, 'sandbox:create');
+    const request = { ...prepared.request, resources: withDefaultRequests(prepared.request.resources, this.deps.config.defaultRequests) };
+    return (await countedCreate(this.deps, principal.tenant, request, () => this.launch(principal, { ...prepared, request }, undefined))).sandbox;
+  }
+
+  private async launch(principal: Principal, prepared: PreparedCreate, idempotencyKey: string | undefined, run?: RunOnce): Promise<{ sandbox: Sandbox; replayed: boolean; ran?: Ran }> {
     const { registry, config, directory } = this.deps;
-    if (request.image.ref !== undefined) request = { ...request, image: await this.deps.resolveImage(request.image) };
-    const { layerDigests, image } = await this.deps.images.resolveStack(request.image);
-    request = { ...withImageDefaults(request, image?.config), resources: withDefaultRequests(request.resources, config.defaultRequests) };
+    const { request, layerDigests, lineage } = prepared;
     const local = { ...placementOf(request), pool: config.node.pool, exclude: new Set<string>() };
     // A ready sandbox of a warm pool takes the place of a cold start: its id is the sandbox's.
-    const claimed = await this.deps.pools?.claim(request, layerDigests, local);
+    const claimed = lineage ? undefined : await this.deps.pools?.claim(request, layerDigests, local);
     const id = claimed?.sandboxId ?? newId('sbx');
     // A node that joined since the last snapshot refresh should not mean "no capacity".
     const placeFresh = async (p: PlacementRequest) => this.place(p) ?? (await directory.refresh().then(() => this.place(p)));
     const routed = claimed
       ? { placement: local, node: claimed.nodeId }
-      : this.deps.burst
+      : this.deps.burst && !lineage
         ? await this.deps.burst.placeCreate(id, request, layerDigests, local, placeFresh)
         : { placement: local, node: await placeFresh(local) };
     const placement = { ...routed.placement, exclude: new Set<string>() };
@@ -92,7 +103,7 @@ export class SandboxService {
     directory.assume(node, id, placement);
 
     const nowMs = this.deps.now();
-    const record: Sandbox = { id, tenant: principal.tenant, state: 'pending', node, spec: request, layerDigests, createdAt: new Date(nowMs).toISOString(), oomKills: 0, ...(claimed ? { pool: claimed.pool } : {}) };
+    const record: Sandbox = { id, tenant: principal.tenant, state: 'pending', node, spec: request, layerDigests, createdAt: new Date(nowMs).toISOString(), oomKills: 0, ...(claimed ? { pool: claimed.pool } : {}), ...(lineage ? { lineage } : {}) };
     const requestHash = createHash('sha256').update(JSON.stringify(request)).digest('hex');
     const admitted = await registry.admit({
       record,
@@ -103,6 +114,7 @@ export class SandboxService {
     });
     if (claimed && admitted.kind !== 'created') await this.deps.pools!.giveBack(claimed);
     if (admitted.kind === 'quota') {
+      directory.forget(node, id);
       throw new RollboxError('quota_exceeded', `tenant ${principal.tenant} has ${admitted.liveCount} live sandboxes, the limit is ${config.quota.maxLiveSandboxesPerTenant}`, 10);
     }
     if (admitted.kind === 'exists') {
@@ -114,7 +126,7 @@ export class SandboxService {
     if (started.kind === 'started') return { sandbox: started.sandbox, replayed: false, ...(started.ran ? { ran: started.ran } : {}) };
     if (started.kind === 'timeout') return { sandbox: settledOrThrow(await this.onCreateTimeout(id, principal.tenant)), replayed: false };
     // Lost as it started, before this call answered: a new sandbox takes its place (and its Idempotency-Key).
-    if (started.kind === 'lost') return registry.releaseIdempotencyKey(principal.tenant, idempotencyKey).then(() => this.createOnce(principal, request, idempotencyKey, run));
+    if (started.kind === 'lost') return registry.releaseIdempotencyKey(principal.tenant, idempotencyKey).then(() => this.launch(principal, prepared, idempotencyKey, run));
     await registry.transition(id, 'failed', { from: ['pending'], failureReason: 'admission_exhausted', detail: started.detail });
     await registry.releaseIdempotencyKey(principal.tenant, idempotencyKey);
     throw new RollboxError('admission_exhausted', started.detail, 5);

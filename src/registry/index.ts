@@ -12,3 +12,5 @@ export { ImageRegistry } from './images.ts';
 export { ImagePullRecords } from './image-pulls.ts';
 export type { PullClaim } from './image-pulls.ts';
 export { PrefetchLists } from './prefetch.ts';
+export { ForkRecords } from './forks.ts';
+export type { ForkClaim } from './forks.ts';

@@ -14,6 +14,8 @@ export const keys = {
   /** A worker host's inbox of one lane (see src/queues/inbox.ts); `<key>:taken` holds what it works on. */
   inbox: (nodeId: string, lane: string) => `rb:inbox:${nodeId}:${lane}`,
   idempotency: (tenant: string, key: string) => `rb:idem:${tenant}:${key}`,
+  /** A fork's Idempotency-Key: its request hash, then its answer once every child has settled. */
+  forkIdempotency: (tenant: string, key: string) => `rb:idem-fork:${tenant}:${key}`,
   /** Sandboxes not yet running, scored by the time after which they count as stuck. */
   unsettled: 'rb:unsettled',
   nodes: 'rb:nodes',

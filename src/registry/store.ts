@@ -9,6 +9,7 @@ import {
   type SandboxState,
   SandboxState as SandboxStateSchema,
   CreateSandboxRequest,
+  Lineage,
 } from '../api/index.ts';
 import { keys } from './keys.ts';
 import { LuaScript } from '../redis/index.ts';
@@ -67,6 +68,7 @@ function toFields(record: Sandbox): string[] {
     expiresAt: record.expiresAt,
     oomKills: String(record.oomKills),
     pool: record.pool,
+    lineage: record.lineage && JSON.stringify(record.lineage),
   };
   return Object.entries(fields).flatMap(([k, v]) => (v === undefined ? [] : [k, v]));
 }
@@ -89,6 +91,7 @@ function fromHash(hash: Record<string, string>): Sandbox | undefined {
     expiresAt: hash.expiresAt,
     oomKills: Number(hash.oomKills ?? 0),
     ...(hash.pool ? { pool: hash.pool } : {}),
+    ...(hash.lineage ? { lineage: Lineage.parse(JSON.parse(hash.lineage)) } : {}),
   };
 }
 

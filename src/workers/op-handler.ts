@@ -157,17 +157,17 @@ export class OpHandler {
     await ctx.deps.registry.transition(sandboxId, paused ? 'paused' : 'running', { from: [paused ? 'running' : 'paused'], node: ctx.nodeId });
   }
 
-  private async packWritableLayer(sandboxId: string, requestId: string, exclude: readonly string[]): Promise<{ digest: string; sizeBytes: number }> {
+  private async packWritableLayer(sandboxId: string, requestId: string, exclude: readonly string[]): Promise<{ digest: string; sizeBytes: number; frozenMs: number }> {
     const { ctx } = this;
     ctx.requireLocal(sandboxId);
     await mkdir(ctx.deps.tmpDir, { recursive: true });
     const outPath = path.join(ctx.deps.tmpDir, `pack-${requestId}.erofs`);
     try {
-      await ctx.deps.runtime.snapshot(sandboxId, { outPath, excludePaths: exclude });
+      const { frozenMs } = await ctx.deps.runtime.snapshot(sandboxId, { outPath, excludePaths: exclude });
       const stored = await ctx.deps.storeLayerImage(outPath);
-      // Unreferenced until the hibernated sandbox or the snapshot's record names it.
+      // Unreferenced until the hibernated sandbox, the snapshot's record or a fork's children name it.
       await ctx.layers.pin(stored.digest, ctx.now() + LAYER_PIN_MS);
-      return stored;
+      return { ...stored, frozenMs };
     } finally {
       await rm(outPath, { force: true });
     }

@@ -142,6 +142,28 @@ def create_request(
     return Request("POST", "/v1/sandboxes", body, headers={"idempotency-key": key}, retry_for=timeouts.create, read_timeout=timeouts.create)
 
 
+def fork_request(
+    path: str,
+    count: int,
+    fields: Mapping[str, Any],
+    *,
+    idempotency_key: Optional[str],
+    timeouts: Timeouts,
+) -> Request:
+    """A fork (`path`: a sandbox's or a snapshot's fork route); the fields left as None are left out (the parent's apply)."""
+    body: Dict[str, Any] = {"count": count}
+    for key, value in fields.items():
+        if value is not None:
+            body[key] = value
+    # One key on every retry: one fork (one pack of the parent, one set of children), however often it is retried.
+    key = idempotency_key or new_id("py-fork")
+    return Request("POST", path, body, headers={"idempotency-key": key}, retry_for=timeouts.create, read_timeout=timeouts.create)
+
+
+def snapshot_path(digest: str, tail: str = "") -> str:
+    return f"/v1/snapshots/{quote(digest, safe=':')}{tail}"
+
+
 def exec_body(cmd: Union[str, Sequence[str]], *, stdin: Optional[str], env: Optional[Mapping[str, str]], cwd: Optional[str],
               timeout: Optional[float], command_id: Optional[str], background: bool = False) -> Dict[str, Any]:
     body: Dict[str, Any] = {"cmd": cmd} if isinstance(cmd, str) else {"argv": list(cmd)}

@@ -141,6 +141,13 @@ class AsyncSandboxes:
         record = await self._client._call(request)
         return AsyncSandbox(self._client, record["id"], record)
 
+    async def fork_snapshot(self, digest: str, count: int, *, resources: Optional[Mapping[str, Any]] = None, network: Optional[Mapping[str, Any]] = None,
+                      env: Optional[Mapping[str, str]] = None, labels: Optional[Mapping[str, str]] = None, job: Optional[str] = None,
+                      workdir: Optional[str] = None, ttl_seconds: Optional[int] = None, idempotency_key: Optional[str] = None) -> Dict[str, Any]:
+        """`count` children on a snapshot (the digest `snapshot()` answered), with the settings a create takes; the answer as `Sandbox.fork`'s."""
+        fields = {"resources": resources, "network": network, "env": env, "labels": labels, "job": job, "workdir": workdir, "ttlSeconds": ttl_seconds}
+        return await self._client._call(core.fork_request(core.snapshot_path(digest, "/fork"), count, fields, idempotency_key=idempotency_key, timeouts=self._client.timeouts))
+
     async def get(self, sandbox_id: str) -> "AsyncSandbox":
         return AsyncSandbox(self._client, sandbox_id, await self._client._call(core.Request("GET", core.sandbox_path(sandbox_id))))
 
@@ -247,6 +254,18 @@ class AsyncSandbox:
         if exclude is not None:
             body["exclude"] = list(exclude)
         return await self._client._call(core.Request("POST", core.sandbox_path(self.id, "/snapshot"), body, replayable=False))
+
+    async def fork(self, count: int, *, labels: Optional[Mapping[str, str]] = None, network: Optional[Mapping[str, Any]] = None,
+             ttl_seconds: Optional[int] = None, resources: Optional[Mapping[str, Any]] = None, idempotency_key: Optional[str] = None) -> Dict[str, Any]:
+        """
+        `count` (1-64) children from this sandbox's current state (running, paused or
+        hibernated): the answer lists them in order (`id`, `state`, or a coded `error` for one
+        refused), with `forkLayer`, `parentFrozenMs` and `processes` (False: files, not
+        processes). Labels, network, TTL and each resource limit given replace the parent's.
+        Retried with one Idempotency-Key: a retry answers the same children.
+        """
+        fields = {"labels": labels, "network": network, "ttlSeconds": ttl_seconds, "resources": resources}
+        return await self._client._call(core.fork_request(core.sandbox_path(self.id, "/fork"), count, fields, idempotency_key=idempotency_key, timeouts=self._client.timeouts))
 
     async def set_policy(self, *, network: Optional[Mapping[str, Any]] = None, hidden_paths: Optional[Sequence[str]] = None) -> "AsyncSandbox":
         body: Dict[str, Any] = {}

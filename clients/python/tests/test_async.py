@@ -46,10 +46,19 @@ def test_async_client_covers_the_same_surface(stack, tmp_path):
                 assert (await sb.resume()).state == "running"
                 await sb.set_policy(hidden_paths=["/work"])
                 assert (await sb.exec("cat /work/f")).exit_code != 0
+                await sb.exec("echo f > /root/forked")
+                forked = await sb.fork(1, ttl_seconds=120)
+                assert forked["created"] == 1 and forked["parent"] == sb.id
+                async with client.sandbox(forked["children"][0]["id"]) as child:
+                    assert (await child.exec("cat /root/forked")).stdout == "f\n"
+                    assert (await child.refresh()).record["lineage"]["parent"] == sb.id
                 layer = await sb.snapshot(name=f"py-async-{uuid.uuid4().hex[:8]}")
+                from_snap = await client.sandboxes.fork_snapshot(layer["digest"], 1)
+                async with client.sandbox(from_snap["children"][0]["id"]) as child:
+                    assert (await child.exec("cat /root/forked")).stdout == "f\n"
                 assert (await client.layers.get(layer["digest"]))["digest"] == layer["digest"]
                 assert any(l["digest"] == layer["digest"] for l in await client.layers.list())
-                assert [s.id for s in await client.sandboxes.list(job=job)] == [sb.id]
+                assert [s.id for s in await client.sandboxes.list(job=job, state="running")] == [sb.id]  # its (ended) fork children carry the job too
                 assert (await client.jobs.pause(job))["results"][0]["outcome"] == "done"
                 assert (await client.jobs.resume(job))["results"][0]["outcome"] == "done"
                 assert (await (await client.sandboxes.get(sb.id)).refresh()).state == "running"

@@ -136,6 +136,35 @@ def test_snapshot_and_layers(client, sandbox):
         assert sb.exec("cat /etc/py-layer").stdout == "from python\n"
 
 
+def test_fork_into_children_and_from_a_snapshot(client, sandbox):
+    sandbox.exec("echo parent > /root/state")
+    key = f"py-fork-{uuid.uuid4().hex}"
+    answer = sandbox.fork(3, labels={"branch": "py"}, resources={"memoryMiB": 96}, idempotency_key=key)
+    assert (answer["parent"], answer["created"], answer["refused"], answer["processes"]) == (sandbox.id, 3, 0, False)
+    assert sandbox.fork(3, labels={"branch": "py"}, resources={"memoryMiB": 96}, idempotency_key=key)["children"] == answer["children"]
+    children = [client.sandbox(c["id"]) for c in answer["children"]]
+    try:
+        children[0].exec("echo mine > /root/state")
+        for child in children[1:]:
+            assert child.exec("cat /root/state").stdout == "parent\n"
+            record = child.refresh().record
+            assert record["lineage"] == {"parent": sandbox.id, "parentKind": "sandbox", "forkLayer": answer["forkLayer"], "forkedAt": answer["forkedAt"]}
+            assert (record["spec"]["labels"], record["spec"]["resources"]["memoryMiB"]) == ({"branch": "py"}, 96)
+        assert sandbox.exec("cat /root/state").stdout == "parent\n"
+        with pytest.raises(rollbox.InvalidRequest):
+            sandbox.fork(65)
+        with pytest.raises(rollbox.NotFound):
+            client.sandbox("sbx_nope").fork(1)
+        layer = sandbox.snapshot(name=f"py-fork-snap-{uuid.uuid4().hex[:8]}")
+        from_snap = client.sandboxes.fork_snapshot(layer["digest"], 1, env={"WHO": "snap"})
+        assert from_snap["parentKind"] == "snapshot" and from_snap["created"] == 1
+        with client.sandbox(from_snap["children"][0]["id"]) as child:
+            assert child.exec("cat /root/state; echo $WHO").stdout == "parent\nsnap\n"
+    finally:
+        for child in children:
+            child.delete()
+
+
 def test_jobs_pause_and_resume(client):
     job = f"job-{uuid.uuid4().hex[:8]}"
     sbs = [client.sandboxes.create(job=job) for _ in range(2)]

@@ -58,7 +58,7 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
       checkSandboxId(id);
       const upperDir = await upperDirOfBundle(layout.bundleOf(id));
       const freezerState = await freezerStateFile(ctx, id);
-      await withDiskOnHost(ctx, id, () => packUpperDir({ upperDir, freezerStateFile: freezerState, ...options }));
+      return withDiskOnHost(ctx, id, () => packUpperDir({ upperDir, freezerStateFile: freezerState, ...options }));
     },
     applyPolicy: (id, change) => {
       checkSandboxId(id);

@@ -112,9 +112,10 @@ export interface SandboxRuntime {
   /**
    * pack_diff: write the sandbox's writable layer (its overlay upper dir, whiteouts and
    * opaque dirs included) as an EROFS image at `outPath`, leaving out `excludePaths`
-   * (absolute paths inside the sandbox). The sandbox is frozen while the image is built.
+   * (absolute paths inside the sandbox). The sandbox is frozen while the image is built;
+   * `frozenMs` says how long (0: it was paused already).
    */
-  snapshot(sandboxId: string, options: { outPath: string; excludePaths: readonly string[] }): Promise<void>;
+  snapshot(sandboxId: string, options: { outPath: string; excludePaths: readonly string[] }): Promise<{ frozenMs: number }>;
   /** Whether the sandbox's init process is alive. */
   isRunning(sandboxId: string): Promise<boolean>;
   /**

@@ -1,0 +1,66 @@
+import { z } from 'zod';
+import { CreateSandboxRequest, LayerDigest, Lineage, NetworkPolicy, ResourceFields, SandboxState } from './sandbox.ts';
+
+/** Children of one fork at most (each one is a sandbox, counted against the tenant's quota). */
+export const MAX_FORK_CHILDREN = 64;
+
+const ForkCount = z.number().int().min(1).max(MAX_FORK_CHILDREN);
+
+const { cpuMillis, memoryMiB, diskMiB, pids, requests } = ResourceFields.shape;
+/** The limits given replace the parent's, one by one (no defaults: what is not given stays the parent's). */
+export const ResourceOverrides = z.strictObject({
+  cpuMillis: cpuMillis.unwrap().optional(),
+  memoryMiB: memoryMiB.unwrap().optional(),
+  diskMiB: diskMiB.unwrap().optional(),
+  pids: pids.unwrap().optional(),
+  requests,
+});
+
+/**
+ * `POST /v1/sandboxes/:id/fork`: N children whose files are the parent's at the fork point.
+ * The parts given replace the parent's in every child (default: the parent's labels,
+ * network policy, TTL and resources, each limit on its own); everything else (image, env, workdir, user, class,
+ * hidden paths, job) is the parent's.
+ */
+export const ForkRequest = z.strictObject({
+  count: ForkCount,
+  labels: CreateSandboxRequest.shape.labels.unwrap().optional(),
+  network: NetworkPolicy.optional(),
+  ttlSeconds: CreateSandboxRequest.shape.ttlSeconds.unwrap().optional(),
+  resources: ResourceOverrides.optional(),
+});
+export type ForkRequest = z.infer<typeof ForkRequest>;
+
+/**
+ * `POST /v1/snapshots/:digest/fork`: N children on a snapshot (the layer a
+ * `POST /v1/sandboxes/:id/snapshot` answered) stacked on its parents. A snapshot keeps
+ * files, not a sandbox's settings: the children take what a create takes (image aside).
+ */
+export const SnapshotForkRequest = CreateSandboxRequest.omit({ image: true }).extend({ count: ForkCount });
+export type SnapshotForkRequest = z.infer<typeof SnapshotForkRequest>;
+
+export const ForkChild = z.object({
+  /** The child's sandbox id (absent: refused before it was recorded). */
+  id: z.string().optional(),
+  /** Absent: refused before it was recorded (quota, no capacity). */
+  state: SandboxState.optional(),
+  /** Why this child was not created; the other children are unaffected. */
+  error: z.object({ code: z.string(), message: z.string() }).optional(),
+});
+export type ForkChild = z.infer<typeof ForkChild>;
+
+export const ForkResult = z.object({
+  parent: z.string(),
+  parentKind: Lineage.shape.parentKind,
+  forkLayer: LayerDigest,
+  forkedAt: z.string(),
+  /** How long the parent was frozen while its writable layer was packed (absent: it was not frozen for this fork). */
+  parentFrozenMs: z.number().optional(),
+  /** The container tier carries files, not processes: each child starts fresh processes over the parent's files. */
+  processes: z.boolean(),
+  /** In request order. */
+  children: z.array(ForkChild),
+  created: z.number().int(),
+  refused: z.number().int(),
+});
+export type ForkResult = z.infer<typeof ForkResult>;
