@@ -260,3 +260,28 @@ describe('fork', () => {
     await remove(running);
   });
 });
+
+describe('fork across worker hosts', () => {
+  let two: TestCluster;
+  let tok: string;
+  beforeAll(async () => {
+    two = await startTestCluster({ workers: [{ nodeId: 'fork-a' }, { nodeId: 'fork-b' }] });
+    tok = await two.token('forker', ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete']);
+  });
+  afterAll(async () => two?.stop());
+
+  it('children land on either host; the one without the fork layer fetches it and sees the same files', async () => {
+    const parent = await api<Sandbox>(two, tok, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64, diskMiB: 64 } });
+    expect(parent.status, JSON.stringify(parent.body)).toBe(201);
+    const run = async (id: string, cmd: string) => (await api(two, tok, 'POST', `/v1/sandboxes/${id}/exec`, { cmd })).body.stdout as string;
+    await run(parent.body.id, 'mkdir /data && head -c 1048576 /dev/urandom > /data/blob');
+    const sum = await run(parent.body.id, 'md5sum < /data/blob');
+    const r = await api<ForkAnswer>(two, tok, 'POST', `/v1/sandboxes/${parent.body.id}/fork`, { count: 8 });
+    expect(r.status, JSON.stringify(r.body)).toBe(201);
+    const children = await Promise.all(r.body.children.map(async (c) => (await api<Sandbox>(two, tok, 'GET', `/v1/sandboxes/${c.id}`)).body));
+    const elsewhere = children.filter((c) => c.node !== parent.body.node);
+    expect(elsewhere.length).toBeGreaterThan(0); // placement spreads 8 children over the two hosts
+    for (const c of children) expect(await run(c.id, 'md5sum < /data/blob')).toBe(sum);
+    await Promise.all([parent.body.id, ...children.map((c) => c.id)].map((id) => api(two, tok, 'DELETE', `/v1/sandboxes/${id}`)));
+  });
+});
