@@ -21,8 +21,14 @@ echo "rollbox: debootstrap bookworm (minbase) from $mirror" >&2
 debootstrap --variant=minbase --include=ca-certificates,libstdc++6 bookworm "$work/rootfs" "$mirror" > "$work/debootstrap.log" 2>&1 \
   || { tail -n 20 "$work/debootstrap.log" >&2; exit 1; }
 echo "rollbox: adding the host's nodejs package ($(dpkg-query -W -f='${Version}' nodejs))" >&2
-dpkg -L nodejs | while read -r f; do [ -d "$f" ] || echo "$f"; done | tar -c --no-recursion -T - 2>/dev/null | tar -x -C "$work/rootfs"
-chroot "$work/rootfs" node -e 'process.exit(0)' || { echo "rollbox: node does not run in the new base" >&2; exit 1; }
+# The package's files, and npm as it is now (npm may have updated itself since the install).
+npm_dir=$(dirname "$(readlink -f "$(command -v npm)")")/..
+{ dpkg -L nodejs | grep -v '^/usr/lib/node_modules/npm/' | while read -r f; do [ -d "$f" ] || echo "$f"; done; } \
+  | tar -c --no-recursion -T - 2>/dev/null | tar -x -C "$work/rootfs"
+rm -rf "$work/rootfs/usr/lib/node_modules/npm"
+mkdir -p "$work/rootfs/usr/lib/node_modules"
+cp -a "$(readlink -f "$npm_dir")" "$work/rootfs/usr/lib/node_modules/npm"
+chroot "$work/rootfs" sh -c 'node -e "process.exit(0)" && npm -v >/dev/null' || { echo "rollbox: node or npm does not run in the new base" >&2; exit 1; }
 # As in Debian's docker images: no apt caches, no recommends.
 printf 'APT::Install-Recommends "false";\n' > "$work/rootfs/etc/apt/apt.conf.d/90rollbox-norecommends"
 rm -rf "$work/rootfs/var/cache/apt/archives/"*.deb "$work/rootfs/var/lib/apt/lists/"*
