@@ -29,8 +29,11 @@ rm -rf "$work/rootfs/usr/lib/node_modules/npm"
 mkdir -p "$work/rootfs/usr/lib/node_modules"
 cp -a "$(readlink -f "$npm_dir")" "$work/rootfs/usr/lib/node_modules/npm"
 chroot "$work/rootfs" sh -c 'node -e "process.exit(0)" && npm -v >/dev/null' || { echo "rollbox: node or npm does not run in the new base" >&2; exit 1; }
+# The host's CA bundle, for Node (npm) in builds on this base: where TLS to the npm registry
+# passes a re-signing proxy, its CA is in the host's bundle and not in Debian's.
+cp /etc/ssl/certs/ca-certificates.crt "$work/rootfs/usr/local/share/rollbox-host-ca.crt"
 # As in Debian's docker images: no apt caches, no recommends.
 printf 'APT::Install-Recommends "false";\n' > "$work/rootfs/etc/apt/apt.conf.d/90rollbox-norecommends"
 rm -rf "$work/rootfs/var/cache/apt/archives/"*.deb "$work/rootfs/var/lib/apt/lists/"*
 echo "rollbox: docker import as $tag" >&2
-tar -C "$work/rootfs" -c . | "$docker" import --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' --change 'CMD ["node"]' - "$tag" >/dev/null
+tar -C "$work/rootfs" -c . | "$docker" import --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' --change 'ENV NODE_EXTRA_CA_CERTS=/usr/local/share/rollbox-host-ca.crt' --change 'CMD ["node"]' - "$tag" >/dev/null

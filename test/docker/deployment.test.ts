@@ -52,6 +52,7 @@ async function api(method: string, route: string, body?: unknown, contentType = 
     method,
     headers: { authorization: `Bearer ${token}`, ...(body === undefined ? {} : { 'content-type': contentType }) },
     body: body === undefined ? undefined : Buffer.isBuffer(body) ? new Uint8Array(body) : JSON.stringify(body),
+    signal: AbortSignal.timeout(60_000),
   });
   const text = await response.text();
   let parsed: unknown = text;
@@ -104,7 +105,7 @@ beforeAll(async () => {
   composeEnv = { ...process.env, ROLLBOX_IMAGE, REDIS_IMAGE, ROLLBOX_PORT: String(port), BASE_IMAGE };
   composeUp = true;
   await timed('compose up --scale worker=2', () => compose('up', '-d', '--no-build', '--scale', 'worker=2'));
-  await timed('gateway ready', () => until('the gateway\'s /readyz', async () => (await fetch(`${gatewayUrl}/readyz`)).status === 200, 120_000));
+  await timed('gateway ready', () => until('the gateway\'s /readyz', async () => (await fetch(`${gatewayUrl}/readyz`, { signal: AbortSignal.timeout(5_000) })).status === 200, 120_000));
   token = (await compose('exec', '-T', 'gateway', 'node', 'bin/rollbox.js', 'token', 'issue', '--tenant', 'docker-test', '--scopes', 'admin', '--ttl', '1h')).trim();
   progress('token issued in the gateway container');
 }, 40 * 60_000);

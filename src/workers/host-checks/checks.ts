@@ -49,6 +49,7 @@ export async function checkWorkerHost(options: HostCheckOptions = {}): Promise<M
   missing.push(...(await checkLoopDevices()));
   missing.push(...(await checkCgroups()));
   missing.push(...(await checkSysctls()));
+  missing.push(...(await checkKeyring()));
   return missing;
 }
 
@@ -107,11 +108,36 @@ async function checkCgroups(): Promise<MissingRequirement[]> {
   return missing;
 }
 
-/** /proc/sys written by the network (ip_forward, IPv6 off in sandboxes' namespaces). */
+/**
+ * /proc/sys/net written by the network (ip_forward, IPv6 off in sandboxes' namespaces). A
+ * container's /proc/sys is read-only: with CAP_SYS_ADMIN the worker makes /proc/sys/net
+ * alone writable (a bind mount of it, remounted read-write). Network sysctls belong to the
+ * network namespace that writes them, so this reaches no other container's or the host's.
+ */
 async function checkSysctls(): Promise<MissingRequirement[]> {
-  const outcome = await openable(PROBE_SYSCTL, constants.O_WRONLY);
+  let outcome = await openable(PROBE_SYSCTL, constants.O_WRONLY);
+  if (outcome === 'EROFS') {
+    const script = 'mount --bind /proc/sys/net /proc/sys/net && mount -o remount,bind,rw /proc/sys/net';
+    outcome = await run('sh', ['-c', script]).then(() => openable(PROBE_SYSCTL, constants.O_WRONLY), (err: Error & { stderr?: string }) => `EROFS, and making /proc/sys/net writable failed: ${(err.stderr ?? err.message).trim()}`);
+  }
   if (outcome === 'ok') return [];
-  return [{ name: '/proc/sys (write)', breaks: 'allowlist networks (ip_forward, IPv6 off in each sandbox\'s namespace)', fix: `security_opt: systempaths=unconfined (${outcome})`, fatal: false }];
+  return [{ name: '/proc/sys/net (write)', breaks: 'allowlist networks (ip_forward, IPv6 off in each sandbox\'s namespace)', fix: `CAP_SYS_ADMIN (the worker then makes /proc/sys/net writable), or privileged (${outcome})`, fatal: false }];
+}
+
+/** keyctl(2) on this architecture (runc gives each container a session keyring of its own). */
+const KEYCTL_SYSCALL: Partial<Record<string, number>> = { x64: 250, arm64: 219 };
+
+/**
+ * runc joins a new session keyring for every container (keyctl JOIN_SESSION_KEYRING);
+ * Docker's default seccomp profile refuses keyctl. Probed in a short-lived child, whose
+ * keyring goes with it.
+ */
+async function checkKeyring(): Promise<MissingRequirement[]> {
+  const nr = KEYCTL_SYSCALL[process.arch];
+  if (nr === undefined) return [];
+  const outcome = await run('perl', ['-e', `syscall(${nr}, 1, 0) >= 0 or die "$!\n"`]).then(() => 'ok', (err: Error & { stderr?: string }) => (err.stderr ?? err.message).trim());
+  if (outcome === 'ok') return [];
+  return [{ name: 'keyctl (seccomp)', breaks: 'every sandbox (runc gives each its own session keyring)', fix: `security_opt: seccomp=unconfined, or a profile allowing keyctl (${outcome})`, fatal: true }];
 }
 
 async function openable(file: string, flags: number): Promise<string> {
