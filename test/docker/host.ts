@@ -57,7 +57,7 @@ export async function hostState(): Promise<HostState> {
 }
 
 /** Entries of `after` that `before` lacked (what the run left behind). */
-export function leftOver(before: HostState, after: HostState): Record<string, string[]> {
+export function leftOver(before: HostState, after: HostState, nodeIds: string[]): Record<string, string[]> {
   const added = (a: string[], b: string[]) => b.filter((x) => !a.includes(x));
   return {
     links: added(before.links, after.links),
@@ -65,7 +65,8 @@ export function leftOver(before: HostState, after: HostState): Record<string, st
     mounts: added(before.mounts, after.mounts),
     // Other tests on this host attach loop devices meanwhile: only the deployment's count.
     loops: added(before.loops, after.loops).filter((l) => / (\/var\/lib\/docker|\/var\/lib\/rollbox|\/layers)\//.test(l)),
-    cgroups: added(before.cgroups, after.cgroups),
+    // Other tests' worker hosts make cgroups meanwhile: only the deployment's workers' count.
+    cgroups: added(before.cgroups, after.cgroups).filter((c) => nodeIds.some((id) => c.endsWith(`/rollbox/${id}`))),
   };
 }
 
