@@ -233,7 +233,7 @@ export interface WorkerHandle {
 export async function startWorkerRole(config: Config, redisUrl: string, logger: Logger): Promise<WorkerHandle> {
   const nodeId = await nodeIdOf(config);
   logger.info({ nodeId, redis: redactedRedisUrl(redisUrl), dataDir: config.dataDir, layerStore: config.layerStoreDir }, 'worker host starting');
-  await checkWorkerHostOrThrow(logger);
+  await checkWorkerHostOrThrow(logger, { fatal: config.node.startChecks === 'fail' });
   await waitForRedis(redisUrl, { logger, what: `worker host ${nodeId}` });
   const redis = connectRedis(redisUrl);
   const blocking: Redis[] = [];

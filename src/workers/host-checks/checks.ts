@@ -41,6 +41,8 @@ const PROBE_SYSCTL = '/proc/sys/net/ipv4/ip_forward';
 export interface HostCheckOptions {
   /** Text of /proc/self/status (tests pass their own). */
   statusText?: string;
+  /** Whether a missing piece that every sandbox needs ends the start (default true). */
+  fatal?: boolean;
 }
 
 export async function checkWorkerHost(options: HostCheckOptions = {}): Promise<MissingRequirement[]> {
@@ -164,6 +166,6 @@ export async function checkWorkerHostOrThrow(logger: CheckLogger, options: HostC
   const missing = await checkWorkerHost(options);
   for (const m of missing) logger[m.fatal ? 'error' : 'warn']({ missing: m.name, breaks: m.breaks, fix: m.fix }, `worker host start check: ${m.name} is missing`);
   const fatal = missing.filter((m) => m.fatal);
-  if (fatal.length) throw new Error(`this worker host lacks what every sandbox needs: ${fatal.map((m) => `${m.name} (${m.fix})`).join('; ')}`);
+  if (fatal.length && options.fatal !== false) throw new Error(`this worker host lacks what every sandbox needs: ${fatal.map((m) => `${m.name} (${m.fix})`).join('; ')}`);
   return missing;
 }
