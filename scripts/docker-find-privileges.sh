@@ -14,7 +14,8 @@ project=rbxprivs$$
 port=${ROLLBOX_PORT:-18181}
 export ROLLBOX_IMAGE="$image" REDIS_IMAGE=${REDIS_IMAGE:-rollbox-redis-test:7} ROLLBOX_PORT="$port"
 dc() { docker-compose -p "$project" -f wrangler-free-docker/compose.yaml "$@"; }
-CAPS="CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP SETFCAP NET_BIND_SERVICE NET_RAW NET_ADMIN SYS_CHROOT SYS_ADMIN SYS_PTRACE MKNOD AUDIT_WRITE SYS_NICE IPC_LOCK"
+# The capabilities tried: the compose file's, plus any named in EXTRA_CAPS (candidates).
+CAPS="$(sed -n 's/^ *cap_add: \[\(.*\)\]/\1/p' wrangler-free-docker/compose.yaml | tr -d ',') ${EXTRA_CAPS:-}"
 trap 'dc down -v >/dev/null 2>&1 || true' EXIT
 dc up -d --no-build redis gateway >/dev/null 2>&1
 url=http://127.0.0.1:$port
@@ -39,7 +40,7 @@ trial() {
     -e REDIS_URL=redis://redis:6379 -e ROLLBOX_LAYER_STORE=/layers -e ROLLBOX_NODE_ID="$node" -e ROLLBOX_START_CHECKS=warn "$image" worker --destroy-on-exit)
   verdict=""; i=0
   while [ $i -lt 40 ]; do
-    if [ "$($docker inspect -f '{{.State.Running}}' "$cid")" != true ]; then verdict="worker exited: $($docker logs "$cid" 2>&1 | grep -o '"msg":"worker host start check: [^"]*"\|lacks what every sandbox needs: [^"]*\|"msg":"[^"]*failed[^"]*"' | head -3 | tr '\n' ' ')"; break; fi
+    if [ "$($docker inspect -f '{{.State.Running}}' "$cid")" != true ]; then verdict="worker exited: $($docker logs "$cid" 2>&1 | grep -v '"level":30' | tail -n 2 | cut -c1-400 | tr '\n' ' ')"; break; fi
     nodes=$(curl -s -H "$auth" "$url/v1/nodes")
     if echo "$nodes" | grep -q "\"nodeId\":\"$node\"[^}]*\"healthy\":true" || echo "$nodes" | grep -q "\"healthy\":true[^}]*\"nodeId\":\"$node\""; then break; fi
     i=$((i+1)); sleep 1

@@ -4,7 +4,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { freePort } from '../support/registry.ts';
 import { startTargetNetns, type TargetNetns } from '../support/target-netns.ts';
-import { COMPOSE, DOCKER, ensureDockerd, hostState, leftOver, progress, run, type Dockerd, type HostState } from './host.ts';
+import { COMPOSE, DOCKER, ensureDockerd, holdForwarding, hostState, leftOver, progress, run, type Dockerd, type HostState } from './host.ts';
 
 /**
  * The Docker deployment as an operator runs it (issue 29): Debian's Docker engine, a base
@@ -30,6 +30,7 @@ let gatewayUrl: string;
 let token: string;
 let target: TargetNetns | undefined;
 let composeUp = false;
+let releaseForwarding: (() => Promise<void>) | undefined;
 let containersBefore: string[] = [];
 let volumesBefore: string[] = [];
 let networksBefore: string[] = [];
@@ -99,8 +100,9 @@ beforeAll(async () => {
   const haveBase = await run(DOCKER, ['image', 'inspect', BASE_IMAGE]).then(() => true, () => false);
   if (haveBase && !process.env.ROLLBOX_DOCKER_REBUILD_BASE) progress(`base image ${BASE_IMAGE} already built (ROLLBOX_DOCKER_REBUILD_BASE=1 builds it again)`);
   else await timed('build the base image from Debian packages', () => run('sh', [path.join(REPO, 'scripts/docker-base-image.sh'), BASE_IMAGE], { env: { ...process.env, DOCKER } }));
-  await timed('build the Redis stand-in image', () => run(DOCKER, ['build', '-q', '--network', 'host', '--build-arg', `BASE_IMAGE=${BASE_IMAGE}`, '-t', REDIS_IMAGE, '-f', path.join(REPO, 'test/docker/redis.Dockerfile'), path.join(REPO, 'test/docker')]));
-  await timed('build the rollbox image', () => run(DOCKER, ['build', '-q', '--network', 'host', '--build-arg', `BASE_IMAGE=${BASE_IMAGE}`, '-t', ROLLBOX_IMAGE, '-f', COMPOSE_FILE.replace('compose.yaml', 'Dockerfile'), REPO]));
+  // --force-rm: a failed step's container goes too.
+  await timed('build the Redis stand-in image', () => run(DOCKER, ['build', '-q', '--force-rm', '--network', 'host', '--build-arg', `BASE_IMAGE=${BASE_IMAGE}`, '-t', REDIS_IMAGE, '-f', path.join(REPO, 'test/docker/redis.Dockerfile'), path.join(REPO, 'test/docker')]));
+  await timed('build the rollbox image', () => run(DOCKER, ['build', '-q', '--force-rm', '--network', 'host', '--build-arg', `BASE_IMAGE=${BASE_IMAGE}`, '-t', ROLLBOX_IMAGE, '-f', COMPOSE_FILE.replace('compose.yaml', 'Dockerfile'), REPO]));
 
   const port = await freePort();
   gatewayUrl = `http://127.0.0.1:${port}`;
@@ -122,6 +124,7 @@ afterAll(async () => {
     }
   } finally {
     await target?.stop();
+    await releaseForwarding?.();
     await dockerd?.stop();
     await rm(workDir, { recursive: true, force: true });
   }
@@ -176,6 +179,7 @@ describe('the Docker deployment (wrangler-free-docker)', () => {
   });
 
   it('gives an allowlist sandbox the listener in a namespace of the test, and nothing else', async () => {
+    releaseForwarding = await holdForwarding();
     target = await startTargetNetns({ subnet: 91, holdPort: TARGET_PORT + 1, ports: [TARGET_PORT, TARGET_PORT + 2] });
     const created = await api('POST', '/v1/sandboxes', { resources: { memoryMiB: 64 }, network: { mode: 'allowlist', allow: [{ cidr: `${target.address}/32`, ports: [TARGET_PORT] }] } });
     expect(created.status, JSON.stringify(created.body)).toBe(201);

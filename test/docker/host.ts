@@ -2,6 +2,7 @@ import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, openSync, closeSync } from 'node:fs';
 import { readFile, readdir } from 'node:fs/promises';
 import { promisify } from 'node:util';
+import { HostFirewall } from '../../src/workers/network/host-firewall.ts';
 
 const execFileAsync = promisify(execFile);
 /** Debian's docker.io client (a newer one elsewhere on PATH may not match its 20.10 engine). */
@@ -42,6 +43,8 @@ export interface HostState {
 }
 
 const rulesOf = (text: string) => text.split('\n').filter((l) => l && !l.startsWith('#')).map((l) => l.replace(/\[\d+:\d+\]/, '[counters]')).join('\n');
+
+const policiesOf = (text: string) => text.split('\n').filter((l) => l.startsWith(':') || l.startsWith('*')).map((l) => l.replace(/\[\d+:\d+\]/, '')).join('\n');
 
 export async function hostState(): Promise<HostState> {
   const links = (await run('ip', ['-o', 'link'])).split('\n').map((l) => /^\d+: ([^:@]+)/.exec(l)?.[1]).filter((l): l is string => Boolean(l));
@@ -87,6 +90,7 @@ export async function ensureDockerd(logFile: string, iptablesBefore: { v4: strin
     progress('using the Docker engine already running');
     return { ours: false, stop: async () => {} };
   }
+  const mountsBefore = await readFile('/proc/self/mountinfo', 'utf8');
   const log = openSync(logFile, 'a');
   const child: ChildProcess = spawn('dockerd', ['--iptables=false', '--ip6tables=false', '--ip-forward=false', '--ip-masq=false', '--bridge=none'], { stdio: ['ignore', log, log], detached: false });
   closeSync(log);
@@ -109,12 +113,34 @@ export async function ensureDockerd(logFile: string, iptablesBefore: { v4: strin
         }
       }
       progress(`dockerd (pid ${child.pid}) stopped`);
-      const now = { v4: await run('iptables-save', []), v6: await run('ip6tables-save', []) };
-      if (rulesOf(now.v4) !== rulesOf(iptablesBefore.v4)) {
-        progress('iptables changed while dockerd ran: restoring the saved rules and policies');
-        await run('iptables-restore', [], { input: iptablesBefore.v4 });
+      // dockerd leaves the bind mount of the host's netns it made at start.
+      const leftMount = '/run/docker/netns/default';
+      if (!mountsBefore.includes(leftMount) && (await readFile('/proc/self/mountinfo', 'utf8')).includes(` ${leftMount} `)) await run('umount', [leftMount]);
+      // Put back only what Docker changed (its chains, a policy): other tests' rules added
+      // meanwhile would go with a blind restore.
+      const byDocker = (now: string, saved: string) => (/DOCKER/.test(now) && !/DOCKER/.test(saved)) || policiesOf(now) !== policiesOf(saved);
+      for (const [save, restore, saved] of [['iptables-save', 'iptables-restore', iptablesBefore.v4], ['ip6tables-save', 'ip6tables-restore', iptablesBefore.v6]] as const) {
+        if (!byDocker(await run(save, []), saved)) continue;
+        progress(`${save}: Docker changed the host's rules while it ran; restoring the saved rules and policies`);
+        await run(restore, [], { input: saved });
       }
-      if (rulesOf(now.v6) !== rulesOf(iptablesBefore.v6)) await run('ip6tables-restore', [], { input: iptablesBefore.v6 });
     },
+  };
+}
+
+/**
+ * The host forwards between the deployment's bridge and the test's target namespace while
+ * the test runs. ip_forward is host-wide and shared with rollbox workers of other tests on
+ * this host, so it goes by their rule: the original value is kept in the lease dir, and a
+ * table `inet rollbox-*` stands for this holder until it is done; the last holder restores it.
+ */
+export async function holdForwarding(): Promise<() => Promise<void>> {
+  const holder = `dockertest${process.pid}`;
+  await run('nft', ['add', 'table', 'inet', `rollbox-${holder}`]);
+  const firewall = new HostFirewall({ nodeId: holder, poolCidr: '10.200.0.0/16', stateDir: '/run/rollbox/net' });
+  await firewall.enableForwarding();
+  return async () => {
+    await run('nft', ['delete', 'table', 'inet', `rollbox-${holder}`]);
+    await firewall.restoreForwarding();
   };
 }

@@ -26,13 +26,12 @@ export interface MissingRequirement {
 }
 
 /**
- * The worker's own needs beyond what every sandbox is given: mounts, namespaces and
- * pivot_root (SYS_ADMIN), veths and nftables (NET_ADMIN), joining a sandbox's namespaces
- * whose init is not dumpable (SYS_PTRACE), and reading files any user owns in layers (DAC_READ_SEARCH).
+ * The worker's own needs beyond what every sandbox is given (found by taking each away in
+ * a container, scripts/docker-find-privileges.sh): mounts, namespaces and pivot_root
+ * (SYS_ADMIN); its nftables table and veths, which its start sets up (NET_ADMIN). MKNOD,
+ * for loop device nodes, is in the sandboxes' set already.
  */
-export const WORKER_OWN_CAPABILITIES = ['CAP_SYS_ADMIN', 'CAP_SYS_PTRACE', 'CAP_DAC_READ_SEARCH'] as const;
-/** Needed for allowlist networks only. */
-export const NETWORK_CAPABILITIES = ['CAP_NET_ADMIN'] as const;
+export const WORKER_OWN_CAPABILITIES = ['CAP_SYS_ADMIN', 'CAP_NET_ADMIN'] as const;
 
 /** Loop device nodes made when a container's own /dev has none (loop devices are numbered host-wide). */
 const LOOP_NODES = 256;
@@ -64,10 +63,7 @@ export function checkCapabilities(statusText: string): MissingRequirement[] {
     if (!have(cap)) missing.push({ name: cap, breaks: 'every sandbox (sandboxes get it, so the worker must hold it)', fix: `cap_add: ${cap.slice(4)}`, fatal: true });
   }
   for (const cap of WORKER_OWN_CAPABILITIES) {
-    if (!have(cap)) missing.push({ name: cap, breaks: 'every sandbox (the worker mounts layers and joins sandboxes\' namespaces)', fix: `cap_add: ${cap.slice(4)}`, fatal: true });
-  }
-  for (const cap of NETWORK_CAPABILITIES) {
-    if (!have(cap)) missing.push({ name: cap, breaks: 'allowlist networks (veths, nftables)', fix: `cap_add: ${cap.slice(4)}`, fatal: false });
+    if (!have(cap)) missing.push({ name: cap, breaks: cap === 'CAP_NET_ADMIN' ? 'the worker\'s start (its nftables table, sandbox networks)' : 'every sandbox (the worker mounts layers and root filesystems)', fix: `cap_add: ${cap.slice(4)}`, fatal: true });
   }
   return missing;
 }
