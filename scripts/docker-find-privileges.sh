@@ -3,7 +3,7 @@
 # from wrangler-free-docker/compose.yaml, then one worker container per trial with one
 # capability (or device, mount, security option) taken away from the compose file's set,
 # and reports what each trial broke: the worker's start checks, its network self-test, a
-# create, an exec, a pause/resume. Needs a running Docker engine and the images of
+# create, an exec, a pause/resume, an allowlist create. Needs a running Docker engine and the images of
 # `npm run test:docker` (rollbox:docker-test, rollbox-redis-test:7).
 # Usage: docker-find-privileges.sh [TRIAL...]   (default: every trial below)
 set -eu
@@ -57,7 +57,11 @@ trial() {
       p=$(curl -s -o /dev/null -w '%{http_code}' -H "$auth" -H 'content-type: application/json' -d '{"mode":"freeze"}' "$url/v1/sandboxes/$id/pause")
       r=$(curl -s -o /dev/null -w '%{http_code}' -H "$auth" -H 'content-type: application/json' -d '{}' "$url/v1/sandboxes/$id/resume")
       curl -s -o /dev/null -H "$auth" -X DELETE "$url/v1/sandboxes/$id"
-      verdict="create ok; exec $ex; pause $p resume $r; network self-test ${selftest:-none}${checks:+; start checks: $checks}"
+      # An allowlist sandbox (its veth, rules, resolver); TEST-NET-1, and no traffic is sent.
+      allowed=$(curl -s -H "$auth" -H 'content-type: application/json' -d '{"resources":{"memoryMiB":64},"network":{"mode":"allowlist","allow":[{"cidr":"192.0.2.1/32","ports":[80]}]}}' "$url/v1/sandboxes")
+      aid=$(echo "$allowed" | sed -n 's/.*"id":"\(sbx_[a-z0-9]*\)".*/\1/p')
+      if [ -n "$aid" ]; then al=ok; curl -s -o /dev/null -H "$auth" -X DELETE "$url/v1/sandboxes/$aid"; else al="failed: $(echo "$allowed" | head -c 300)"; fi
+      verdict="create ok; exec $ex; pause $p resume $r; network self-test ${selftest:-none}; allowlist create $al${checks:+; start checks: $checks}"
     fi
   fi
   $docker stop -t 60 "$cid" >/dev/null; $docker rm -v "$cid" >/dev/null

@@ -35,6 +35,7 @@ let containersBefore: string[] = [];
 let volumesBefore: string[] = [];
 let networksBefore: string[] = [];
 const timingsMs: Record<string, number> = {};
+const figures: Record<string, number> = {};
 /** The deployment's worker hosts (their cgroups are looked for afterwards). */
 let nodeIds: string[] = [];
 
@@ -88,6 +89,32 @@ async function busyboxTar(): Promise<Buffer> {
   return readFile(path.join(workDir, 'busybox.tar'));
 }
 
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+
+/**
+ * A figure, not a check: `true` run in a sandbox through the gateway, against the floor of
+ * `docker exec <worker> true` (Docker's own exec into the worker's container) in the same run.
+ */
+async function measureExec(sandboxId: string): Promise<void> {
+  const worker = (await compose('ps', '-q', 'worker')).split('\n')[0]!.trim();
+  const rounds = 7;
+  const floorMs: number[] = [];
+  const rollboxMs: number[] = [];
+  for (let i = 0; i < rounds; i++) {
+    let t0 = performance.now();
+    await run(DOCKER, ['exec', worker, 'true']);
+    floorMs.push(performance.now() - t0);
+    t0 = performance.now();
+    const r = await api('POST', `/v1/sandboxes/${sandboxId}/exec`, { argv: ['true'], timeoutMs: 20_000 });
+    rollboxMs.push(performance.now() - t0);
+    expect(r.status).toBe(200);
+  }
+  figures.execMedianMs = Math.round(median(rollboxMs) * 10) / 10;
+  figures.dockerExecFloorMedianMs = Math.round(median(floorMs) * 10) / 10;
+  figures.execToDockerExecRatio = Math.round((median(rollboxMs) / median(floorMs)) * 100) / 100;
+  progress(`exec of true through the gateway: median ${figures.execMedianMs} ms; floor docker exec into a worker: ${figures.dockerExecFloorMedianMs} ms (ratio ${figures.execToDockerExecRatio})`);
+}
+
 beforeAll(async () => {
   workDir = await mkdtemp(path.join(os.tmpdir(), 'rollbox-docker-'));
   iptablesBefore = { v4: await run('iptables-save', []), v6: await run('ip6tables-save', []) };
@@ -136,7 +163,7 @@ afterAll(async () => {
     expect(after.iptables).toBe(before.iptables);
     expect(after.ip6tables).toBe(before.ip6tables);
   }
-  console.log(JSON.stringify({ test: 'docker-deployment', timingsMs }));
+  console.log(JSON.stringify({ test: 'docker-deployment', timingsMs, ...figures }));
 }, 10 * 60_000);
 
 describe('the Docker deployment (wrangler-free-docker)', () => {
@@ -169,6 +196,7 @@ describe('the Docker deployment (wrangler-free-docker)', () => {
       }
     });
     expect([...seen.keys()].sort()).toEqual(nodes.map((n) => n.nodeId).sort());
+    await measureExec([...seen.values()][0]!);
     for (const id of seen.values()) {
       const exec = await api('POST', `/v1/sandboxes/${id}/exec`, { cmd: 'echo hello from $(hostname)', timeoutMs: 20_000 });
       expect(exec.status, JSON.stringify(exec.body)).toBe(200);

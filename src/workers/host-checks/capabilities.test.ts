@@ -15,9 +15,10 @@ describe('worker host capability checks', () => {
   });
 
   it('names each missing capability, fatal or not, with the compose line that grants it', () => {
-    // Docker's default set only: no SYS_ADMIN, no NET_ADMIN.
+    // Docker's default set only: no SYS_ADMIN, NET_ADMIN, SYS_PTRACE.
     const missing = checkCapabilities(status('00000000a80425fb'));
-    expect(missing.map((m) => m.name).sort()).toEqual(['CAP_NET_ADMIN', 'CAP_SYS_ADMIN']);
+    expect(missing.map((m) => m.name).sort()).toEqual(['CAP_NET_ADMIN', 'CAP_SYS_ADMIN', 'CAP_SYS_PTRACE']);
+    expect(missing.find((m) => m.name === 'CAP_SYS_PTRACE')).toMatchObject({ fatal: false, fix: 'cap_add: SYS_PTRACE' });
     expect(missing.find((m) => m.name === 'CAP_NET_ADMIN')).toMatchObject({ fatal: true, fix: 'cap_add: NET_ADMIN' });
     // The sandboxes' set without AUDIT_WRITE (bit 29): runc could not give it to a sandbox.
     expect(checkCapabilities(status('000001ffdeffffff')).map((m) => m.name)).toEqual(['CAP_AUDIT_WRITE']);

@@ -32,6 +32,12 @@ export interface MissingRequirement {
  * for loop device nodes, is in the sandboxes' set already.
  */
 export const WORKER_OWN_CAPABILITIES = ['CAP_SYS_ADMIN', 'CAP_NET_ADMIN'] as const;
+/**
+ * Needed for allowlist networks only: the worker joins a sandbox's network namespace to
+ * give it its veth, and the sandbox's init is not dumpable, so opening its
+ * /proc/<pid>/ns/net takes SYS_PTRACE.
+ */
+export const NETWORK_CAPABILITIES = ['CAP_SYS_PTRACE'] as const;
 
 /** Loop device nodes made when a container's own /dev has none (loop devices are numbered host-wide). */
 const LOOP_NODES = 256;
@@ -64,6 +70,9 @@ export function checkCapabilities(statusText: string): MissingRequirement[] {
   }
   for (const cap of WORKER_OWN_CAPABILITIES) {
     if (!have(cap)) missing.push({ name: cap, breaks: cap === 'CAP_NET_ADMIN' ? 'the worker\'s start (its nftables table, sandbox networks)' : 'every sandbox (the worker mounts layers and root filesystems)', fix: `cap_add: ${cap.slice(4)}`, fatal: true });
+  }
+  for (const cap of NETWORK_CAPABILITIES) {
+    if (!have(cap)) missing.push({ name: cap, breaks: 'allowlist networks (joining a sandbox\'s network namespace: its init is not dumpable)', fix: `cap_add: ${cap.slice(4)}`, fatal: false });
   }
   return missing;
 }
