@@ -41,7 +41,3 @@ export function capabilitiesIn(statusText: string, field: 'CapEff' | 'CapBnd'): 
   const mask = BigInt(`0x${hex}`);
   return new Set(Object.entries(CAPABILITY_BITS).filter(([, bit]) => (mask >> BigInt(bit)) & 1n).map(([name]) => name));
 }
-
-export function isKnownCapability(name: string): boolean {
-  return name in CAPABILITY_BITS;
-}
