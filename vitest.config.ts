@@ -9,6 +9,8 @@ import { defineConfig } from 'vitest/config';
 //   measures is its own load and not another file's.
 // The machine has two cores, so files run in a small fork pool with generous timeouts.
 const STRESS_FILES = ['test/adversarial.test.ts'];
+// The Docker deployment has its own tier and config (`npm run test:docker`, test/docker/).
+const DOCKER_FILES = 'test/docker/**';
 
 export default defineConfig({
   test: {
@@ -18,7 +20,7 @@ export default defineConfig({
     reporters: ['default'],
     projects: [
       { extends: true, test: { name: 'unit', include: ['src/**/*.test.ts'], testTimeout: 20_000, maxWorkers: 2 } },
-      { extends: true, test: { name: 'integration', include: ['test/**/*.test.ts'], exclude: STRESS_FILES, maxWorkers: 2 } },
+      { extends: true, test: { name: 'integration', include: ['test/**/*.test.ts'], exclude: [...STRESS_FILES, DOCKER_FILES], maxWorkers: 2 } },
       { extends: true, test: { name: 'stress', include: STRESS_FILES, maxWorkers: 1, sequence: { groupOrder: 1 } } },
     ],
   },

@@ -22,6 +22,7 @@ import { ImagePulls, ImportHolds, importImage, pullImage, resolveImageRef } from
 import { RegistryRepository, loadDockerConfig } from './oci-registry/index.ts';
 import { WorkerHost } from './workers/index.ts';
 import { NetworkSelfTest, SandboxNetworks } from './workers/network/index.ts';
+import { checkWorkerHostOrThrow } from './workers/host-checks/index.ts';
 import { createRuncRuntime } from './workers/runtime/index.ts';
 import { layerSourceOf, layerSyncOf } from './worker-layers.ts';
 
@@ -235,6 +236,7 @@ export interface WorkerHandle {
 export async function startWorkerRole(config: Config, redisUrl: string, logger: Logger): Promise<WorkerHandle> {
   const nodeId = await nodeIdOf(config);
   logger.info({ nodeId, redis: redactedRedisUrl(redisUrl), dataDir: config.dataDir, layerStore: config.layerStoreDir }, 'worker host starting');
+  await checkWorkerHostOrThrow(logger, { fatal: config.node.startChecks === 'fail' });
   await waitForRedis(redisUrl, { logger, what: `worker host ${nodeId}` });
   const redis = connectRedis(redisUrl);
   const blocking: Redis[] = [];
