@@ -3,7 +3,8 @@
  * which Redis they wait for and why, the gateway answers /healthz and /readyz meanwhile, and
  * both serve once Redis appears. A wrong password is a clear exit, not a wait.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
 import fs from 'node:fs/promises';
 import net from 'node:net';
 import os from 'node:os';
@@ -77,6 +78,43 @@ describe('starting before Redis', () => {
     await waitFor('the gateway ready', async () => (await fetch(`${url}/readyz`).catch(() => undefined))?.status === 200, 30_000);
     expect(gateway.log()).toMatch(/gateway: Redis answers/);
     await waitFor('the worker started', async () => /worker host started/.test(worker.log()), 30_000);
+  });
+
+  it('says a Redis in protected mode refuses it, answers /readyz 503 with that reason, and serves once the Redis lets it in', async () => {
+    // A Redis reached over a network (not loopback), without a password and without a
+    // config file, refuses every command in protected mode: one in a namespace of the test's own.
+    const dir = await tempDir();
+    const tag = randomBytes(3).toString('hex');
+    const ns = `rbtest-pm-${tag}`;
+    const hostEnd = `rbpm${tag}h`;
+    const net29 = '10.253.29';
+    execFileSync('ip', ['netns', 'add', ns]);
+    cleanups.push(async () => void execFileSync('ip', ['netns', 'del', ns]));
+    execFileSync('ip', ['link', 'add', hostEnd, 'type', 'veth', 'peer', 'name', 'uplink', 'netns', ns]);
+    cleanups.push(async () => void execFileSync('sh', ['-c', `ip link del ${hostEnd} 2>/dev/null || true`]));
+    execFileSync('ip', ['-batch', '-'], { input: `addr add ${net29}.1/30 dev ${hostEnd}\nlink set ${hostEnd} up\n` });
+    execFileSync('ip', ['-n', ns, '-batch', '-'], { input: `link set lo up\naddr add ${net29}.2/30 dev uplink\nlink set uplink up\n` });
+    const port = 6390;
+    const redis = spawn('ip', ['netns', 'exec', ns, 'redis-server', '--port', String(port), '--protected-mode', 'yes', '--save', '', '--appendonly', 'no', '--dir', dir], { stdio: 'ignore' });
+    cleanups.push(async () => {
+      redis.kill('SIGTERM');
+      await new Promise((r) => redis.once('exit', r));
+    });
+    const redisCli = (...args: string[]) => execFileSync('ip', ['netns', 'exec', ns, 'redis-cli', '-p', String(port), ...args], { encoding: 'utf8' }).trim();
+    await waitFor('redis-server in its namespace', async () => { try { return redisCli('ping') === 'PONG'; } catch { return false; } });
+
+    const env = { REDIS_URL: `redis://${net29}.2:${port}`, ROLLBOX_PORT: '0', ROLLBOX_DATA_DIR: dir, ROLLBOX_LAYER_STORE: path.join(dir, 'layers') };
+    const gateway = rollbox(['gateway', '--data-dir', dir], env);
+    const url = await waitFor('the gateway to answer while it starts', async () => /"url":"(http:\/\/[^"]+)".*answering \/healthz/.exec(gateway.log())?.[1], 20_000);
+    await waitFor('the protected-mode refusal logged', async () => /waiting for Redis/.test(gateway.log()) && /"reason":"protected_mode"/.test(gateway.log()), 10_000);
+    const readyz = await fetch(`${url}/readyz`);
+    expect(readyz.status).toBe(503);
+    expect((await readyz.json()) as object).toMatchObject({ ready: false, reason: expect.stringMatching(/protected.mode/) });
+
+    // The operator turns protected mode off (from inside, where it listens on loopback).
+    expect(redisCli('config', 'set', 'protected-mode', 'no')).toBe('OK');
+    await waitFor('the gateway ready', async () => (await fetch(`${url}/readyz`).catch(() => undefined))?.status === 200, 30_000);
+    expect(gateway.log()).toMatch(/gateway: Redis answers/);
   });
 
   it('exits with a clear message when Redis refuses the password', async () => {

@@ -1,3 +1,4 @@
+import net from 'node:net';
 import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 
@@ -33,6 +34,37 @@ function classify(err: unknown): RedisWaitState {
   return { reason: 'other', error: message.slice(0, 300) };
 }
 
+/**
+ * What a Redis says to a plain PING on a fresh connection, when it refuses before any
+ * client could read it: a Redis in protected mode writes `-DENIED ...` and closes, which
+ * ioredis reports only as EPIPE or "Connection is closed". Plain `redis://` only.
+ */
+async function refusalOnConnect(url: string, timeoutMs = 1000): Promise<string | undefined> {
+  let target: URL;
+  try {
+    target = new URL(url);
+  } catch {
+    return undefined;
+  }
+  if (target.protocol !== 'redis:') return undefined;
+  return new Promise((resolve) => {
+    let reply = '';
+    const socket = net.connect({ host: target.hostname.replace(/^\[|\]$/g, ''), port: Number(target.port || 6379) });
+    const done = () => {
+      socket.destroy();
+      resolve(reply.startsWith('-DENIED') ? reply.slice(1).split(/\r?\n/)[0]!.split('. ')[0] : undefined);
+    };
+    socket.setTimeout(timeoutMs, done);
+    socket.on('connect', () => socket.write('PING\r\n'));
+    socket.on('data', (d: Buffer) => {
+      reply += d.toString('latin1');
+      if (reply.length > 4096 || reply.includes('\n')) done();
+    });
+    socket.on('error', done);
+    socket.on('close', done);
+  });
+}
+
 export class RedisRefusedError extends Error {
   constructor(url: string, message: string) {
     super(`Redis at ${redactedRedisUrl(url)} refused this process: ${message} (check the password or ACL in REDIS_URL)`);
@@ -51,8 +83,22 @@ export async function waitForRedis(url: string, options: { logger: Logger; what:
   const logEveryMs = options.logEveryMs ?? 3000;
   let lastLogMs = -Infinity;
   const startedMs = Date.now();
+  const report = (state: RedisWaitState): void => {
+    options.onState?.(state);
+    if (Date.now() - lastLogMs < logEveryMs) return;
+    lastLogMs = Date.now();
+    options.logger.warn({ redis: redactedRedisUrl(url), reason: state.reason, error: state.error, waitedMs: Date.now() - startedMs }, `${options.what}: waiting for Redis`);
+  };
+  let denied = false;
   for (let attempt = 0; ; attempt++) {
     if (options.signal?.aborted) throw new Error(`${options.what}: stopped while waiting for Redis`);
+    // Still in protected mode: asked without ioredis, which warns on stderr at every such refusal.
+    const stillDenied = denied ? await refusalOnConnect(url) : undefined;
+    if (stillDenied) {
+      report({ reason: 'protected_mode', error: stillDenied });
+      await new Promise((r) => setTimeout(r, options.retryMs ?? 500));
+      continue;
+    }
     const probe = new Redis(url, { lazyConnect: true, retryStrategy: () => null, maxRetriesPerRequest: 0, enableOfflineQueue: false, connectTimeout: 2000, enableAutoPipelining: false });
     // ioredis answers a failed connect with "Connection is closed."; the cause is the error event's.
     let cause: unknown;
@@ -67,12 +113,11 @@ export async function waitForRedis(url: string, options: { logger: Logger; what:
       const err = cause ?? caught;
       const message = err instanceof Error ? err.message : String(err);
       if (FATAL.test(message)) throw new RedisRefusedError(url, message);
-      const state = classify(err);
-      options.onState?.(state);
-      if (Date.now() - lastLogMs >= logEveryMs) {
-        lastLogMs = Date.now();
-        options.logger.warn({ redis: redactedRedisUrl(url), reason: state.reason, error: state.error, waitedMs: Date.now() - startedMs }, `${options.what}: waiting for Redis`);
-      }
+      let state = classify(err);
+      const refusal = state.reason === 'other' ? await refusalOnConnect(url) : undefined;
+      if (refusal) state = { reason: 'protected_mode', error: refusal };
+      denied = state.reason === 'protected_mode';
+      report(state);
     } finally {
       probe.disconnect();
     }
