@@ -35,10 +35,16 @@ interface CommandRun {
   durationMs: number;
 }
 
-/** Durable commands whose connection this process holds, by sandbox record and command id. */
-const liveCommands = new WeakMap<SandboxRecord, Map<string, CommandChannel>>();
+/** A durable command whose connection this process holds; `stdinOpen` until its stdin is closed. */
+interface LiveCommand {
+  channel: CommandChannel;
+  stdinOpen: boolean;
+}
 
-function liveOf(rec: SandboxRecord): Map<string, CommandChannel> {
+/** Durable commands whose connection this process holds, by sandbox record and command id. */
+const liveCommands = new WeakMap<SandboxRecord, Map<string, LiveCommand>>();
+
+function liveOf(rec: SandboxRecord): Map<string, LiveCommand> {
   let live = liveCommands.get(rec);
   if (!live) liveCommands.set(rec, (live = new Map()));
   return live;
@@ -144,7 +150,8 @@ async function runInSandbox(ctx: RuntimeContext, rec: SandboxRecord, start: Star
       },
       abandon.signal,
     );
-    if (commandId !== undefined) live.set(commandId, channel);
+    // Attached, a command's stdin is as open as its first spawn left it: the init drops what it cannot take.
+    if (commandId !== undefined) live.set(commandId, { channel, stdinOpen: spec ? spec.keepStdinOpen === true : true });
     if (!spec) await Promise.race([slotKnown, channel.outcome.catch(() => undefined)]);
     outcome = await channel.outcome.catch((err: unknown) => {
       // Stopped and dropped after the grace: the command was SIGKILLed with its group.
@@ -155,7 +162,7 @@ async function runInSandbox(ctx: RuntimeContext, rec: SandboxRecord, start: Star
     finished = true;
     clearTimeout(timer);
     clearTimeout(killer);
-    if (commandId !== undefined && live.get(commandId) === channel) live.delete(commandId);
+    if (commandId !== undefined && live.get(commandId)?.channel === channel) live.delete(commandId);
     await killing.catch(() => undefined);
   }
   const durationMs = Math.round((performance.now() - started) * 1000) / 1000;
@@ -251,16 +258,17 @@ export async function attachCommand(ctx: RuntimeContext, sandboxId: string, spec
 }
 
 export function signalCommand(ctx: RuntimeContext, sandboxId: string, commandId: string, signo: number): boolean {
-  const channel = liveOf(recordOf(ctx, sandboxId)).get(commandId);
-  channel?.signal(signo);
-  return channel !== undefined;
+  const live = liveOf(recordOf(ctx, sandboxId)).get(commandId);
+  live?.channel.signal(signo);
+  return live !== undefined;
 }
 
 export async function writeCommandStdin(ctx: RuntimeContext, sandboxId: string, commandId: string, data: Buffer, eof: boolean): Promise<boolean> {
-  const channel = liveOf(recordOf(ctx, sandboxId)).get(commandId);
-  if (!channel) return false;
-  if (data.length > 0) await channel.writeStdin(data);
-  if (eof) channel.closeStdin();
+  const live = liveOf(recordOf(ctx, sandboxId)).get(commandId);
+  if (!live?.stdinOpen) return false;
+  if (eof) live.stdinOpen = false;
+  if (data.length > 0) await live.channel.writeStdin(data);
+  if (eof) live.channel.closeStdin();
   return true;
 }
 
