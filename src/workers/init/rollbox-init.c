@@ -1,6 +1,10 @@
 /*
  * rollbox-init: PID 1 of every rollbox sandbox.
  *
+ * Longer than most: the event loop, its sessions (durable commands' logs included) and
+ * the init's side of the keepers share one poll set and one table; spawn requests and the
+ * keeper process are in spawn.c and keeper.c.
+ *
  * runc starts it with the container's full config (namespaces, cgroups, seccomp filter,
  * capabilities, no_new_privs, rlimits), so every process it forks inherits exactly those.
  * It reaps every process re-parented to it, and runs commands for the worker host that
@@ -49,10 +53,6 @@
  * killed (or, finished, dropped).
  *
  * Static, no libc of the image's, no shell: it works in any base image.
- *
- * Longer than most: the event loop, its sessions and the init's side of the keepers share
- * one poll set and one table; spawn requests and the keeper process are in spawn.c and
- * keeper.c.
  */
 #define _GNU_SOURCE
 #include "init.h"
