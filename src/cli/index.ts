@@ -1,3 +1,4 @@
+import { registerCommandCommands } from './command.ts';
 import { Command, Option } from 'commander';
 import { loadConfig, type Config } from '../config/index.ts';
 import { issueTokenCommand } from '../iam/index.ts';
@@ -118,6 +119,7 @@ export async function runCli(argv: string[]): Promise<void> {
   registerBurstCommands(program);
   registerBatchCommands(program);
   registerImageCommands(program);
+  registerCommandCommands(program);
   addBurstRecordCommand(program);
 
   try {
