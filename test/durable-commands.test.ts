@@ -1,6 +1,8 @@
 import type { ChildProcess } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Redis } from 'ioredis';
 import type { Scope } from '../src/api/index.ts';
+import { CommandLog, keys } from '../src/registry/index.ts';
 import { serverSentEvents } from '../src/client/index.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 
@@ -18,8 +20,8 @@ beforeAll(async () => {
 });
 afterAll(async () => cluster?.stop());
 
-async function startWorker(): Promise<ChildProcess> {
-  const child = await cluster.spawnWorker({ nodeId: NODE });
+async function startWorker(env?: Record<string, string>): Promise<ChildProcess> {
+  const child = await cluster.spawnWorker({ nodeId: NODE, ...(env ? { env } : {}) });
   const startedAfterMs = Date.now();
   await waitFor(
     `${NODE} ready`,
@@ -30,11 +32,11 @@ async function startWorker(): Promise<ChildProcess> {
 }
 
 /** SIGKILLs the worker host process and starts a new one for the same node and data dir. */
-async function restartWorker(): Promise<void> {
+async function restartWorker(env?: Record<string, string>): Promise<void> {
   const exited = new Promise((resolve) => worker.once('exit', resolve));
   worker.kill('SIGKILL');
   await exited;
-  worker = await startWorker();
+  worker = await startWorker(env);
 }
 
 const exec = (id: string, body: object) => api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, body);
@@ -89,6 +91,30 @@ describe('commands outlive their worker host', () => {
     await api(cluster, token, 'DELETE', `/v1/sandboxes/${sandbox.id}`);
   });
 
+  it('a command the dying worker recorded as running but never handed to the init runs once, after the restart', async () => {
+    const { body: sandbox } = await api(cluster, token, 'POST', '/v1/sandboxes', {});
+    const exited = new Promise((resolve) => worker.once('exit', resolve));
+    worker.kill('SIGKILL');
+    await exited;
+    // Sent while no worker runs: it waits in the node's inbox. Then made to look as a worker
+    // that died right after recording its start would leave it: running, its message taken.
+    const pending = exec(sandbox.id, { cmd: 'echo ran >> /root/late; echo late-result', commandId: 'late-1' });
+    const redis = new Redis(cluster.redisUrl);
+    try {
+      const inbox = keys.inbox(NODE, 'ops');
+      const raw = await waitFor('the exec in the inbox', async () => (await redis.lrange(inbox, 0, -1)).find((m) => m.includes('"late-1"')));
+      await redis.multi().lrem(inbox, 1, raw).lpush(`${inbox}:taken`, raw).exec();
+      await new CommandLog(redis).start(sandbox.id, 'late-1', JSON.parse(raw).requestId);
+    } finally {
+      redis.disconnect();
+    }
+    worker = await startWorker();
+    const answer = await pending;
+    expect(answer.body).toMatchObject({ commandId: 'late-1', exitCode: 0, stdout: 'late-result\n' });
+    expect(await lines(sandbox.id, '/root/late')).toBe('1');
+    await api(cluster, token, 'DELETE', `/v1/sandboxes/${sandbox.id}`);
+  });
+
   it('rollouts x turns, several at once, with the worker host SIGKILLed mid-load: no result_unknown, no turn run twice', async () => {
     const ROLLOUTS = 12;
     const TURNS = 6;
@@ -115,6 +141,23 @@ describe('commands outlive their worker host', () => {
     expect(outcomes).toHaveLength(ROLLOUTS * TURNS);
     for (const id of sandboxes) expect(await lines(id, '/root/turns')).toBe(String(TURNS));
     await Promise.all(sandboxes.map((id) => api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`)));
+  });
+});
+
+describe('past the grace', () => {
+  it('a command whose worker stayed away longer than its grace was killed by the init and answers result_unknown', async () => {
+    const shortGrace = { ROLLBOX_COMMAND_GRACE_MS: '300' };
+    await restartWorker(shortGrace);
+    const { body: sandbox } = await api(cluster, token, 'POST', '/v1/sandboxes', {});
+    const pending = exec(sandbox.id, { cmd: 'echo ran >> /root/short; sleep 30', commandId: 'short-1', timeoutMs: 60_000 });
+    await waitFor('short-1 running', async () => (await lines(sandbox.id, '/root/short')) === '1');
+    await restartWorker(shortGrace);
+    const answer = await pending;
+    expect(answer.body.error?.code, JSON.stringify(answer.body)).toBe('result_unknown');
+    expect((await exec(sandbox.id, { cmd: 'ps -o args | grep -c "^sleep 30" || true' })).body.stdout.trim()).toBe('0');
+    expect((await exec(sandbox.id, { cmd: 'echo ran >> /root/short; sleep 30', commandId: 'short-1' })).body.error.code).toBe('result_unknown');
+    await api(cluster, token, 'DELETE', `/v1/sandboxes/${sandbox.id}`);
+    await restartWorker();
   });
 });
 

@@ -14,6 +14,9 @@ const LAYER_PIN_MS = 30 * 60_000;
 
 type ExecOp = Extract<NodeOp, { kind: 'exec' }>;
 
+/** Clock differences between the worker's start record and the init's grace timer, with room to spare. */
+const NEVER_RECEIVED_MARGIN_MS = 2000;
+
 function notRunning(op: { sandboxId: string; commandId: string }): RollboxError {
   return new RollboxError('invalid_state', `command ${op.commandId} is not running in sandbox ${op.sandboxId} (or was not started with stdinOpen)`);
 }
@@ -90,7 +93,7 @@ export class OpHandler {
    */
   private async exec(op: ExecOp, receipt: InboxReceipt): Promise<void> {
     const { ctx } = this;
-    const { commands, runtime } = ctx.deps;
+    const { commands } = ctx.deps;
     const takenAt = performance.now();
     if (!ctx.local.has(op.sandboxId)) {
       await commands.abandon(op.sandboxId, op.commandId);
@@ -98,22 +101,25 @@ export class OpHandler {
     }
     if (!(await commands.start(op.sandboxId, op.commandId, op.requestId))) return this.resume(op, receipt);
     const output = op.stream ? new OutputWriter(ctx.deps.redis, op.sandboxId, op.commandId) : undefined;
-    await this.collect(op, receipt, output, takenAt, (record) =>
-      runtime.exec(op.sandboxId, {
-        argv: op.argv,
-        stdin: op.stdin,
-        env: op.env,
-        cwd: op.cwd,
-        user: op.user,
-        timeoutMs: op.timeoutMs,
-        outputCapBytes: ctx.deps.config.execOutputCapBytes,
-        onOutput: output && ((stream, chunk) => output.write(stream, chunk)),
-        holdBackBesteffort: !op.background,
-        keepStdinOpen: op.stdinOpen,
-        durable: { commandId: op.commandId, graceMs: ctx.deps.config.commandGraceMs },
-        record,
-      }),
-    );
+    await this.collect(op, receipt, output, takenAt, (record) => this.spawn(op, output, record));
+  }
+
+  private spawn(op: ExecOp, output: OutputWriter | undefined, record: (outcome: RuntimeExecOutcome) => Promise<void>): Promise<RuntimeExecOutcome> {
+    const { config, runtime } = this.ctx.deps;
+    return runtime.exec(op.sandboxId, {
+      argv: op.argv,
+      stdin: op.stdin,
+      env: op.env,
+      cwd: op.cwd,
+      user: op.user,
+      timeoutMs: op.timeoutMs,
+      outputCapBytes: config.execOutputCapBytes,
+      onOutput: output && ((stream, chunk) => output.write(stream, chunk)),
+      holdBackBesteffort: !op.background,
+      keepStdinOpen: op.stdinOpen,
+      durable: { commandId: op.commandId, graceMs: config.commandGraceMs },
+      record,
+    });
   }
 
   /**
@@ -142,8 +148,17 @@ export class OpHandler {
           record: (outcome) => recordResult({ ...outcome, durationMs: ctx.now() - startedAtMs }),
         }),
       );
-      if (!collected) await commands.markUnknown(op.sandboxId, op.commandId, `its worker host ${ctx.nodeId} restarted while it ran and its init no longer held it (the grace ran out, or it never started)`);
-      else ctx.log.info({ sandboxId: op.sandboxId, commandId: op.commandId }, 'collected a command that outlived the previous worker process');
+      if (collected) {
+        ctx.log.info({ sandboxId: op.sandboxId, commandId: op.commandId }, 'collected a command that outlived the previous worker process');
+      } else if (ctx.now() - startedAtMs < ctx.deps.config.commandGraceMs - NEVER_RECEIVED_MARGIN_MS) {
+        // Unknown to the init within a grace of its start: its grace cannot have run out, a
+        // lost status is kept for the grace, a collected one is recorded: the previous
+        // process died before the spawn reached the init. It runs now, for the first time.
+        ctx.log.info({ sandboxId: op.sandboxId, commandId: op.commandId }, 'a command the previous worker process never handed to the init: started now');
+        await this.collect(op, receipt, output, takenAt, (record) => this.spawn(op, output, record));
+      } else {
+        await commands.markUnknown(op.sandboxId, op.commandId, `its worker host ${ctx.nodeId} restarted while it ran and its init no longer held it (its grace of ${ctx.deps.config.commandGraceMs} ms ran out)`);
+      }
     } finally {
       this.resuming.delete(key);
     }

@@ -114,7 +114,9 @@ export async function openCommand(socketPath: string, start: CommandStart, handl
             finish(() => resolveOutcome({ kind: 'exit', exitCode: payload.readInt32LE(0), waitStatus: payload.readInt32LE(4) }), durable);
             break;
           case Frame.error:
-            finish(() => resolveOutcome({ kind: 'refused', message: payload.toString('utf8') }));
+            // An attach is refused only when the command's status is lost (or by a bug of ours): no result.
+            if ('attach' in start) finish(() => rejectOutcome(new InitLostError(payload.toString('utf8'))));
+            else finish(() => resolveOutcome({ kind: 'refused', message: payload.toString('utf8') }));
             break;
           case Frame.unknown:
             finish(() => resolveOutcome({ kind: 'unknown' }));

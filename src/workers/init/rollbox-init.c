@@ -50,7 +50,8 @@
  * the spawn's caps, and their exit status. ATTACH on a new connection (a restarted worker)
  * replays the log from an offset, streams on, and ends with EXIT; the worker sends FORGET
  * once it recorded the result. A durable command nobody attaches to within its grace is
- * killed (or, finished, dropped).
+ * killed (or, finished, dropped). One whose status was lost is kept as such for its grace
+ * (ATTACH answers ERROR), so UNKNOWN within a grace of the spawn means "never received".
  *
  * Static, no libc of the image's, no shell: it works in any base image.
  */
@@ -460,6 +461,11 @@ static void do_attach(struct session *s, const char *p, size_t len) {
     send_frame(s, F_UNKNOWN, NULL, 0);
     return;
   }
+  if (c->lost) {
+    /* Kept until its grace so this is not mistaken for a command the init never received. */
+    send_error(s, "the exit status of command %s was lost (its keeper was killed)", id);
+    return;
+  }
   if (from > c->log_len) {
     send_error(s, "offset %llu is past the command's output (%llu bytes)", (unsigned long long)from, (unsigned long long)c->log_len);
     return;
@@ -847,8 +853,8 @@ int main(void) {
       if (s->fd_in >= 0 && s->stdin_eof && buf_pending(&s->stdin_) == 0) close_fd(&s->fd_in);
       if (s->lost && !s->exit_sent) kill_command(s);
       if (s->sock < 0) {
-        /* Detached: nobody attached within the grace (or its status was lost): it goes. */
-        if (s->lost || now - s->detached_ms >= (int64_t)s->grace_ms) {
+        /* Detached: nobody attached within the grace: it goes. */
+        if (now - s->detached_ms >= (int64_t)s->grace_ms) {
           kill_command(s);
           session_free(i);
         }
@@ -857,7 +863,7 @@ int main(void) {
       if (s->id) pump_log(s);
       if (!s->peer_gone && !s->lost) finish_if_done(s);
       if (!s->peer_gone) flush_out(s);
-      if (s->peer_gone && s->id && !s->forgotten && !s->lost) {
+      if (s->peer_gone && s->id && !s->forgotten) {
         detach(s);
       } else if (s->peer_gone) {
         /* Nobody will read the result: the command goes (its exec cgroup is the worker's to clean). */
