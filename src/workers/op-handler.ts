@@ -7,7 +7,7 @@ import { OutputWriter, keys } from '../registry/index.ts';
 import { readSandboxFiles, writeSandboxFiles } from './files.ts';
 import type { HostContext } from './host-context.ts';
 import { InitLostError } from './init/index.ts';
-import type { RuntimeExecOutcome } from './runtime/index.ts';
+import { CommandReleasedError, type RuntimeExecOutcome } from './runtime/index.ts';
 
 /** A packed layer is safe from garbage collection this long if its record is never written. */
 const LAYER_PIN_MS = 30 * 60_000;
@@ -188,6 +188,12 @@ export class OpHandler {
       receipt.acked = true;
     };
     const outcome = await run(record).catch(async (err: unknown) => {
+      if (err instanceof CommandReleasedError) {
+        // This process stops and leaves the command running: its message stays taken, so
+        // the next start requeues it and collects the command (resume).
+        receipt.acked = true;
+        return 'released' as const;
+      }
       await commands.markUnknown(op.sandboxId, op.commandId, err instanceof Error ? err.message : String(err));
       if (!(err instanceof InitLostError)) throw err;
       // The init went away under the command: whatever it did, no result can be trusted.
@@ -195,6 +201,7 @@ export class OpHandler {
       throw new RollboxError('result_unknown', `command ${op.commandId}: ${err.message}; it may or may not have taken effect`);
     });
     if (!outcome) return false;
+    if (outcome === 'released') return true;
     await output?.end();
     // A killed command may mean the whole sandbox went down with it.
     if (outcome.exitCode >= 128 || outcome.oomKills > 0) await ctx.checkAlive(op.sandboxId);

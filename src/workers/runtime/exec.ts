@@ -39,6 +39,20 @@ interface CommandRun {
 interface LiveCommand {
   channel: CommandChannel;
   stdinOpen: boolean;
+  /** This process let go of it (detach): the command runs on for the next worker to collect. */
+  released: boolean;
+  release(): void;
+}
+
+/**
+ * This worker process let go of a durable command (it stops, leaving its sandboxes to the
+ * next start): no outcome here; the command runs on in its init for the next one.
+ */
+export class CommandReleasedError extends Error {
+  constructor(commandId: string) {
+    super(`command ${commandId} was left running for the next worker process`);
+    this.name = 'CommandReleasedError';
+  }
 }
 
 /** Durable commands whose connection this process holds, by sandbox record and command id. */
@@ -111,6 +125,7 @@ async function runInSandbox(ctx: RuntimeContext, rec: SandboxRecord, start: Star
   const started = performance.now();
   let outcome: CommandOutcome;
   const live = liveOf(rec);
+  let liveCommand: LiveCommand | undefined;
   try {
     channel = await openCommand(
       rec.socketPath,
@@ -150,18 +165,33 @@ async function runInSandbox(ctx: RuntimeContext, rec: SandboxRecord, start: Star
       },
       abandon.signal,
     );
-    // Attached, a command's stdin is as open as its first spawn left it: the init drops what it cannot take.
-    if (commandId !== undefined) live.set(commandId, { channel, stdinOpen: spec ? spec.keepStdinOpen === true : true });
+    if (commandId !== undefined) {
+      const opened = channel;
+      // Attached, a command's stdin is as open as its first spawn left it: the init drops what it cannot take.
+      liveCommand = {
+        channel: opened,
+        stdinOpen: spec ? spec.keepStdinOpen === true : true,
+        released: false,
+        release() {
+          this.released = true;
+          opened.close();
+        },
+      };
+      live.set(commandId, liveCommand);
+      ctx.commandChannels.add(liveCommand);
+    }
     if (!spec) await Promise.race([slotKnown, channel.outcome.catch(() => undefined)]);
     outcome = await channel.outcome.catch((err: unknown) => {
       // Stopped and dropped after the grace: the command was SIGKILLed with its group.
       if (abandon.signal.aborted) return { kind: 'exit', exitCode: 137, waitStatus: 9 } as const;
+      if (liveCommand?.released) throw new CommandReleasedError(commandId!);
       throw err;
     });
   } finally {
     finished = true;
     clearTimeout(timer);
     clearTimeout(killer);
+    if (liveCommand) ctx.commandChannels.delete(liveCommand);
     if (commandId !== undefined && live.get(commandId)?.channel === channel) live.delete(commandId);
     await killing.catch(() => undefined);
   }
@@ -270,6 +300,11 @@ export async function writeCommandStdin(ctx: RuntimeContext, sandboxId: string, 
   if (data.length > 0) await live.channel.writeStdin(data);
   if (eof) live.channel.closeStdin();
   return true;
+}
+
+/** This process lets go of every durable command it holds (a worker that stops and leaves its sandboxes running). */
+export function releaseCommands(ctx: RuntimeContext): void {
+  for (const live of ctx.commandChannels) live.release();
 }
 
 export { InitLostError };

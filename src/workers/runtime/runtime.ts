@@ -3,7 +3,7 @@ import { readOomKills } from './cgroups.ts';
 import { createRuntimeContext, type RuncRuntimeDeps } from './context.ts';
 import { claimSandbox } from './claim.ts';
 import { createSandbox } from './create.ts';
-import { attachCommand, execCommand, execRawCommand, signalCommand, writeCommandStdin } from './exec.ts';
+import { attachCommand, execCommand, execRawCommand, releaseCommands, signalCommand, writeCommandStdin } from './exec.ts';
 import { checkSandboxId } from './layout.ts';
 import { applyPolicy, freezerStateFile, setFrozen } from './policy.ts';
 import { reconcile } from './reconcile.ts';
@@ -82,6 +82,7 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
       ctx.exitListener = listener;
     },
     detach() {
+      releaseCommands(ctx);
       ctx.exitListener = undefined;
       ctx.initWatch.close();
     },
