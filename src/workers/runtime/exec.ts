@@ -232,7 +232,7 @@ export async function execCommand(ctx: RuntimeContext, sandboxId: string, spec: 
   validateExec(spec);
   // The init takes the user as one NUL-terminated string.
   if (spec.user !== undefined && (spec.user === '' || spec.user.includes('\0'))) throw new RollboxError('invalid_request', 'user must be a name, uid, name:group or uid:gid');
-  const release = spec.holdBackBesteffort && !rec.besteffort ? ctx.guard.hold() : undefined;
+  const releaseGuard = spec.holdBackBesteffort && !rec.besteffort ? ctx.guard.hold() : undefined;
   try {
     const run = await runInSandbox(
       ctx,
@@ -253,11 +253,16 @@ export async function execCommand(ctx: RuntimeContext, sandboxId: string, spec: 
           durable: spec.durable,
         },
       },
-      spec.record && ((r) => spec.record!(outcomeOf(r))),
+      // Besteffort neighbours go back to their quota before the caller hears of the result.
+      spec.record &&
+        ((r) => {
+          releaseGuard?.();
+          return spec.record!(outcomeOf(r));
+        }),
     );
     return outcomeOf(run!);
   } finally {
-    release?.();
+    releaseGuard?.();
   }
 }
 
