@@ -91,12 +91,12 @@ const processesIn = (): string => {
 
 describe('durable commands in the init', () => {
   it('run on when their connection drops; an attach replays all output (spilled past 64 KiB) then the exit; forget drops them', async () => {
-    // 300 KiB of numbered lines, written while no connection holds the command.
-    const script = 'i=0; while [ $i -lt 20 ]; do sleep 0.05; i=$((i+1)); done; seq 1 50000; echo end >&2; exit 5';
+    // 917 KiB of numbered lines, written while no connection holds the command.
+    const script = 'i=0; while [ $i -lt 20 ]; do sleep 0.05; i=$((i+1)); done; seq 1 150000; echo end >&2; exit 5';
     const first = await openCommand(socketPath, { spawn: spawnOf(['sh', '-c', script], 'big-1') });
     first.close();
     const replay = await attach('big-1');
-    const expected = Array.from({ length: 50_000 }, (_, i) => `${i + 1}\n`).join('');
+    const expected = Array.from({ length: 150_000 }, (_, i) => `${i + 1}\n`).join('');
     expect(replay.outcome).toEqual({ kind: 'exit', exitCode: 5, waitStatus: 5 << 8 });
     expect(replay.stdout.length).toBe(expected.length);
     expect(replay.stdout === expected).toBe(true);

@@ -585,6 +585,18 @@ static void flush_out(struct session *s) {
   }
 }
 
+/* A durable command's log goes out as fast as the connection takes it: a socket that took
+ * all that was queued raises no POLLOUT, so the next piece is queued now, not after some
+ * event that may never come (a command that ended). */
+static void pump_and_flush(struct session *s) {
+  for (;;) {
+    uint64_t before = s->sent;
+    pump_log(s);
+    flush_out(s);
+    if (s->peer_gone || buf_pending(&s->out) > 0 || s->sent == s->log_len || s->sent == before) return;
+  }
+}
+
 static void kill_command(struct session *s) {
   if (s->pid > 0 && !s->exited) {
     kill(-s->pid, SIGKILL);
@@ -860,7 +872,7 @@ int main(void) {
         }
         continue;
       }
-      if (s->id) pump_log(s);
+      if (s->id) pump_and_flush(s);
       if (!s->peer_gone && !s->lost) finish_if_done(s);
       if (!s->peer_gone) flush_out(s);
       if (s->peer_gone && s->id && !s->forgotten) {
