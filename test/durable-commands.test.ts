@@ -116,9 +116,9 @@ describe('commands outlive their worker host', () => {
   });
 
   it('rollouts x turns, several at once, with the worker host SIGKILLed mid-load: no result_unknown, no turn run twice', async () => {
-    const ROLLOUTS = 12;
-    const TURNS = 6;
-    const AT_ONCE = 4;
+    const ROLLOUTS = 16;
+    const TURNS = 10;
+    const AT_ONCE = 8;
     const sandboxes: string[] = [];
     for (let i = 0; i < ROLLOUTS; i++) sandboxes.push((await api(cluster, token, 'POST', '/v1/sandboxes', {})).body.id);
     const outcomes: string[] = [];
