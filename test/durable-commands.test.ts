@@ -3,7 +3,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Redis } from 'ioredis';
 import type { Scope } from '../src/api/index.ts';
 import { CommandLog, keys } from '../src/registry/index.ts';
-import { serverSentEvents } from '../src/client/index.ts';
+import { RollboxClient, serverSentEvents } from '../src/client/index.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 
 const SCOPES: Scope[] = ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'admin'];
@@ -201,6 +201,18 @@ describe('signal and stdin by command id', () => {
       return s.body.state === 'done' ? s.body : undefined;
     });
     expect(killed.result.exitCode).toBe(137);
+
+    // The same through the TypeScript client.
+    const client = new RollboxClient({ baseUrl: cluster.url, token });
+    await client.execBackground(sandbox.id, { argv: ['sh', '-c', 'read a; read b; echo "$b $a"'], stdinOpen: true, commandId: 'ts-1' });
+    await waitFor('ts-1 running', async () => (await client.commandStatus(sandbox.id, 'ts-1')).state === 'running');
+    await client.writeStdin(sandbox.id, 'ts-1', 'first\n');
+    await client.writeStdin(sandbox.id, 'ts-1', 'second\n', { eof: true });
+    expect((await waitFor('ts-1 done', async () => { const st = await client.commandStatus(sandbox.id, 'ts-1'); return st.state === 'done' ? st : undefined; })).stdout).toBe('second first\n');
+    await client.execBackground(sandbox.id, { cmd: 'sleep 600', commandId: 'ts-2' });
+    await waitFor('ts-2 running', async () => (await client.commandStatus(sandbox.id, 'ts-2')).state === 'running');
+    expect(await client.signalCommand(sandbox.id, 'ts-2', 'INT')).toEqual({ commandId: 'ts-2', state: 'running' });
+    expect((await waitFor('ts-2 done', async () => { const st = await client.commandStatus(sandbox.id, 'ts-2'); return st.state === 'done' ? st : undefined; })).result?.exitCode).toBe(130);
 
     // Bad input: coded errors.
     expect((await signal('sleep-1', { signal: 'NOPE' })).body.error.code).toBe('invalid_request');
