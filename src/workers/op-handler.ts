@@ -29,8 +29,8 @@ function notRunning(op: { sandboxId: string; commandId: string }): RollboxError 
 export class OpHandler {
   /** Stage changes of one sandbox apply in the order they arrived. */
   private readonly policyChanges = new Map<string, Promise<void>>();
-  /** Commands of a previous process being collected (sandbox/command): one attach each. */
-  private readonly resuming = new Set<string>();
+  /** Commands this process runs or collects (sandbox/command): a redelivered message never attaches to one of them. */
+  private readonly inFlight = new Set<string>();
 
   constructor(private readonly ctx: HostContext) {}
 
@@ -101,7 +101,13 @@ export class OpHandler {
     }
     if (!(await commands.start(op.sandboxId, op.commandId, op.requestId))) return this.resume(op, receipt);
     const output = op.stream ? new OutputWriter(ctx.deps.redis, op.sandboxId, op.commandId) : undefined;
-    await this.collect(op, receipt, output, takenAt, (record) => this.spawn(op, output, record));
+    const key = `${op.sandboxId}/${op.commandId}`;
+    this.inFlight.add(key);
+    try {
+      await this.collect(op, receipt, output, takenAt, (record) => this.spawn(op, output, record));
+    } finally {
+      this.inFlight.delete(key);
+    }
   }
 
   private spawn(op: ExecOp, output: OutputWriter | undefined, record: (outcome: RuntimeExecOutcome) => Promise<void>): Promise<RuntimeExecOutcome> {
@@ -133,8 +139,8 @@ export class OpHandler {
     const { commands, runtime } = ctx.deps;
     const key = `${op.sandboxId}/${op.commandId}`;
     const record = await commands.get(op.sandboxId, op.commandId);
-    if (record?.state !== 'running' || this.resuming.has(key)) return;
-    this.resuming.add(key);
+    if (record?.state !== 'running' || this.inFlight.has(key)) return;
+    this.inFlight.add(key);
     try {
       const takenAt = performance.now();
       const startedAtMs = Date.parse(record.startedAt ?? '') || ctx.now();
@@ -160,7 +166,7 @@ export class OpHandler {
         await commands.markUnknown(op.sandboxId, op.commandId, `its worker host ${ctx.nodeId} restarted while it ran and its init no longer held it (its grace of ${ctx.deps.config.commandGraceMs} ms ran out)`);
       }
     } finally {
-      this.resuming.delete(key);
+      this.inFlight.delete(key);
     }
   }
 
