@@ -101,7 +101,7 @@ async function runInSandbox(ctx: RuntimeContext, rec: SandboxRecord, start: Star
   let slot: ExecSlot | undefined = spec ? rec.slots.acquire() : undefined;
   let attached: (() => void) | undefined;
   const slotKnown = new Promise<void>((resolve) => (attached = resolve));
-  const oomBefore = slot ? readOomKills(slot.memory) : 0;
+  let oomBefore = slot ? readOomKills(slot.memory) : 0;
   const stop = (): void => {
     if (killer || finished) return;
     const killedAt = Date.now();
@@ -149,6 +149,8 @@ async function runInSandbox(ctx: RuntimeContext, rec: SandboxRecord, start: Star
       {
         onAttached: (info) => {
           if (info.slot) slot = rec.slots.claim(info.slot);
+          // An attached command counts the OOM kills from here on (earlier ones are not told apart from its slot's past).
+          if (slot) oomBefore = readOomKills(slot.memory);
           attached?.();
         },
         onOutput: (stream, chunk) => {
