@@ -1,4 +1,5 @@
-import type { ChildProcess } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
+import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Redis } from 'ioredis';
 import type { Scope } from '../src/api/index.ts';
@@ -37,6 +38,20 @@ async function restartWorker(env?: Record<string, string>): Promise<void> {
   worker.kill('SIGKILL');
   await exited;
   worker = await startWorker(env);
+}
+
+/** The real `rollbox` command as a child process, `input` on its stdin. */
+function rollboxCli(args: string[], input = ''): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  const child = spawn(process.execPath, [path.resolve(import.meta.dirname, '../bin/rollbox.js'), ...args], { env: { ...process.env, ROLLBOX_URL: cluster.url, ROLLBOX_TOKEN: token }, stdio: ['pipe', 'pipe', 'pipe'] });
+  let stdout = '';
+  let stderr = '';
+  child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
+  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+  child.stdin.end(input);
+  return new Promise((resolve, reject) => {
+    child.once('error', reject);
+    child.once('close', (code) => resolve({ code, stdout, stderr }));
+  });
 }
 
 const exec = (id: string, body: object) => api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, body);
@@ -213,6 +228,17 @@ describe('signal and stdin by command id', () => {
     await waitFor('ts-2 running', async () => (await client.commandStatus(sandbox.id, 'ts-2')).state === 'running');
     expect(await client.signalCommand(sandbox.id, 'ts-2', 'INT')).toEqual({ commandId: 'ts-2', state: 'running' });
     expect((await waitFor('ts-2 done', async () => { const st = await client.commandStatus(sandbox.id, 'ts-2'); return st.state === 'done' ? st : undefined; })).result?.exitCode).toBe(130);
+
+    // And through the CLI: stdin piped in, then a signal.
+    await client.execBackground(sandbox.id, { argv: ['cat'], stdinOpen: true, commandId: 'cli-1' });
+    await waitFor('cli-1 running', async () => (await client.commandStatus(sandbox.id, 'cli-1')).state === 'running');
+    expect(await rollboxCli(['command', 'stdin', sandbox.id, 'cli-1'], 'piped\nlines\n')).toMatchObject({ code: 0 });
+    expect((await waitFor('cli-1 done', async () => { const st = await client.commandStatus(sandbox.id, 'cli-1'); return st.state === 'done' ? st : undefined; })).stdout).toBe('piped\nlines\n');
+    await client.execBackground(sandbox.id, { cmd: 'sleep 600', commandId: 'cli-2' });
+    await waitFor('cli-2 running', async () => (await client.commandStatus(sandbox.id, 'cli-2')).state === 'running');
+    expect(await rollboxCli(['command', 'signal', sandbox.id, 'cli-2', 'SIGTERM'])).toMatchObject({ code: 0, stdout: 'sent TERM to cli-2\n' });
+    expect((await waitFor('cli-2 done', async () => { const st = await client.commandStatus(sandbox.id, 'cli-2'); return st.state === 'done' ? st : undefined; })).result?.exitCode).toBe(143);
+    expect(await rollboxCli(['command', 'signal', sandbox.id, 'cli-2', 'BOGUS'])).toMatchObject({ code: 1, stderr: expect.stringContaining('invalid_request') });
 
     // Bad input: coded errors.
     expect((await signal('sleep-1', { signal: 'NOPE' })).body.error.code).toBe('invalid_request');
