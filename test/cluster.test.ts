@@ -106,7 +106,7 @@ describe('two worker hosts', () => {
     const { body: sandbox } = await api(cluster, token, 'POST', '/v1/sandboxes', {});
     const exec = (body: object) => api(c, token, 'POST', `/v1/sandboxes/${sandbox.id}/exec`, body);
     await exec({ cmd: 'echo kept > /root/state; sleep 301 >/dev/null 2>&1 &' });
-    // A command still running when the worker goes: nobody collects it, it is settled unknown.
+    // A command still running when the worker goes runs on: the next worker collects it.
     expect((await exec({ cmd: 'sleep 302', background: true, commandId: 'running-at-restart' })).status).toBe(202);
     const initPid = async () => (await exec({ cmd: 'cat /proc/1/stat' })).body.stdout.split(' ').slice(0, 2).join(' ');
     const before = await initPid();
@@ -119,9 +119,15 @@ describe('two worker hosts', () => {
     expect(await initPid()).toBe(before);
     expect(before).toMatch(/^1 \(init\)$/);
     expect(read.body.stdout).toContain('sleep 301'); // a daemon outlives the restart
-    expect(read.body.stdout).not.toContain('sleep 302');
-    const settled = await api(cluster, token, 'GET', `/v1/sandboxes/${sandbox.id}/commands/running-at-restart`);
-    expect(settled.body.state).toBe('unknown');
+    expect(read.body.stdout).toContain('sleep 302'); // so does a running command
+    expect((await api(cluster, token, 'GET', `/v1/sandboxes/${sandbox.id}/commands/running-at-restart`)).body.state).toBe('running');
+    // The new worker holds it: a signal by its id reaches it, and its real end is recorded.
+    await waitFor('the collected command to take a signal', async () => (await api(c, token, 'POST', `/v1/sandboxes/${sandbox.id}/commands/running-at-restart/signal`, { signal: 'KILL' })).status === 200);
+    const settled = await waitFor('running-at-restart done', async () => {
+      const s = await api(c, token, 'GET', `/v1/sandboxes/${sandbox.id}/commands/running-at-restart`);
+      return s.body.state === 'done' ? s.body : undefined;
+    });
+    expect(settled.result.exitCode).toBe(137);
     expect((await api(cluster, token, 'GET', `/v1/sandboxes/${sandbox.id}`)).body.state).toBe('running');
   });
 });

@@ -42,7 +42,7 @@ describe('command log', () => {
     await api(cluster, token, 'DELETE', `/v1/sandboxes/${sandbox.id}`);
   });
 
-  it('answers result_unknown, never a silent re-run, when the worker host dies mid-command', async () => {
+  it('answers result_unknown, never a silent re-run, when the worker host dies mid-command and does not come back', async () => {
     const child = await cluster.spawnWorker({ nodeId: 'node-dies' });
     await waitFor('node-dies heartbeat', async () => (await api(cluster, token, 'GET', '/v1/nodes')).body.nodes.some((n: { nodeId: string }) => n.nodeId === 'node-dies'));
     // Place on the doomed node: keep creating until one lands there.

@@ -29,6 +29,8 @@ export const ExecRequest = z
     background: z.boolean().default(false),
     /** Idempotency id of this command within the sandbox. */
     commandId: z.string().regex(/^[A-Za-z0-9_.:-]{1,128}$/).optional(),
+    /** Keep stdin open (after `stdin`, if given) for POST .../commands/:commandId/stdin; it ends with `eof`. */
+    stdinOpen: z.boolean().optional(),
   })
   .refine((r) => (r.argv === undefined) !== (r.cmd === undefined), { message: 'give exactly one of argv or cmd', path: ['argv'] });
 export type ExecRequest = z.infer<typeof ExecRequest>;
@@ -84,3 +86,23 @@ export type CommandStatus = z.infer<typeof CommandStatus>;
 
 export const DEFAULT_EXEC_TIMEOUT_MS = 60_000;
 export const DEFAULT_BACKGROUND_TIMEOUT_MS = 24 * 3600 * 1000;
+
+/** Signals a running command can be sent, by name (Linux numbers). */
+export const SIGNAL_NUMBERS = { HUP: 1, INT: 2, QUIT: 3, KILL: 9, USR1: 10, USR2: 12, TERM: 15, CONT: 18, STOP: 19, TSTP: 20, WINCH: 28 } as const;
+export const SignalName = z.enum(Object.keys(SIGNAL_NUMBERS) as [keyof typeof SIGNAL_NUMBERS, ...(keyof typeof SIGNAL_NUMBERS)[]]);
+export type SignalName = z.infer<typeof SignalName>;
+
+/** POST /v1/sandboxes/:id/commands/:commandId/signal: to the command's process group. */
+export const CommandSignalRequest = z.strictObject({ signal: SignalName });
+export type CommandSignalRequest = z.infer<typeof CommandSignalRequest>;
+
+/** POST /v1/sandboxes/:id/commands/:commandId/stdin: bytes (UTF-8) for a command started with `stdinOpen`; `eof` closes its stdin. */
+export const CommandStdinRequest = z.strictObject({
+  data: z.string().max(1024 * 1024).default(''),
+  eof: z.boolean().default(false),
+});
+export type CommandStdinRequest = z.infer<typeof CommandStdinRequest>;
+
+/** What a signal or stdin request answers: it reached the running command. */
+export const CommandInputResult = z.object({ commandId: z.string(), state: z.literal('running') });
+export type CommandInputResult = z.infer<typeof CommandInputResult>;

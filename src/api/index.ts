@@ -29,7 +29,22 @@ export {
   Lineage,
 } from './sandbox.ts';
 export { ForkRequest, SnapshotForkRequest, ForkChild, ForkResult, MAX_FORK_CHILDREN } from './fork.ts';
-export { ExecRequest, ExecResult, CommandState, CommandRecord, CommandStatus, ListCommandsQuery, CommandList, DEFAULT_EXEC_TIMEOUT_MS, DEFAULT_BACKGROUND_TIMEOUT_MS } from './exec.ts';
+export {
+  ExecRequest,
+  ExecResult,
+  CommandState,
+  CommandRecord,
+  CommandStatus,
+  ListCommandsQuery,
+  CommandList,
+  DEFAULT_EXEC_TIMEOUT_MS,
+  DEFAULT_BACKGROUND_TIMEOUT_MS,
+  SIGNAL_NUMBERS,
+  SignalName,
+  CommandSignalRequest,
+  CommandStdinRequest,
+  CommandInputResult,
+} from './exec.ts';
 export { Layer, LayerName, LayerList, UploadLayerQuery, SnapshotRequest, LayerChunkTable, CHUNK_TABLE_FORMAT } from './layer.ts';
 export { ImageName, ImportImageQuery, ImageConfig, ImageLayer, Image, ImageState, PullImageRequest, PullProgress, ImagePull, ImageRecord, ImportReport, ImportedImage, ImageList, MAX_STACK_LAYERS, withImageDefaults } from './image.ts';
 export { NodeHeartbeat, NodeList } from './node.ts';

@@ -51,6 +51,27 @@ export const ExecOp = z.object({
   stream: z.boolean().default(false),
   /** Nobody waits on the result (a background command): it does not hold besteffort sandboxes back. */
   background: z.boolean().default(false),
+  /** Stdin stays open after `stdin` for CommandStdinOp. */
+  stdinOpen: z.boolean().optional(),
+});
+/** A signal to a running command's process group. */
+export const CommandSignalOp = z.object({
+  kind: z.literal('signal'),
+  sandboxId: z.string(),
+  requestId: z.string(),
+  replyTo: z.string(),
+  commandId: z.string(),
+  signo: z.number().int().min(1).max(64),
+});
+/** Stdin for a running command started with `stdinOpen`. */
+export const CommandStdinOp = z.object({
+  kind: z.literal('stdin'),
+  sandboxId: z.string(),
+  requestId: z.string(),
+  replyTo: z.string(),
+  commandId: z.string(),
+  data: z.string(),
+  eof: z.boolean(),
 });
 export const DestroyOp = z.object({
   kind: z.literal('destroy'),
@@ -105,7 +126,7 @@ export const PolicyOp = z.object({
   network: NetworkPolicy.optional(),
   hiddenPaths: z.array(z.string()).optional(),
 });
-export const NodeOp = z.discriminatedUnion('kind', [ExecOp, DestroyOp, FreezeOp, SnapshotOp, FilesReadOp, FilesWriteOp, PolicyOp]);
+export const NodeOp = z.discriminatedUnion('kind', [ExecOp, DestroyOp, FreezeOp, SnapshotOp, FilesReadOp, FilesWriteOp, PolicyOp, CommandSignalOp, CommandStdinOp]);
 export type NodeOp = z.infer<typeof NodeOp>;
 
 const ReplyError = z.object({ code: z.string(), message: z.string(), retryAfterSeconds: z.number().optional() });

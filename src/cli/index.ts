@@ -1,3 +1,4 @@
+import { registerCommandCommands } from './command.ts';
 import { Command, Option } from 'commander';
 import { loadConfig, type Config } from '../config/index.ts';
 import { issueTokenCommand } from '../iam/index.ts';
@@ -120,6 +121,7 @@ export async function runCli(argv: string[]): Promise<void> {
   registerBatchCommands(program);
   registerImageCommands(program);
   registerSandboxCommands(program);
+  registerCommandCommands(program);
   addBurstRecordCommand(program);
 
   try {

@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import type { z } from 'zod';
 import {
+  CommandInputResult,
   CommandList,
   CommandStatus,
   ExecResult,
@@ -15,6 +16,7 @@ import {
   type ExecRequest,
   type ListSandboxesQuery,
   type PolicyPatch,
+  type SignalName,
   type SnapshotRequest,
 } from '../api/index.ts';
 
@@ -166,6 +168,18 @@ export class RollboxClient {
 
   async commandStatus(id: string, commandId: string): Promise<CommandStatus> {
     return CommandStatus.parse(await this.call('GET', `/v1/sandboxes/${encodeURIComponent(id)}/commands/${encodeURIComponent(commandId)}`));
+  }
+
+  /** A signal (TERM, KILL, INT, ...) to a running command's process group, by its id. */
+  async signalCommand(id: string, commandId: string, signal: SignalName): Promise<CommandInputResult> {
+    return CommandInputResult.parse(await this.call('POST', `/v1/sandboxes/${encodeURIComponent(id)}/commands/${encodeURIComponent(commandId)}/signal`, { signal }));
+  }
+
+  /** Stdin for a running command started with `stdinOpen: true`; `eof` closes it. */
+  async writeStdin(id: string, commandId: string, data: string, options: { eof?: boolean } = {}): Promise<CommandInputResult> {
+    // Not retried once it may have arrived: the same bytes twice would be a different stdin.
+    const init = { headers: { 'content-type': 'application/json' }, body: JSON.stringify({ data, eof: options.eof ?? false }), retry: 'refused' as const };
+    return CommandInputResult.parse(await this.request('POST', `/v1/sandboxes/${encodeURIComponent(id)}/commands/${encodeURIComponent(commandId)}/stdin`, init, async (r) => JSON.parse(await r.text())));
   }
 
   async commands(id: string, limit = 1000) {

@@ -99,6 +99,8 @@ const deps: Omit<GatewayDeps, 'verifier'> = {
     startBackground: () => answer(STATUS),
     commandLog: () => answer([STATUS]),
     commandStatus: () => answer(STATUS),
+    signalCommand: (_p, _id, commandId) => answer({ commandId, state: 'running' as const }),
+    writeCommandStdin: (_p, _id, commandId) => answer({ commandId, state: 'running' as const }),
   },
   files: {
     read: () => answer({ body: Buffer.from('bytes'), tar: false }),

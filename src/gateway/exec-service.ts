@@ -5,7 +5,11 @@ import {
   DEFAULT_EXEC_TIMEOUT_MS,
   RollboxError,
   newId,
+  SIGNAL_NUMBERS,
+  type CommandInputResult,
   type CommandRecord,
+  type CommandStdinRequest,
+  type SignalName,
   type CommandStatus,
   type ExecRequest,
   type ExecResult,
@@ -49,6 +53,8 @@ const RECORD_CHECK_MS = 5000;
 /** A blocked read of an output stream wakes this often to look at the command's record. */
 const FOLLOW_BLOCK_MS = 2000;
 const POLL_MS = 25;
+/** A signal or a piece of stdin reaches a running command in milliseconds; this bounds a lost reply. */
+const COMMAND_INPUT_TIMEOUT_MS = 15_000;
 
 /** Commands in sandboxes, through the command log: buffered, streamed, replayed. */
 export class ExecService {
@@ -142,6 +148,7 @@ export class ExecService {
       timeoutMs: timeoutOf(request),
       stream: options.stream,
       background: options.background ?? false,
+      ...(request.stdinOpen ? { stdinOpen: true } : {}),
     });
     // Listening before the op can reach the node: a fast reply cannot be missed.
     const reply = options.waitMs === undefined ? undefined : nodes.expect(requestId, options.waitMs);
@@ -238,6 +245,29 @@ export class ExecService {
     const { chunks } = await readOutput(this.deps.redis, id, commandId, '0', 100_000);
     const joined = (stream: 'stdout' | 'stderr') => chunks.filter((c) => c.stream === stream).map((c) => c.data).join('');
     return { ...record, stdout: joined('stdout'), stderr: joined('stderr') };
+  }
+
+  /** A signal to a running command's process group, by its id (scope sandbox:exec). */
+  async signalCommand(principal: Principal, id: string, commandId: string, signal: SignalName): Promise<CommandInputResult> {
+    return this.toRunning(principal, id, commandId, { kind: 'signal', commandId, signo: SIGNAL_NUMBERS[signal] });
+  }
+
+  /** Stdin for a running command started with `stdinOpen`; `eof` closes it (scope sandbox:exec). */
+  async writeCommandStdin(principal: Principal, id: string, commandId: string, input: CommandStdinRequest): Promise<CommandInputResult> {
+    return this.toRunning(principal, id, commandId, { kind: 'stdin', commandId, data: input.data, eof: input.eof });
+  }
+
+  /** Input for a running command: sent to its sandbox's host, which holds the command's channel to the init. */
+  private async toRunning(principal: Principal, id: string, commandId: string, input: { kind: 'signal'; commandId: string; signo: number } | { kind: 'stdin'; commandId: string; data: string; eof: boolean }): Promise<CommandInputResult> {
+    requireScope(principal, 'sandbox:exec');
+    const sandbox = await this.deps.registry.getOwned(id, principal.tenant);
+    const record = await this.deps.commands.get(id, commandId);
+    if (!record) throw new RollboxError('not_found', `command ${commandId} not found in sandbox ${id}`);
+    if (record.state !== 'running') throw new RollboxError('invalid_state', `command ${commandId} is ${record.state}, not running`);
+    if (!sandbox.node) throw new RollboxError('invalid_state', `sandbox ${id} is ${sandbox.state}`);
+    const reply = await this.deps.nodes.sendOp(sandbox.node, { ...input, sandboxId: id, requestId: newId('req') }, COMMAND_INPUT_TIMEOUT_MS);
+    if (reply.kind === 'error') throw toRollboxError(reply.error);
+    return { commandId, state: 'running' };
   }
 
   async commandLog(principal: Principal, id: string, limit: number): Promise<CommandRecord[]> {

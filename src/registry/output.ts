@@ -31,15 +31,38 @@ export class OutputWriter {
   private chain: Promise<unknown> = Promise.resolve();
   private readonly key: string;
 
+  /** `skipBytes`: output already in the stream (a worker resuming a command another one streamed). */
   constructor(
     private readonly redis: Redis,
     sandboxId: string,
     commandId: string,
+    private readonly skipBytes: Record<'stdout' | 'stderr', number> = { stdout: 0, stderr: 0 },
   ) {
     this.key = keys.commandOutput(sandboxId, commandId);
   }
 
+  /** A writer that goes on where the command's stream stops (its earlier writer's host died). */
+  static async resume(redis: Redis, sandboxId: string, commandId: string): Promise<OutputWriter> {
+    const skip = { stdout: 0, stderr: 0 };
+    for (let after = '-'; ; ) {
+      const rows = (await redis.xrange(keys.commandOutput(sandboxId, commandId), after === '-' ? '-' : `(${after}`, '+', 'COUNT', 1000)) as [string, string[]][];
+      for (const [id, fields] of rows) {
+        after = id;
+        const map: Record<string, string> = {};
+        for (let i = 0; i + 1 < fields.length; i += 2) map[fields[i]!] = fields[i + 1]!;
+        if (map.d !== undefined) skip[map.s === 'stderr' ? 'stderr' : 'stdout'] += map.n ? Number(map.n) : Buffer.byteLength(map.d);
+      }
+      if (rows.length < 1000) return new OutputWriter(redis, sandboxId, commandId, skip);
+    }
+  }
+
   write(stream: 'stdout' | 'stderr', data: Buffer): void {
+    const skip = Math.min(this.skipBytes[stream], data.length);
+    if (skip > 0) {
+      this.skipBytes[stream] -= skip;
+      data = data.subarray(skip);
+      if (data.length === 0) return;
+    }
     const last = this.pending.at(-1);
     if (last && last.stream === stream) last.data = Buffer.concat([last.data, data]);
     else this.pending.push({ stream, data });
@@ -58,7 +81,8 @@ export class OutputWriter {
     if (batch.length > 0) {
       this.chain = this.chain.then(() => {
         const multi = this.redis.multi();
-        for (const { stream, data } of batch) multi.xadd(this.key, '*', 's', stream, 'd', data.toString('utf8'));
+        // n: the chunk's bytes, so a resuming writer knows exactly what is here already.
+        for (const { stream, data } of batch) multi.xadd(this.key, '*', 's', stream, 'd', data.toString('utf8'), 'n', String(data.length));
         return multi.expire(this.key, OUTPUT_TTL_SEC).exec();
       });
     }

@@ -229,11 +229,12 @@ export class WorkerHost {
       }
     }
     if (result.removed.length) ctx.log.info({ removed: result.removed }, 'reconcile removed leftovers');
-    // Commands that were running when this host went down: their outcome is unknown.
-    // Queued ones stay: they are still in this node's inbox.
+    // Commands that were running when this host went down in a sandbox that is gone: their
+    // outcome is unknown. Those of adopted sandboxes ran on in their init: their messages,
+    // requeued, are collected from it (OpHandler.resume). Queued ones stay in the inbox.
     const inFlight = (await pendingOps(this.deps.redis, this.nodeId, { includeQueued: false })).flatMap((m) => {
       const op = NodeOp.safeParse(m);
-      return op.success && op.data.kind === 'exec' ? [op.data] : [];
+      return op.success && op.data.kind === 'exec' && !adopted.has(op.data.sandboxId) ? [op.data] : [];
     });
     const unknown = await commands.settleUnfinished(inFlight, `its worker host ${this.nodeId} restarted while it ran`, { includeQueued: false });
     if (unknown) ctx.log.warn({ commands: unknown }, 'commands interrupted by the restart marked unknown');

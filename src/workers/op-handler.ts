@@ -7,11 +7,19 @@ import { OutputWriter, keys } from '../registry/index.ts';
 import { readSandboxFiles, writeSandboxFiles } from './files.ts';
 import type { HostContext } from './host-context.ts';
 import { InitLostError } from './init/index.ts';
+import { CommandReleasedError, type RuntimeExecOutcome } from './runtime/index.ts';
 
 /** A packed layer is safe from garbage collection this long if its record is never written. */
 const LAYER_PIN_MS = 30 * 60_000;
 
 type ExecOp = Extract<NodeOp, { kind: 'exec' }>;
+
+/** Clock differences between the worker's start record and the init's grace timer, with room to spare. */
+const NEVER_RECEIVED_MARGIN_MS = 2000;
+
+function notRunning(op: { sandboxId: string; commandId: string }): RollboxError {
+  return new RollboxError('invalid_state', `command ${op.commandId} is not running in sandbox ${op.sandboxId} (or was not started with stdinOpen)`);
+}
 
 /**
  * Operations on sandboxes this host runs, taken from its `ops` inbox: commands, file
@@ -21,6 +29,8 @@ type ExecOp = Extract<NodeOp, { kind: 'exec' }>;
 export class OpHandler {
   /** Stage changes of one sandbox apply in the order they arrived. */
   private readonly policyChanges = new Map<string, Promise<void>>();
+  /** Commands this process runs or collects (sandbox/command): a redelivered message never attaches to one of them. */
+  private readonly inFlight = new Set<string>();
 
   constructor(private readonly ctx: HostContext) {}
 
@@ -55,6 +65,14 @@ export class OpHandler {
         case 'files_write':
           ctx.requireLocal(op.sandboxId);
           return await ctx.reply(op.replyTo, await writeSandboxFiles(ctx.deps, op));
+        case 'signal':
+          ctx.requireLocal(op.sandboxId);
+          if (!ctx.deps.runtime.signalCommand(op.sandboxId, op.commandId, op.signo)) throw notRunning(op);
+          return await done();
+        case 'stdin':
+          ctx.requireLocal(op.sandboxId);
+          if (!(await ctx.deps.runtime.writeCommandStdin(op.sandboxId, op.commandId, Buffer.from(op.data, 'utf8'), op.eof))) throw notRunning(op);
+          return await done();
       }
     } catch (caught) {
       let err = caught;
@@ -70,49 +88,130 @@ export class OpHandler {
   /**
    * One command, once: fenced by the command log (a redelivered op, or one whose command
    * already ran, does not run again); its result recorded, its inbox message acknowledged
-   * and its gateway answered in one script.
+   * and its gateway answered in one script. The command is durable in the init: should
+   * this process die, the next one collects it (resume).
    */
   private async exec(op: ExecOp, receipt: InboxReceipt): Promise<void> {
     const { ctx } = this;
-    const { commands, runtime } = ctx.deps;
+    const { commands } = ctx.deps;
     const takenAt = performance.now();
     if (!ctx.local.has(op.sandboxId)) {
       await commands.abandon(op.sandboxId, op.commandId);
       throw new RollboxError('invalid_state', `sandbox ${op.sandboxId} is not running on this node`);
     }
-    if (!(await commands.start(op.sandboxId, op.commandId, op.requestId))) return;
+    if (!(await commands.start(op.sandboxId, op.commandId, op.requestId))) return this.resume(op, receipt);
     const output = op.stream ? new OutputWriter(ctx.deps.redis, op.sandboxId, op.commandId) : undefined;
-    const outcome = await runtime
-      .exec(op.sandboxId, {
-        argv: op.argv,
-        stdin: op.stdin,
-        env: op.env,
-        cwd: op.cwd,
-        user: op.user,
-        timeoutMs: op.timeoutMs,
-        outputCapBytes: ctx.deps.config.execOutputCapBytes,
-        onOutput: output && ((stream, chunk) => output.write(stream, chunk)),
-        holdBackBesteffort: !op.background,
-      })
-      .catch(async (err: unknown) => {
-        await commands.markUnknown(op.sandboxId, op.commandId, err instanceof Error ? err.message : String(err));
-        if (!(err instanceof InitLostError)) throw err;
-        // The init went away under the command: whatever it did, no result can be trusted.
-        await ctx.checkAlive(op.sandboxId);
-        throw new RollboxError('result_unknown', `command ${op.commandId}: ${err.message}; it may or may not have taken effect`);
-      });
-    const { oomKills, ...reported } = outcome;
-    if (oomKills > 0) await ctx.deps.registry.addOomKills(op.sandboxId, oomKills);
-    const result = { ...reported, commandId: op.commandId };
-    // Output first, then the result (with the reply), then the stream's end marker:
-    // whoever sees the result finds all output.
-    await output?.flush();
-    const reply: Reply = { kind: 'exec', requestId: op.requestId, result: { ...result, replayed: false }, workerMs: performance.now() - takenAt };
-    await commands.complete(op.sandboxId, result, { receipt, replyChannel: keys.replyChannel(op.replyTo), reply: JSON.stringify(reply) });
-    receipt.acked = true;
+    const key = `${op.sandboxId}/${op.commandId}`;
+    this.inFlight.add(key);
+    try {
+      await this.collect(op, receipt, output, takenAt, (record) => this.spawn(op, output, record));
+    } finally {
+      this.inFlight.delete(key);
+    }
+  }
+
+  private spawn(op: ExecOp, output: OutputWriter | undefined, record: (outcome: RuntimeExecOutcome) => Promise<void>): Promise<RuntimeExecOutcome> {
+    const { config, runtime } = this.ctx.deps;
+    return runtime.exec(op.sandboxId, {
+      argv: op.argv,
+      stdin: op.stdin,
+      env: op.env,
+      cwd: op.cwd,
+      user: op.user,
+      timeoutMs: op.timeoutMs,
+      outputCapBytes: config.execOutputCapBytes,
+      onOutput: output && ((stream, chunk) => output.write(stream, chunk)),
+      holdBackBesteffort: !op.background,
+      keepStdinOpen: op.stdinOpen,
+      durable: { commandId: op.commandId, graceMs: config.commandGraceMs },
+      record,
+    });
+  }
+
+  /**
+   * A redelivered exec (this host restarted while it ran): the command kept running in
+   * its init, which kept its output and exit status; collected here and finished in the
+   * command log with its real result, the waiting gateway answered. Its output stream
+   * goes on where the previous process stopped writing it.
+   */
+  private async resume(op: ExecOp, receipt: InboxReceipt): Promise<void> {
+    const { ctx } = this;
+    const { commands, runtime } = ctx.deps;
+    const key = `${op.sandboxId}/${op.commandId}`;
+    const record = await commands.get(op.sandboxId, op.commandId);
+    if (record?.state !== 'running' || this.inFlight.has(key)) return;
+    this.inFlight.add(key);
+    try {
+      const takenAt = performance.now();
+      const startedAtMs = Date.parse(record.startedAt ?? '') || ctx.now();
+      const output = op.stream ? await OutputWriter.resume(ctx.deps.redis, op.sandboxId, op.commandId) : undefined;
+      const collected = await this.collect(op, receipt, output, takenAt, async (recordResult) =>
+        runtime.attach(op.sandboxId, {
+          commandId: op.commandId,
+          timeoutMs: op.timeoutMs - (ctx.now() - startedAtMs),
+          onOutput: output && ((stream, chunk) => output.write(stream, chunk)),
+          // Its duration runs from its start, not from this attach.
+          record: (outcome) => recordResult({ ...outcome, durationMs: ctx.now() - startedAtMs }),
+        }),
+      );
+      if (collected) {
+        ctx.log.info({ sandboxId: op.sandboxId, commandId: op.commandId }, 'collected a command that outlived the previous worker process');
+      } else if (ctx.now() - startedAtMs < ctx.deps.config.commandGraceMs - NEVER_RECEIVED_MARGIN_MS) {
+        // Unknown to the init within a grace of its start: its grace cannot have run out, a
+        // lost status is kept for the grace, a collected one is recorded: the previous
+        // process died before the spawn reached the init. It runs now, for the first time.
+        ctx.log.info({ sandboxId: op.sandboxId, commandId: op.commandId }, 'a command the previous worker process never handed to the init: started now');
+        await this.collect(op, receipt, output, takenAt, (record) => this.spawn(op, output, record));
+      } else {
+        await commands.markUnknown(op.sandboxId, op.commandId, `its worker host ${ctx.nodeId} restarted while it ran and its init no longer held it (its grace of ${ctx.deps.config.commandGraceMs} ms ran out)`);
+      }
+    } finally {
+      this.inFlight.delete(key);
+    }
+  }
+
+  /**
+   * Runs (or attaches to) a command and records what it gave: output first, then the
+   * result (with the reply, acknowledging the inbox message), then the stream's end
+   * marker, so whoever sees the result finds all output. False: an attach found nothing.
+   */
+  private async collect(
+    op: ExecOp,
+    receipt: InboxReceipt,
+    output: OutputWriter | undefined,
+    takenAt: number,
+    run: (record: (outcome: RuntimeExecOutcome) => Promise<void>) => Promise<RuntimeExecOutcome | undefined>,
+  ): Promise<boolean> {
+    const { ctx } = this;
+    const { commands } = ctx.deps;
+    const record = async (outcome: RuntimeExecOutcome): Promise<void> => {
+      const { oomKills, ...reported } = outcome;
+      if (oomKills > 0) await ctx.deps.registry.addOomKills(op.sandboxId, oomKills);
+      const result = { ...reported, commandId: op.commandId };
+      await output?.flush();
+      const reply: Reply = { kind: 'exec', requestId: op.requestId, result: { ...result, replayed: false }, workerMs: performance.now() - takenAt };
+      await commands.complete(op.sandboxId, result, { receipt, replyChannel: keys.replyChannel(op.replyTo), reply: JSON.stringify(reply) });
+      receipt.acked = true;
+    };
+    const outcome = await run(record).catch(async (err: unknown) => {
+      if (err instanceof CommandReleasedError) {
+        // This process stops and leaves the command running: its message stays taken, so
+        // the next start requeues it and collects the command (resume).
+        receipt.acked = true;
+        return 'released' as const;
+      }
+      await commands.markUnknown(op.sandboxId, op.commandId, err instanceof Error ? err.message : String(err));
+      if (!(err instanceof InitLostError)) throw err;
+      // The init went away under the command: whatever it did, no result can be trusted.
+      await ctx.checkAlive(op.sandboxId);
+      throw new RollboxError('result_unknown', `command ${op.commandId}: ${err.message}; it may or may not have taken effect`);
+    });
+    if (!outcome) return false;
+    if (outcome === 'released') return true;
     await output?.end();
     // A killed command may mean the whole sandbox went down with it.
-    if (outcome.exitCode >= 128 || oomKills > 0) await ctx.checkAlive(op.sandboxId);
+    if (outcome.exitCode >= 128 || outcome.oomKills > 0) await ctx.checkAlive(op.sandboxId);
+    return true;
   }
 
   /**

@@ -165,10 +165,12 @@ def snapshot_path(digest: str, tail: str = "") -> str:
 
 
 def exec_body(cmd: Union[str, Sequence[str]], *, stdin: Optional[str], env: Optional[Mapping[str, str]], cwd: Optional[str],
-              timeout: Optional[float], command_id: Optional[str], background: bool = False) -> Dict[str, Any]:
+              timeout: Optional[float], command_id: Optional[str], background: bool = False, stdin_open: bool = False) -> Dict[str, Any]:
     body: Dict[str, Any] = {"cmd": cmd} if isinstance(cmd, str) else {"argv": list(cmd)}
     if stdin is not None:
         body["stdin"] = stdin
+    if stdin_open:
+        body["stdinOpen"] = True
     if env:
         body["env"] = dict(env)
     if cwd is not None:
@@ -180,6 +182,23 @@ def exec_body(cmd: Union[str, Sequence[str]], *, stdin: Optional[str], env: Opti
     # A command id makes re-sending it safe: the log answers with the recorded result.
     body["commandId"] = command_id or new_id("py")
     return body
+
+
+def command_path(sandbox_id: str, command_id: str, suffix: str) -> str:
+    from urllib.parse import quote
+
+    return sandbox_path(sandbox_id, f"/commands/{quote(command_id, safe='')}{suffix}")
+
+
+def signal_request(sandbox_id: str, command_id: str, signal: str) -> Request:
+    """A signal by name (TERM, KILL, INT, HUP, ...; a leading SIG is dropped)."""
+    name = signal.upper()
+    return Request("POST", command_path(sandbox_id, command_id, "/signal"), {"signal": name[3:] if name.startswith("SIG") else name})
+
+
+def stdin_request(sandbox_id: str, command_id: str, data: str, eof: bool) -> Request:
+    # Not sent again once it may have arrived: the same bytes twice would be another stdin.
+    return Request("POST", command_path(sandbox_id, command_id, "/stdin"), {"data": data, "eof": eof}, replayable=False)
 
 
 def exec_request(sandbox_id: str, body: Dict[str, Any], timeouts: Timeouts, *, stream: bool = False, last_event_id: str = "0") -> Request:

@@ -213,15 +213,24 @@ class Sandbox:
                     raise
 
     def exec_background(self, cmd: Command, *, stdin: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
-                        cwd: Optional[str] = None, timeout: Optional[float] = None, command_id: Optional[str] = None) -> CommandStatus:
+                        cwd: Optional[str] = None, timeout: Optional[float] = None, command_id: Optional[str] = None,
+                        stdin_open: bool = False) -> CommandStatus:
         """Starts a command and returns at once; follow it with `command(id)` or `stream(..., command_id=id)`."""
-        body = core.exec_body(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, command_id=command_id, background=True)
+        body = core.exec_body(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, command_id=command_id, background=True, stdin_open=stdin_open)
         return CommandStatus.from_json(self._client._call(core.exec_request(self.id, body, self._client.timeouts)))
 
     def command(self, command_id: str) -> CommandStatus:
         from urllib.parse import quote
 
         return CommandStatus.from_json(self._client._call(core.Request("GET", core.sandbox_path(self.id, f"/commands/{quote(command_id, safe='')}"))))
+
+    def signal(self, command_id: str, signal: str = "TERM") -> Dict[str, Any]:
+        """Sends a signal (TERM, KILL, INT, ...) to a running command's process group."""
+        return self._client._call(core.signal_request(self.id, command_id, signal))
+
+    def write_stdin(self, command_id: str, data: str, *, eof: bool = False) -> Dict[str, Any]:
+        """Writes to the stdin of a running command started with `stdin_open=True`; `eof` closes it."""
+        return self._client._call(core.stdin_request(self.id, command_id, data, eof))
 
     def commands(self, limit: int = 1000) -> List[Dict[str, Any]]:
         """The command log (trajectory): every exec with its argv, times, state and result."""

@@ -2,12 +2,13 @@
 import io
 import os
 import tarfile
+import time
 import uuid
 
 import pytest
 
 import rollbox
-from rollbox import CommandFailed, InvalidRequest, NotFound, Rollbox
+from rollbox import CommandFailed, InvalidRequest, NotFound, Rollbox, RollboxError
 
 
 def test_create_binds_everything_and_delete_ends_it(client):
@@ -73,6 +74,32 @@ def test_background_command_status_and_follow(sandbox):
     assert "".join(e.data for e in followed if e.type == "stdout") == "started\nfinished\n"
     done = sandbox.command("bg-1")
     assert done.state == "done" and done.result.exit_code == 0 and done.stdout == "started\nfinished\n"
+
+
+def test_stdin_and_signal_by_command_id(sandbox):
+    sandbox.exec_background(["cat"], command_id="cat-py", stdin_open=True)
+    _wait_state(sandbox, "cat-py", "running")
+    sandbox.write_stdin("cat-py", "from ")
+    assert sandbox.write_stdin("cat-py", "python\n", eof=True)["state"] == "running"
+    done = _wait_state(sandbox, "cat-py", "done")
+    assert done.stdout == "from python\n" and done.result.exit_code == 0
+    sandbox.exec_background("sleep 600", command_id="sleep-py")
+    _wait_state(sandbox, "sleep-py", "running")
+    sandbox.signal("sleep-py", "SIGKILL")
+    assert _wait_state(sandbox, "sleep-py", "done").result.exit_code == 137
+    with pytest.raises(RollboxError) as caught:
+        sandbox.signal("sleep-py", "TERM")
+    assert caught.value.code == "invalid_state"
+
+
+def _wait_state(sandbox, command_id, state, timeout_s=20.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = sandbox.command(command_id)
+        if status.state == state:
+            return status
+        assert time.monotonic() < deadline, f"{command_id} still {status.state}"
+        time.sleep(0.05)
 
 
 def test_files_read_write_and_directories_as_tar(sandbox, tmp_path):

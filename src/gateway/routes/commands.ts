@@ -1,12 +1,12 @@
 import { createRoute, z } from '@hono/zod-openapi';
 import { streamSSE } from 'hono/streaming';
 import { setMetric } from 'hono/timing';
-import { CommandList, CommandStatus, ExecRequest, ExecResult, ListCommandsQuery, RollboxError } from '../../api/index.ts';
+import { CommandInputResult, CommandList, CommandSignalRequest, CommandStatus, CommandStdinRequest, ExecRequest, ExecResult, ListCommandsQuery, RollboxError } from '../../api/index.ts';
 import type { ExecService } from '../exec-service.ts';
 import { IdParam, errors, json, jsonBody, security, type GatewayApp } from './common.ts';
 
 /** What the command routes need of the exec service. */
-export type ExecApi = Pick<ExecService, 'exec' | 'streamExec' | 'startBackground' | 'commandLog' | 'commandStatus'>;
+export type ExecApi = Pick<ExecService, 'exec' | 'streamExec' | 'startBackground' | 'commandLog' | 'commandStatus' | 'signalCommand' | 'writeCommandStdin'>;
 
 /** Commands: exec (buffered, streamed as server-sent events, or in the background), the command log. */
 export function registerCommandRoutes(app: GatewayApp, execs: ExecApi): void {
@@ -61,5 +61,34 @@ export function registerCommandRoutes(app: GatewayApp, execs: ExecApi): void {
       responses: { 200: json(CommandStatus, 'a command (e.g. a background one): state, result, output so far'), ...errors('not_found') },
     }),
     async (c) => c.json(await execs.commandStatus(c.get('principal'), c.req.valid('param').id, c.req.valid('param').commandId), 200),
+  );
+
+  const CommandParams = z.object({ id: z.string().max(64), commandId: z.string().max(128) });
+  app.openapi(
+    createRoute({
+      method: 'post',
+      path: '/v1/sandboxes/{id}/commands/{commandId}/signal',
+      security,
+      request: { params: CommandParams, body: jsonBody(CommandSignalRequest) },
+      responses: { 200: json(CommandInputResult, "the signal was sent to the running command's process group"), ...errors('not_found', 'invalid_state') },
+    }),
+    async (c) => {
+      const { id, commandId } = c.req.valid('param');
+      return c.json(await execs.signalCommand(c.get('principal'), id, commandId, c.req.valid('json').signal), 200);
+    },
+  );
+
+  app.openapi(
+    createRoute({
+      method: 'post',
+      path: '/v1/sandboxes/{id}/commands/{commandId}/stdin',
+      security,
+      request: { params: CommandParams, body: jsonBody(CommandStdinRequest) },
+      responses: { 200: json(CommandInputResult, 'the bytes went to the running command (started with stdinOpen)'), ...errors('not_found', 'invalid_state', 'payload_too_large') },
+    }),
+    async (c) => {
+      const { id, commandId } = c.req.valid('param');
+      return c.json(await execs.writeCommandStdin(c.get('principal'), id, commandId, c.req.valid('json')), 200);
+    },
   );
 }

@@ -1,7 +1,7 @@
 import path from 'node:path';
 
-export { InitLostError, runCommand } from './client.ts';
-export type { CommandHandlers, CommandOutcome } from './client.ts';
+export { InitLostError, openCommand, runCommand } from './client.ts';
+export type { CommandChannel, CommandHandlers, CommandOutcome, CommandStart } from './client.ts';
 export { MAX_SOCKET_PATH_BYTES, listenForInit } from './listener.ts';
 export type { InitListener } from './listener.ts';
 

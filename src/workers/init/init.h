@@ -34,12 +34,17 @@ enum {
   F_SPAWN = 1,
   F_STDIN = 2,
   F_STDIN_EOF = 3,
+  F_ATTACH = 4, /* u64 from-offset, command id: replays the command's output, then live */
+  F_SIGNAL = 5, /* i32 signal number, to the command's process group */
+  F_FORGET = 6, /* its result is recorded: the init may drop it */
   F_STARTED = 16,
   F_STDOUT = 17,
   F_STDERR = 18,
   F_TRUNCATED = 19,
   F_EXIT = 20,
   F_ERROR = 21,
+  F_ATTACHED = 22, /* u32 pid (0: not started), u32 exited, exec cgroup name */
+  F_UNKNOWN = 23,  /* no durable command of that id (never spawned, forgotten or its grace ran out) */
 };
 
 /* Between the init and a keeper (a SOCK_SEQPACKET pair: one message each). K_SPAWN carries
@@ -48,7 +53,10 @@ enum {
 enum { K_SPAWN = 1, K_STARTED = 2, K_EXITED = 3, K_FAILED = 4, K_SPAWN_FILE = 5 };
 #define KEEPER_INLINE_MAX (32u << 10)
 
-enum { SPAWN_HAS_STDIN = 1, SPAWN_HAS_USER = 2 };
+enum { SPAWN_HAS_STDIN = 1, SPAWN_HAS_USER = 2, SPAWN_DURABLE = 4 };
+#define MAX_COMMAND_ID 128
+/* A durable command's output frames stay in memory up to this, then in a spill file. */
+#define LOG_MEM_BYTES (64u << 10)
 
 #define LISTEN_FD 3
 #define CGROUP_FD_FIRST 4
@@ -75,6 +83,8 @@ struct spawn_req {
   int32_t oom_score_adj;
   const char *slot, *cwd;
   const char *user; /* NULL: as the init runs (root) */
+  const char *id;   /* SPAWN_DURABLE: the command id; NULL otherwise */
+  uint32_t grace_ms; /* SPAWN_DURABLE: how long it outlives its last connection */
   char **argv;   /* points into the payload */
   char **envreq; /* points into the payload */
   uint32_t argc, envc;

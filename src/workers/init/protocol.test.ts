@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { Frame, FrameDecoder, MAX_FRAME_BYTES, encodeSpawn, frame } from './protocol.ts';
+import { Frame, FrameDecoder, MAX_FRAME_BYTES, encodeAttach, encodeSignal, encodeSpawn, frame } from './protocol.ts';
 
 describe('init protocol', () => {
   it('lays a spawn out as rollbox-init.c parses it', () => {
@@ -18,6 +18,23 @@ describe('init protocol', () => {
     const withStdin = encodeSpawn({ argv: ['id'], env: {}, cwd: '/', user: '0', slot: 's1', hasStdin: true, stdoutCapBytes: 1, stderrCapBytes: 1, oomScoreAdj: 0 }).subarray(8);
     expect(withStdin.readUInt32LE(0)).toBe(3);
     expect(withStdin.subarray(24).toString('utf8').split('\0')).toEqual(['s1', '/', 'id', '0', '']);
+  });
+
+  it('puts a durable command\'s id after the user, then its grace as a u32', () => {
+    const p = encodeSpawn({ argv: ['id'], env: {}, cwd: '/', user: 'bob', slot: 's2', hasStdin: false, stdoutCapBytes: 1, stderrCapBytes: 1, oomScoreAdj: 0, durable: { commandId: 'turn-7', graceMs: 60_000 } }).subarray(8);
+    expect(p.readUInt32LE(0)).toBe(2 | 4);
+    expect(p.subarray(24, -4).toString('utf8').split('\0')).toEqual(['s2', '/', 'id', 'bob', 'turn-7', '']);
+    expect(p.readUInt32LE(p.length - 4)).toBe(60_000);
+  });
+
+  it('lays out attach (u64 offset, id, NUL) and signal (u32) frames', () => {
+    const a = encodeAttach('cmd-1', 2 ** 33 + 5);
+    expect(a[0]).toBe(Frame.attach);
+    expect(a.readUInt32LE(4)).toBe(8 + 6);
+    expect(a.readBigUInt64LE(8)).toBe(2n ** 33n + 5n);
+    expect(a.subarray(16).toString('utf8')).toBe('cmd-1\0');
+    const s = encodeSignal(15);
+    expect([s[0], s.readUInt32LE(4), s.readUInt32LE(8)]).toEqual([Frame.signal, 4, 15]);
   });
 
   it('splits a byte stream into frames however it arrives', () => {

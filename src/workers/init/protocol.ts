@@ -1,18 +1,24 @@
 /**
  * The wire format between a worker host and a sandbox's init (rollbox-init.c): frames of
  * an 8-byte header (u8 type, 3 zero bytes, u32 little-endian payload length) and a payload.
- * One connection carries one command.
+ * One connection carries one command: a SPAWN, or an ATTACH to a durable command a
+ * previous connection spawned (see rollbox-init.c).
  */
 export const Frame = {
   spawn: 1,
   stdin: 2,
   stdinEof: 3,
+  attach: 4,
+  signal: 5,
+  forget: 6,
   started: 16,
   stdout: 17,
   stderr: 18,
   truncated: 19,
   exit: 20,
   error: 21,
+  attached: 22,
+  unknown: 23,
 } as const;
 
 const HEADER_BYTES = 8;
@@ -21,6 +27,9 @@ export const MAX_FRAME_BYTES = 16 << 20;
 export const STDIN_CHUNK_BYTES = 64 * 1024;
 const SPAWN_HAS_STDIN = 1;
 const SPAWN_HAS_USER = 2;
+const SPAWN_DURABLE = 4;
+/** The init's limit on a command id (MAX_COMMAND_ID), the API's too. */
+export const MAX_COMMAND_ID_BYTES = 128;
 
 export function frame(type: number, payload: Buffer = Buffer.alloc(0)): Buffer {
   const header = Buffer.alloc(HEADER_BYTES);
@@ -42,20 +51,38 @@ export interface SpawnRequest {
   stdoutCapBytes: number;
   stderrCapBytes: number;
   oomScoreAdj: number;
+  /** The command outlives its connection for `graceMs`, addressable by `commandId` (ATTACH). */
+  durable?: { commandId: string; graceMs: number };
 }
 
 export function encodeSpawn(r: SpawnRequest): Buffer {
   const env = Object.entries(r.env).map(([k, v]) => `${k}=${v}`);
   const head = Buffer.alloc(24);
-  head.writeUInt32LE((r.hasStdin ? SPAWN_HAS_STDIN : 0) | (r.user === undefined ? 0 : SPAWN_HAS_USER), 0);
+  head.writeUInt32LE((r.hasStdin ? SPAWN_HAS_STDIN : 0) | (r.user === undefined ? 0 : SPAWN_HAS_USER) | (r.durable ? SPAWN_DURABLE : 0), 0);
   head.writeUInt32LE(Math.min(r.stdoutCapBytes, 0xffff_ffff), 4);
   head.writeUInt32LE(Math.min(r.stderrCapBytes, 0xffff_ffff), 8);
   head.writeInt32LE(r.oomScoreAdj, 12);
   head.writeUInt32LE(r.argv.length, 16);
   head.writeUInt32LE(env.length, 20);
-  // The user, when there is one, follows the env strings (spawn.c's parse_spawn).
-  const strings = [r.slot, r.cwd, ...r.argv, ...env, ...(r.user === undefined ? [] : [r.user])].map((s) => `${s}\0`).join('');
-  return frame(Frame.spawn, Buffer.concat([head, Buffer.from(strings, 'utf8')]));
+  // The user, when there is one, follows the env strings, then a durable command's id and
+  // its grace (spawn.c's parse_spawn).
+  const strings = [r.slot, r.cwd, ...r.argv, ...env, ...(r.user === undefined ? [] : [r.user]), ...(r.durable ? [r.durable.commandId] : [])].map((s) => `${s}\0`).join('');
+  const grace = Buffer.alloc(r.durable ? 4 : 0);
+  if (r.durable) grace.writeUInt32LE(Math.min(Math.max(0, Math.round(r.durable.graceMs)), 0xffff_ffff), 0);
+  return frame(Frame.spawn, Buffer.concat([head, Buffer.from(strings, 'utf8'), grace]));
+}
+
+/** ATTACH: the durable command's output frames from byte `fromOffset` of its log, then live, then EXIT. */
+export function encodeAttach(commandId: string, fromOffset = 0): Buffer {
+  const head = Buffer.alloc(8);
+  head.writeBigUInt64LE(BigInt(fromOffset), 0);
+  return frame(Frame.attach, Buffer.concat([head, Buffer.from(`${commandId}\0`, 'utf8')]));
+}
+
+export function encodeSignal(signo: number): Buffer {
+  const body = Buffer.alloc(4);
+  body.writeUInt32LE(signo, 0);
+  return frame(Frame.signal, body);
 }
 
 /** Splits a byte stream into frames as they complete. */

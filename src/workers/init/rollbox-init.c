@@ -1,6 +1,10 @@
 /*
  * rollbox-init: PID 1 of every rollbox sandbox.
  *
+ * Longer than most: the event loop, its sessions (durable commands' logs included) and
+ * the init's side of the keepers share one poll set and one table; spawn requests and the
+ * keeper process are in spawn.c and keeper.c.
+ *
  * runc starts it with the container's full config (namespaces, cgroups, seccomp filter,
  * capabilities, no_new_privs, rlimits), so every process it forks inherits exactly those.
  * It reaps every process re-parented to it, and runs commands for the worker host that
@@ -31,21 +35,29 @@
  *
  * One worker connection carries one command. Frames both ways: an 8-byte header (u8
  * type, 3 bytes zero, u32 little-endian payload length) and the payload.
- *   worker -> init: SPAWN, STDIN (bytes), STDIN_EOF
+ *   worker -> init: SPAWN, STDIN (bytes), STDIN_EOF, SIGNAL (i32), FORGET,
+ *                   ATTACH (u64 from-offset, command id)
  *   init -> worker: STARTED (u32 pid), STDOUT, STDERR (bytes), TRUNCATED (u8 stream),
- *                   EXIT (i32 exit code, i32 raw wait status), ERROR (text)
+ *                   EXIT (i32 exit code, i32 raw wait status), ERROR (text),
+ *                   ATTACHED (u32 pid, u32 exited, slot), UNKNOWN
  * After EXIT the init stops writing and waits for the worker to close the connection. A
- * connection that closes before EXIT kills the command's process group; a command whose
- * status was lost ends its connection without EXIT.
+ * connection that closes before EXIT kills the command's process group, unless the spawn
+ * was durable; a command whose status was lost ends its connection without EXIT.
+ *
+ * Durable commands (SPAWN_DURABLE: a command id and a grace) outlive their connection: the
+ * init keeps reading their output into a log of output frames (in memory up to
+ * LOG_MEM_BYTES, then in an unnamed file in the sandbox's /tmp, or a memfd), bounded by
+ * the spawn's caps, and their exit status. ATTACH on a new connection (a restarted worker)
+ * replays the log from an offset, streams on, and ends with EXIT; the worker sends FORGET
+ * once it recorded the result. A durable command nobody attaches to within its grace is
+ * killed (or, finished, dropped). One whose status was lost is kept as such for its grace
+ * (ATTACH answers ERROR), so UNKNOWN within a grace of the spawn means "never received".
  *
  * Static, no libc of the image's, no shell: it works in any base image.
- *
- * Longer than most: the event loop, its sessions and the init's side of the keepers share
- * one poll set and one table; spawn requests and the keeper process are in spawn.c and
- * keeper.c.
  */
 #define _GNU_SOURCE
 #include "init.h"
+#include <time.h>
 
 struct buf {
   char *data;
@@ -64,6 +76,17 @@ struct session {
   int fd_out, fd_err, fd_in;
   uint64_t cap[2], seen[2];
   int truncated[2];
+  /* Durable commands only (id set): they outlive their connection, sock -1 while none holds them. */
+  char *id;
+  uint32_t grace_ms;
+  int64_t detached_ms; /* when the last connection went (monotonic) */
+  int forgotten;       /* FORGET came: dropped once its connection ends */
+  int took_over;       /* this connection's socket moved to the command it ATTACHed to */
+  struct buf log;      /* output frames, in memory until spilled */
+  int log_fd;          /* the spill file, or -1 */
+  uint64_t log_len;    /* bytes of output frames in all */
+  uint64_t sent;       /* of those, queued to the current connection */
+  char slot[MAX_SLOT_NAME + 1];
 };
 
 struct keeper {
@@ -78,6 +101,12 @@ static int nsessions;
 static struct keeper keepers[MAX_KEEPERS];
 static int nkeepers;
 int cgroup_fds[CGROUP_FDS] = {-1, -1, -1};
+
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
 
 static void die(const char *what) {
   dprintf(2, "rollbox-init: %s: %s\n", what, strerror(errno));
@@ -150,13 +179,96 @@ static int keeper_for(const char *slot) {
 
 /* Queues a frame for the worker. */
 static void send_frame(struct session *s, int type, const void *payload, size_t len) {
-  if (s->peer_gone || buf_reserve(&s->out, HEADER_BYTES + len) < 0) return;
+  if (s->peer_gone || s->sock < 0 || buf_reserve(&s->out, HEADER_BYTES + len) < 0) return;
   char *p = s->out.data + s->out.len;
   memset(p, 0, HEADER_BYTES);
   p[0] = (char)type;
   put_u32(p + 4, (uint32_t)len);
   if (len) memcpy(p + HEADER_BYTES, payload, len);
   s->out.len += HEADER_BYTES + len;
+}
+
+/* ---------------------------------------------------------------- durable output log */
+
+static int pwrite_all(int fd, const char *p, size_t len, uint64_t at) {
+  while (len > 0) {
+    ssize_t n = pwrite(fd, p, len, (off_t)at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return -1;
+    p += n;
+    len -= (size_t)n;
+    at += (uint64_t)n;
+  }
+  return 0;
+}
+
+/* Past LOG_MEM_BYTES the log goes to the sandbox's disk (its writable area counts it), or
+ * to a memfd when there is no writable /tmp or /. */
+static int spill_open(void) {
+  int fd = open("/tmp", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) fd = open("/", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) fd = memfd_create("rollbox-output", MFD_CLOEXEC);
+  return fd;
+}
+
+/* An output frame of a durable command: kept until it is collected. */
+static void log_append(struct session *s, int type, const void *payload, size_t len) {
+  char h[HEADER_BYTES] = {0};
+  h[0] = (char)type;
+  put_u32(h + 4, (uint32_t)len);
+  if (s->log_fd < 0 && s->log_len + HEADER_BYTES + len > LOG_MEM_BYTES) {
+    int fd = spill_open();
+    if (fd >= 0 && (s->log.len == 0 || pwrite_all(fd, s->log.data, s->log.len, 0) == 0)) {
+      s->log_fd = fd;
+      buf_free(&s->log);
+    } else if (fd >= 0) {
+      close(fd);
+    }
+  }
+  if (s->log_fd >= 0) {
+    /* A failed write (the sandbox's disk is full) leaves log_len: the next frame overwrites it. */
+    if (pwrite_all(s->log_fd, h, HEADER_BYTES, s->log_len) < 0 || pwrite_all(s->log_fd, payload, len, s->log_len + HEADER_BYTES) < 0) return;
+  } else {
+    if (buf_reserve(&s->log, HEADER_BYTES + len) < 0) return;
+    memcpy(s->log.data + s->log.len, h, HEADER_BYTES);
+    memcpy(s->log.data + s->log.len + HEADER_BYTES, payload, len);
+    s->log.len += HEADER_BYTES + len;
+  }
+  s->log_len += HEADER_BYTES + len;
+}
+
+/* Moves logged frames to the connection as it takes them. */
+static void pump_log(struct session *s) {
+  while (s->sock >= 0 && !s->peer_gone && s->sent < s->log_len && buf_pending(&s->out) < OUT_HIGH_WATER) {
+    size_t n = s->log_len - s->sent > READ_CHUNK ? READ_CHUNK : (size_t)(s->log_len - s->sent);
+    if (buf_reserve(&s->out, n) < 0) return;
+    char *dst = s->out.data + s->out.len;
+    if (s->log_fd >= 0) {
+      ssize_t r = pread(s->log_fd, dst, n, (off_t)s->sent);
+      if (r <= 0) return;
+      n = (size_t)r;
+    } else {
+      memcpy(dst, s->log.data + s->sent, n);
+    }
+    s->out.len += n;
+    s->sent += n;
+  }
+}
+
+/* Output goes to the log of a durable command, straight to the connection otherwise. */
+static void emit(struct session *s, int type, const void *payload, size_t len) {
+  if (s->id) log_append(s, type, payload, len);
+  else send_frame(s, type, payload, len);
+}
+
+/* Its connection went: a durable command runs on, its output logged, for its grace. */
+static void detach(struct session *s) {
+  close_fd(&s->sock);
+  buf_free(&s->in);
+  buf_free(&s->out);
+  s->peer_gone = s->shut = s->exit_sent = 0;
+  s->sent = 0;
+  s->detached_ms = mono_ms();
 }
 
 static void send_error(struct session *s, const char *fmt, ...) {
@@ -187,6 +299,9 @@ static void session_free(int i) {
   buf_free(&s->in);
   buf_free(&s->out);
   buf_free(&s->stdin_);
+  buf_free(&s->log);
+  close_fd(&s->log_fd);
+  free(s->id);
   free(s);
   sessions[i] = sessions[--nsessions];
 }
@@ -205,8 +320,13 @@ static void do_spawn(struct session *s, const char *p, size_t len) {
   s->spawned = 1;
   struct spawn_req r;
   const char *bad = parse_spawn(p, len, &r);
+  if (!bad && r.id) {
+    for (int i = 0; i < nsessions && !bad; i++)
+      if (sessions[i]->id && !strcmp(sessions[i]->id, r.id)) bad = "a command of that id exists";
+  }
   if (bad) {
     send_error(s, "%s", bad);
+    s->lost = 1;
     free_req(&r);
     return;
   }
@@ -303,6 +423,11 @@ static void do_spawn(struct session *s, const char *p, size_t len) {
   if (s->fd_in >= 0) fcntl(s->fd_in, F_SETFL, O_NONBLOCK);
   s->cap[0] = r.cap_out;
   s->cap[1] = r.cap_err;
+  snprintf(s->slot, sizeof s->slot, "%s", r.slot);
+  if (r.id) {
+    s->id = strdup(r.id);
+    s->grace_ms = r.grace_ms;
+  }
   free_req(&r);
   return;
 done:
@@ -313,6 +438,53 @@ done:
   }
   s->lost = 1; /* nothing runs: the ERROR sent is the answer */
   free_req(&r);
+}
+
+/* ATTACH on a fresh connection: the connection moves to the durable command of that id. */
+static void do_attach(struct session *s, const char *p, size_t len) {
+  if (s->spawned) {
+    send_error(s, "one command per connection");
+    return;
+  }
+  s->spawned = 1;
+  s->lost = 1; /* unless it attaches: the answer ends this connection */
+  const char *id = p + 8;
+  if (len < 10 || len > 9 + MAX_COMMAND_ID || p[len - 1] != 0 || strlen(id) != len - 9) {
+    send_error(s, "malformed attach frame");
+    return;
+  }
+  uint64_t from = (uint64_t)get_u32(p) | ((uint64_t)get_u32(p + 4) << 32);
+  struct session *c = NULL;
+  for (int i = 0; i < nsessions && !c; i++)
+    if (sessions[i] != s && sessions[i]->id && !strcmp(sessions[i]->id, id)) c = sessions[i];
+  if (!c) {
+    send_frame(s, F_UNKNOWN, NULL, 0);
+    return;
+  }
+  if (c->lost) {
+    /* Kept until its grace so this is not mistaken for a command the init never received. */
+    send_error(s, "the exit status of command %s was lost (its keeper was killed)", id);
+    return;
+  }
+  if (from > c->log_len) {
+    send_error(s, "offset %llu is past the command's output (%llu bytes)", (unsigned long long)from, (unsigned long long)c->log_len);
+    return;
+  }
+  /* A connection still holding it (a worker that died, not yet noticed) is dropped. */
+  close_fd(&c->sock);
+  buf_free(&c->in);
+  buf_free(&c->out);
+  c->sock = s->sock;
+  s->sock = -1;
+  s->took_over = 1;
+  c->peer_gone = c->shut = c->exit_sent = c->forgotten = 0;
+  c->sent = from;
+  char body[8 + MAX_SLOT_NAME];
+  size_t slot_len = strlen(c->slot);
+  put_u32(body, (uint32_t)c->pid);
+  put_u32(body + 4, (uint32_t)c->exited);
+  memcpy(body + 8, c->slot, slot_len);
+  send_frame(c, F_ATTACHED, body, 8 + slot_len);
 }
 
 /* Parses complete frames from the worker. */
@@ -339,6 +511,23 @@ static void handle_input(struct session *s) {
       case F_STDIN_EOF:
         s->stdin_eof = 1;
         break;
+      case F_ATTACH:
+        do_attach(s, payload, len);
+        if (s->took_over) return; /* the worker sends nothing more before ATTACHED */
+        break;
+      case F_SIGNAL: {
+        int sig = len == 4 ? (int)get_u32(payload) : 0;
+        if (sig < 1 || sig > 64) {
+          send_error(s, "bad signal frame");
+          s->lost = 1;
+        } else if (s->pid > 0 && !s->exited && kill(-s->pid, sig) < 0) {
+          kill(s->pid, sig); /* it left its process group */
+        }
+        break;
+      }
+      case F_FORGET:
+        if (s->id && s->exit_sent) s->forgotten = 1;
+        break;
       default:
         send_error(s, "unknown frame type %d", (unsigned char)h[0]);
         break;
@@ -360,11 +549,11 @@ static void read_output(struct session *s, int k) {
   uint64_t room = s->seen[k] < s->cap[k] ? s->cap[k] - s->seen[k] : 0;
   size_t keep = (uint64_t)n < room ? (size_t)n : (size_t)room;
   s->seen[k] += (uint64_t)n;
-  if (keep > 0) send_frame(s, k == 0 ? F_STDOUT : F_STDERR, chunk, keep);
+  if (keep > 0) emit(s, k == 0 ? F_STDOUT : F_STDERR, chunk, keep);
   if (keep < (size_t)n && !s->truncated[k]) {
     s->truncated[k] = 1;
     char which = (char)k;
-    send_frame(s, F_TRUNCATED, &which, 1);
+    emit(s, F_TRUNCATED, &which, 1);
   }
 }
 
@@ -393,6 +582,18 @@ static void flush_out(struct session *s) {
       return;
     }
     s->out.off += (size_t)n;
+  }
+}
+
+/* A durable command's log goes out as fast as the connection takes it: a socket that took
+ * all that was queued raises no POLLOUT, so the next piece is queued now, not after some
+ * event that may never come (a command that ended). */
+static void pump_and_flush(struct session *s) {
+  for (;;) {
+    uint64_t before = s->sent;
+    pump_log(s);
+    flush_out(s);
+    if (s->peer_gone || buf_pending(&s->out) > 0 || s->sent == s->log_len || s->sent == before) return;
   }
 }
 
@@ -489,7 +690,7 @@ static void reap(void) {
 /* ---------------------------------------------------------------- main loop */
 
 static void finish_if_done(struct session *s) {
-  if (s->exit_sent || !s->exited || s->fd_out >= 0 || s->fd_err >= 0) return;
+  if (s->exit_sent || !s->exited || s->fd_out >= 0 || s->fd_err >= 0 || s->sock < 0 || s->sent < s->log_len) return;
   int code = WIFEXITED(s->status) ? WEXITSTATUS(s->status) : WIFSIGNALED(s->status) ? 128 + WTERMSIG(s->status) : 255;
   char payload[8];
   put_u32(payload, (uint32_t)code);
@@ -539,6 +740,16 @@ int main(void) {
   } who[2 + MAX_SESSIONS * 4 + MAX_KEEPERS];
   for (;;) {
     int n = 0;
+    int timeout_ms = -1; /* until the first detached command's grace runs out */
+    int64_t now = mono_ms();
+    for (int i = 0; i < nsessions; i++) {
+      struct session *s = sessions[i];
+      if (s->sock >= 0) continue;
+      int64_t left = s->detached_ms + s->grace_ms - now;
+      if (left < 0) left = 0;
+      if (left > 1 << 30) left = 1 << 30;
+      if (timeout_ms < 0 || left < timeout_ms) timeout_ms = (int)left;
+    }
     pfds[n] = (struct pollfd){.fd = sfd, .events = POLLIN};
     who[n++].session = W_SIGNAL;
     if (nsessions < MAX_SESSIONS) {
@@ -553,13 +764,16 @@ int main(void) {
     }
     for (int i = 0; i < nsessions; i++) {
       struct session *s = sessions[i];
-      int out_ok = buf_pending(&s->out) < OUT_HIGH_WATER;
-      short sock_events = 0;
-      if (!s->peer_gone && buf_pending(&s->stdin_) < IN_HIGH_WATER) sock_events |= POLLIN;
-      if (buf_pending(&s->out) > 0) sock_events |= POLLOUT;
-      pfds[n] = (struct pollfd){.fd = s->sock, .events = sock_events};
-      who[n].session = i;
-      who[n++].what = 0;
+      /* A durable command's output goes to its log, bounded by its caps: always read. */
+      int out_ok = s->id || buf_pending(&s->out) < OUT_HIGH_WATER;
+      if (s->sock >= 0) {
+        short sock_events = 0;
+        if (!s->peer_gone && buf_pending(&s->stdin_) < IN_HIGH_WATER) sock_events |= POLLIN;
+        if (buf_pending(&s->out) > 0) sock_events |= POLLOUT;
+        pfds[n] = (struct pollfd){.fd = s->sock, .events = sock_events};
+        who[n].session = i;
+        who[n++].what = 0;
+      }
       if (s->fd_out >= 0 && out_ok) {
         pfds[n] = (struct pollfd){.fd = s->fd_out, .events = POLLIN};
         who[n].session = i;
@@ -576,7 +790,7 @@ int main(void) {
         who[n++].what = 3;
       }
     }
-    if (poll(pfds, (nfds_t)n, -1) < 0) {
+    if (poll(pfds, (nfds_t)n, timeout_ms) < 0) {
       if (errno == EINTR) continue;
       die("poll");
     }
@@ -606,7 +820,7 @@ int main(void) {
           }
           s->sock = c;
           s->keeper = -1;
-          s->fd_out = s->fd_err = s->fd_in = -1;
+          s->fd_out = s->fd_err = s->fd_in = s->log_fd = -1;
           sessions[nsessions++] = s;
         }
         continue;
@@ -614,6 +828,7 @@ int main(void) {
       struct session *s = sessions[i];
       switch (who[j].what) {
         case 0:
+          if (pfds[j].fd != s->sock) break; /* the socket was replaced by an ATTACH this round */
           if (pfds[j].revents & POLLOUT) flush_out(s);
           if (pfds[j].revents & (POLLIN | POLLHUP | POLLERR)) {
             if (buf_reserve(&s->in, READ_CHUNK) < 0) {
@@ -640,17 +855,33 @@ int main(void) {
       }
     }
     /* Sessions are only removed here, after every event of this round was handled. */
+    now = mono_ms();
     for (int i = nsessions - 1; i >= 0; i--) {
       struct session *s = sessions[i];
+      if (s->took_over) {
+        session_free(i);
+        continue;
+      }
       if (s->fd_in >= 0 && s->stdin_eof && buf_pending(&s->stdin_) == 0) close_fd(&s->fd_in);
       if (s->lost && !s->exit_sent) kill_command(s);
+      if (s->sock < 0) {
+        /* Detached: nobody attached within the grace: it goes. */
+        if (now - s->detached_ms >= (int64_t)s->grace_ms) {
+          kill_command(s);
+          session_free(i);
+        }
+        continue;
+      }
+      if (s->id) pump_and_flush(s);
       if (!s->peer_gone && !s->lost) finish_if_done(s);
       if (!s->peer_gone) flush_out(s);
-      if (s->peer_gone) {
+      if (s->peer_gone && s->id && !s->forgotten) {
+        detach(s);
+      } else if (s->peer_gone) {
         /* Nobody will read the result: the command goes (its exec cgroup is the worker's to clean). */
         kill_command(s);
         session_free(i);
-      } else if ((s->exit_sent || s->lost) && buf_pending(&s->out) == 0 && !s->shut) {
+      } else if ((s->lost || (s->exit_sent && !s->id)) && buf_pending(&s->out) == 0 && !s->shut) {
         /* The worker closes first: it may still be writing (stdin the command never read),
          * and a connection closed under its writes would lose the answer it has not read. */
         shutdown(s->sock, SHUT_WR);

@@ -43,7 +43,8 @@ void free_req(struct spawn_req *r) {
 
 /* Payload: u32 flags, u32 stdout cap, u32 stderr cap, i32 oom_score_adj, u32 argc, u32 envc,
  * then NUL-terminated strings: slot, cwd, argv..., env "K=V"..., and with SPAWN_HAS_USER
- * the user ("name", "uid", "name:group" or "uid:gid"). */
+ * the user ("name", "uid", "name:group" or "uid:gid"); with SPAWN_DURABLE the command id
+ * and then a u32 grace in milliseconds. */
 const char *parse_spawn(const char *p, size_t len, struct spawn_req *r) {
   const char *end = p + len;
   memset(r, 0, sizeof *r);
@@ -70,6 +71,11 @@ const char *parse_spawn(const char *p, size_t len, struct spawn_req *r) {
   if (r->flags & SPAWN_HAS_USER) {
     r->user = take_str(&p, end);
     if (!r->user || !r->user[0] || strlen(r->user) > MAX_USER_SPEC) return "malformed user";
+  }
+  if (r->flags & SPAWN_DURABLE) {
+    r->id = take_str(&p, end);
+    if (!r->id || !r->id[0] || strlen(r->id) > MAX_COMMAND_ID || end - p < 4) return "malformed command id";
+    r->grace_ms = get_u32(p);
   }
   return NULL;
 }

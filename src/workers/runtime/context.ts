@@ -101,6 +101,8 @@ export interface RuntimeContext {
   sandboxes: Map<string, SandboxRecord>;
   /** Tells of inits that die while no destroy stops them (see init-watch.ts). */
   initWatch: InitWatch;
+  /** Connections to durable commands this process holds; detach() lets go of them (exec.ts). */
+  commandChannels: Set<{ release(): void }>;
   /** The listener `onExit` registered: the host's, told of each such death. */
   exitListener?: (sandboxId: string) => void;
   /** Serializes create/destroy/adopt/policy per sandbox id; exec does not take the lock. */
@@ -191,6 +193,7 @@ export function createRuntimeContext(deps: RuncRuntimeDeps): RuntimeContext {
       onError: (file, err) => log?.warn({ file, err: String(err) }, 'besteffort guard could not write a CPU quota'),
     }),
     sandboxes,
+    commandChannels: new Set(),
     initWatch: new InitWatch({
       confirmDead: async (id) => !(await ctx.isRunningNow(id)),
       onDeath: (id) => ctx.exitListener?.(id),

@@ -1,8 +1,7 @@
 import { mkdirSync, readFileSync, readdirSync } from 'node:fs';
 import path from 'node:path';
 import { RollboxError } from '../../api/index.ts';
-import { SANDBOX_INIT } from './spec.ts';
-import { killCgroup, killQuietly, readProcs, writeFreezer } from './cgroups.ts';
+import { killCgroup } from './cgroups.ts';
 
 /** A sandbox's own cgroup in the hierarchies its commands' exec cgroups live in. */
 export interface SandboxCgroupDirs {
@@ -66,6 +65,13 @@ export class ExecSlots {
     return this.slot(name);
   }
 
+  /** The slot a durable command of a previous worker process runs in (attach): busy until released. */
+  claim(name: string): ExecSlot | undefined {
+    if (!this.names.includes(name)) return undefined;
+    this.inUse.add(name);
+    return this.slot(name);
+  }
+
   private make(): string {
     const name = `s${this.next++}`;
     const slot = this.slot(name);
@@ -93,48 +99,17 @@ export class ExecSlots {
   }
 
   /**
-   * After a worker restart: the slots are known again, and commands of the previous
-   * process that still run (descendants of a keeper; nobody collects their results) are
-   * killed. Daemons, re-parented to the init when their command ended, stay.
+   * After a worker restart: the slots are known again. What still runs in them stays:
+   * durable commands of the previous process (the next one attaches to them; the init
+   * ends those nobody collects) and daemons; the init killed the others when their
+   * connection closed.
    */
-  async adopt(initPid: number): Promise<void> {
+  adopt(): void {
     for (const e of readdirSync(this.sandbox.pids, { withFileTypes: true })) {
       const n = e.isDirectory() ? SLOT_RE.exec(e.name) : null;
-      if (!n) continue;
+      if (!n || this.names.includes(e.name)) continue;
       this.names.push(e.name);
       this.next = Math.max(this.next, Number(n[1]) + 1);
-      const slot = this.slot(e.name);
-      const stragglers = commandsOfKeepers(readProcs(slot.pids), initPid);
-      if (stragglers.length === 0) continue;
-      writeFreezer(slot.freezer, 'FROZEN');
-      for (const pid of stragglers) killQuietly(pid);
-      writeFreezer(slot.freezer, 'THAWED');
     }
   }
-}
-
-/** The processes among `pids` that descend from a keeper (a child of the init running its binary). */
-function commandsOfKeepers(pids: readonly number[], initPid: number): number[] {
-  const parent = new Map<number, number>();
-  for (const pid of pids) {
-    try {
-      const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-      parent.set(pid, Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]));
-    } catch {
-      // exited meanwhile
-    }
-  }
-  const isKeeper = (pid: number): boolean => parent.get(pid) === initPid && readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0')[0] === SANDBOX_INIT;
-  const keepers = new Set([...parent.keys()].filter((pid) => {
-    try {
-      return isKeeper(pid);
-    } catch {
-      return false;
-    }
-  }));
-  const descends = (pid: number): boolean => {
-    for (let p = parent.get(pid), hops = 0; p !== undefined && hops < 4096; p = parent.get(p), hops++) if (keepers.has(p)) return true;
-    return false;
-  };
-  return [...parent.keys()].filter(descends);
 }

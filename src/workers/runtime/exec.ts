@@ -1,10 +1,11 @@
 import { performance } from 'node:perf_hooks';
 import { RollboxError } from '../../api/index.ts';
-import { InitLostError, runCommand, type CommandOutcome } from '../init/index.ts';
+import { InitLostError, openCommand, type CommandChannel, type CommandOutcome } from '../init/index.ts';
 import { killCgroup, readOomKills } from './cgroups.ts';
 import type { RuntimeContext, SandboxRecord } from './context.ts';
 import { checkSandboxId, validateExec } from './layout.ts';
-import type { RuntimeExecOutcome, RuntimeExecSpec, RuntimeRawExecOutcome, RuntimeRawExecSpec } from './types.ts';
+import type { ExecSlot } from './exec-slots.ts';
+import type { RuntimeAttachSpec, RuntimeExecOutcome, RuntimeExecSpec, RuntimeRawExecOutcome, RuntimeRawExecSpec } from './types.ts';
 
 interface CommandSpec {
   argv: string[];
@@ -13,12 +14,14 @@ interface CommandSpec {
   /** Who the command runs as (the init resolves it); none: root. */
   user?: string;
   stdin?: Buffer;
+  keepStdinOpen?: boolean;
   timeoutMs: number;
   stdoutCapBytes: number;
   stderrCapBytes: number;
   /** Stop the command once stdout passes its cap (the files API's size limit). */
   stopAtStdoutCap?: boolean;
   onOutput?: (stream: 'stdout' | 'stderr', chunk: Buffer) => void;
+  durable?: { commandId: string; graceMs: number };
 }
 
 interface CommandRun {
@@ -32,6 +35,35 @@ interface CommandRun {
   durationMs: number;
 }
 
+/** A durable command whose connection this process holds; `stdinOpen` until its stdin is closed. */
+interface LiveCommand {
+  channel: CommandChannel;
+  stdinOpen: boolean;
+  /** This process let go of it (detach): the command runs on for the next worker to collect. */
+  released: boolean;
+  release(): void;
+}
+
+/**
+ * This worker process let go of a durable command (it stops, leaving its sandboxes to the
+ * next start): no outcome here; the command runs on in its init for the next one.
+ */
+export class CommandReleasedError extends Error {
+  constructor(commandId: string) {
+    super(`command ${commandId} was left running for the next worker process`);
+    this.name = 'CommandReleasedError';
+  }
+}
+
+/** Durable commands whose connection this process holds, by sandbox record and command id. */
+const liveCommands = new WeakMap<SandboxRecord, Map<string, LiveCommand>>();
+
+function liveOf(rec: SandboxRecord): Map<string, LiveCommand> {
+  let live = liveCommands.get(rec);
+  if (!live) liveCommands.set(rec, (live = new Map()));
+  return live;
+}
+
 function recordOf(ctx: RuntimeContext, sandboxId: string): SandboxRecord {
   checkSandboxId(sandboxId);
   const rec = ctx.sandboxes.get(sandboxId);
@@ -39,17 +71,23 @@ function recordOf(ctx: RuntimeContext, sandboxId: string): SandboxRecord {
   return rec;
 }
 
+/** How a command is reached: spawned now, or attached to (a durable one a previous worker spawned). */
+type Start = { spawn: CommandSpec } | { attach: { commandId: string; timeoutMs: number; onOutput?: CommandSpec['onOutput'] } };
+
 /**
- * One command, forked by the sandbox's init into one of its exec cgroups. The init caps
- * each stream (the rest is drained and dropped there), so neither its memory nor this
- * process's grows with output. A timeout kills the exec cgroup, again every 20 ms until
- * the init reports the exit (a command that had not joined it yet is caught on a later
- * round); an init that does not report within execKillGraceMs is dropped, which makes it
- * kill the command's process group.
+ * One command, forked by the sandbox's init into one of its exec cgroups (or, attached,
+ * found in the one it runs in). The init caps each stream (the rest is drained and dropped
+ * there), so neither its memory nor this process's grows with output. A timeout kills the
+ * exec cgroup, again every 20 ms until the init reports the exit (a command that had not
+ * joined it yet is caught on a later round); an init that does not report within
+ * execKillGraceMs is dropped, which makes it kill the command's process group. `record`
+ * runs before the init may forget a durable command. Undefined: an attach found nothing.
  */
-async function runInSandbox(ctx: RuntimeContext, rec: SandboxRecord, spec: CommandSpec): Promise<CommandRun> {
-  const slot = rec.slots.acquire();
-  const oomBefore = readOomKills(slot.memory);
+async function runInSandbox(ctx: RuntimeContext, rec: SandboxRecord, start: Start, record?: (run: CommandRun) => Promise<void>): Promise<CommandRun | undefined> {
+  const spec = 'spawn' in start ? start.spawn : undefined;
+  const attach = 'attach' in start ? start.attach : undefined;
+  const onOutput = spec ? spec.onOutput : attach?.onOutput;
+  const commandId = spec ? spec.durable?.commandId : attach?.commandId;
   const chunks = { stdout: [] as Buffer[], stderr: [] as Buffer[] };
   let truncated = false;
   let timedOut = false;
@@ -59,13 +97,22 @@ async function runInSandbox(ctx: RuntimeContext, rec: SandboxRecord, spec: Comma
   /** The kill round in progress: awaited before the slot can serve another command. */
   let killing: Promise<unknown> = Promise.resolve();
   const abandon = new AbortController();
+  let channel: CommandChannel | undefined;
+  let slot: ExecSlot | undefined = spec ? rec.slots.acquire() : undefined;
+  let attached: (() => void) | undefined;
+  const slotKnown = new Promise<void>((resolve) => (attached = resolve));
+  let oomBefore = slot ? readOomKills(slot.memory) : 0;
   const stop = (): void => {
     if (killer || finished) return;
     const killedAt = Date.now();
     const round = (): void => {
-      killing = killCgroup(slot.pids, slot.freezer, 100).finally(() => {
+      killing = (slot ? killCgroup(slot.pids, slot.freezer, 100) : Promise.resolve()).finally(() => {
         if (finished) return;
-        if (Date.now() - killedAt > ctx.execKillGraceMs) return abandon.abort();
+        if (Date.now() - killedAt > ctx.execKillGraceMs) {
+          // Dropping a durable command's connection would not kill it: the init is told first.
+          channel?.signal(9);
+          return abandon.abort();
+        }
         killer = setTimeout(round, 20);
       });
     };
@@ -74,57 +121,112 @@ async function runInSandbox(ctx: RuntimeContext, rec: SandboxRecord, spec: Comma
   const timer = setTimeout(() => {
     timedOut = true;
     stop();
-  }, spec.timeoutMs);
+  }, spec ? spec.timeoutMs : Math.max(0, attach!.timeoutMs));
   const started = performance.now();
   let outcome: CommandOutcome;
+  const live = liveOf(rec);
+  let liveCommand: LiveCommand | undefined;
   try {
-    outcome = await runCommand(
+    channel = await openCommand(
       rec.socketPath,
+      spec
+        ? {
+            spawn: {
+              argv: spec.argv,
+              env: rec.env ? { ...rec.env, ...spec.env } : spec.env,
+              cwd: spec.cwd ?? rec.workdir,
+              user: spec.user,
+              slot: slot!.name,
+              stdin: spec.stdin,
+              keepStdinOpen: spec.keepStdinOpen,
+              stdoutCapBytes: spec.stdoutCapBytes,
+              stderrCapBytes: spec.stderrCapBytes,
+              oomScoreAdj: ctx.sandboxOomScoreAdj,
+              durable: spec.durable,
+            },
+          }
+        : { attach: { commandId: attach!.commandId } },
       {
-        argv: spec.argv,
-        env: rec.env ? { ...rec.env, ...spec.env } : spec.env,
-        cwd: spec.cwd ?? rec.workdir,
-        user: spec.user,
-        slot: slot.name,
-        stdin: spec.stdin,
-        stdoutCapBytes: spec.stdoutCapBytes,
-        stderrCapBytes: spec.stderrCapBytes,
-        oomScoreAdj: ctx.sandboxOomScoreAdj,
-      },
-      {
+        onAttached: (info) => {
+          if (info.slot) slot = rec.slots.claim(info.slot);
+          // An attached command counts the OOM kills from here on (earlier ones are not told apart from its slot's past).
+          if (slot) oomBefore = readOomKills(slot.memory);
+          attached?.();
+        },
         onOutput: (stream, chunk) => {
           chunks[stream].push(chunk);
-          spec.onOutput?.(stream, chunk);
+          onOutput?.(stream, chunk);
         },
         onTruncated: (stream) => {
           truncated = true;
-          if (stream === 'stdout' && spec.stopAtStdoutCap) {
+          if (stream === 'stdout' && spec?.stopAtStdoutCap) {
             overflowed = true;
             stop();
           }
         },
       },
       abandon.signal,
-    ).catch((err: unknown) => {
+    );
+    if (commandId !== undefined) {
+      const opened = channel;
+      // Attached, a command's stdin is as open as its first spawn left it: the init drops what it cannot take.
+      liveCommand = {
+        channel: opened,
+        stdinOpen: spec ? spec.keepStdinOpen === true : true,
+        released: false,
+        release() {
+          this.released = true;
+          opened.close();
+        },
+      };
+      live.set(commandId, liveCommand);
+      ctx.commandChannels.add(liveCommand);
+    }
+    if (!spec) await Promise.race([slotKnown, channel.outcome.catch(() => undefined)]);
+    outcome = await channel.outcome.catch((err: unknown) => {
       // Stopped and dropped after the grace: the command was SIGKILLed with its group.
       if (abandon.signal.aborted) return { kind: 'exit', exitCode: 137, waitStatus: 9 } as const;
+      if (liveCommand?.released) throw new CommandReleasedError(commandId!);
       throw err;
     });
   } finally {
     finished = true;
     clearTimeout(timer);
     clearTimeout(killer);
+    if (liveCommand) ctx.commandChannels.delete(liveCommand);
+    if (commandId !== undefined && live.get(commandId)?.channel === channel) live.delete(commandId);
     await killing.catch(() => undefined);
   }
   const durationMs = Math.round((performance.now() - started) * 1000) / 1000;
   // Read before the slot can serve another command.
-  const oomKills = Math.max(0, readOomKills(slot.memory) - oomBefore);
+  const oomKills = slot ? Math.max(0, readOomKills(slot.memory) - oomBefore) : 0;
   // A refused start may have left a half-started command behind (its keeper died mid-way).
-  await rec.slots.release(slot, { kill: timedOut || overflowed || abandon.signal.aborted || outcome.kind === 'refused' });
-  if (outcome.kind === 'refused') {
-    return { exitCode: 255, stdout: Buffer.alloc(0), stderr: Buffer.from(`rollbox: cannot start command: ${outcome.message}\n`), truncated, timedOut, overflowed, oomKills, durationMs };
+  if (slot) await rec.slots.release(slot, { kill: timedOut || overflowed || abandon.signal.aborted || outcome.kind === 'refused' });
+  if (outcome.kind === 'unknown') return undefined;
+  const run: CommandRun =
+    outcome.kind === 'refused'
+      ? { exitCode: 255, stdout: Buffer.alloc(0), stderr: Buffer.from(`rollbox: cannot start command: ${outcome.message}\n`), truncated, timedOut, overflowed, oomKills, durationMs }
+      : { exitCode: outcome.exitCode, stdout: Buffer.concat(chunks.stdout), stderr: Buffer.concat(chunks.stderr), truncated, timedOut, overflowed, oomKills, durationMs };
+  try {
+    await record?.(run);
+    channel.forget();
+  } finally {
+    channel.close();
   }
-  return { exitCode: outcome.exitCode, stdout: Buffer.concat(chunks.stdout), stderr: Buffer.concat(chunks.stderr), truncated, timedOut, overflowed, oomKills, durationMs };
+  return run;
+}
+
+function outcomeOf(run: CommandRun): RuntimeExecOutcome {
+  return {
+    exitCode: run.exitCode,
+    stdout: run.stdout.toString('utf8'),
+    stderr: run.stderr.toString('utf8'),
+    truncated: run.truncated,
+    timedOut: run.timedOut,
+    oomKilled: run.oomKills > 0,
+    oomKills: run.oomKills,
+    durationMs: run.durationMs,
+  };
 }
 
 export async function execCommand(ctx: RuntimeContext, sandboxId: string, spec: RuntimeExecSpec): Promise<RuntimeExecOutcome> {
@@ -132,50 +234,84 @@ export async function execCommand(ctx: RuntimeContext, sandboxId: string, spec: 
   validateExec(spec);
   // The init takes the user as one NUL-terminated string.
   if (spec.user !== undefined && (spec.user === '' || spec.user.includes('\0'))) throw new RollboxError('invalid_request', 'user must be a name, uid, name:group or uid:gid');
-  const release = spec.holdBackBesteffort && !rec.besteffort ? ctx.guard.hold() : undefined;
+  const releaseGuard = spec.holdBackBesteffort && !rec.besteffort ? ctx.guard.hold() : undefined;
   try {
-    const run = await runInSandbox(ctx, rec, {
-      argv: spec.argv,
-      env: spec.env,
-      cwd: spec.cwd,
-      // The files API's raw commands (execRawCommand) name nobody and stay root.
-      user: spec.user ?? rec.user,
-      stdin: spec.stdin === undefined ? undefined : Buffer.from(spec.stdin, 'utf8'),
-      timeoutMs: spec.timeoutMs,
-      stdoutCapBytes: spec.outputCapBytes,
-      stderrCapBytes: spec.outputCapBytes,
-      onOutput: spec.onOutput,
-    });
-    return {
-      exitCode: run.exitCode,
-      stdout: run.stdout.toString('utf8'),
-      stderr: run.stderr.toString('utf8'),
-      truncated: run.truncated,
-      timedOut: run.timedOut,
-      oomKilled: run.oomKills > 0,
-      oomKills: run.oomKills,
-      durationMs: run.durationMs,
-    };
+    const run = await runInSandbox(
+      ctx,
+      rec,
+      {
+        spawn: {
+          argv: spec.argv,
+          env: spec.env,
+          cwd: spec.cwd,
+          // The files API's raw commands (execRawCommand) name nobody and stay root.
+          user: spec.user ?? rec.user,
+          stdin: spec.stdin === undefined ? undefined : Buffer.from(spec.stdin, 'utf8'),
+          keepStdinOpen: spec.keepStdinOpen,
+          timeoutMs: spec.timeoutMs,
+          stdoutCapBytes: spec.outputCapBytes,
+          stderrCapBytes: spec.outputCapBytes,
+          onOutput: spec.onOutput,
+          durable: spec.durable,
+        },
+      },
+      // Besteffort neighbours go back to their quota before the caller hears of the result.
+      spec.record &&
+        ((r) => {
+          releaseGuard?.();
+          return spec.record!(outcomeOf(r));
+        }),
+    );
+    return outcomeOf(run!);
   } finally {
-    release?.();
+    releaseGuard?.();
   }
 }
 
 /** The files API's commands: bytes in and out, run as root from / with no extra environment. */
 export async function execRawCommand(ctx: RuntimeContext, sandboxId: string, spec: RuntimeRawExecSpec): Promise<RuntimeRawExecOutcome> {
   const rec = recordOf(ctx, sandboxId);
-  const run = await runInSandbox(ctx, rec, {
-    argv: spec.argv,
-    env: {},
-    cwd: '/', // the sandbox's workdir may be gone
-    stdin: spec.stdin,
-    timeoutMs: spec.timeoutMs,
-    // Kept up to the cap; one byte more marks it truncated and stops the command.
-    stdoutCapBytes: spec.maxStdoutBytes,
-    stderrCapBytes: 64 * 1024,
-    stopAtStdoutCap: true,
-  });
+  const run = (await runInSandbox(ctx, rec, {
+    spawn: {
+      argv: spec.argv,
+      env: {},
+      cwd: '/', // the sandbox's workdir may be gone
+      stdin: spec.stdin,
+      timeoutMs: spec.timeoutMs,
+      // Kept up to the cap; one byte more marks it truncated and stops the command.
+      stdoutCapBytes: spec.maxStdoutBytes,
+      stderrCapBytes: 64 * 1024,
+      stopAtStdoutCap: true,
+    },
+  }))!;
   return { exitCode: run.exitCode, stdout: run.stdout, stderr: run.stderr.toString('utf8'), overflowed: run.overflowed, timedOut: run.timedOut };
+}
+
+/** A durable command a previous worker process started: collected from its start. */
+export async function attachCommand(ctx: RuntimeContext, sandboxId: string, spec: RuntimeAttachSpec): Promise<RuntimeExecOutcome | undefined> {
+  const rec = recordOf(ctx, sandboxId);
+  const run = await runInSandbox(ctx, rec, { attach: spec }, spec.record && ((r) => spec.record!(outcomeOf(r))));
+  return run && outcomeOf(run);
+}
+
+export function signalCommand(ctx: RuntimeContext, sandboxId: string, commandId: string, signo: number): boolean {
+  const live = liveOf(recordOf(ctx, sandboxId)).get(commandId);
+  live?.channel.signal(signo);
+  return live !== undefined;
+}
+
+export async function writeCommandStdin(ctx: RuntimeContext, sandboxId: string, commandId: string, data: Buffer, eof: boolean): Promise<boolean> {
+  const live = liveOf(recordOf(ctx, sandboxId)).get(commandId);
+  if (!live?.stdinOpen) return false;
+  if (eof) live.stdinOpen = false;
+  if (data.length > 0) await live.channel.writeStdin(data);
+  if (eof) live.channel.closeStdin();
+  return true;
+}
+
+/** This process lets go of every durable command it holds (a worker that stops and leaves its sandboxes running). */
+export function releaseCommands(ctx: RuntimeContext): void {
+  for (const live of ctx.commandChannels) live.release();
 }
 
 export { InitLostError };

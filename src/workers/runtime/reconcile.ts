@@ -31,7 +31,7 @@ async function hasOurInit(ctx: RuntimeContext, id: string): Promise<boolean> {
 /**
  * Take over a live container left by a previous worker process: its layers referenced
  * again, its init reached again through the same socket (the init holds it, not the
- * worker), commands of the previous process killed (nobody collects their results).
+ * worker), durable commands of the previous process left running for the next attach.
  */
 async function adopt(ctx: RuntimeContext, id: string): Promise<boolean> {
   const { layout } = ctx;
@@ -61,7 +61,7 @@ async function adopt(ctx: RuntimeContext, id: string): Promise<boolean> {
     ctx.log?.warn({ sandboxId: id, err: String(err) }, 'cannot adopt sandbox: its layers are not mountable');
     return false;
   }
-  await slots.adopt(await ctx.initPidOf(id));
+  slots.adopt();
   // A worker that died while its guard held besteffort sandboxes back left them capped.
   if (besteffort && cg.cpu) {
     try {

@@ -3,7 +3,7 @@ import { readOomKills } from './cgroups.ts';
 import { createRuntimeContext, type RuncRuntimeDeps } from './context.ts';
 import { claimSandbox } from './claim.ts';
 import { createSandbox } from './create.ts';
-import { execCommand, execRawCommand } from './exec.ts';
+import { attachCommand, execCommand, execRawCommand, releaseCommands, signalCommand, writeCommandStdin } from './exec.ts';
 import { checkSandboxId } from './layout.ts';
 import { applyPolicy, freezerStateFile, setFrozen } from './policy.ts';
 import { reconcile } from './reconcile.ts';
@@ -49,6 +49,9 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     },
     exec: (id, spec) => execCommand(ctx, id, spec),
     execRaw: (id, spec) => execRawCommand(ctx, id, spec),
+    attach: (id, spec) => attachCommand(ctx, id, spec),
+    signalCommand: (id, commandId, signo) => signalCommand(ctx, id, commandId, signo),
+    writeCommandStdin: (id, commandId, data, eof) => writeCommandStdin(ctx, id, commandId, data, eof),
     async destroy(id) {
       checkSandboxId(id);
       await ctx.ensureDirs();
@@ -79,6 +82,7 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
       ctx.exitListener = listener;
     },
     detach() {
+      releaseCommands(ctx);
       ctx.exitListener = undefined;
       ctx.initWatch.close();
     },

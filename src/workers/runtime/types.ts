@@ -57,7 +57,30 @@ export interface RuntimeExecSpec {
   onOutput?: (stream: 'stdout' | 'stderr', chunk: Buffer) => void;
   /** A caller waits on it: in a latency sandbox it holds besteffort sandboxes back while it runs (besteffort-guard.ts). */
   holdBackBesteffort?: boolean;
+  /**
+   * The command outlives this worker process for `graceMs` (rollbox-init.c: durable
+   * commands), addressable by `commandId` for attach, signalCommand and writeCommandStdin.
+   */
+  durable?: { commandId: string; graceMs: number };
+  /** Stdin stays open for writeCommandStdin until it is closed (after `stdin`, if any). */
+  keepStdinOpen?: boolean;
+  /**
+   * A durable command's result, recorded before the init may drop it (a worker that dies
+   * before it finishes leaves the result to the next one's attach).
+   */
+  record?: (outcome: RuntimeExecOutcome) => Promise<void>;
 }
+
+/** A durable command a previous worker process started, collected from the init. */
+export interface RuntimeAttachSpec {
+  commandId: string;
+  /** What is left of its timeout; past it the command is killed as an exec's would be. */
+  timeoutMs: number;
+  /** Called with each chunk of its output, from the first byte it wrote, in order per stream. */
+  onOutput?: (stream: 'stdout' | 'stderr', chunk: Buffer) => void;
+  record?: (outcome: RuntimeExecOutcome) => Promise<void>;
+}
+
 
 /** A command with binary stdin and stdout (the files API): stdout is kept as bytes. */
 export interface RuntimeRawExecSpec {
@@ -98,6 +121,12 @@ export interface SandboxRuntime {
   /** Mount layers + overlay, write the bundle, start the container. */
   create(spec: SandboxRuntimeSpec): Promise<void>;
   exec(sandboxId: string, spec: RuntimeExecSpec): Promise<RuntimeExecOutcome>;
+  /** A durable command of a previous worker process: its whole output and outcome; undefined when the init does not hold it. */
+  attach(sandboxId: string, spec: RuntimeAttachSpec): Promise<RuntimeExecOutcome | undefined>;
+  /** A signal to a running durable command's process group; false when none of that id runs here. */
+  signalCommand(sandboxId: string, commandId: string, signo: number): boolean;
+  /** Stdin for a running durable command started with stdin open; false when none of that id takes it here. */
+  writeCommandStdin(sandboxId: string, commandId: string, data: Buffer, eof: boolean): Promise<boolean>;
   /** Like exec, inside the sandbox (its namespaces, cgroups, seccomp), with bytes in and out. */
   execRaw(sandboxId: string, spec: RuntimeRawExecSpec): Promise<RuntimeRawExecOutcome>;
   /** A ready sandbox of a warm pool takes the identity of a create: limits, env, workdir, hidden paths, network. */

@@ -1,0 +1,182 @@
+import { randomBytes } from 'node:crypto';
+import { execFileSync } from 'node:child_process';
+import { readFileSync, readdirSync, readlinkSync } from 'node:fs';
+import { mkdir, mkdtemp, rm } from 'node:fs/promises';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { LayerMounts, LayerStore, buildBusyboxBase } from '../src/layers/index.ts';
+import { openCommand, type CommandChannel } from '../src/workers/init/index.ts';
+import { Frame, FrameDecoder, encodeAttach, encodeSpawn, frame } from '../src/workers/init/protocol.ts';
+import { createRuncRuntime, type RuncRuntime } from '../src/workers/runtime/index.ts';
+
+/**
+ * Durable commands at the init's own level (rollbox-init.c), through its socket in a real
+ * runc sandbox: detach, replay, offsets, spill to disk, grace, and frames it must refuse.
+ */
+let top: string;
+let rt: RuncRuntime;
+let socketPath: string;
+const SANDBOX = `d${randomBytes(4).toString('hex')}`;
+
+beforeAll(async () => {
+  top = await mkdtemp(path.join(os.tmpdir(), 'rollbox-init-durable-'));
+  const store = new LayerStore(path.join(top, 'store'));
+  await mkdir(path.join(top, 'tmp'), { recursive: true });
+  const base = (await buildBusyboxBase({ store, tmpDir: path.join(top, 'tmp') })).files;
+  rt = createRuncRuntime({ dataDir: path.join(top, 'node'), nodeId: `t${randomBytes(3).toString('hex')}`, layerMounts: new LayerMounts({ dataDir: path.join(top, 'node'), storeDir: store.dir }), scratchSizeGiB: 1 });
+  await rt.create({ sandboxId: SANDBOX, layerImages: [base], resources: { cpuMillis: 1000, memoryMiB: 64, diskMiB: 64, pids: 64 }, class: 'latency', env: {}, workdir: '/', hiddenPaths: [] });
+  socketPath = rt.initSocketOf(SANDBOX);
+});
+
+afterAll(async () => {
+  await rt?.reconcile(new Set()).catch((err: unknown) => console.error('final reconcile failed', err));
+  if (top) await rm(top, { recursive: true, force: true });
+});
+
+const spawnOf = (argv: string[], commandId: string, graceMs = 30_000) => ({ argv, env: {}, cwd: '/', slot: '', stdoutCapBytes: 1 << 20, stderrCapBytes: 1 << 20, oomScoreAdj: 0, durable: { commandId, graceMs } });
+
+/** Collects a channel's output and outcome. */
+async function drain(channel: CommandChannel, out: Buffer[]): Promise<{ stdout: string; outcome: Awaited<CommandChannel['outcome']> }> {
+  const outcome = await channel.outcome;
+  return { stdout: Buffer.concat(out).toString('utf8'), outcome };
+}
+
+async function attach(commandId: string, fromOffset = 0): Promise<{ stdout: string; outcome: Awaited<CommandChannel['outcome']>; channel: CommandChannel; attached?: { pid: number; exited: boolean } }> {
+  const out: Buffer[] = [];
+  let attached: { pid: number; exited: boolean } | undefined;
+  const channel = await openCommand(socketPath, { attach: { commandId, fromOffset } }, { onOutput: (s, c) => s === 'stdout' && out.push(c), onAttached: (a) => (attached = a) });
+  return { ...(await drain(channel, out)), channel, attached };
+}
+
+/** A raw connection: writes `bytes`, returns every frame the init sent until it closed (or `waitMs`). */
+async function raw(bytes: Buffer, waitMs = 1500): Promise<{ frames: { type: number; text: string }[]; closed: boolean }> {
+  const socket = net.createConnection(socketPath);
+  const frames: { type: number; text: string }[] = [];
+  const decoder = new FrameDecoder();
+  let closed = false;
+  await new Promise<void>((resolve) => {
+    const timer = setTimeout(resolve, waitMs);
+    socket.on('data', (d) => decoder.push(d, (type, payload) => frames.push({ type, text: payload.toString('utf8') })));
+    socket.on('error', () => {});
+    socket.on('close', () => {
+      closed = true;
+      clearTimeout(timer);
+      resolve();
+    });
+    socket.write(bytes);
+  });
+  socket.destroy();
+  return { frames, closed };
+}
+
+const initPid = (): number => Number(execFileSync('runc', ['--root', rt.runcRoot, 'state', `rb-${SANDBOX}`], { encoding: 'utf8' }).match(/"pid":\s*(\d+)/)![1]);
+function readlinkSafe(p: string): string {
+  try {
+    return readlinkSync(p);
+  } catch {
+    return '';
+  }
+}
+
+/** The init's children (ps exits 1 when it has none). */
+const processesIn = (): string => {
+  try {
+    return execFileSync('ps', ['-o', 'args=', '--ppid', String(initPid())], { encoding: 'utf8' });
+  } catch {
+    return '';
+  }
+};
+
+describe('durable commands in the init', () => {
+  it('run on when their connection drops; an attach replays all output (spilled past 64 KiB) then the exit; forget drops them', async () => {
+    // 917 KiB of numbered lines, written while no connection holds the command.
+    const script = 'i=0; while [ $i -lt 20 ]; do sleep 0.05; i=$((i+1)); done; seq 1 150000; echo end >&2; exit 5';
+    const first = await openCommand(socketPath, { spawn: spawnOf(['sh', '-c', script], 'big-1') });
+    first.close();
+    const replay = await attach('big-1');
+    const expected = Array.from({ length: 150_000 }, (_, i) => `${i + 1}\n`).join('');
+    expect(replay.outcome).toEqual({ kind: 'exit', exitCode: 5, waitStatus: 5 << 8 });
+    expect(replay.stdout.length).toBe(expected.length);
+    expect(replay.stdout === expected).toBe(true);
+    // Not forgotten: a second attach replays it again, whole.
+    replay.channel.close();
+    const again = await attach('big-1');
+    expect(again.attached).toMatchObject({ exited: true });
+    expect(again.stdout === expected).toBe(true);
+    // The log past 64 KiB is an unnamed file on the sandbox's disk, not the init's memory.
+    const fds = readdirSync(`/proc/${initPid()}/fd`).map((fd) => readlinkSafe(`/proc/${initPid()}/fd/${fd}`));
+    expect(fds.some((l) => /\/#\d+ \(deleted\)$/.test(l) || l.includes('/tmp/'))).toBe(true);
+    again.channel.forget();
+    await new Promise((r) => setTimeout(r, 100));
+    expect((await attach('big-1')).outcome).toEqual({ kind: 'unknown' });
+  });
+
+  it('an attach from an offset gets only what came after it', async () => {
+    const out: Buffer[] = [];
+    const first = await openCommand(socketPath, { spawn: spawnOf(['sh', '-c', 'echo one; sleep 0.5; echo two'], 'offset-1') }, { onOutput: (_s, c) => out.push(c) });
+    for (let i = 0; i < 100 && out.length === 0; i++) await new Promise((r) => setTimeout(r, 20));
+    expect(Buffer.concat(out).toString()).toBe('one\n');
+    const offset = first.offset;
+    first.close();
+    const rest = await attach('offset-1', offset);
+    expect(rest.stdout).toBe('two\n');
+    expect(rest.outcome).toMatchObject({ kind: 'exit', exitCode: 0 });
+    rest.channel.forget();
+  });
+
+  it('a command nobody attaches to within its grace is killed and forgotten', async () => {
+    const first = await openCommand(socketPath, { spawn: spawnOf(['sleep', '77'], 'grace-1', 300) });
+    await new Promise((r) => setTimeout(r, 100));
+    expect(processesIn()).toContain('sleep 77');
+    first.close();
+    await new Promise((r) => setTimeout(r, 900));
+    expect((await attach('grace-1')).outcome).toEqual({ kind: 'unknown' });
+    expect(processesIn()).not.toContain('sleep 77');
+  });
+
+  it('signals the attached command and takes over a connection that still holds it', async () => {
+    const first = await openCommand(socketPath, { spawn: spawnOf(['sleep', '78'], 'sig-1') });
+    // A second connection attaches while the first is open: it takes the command over.
+    const out: Buffer[] = [];
+    const second = await openCommand(socketPath, { attach: { commandId: 'sig-1' } }, { onOutput: (_s, c) => out.push(c) });
+    await expect(first.outcome).rejects.toThrow(/closed the connection/);
+    second.signal(15);
+    expect(await second.outcome).toMatchObject({ kind: 'exit', exitCode: 128 + 15 });
+    second.forget();
+  });
+
+  it('refuses malformed frames with an error and stays up', async () => {
+    const errorOf = async (bytes: Buffer) => (await raw(bytes)).frames.map((f) => [f.type, f.text]);
+    // A frame longer than any the init takes: the connection is dropped.
+    const huge = Buffer.alloc(8);
+    huge[0] = Frame.stdin;
+    huge.writeUInt32LE(64 << 20, 4);
+    expect((await raw(huge)).closed).toBe(true);
+    expect(await errorOf(frame(Frame.attach, Buffer.from('short')))).toEqual([[Frame.error, 'malformed attach frame']]);
+    expect(await errorOf(frame(Frame.attach, Buffer.concat([Buffer.alloc(8), Buffer.from('no-nul')])))).toEqual([[Frame.error, 'malformed attach frame']]);
+    expect(await errorOf(frame(Frame.attach, Buffer.concat([Buffer.alloc(8), Buffer.from(`${'x'.repeat(129)}\0`)])))).toEqual([[Frame.error, 'malformed attach frame']]);
+    expect(await errorOf(encodeAttach('never-spawned'))).toEqual([[Frame.unknown, '']]);
+    expect(await errorOf(frame(99))).toEqual([[Frame.error, 'unknown frame type 99']]);
+    // A durable spawn without its grace, and one whose id is taken.
+    const noGrace = encodeSpawn({ ...spawnOf(['true'], 'g'), hasStdin: false }).subarray(0, -4);
+    noGrace.writeUInt32LE(noGrace.length - 8, 4);
+    expect(await errorOf(noGrace)).toEqual([[Frame.error, 'malformed command id']]);
+    const holder = await openCommand(socketPath, { spawn: spawnOf(['sleep', '79'], 'dup-1') });
+    expect((await errorOf(encodeSpawn({ ...spawnOf(['true'], 'dup-1'), hasStdin: false }))).at(-1)).toEqual([Frame.error, 'a command of that id exists']);
+    holder.signal(9);
+    await holder.outcome;
+    holder.forget();
+    // A bad signal number on a running command's connection.
+    const spawnThenBadSignal = Buffer.concat([encodeSpawn({ ...spawnOf(['sleep', '80'], 'badsig-1'), hasStdin: false }), frame(Frame.signal, Buffer.from([0, 1, 0, 0]))]);
+    expect((await errorOf(spawnThenBadSignal)).map(([t]) => t)).toEqual([Frame.started, Frame.error]);
+    // Still answering, with true results.
+    const ok = await openCommand(socketPath, { spawn: spawnOf(['sh', '-c', 'echo alive'], 'alive-1') });
+    expect(await ok.outcome).toMatchObject({ kind: 'exit', exitCode: 0 });
+    ok.forget();
+    // What the init holds after all that stays small (its RSS, in the sandbox's memory).
+    const rssKiB = Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${initPid()}/status`, 'utf8'))![1]);
+    console.log(JSON.stringify({ initRssKiB: rssKiB }));
+  });
+});
