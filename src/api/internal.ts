@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { ExecResult } from './exec.ts';
+import { FileEntry, FilesMetaAction } from './files.ts';
 import { NetworkPolicy } from './sandbox.ts';
 
 /**
@@ -96,6 +97,22 @@ export const FilesWriteOp = z.object({
   /** Where the gateway put the bytes. */
   bodyKey: z.string(),
 });
+/** stat, list, mkdir, move, remove: small answers, straight in the reply. */
+export const FilesMetaOp = z.object({
+  kind: z.literal('files_meta'),
+  sandboxId: z.string(),
+  requestId: z.string(),
+  replyTo: z.string(),
+  request: FilesMetaAction,
+});
+/** A new TTL: the sandbox's host moves its timer, then records it. */
+export const TtlOp = z.object({
+  kind: z.literal('ttl'),
+  sandboxId: z.string(),
+  requestId: z.string(),
+  replyTo: z.string(),
+  expiresAt: z.string(),
+});
 /** A task stage change: the worker applies it, then records it in the registry. */
 export const PolicyOp = z.object({
   kind: z.literal('policy'),
@@ -105,7 +122,7 @@ export const PolicyOp = z.object({
   network: NetworkPolicy.optional(),
   hiddenPaths: z.array(z.string()).optional(),
 });
-export const NodeOp = z.discriminatedUnion('kind', [ExecOp, DestroyOp, FreezeOp, SnapshotOp, FilesReadOp, FilesWriteOp, PolicyOp]);
+export const NodeOp = z.discriminatedUnion('kind', [ExecOp, DestroyOp, FreezeOp, SnapshotOp, FilesReadOp, FilesWriteOp, FilesMetaOp, TtlOp, PolicyOp]);
 export type NodeOp = z.infer<typeof NodeOp>;
 
 const ReplyError = z.object({ code: z.string(), message: z.string(), retryAfterSeconds: z.number().optional() });
@@ -121,6 +138,8 @@ export const Reply = z.discriminatedUnion('kind', [
   z.object({ kind: z.literal('done'), requestId: z.string() }),
   z.object({ kind: z.literal('snapshot'), requestId: z.string(), digest: z.string(), sizeBytes: z.number() }),
   z.object({ kind: z.literal('files'), requestId: z.string(), tar: z.boolean(), sizeBytes: z.number() }),
+  /** files_meta: the entries it found or made; `changed`: mkdir created, remove removed. */
+  z.object({ kind: z.literal('files_meta'), requestId: z.string(), entries: z.array(FileEntry), changed: z.boolean() }),
   z.object({ kind: z.literal('error'), requestId: z.string(), error: ReplyError }),
 ]);
 export type Reply = z.infer<typeof Reply>;

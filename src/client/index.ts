@@ -4,3 +4,4 @@ export { BatchesClient, NDJSON_TYPE } from './batches.ts';
 export type { BatchResultsOptions, BatchSubmitOptions } from './batches.ts';
 export { ImagesClient } from './images.ts';
 export type { ImportImageOptions } from './images.ts';
+export { SandboxFilesClient } from './files.ts';

@@ -18,7 +18,7 @@ import { registerImageRoutes, type ImageRouteDeps } from './routes/images.ts';
 import { registerLayerRoutes, type LayerBuilder, type LayerRouteDeps } from './routes/layers.ts';
 import { registerPoolRoutes, type PoolApi } from './routes/pools.ts';
 import { registerRunRoutes, type RunApi } from './routes/run.ts';
-import { registerSandboxRoutes, type SandboxApi } from './routes/sandboxes.ts';
+import { registerSandboxRoutes, type SandboxApi, type TtlApi } from './routes/sandboxes.ts';
 import { registerBatchPage } from './ui/index.ts';
 
 export type { LayerBuilder } from './routes/layers.ts';
@@ -29,6 +29,7 @@ export interface GatewayDeps {
   redis: Pick<Redis, 'ping'>;
   verifier: TokenVerifier;
   sandboxes: SandboxApi;
+  ttls: TtlApi;
   execs: ExecApi;
   files: FilesApi;
   pools: PoolApi;
@@ -94,7 +95,7 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   // SandboxFusion's path, outside /v1: its clients post to a configured URL ending in /run_code.
   app.use('/run_code', authenticateFromUrl(deps.verifier), jsonLimit);
 
-  registerSandboxRoutes(app, deps.sandboxes);
+  registerSandboxRoutes(app, deps.sandboxes, deps.ttls);
   registerCommandRoutes(app, deps.execs);
   registerFilesRoutes(app, deps.files);
   registerPoolRoutes(app, deps.pools);

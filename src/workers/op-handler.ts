@@ -4,6 +4,7 @@ import { performance } from 'node:perf_hooks';
 import { RollboxError, type NodeOp, type Reply } from '../api/index.ts';
 import type { InboxReceipt } from '../queues/index.ts';
 import { OutputWriter, keys } from '../registry/index.ts';
+import { sandboxFilesMeta } from './files-meta.ts';
 import { readSandboxFiles, writeSandboxFiles } from './files.ts';
 import type { HostContext } from './host-context.ts';
 import { InitLostError } from './init/index.ts';
@@ -55,6 +56,12 @@ export class OpHandler {
         case 'files_write':
           ctx.requireLocal(op.sandboxId);
           return await ctx.reply(op.replyTo, await writeSandboxFiles(ctx.deps, op));
+        case 'files_meta':
+          ctx.requireLocal(op.sandboxId);
+          return await ctx.reply(op.replyTo, await sandboxFilesMeta(ctx.deps.runtime, op));
+        case 'ttl':
+          await ctx.moveExpiry(op.sandboxId, Date.parse(op.expiresAt));
+          return await done();
       }
     } catch (caught) {
       let err = caught;
