@@ -11,7 +11,7 @@ import type { Redis } from 'ioredis';
 import pino, { type Logger } from 'pino';
 import type { Config } from './config/index.ts';
 import { startingAnswer, BatchRunner, BatchService, ExecService, FilesService, TtlService, Janitor, LayerCollector, NodeRequests, PoolService, RunService, SandboxService, createGateway, createMetrics, newId, runTask, type LayerBuilder } from './gateway/index.ts';
-import { createTokenIssuer, createTokenVerifier, loadOrCreateHsSecret } from './iam/index.ts';
+import { E2bKeyStore, createTokenIssuer, createTokenVerifier, loadOrCreateHsSecret } from './iam/index.ts';
 import { BurstController, CommandProvider, LocalProvider, TraceRecorder, type CloudProvider } from './burst/index.ts';
 import { ExtractWorkers, LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar } from './layers/index.ts';
 import { LazyLayers } from './layers/lazy/index.ts';
@@ -158,6 +158,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     burst,
     buildLayer,
     layerStore: store,
+    e2b: { redis, registry, keys: new E2bKeyStore(redis, now), sandboxes, ttls, execs, files, filesMaxBytes: config.files.maxBytes },
     images: {
       records: imagePulls,
       importImage: (archive, query) => importImage(archive, query, layerDeps),

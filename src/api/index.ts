@@ -49,6 +49,19 @@ export {
   RemoveResult,
   FilesMetaAction,
 } from './files.ts';
+export {
+  E2B_API_KEY_PATTERN,
+  E2bNewSandbox,
+  E2bTimeoutBody,
+  E2bPauseBody,
+  E2bListQuery,
+  E2bProcessSelector,
+  E2bStartRequest,
+  E2bConnectRequest,
+  E2bPathRequest,
+  E2bListDirRequest,
+  E2bMoveRequest,
+} from './e2b.ts';
 export { ErrorBody, SCOPES, Scope } from './common.ts';
 export { CreateJob, NodeOp, Reply, RunOnce } from './internal.ts';
 export type { Ran } from './internal.ts';

@@ -4,6 +4,7 @@ import { issueTokenCommand } from '../iam/index.ts';
 import { registerBatchCommands } from './batch.ts';
 import { addBurstRecordCommand } from './burst-record.ts';
 import { registerBurstCommands } from './burst.ts';
+import { registerE2bKeyCommands } from './e2b-key.ts';
 import { registerImageCommands } from './image.ts';
 import { createLogger, ensureBaseLayer, startEmbedded, startGatewayRole, startWorkerRole } from '../main.ts';
 
@@ -118,6 +119,7 @@ export async function runCli(argv: string[]): Promise<void> {
   registerBurstCommands(program);
   registerBatchCommands(program);
   registerImageCommands(program);
+  registerE2bKeyCommands(program, () => configFrom({}).redisUrl);
   addBurstRecordCommand(program);
 
   try {

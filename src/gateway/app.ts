@@ -8,6 +8,7 @@ import type { Config } from '../config/index.ts';
 import type { TokenVerifier } from '../iam/index.ts';
 import type { NodeDirectory } from '../queues/index.ts';
 import { authenticate, authenticateFromUrl, type GatewayEnv } from './auth.ts';
+import { registerE2b, type E2bDeps } from './e2b/index.ts';
 import { describeZodError, errorResponse, handleError } from './errors.ts';
 import type { GatewayMetrics } from './metrics.ts';
 import { NDJSON, registerBatchRoutes, type BatchApi } from './routes/batches.ts';
@@ -46,6 +47,8 @@ export interface GatewayDeps {
   now: () => number;
   /** Cloud burst status and policy (src/burst). */
   burst?: BurstApi;
+  /** The E2B SDK's control plane and envd (src/gateway/e2b); absent: not served. */
+  e2b?: E2bDeps;
 }
 
 /**
@@ -105,5 +108,6 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   registerLayerRoutes(app, { layers: deps.layers, buildLayer: deps.buildLayer, store: deps.layerStore, uploadLimitBytes: deps.config.http.layerUploadLimitBytes, now: deps.now });
   registerImageRoutes(app, deps.images);
   registerClusterRoutes(app, { directory: deps.directory, burst: deps.burst, jsonLimit });
+  if (deps.e2b) registerE2b(app, deps.e2b);
   return app;
 }

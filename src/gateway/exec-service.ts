@@ -173,8 +173,25 @@ export class ExecService {
    */
   async *streamExec(principal: Principal, id: string, request: ExecRequest, lastEventId = '0'): AsyncGenerator<ExecEvent> {
     const { commandId, launched } = await this.startExec(principal, id, request, { stream: true });
-    const deadlineMs = this.deps.now() + timeoutOf(request) + EXEC_REPLY_GRACE_MS;
-    let afterId = lastEventId;
+    yield* this.follow(id, commandId, { launched, lastEventId, deadlineMs: this.deps.now() + timeoutOf(request) + EXEC_REPLY_GRACE_MS });
+  }
+
+  /** A command started with its output streamed, answered once it is recorded (it runs once per commandId); `launched: false` when it was known already. */
+  async startStreaming(principal: Principal, id: string, request: ExecRequest): Promise<{ commandId: string; launched: boolean }> {
+    const { commandId, launched } = await this.startExec(principal, id, request, { stream: true });
+    return { commandId, launched };
+  }
+
+  /** The output of a command started streaming (by anyone of the tenant), from `lastEventId` on, then its outcome. */
+  async *followCommand(principal: Principal, id: string, commandId: string, options: { lastEventId?: string; timeoutMs: number; launched?: boolean }): AsyncGenerator<ExecEvent> {
+    requireScope(principal, 'sandbox:read');
+    await this.deps.registry.getOwned(id, principal.tenant);
+    yield* this.follow(id, commandId, { launched: options.launched ?? false, lastEventId: options.lastEventId ?? '0', deadlineMs: this.deps.now() + options.timeoutMs + EXEC_REPLY_GRACE_MS });
+  }
+
+  private async *follow(id: string, commandId: string, options: { launched: boolean; lastEventId: string; deadlineMs: number }): AsyncGenerator<ExecEvent> {
+    const { launched, deadlineMs } = options;
+    let afterId = options.lastEventId;
     let streamed = afterId !== '0';
     for (;;) {
       const read = await this.deps.blocking.with((conn) => followOutput(conn, id, commandId, afterId, FOLLOW_BLOCK_MS));
