@@ -176,10 +176,13 @@ export class ExecService {
     yield* this.follow(id, commandId, { launched, lastEventId, deadlineMs: this.deps.now() + timeoutOf(request) + EXEC_REPLY_GRACE_MS });
   }
 
-  /** A command started with its output streamed, answered once it is recorded (it runs once per commandId); `launched: false` when it was known already. */
-  async startStreaming(principal: Principal, id: string, request: ExecRequest): Promise<{ commandId: string; launched: boolean }> {
+  /**
+   * A command started with its output streamed (it runs once per commandId; `launched:
+   * false` when it was known already), answered once it is recorded, with its events to follow.
+   */
+  async startStreaming(principal: Principal, id: string, request: ExecRequest): Promise<{ commandId: string; launched: boolean; events: AsyncGenerator<ExecEvent> }> {
     const { commandId, launched } = await this.startExec(principal, id, request, { stream: true });
-    return { commandId, launched };
+    return { commandId, launched, events: this.follow(id, commandId, { launched, lastEventId: '0', deadlineMs: this.deps.now() + timeoutOf(request) + EXEC_REPLY_GRACE_MS }) };
   }
 
   /** The output of a command started streaming (by anyone of the tenant), from `lastEventId` on, then its outcome. */
@@ -203,8 +206,9 @@ export class ExecService {
       if (read.chunks.length > 0 && !read.ended) continue;
       const record = await this.deps.commands.get(id, commandId);
       if (record?.state === 'done' && record.result) {
-        // The worker writes all output before it records the result: drain what is left.
-        const rest = await readOutput(this.deps.redis, id, commandId, afterId, 100_000);
+        // The worker writes all output before it records the result: drain what is left
+        // (nothing, when the end marker was read: it comes after the last chunk).
+        const rest = read.ended ? { chunks: [] } : await readOutput(this.deps.redis, id, commandId, afterId, 100_000);
         for (const chunk of rest.chunks) yield { event: chunk.stream, id: chunk.id, data: chunk.data };
         if (!streamed && rest.chunks.length === 0) {
           // Recorded by a buffered exec (nothing was streamed): send its output whole.

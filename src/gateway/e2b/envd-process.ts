@@ -1,3 +1,4 @@
+import { randomInt } from 'node:crypto';
 import type { Context } from 'hono';
 import type { Redis } from 'ioredis';
 import { E2bConnectRequest, E2bStartRequest, ExecRequest, type CommandRecord } from '../../api/index.ts';
@@ -17,15 +18,17 @@ const DEFAULT_KEEPALIVE_SECONDS = 90;
 const MAX_COMMAND_MS = 24 * 3600 * 1000;
 /**
  * E2B's `/bin/bash -l -c <cmd>`, in images with bash; in images without it (busybox), the
- * same command by `/bin/sh -c`. `$0` is the command: nothing of it is parsed here.
+ * same command run by this `/bin/sh` itself (eval: no second exec). `$0` is the command:
+ * nothing of it is parsed here.
  */
-const BASH_OR_SH = '[ -x /bin/bash ] && exec /bin/bash -l -c "$0"; exec /bin/sh -c "$0"';
+const BASH_OR_SH = '[ -x /bin/bash ] && exec /bin/bash -l -c "$0"; eval "$0"';
 /** An E2B command's commandId in the command log: its pid makes it. */
 const COMMAND_PREFIX = 'e2b.';
-/** Pid counters and tags of a sandbox outlive it by a little; its longest TTL is 7 days. */
-const PID_KEYS_TTL_SEC = 8 * 24 * 3600;
+/** A sandbox's process tags outlive it by a little; its longest TTL is 7 days. */
+const TAG_KEYS_TTL_SEC = 8 * 24 * 3600;
+/** Pids are uint32 in envd's proto; kept below 2^31 for clients that read them signed. */
+const MAX_PID = 2 ** 31 - 1;
 
-const pidKey = (sandboxId: string) => `rb:e2b:{${sandboxId}}:pid`;
 const tagsKey = (sandboxId: string) => `rb:e2b:{${sandboxId}}:tags`;
 const commandIdOf = (pid: number) => `${COMMAND_PREFIX}${pid}`;
 
@@ -54,7 +57,7 @@ function eventOf(ev: ExecEvent): unknown {
 
 /**
  * envd's process service over rollbox's exec: every E2B command is a command of the
- * command log (commandId `e2b.<pid>`, the pid counted per sandbox in Redis), run once,
+ * command log (commandId `e2b.<pid>`, the pid drawn at random), run once,
  * its output streamed through the log's output stream, its exit status the init's.
  * A command outlives the stream that started it; Connect re-attaches by pid or tag and
  * replays its output from the start.
@@ -68,9 +71,9 @@ export function processService(deps: E2bProcessDeps) {
     return ms > 0 ? Math.min(ms, MAX_COMMAND_MS) : MAX_COMMAND_MS;
   };
 
-  async function* started(call: EnvdCall, pid: number, commandId: string, timeoutMs: number, launched: boolean): AsyncGenerator<unknown> {
+  async function* started(pid: number, events: AsyncGenerator<ExecEvent>): AsyncGenerator<unknown> {
     yield { event: { start: { pid } } };
-    for await (const ev of execs.followCommand(call.principal, call.sandboxId, commandId, { timeoutMs, launched })) yield eventOf(ev);
+    for await (const ev of events) yield eventOf(ev);
   }
 
   async function pidOf(sandboxId: string, selector: { pid: number } | { tag: string }): Promise<number> {
@@ -86,20 +89,28 @@ export function processService(deps: E2bProcessDeps) {
       if (request.pty !== undefined) throw new ConnectError('unimplemented', 'pty commands are not supported by rollbox (run the command without pty)');
       const cwd = request.process.cwd ? resolvePath(request.process.cwd, call.user) : undefined;
       const timeoutMs = timeoutMsOf(c);
-      const pid = await redis.incr(pidKey(call.sandboxId));
-      if (pid === 1) await redis.expire(pidKey(call.sandboxId), PID_KEYS_TTL_SEC);
-      const exec = ExecRequest.safeParse({ argv: argvOf(request.process), env: request.process.envs, cwd, user: call.user, timeoutMs, commandId: commandIdOf(pid) });
-      if (!exec.success) throw new ConnectError('invalid_argument', describeZodError(exec.error, 'process'));
-      if (request.tag) await redis.multi().hset(tagsKey(call.sandboxId), request.tag, pid).expire(tagsKey(call.sandboxId), PID_KEYS_TTL_SEC).exec();
-      const { commandId } = await call.guard(execs.startStreaming(call.principal, call.sandboxId, exec.data));
-      return streamResponse(c, started(call, pid, commandId, timeoutMs, true), { message: { event: { keepalive: {} } }, everyMs: keepaliveMs(c) });
+      const checked = ExecRequest.safeParse({ argv: argvOf(request.process), env: request.process.envs, cwd, user: call.user, timeoutMs });
+      if (!checked.success) throw new ConnectError('invalid_argument', describeZodError(checked.error, 'process'));
+      // A random pid is its commandId at no Redis call; a (rare) clash with an earlier command picks another.
+      for (let attempt = 0; attempt < 5; attempt++) {
+        const pid = randomInt(1, MAX_PID);
+        const run = await call.guard(execs.startStreaming(call.principal, call.sandboxId, { ...checked.data, commandId: commandIdOf(pid) }));
+        if (!run.launched) {
+          await run.events.return(undefined);
+          continue;
+        }
+        if (request.tag) await redis.multi().hset(tagsKey(call.sandboxId), request.tag, pid).expire(tagsKey(call.sandboxId), TAG_KEYS_TTL_SEC).exec();
+        return streamResponse(c, started(pid, run.events), { message: { event: { keepalive: {} } }, everyMs: keepaliveMs(c) });
+      }
+      throw new ConnectError('internal', 'no free pid after 5 tries');
     },
 
     async Connect(c: Context, call: EnvdCall): Promise<Response> {
       const { process } = await readStreamRequest(c, E2bConnectRequest);
       const pid = await pidOf(call.sandboxId, process);
       await call.guard(execs.commandStatus(call.principal, call.sandboxId, commandIdOf(pid)));
-      return streamResponse(c, started(call, pid, commandIdOf(pid), timeoutMsOf(c), false), { message: { event: { keepalive: {} } }, everyMs: keepaliveMs(c) });
+      const events = execs.followCommand(call.principal, call.sandboxId, commandIdOf(pid), { timeoutMs: timeoutMsOf(c) });
+      return streamResponse(c, started(pid, events), { message: { event: { keepalive: {} } }, everyMs: keepaliveMs(c) });
     },
 
     /** The E2B commands still queued or running. */
