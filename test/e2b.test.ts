@@ -248,6 +248,11 @@ describe('bad input on the envd surface', () => {
     expect(await big.json()).toMatchObject({ code: 'resource_exhausted' });
     expect(await (await post('process.Process/List', 'not json', 'application/json')).json()).toMatchObject({ code: 'invalid_argument' });
     expect(await (await post('process.Process/List', '{}', 'text/plain')).json()).toMatchObject({ code: 'invalid_argument' });
+    const bigCreate = await fetch(`${cluster.url}/v2/sandboxes`, { method: 'POST', headers: { 'x-api-key': apiKey, 'content-type': 'application/json' }, body: JSON.stringify({ metadata: { x: 'y'.repeat(2 * 1024 * 1024) } }) });
+    expect(bigCreate.status).toBe(413);
+    expect(await bigCreate.json()).toMatchObject({ code: 413 });
+    const badCreate = await fetch(`${cluster.url}/v2/sandboxes`, { method: 'POST', headers: { 'x-api-key': apiKey, 'content-type': 'application/json' }, body: '{"templateID": 7' });
+    expect(await badCreate.json()).toMatchObject({ code: 400 });
   });
 
   it('answers unknown methods and services with unimplemented; a stream error travels in the end frame', async () => {
@@ -271,11 +276,14 @@ describe('bad input on the envd surface', () => {
   });
 });
 
+// The issue's full size is 50x20 (ROLLBOX_E2B_MANY=50x20); the default keeps the suite quick on 2 cores.
+const [MANY_SANDBOXES, MANY_COMMANDS] = (process.env.ROLLBOX_E2B_MANY ?? '10x10').split('x').map(Number) as [number, number];
+
 describe('many sandboxes at once through one SDK process', () => {
-  it('10 sandboxes x 10 commands, all at once: every command answers, nothing hangs', async () => {
-    const sandboxes = await Promise.all(Array.from({ length: 10 }, () => create()));
-    const results = await Promise.all(sandboxes.flatMap((s, i) => Array.from({ length: 10 }, (_, j) => s.commands.run(`echo ${i}-${j}`).then((r) => r.stdout))));
-    expect(results.sort()).toEqual(sandboxes.flatMap((_, i) => Array.from({ length: 10 }, (_, j) => `${i}-${j}\n`)).sort());
+  it(`${MANY_SANDBOXES} sandboxes x ${MANY_COMMANDS} commands, all at once: every command answers, nothing hangs`, async () => {
+    const sandboxes = await Promise.all(Array.from({ length: MANY_SANDBOXES }, () => create()));
+    const results = await Promise.all(sandboxes.flatMap((s, i) => Array.from({ length: MANY_COMMANDS }, (_, j) => s.commands.run(`echo ${i}-${j}`).then((r) => r.stdout))));
+    expect(results.sort()).toEqual(sandboxes.flatMap((_, i) => Array.from({ length: MANY_COMMANDS }, (_, j) => `${i}-${j}\n`)).sort());
     await Promise.all(sandboxes.map((s) => s.kill()));
   }, 180_000);
 });

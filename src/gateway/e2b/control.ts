@@ -1,12 +1,14 @@
 import type { Context } from 'hono';
+import { bodyLimit } from 'hono/body-limit';
 import type { GatewayApp } from '../routes/common.ts';
 import type { z } from 'zod';
-import { CreateSandboxRequest, E2bListQuery, E2bNewSandbox, E2bPauseBody, E2bTimeoutBody, RollboxError, httpStatusOf, isTerminal, type Sandbox } from '../../api/index.ts';
+import { CreateSandboxRequest, E2bListQuery, E2bNewSandbox, E2bPauseBody, E2bTimeoutBody, RollboxError, isTerminal, type Sandbox } from '../../api/index.ts';
 import type { E2bKeyStore, Principal } from '../../iam/index.ts';
 import { describeZodError } from '../errors.ts';
 import type { SandboxService } from '../sandbox-service.ts';
 import type { TtlService } from '../ttl-service.ts';
 import type { EnvdAccess } from './access.ts';
+import { restError } from './rest-error.ts';
 
 export interface E2bControlDeps {
   sandboxes: Pick<SandboxService, 'create' | 'get' | 'list' | 'delete' | 'setPaused'>;
@@ -24,15 +26,10 @@ export const ENVD_VERSION = '0.6.1';
 /** E2B's own API answers this "for backwards compatibility"; the Python SDK requires the field. */
 const CLIENT_ID = '00000000';
 const DEFAULT_TIMEOUT_SECONDS = 300;
+/** E2B's bodies are small: metadata, env and a template name. */
+const MAX_BODY_BYTES = 1024 * 1024;
 /** The SDK's default template: rollbox's default image. */
 const DEFAULT_TEMPLATE = 'base';
-
-/** An E2B error body: `{code: <HTTP status>, message}`; the SDK reads the body's code, not the status. */
-function e2bError(c: Context, err: unknown): Response {
-  const e = err instanceof RollboxError ? err : new RollboxError('internal', err instanceof Error ? err.message : String(err));
-  const status = httpStatusOf(e.code);
-  return c.json({ code: status, message: e.message }, status as 400);
-}
 
 function parse<T extends z.ZodType>(schema: T, value: unknown, where: string): z.infer<T> {
   const parsed = schema.safeParse(value);
@@ -77,12 +74,15 @@ function listed(s: Sandbox) {
  */
 export function registerE2bControl(app: GatewayApp, deps: E2bControlDeps): void {
   const { sandboxes, ttls, keys, access } = deps;
+  // Connection: close, as the rest of the body may still be on its way (see withUploadBody).
+  const limit = bodyLimit({ maxSize: MAX_BODY_BYTES, onError: (c) => (c.header('Connection', 'close'), restError(c, new RollboxError('payload_too_large', `body is larger than ${MAX_BODY_BYTES} bytes`))) });
+  for (const path of ['/sandboxes', '/sandboxes/*', '/v2/sandboxes', '/v2/sandboxes/*']) app.use(path, limit);
   type Handler = (c: Context, principal: Principal) => Promise<Response>;
   const route = (handler: Handler) => async (c: Context) => {
     try {
       return await handler(c, await keys.verify(c.req.header('x-api-key')));
     } catch (err) {
-      return e2bError(c, err);
+      return restError(c, err);
     }
   };
   const live = async (principal: Principal, id: string): Promise<Sandbox> => {

@@ -1,15 +1,8 @@
 import { gunzipSync } from 'node:zlib';
 import type { Context } from 'hono';
-import { RollboxError, httpStatusOf } from '../../api/index.ts';
+import { RollboxError } from '../../api/index.ts';
 import { resolvePath, type EnvdCall } from './envd-common.ts';
 import type { E2bFilesApi } from './envd-filesystem.ts';
-
-/** envd's REST errors: `{code: <status>, message}` (404 is the SDK's FileNotFoundError, 502 its sandbox-gone TimeoutError). */
-export function filesError(c: Context, err: unknown): Response {
-  const e = err instanceof RollboxError ? err : new RollboxError('internal', err instanceof Error ? err.message : String(err));
-  const status = httpStatusOf(e.code);
-  return c.json({ code: status, message: e.message }, status as 400);
-}
 
 const userParam = (c: Context, call: EnvdCall) => c.req.query('username') || call.user;
 

@@ -7,9 +7,10 @@ import type { SandboxRegistry } from '../../registry/index.ts';
 import type { EnvdAccess } from './access.ts';
 import { ConnectError, MAX_MESSAGE_BYTES, connectErrorResponse } from './connect.ts';
 import { userOf, type EnvdCall } from './envd-common.ts';
-import { filesError, filesRoutes } from './envd-files.ts';
+import { filesRoutes } from './envd-files.ts';
 import { filesystemService, type E2bFilesApi } from './envd-filesystem.ts';
 import { processService, type E2bProcessDeps } from './envd-process.ts';
+import { restError } from './rest-error.ts';
 
 export interface E2bEnvdDeps {
   redis: Redis;
@@ -84,8 +85,12 @@ export function registerE2bEnvd(app: GatewayApp, deps: E2bEnvdDeps): void {
     if (!c.req.header(SANDBOX_HEADER)) return c.json({ code: 400, message: `envd calls name their sandbox in the E2b-Sandbox-Id header` }, 400);
     await next();
   };
-  const rpcLimit = bodyLimit({ maxSize: MAX_MESSAGE_BYTES + 5, onError: (c) => connectErrorResponse(c, new ConnectError('resource_exhausted', `message larger than ${MAX_MESSAGE_BYTES} bytes`)) });
-  const filesLimit = bodyLimit({ maxSize: deps.filesMaxBytes + 64 * 1024, onError: (c) => c.json({ code: 413, message: `body is larger than the files limit of ${deps.filesMaxBytes} bytes` }, 413) });
+  // Connection: close, as the rest of the body may still be on its way (see withUploadBody).
+  const rpcLimit = bodyLimit({ maxSize: MAX_MESSAGE_BYTES + 5, onError: (c) => (c.header('Connection', 'close'), connectErrorResponse(c, new ConnectError('resource_exhausted', `message larger than ${MAX_MESSAGE_BYTES} bytes`))) });
+  const filesLimit = bodyLimit({
+    maxSize: deps.filesMaxBytes + 64 * 1024,
+    onError: (c) => (c.header('Connection', 'close'), restError(c, new RollboxError('payload_too_large', `body is larger than the files limit of ${deps.filesMaxBytes} bytes`))),
+  });
 
   for (const service of ['process.Process', 'filesystem.Filesystem']) {
     app.post(`/${service}/:method`, needsSandbox, rpcLimit, async (c) => {
@@ -109,7 +114,7 @@ export function registerE2bEnvd(app: GatewayApp, deps: E2bEnvdDeps): void {
       return await handler(c, await callOf(c));
     } catch (err) {
       if (err instanceof ConnectError) return c.json({ code: err.httpStatus, message: err.message }, err.httpStatus as 400);
-      return filesError(c, err);
+      return restError(c, err);
     }
   };
   app.get('/files', needsSandbox, rest(files.read));
