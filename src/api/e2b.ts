@@ -51,6 +51,8 @@ export const E2bStartRequest = z.object({
 export type E2bStartRequest = z.infer<typeof E2bStartRequest>;
 
 export const E2bConnectRequest = z.object({ process: E2bProcessSelector });
+/** `process.Process/List` takes an empty message. */
+export const E2bListRequest = z.object({});
 
 export const E2bPathRequest = z.object({ path: z.string().min(1).max(4096) });
 export const E2bListDirRequest = z.object({ path: z.string().min(1).max(4096), depth: z.number().int().min(0).max(32).optional() });

@@ -58,6 +58,7 @@ export {
   E2bProcessSelector,
   E2bStartRequest,
   E2bConnectRequest,
+  E2bListRequest,
   E2bPathRequest,
   E2bListDirRequest,
   E2bMoveRequest,

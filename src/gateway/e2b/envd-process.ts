@@ -1,7 +1,7 @@
 import { randomInt } from 'node:crypto';
 import type { Context } from 'hono';
 import type { Redis } from 'ioredis';
-import { E2bConnectRequest, E2bStartRequest, ExecRequest, type CommandRecord } from '../../api/index.ts';
+import { E2bConnectRequest, E2bListRequest, E2bStartRequest, ExecRequest, type CommandRecord } from '../../api/index.ts';
 import { describeZodError } from '../errors.ts';
 import type { ExecEvent, ExecService } from '../exec-service.ts';
 import { ConnectError, readStreamRequest, readUnary, streamResponse } from './connect.ts';
@@ -65,7 +65,11 @@ function eventOf(ev: ExecEvent): unknown {
 export function processService(deps: E2bProcessDeps) {
   const { redis, execs } = deps;
 
-  const keepaliveMs = (c: Context) => 1000 * (Number(c.req.header('keepalive-ping-interval')) || DEFAULT_KEEPALIVE_SECONDS);
+  /** The client's Keepalive-Ping-Interval (seconds), kept between 1 s and envd's default. */
+  const keepaliveMs = (c: Context) => {
+    const seconds = Number(c.req.header('keepalive-ping-interval'));
+    return 1000 * (Number.isFinite(seconds) && seconds >= 1 ? Math.min(seconds, DEFAULT_KEEPALIVE_SECONDS) : DEFAULT_KEEPALIVE_SECONDS);
+  };
   const timeoutMsOf = (c: Context) => {
     const ms = Number(c.req.header('connect-timeout-ms') ?? 0);
     return ms > 0 ? Math.min(ms, MAX_COMMAND_MS) : MAX_COMMAND_MS;
@@ -115,7 +119,7 @@ export function processService(deps: E2bProcessDeps) {
 
     /** The E2B commands still queued or running. */
     async List(c: Context, call: EnvdCall): Promise<Response> {
-      await readUnary(c, E2bConnectRequest.partial());
+      await readUnary(c, E2bListRequest);
       const [records, tags] = await Promise.all([call.guard(execs.commandLog(call.principal, call.sandboxId, 1000)), redis.hgetall(tagsKey(call.sandboxId))]);
       const tagOf = new Map(Object.entries(tags).map(([tag, pid]) => [Number(pid), tag]));
       const processes = records
