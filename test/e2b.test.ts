@@ -60,6 +60,16 @@ describe('E2B SDK (e2b 2.51) against rollbox', () => {
     expect(err.join('')).toBe('oops\n');
   });
 
+  it('maps E2B\'s users: root by name, relative paths under its home; a user the image lacks is a clear error', async () => {
+    expect((await sbx.commands.run('id -un; pwd', { user: 'root', cwd: 'sub/..' })).stdout).toBe('root\n/root\n');
+    await sbx.files.write('rel.txt', 'relative', { user: 'root' });
+    expect(await sbx.files.read('/root/rel.txt')).toBe('relative');
+    // busybox has no user `user` (E2B templates' default): the init says so, the SDK raises it.
+    const missing = await sbx.commands.run('true', { user: 'user' }).catch((e: unknown) => e);
+    expect(missing).toBeInstanceOf(CommandExitError);
+    expect((missing as CommandExitError).stderr).toMatch(/unable to find user user/);
+  });
+
   it('raises CommandExitError for a non-zero exit, with its output', async () => {
     const failed = await sbx.commands.run('echo partial; exit 3').catch((e: unknown) => e);
     expect(failed).toBeInstanceOf(CommandExitError);
