@@ -96,11 +96,15 @@ describe('E2B SDK (e2b 2.51) against rollbox', () => {
     expect(killed).toBeInstanceOf(TimeoutError);
   });
 
-  it('answers kill and stdin of a running command with a clear unimplemented error', async () => {
-    const handle = await sbx.commands.run('sleep 1', { background: true });
-    await expect(handle.kill()).rejects.toThrow(/unimplemented.*not supported by rollbox/);
-    await expect(sbx.commands.sendStdin(handle.pid, 'x')).rejects.toThrow(/unimplemented/);
-    await handle.wait();
+  it('kills a running command; stdin to it is a clear unimplemented error', async () => {
+    const handle = await sbx.commands.run('echo started; sleep 30; echo never', { background: true, onStdout: () => {} });
+    await expect(sbx.commands.sendStdin(handle.pid, 'x')).rejects.toThrow(/unimplemented.*not supported by rollbox/);
+    expect(await sbx.commands.kill(handle.pid)).toBe(true);
+    const ended = await handle.wait().catch((e: unknown) => e);
+    expect(ended).toBeInstanceOf(CommandExitError);
+    expect(ended).toMatchObject({ exitCode: 137, stdout: 'started\n' });
+    expect(await sbx.commands.kill(handle.pid)).toBe(false);
+    expect(await sbx.commands.kill(123_456_789)).toBe(false);
   });
 
   it('writes, reads, lists, stats, renames, makes and removes files', async () => {

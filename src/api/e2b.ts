@@ -51,6 +51,8 @@ export const E2bStartRequest = z.object({
 export type E2bStartRequest = z.infer<typeof E2bStartRequest>;
 
 export const E2bConnectRequest = z.object({ process: E2bProcessSelector });
+/** `signal`: by name (SIGNAL_SIGKILL, SIGNAL_SIGTERM) or number, as proto3 JSON allows. */
+export const E2bSendSignalRequest = z.object({ process: E2bProcessSelector, signal: z.union([z.enum(['SIGNAL_SIGKILL', 'SIGNAL_SIGTERM']), z.literal(9), z.literal(15)]) });
 /** `process.Process/List` takes an empty message. */
 export const E2bListRequest = z.object({});
 

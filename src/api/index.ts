@@ -59,6 +59,7 @@ export {
   E2bStartRequest,
   E2bConnectRequest,
   E2bListRequest,
+  E2bSendSignalRequest,
   E2bPathRequest,
   E2bListDirRequest,
   E2bMoveRequest,

@@ -105,6 +105,14 @@ export const FilesMetaOp = z.object({
   replyTo: z.string(),
   request: FilesMetaAction,
 });
+/** Kill a running command (exec) of a sandbox on this host, as its timeout would. */
+export const KillCommandOp = z.object({
+  kind: z.literal('kill_command'),
+  sandboxId: z.string(),
+  requestId: z.string(),
+  replyTo: z.string(),
+  commandId: z.string(),
+});
 /** A new TTL: the sandbox's host moves its timer, then records it. */
 export const TtlOp = z.object({
   kind: z.literal('ttl'),
@@ -122,7 +130,7 @@ export const PolicyOp = z.object({
   network: NetworkPolicy.optional(),
   hiddenPaths: z.array(z.string()).optional(),
 });
-export const NodeOp = z.discriminatedUnion('kind', [ExecOp, DestroyOp, FreezeOp, SnapshotOp, FilesReadOp, FilesWriteOp, FilesMetaOp, TtlOp, PolicyOp]);
+export const NodeOp = z.discriminatedUnion('kind', [ExecOp, DestroyOp, FreezeOp, SnapshotOp, FilesReadOp, FilesWriteOp, FilesMetaOp, TtlOp, KillCommandOp, PolicyOp]);
 export type NodeOp = z.infer<typeof NodeOp>;
 
 const ReplyError = z.object({ code: z.string(), message: z.string(), retryAfterSeconds: z.number().optional() });

@@ -49,6 +49,8 @@ const RECORD_CHECK_MS = 5000;
 /** A blocked read of an output stream wakes this often to look at the command's record. */
 const FOLLOW_BLOCK_MS = 2000;
 const POLL_MS = 25;
+const KILL_REPLY_TIMEOUT_MS = 10_000;
+const KILL_QUEUED_WAIT_MS = 5000;
 
 /** Commands in sandboxes, through the command log: buffered, streamed, replayed. */
 export class ExecService {
@@ -259,6 +261,22 @@ export class ExecService {
     const { chunks } = await readOutput(this.deps.redis, id, commandId, '0', 100_000);
     const joined = (stream: 'stdout' | 'stderr') => chunks.filter((c) => c.stream === stream).map((c) => c.data).join('');
     return { ...record, stdout: joined('stdout'), stderr: joined('stderr') };
+  }
+
+  /**
+   * Kills a running command as its timeout would (its host kills its exec cgroup, then its
+   * process group); it then ends with exit code 137. `not_found` when it is not running
+   * (done already, or never started).
+   */
+  async killCommand(principal: Principal, id: string, commandId: string): Promise<void> {
+    requireScope(principal, 'sandbox:exec');
+    const sandbox = await this.deps.registry.getOwned(id, principal.tenant);
+    let record = await this.deps.commands.get(id, commandId);
+    // Just sent: its host takes it within moments (a kill finds only what runs there).
+    for (const until = this.deps.now() + KILL_QUEUED_WAIT_MS; record?.state === 'queued' && this.deps.now() < until; record = await this.deps.commands.get(id, commandId)) await sleep(POLL_MS);
+    if (record?.state !== 'running') throw new RollboxError('not_found', `command ${commandId} is not running in sandbox ${id}`);
+    const reply = await this.deps.nodes.sendOp(record.node || sandbox.node!, { kind: 'kill_command', sandboxId: id, requestId: newId('req'), commandId }, KILL_REPLY_TIMEOUT_MS);
+    if (reply.kind === 'error') throw toRollboxError(reply.error);
   }
 
   async commandLog(principal: Principal, id: string, limit: number): Promise<CommandRecord[]> {

@@ -22,6 +22,8 @@ type ExecOp = Extract<NodeOp, { kind: 'exec' }>;
 export class OpHandler {
   /** Stage changes of one sandbox apply in the order they arrived. */
   private readonly policyChanges = new Map<string, Promise<void>>();
+  /** Commands running here, by `sandboxId/commandId`: what a kill_command aborts. */
+  private readonly running = new Map<string, AbortController>();
 
   constructor(private readonly ctx: HostContext) {}
 
@@ -59,6 +61,12 @@ export class OpHandler {
         case 'files_meta':
           ctx.requireLocal(op.sandboxId);
           return await ctx.reply(op.replyTo, await sandboxFilesMeta(ctx.deps.runtime, op));
+        case 'kill_command': {
+          const running = this.running.get(`${op.sandboxId}/${op.commandId}`);
+          if (!running) throw new RollboxError('not_found', `command ${op.commandId} is not running in sandbox ${op.sandboxId}`);
+          running.abort();
+          return await done();
+        }
         case 'ttl':
           await ctx.moveExpiry(op.sandboxId, Date.parse(op.expiresAt));
           return await done();
@@ -87,7 +95,16 @@ export class OpHandler {
       await commands.abandon(op.sandboxId, op.commandId);
       throw new RollboxError('invalid_state', `sandbox ${op.sandboxId} is not running on this node`);
     }
-    if (!(await commands.start(op.sandboxId, op.commandId, op.requestId))) return;
+    // Killable from the moment its record says running.
+    const runningKey = `${op.sandboxId}/${op.commandId}`;
+    const kill = new AbortController();
+    this.running.set(runningKey, kill);
+    const forget = () => void this.running.delete(runningKey);
+    const started = await commands.start(op.sandboxId, op.commandId, op.requestId).catch((err: unknown) => {
+      forget();
+      throw err;
+    });
+    if (!started) return forget();
     const output = op.stream ? new OutputWriter(ctx.deps.redis, op.sandboxId, op.commandId) : undefined;
     const outcome = await runtime
       .exec(op.sandboxId, {
@@ -100,7 +117,9 @@ export class OpHandler {
         outputCapBytes: ctx.deps.config.execOutputCapBytes,
         onOutput: output && ((stream, chunk) => output.write(stream, chunk)),
         holdBackBesteffort: !op.background,
+        kill: kill.signal,
       })
+      .finally(forget)
       .catch(async (err: unknown) => {
         await commands.markUnknown(op.sandboxId, op.commandId, err instanceof Error ? err.message : String(err));
         if (!(err instanceof InitLostError)) throw err;

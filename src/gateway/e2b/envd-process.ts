@@ -1,7 +1,7 @@
 import { randomInt } from 'node:crypto';
 import type { Context } from 'hono';
 import type { Redis } from 'ioredis';
-import { E2bConnectRequest, E2bListRequest, E2bStartRequest, ExecRequest, type CommandRecord } from '../../api/index.ts';
+import { E2bConnectRequest, E2bListRequest, E2bSendSignalRequest, E2bStartRequest, ExecRequest, type CommandRecord } from '../../api/index.ts';
 import { describeZodError } from '../errors.ts';
 import type { ExecEvent, ExecService } from '../exec-service.ts';
 import { ConnectError, readStreamRequest, readUnary, streamResponse } from './connect.ts';
@@ -9,7 +9,7 @@ import { resolvePath, type EnvdCall } from './envd-common.ts';
 
 export interface E2bProcessDeps {
   redis: Redis;
-  execs: Pick<ExecService, 'startStreaming' | 'followCommand' | 'commandLog' | 'commandStatus'>;
+  execs: Pick<ExecService, 'startStreaming' | 'followCommand' | 'commandLog' | 'commandStatus' | 'killCommand'>;
 }
 
 /** envd's own default when the client sends no Keepalive-Ping-Interval. */
@@ -115,6 +115,17 @@ export function processService(deps: E2bProcessDeps) {
       await call.guard(execs.commandStatus(call.principal, call.sandboxId, commandIdOf(pid)));
       const events = execs.followCommand(call.principal, call.sandboxId, commandIdOf(pid), { timeoutMs: timeoutMsOf(c) });
       return streamResponse(c, started(pid, events), { message: { event: { keepalive: {} } }, everyMs: keepaliveMs(c) });
+    },
+
+    /**
+     * SIGKILL and SIGTERM both kill the command as its timeout would (its exec cgroup, then
+     * its process group): rollbox cannot deliver a signal a command could catch yet.
+     */
+    async SendSignal(c: Context, call: EnvdCall): Promise<Response> {
+      const { process } = await readUnary(c, E2bSendSignalRequest);
+      const pid = await pidOf(call.sandboxId, process);
+      await call.guard(execs.killCommand(call.principal, call.sandboxId, commandIdOf(pid)));
+      return c.json({}, 200);
     },
 
     /** The E2B commands still queued or running. */

@@ -29,7 +29,6 @@ type Method = (c: Context, call: EnvdCall) => Promise<Response>;
 
 /** The RPCs the SDK may call that rollbox does not serve (yet), each with why. */
 const UNIMPLEMENTED: Record<string, string> = {
-  'process.Process/SendSignal': 'signalling a running command is not supported by rollbox yet; it ends at its timeoutMs',
   'process.Process/SendInput': 'stdin to a running command is not supported by rollbox yet',
   'process.Process/StreamInput': 'stdin to a running command is not supported by rollbox yet',
   'process.Process/CloseStdin': 'stdin to a running command is not supported by rollbox yet (commands run with stdin closed)',
@@ -55,6 +54,7 @@ export function registerE2bEnvd(app: GatewayApp, deps: E2bEnvdDeps): void {
     'process.Process/Start': process.Start,
     'process.Process/Connect': process.Connect,
     'process.Process/List': process.List,
+    'process.Process/SendSignal': process.SendSignal,
     'filesystem.Filesystem/Stat': filesystem.Stat,
     'filesystem.Filesystem/ListDir': filesystem.ListDir,
     'filesystem.Filesystem/MakeDir': filesystem.MakeDir,

@@ -19,6 +19,7 @@ interface CommandSpec {
   /** Stop the command once stdout passes its cap (the files API's size limit). */
   stopAtStdoutCap?: boolean;
   onOutput?: (stream: 'stdout' | 'stderr', chunk: Buffer) => void;
+  kill?: AbortSignal;
 }
 
 interface CommandRun {
@@ -75,6 +76,8 @@ async function runInSandbox(ctx: RuntimeContext, rec: SandboxRecord, spec: Comma
     timedOut = true;
     stop();
   }, spec.timeoutMs);
+  spec.kill?.addEventListener('abort', stop, { once: true });
+  if (spec.kill?.aborted) stop();
   const started = performance.now();
   let outcome: CommandOutcome;
   try {
@@ -113,6 +116,7 @@ async function runInSandbox(ctx: RuntimeContext, rec: SandboxRecord, spec: Comma
   } finally {
     finished = true;
     clearTimeout(timer);
+    spec.kill?.removeEventListener('abort', stop);
     clearTimeout(killer);
     await killing.catch(() => undefined);
   }
@@ -120,7 +124,7 @@ async function runInSandbox(ctx: RuntimeContext, rec: SandboxRecord, spec: Comma
   // Read before the slot can serve another command.
   const oomKills = Math.max(0, readOomKills(slot.memory) - oomBefore);
   // A refused start may have left a half-started command behind (its keeper died mid-way).
-  await rec.slots.release(slot, { kill: timedOut || overflowed || abandon.signal.aborted || outcome.kind === 'refused' });
+  await rec.slots.release(slot, { kill: timedOut || overflowed || Boolean(spec.kill?.aborted) || abandon.signal.aborted || outcome.kind === 'refused' });
   if (outcome.kind === 'refused') {
     return { exitCode: 255, stdout: Buffer.alloc(0), stderr: Buffer.from(`rollbox: cannot start command: ${outcome.message}\n`), truncated, timedOut, overflowed, oomKills, durationMs };
   }
@@ -145,6 +149,7 @@ export async function execCommand(ctx: RuntimeContext, sandboxId: string, spec: 
       stdoutCapBytes: spec.outputCapBytes,
       stderrCapBytes: spec.outputCapBytes,
       onOutput: spec.onOutput,
+      kill: spec.kill,
     });
     return {
       exitCode: run.exitCode,

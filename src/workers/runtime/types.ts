@@ -57,6 +57,8 @@ export interface RuntimeExecSpec {
   onOutput?: (stream: 'stdout' | 'stderr', chunk: Buffer) => void;
   /** A caller waits on it: in a latency sandbox it holds besteffort sandboxes back while it runs (besteffort-guard.ts). */
   holdBackBesteffort?: boolean;
+  /** Aborted: the command is killed as at its timeout (its exec cgroup, then its group), and reports 137. */
+  kill?: AbortSignal;
 }
 
 /** A command with binary stdin and stdout (the files API): stdout is kept as bytes. */
