@@ -95,11 +95,14 @@ export class OpHandler {
       await commands.abandon(op.sandboxId, op.commandId);
       throw new RollboxError('invalid_state', `sandbox ${op.sandboxId} is not running on this node`);
     }
-    // Killable from the moment its record says running.
+    // Killable from the moment its record says running. A redelivered op (whose start is
+    // refused) leaves the first delivery's entry alone.
     const runningKey = `${op.sandboxId}/${op.commandId}`;
     const kill = new AbortController();
-    this.running.set(runningKey, kill);
-    const forget = () => void this.running.delete(runningKey);
+    if (!this.running.has(runningKey)) this.running.set(runningKey, kill);
+    const forget = () => {
+      if (this.running.get(runningKey) === kill) this.running.delete(runningKey);
+    };
     const started = await commands.start(op.sandboxId, op.commandId, op.requestId).catch((err: unknown) => {
       forget();
       throw err;
