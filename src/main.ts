@@ -10,8 +10,8 @@ import { serve } from '@hono/node-server';
 import type { Redis } from 'ioredis';
 import pino, { type Logger } from 'pino';
 import type { Config } from './config/index.ts';
-import { startingAnswer, BatchRunner, BatchService, ExecService, ForkService, FilesService, Janitor, LayerCollector, NodeRequests, PoolService, RunService, SandboxService, createGateway, createMetrics, newId, runTask, type LayerBuilder } from './gateway/index.ts';
-import { createTokenIssuer, createTokenVerifier, loadOrCreateHsSecret } from './iam/index.ts';
+import { startingAnswer, BatchRunner, BatchService, ExecService, ForkService, FilesService, TtlService, Janitor, LayerCollector, NodeRequests, PoolService, RunService, SandboxService, createGateway, createMetrics, newId, runTask, type LayerBuilder } from './gateway/index.ts';
+import { E2bKeyStore, createTokenIssuer, createTokenVerifier, loadOrCreateHsSecret } from './iam/index.ts';
 import { BurstController, CommandProvider, LocalProvider, TraceRecorder, type CloudProvider } from './burst/index.ts';
 import { ExtractWorkers, LayerMounts, LayerStore, MemoryScratch, buildBusyboxBase, buildLayerFromTar } from './layers/index.ts';
 import { LazyLayers } from './layers/lazy/index.ts';
@@ -127,6 +127,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const forks = new ForkService({ registry, layers, forks: new ForkRecords(redis), nodes, sandboxes, now });
   const execs = new ExecService({ redis, blocking, registry, commands, nodes, metrics, now });
   const files = new FilesService({ config, redis, registry, nodes });
+  const ttls = new TtlService({ registry, nodes, now });
   const runs = new RunService({ sandboxes, redis, fetchMaxBytes: config.files.maxBytes, now });
   const batchStore = new BatchStore(redis, now);
   const buildLayer: LayerBuilder = (tar, { maxBytes }) => buildLayerFromTar(tar, { store, tmpDir, maxBytes, extract });
@@ -147,6 +148,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     verifier,
     sandboxes,
     forks,
+    ttls,
     execs,
     files,
     pools,
@@ -160,6 +162,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     burst,
     buildLayer,
     layerStore: store,
+    e2b: { redis, registry, keys: new E2bKeyStore(redis, now), sandboxes, ttls, execs, files, filesMaxBytes: config.files.maxBytes },
     images: {
       records: imagePulls,
       importImage: (archive, query) => importImage(archive, query, layerDeps),

@@ -24,6 +24,7 @@ export {
   ListSandboxesQuery,
   SandboxList,
   PauseRequest,
+  TtlRequest,
   PolicyPatch,
   JobActionResult,
   Lineage,
@@ -49,7 +50,38 @@ export { Layer, LayerName, LayerList, UploadLayerQuery, SnapshotRequest, LayerCh
 export { ImageName, ImportImageQuery, ImageConfig, ImageLayer, Image, ImageState, PullImageRequest, PullProgress, ImagePull, ImageRecord, ImportReport, ImportedImage, ImageList, MAX_STACK_LAYERS, withImageDefaults } from './image.ts';
 export { NodeHeartbeat, NodeList } from './node.ts';
 export { PoolName, PutPoolRequest, PoolRecord, Pool, PoolList, NodePoolStatus } from './pool.ts';
-export { FilesReadQuery, FilesWriteQuery, FilesWriteResult, FILES_TAR_TYPE, FILES_BYTES_TYPE } from './files.ts';
+export {
+  FilesReadQuery,
+  FilesWriteQuery,
+  FilesWriteResult,
+  FILES_TAR_TYPE,
+  FILES_BYTES_TYPE,
+  FileEntry,
+  FilesPathQuery,
+  FilesListQuery,
+  FilesList,
+  MakeDirRequest,
+  MakeDirResult,
+  MoveRequest,
+  MoveResult,
+  RemoveResult,
+  FilesMetaAction,
+} from './files.ts';
+export {
+  E2B_API_KEY_PATTERN,
+  E2bNewSandbox,
+  E2bTimeoutBody,
+  E2bPauseBody,
+  E2bListQuery,
+  E2bProcessSelector,
+  E2bStartRequest,
+  E2bConnectRequest,
+  E2bListRequest,
+  E2bSendSignalRequest,
+  E2bPathRequest,
+  E2bListDirRequest,
+  E2bMoveRequest,
+} from './e2b.ts';
 export { ErrorBody, SCOPES, Scope } from './common.ts';
 export { CreateJob, NodeOp, Reply, RunOnce } from './internal.ts';
 export type { Ran } from './internal.ts';

@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { ExecResult } from './exec.ts';
+import { FileEntry, FilesMetaAction } from './files.ts';
 import { NetworkPolicy } from './sandbox.ts';
 
 /**
@@ -117,6 +118,22 @@ export const FilesWriteOp = z.object({
   /** Where the gateway put the bytes. */
   bodyKey: z.string(),
 });
+/** stat, list, mkdir, move, remove: small answers, straight in the reply. */
+export const FilesMetaOp = z.object({
+  kind: z.literal('files_meta'),
+  sandboxId: z.string(),
+  requestId: z.string(),
+  replyTo: z.string(),
+  request: FilesMetaAction,
+});
+/** A new TTL: the sandbox's host moves its timer, then records it. */
+export const TtlOp = z.object({
+  kind: z.literal('ttl'),
+  sandboxId: z.string(),
+  requestId: z.string(),
+  replyTo: z.string(),
+  expiresAt: z.string(),
+});
 /** A task stage change: the worker applies it, then records it in the registry. */
 export const PolicyOp = z.object({
   kind: z.literal('policy'),
@@ -126,7 +143,7 @@ export const PolicyOp = z.object({
   network: NetworkPolicy.optional(),
   hiddenPaths: z.array(z.string()).optional(),
 });
-export const NodeOp = z.discriminatedUnion('kind', [ExecOp, DestroyOp, FreezeOp, SnapshotOp, FilesReadOp, FilesWriteOp, PolicyOp, CommandSignalOp, CommandStdinOp]);
+export const NodeOp = z.discriminatedUnion('kind', [ExecOp, DestroyOp, FreezeOp, SnapshotOp, FilesReadOp, FilesWriteOp, FilesMetaOp, TtlOp, PolicyOp, CommandSignalOp, CommandStdinOp]);
 export type NodeOp = z.infer<typeof NodeOp>;
 
 const ReplyError = z.object({ code: z.string(), message: z.string(), retryAfterSeconds: z.number().optional() });
@@ -143,6 +160,8 @@ export const Reply = z.discriminatedUnion('kind', [
   /** frozenMs: how long the sandbox was frozen while its writable layer was packed. */
   z.object({ kind: z.literal('snapshot'), requestId: z.string(), digest: z.string(), sizeBytes: z.number(), frozenMs: z.number().optional() }),
   z.object({ kind: z.literal('files'), requestId: z.string(), tar: z.boolean(), sizeBytes: z.number() }),
+  /** files_meta: the entries it found or made; `changed`: mkdir created, remove removed. */
+  z.object({ kind: z.literal('files_meta'), requestId: z.string(), entries: z.array(FileEntry), changed: z.boolean() }),
   z.object({ kind: z.literal('error'), requestId: z.string(), error: ReplyError }),
 ]);
 export type Reply = z.infer<typeof Reply>;

@@ -219,6 +219,10 @@ export type ListSandboxesQuery = z.infer<typeof ListSandboxesQuery>;
 export const SandboxList = z.object({ sandboxes: z.array(Sandbox) });
 export type SandboxList = z.infer<typeof SandboxList>;
 
+/** A new TTL: the sandbox ends this long from now (sooner or later than it would have). */
+export const TtlRequest = z.strictObject({ ttlSeconds: z.number().int().min(1).max(7 * 24 * 3600) });
+export type TtlRequest = z.infer<typeof TtlRequest>;
+
 export const PauseRequest = z.strictObject({
   /** freeze: cgroup freezer (memory stays); hibernate: pack the writable layer into a layer and free the host (resume starts it again). */
   mode: z.enum(['freeze', 'hibernate']).default('freeze'),

@@ -5,6 +5,7 @@ import { issueTokenCommand } from '../iam/index.ts';
 import { registerBatchCommands } from './batch.ts';
 import { addBurstRecordCommand } from './burst-record.ts';
 import { registerBurstCommands } from './burst.ts';
+import { registerE2bKeyCommands } from './e2b-key.ts';
 import { registerImageCommands } from './image.ts';
 import { registerSandboxCommands } from './sandbox.ts';
 import { createLogger, ensureBaseLayer, startEmbedded, startGatewayRole, startWorkerRole } from '../main.ts';
@@ -122,6 +123,7 @@ export async function runCli(argv: string[]): Promise<void> {
   registerImageCommands(program);
   registerSandboxCommands(program);
   registerCommandCommands(program);
+  registerE2bKeyCommands(program, () => configFrom({}).redisUrl);
   addBurstRecordCommand(program);
 
   try {

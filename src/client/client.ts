@@ -96,6 +96,11 @@ export class RollboxClient {
     return Sandbox.parse(await this.call('PATCH', `/v1/sandboxes/${encodeURIComponent(id)}/policy`, patch));
   }
 
+  /** The sandbox ends `ttlSeconds` from now (sooner or later than it would have). */
+  async setTtl(id: string, ttlSeconds: number): Promise<Sandbox> {
+    return Sandbox.parse(await this.call('POST', `/v1/sandboxes/${encodeURIComponent(id)}/ttl`, { ttlSeconds }));
+  }
+
   /** Runs a command; give `commandId` to make re-sending it (e.g. after a preemption) safe. */
   async exec(id: string, request: z.input<typeof ExecRequest>): Promise<ExecResult> {
     const withId: ExecRequest | z.input<typeof ExecRequest> = { ...request, commandId: request.commandId ?? `c-${randomUUID()}` };

@@ -5,3 +5,4 @@ export type { BatchResultsOptions, BatchSubmitOptions } from './batches.ts';
 export { ImagesClient } from './images.ts';
 export type { ImportImageOptions } from './images.ts';
 export { ForksClient } from './forks.ts';
+export { SandboxFilesClient } from './files.ts';

@@ -52,9 +52,11 @@ const FORK: ForkResult = {
   refused: 1,
 };
 
+const entryAt = (path: string) => ({ name: path.split('/').pop()!, path, type: 'file' as const, sizeBytes: 1, mode: 0o644, permissions: '-rw-r--r--', owner: 'root', group: 'root', modifiedAt: '2026-01-01T00:00:00.000Z' });
 const deps: Omit<GatewayDeps, 'verifier'> = {
   config: { http: { host: '127.0.0.1', port: 0, bodyLimitBytes: 4096, layerUploadLimitBytes: 1 << 20 }, files: { maxBytes: 8192 }, runCodeLanguages: {} },
   redis: { ping: async () => 'PONG' },
+  ttls: { setTtl: () => answer(SANDBOX) },
   sandboxes: {
     create: (_p, _r, key) => answer({ sandbox: SANDBOX, replayed: key === 'seen' }),
     list: () => answer([SANDBOX]),
@@ -105,6 +107,11 @@ const deps: Omit<GatewayDeps, 'verifier'> = {
   files: {
     read: () => answer({ body: Buffer.from('bytes'), tar: false }),
     write: (_p, _id, query, body) => answer({ path: query.path, kind: 'file' as const, sizeBytes: body.length }),
+    stat: (_p, _id, path) => answer(entryAt(path)),
+    list: (_p, _id, path) => answer([entryAt(`${path}/a`)]),
+    makeDir: (_p, _id, path) => answer({ entry: entryAt(path), created: true }),
+    move: (_p, _id, _source, destination) => answer(entryAt(destination)),
+    remove: (_p, _id, path) => answer({ path, removed: true }),
   },
   layers: {
     register: (layer) => answer({ ...LAYER, ...layer }),

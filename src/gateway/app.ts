@@ -8,6 +8,7 @@ import type { Config } from '../config/index.ts';
 import type { TokenVerifier } from '../iam/index.ts';
 import type { NodeDirectory } from '../queues/index.ts';
 import { authenticate, authenticateFromUrl, type GatewayEnv } from './auth.ts';
+import { registerE2b, type E2bDeps } from './e2b/index.ts';
 import { describeZodError, errorResponse, handleError } from './errors.ts';
 import type { GatewayMetrics } from './metrics.ts';
 import { NDJSON, registerBatchRoutes, type BatchApi } from './routes/batches.ts';
@@ -19,7 +20,7 @@ import { registerImageRoutes, type ImageRouteDeps } from './routes/images.ts';
 import { registerLayerRoutes, type LayerBuilder, type LayerRouteDeps } from './routes/layers.ts';
 import { registerPoolRoutes, type PoolApi } from './routes/pools.ts';
 import { registerRunRoutes, type RunApi } from './routes/run.ts';
-import { registerSandboxRoutes, type SandboxApi } from './routes/sandboxes.ts';
+import { registerSandboxRoutes, type SandboxApi, type TtlApi } from './routes/sandboxes.ts';
 import { registerBatchPage } from './ui/index.ts';
 
 export type { LayerBuilder } from './routes/layers.ts';
@@ -31,6 +32,7 @@ export interface GatewayDeps {
   verifier: TokenVerifier;
   sandboxes: SandboxApi;
   forks: ForkApi;
+  ttls: TtlApi;
   execs: ExecApi;
   files: FilesApi;
   pools: PoolApi;
@@ -47,6 +49,8 @@ export interface GatewayDeps {
   now: () => number;
   /** Cloud burst status and policy (src/burst). */
   burst?: BurstApi;
+  /** The E2B SDK's control plane and envd (src/gateway/e2b); absent: not served. */
+  e2b?: E2bDeps;
 }
 
 /**
@@ -97,7 +101,7 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   // SandboxFusion's path, outside /v1: its clients post to a configured URL ending in /run_code.
   app.use('/run_code', authenticateFromUrl(deps.verifier), jsonLimit);
 
-  registerSandboxRoutes(app, deps.sandboxes);
+  registerSandboxRoutes(app, deps.sandboxes, deps.ttls);
   registerForkRoutes(app, deps.forks);
   registerCommandRoutes(app, deps.execs);
   registerFilesRoutes(app, deps.files);
@@ -108,5 +112,6 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   registerLayerRoutes(app, { layers: deps.layers, buildLayer: deps.buildLayer, store: deps.layerStore, uploadLimitBytes: deps.config.http.layerUploadLimitBytes, now: deps.now });
   registerImageRoutes(app, deps.images);
   registerClusterRoutes(app, { directory: deps.directory, burst: deps.burst, jsonLimit });
+  if (deps.e2b) registerE2b(app, deps.e2b);
   return app;
 }

@@ -55,6 +55,8 @@ const FOLLOW_BLOCK_MS = 2000;
 const POLL_MS = 25;
 /** A signal or a piece of stdin reaches a running command in milliseconds; this bounds a lost reply. */
 const COMMAND_INPUT_TIMEOUT_MS = 15_000;
+/** A signal or stdin for a command still queued waits this long for it to start. */
+const QUEUED_INPUT_WAIT_MS = 5000;
 
 /** Commands in sandboxes, through the command log: buffered, streamed, replayed. */
 export class ExecService {
@@ -180,8 +182,28 @@ export class ExecService {
    */
   async *streamExec(principal: Principal, id: string, request: ExecRequest, lastEventId = '0'): AsyncGenerator<ExecEvent> {
     const { commandId, launched } = await this.startExec(principal, id, request, { stream: true });
-    const deadlineMs = this.deps.now() + timeoutOf(request) + EXEC_REPLY_GRACE_MS;
-    let afterId = lastEventId;
+    yield* this.follow(id, commandId, { launched, lastEventId, deadlineMs: this.deps.now() + timeoutOf(request) + EXEC_REPLY_GRACE_MS });
+  }
+
+  /**
+   * A command started with its output streamed (it runs once per commandId; `launched:
+   * false` when it was known already), answered once it is recorded, with its events to follow.
+   */
+  async startStreaming(principal: Principal, id: string, request: ExecRequest): Promise<{ commandId: string; launched: boolean; events: AsyncGenerator<ExecEvent> }> {
+    const { commandId, launched } = await this.startExec(principal, id, request, { stream: true });
+    return { commandId, launched, events: this.follow(id, commandId, { launched, lastEventId: '0', deadlineMs: this.deps.now() + timeoutOf(request) + EXEC_REPLY_GRACE_MS }) };
+  }
+
+  /** The output of a command started streaming (by anyone of the tenant), from `lastEventId` on, then its outcome. */
+  async *followCommand(principal: Principal, id: string, commandId: string, options: { lastEventId?: string; timeoutMs: number; launched?: boolean }): AsyncGenerator<ExecEvent> {
+    requireScope(principal, 'sandbox:read');
+    await this.deps.registry.getOwned(id, principal.tenant);
+    yield* this.follow(id, commandId, { launched: options.launched ?? false, lastEventId: options.lastEventId ?? '0', deadlineMs: this.deps.now() + options.timeoutMs + EXEC_REPLY_GRACE_MS });
+  }
+
+  private async *follow(id: string, commandId: string, options: { launched: boolean; lastEventId: string; deadlineMs: number }): AsyncGenerator<ExecEvent> {
+    const { launched, deadlineMs } = options;
+    let afterId = options.lastEventId;
     let streamed = afterId !== '0';
     for (;;) {
       const read = await this.deps.blocking.with((conn) => followOutput(conn, id, commandId, afterId, FOLLOW_BLOCK_MS));
@@ -193,8 +215,9 @@ export class ExecService {
       if (read.chunks.length > 0 && !read.ended) continue;
       const record = await this.deps.commands.get(id, commandId);
       if (record?.state === 'done' && record.result) {
-        // The worker writes all output before it records the result: drain what is left.
-        const rest = await readOutput(this.deps.redis, id, commandId, afterId, 100_000);
+        // The worker writes all output before it records the result: drain what is left
+        // (nothing, when the end marker was read: it comes after the last chunk).
+        const rest = read.ended ? { chunks: [] } : await readOutput(this.deps.redis, id, commandId, afterId, 100_000);
         for (const chunk of rest.chunks) yield { event: chunk.stream, id: chunk.id, data: chunk.data };
         if (!streamed && rest.chunks.length === 0) {
           // Recorded by a buffered exec (nothing was streamed): send its output whole.
@@ -261,7 +284,9 @@ export class ExecService {
   private async toRunning(principal: Principal, id: string, commandId: string, input: { kind: 'signal'; commandId: string; signo: number } | { kind: 'stdin'; commandId: string; data: string; eof: boolean }): Promise<CommandInputResult> {
     requireScope(principal, 'sandbox:exec');
     const sandbox = await this.deps.registry.getOwned(id, principal.tenant);
-    const record = await this.deps.commands.get(id, commandId);
+    let record = await this.deps.commands.get(id, commandId);
+    // Just sent (a background command signalled at once): its host takes it within moments.
+    for (const until = this.deps.now() + QUEUED_INPUT_WAIT_MS; record?.state === 'queued' && this.deps.now() < until; record = await this.deps.commands.get(id, commandId)) await sleep(POLL_MS);
     if (!record) throw new RollboxError('not_found', `command ${commandId} not found in sandbox ${id}`);
     if (record.state !== 'running') throw new RollboxError('invalid_state', `command ${commandId} is ${record.state}, not running`);
     if (!sandbox.node) throw new RollboxError('invalid_state', `sandbox ${id} is ${sandbox.state}`);

@@ -1,5 +1,18 @@
 import type { Redis } from 'ioredis';
-import { FILES_TAR_TYPE, RollboxError, newId, type FilesReadQuery, type FilesWriteQuery, type FilesWriteResult, type Reply, type Sandbox } from '../api/index.ts';
+import {
+  FILES_TAR_TYPE,
+  RollboxError,
+  newId,
+  type FileEntry,
+  type FilesMetaAction,
+  type FilesReadQuery,
+  type FilesWriteQuery,
+  type FilesWriteResult,
+  type MakeDirResult,
+  type RemoveResult,
+  type Reply,
+  type Sandbox,
+} from '../api/index.ts';
 import type { Config } from '../config/index.ts';
 import { requireScope, type Principal } from '../iam/index.ts';
 import { checkFilesArchive } from '../layers/index.ts';
@@ -67,6 +80,43 @@ export class FilesService {
     } finally {
       await this.deps.redis.del(bodyKey);
     }
+  }
+
+  async stat(principal: Principal, id: string, path: string): Promise<FileEntry> {
+    requireScope(principal, 'sandbox:read');
+    return (await this.meta(principal, id, { action: 'stat', path })).entries[0]!;
+  }
+
+  async list(principal: Principal, id: string, path: string, depth: number): Promise<FileEntry[]> {
+    requireScope(principal, 'sandbox:read');
+    return (await this.meta(principal, id, { action: 'list', path, depth })).entries;
+  }
+
+  /** `mkdir -p`; an existing directory answers `created: false`. */
+  async makeDir(principal: Principal, id: string, path: string): Promise<MakeDirResult> {
+    requireScope(principal, 'sandbox:exec');
+    const { entries, changed } = await this.meta(principal, id, { action: 'mkdir', path });
+    return { entry: entries[0]!, created: changed };
+  }
+
+  /** Renames (or moves across directories), replacing a file at destination; its parents are created. */
+  async move(principal: Principal, id: string, source: string, destination: string): Promise<FileEntry> {
+    requireScope(principal, 'sandbox:exec');
+    return (await this.meta(principal, id, { action: 'move', path: source, destination })).entries[0]!;
+  }
+
+  /** `rm -rf`: a file or a whole directory; nothing there is `removed: false`. */
+  async remove(principal: Principal, id: string, path: string): Promise<RemoveResult> {
+    requireScope(principal, 'sandbox:exec');
+    return { path, removed: (await this.meta(principal, id, { action: 'remove', path })).changed };
+  }
+
+  private async meta(principal: Principal, id: string, request: FilesMetaAction): Promise<Extract<Reply, { kind: 'files_meta' }>> {
+    const sandbox = await this.runningSandbox(principal, id);
+    const reply = await this.deps.nodes.sendOp(sandbox.node!, { kind: 'files_meta', sandboxId: id, requestId: newId('req'), request }, FILES_REPLY_TIMEOUT_MS);
+    if (reply.kind === 'error') throw toRollboxError(reply.error);
+    if (reply.kind !== 'files_meta' || (request.action !== 'list' && request.action !== 'remove' && reply.entries.length !== 1)) throw new RollboxError('internal', `unexpected reply ${reply.kind} to ${request.action}`);
+    return reply;
   }
 
   /** Files move only in a running sandbox: a frozen one cannot run the copy, a hibernated one has no container. */

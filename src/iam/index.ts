@@ -7,3 +7,5 @@ export { createTokenIssuer, issueTokenCommand } from './issuer.ts';
 export type { IssueTokenCommandInput, IssueTokenRequest, TokenIssuer, TokenIssuerConfig, TokenIssuerDeps } from './issuer.ts';
 export { loadOrCreateHsSecret } from './secret.ts';
 export { parseTtl } from './ttl.ts';
+export { E2bKeyStore, E2B_KEY_CACHE_MS } from './e2b-keys.ts';
+export type { E2bKeyRecord } from './e2b-keys.ts';

@@ -19,6 +19,7 @@ const ADMIT_SANDBOX = new LuaScript(import.meta.dirname, 'admit-sandbox');
 const TRANSITION = new LuaScript(import.meta.dirname, 'transition-sandbox');
 const REASSIGN = new LuaScript(import.meta.dirname, 'reassign-sandbox');
 const SET_SPEC = new LuaScript(import.meta.dirname, 'set-sandbox-spec');
+const SET_EXPIRES_AT = new LuaScript(import.meta.dirname, 'set-sandbox-expiry');
 const COUNT_LAYER_REFS = new LuaScript(import.meta.dirname, 'count-layer-refs');
 
 /** Idempotency keys are remembered this long. */
@@ -194,6 +195,11 @@ export class SandboxRegistry {
    */
   async releaseIdempotencyKey(tenant: string, idempotencyKey: string | undefined): Promise<void> {
     if (idempotencyKey) await this.redis.del(keys.idempotency(tenant, idempotencyKey));
+  }
+
+  /** A live sandbox's new end of life; false when it has ended (or is gone). */
+  async setExpiresAt(id: string, expiresAt: string): Promise<boolean> {
+    return (await SET_EXPIRES_AT.run(this.redis, [keys.sandbox(id)], [expiresAt])) === 1;
   }
 
   async addOomKills(id: string, count: number): Promise<void> {

@@ -93,6 +93,14 @@ export class HostContext {
     this.ttls.set(sandbox.id, atMs);
   }
 
+  /** A new TTL for a sandbox this host runs (running or frozen): its timer moves, then its record. */
+  async moveExpiry(id: string, atMs: number): Promise<void> {
+    const sandbox = this.local.get(id);
+    if (!sandbox || sandbox.starting) throw new RollboxError('invalid_state', `sandbox ${id} is not running on this node`);
+    this.setExpiry(sandbox, atMs);
+    if (!(await this.deps.registry.setExpiresAt(id, new Date(atMs).toISOString()))) throw new RollboxError('invalid_state', `sandbox ${id} ended meanwhile`);
+  }
+
   private async expire(id: string): Promise<void> {
     const s = this.local.get(id);
     if (!s || s.starting || s.pool) return;

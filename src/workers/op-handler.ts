@@ -4,6 +4,7 @@ import { performance } from 'node:perf_hooks';
 import { RollboxError, type NodeOp, type Reply } from '../api/index.ts';
 import type { InboxReceipt } from '../queues/index.ts';
 import { OutputWriter, keys } from '../registry/index.ts';
+import { sandboxFilesMeta } from './files-meta.ts';
 import { readSandboxFiles, writeSandboxFiles } from './files.ts';
 import type { HostContext } from './host-context.ts';
 import { InitLostError } from './init/index.ts';
@@ -72,6 +73,12 @@ export class OpHandler {
         case 'stdin':
           ctx.requireLocal(op.sandboxId);
           if (!(await ctx.deps.runtime.writeCommandStdin(op.sandboxId, op.commandId, Buffer.from(op.data, 'utf8'), op.eof))) throw notRunning(op);
+          return await done();
+        case 'files_meta':
+          ctx.requireLocal(op.sandboxId);
+          return await ctx.reply(op.replyTo, await sandboxFilesMeta(ctx.deps.runtime, op));
+        case 'ttl':
+          await ctx.moveExpiry(op.sandboxId, Date.parse(op.expiresAt));
           return await done();
       }
     } catch (caught) {

@@ -1,5 +1,6 @@
 import { createRoute, z } from '@hono/zod-openapi';
-import { CreateSandboxRequest, JobActionResult, Layer, ListSandboxesQuery, PauseRequest, PolicyPatch, Sandbox, SandboxList, SnapshotRequest } from '../../api/index.ts';
+import { CreateSandboxRequest, JobActionResult, Layer, ListSandboxesQuery, PauseRequest, PolicyPatch, Sandbox, SandboxList, SnapshotRequest, TtlRequest } from '../../api/index.ts';
+import type { TtlService } from '../ttl-service.ts';
 import type { SandboxService } from '../sandbox-service.ts';
 import { IdParam, errors, json, jsonBody, security, type GatewayApp } from './common.ts';
 
@@ -7,7 +8,9 @@ import { IdParam, errors, json, jsonBody, security, type GatewayApp } from './co
 export type SandboxApi = Pick<SandboxService, 'create' | 'list' | 'get' | 'delete' | 'setPaused' | 'setJobPaused' | 'snapshot' | 'setPolicy'>;
 
 /** Sandboxes: create, read, list, release, pause/resume (one or a whole job), snapshot, stage policy. */
-export function registerSandboxRoutes(app: GatewayApp, sandboxes: SandboxApi): void {
+export type TtlApi = Pick<TtlService, 'setTtl'>;
+
+export function registerSandboxRoutes(app: GatewayApp, sandboxes: SandboxApi, ttls: TtlApi): void {
   app.openapi(
     createRoute({
       method: 'post',
@@ -75,6 +78,17 @@ export function registerSandboxRoutes(app: GatewayApp, sandboxes: SandboxApi): v
       responses: { 201: json(Layer, 'the new layer (pack_diff of the writable layer), with its parents'), ...errors('not_found', 'invalid_state', 'conflict', 'timeout') },
     }),
     async (c) => c.json(await sandboxes.snapshot(c.get('principal'), c.req.valid('param').id, c.req.valid('json') ?? { exclude: [] }), 201),
+  );
+
+  app.openapi(
+    createRoute({
+      method: 'post',
+      path: '/v1/sandboxes/{id}/ttl',
+      security,
+      request: { params: IdParam, body: jsonBody(TtlRequest) },
+      responses: { 200: json(Sandbox, 'the sandbox with its new expiresAt'), ...errors('not_found', 'invalid_state', 'timeout') },
+    }),
+    async (c) => c.json(await ttls.setTtl(c.get('principal'), c.req.valid('param').id, c.req.valid('json').ttlSeconds), 200),
   );
 
   app.openapi(

@@ -1,0 +1,146 @@
+import { randomInt } from 'node:crypto';
+import type { Context } from 'hono';
+import type { Redis } from 'ioredis';
+import { E2bConnectRequest, E2bListRequest, E2bSendSignalRequest, E2bStartRequest, ExecRequest, RollboxError, type CommandRecord } from '../../api/index.ts';
+import { describeZodError } from '../errors.ts';
+import type { ExecEvent, ExecService } from '../exec-service.ts';
+import { ConnectError, readStreamRequest, readUnary, streamResponse } from './connect.ts';
+import { resolvePath, type EnvdCall } from './envd-common.ts';
+
+export interface E2bProcessDeps {
+  redis: Redis;
+  execs: Pick<ExecService, 'startStreaming' | 'followCommand' | 'commandLog' | 'commandStatus' | 'signalCommand'>;
+}
+
+/** envd's own default when the client sends no Keepalive-Ping-Interval. */
+const DEFAULT_KEEPALIVE_SECONDS = 90;
+/** `timeoutMs: 0` (no limit) runs as long as rollbox lets any command: a day. */
+const MAX_COMMAND_MS = 24 * 3600 * 1000;
+/**
+ * E2B's `/bin/bash -l -c <cmd>`, in images with bash; in images without it (busybox), the
+ * same command run by this `/bin/sh` itself (eval: no second exec). `$0` is the command:
+ * nothing of it is parsed here.
+ */
+const BASH_OR_SH = '[ -x /bin/bash ] && exec /bin/bash -l -c "$0"; eval "$0"';
+/** An E2B command's commandId in the command log: its pid makes it. */
+const COMMAND_PREFIX = 'e2b.';
+/** A sandbox's process tags outlive it by a little; its longest TTL is 7 days. */
+const TAG_KEYS_TTL_SEC = 8 * 24 * 3600;
+/** Pids are uint32 in envd's proto; kept below 2^31 for clients that read them signed. */
+const MAX_PID = 2 ** 31 - 1;
+
+const tagsKey = (sandboxId: string) => `rb:e2b:{${sandboxId}}:tags`;
+const commandIdOf = (pid: number) => `${COMMAND_PREFIX}${pid}`;
+
+/** The argv rollbox runs for an E2B process config. */
+function argvOf(process: E2bStartRequest['process']): string[] {
+  const { cmd, args } = process;
+  if (cmd === '/bin/bash' && args.length === 3 && args[0] === '-l' && args[1] === '-c') return ['/bin/sh', '-c', BASH_OR_SH, args[2]!];
+  return [cmd, ...args];
+}
+
+/** The E2B process config a recorded command was started from (the inverse of argvOf). */
+function configOf(record: CommandRecord): { cmd: string; args: string[]; envs: Record<string, never> } {
+  const [cmd = '', ...args] = record.argv;
+  if (cmd === '/bin/sh' && args[1] === BASH_OR_SH) return { cmd: '/bin/bash', args: ['-l', '-c', args[2] ?? ''], envs: {} };
+  return { cmd, args, envs: {} };
+}
+
+/** A ProcessEvent for each rollbox output event: data as base64 bytes, the exit as `end`. */
+function eventOf(ev: ExecEvent): unknown {
+  if (ev.event === 'stdout' || ev.event === 'stderr') return { event: { data: { [ev.event]: Buffer.from(ev.data).toString('base64') } } };
+  const outcome = JSON.parse(ev.data) as { exitCode: number; timedOut?: boolean };
+  // As envd (Go's ProcessState): a command killed at its deadline has exit code -1.
+  if (outcome.timedOut) return { event: { end: { exitCode: -1, exited: false, status: 'signal: killed', error: 'signal: killed' } } };
+  return { event: { end: { exitCode: outcome.exitCode, exited: true, status: `exit status ${outcome.exitCode}` } } };
+}
+
+/**
+ * envd's process service over rollbox's exec: every E2B command is a command of the
+ * command log (commandId `e2b.<pid>`, the pid drawn at random), run once,
+ * its output streamed through the log's output stream, its exit status the init's.
+ * A command outlives the stream that started it; Connect re-attaches by pid or tag and
+ * replays its output from the start.
+ */
+export function processService(deps: E2bProcessDeps) {
+  const { redis, execs } = deps;
+
+  /** The client's Keepalive-Ping-Interval (seconds), kept between 1 s and envd's default. */
+  const keepaliveMs = (c: Context) => {
+    const seconds = Number(c.req.header('keepalive-ping-interval'));
+    return 1000 * (Number.isFinite(seconds) && seconds >= 1 ? Math.min(seconds, DEFAULT_KEEPALIVE_SECONDS) : DEFAULT_KEEPALIVE_SECONDS);
+  };
+  const timeoutMsOf = (c: Context) => {
+    const ms = Number(c.req.header('connect-timeout-ms') ?? 0);
+    return ms > 0 ? Math.min(ms, MAX_COMMAND_MS) : MAX_COMMAND_MS;
+  };
+
+  async function* started(pid: number, events: AsyncGenerator<ExecEvent>): AsyncGenerator<unknown> {
+    yield { event: { start: { pid } } };
+    for await (const ev of events) yield eventOf(ev);
+  }
+
+  async function pidOf(sandboxId: string, selector: { pid: number } | { tag: string }): Promise<number> {
+    if ('pid' in selector) return selector.pid;
+    const pid = Number(await redis.hget(tagsKey(sandboxId), selector.tag));
+    if (!pid) throw new ConnectError('not_found', `process with tag ${selector.tag} not found`);
+    return pid;
+  }
+
+  return {
+    async Start(c: Context, call: EnvdCall): Promise<Response> {
+      const request = await readStreamRequest(c, E2bStartRequest);
+      if (request.pty !== undefined) throw new ConnectError('unimplemented', 'pty commands are not supported by rollbox (run the command without pty)');
+      const cwd = request.process.cwd ? resolvePath(request.process.cwd, call.user) : undefined;
+      const timeoutMs = timeoutMsOf(c);
+      const checked = ExecRequest.safeParse({ argv: argvOf(request.process), env: request.process.envs, cwd, user: call.user, timeoutMs });
+      if (!checked.success) throw new ConnectError('invalid_argument', describeZodError(checked.error, 'process'));
+      // A random pid is its commandId at no Redis call; a (rare) clash with an earlier command picks another.
+      for (let attempt = 0; attempt < 5; attempt++) {
+        const pid = randomInt(1, MAX_PID);
+        const run = await call.guard(execs.startStreaming(call.principal, call.sandboxId, { ...checked.data, commandId: commandIdOf(pid) }));
+        if (!run.launched) {
+          await run.events.return(undefined);
+          continue;
+        }
+        if (request.tag) await redis.multi().hset(tagsKey(call.sandboxId), request.tag, pid).expire(tagsKey(call.sandboxId), TAG_KEYS_TTL_SEC).exec();
+        return streamResponse(c, started(pid, run.events), { message: { event: { keepalive: {} } }, everyMs: keepaliveMs(c) });
+      }
+      throw new ConnectError('internal', 'no free pid after 5 tries');
+    },
+
+    async Connect(c: Context, call: EnvdCall): Promise<Response> {
+      const { process } = await readStreamRequest(c, E2bConnectRequest);
+      const pid = await pidOf(call.sandboxId, process);
+      await call.guard(execs.commandStatus(call.principal, call.sandboxId, commandIdOf(pid)));
+      const events = execs.followCommand(call.principal, call.sandboxId, commandIdOf(pid), { timeoutMs: timeoutMsOf(c) });
+      return streamResponse(c, started(pid, events), { message: { event: { keepalive: {} } }, everyMs: keepaliveMs(c) });
+    },
+
+    /** The signal to the command's process group (rollbox's signal by command id); one that is not running is `not_found`, as envd says. */
+    async SendSignal(c: Context, call: EnvdCall): Promise<Response> {
+      const { process, signal } = await readUnary(c, E2bSendSignalRequest);
+      const pid = await pidOf(call.sandboxId, process);
+      const name = signal === 'SIGNAL_SIGKILL' || signal === 9 ? 'KILL' : 'TERM';
+      const sent = execs.signalCommand(call.principal, call.sandboxId, commandIdOf(pid), name).catch((err: unknown) => {
+        throw err instanceof RollboxError && err.code === 'invalid_state' ? new RollboxError('not_found', err.message) : err;
+      });
+      await call.guard(sent);
+      return c.json({}, 200);
+    },
+
+    /** The E2B commands still queued or running. */
+    async List(c: Context, call: EnvdCall): Promise<Response> {
+      await readUnary(c, E2bListRequest);
+      const [records, tags] = await Promise.all([call.guard(execs.commandLog(call.principal, call.sandboxId, 1000)), redis.hgetall(tagsKey(call.sandboxId))]);
+      const tagOf = new Map(Object.entries(tags).map(([tag, pid]) => [Number(pid), tag]));
+      const processes = records
+        .filter((r) => r.commandId.startsWith(COMMAND_PREFIX) && (r.state === 'queued' || r.state === 'running'))
+        .map((r) => {
+          const pid = Number(r.commandId.slice(COMMAND_PREFIX.length));
+          return { pid, config: configOf(r), ...(tagOf.has(pid) ? { tag: tagOf.get(pid) } : {}) };
+        });
+      return c.json({ processes }, 200);
+    },
+  };
+}
