@@ -1,6 +1,7 @@
 import type { z } from 'zod';
 import { Batch, BatchList, BatchResultLine, BatchTaskStatus, TERMINAL_BATCH_STATES, type BatchState, type CreateBatchRequest } from '../api/index.ts';
-import { json, streamOf, type RollboxClient } from './client.ts';
+import { json, streamOf } from './body.ts';
+import type { RollboxClient } from './client.ts';
 
 export const NDJSON_TYPE = 'application/x-ndjson';
 /** How long one long-poll of a followed batch's results waits for a line (the API allows 60). */

@@ -1,5 +1,6 @@
 import { FileEntry, FilesList, MakeDirResult, MoveResult, RemoveResult } from '../api/index.ts';
-import { json, type RollboxClient } from './client.ts';
+import { json } from './body.ts';
+import type { RollboxClient } from './client.ts';
 
 /**
  * A sandbox's files beyond reading and writing them (RollboxClient.readFile/writeFile):

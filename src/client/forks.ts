@@ -1,7 +1,8 @@
 import { randomUUID } from 'node:crypto';
 import type { z } from 'zod';
 import { ForkResult, type ForkRequest, type SnapshotForkRequest } from '../api/index.ts';
-import { json, type RollboxClient } from './client.ts';
+import { json } from './body.ts';
+import type { RollboxClient } from './client.ts';
 
 /**
  * Forks over a RollboxClient (scope sandbox:create). Each fork carries one

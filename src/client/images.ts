@@ -1,5 +1,6 @@
 import { ImageList, ImageRecord, ImportedImage, type PullImageRequest } from '../api/index.ts';
-import { RollboxApiError, json, streamOf, type RollboxClient } from './client.ts';
+import { json, streamOf } from './body.ts';
+import { RollboxApiError, type RollboxClient } from './client.ts';
 
 /** The options of an import (sent as query parameters); unset ones take the API's defaults. */
 export interface ImportImageOptions {

@@ -1,4 +1,5 @@
-export { RollboxClient, RollboxApiError, serverSentEvents } from './client.ts';
+export { RollboxClient, RollboxApiError } from './client.ts';
+export { serverSentEvents } from './body.ts';
 export type { ExecStreamEvent, RollboxClientOptions, RetryPolicy } from './client.ts';
 export { BatchesClient, NDJSON_TYPE } from './batches.ts';
 export type { BatchResultsOptions, BatchSubmitOptions } from './batches.ts';
