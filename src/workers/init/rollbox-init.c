@@ -72,6 +72,7 @@ struct session {
   int spawned, stdin_eof, peer_gone, exit_sent, shut, lost;
   int keeper;        /* index in keepers, or -1 (forked by the init itself) */
   pid_t pid;         /* 0 until known */
+  int pending_signal; /* a SIGNAL that came before the pid was known, delivered once it is */
   int exited, status;
   int fd_out, fd_err, fd_in;
   uint64_t cap[2], seen[2];
@@ -88,6 +89,8 @@ struct session {
   uint64_t sent;       /* of those, queued to the current connection */
   char slot[MAX_SLOT_NAME + 1];
 };
+
+static void signal_command(struct session *s, int sig);
 
 struct keeper {
   char slot[MAX_SLOT_NAME + 1];
@@ -411,6 +414,7 @@ static void do_spawn(struct session *s, const char *p, size_t len) {
     if (pid == 0) child_exec(&r, in[0], out[1], err[1]);
     s->pid = pid;
     send_started(s);
+    if (s->pending_signal) signal_command(s, s->pending_signal);
   }
   close_fd(&out[1]);
   close_fd(&err[1]);
@@ -520,8 +524,10 @@ static void handle_input(struct session *s) {
         if (sig < 1 || sig > 64) {
           send_error(s, "bad signal frame");
           s->lost = 1;
-        } else if (s->pid > 0 && !s->exited && kill(-s->pid, sig) < 0) {
-          kill(s->pid, sig); /* it left its process group */
+        } else if (s->pid == 0 && !s->exited) {
+          s->pending_signal = sig; /* its keeper has not said it started yet */
+        } else if (s->pid > 0 && !s->exited) {
+          signal_command(s, sig);
         }
         break;
       }
@@ -597,6 +603,12 @@ static void pump_and_flush(struct session *s) {
   }
 }
 
+/* A signal to the command's process group (or to it alone, if it left the group). */
+static void signal_command(struct session *s, int sig) {
+  if (kill(-s->pid, sig) < 0) kill(s->pid, sig);
+  s->pending_signal = 0;
+}
+
 static void kill_command(struct session *s) {
   if (s->pid > 0 && !s->exited) {
     kill(-s->pid, SIGKILL);
@@ -623,6 +635,7 @@ static void keeper_message(int k) {
       if (s) {
         s->pid = (pid_t)get_u32(msg + 1);
         send_started(s);
+        if (s->pending_signal) signal_command(s, s->pending_signal);
       }
     } else if (msg[0] == K_FAILED) {
       kp->starting = NULL;
