@@ -96,9 +96,17 @@ describe('E2B SDK (e2b 2.51) against rollbox', () => {
     expect(killed).toBeInstanceOf(TimeoutError);
   });
 
-  it('kills a running command; stdin to it is a clear unimplemented error', async () => {
+  it('feeds stdin to a command started with stdin: true, and closes it', async () => {
+    const handle = await sbx.commands.run('read a; read b; echo "got $b $a"; cat', { background: true, stdin: true });
+    await sbx.commands.sendStdin(handle.pid, 'first\n');
+    await handle.sendStdin('second\nand the rest');
+    await handle.closeStdin();
+    expect(await handle.wait()).toMatchObject({ exitCode: 0, stdout: 'got second first\nand the rest' });
+  });
+
+  it('kills a running command; stdin to one started without it is refused', async () => {
     const handle = await sbx.commands.run('echo started; sleep 30; echo never', { background: true, onStdout: () => {} });
-    await expect(sbx.commands.sendStdin(handle.pid, 'x')).rejects.toThrow(/unimplemented.*not supported by rollbox/);
+    await expect(sbx.commands.sendStdin(handle.pid, 'x')).rejects.toThrow(/stdinOpen|not open|stdin/i);
     expect(await sbx.commands.kill(handle.pid)).toBe(true);
     const ended = await handle.wait().catch((e: unknown) => e);
     expect(ended).toBeInstanceOf(CommandExitError);

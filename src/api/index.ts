@@ -78,6 +78,8 @@ export {
   E2bConnectRequest,
   E2bListRequest,
   E2bSendSignalRequest,
+  E2bSendInputRequest,
+  E2bCloseStdinRequest,
   E2bPathRequest,
   E2bListDirRequest,
   E2bMoveRequest,

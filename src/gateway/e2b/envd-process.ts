@@ -1,7 +1,7 @@
 import { randomInt } from 'node:crypto';
 import type { Context } from 'hono';
 import type { Redis } from 'ioredis';
-import { E2bConnectRequest, E2bListRequest, E2bSendSignalRequest, E2bStartRequest, ExecRequest, RollboxError, type CommandRecord } from '../../api/index.ts';
+import { E2bCloseStdinRequest, E2bConnectRequest, E2bListRequest, E2bSendInputRequest, E2bSendSignalRequest, E2bStartRequest, ExecRequest, RollboxError, type CommandRecord } from '../../api/index.ts';
 import { describeZodError } from '../errors.ts';
 import type { ExecEvent, ExecService } from '../exec-service.ts';
 import { ConnectError, readStreamRequest, readUnary, streamResponse } from './connect.ts';
@@ -9,7 +9,7 @@ import { resolvePath, type EnvdCall } from './envd-common.ts';
 
 export interface E2bProcessDeps {
   redis: Redis;
-  execs: Pick<ExecService, 'startStreaming' | 'followCommand' | 'commandLog' | 'commandStatus' | 'signalCommand'>;
+  execs: Pick<ExecService, 'startStreaming' | 'followCommand' | 'commandLog' | 'commandStatus' | 'signalCommand' | 'writeCommandStdin'>;
 }
 
 /** envd's own default when the client sends no Keepalive-Ping-Interval. */
@@ -93,7 +93,7 @@ export function processService(deps: E2bProcessDeps) {
       if (request.pty !== undefined) throw new ConnectError('unimplemented', 'pty commands are not supported by rollbox (run the command without pty)');
       const cwd = request.process.cwd ? resolvePath(request.process.cwd, call.user) : undefined;
       const timeoutMs = timeoutMsOf(c);
-      const checked = ExecRequest.safeParse({ argv: argvOf(request.process), env: request.process.envs, cwd, user: call.user, timeoutMs });
+      const checked = ExecRequest.safeParse({ argv: argvOf(request.process), env: request.process.envs, cwd, user: call.user, timeoutMs, stdinOpen: request.stdin === true });
       if (!checked.success) throw new ConnectError('invalid_argument', describeZodError(checked.error, 'process'));
       // A random pid is its commandId at no Redis call; a (rare) clash with an earlier command picks another.
       for (let attempt = 0; attempt < 5; attempt++) {
@@ -126,6 +126,23 @@ export function processService(deps: E2bProcessDeps) {
         throw err instanceof RollboxError && err.code === 'invalid_state' ? new RollboxError('not_found', err.message) : err;
       });
       await call.guard(sent);
+      return c.json({}, 200);
+    },
+
+    /** Stdin for a command started with `stdin: true` (rollbox's stdin by command id; UTF-8). */
+    async SendInput(c: Context, call: EnvdCall): Promise<Response> {
+      const { process, input } = await readUnary(c, E2bSendInputRequest);
+      if (input.stdin === undefined) throw new ConnectError('unimplemented', 'pty input is not supported by rollbox (start the command without pty)');
+      const pid = await pidOf(call.sandboxId, process);
+      await call.guard(execs.writeCommandStdin(call.principal, call.sandboxId, commandIdOf(pid), { data: Buffer.from(input.stdin, 'base64').toString('utf8'), eof: false }));
+      return c.json({}, 200);
+    },
+
+    /** EOF on the command's stdin. */
+    async CloseStdin(c: Context, call: EnvdCall): Promise<Response> {
+      const { process } = await readUnary(c, E2bCloseStdinRequest);
+      const pid = await pidOf(call.sandboxId, process);
+      await call.guard(execs.writeCommandStdin(call.principal, call.sandboxId, commandIdOf(pid), { data: '', eof: true }));
       return c.json({}, 200);
     },
 

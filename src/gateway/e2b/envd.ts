@@ -29,9 +29,7 @@ type Method = (c: Context, call: EnvdCall) => Promise<Response>;
 
 /** The RPCs the SDK may call that rollbox does not serve (yet), each with why. */
 const UNIMPLEMENTED: Record<string, string> = {
-  'process.Process/SendInput': 'stdin to a running command is not supported by rollbox yet',
-  'process.Process/StreamInput': 'stdin to a running command is not supported by rollbox yet',
-  'process.Process/CloseStdin': 'stdin to a running command is not supported by rollbox yet (commands run with stdin closed)',
+  'process.Process/StreamInput': 'streamed stdin is not supported by rollbox (send it in pieces with SendInput)',
   'process.Process/Update': 'pty commands are not supported by rollbox',
   'filesystem.Filesystem/WatchDir': 'watching directories is not supported by rollbox yet',
   'filesystem.Filesystem/CreateWatcher': 'watching directories is not supported by rollbox yet',
@@ -55,6 +53,8 @@ export function registerE2bEnvd(app: GatewayApp, deps: E2bEnvdDeps): void {
     'process.Process/Connect': process.Connect,
     'process.Process/List': process.List,
     'process.Process/SendSignal': process.SendSignal,
+    'process.Process/SendInput': process.SendInput,
+    'process.Process/CloseStdin': process.CloseStdin,
     'filesystem.Filesystem/Stat': filesystem.Stat,
     'filesystem.Filesystem/ListDir': filesystem.ListDir,
     'filesystem.Filesystem/MakeDir': filesystem.MakeDir,
