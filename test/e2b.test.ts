@@ -229,6 +229,13 @@ describe('E2B SDK (e2b 2.51) against rollbox', () => {
   });
 });
 
+async function waitUntil(probe: () => Promise<boolean>, timeoutMs = 10_000): Promise<void> {
+  for (const until = Date.now() + timeoutMs; !(await probe()); ) {
+    if (Date.now() > until) throw new Error('timed out');
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
 describe('bad input on the envd surface', () => {
   let sbx: Sandbox;
   let headers: Record<string, string>;
@@ -249,6 +256,29 @@ describe('bad input on the envd surface', () => {
     }
     return frames;
   };
+
+  it('takes stdin as a client stream (StreamInput): each piece reaches the command as it arrives', async () => {
+    const handle = await sbx.commands.run('read a; echo "one $a"; read b; echo "two $b"', { background: true, stdin: true });
+    const ended = handle.wait();
+    let push!: (frame: Uint8Array | null) => void;
+    const body = new ReadableStream<Uint8Array>({ start: (controller) => void (push = (frame) => (frame ? controller.enqueue(frame) : controller.close())) });
+    const answer = fetch(`${cluster.url}/process.Process/StreamInput`, { method: 'POST', headers: { ...headers, 'content-type': 'application/connect+json' }, body, duplex: 'half' } as RequestInit);
+    push(envelope({ start: { process: { pid: handle.pid } } }));
+    push(envelope({ data: { input: { stdin: Buffer.from('first\n').toString('base64') } } }));
+    // The first piece is read before the stream ends: the command answers it meanwhile.
+    await waitUntil(async () => handle.stdout.includes('one first'));
+    push(envelope({ keepalive: {} }));
+    push(envelope({ data: { input: { stdin: Buffer.from('second\n').toString('base64') } } }));
+    push(envelope({}, 0x02));
+    push(null);
+    const res = await answer;
+    expect(res.status).toBe(200);
+    expect((await framesOf(res)).map((f) => f.flags)).toEqual([0, 2]);
+    expect(await ended).toMatchObject({ exitCode: 0, stdout: 'one first\ntwo second\n' });
+    // Data before a start: a Connect error in the end-of-stream frame.
+    const bad = await post('process.Process/StreamInput', new Uint8Array(envelope({ data: { input: { stdin: 'eA==' } } })), 'application/connect+json');
+    expect((await framesOf(bad)).at(-1)!.message).toMatchObject({ error: { code: 'invalid_argument' } });
+  });
 
   it('answers malformed, compressed, oversized and mistyped frames with Connect codes', async () => {
     const start = { process: { cmd: '/bin/sh', args: ['-c', 'true'] } };

@@ -55,6 +55,12 @@ export const E2bConnectRequest = z.object({ process: E2bProcessSelector });
 export const E2bSendSignalRequest = z.object({ process: E2bProcessSelector, signal: z.union([z.enum(['SIGNAL_SIGKILL', 'SIGNAL_SIGTERM']), z.literal(9), z.literal(15)]) });
 /** `process.Process/SendInput`: stdin bytes (proto3 JSON: base64); a pty's input is not served. */
 export const E2bSendInputRequest = z.object({ process: E2bProcessSelector, input: z.object({ stdin: z.string().max(1_400_000).optional(), pty: z.string().optional() }) });
+/** `process.Process/StreamInput`'s messages: start (which process), then data, with keepalives between. */
+export const E2bStreamInputRequest = z.object({
+  start: z.object({ process: E2bProcessSelector }).optional(),
+  data: z.object({ input: z.object({ stdin: z.string().max(1_400_000).optional(), pty: z.string().optional() }) }).optional(),
+  keepalive: z.object({}).optional(),
+});
 /** `process.Process/CloseStdin`. */
 export const E2bCloseStdinRequest = z.object({ process: E2bProcessSelector });
 /** `process.Process/List` takes an empty message. */

@@ -79,6 +79,7 @@ export {
   E2bListRequest,
   E2bSendSignalRequest,
   E2bSendInputRequest,
+  E2bStreamInputRequest,
   E2bCloseStdinRequest,
   E2bPathRequest,
   E2bListDirRequest,

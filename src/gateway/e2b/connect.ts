@@ -133,6 +133,34 @@ export async function readStreamRequest<T extends z.ZodType>(c: Context, schema:
   return parseJson(schema, body.subarray(5).toString('utf8'));
 }
 
+/**
+ * A client-stream request (`application/connect+json`): its enveloped messages as they
+ * arrive, each checked against `schema`; the end-of-stream frame (or the body's end) ends it.
+ */
+export async function* readClientStream<T extends z.ZodType>(c: Context, schema: T): AsyncGenerator<z.infer<T>> {
+  const type = (c.req.header('content-type') ?? '').split(';')[0]!.trim();
+  if (type !== 'application/connect+json') throw new ConnectError('invalid_argument', `streaming calls take application/connect+json, not ${type || 'no content type'}`);
+  const body = c.req.raw.body;
+  if (!body) return;
+  let pending = Buffer.alloc(0);
+  for await (const chunk of body as unknown as AsyncIterable<Uint8Array>) {
+    pending = Buffer.concat([pending, chunk]);
+    while (pending.length >= 5) {
+      const flags = pending[0]!;
+      const length = pending.readUInt32BE(1);
+      if (flags & COMPRESSED) throw new ConnectError('unimplemented', 'compressed messages are not accepted (send them uncompressed)');
+      if (flags & ~END_STREAM) throw new ConnectError('invalid_argument', `malformed envelope: flags ${flags}`);
+      if (length > MAX_MESSAGE_BYTES) throw new ConnectError('resource_exhausted', `message larger than ${MAX_MESSAGE_BYTES} bytes`);
+      if (pending.length < 5 + length) break;
+      const message = pending.subarray(5, 5 + length).toString('utf8');
+      pending = pending.subarray(5 + length);
+      if (flags & END_STREAM) return;
+      yield parseJson(schema, message);
+    }
+  }
+  if (pending.length > 0) throw new ConnectError('invalid_argument', 'malformed envelope: the stream ended inside a message');
+}
+
 export function envelope(message: unknown, flags = 0): Uint8Array {
   const json = Buffer.from(JSON.stringify(message));
   const frame = Buffer.alloc(5 + json.length);

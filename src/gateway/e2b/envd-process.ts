@@ -1,10 +1,10 @@
 import { randomInt } from 'node:crypto';
 import type { Context } from 'hono';
 import type { Redis } from 'ioredis';
-import { E2bCloseStdinRequest, E2bConnectRequest, E2bListRequest, E2bSendInputRequest, E2bSendSignalRequest, E2bStartRequest, ExecRequest, RollboxError, type CommandRecord } from '../../api/index.ts';
+import { E2bCloseStdinRequest, E2bConnectRequest, E2bListRequest, E2bSendInputRequest, E2bSendSignalRequest, E2bStartRequest, E2bStreamInputRequest, ExecRequest, RollboxError, type CommandRecord } from '../../api/index.ts';
 import { describeZodError } from '../errors.ts';
 import type { ExecEvent, ExecService } from '../exec-service.ts';
-import { ConnectError, readStreamRequest, readUnary, streamResponse } from './connect.ts';
+import { ConnectError, readClientStream, readStreamRequest, readUnary, streamResponse } from './connect.ts';
 import { resolvePath, type EnvdCall } from './envd-common.ts';
 
 export interface E2bProcessDeps {
@@ -136,6 +136,27 @@ export function processService(deps: E2bProcessDeps) {
       const pid = await pidOf(call.sandboxId, process);
       await call.guard(execs.writeCommandStdin(call.principal, call.sandboxId, commandIdOf(pid), { data: Buffer.from(input.stdin, 'base64').toString('utf8'), eof: false }));
       return c.json({}, 200);
+    },
+
+    /**
+     * Stdin as a client stream: a start naming the process, then data as it comes (each
+     * piece delivered on arrival); the stream's end leaves stdin open, as envd does.
+     */
+    async StreamInput(c: Context, call: EnvdCall): Promise<Response> {
+      async function* consume(): AsyncGenerator<object> {
+        let commandId: string | undefined;
+        for await (const message of readClientStream(c, E2bStreamInputRequest)) {
+          if (message.start) commandId = commandIdOf(await pidOf(call.sandboxId, message.start.process));
+          else if (message.data) {
+            if (!commandId) throw new ConnectError('invalid_argument', 'data before the start message naming the process');
+            if (message.data.input.stdin === undefined) throw new ConnectError('unimplemented', 'pty input is not supported by rollbox (start the command without pty)');
+            await call.guard(execs.writeCommandStdin(call.principal, call.sandboxId, commandId, { data: Buffer.from(message.data.input.stdin, 'base64').toString('utf8'), eof: false }));
+          }
+        }
+        yield {};
+      }
+      // One answer message, at the end: no keepalives in between.
+      return streamResponse(c, consume(), { message: {}, everyMs: 2 ** 31 - 1 });
     },
 
     /** EOF on the command's stdin. */

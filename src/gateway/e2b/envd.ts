@@ -29,7 +29,6 @@ type Method = (c: Context, call: EnvdCall) => Promise<Response>;
 
 /** The RPCs the SDK may call that rollbox does not serve (yet), each with why. */
 const UNIMPLEMENTED: Record<string, string> = {
-  'process.Process/StreamInput': 'streamed stdin is not supported by rollbox (send it in pieces with SendInput)',
   'process.Process/Update': 'pty commands are not supported by rollbox',
   'filesystem.Filesystem/WatchDir': 'watching directories is not supported by rollbox yet',
   'filesystem.Filesystem/CreateWatcher': 'watching directories is not supported by rollbox yet',
@@ -54,6 +53,7 @@ export function registerE2bEnvd(app: GatewayApp, deps: E2bEnvdDeps): void {
     'process.Process/List': process.List,
     'process.Process/SendSignal': process.SendSignal,
     'process.Process/SendInput': process.SendInput,
+    'process.Process/StreamInput': process.StreamInput,
     'process.Process/CloseStdin': process.CloseStdin,
     'filesystem.Filesystem/Stat': filesystem.Stat,
     'filesystem.Filesystem/ListDir': filesystem.ListDir,
@@ -92,8 +92,12 @@ export function registerE2bEnvd(app: GatewayApp, deps: E2bEnvdDeps): void {
     onError: (c) => (c.header('Connection', 'close'), restError(c, new RollboxError('payload_too_large', `body is larger than the files limit of ${deps.filesMaxBytes} bytes`))),
   });
 
+  // A client stream (StreamInput) is read message by message, each within the cap
+  // (readClientStream): bodyLimit would hold the whole stream until it ends.
+  const limitUnlessClientStream: MiddlewareHandler = (c, next) => (c.req.param('method') === 'StreamInput' ? next() : rpcLimit(c, next));
+
   for (const service of ['process.Process', 'filesystem.Filesystem']) {
-    app.post(`/${service}/:method`, needsSandbox, rpcLimit, async (c) => {
+    app.post(`/${service}/:method`, needsSandbox, limitUnlessClientStream, async (c) => {
       const name = `${service}/${c.req.param('method')}`;
       try {
         const call = await callOf(c);
