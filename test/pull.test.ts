@@ -21,6 +21,7 @@ let proxy: RegistryProxy;
 let cluster: TestCluster;
 let token: string;
 let fixture: { base: Buffer; upper: Buffer };
+const memoryDir = `/dev/shm/rollbox-pull-test-${process.pid}`;
 const made: string[] = [];
 
 /** A layer of its own (random bytes, so nothing else holds it) of about `bytes`. */
@@ -48,6 +49,7 @@ async function storeFiles(): Promise<string[]> {
 const blobGets = (requests: { method: string; path: string }[], repo: string): string[] => requests.filter((r) => r.method === 'GET' && r.path.startsWith(`/v2/${repo}/blobs/`)).map((r) => r.path);
 
 beforeAll(async () => {
+  await fs.mkdir(memoryDir, { recursive: true });
   fixture = await imageFixtureLayers();
   registry = await startTestRegistry();
   proxy = await startRegistryProxy(registry.url);
@@ -60,6 +62,8 @@ beforeAll(async () => {
       // Layers nothing references go at once (the import-vs-pull comparison starts from an empty store).
       ROLLBOX_LAYER_GC_GRACE_MS: '0',
       ROLLBOX_LAYER_GC_INTERVAL_MS: '300',
+      // A tmpfs of this test's own for pulled trees (other tests pull at the same time).
+      ROLLBOX_IMAGE_PULL_MEMORY_DIR: memoryDir,
     },
   });
   token = await cluster.token('pulls', ['layer:write', 'sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'sandbox:run']);
@@ -70,6 +74,7 @@ afterAll(async () => {
   await proxy?.stop();
   await registry?.stop();
   await cluster?.stop();
+  await fs.rm(memoryDir, { recursive: true, force: true });
 });
 
 describe('image pull', () => {
@@ -126,7 +131,9 @@ describe('image pull', () => {
     expect(done.pull!.progress.bytesFetched).toBe(2 * squeezedBlob);
     const id = await sandbox({ image: { base: done.name } });
     expect(await sh(id, 'cat /squeezed.txt; wc -c < /squeezed.bin')).toMatchObject({ stdout: `squeezed\n${6 * 1024 * 1024}\n` });
-    expect((await fs.readdir('/dev/shm')).filter((n) => n.startsWith('rollbox-layer-'))).toEqual([]);
+    const [own, ...others] = await fs.readdir(memoryDir);
+    expect(others).toEqual([]);
+    expect(await fs.readdir(path.join(memoryDir, own!))).toEqual([]);
   }, 120_000);
 
   it('yields the platform asked from a multi-platform index', async () => {

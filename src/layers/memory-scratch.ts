@@ -1,4 +1,6 @@
-import { statfsSync } from 'node:fs';
+import { createHash } from 'node:crypto';
+import { mkdirSync, rmSync, statfsSync } from 'node:fs';
+import path from 'node:path';
 import { RollboxError } from '../api/index.ts';
 
 /** statfs(2)'s f_type of a tmpfs. */
@@ -26,11 +28,19 @@ export class MemoryScratch {
     private readonly budgetBytes: number,
   ) {}
 
-  /** The directory, when it is a tmpfs and the budget is not 0; else none (every build on disk). */
-  static at(dir: string, budgetBytes: number): MemoryScratch | undefined {
+  /**
+   * A directory of its own in `dir` (one per `owner`, a gateway's data dir), emptied now: what
+   * a gateway killed mid-pull left there would hold memory until a reboot. None when `dir` is
+   * not a tmpfs or the budget is 0 (every build on disk).
+   */
+  static at(dir: string, budgetBytes: number, owner: string): MemoryScratch | undefined {
     if (budgetBytes <= 0) return undefined;
     try {
-      return statfsSync(dir).type === TMPFS_MAGIC ? new MemoryScratch(dir, budgetBytes) : undefined;
+      if (statfsSync(dir).type !== TMPFS_MAGIC) return undefined;
+      const own = path.join(dir, `rollbox-pulls-${createHash('sha256').update(owner).digest('hex').slice(0, 12)}`);
+      rmSync(own, { recursive: true, force: true });
+      mkdirSync(own, { mode: 0o700 });
+      return new MemoryScratch(own, budgetBytes);
     } catch {
       return undefined;
     }
@@ -51,6 +61,11 @@ export class MemoryScratch {
         this.reservedBytes -= bytes;
       },
     };
+  }
+
+  /** Its directory goes (the gateway stops; its pulls have ended). */
+  remove(): void {
+    rmSync(this.dir, { recursive: true, force: true });
   }
 
   get heldBytes(): number {
