@@ -109,7 +109,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     random: Math.random,
   });
   const layerDeps = { store, layers, images, holds: importHolds, tmpDir, maxLayerBytes: config.http.layerUploadLimitBytes, now, extract };
-  const pullMemory = MemoryScratch.at(config.imagePull.memoryDir, config.imagePull.memoryBytes, config.dataDir);
+  const pullMemory = MemoryScratch.at(config.imagePull.memoryDir, config.imagePull.memoryBytes);
   const imagePulls = new ImagePulls({
     images,
     pulls: new ImagePullRecords(redis),

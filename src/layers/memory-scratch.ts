@@ -1,7 +1,16 @@
-import { createHash } from 'node:crypto';
-import { mkdirSync, rmSync, statfsSync } from 'node:fs';
+import { randomBytes } from 'node:crypto';
+import { mkdirSync, readdirSync, rmSync, statfsSync } from 'node:fs';
 import path from 'node:path';
 import { RollboxError } from '../api/index.ts';
+
+function isAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
 
 /** statfs(2)'s f_type of a tmpfs. */
 const TMPFS_MAGIC = 0x01021994;
@@ -29,16 +38,20 @@ export class MemoryScratch {
   ) {}
 
   /**
-   * A directory of its own in `dir` (one per `owner`, a gateway's data dir), emptied now: what
-   * a gateway killed mid-pull left there would hold memory until a reboot. None when `dir` is
+   * A directory of its own in `dir` (`rollbox-pulls-<pid>-<random>`: several gateways may
+   * share a host and a process), after removing those of processes that are gone: what a
+   * gateway killed mid-pull left there would hold memory until a reboot. None when `dir` is
    * not a tmpfs or the budget is 0 (every build on disk).
    */
-  static at(dir: string, budgetBytes: number, owner: string): MemoryScratch | undefined {
+  static at(dir: string, budgetBytes: number): MemoryScratch | undefined {
     if (budgetBytes <= 0) return undefined;
     try {
       if (statfsSync(dir).type !== TMPFS_MAGIC) return undefined;
-      const own = path.join(dir, `rollbox-pulls-${createHash('sha256').update(owner).digest('hex').slice(0, 12)}`);
-      rmSync(own, { recursive: true, force: true });
+      for (const name of readdirSync(dir)) {
+        const pid = Number(/^rollbox-pulls-(\d+)-/.exec(name)?.[1]);
+        if (pid && !isAlive(pid)) rmSync(path.join(dir, name), { recursive: true, force: true });
+      }
+      const own = path.join(dir, `rollbox-pulls-${process.pid}-${randomBytes(4).toString('hex')}`);
       mkdirSync(own, { mode: 0o700 });
       return new MemoryScratch(own, budgetBytes);
     } catch {
@@ -46,10 +59,17 @@ export class MemoryScratch {
     }
   }
 
+  /** Room for `bytes`, or none (over the budget, the tmpfs too full, its directory gone): then on disk. */
   reserve(bytes: number): MemoryReservation | undefined {
     if (bytes > this.budgetBytes - this.reservedBytes) return undefined;
-    const fs = statfsSync(this.dir);
-    if (fs.bavail * fs.bsize < bytes) return undefined;
+    let free: number;
+    try {
+      const fs = statfsSync(this.dir);
+      free = fs.bavail * fs.bsize;
+    } catch {
+      return undefined;
+    }
+    if (free < bytes) return undefined;
     this.reservedBytes += bytes;
     let released = false;
     return {

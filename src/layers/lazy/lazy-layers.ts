@@ -131,6 +131,9 @@ export class LazyLayers implements LazyBlobHolder {
   /** Reaches the gate (starting one, which takes over from a keeper a dead gate left) and learns what it holds. */
   async start(): Promise<void> {
     await mkdir(this.deps.cacheDir, { recursive: true, mode: 0o700 });
+    // Leftovers of a metadata fetch a previous process did not finish (only then: one under
+    // way now writes its own).
+    for (const n of await readdir(this.deps.cacheDir)) if (n.includes('.tmp-')) await rm(path.join(this.deps.cacheDir, n), { force: true });
     await this.afterHello(await this.gate.connect());
   }
 
@@ -484,8 +487,6 @@ export class LazyLayers implements LazyBlobHolder {
       this.layers.delete(digest);
       removed.push(digest);
     }
-    // Leftovers of an interrupted metadata fetch.
-    for (const n of names) if (n.includes('.tmp-')) await rm(path.join(this.deps.cacheDir, n), { force: true });
     if (removed.length) this.deps.logger?.info({ layers: removed }, 'lazy layers: removed the cache files of deleted layers');
     return removed;
   }
