@@ -13,17 +13,17 @@ import type { Config } from './config/index.ts';
 import { startingAnswer, BatchRunner, BatchService, ExecService, ForkService, FilesService, TtlService, Janitor, LayerCollector, NodeRequests, PoolService, RunService, SandboxService, createGateway, createMetrics, newId, runTask, type LayerBuilder } from './gateway/index.ts';
 import { E2bKeyStore, createTokenIssuer, createTokenVerifier, loadOrCreateHsSecret } from './iam/index.ts';
 import { BurstController, CommandProvider, LocalProvider, TraceRecorder, type CloudProvider } from './burst/index.ts';
-import { ExtractWorkers, LayerMounts, LayerStore, MemoryScratch, buildBusyboxBase, buildLayerFromTar } from './layers/index.ts';
+import { ExtractWorkers, LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar } from './layers/index.ts';
 import { LazyLayers } from './layers/lazy/index.ts';
 import { NodeDirectory, ReplyHub } from './queues/index.ts';
 import { BlockingPool, connectRedis, redactedRedisUrl, startRedisServer, waitForRedis, type RedisServerHandle, type RedisWaitState } from './redis/index.ts';
-import { BatchStore, CommandLog, ForkRecords, ImagePullRecords, ImageRegistry, LayerRegistry, PoolRegistry, SandboxRegistry, keys } from './registry/index.ts';
-import { ImagePulls, ImportHolds, importImage, pullImage, resolveImageRef } from './images/index.ts';
-import { RegistryRepository, loadDockerConfig } from './oci-registry/index.ts';
+import { BatchStore, CommandLog, ForkRecords, ImageRegistry, LayerRegistry, PoolRegistry, SandboxRegistry, keys } from './registry/index.ts';
+import { ImportHolds, importImage, resolveImageRef } from './images/index.ts';
 import { WorkerHost } from './workers/index.ts';
 import { NetworkSelfTest, SandboxNetworks } from './workers/network/index.ts';
 import { checkWorkerHostOrThrow } from './workers/host-checks/index.ts';
 import { createRuncRuntime } from './workers/runtime/index.ts';
+import { imagePullsOf } from './gateway-pulls.ts';
 import { layerSourceOf, layerSyncOf } from './worker-layers.ts';
 
 export interface Stoppable {
@@ -109,17 +109,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     random: Math.random,
   });
   const layerDeps = { store, layers, images, holds: importHolds, tmpDir, maxLayerBytes: config.http.layerUploadLimitBytes, now, extract };
-  const pullMemory = MemoryScratch.at(config.imagePull.memoryDir, config.imagePull.memoryBytes);
-  const imagePulls = new ImagePulls({
-    images,
-    pulls: new ImagePullRecords(redis),
-    layers,
-    leaseMs: config.imagePull.leaseMs,
-    logger: logger.child({ name: 'image-pulls' }),
-    now,
-    pull: (target, listener, signal) =>
-      pullImage(target, { ...layerDeps, memory: pullMemory, layerConcurrency: config.imagePull.layerConcurrency, repository: async (ref) => new RegistryRepository(ref, { ...config.registries, credentials: await loadDockerConfig(config.registries.authFile) }) }, listener, signal),
-  });
+  const { imagePulls, stop: stopImagePulls } = imagePullsOf(config, redis, images, layerDeps, logger, now);
   // A create's (or a pool's) image.ref: the image holding it, pulled first if none does.
   const resolveImage = resolveImageRef(imagePulls, config.imagePull.waitMs);
   const pools = new PoolService({ pools: new PoolRegistry(redis, now), images, resolveImage, directory, placement: { choices: config.placement.choices, staleAfterMs: config.node.lostAfterMs }, defaultRequests: config.defaultRequests, now, random: Math.random });
@@ -185,8 +175,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     gatewayId,
     async stop() {
       janitor.stop();
-      await imagePulls.stop();
-      pullMemory?.remove();
+      await stopImagePulls();
       await batchRunner.stop();
       await burst.stop();
       await provider?.close?.();

@@ -1,4 +1,4 @@
-import { RollboxError, reservationOf, type CreateSandboxRequest, type Resources } from '../api/index.ts';
+import { RollboxError, reservationOf, type CreateSandboxRequest, type Resources, type Sandbox } from '../api/index.ts';
 import type { PlacementCandidate, PlacementRequest } from '../queues/index.ts';
 
 /** What placement needs of a sandbox's spec: what it reserves, and whether it has a network. */
@@ -27,4 +27,16 @@ export function networkUnavailable(placement: PlacementRequest, candidates: read
     .filter((c) => c.heartbeat.pool === placement.pool && c.heartbeat.network?.allowlist === 'failing')
     .map((c) => `${c.heartbeat.nodeId}: ${c.heartbeat.network!.detail ?? 'self-test failing'}`);
   return new RollboxError('network_unavailable', `no worker host in pool ${placement.pool} can give a sandbox an allowlist network now; their network self-tests fail (${failing.join(' | ')})`, 30);
+}
+
+/** Cloud burst routing and the create trace (src/burst); without it every create goes to the local pool. */
+export interface CreateRouting {
+  placeCreate(
+    sandboxId: string,
+    request: CreateSandboxRequest,
+    layerDigests: readonly string[],
+    local: PlacementRequest,
+    place: (placement: PlacementRequest) => Promise<string | undefined>,
+  ): Promise<{ placement: PlacementRequest; node: string | undefined }>;
+  recordCreate(atEpochMs: number, tenant: string, request: CreateSandboxRequest, sandbox: Sandbox | undefined): void;
 }

@@ -6,22 +6,10 @@ import { requireScope, type Principal } from '../iam/index.ts';
 import { chooseNode, type NodeDirectory, type PlacementRequest } from '../queues/index.ts';
 import type { ImageRegistry, LayerRegistry, SandboxRegistry } from '../registry/index.ts';
 import type { GatewayMetrics } from './metrics.ts';
-import { networkUnavailable, placementOf, withDefaultRequests } from './placement-of.ts';
+import { networkUnavailable, placementOf, withDefaultRequests, type CreateRouting } from './placement-of.ts';
 import type { PoolService } from './pool-service.ts';
 import { settledOrThrow, toRollboxError, type NodeRequests } from './node-requests.ts';
 import { countedCreate } from './create-metrics.ts';
-
-/** Cloud burst routing and the create trace (src/burst); without it every create goes to the local pool. */
-export interface CreateRouting {
-  placeCreate(
-    sandboxId: string,
-    request: CreateSandboxRequest,
-    layerDigests: readonly string[],
-    local: PlacementRequest,
-    place: (placement: PlacementRequest) => Promise<string | undefined>,
-  ): Promise<{ placement: PlacementRequest; node: string | undefined }>;
-  recordCreate(atEpochMs: number, tenant: string, request: CreateSandboxRequest, sandbox: Sandbox | undefined): void;
-}
 
 export interface SandboxServiceDeps {
   config: Pick<Config, 'placement' | 'quota' | 'defaultRequests'> & { node: Pick<Config['node'], 'lostAfterMs' | 'pool'> };

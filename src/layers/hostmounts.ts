@@ -122,3 +122,10 @@ export async function unmount(dir: string, opts: UnmountOptions): Promise<'not-m
   }
   throw new RollboxError('internal', `unmounting ${dir} failed: ${r.stderr.trim()}`);
 }
+
+/** Loop devices matching `match` still there after waiting (backing off to `maxDelayMs`) for them to detach themselves. */
+export async function loopsLeft(match: (l: LoopDevice) => boolean, maxDelayMs: number): Promise<string[]> {
+  const left = async () => (await listLoopDevices()).filter(match).map((l) => l.device);
+  for (let delayMs = 2; (await left()).length > 0 && delayMs <= maxDelayMs; delayMs *= 2) await sleep(delayMs);
+  return left();
+}

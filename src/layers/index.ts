@@ -12,7 +12,7 @@ export { entryComponents, extractTarSafely, symlinkStaysInside } from './extract
 export type { ExtractOptions, ExtractLimits } from './extract.ts';
 export { ExtractWorkers, extractInThread } from './extract-workers.ts';
 export type { TarExtractor } from './extract-workers.ts';
-export { readMountInfo, isMountPoint, loopDeviceOf, listLoopDevices, unmount } from './hostmounts.ts';
+export { readMountInfo, isMountPoint, loopDeviceOf, listLoopDevices, loopsLeft, unmount } from './hostmounts.ts';
 export type { MountInfo, LoopDevice, UnmountOptions } from './hostmounts.ts';
 export { checkFilesArchive } from './archive.ts';
 export { fetchLayers } from './sync.ts';

@@ -2,7 +2,7 @@ import { closeSync, ftruncateSync, mkdirSync, openSync, readSync, readdirSync, r
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { RollboxError } from '../../api/index.ts';
-import { isMountPoint, listLoopDevices } from '../../layers/index.ts';
+import { isMountPoint, listLoopDevices, loopsLeft } from '../../layers/index.ts';
 import { DiskOpError, MNT_DETACH, MS_NODEV, MS_NOEXEC, MS_NOSUID, type DiskHelper } from './diskhelper.ts';
 import { DiskTemplates, EXT4_OPTIONS, mkfsExt4 } from './disk-templates.ts';
 import { runTool } from '../../proc/index.ts';
@@ -292,9 +292,7 @@ export class ScratchDisks {
    * filesystem detached but still in use could be mounted a second time from its image.
    */
   private async unmountScratch(): Promise<boolean> {
-    const inner = async (): Promise<string[]> =>
-      (await listLoopDevices()).filter((l) => l.backingFile.startsWith(`${this.mountPoint}/`)).map((l) => l.device);
-    for (let delayMs = 5; (await inner()).length > 0 && delayMs <= 1280; delayMs *= 2) await sleep(delayMs);
+    await loopsLeft((l) => l.backingFile.startsWith(`${this.mountPoint}/`), 1280);
     await this.unmount(this.mountPoint, 'scratch filesystem', false);
     if (this.isMounted()) {
       this.deps.logger?.warn({ mountPoint: this.mountPoint }, 'scratch filesystem still busy; left mounted');
@@ -324,12 +322,9 @@ export class ScratchDisks {
       if (this.isMounted() && !(await this.unmountScratch())) return;
       // A loop device still bound to the image (e.g. attached by a worker that died before
       // mounting it, had autoclear not applied): detach it, or the next mount would refuse it.
-      const ours = async (): Promise<string[]> =>
-        (await listLoopDevices()).filter((l) => l.backingFile.replace(/ \(deleted\)$/, '') === this.imagePath).map((l) => l.device);
-      // A dead sandbox's mount namespace, which still holds the scratch filesystem, is freed
-      // by the kernel on its own time (seconds on a loaded host): wait up to about 5 s.
-      for (let delayMs = 2; (await ours()).length > 0 && delayMs <= 2560; delayMs *= 2) await sleep(delayMs);
-      for (const device of await ours()) await runTool(this.deps.losetupBinary ?? 'losetup', ['-d', device]);
+      // A dead sandbox's mount namespace (holding the scratch filesystem) goes on the kernel's time: up to ~5 s.
+      const ours = await loopsLeft((l) => l.backingFile.replace(/ \(deleted\)$/, '') === this.imagePath, 2560);
+      for (const device of ours) await runTool(this.deps.losetupBinary ?? 'losetup', ['-d', device]);
       rmSync(this.imagePath, { force: true });
     });
   }
