@@ -163,7 +163,11 @@ describe('durable commands in the init', () => {
     const noGrace = encodeSpawn({ ...spawnOf(['true'], 'g'), hasStdin: false }).subarray(0, -4);
     noGrace.writeUInt32LE(noGrace.length - 8, 4);
     expect(await errorOf(noGrace)).toEqual([[Frame.error, 'malformed command id']]);
-    const holder = await openCommand(socketPath, { spawn: spawnOf(['sleep', '79'], 'dup-1') });
+    // Started first (openCommand only sends the spawn): then the id is the init's.
+    let holderStarted!: () => void;
+    const started = new Promise<void>((r) => (holderStarted = r));
+    const holder = await openCommand(socketPath, { spawn: spawnOf(['sleep', '79'], 'dup-1') }, { onStarted: () => holderStarted() });
+    await started;
     expect((await errorOf(encodeSpawn({ ...spawnOf(['true'], 'dup-1'), hasStdin: false }))).at(-1)).toEqual([Frame.error, 'a command of that id exists']);
     holder.signal(9);
     await holder.outcome;
