@@ -16,6 +16,7 @@ import { BurstController, CommandProvider, LocalProvider, TraceRecorder, type Cl
 import { ExtractWorkers, LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar } from './layers/index.ts';
 import { LazyLayers } from './layers/lazy/index.ts';
 import { NodeDirectory, ReplyHub } from './queues/index.ts';
+import { CreateJobQueues, connectJobRedis } from './queues/jobs/index.ts';
 import { BlockingPool, connectRedis, redactedRedisUrl, startRedisServer, waitForRedis, type RedisServerHandle, type RedisWaitState } from './redis/index.ts';
 import { BatchStore, CommandLog, ForkRecords, ImageRegistry, LayerRegistry, PoolRegistry, SandboxRegistry, keys } from './registry/index.ts';
 import { ImportHolds, importImage, resolveImageRef } from './images/index.ts';
@@ -88,7 +89,10 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   await Promise.all([directory.start(), replies.start()]);
 
   const metrics = createMetrics(directory);
-  const nodes = new NodeRequests(replies, redis);
+  // BullMQ's own connection (no auto-pipelining), for the create queues.
+  const jobRedis = connectJobRedis(redisUrl, (err) => logger.debug({ err }, 'job connection error'));
+  const createJobs = new CreateJobQueues(jobRedis);
+  const nodes = new NodeRequests(replies, redis, createJobs);
   const blocking = new BlockingPool(() => connectRedis(redisUrl));
   const provider = burstProviderOf(config);
   const tokens = createTokenIssuer(config.jwt);
@@ -161,7 +165,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   });
   const collector = new LayerCollector({ redis, layers, sandboxes: registry, images, store, graceMs: config.layerGc.graceMs, logger, now });
   const layerGc = { collector, intervalMs: config.layerGc.intervalMs };
-  const janitor = new Janitor({ redis, registry, commands, directory, lostAfterMs: config.node.lostAfterMs, intervalMs: 500, logger, now, layerGc });
+  const janitor = new Janitor({ redis, registry, commands, directory, lostAfterMs: config.node.lostAfterMs, intervalMs: 500, logger, now, layerGc, createJobs });
   janitor.start();
   batchRunner.start();
   imagePulls.start();
@@ -184,7 +188,8 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
       await replies.stop();
       await extractWorkers.close();
       await blocking.close();
-      await redis.quit().catch(() => {});
+      await createJobs.close();
+      await Promise.all([redis, jobRedis].map((c) => c.quit().catch(() => {})));
     },
   };
 }
@@ -257,6 +262,8 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
       blocking.push(connection);
       return connection;
     },
+    // Closed by the host itself (its create Worker may be restarted by the watchdog with a new one).
+    connectJobs: () => connectJobRedis(redisUrl, (err) => logger.debug({ err }, 'job connection error')),
     registry: new SandboxRegistry(redis),
     commands: new CommandLog(redis),
     runtime,

@@ -1,18 +1,21 @@
 import type { Redis } from 'ioredis';
 import { RollboxError, isErrorCode, type CreateJob, type NodeOp, type Reply, type Sandbox } from '../api/index.ts';
 import { pushToInbox, type ReplyHub } from '../queues/index.ts';
+import type { CreateJobQueues } from '../queues/jobs/index.ts';
 
 /** A node operation or create job as a caller writes it: the reply address is filled in here. */
 type Outgoing<T> = T extends unknown ? Omit<T, 'replyTo'> : never;
 
 /**
- * Requests to worker hosts: pushed to the node's inbox (src/queues/inbox.ts), answered on
- * this gateway's reply channel.
+ * Requests to worker hosts, answered on this gateway's reply channel: creates as BullMQ
+ * jobs on the node's create queue (src/queues/jobs), operations on its sandboxes pushed to
+ * the node's ops inbox (src/queues/inbox.ts: the direct path, a few Redis calls each).
  */
 export class NodeRequests {
   constructor(
     private readonly replies: ReplyHub,
     private readonly redis: Redis,
+    private readonly createJobs: Pick<CreateJobQueues, 'add'>,
   ) {}
 
   get gatewayId(): string {
@@ -30,7 +33,7 @@ export class NodeRequests {
   }
 
   sendCreate(nodeId: string, job: Outgoing<CreateJob>, timeoutMs: number): Promise<Reply> {
-    return this.request(job.requestId, timeoutMs, () => pushToInbox(this.redis, nodeId, 'create', { ...job, replyTo: this.gatewayId } satisfies CreateJob));
+    return this.request(job.requestId, timeoutMs, () => this.createJobs.add<CreateJob>(nodeId, { ...job, replyTo: this.gatewayId }));
   }
 
   /** The op as its inbox message (for callers that push it inside their own script). */

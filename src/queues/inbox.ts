@@ -3,19 +3,21 @@ import { keys } from '../registry/index.ts';
 import { LuaScript } from '../redis/index.ts';
 
 /**
- * Each worker host's inboxes: one Redis list per lane (`create` requests, `ops` on its
- * sandboxes), pushed by gateways, and a `taken` list per lane holding what this host is
- * working on. A message moves from the inbox to `taken` atomically when the host takes it
+ * Each worker host's ops inbox: operations on its sandboxes (exec, files, signals, pause,
+ * snapshot, delete...) in a Redis list pushed by gateways, and a `taken` list holding what
+ * this host is working on. A message moves from the inbox to `taken` atomically when the host takes it
  * (BLMOVE) and leaves `taken` when it is done, so a host that dies mid-way finds its
  * unfinished messages again at its next start and takes them anew: delivery is
- * at-least-once, and every handler is idempotent by the message's id (a create by its
- * sandbox state, an exec by its command record).
+ * at-least-once, and every handler is idempotent by the message's id (an exec by its
+ * command record).
  *
- * This replaced BullMQ for node dispatch: a BullMQ job cost about 60 Redis calls (add,
- * fetch, lock, complete, events), an inbox message costs 2 (push, take) plus its ack, which
- * rides on the handler's own last script where it can (an exec's result).
+ * Operations stay off BullMQ (creates, runs and wakes are BullMQ jobs: src/queues/jobs): an
+ * inbox message costs 2 Redis calls (push, take) plus its ack, which rides on the
+ * handler's own last script where it can (an exec's result), on a path of a few ms; a
+ * BullMQ job costs several scripts, a lock and its renewals (docs/operations.md has the
+ * measured counts).
  */
-export type InboxLane = 'create' | 'ops';
+export type InboxLane = 'ops';
 
 export function inboxKey(nodeId: string, lane: InboxLane): string {
   return keys.inbox(nodeId, lane);

@@ -16,8 +16,10 @@ export interface WorkerHostDeps {
   config: Config['node'] & { nodeId: string };
   /** Commands (heartbeats, replies, registry). */
   redis: Redis;
-  /** Makes a new connection for each inbox (BLMOVE blocks it). */
+  /** Makes a new connection for the ops inbox (BLMOVE blocks it). */
   connectBlocking: () => Redis;
+  /** Makes BullMQ's connection for the create queue's Worker (see src/queues/jobs). */
+  connectJobs: () => Redis;
   registry: SandboxRegistry;
   commands: CommandLog;
   runtime: SandboxRuntime;

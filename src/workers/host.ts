@@ -1,5 +1,6 @@
 import { CreateJob, NodeOp, isTerminal, reservationOf, type Sandbox } from '../api/index.ts';
-import { InboxConsumer, pendingOps, type InboxLane, type InboxReceipt } from '../queues/index.ts';
+import { InboxConsumer, pendingOps } from '../queues/index.ts';
+import { CreateJobConsumer } from '../queues/jobs/index.ts';
 import { PoolRegistry, keys } from '../registry/index.ts';
 import { handleCreate } from './create-handler.ts';
 import { heartbeatOf } from './heartbeat.ts';
@@ -29,7 +30,8 @@ const STOP_GRACE_MS = 5000;
 /**
  * A worker host. Its lifecycle:
  *   start: reconcile (adopt what Redis says runs here, remove everything else) -> network
- *          self-test -> first heartbeat -> (cloud hosts) layer sync -> take from its inboxes
+ *          self-test -> first heartbeat -> (cloud hosts) layer sync -> take from its create
+ *          queue (BullMQ) and its ops inbox
  *   run:   creates under local admission (create-handler.ts), operations on its sandboxes
  *          (op-handler.ts), heartbeats, network self-test, warm pools (pool-keeper.ts).
  *          Nothing here visits every sandbox on a timer: an init's death arrives as an
@@ -44,7 +46,8 @@ export class WorkerHost {
   private readonly audit: Audit;
   /** Heartbeats written; a later one that finds the node's entry gone means it was declared lost. */
   private beats = 0;
-  private inboxes: InboxConsumer[] = [];
+  private opsInbox: InboxConsumer | undefined;
+  private creates: CreateJobConsumer<CreateJob> | undefined;
   private timers: NodeJS.Timeout[] = [];
   /** False until the host has started (adopted, tested, synced): placement skips it. */
   private ready = false;
@@ -96,28 +99,33 @@ export class WorkerHost {
     if (ctx.stopped) return;
     this.ready = true;
     await this.heartbeat();
-    this.inboxes = [this.inbox('create', config.maxStarting, (m) => handleCreate(ctx, CreateJob.parse(m))), this.inbox('ops', OPS_CONCURRENCY, (m, r) => this.ops.handle(NodeOp.parse(m), r))];
-    const requeued = await Promise.all(this.inboxes.map((i) => i.start()));
+    this.creates = new CreateJobConsumer({
+      nodeId: this.nodeId,
+      connect: this.deps.connectJobs,
+      concurrency: config.maxStarting,
+      lockMs: config.lostAfterMs,
+      parse: (data) => CreateJob.parse(data),
+      handle: (job) => handleCreate(ctx, job),
+      onError: (err) => ctx.log.error({ err }, 'create job failed'),
+    });
+    this.creates.start();
+    this.opsInbox = new InboxConsumer({
+      nodeId: this.nodeId,
+      lane: 'ops',
+      redis: this.deps.redis,
+      blocking: this.deps.connectBlocking(),
+      concurrency: OPS_CONCURRENCY,
+      handle: (m, r) => this.ops.handle(NodeOp.parse(m), r),
+      onError: (err) => ctx.log.error({ err }, 'inbox message failed'),
+    });
+    const requeued = await this.opsInbox.start();
     const every = (ms: number, what: string, fn: () => Promise<void>) => this.timers.push(setInterval(() => void fn().catch((err) => ctx.log.warn({ err }, `${what} failed`)), ms));
     every(config.heartbeatMs, 'heartbeat', () => this.heartbeat());
     every(AUDIT_TICK_MS, 'audit', () => this.audit.tick());
     every(NETWORK_TICK_MS, 'network self-test', () => this.tickNetwork());
     every(POOL_TICK_MS, 'warm pools', () => this.pools.tick());
     for (const t of this.timers) t.unref();
-    ctx.log.info({ adopted: ctx.local.size, requeued: requeued.reduce((a, b) => a + b, 0) }, 'worker host started');
-  }
-
-  private inbox(lane: InboxLane, concurrency: number, handle: (message: unknown, receipt: InboxReceipt) => Promise<void>): InboxConsumer {
-    const { ctx } = this;
-    return new InboxConsumer({
-      nodeId: this.nodeId,
-      lane,
-      redis: this.deps.redis,
-      blocking: this.deps.connectBlocking(),
-      concurrency,
-      handle,
-      onError: (err) => ctx.log.error({ err, lane }, 'inbox message failed'),
-    });
+    ctx.log.info({ adopted: ctx.local.size, requeued }, 'worker host started');
   }
 
   /**
@@ -177,7 +185,7 @@ export class WorkerHost {
     const beat = setInterval(() => void this.heartbeat().catch(() => undefined), this.deps.config.heartbeatMs);
     try {
       await this.heartbeat();
-      await Promise.all(this.inboxes.map((i) => i.stop()));
+      await Promise.all([this.creates?.stop(STOP_GRACE_MS), this.opsInbox?.stop()]);
       await this.untilIdle(STOP_GRACE_MS);
     } finally {
       clearInterval(beat);
@@ -200,7 +208,7 @@ export class WorkerHost {
   }
 
   private busy(): number {
-    return this.inboxes.reduce((n, i) => n + i.busy, 0);
+    return (this.creates?.busy ?? 0) + (this.opsInbox?.busy ?? 0);
   }
 
   private async untilIdle(ms: number): Promise<void> {

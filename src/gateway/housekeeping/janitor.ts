@@ -2,12 +2,13 @@ import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { NodeOp } from '../../api/index.ts';
 import { pendingOps, type NodeDirectory } from '../../queues/index.ts';
+import type { CreateJobQueues } from '../../queues/jobs/index.ts';
 import { keys, type CommandLog, type SandboxRegistry } from '../../registry/index.ts';
 import type { LayerCollector } from './layer-gc.ts';
 
 /**
  * Cluster housekeeping run by every gateway (one at a time per item, through Redis locks):
- * - a worker host whose heartbeat stopped: its sandboxes end `failed(lost)`;
+ * - a worker host whose heartbeat stopped: its sandboxes end `failed(lost)`, its create queue goes;
  * - a sandbox that never settled (its gateway died mid-create): it ends `failed(infra_error)`;
  * - a hibernated sandbox past its TTL: it ends `failed(timeout)`;
  * - every `layerGc.intervalMs`: unreferenced layers are collected (see layer-gc.ts).
@@ -18,7 +19,7 @@ export class Janitor {
   private lastLayerGcMs = 0;
 
   constructor(
-    private readonly deps: { redis: Redis; registry: SandboxRegistry; commands: CommandLog; directory: NodeDirectory; lostAfterMs: number; intervalMs: number; logger: Logger; now: () => number; layerGc?: { collector: LayerCollector; intervalMs: number } },
+    private readonly deps: { redis: Redis; registry: SandboxRegistry; commands: CommandLog; directory: NodeDirectory; lostAfterMs: number; intervalMs: number; logger: Logger; now: () => number; layerGc?: { collector: LayerCollector; intervalMs: number }; createJobs?: Pick<CreateJobQueues, 'discard'> },
   ) {}
 
   start(): void {
@@ -71,6 +72,8 @@ export class Janitor {
       return op.success && op.data.kind === 'exec' ? [op.data] : [];
     });
     const unknown = await this.deps.commands.settleUnfinished(unfinished, `its worker host ${nodeId} stopped heartbeating`, { includeQueued: true });
+    // Its gateways placed its waiting creates elsewhere as it went silent; nobody takes the rest.
+    await this.deps.createJobs?.discard(nodeId).catch((err: unknown) => logger.warn({ err, nodeId }, 'discarding a lost node\'s create queue failed'));
     await redis.hdel(keys.nodes, nodeId);
     logger.warn({ nodeId, sandboxes: ids.length, commandsUnknown: unknown }, 'worker host lost');
   }
