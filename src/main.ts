@@ -154,6 +154,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     logger,
     now,
     burst,
+    jobQueues: () => directory.list().map((n) => createJobs.queue(n.nodeId)),
     buildLayer,
     layerStore: store,
     e2b: { redis, registry, keys: new E2bKeyStore(redis, now), sandboxes, ttls, execs, files, filesMaxBytes: config.files.maxBytes },

@@ -21,6 +21,7 @@ import { registerLayerRoutes, type LayerBuilder, type LayerRouteDeps } from './r
 import { registerPoolRoutes, type PoolApi } from './routes/pools.ts';
 import { registerRunRoutes, type RunApi } from './routes/run.ts';
 import { registerSandboxRoutes, type SandboxApi, type TtlApi } from './routes/sandboxes.ts';
+import { registerQueueBoard, type QueueBoardDeps } from './queue-board/index.ts';
 import { registerBatchPage } from './ui/index.ts';
 
 export type { LayerBuilder } from './routes/layers.ts';
@@ -49,6 +50,8 @@ export interface GatewayDeps {
   now: () => number;
   /** Cloud burst status and policy (src/burst). */
   burst?: BurstApi;
+  /** The BullMQ queues operators see at /ui/queues (bull-board); absent: not served. */
+  jobQueues?: QueueBoardDeps['queues'];
   /** The E2B SDK's control plane and envd (src/gateway/e2b); absent: not served. */
   e2b?: E2bDeps;
 }
@@ -109,6 +112,7 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   registerRunRoutes(app, deps.runs, deps.config.runCodeLanguages);
   registerBatchRoutes(app, deps.batches);
   registerBatchPage(app);
+  if (deps.jobQueues) registerQueueBoard(app, { verifier: deps.verifier, queues: deps.jobQueues });
   registerLayerRoutes(app, { layers: deps.layers, buildLayer: deps.buildLayer, store: deps.layerStore, uploadLimitBytes: deps.config.http.layerUploadLimitBytes, now: deps.now });
   registerImageRoutes(app, deps.images);
   registerClusterRoutes(app, { directory: deps.directory, burst: deps.burst, jsonLimit });
