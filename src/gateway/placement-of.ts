@@ -2,8 +2,8 @@ import { RollboxError, reservationOf, type CreateSandboxRequest, type Resources,
 import type { PlacementCandidate, PlacementRequest } from '../queues/index.ts';
 
 /** What placement needs of a sandbox's spec: what it reserves, and whether it has a network. */
-export function placementOf(spec: Pick<CreateSandboxRequest, 'resources' | 'network'>): Omit<PlacementRequest, 'pool' | 'exclude'> {
-  return { ...reservationOf(spec.resources), network: spec.network.mode === 'allowlist' };
+export function placementOf(spec: Pick<CreateSandboxRequest, 'resources' | 'network' | 'tier'>): Omit<PlacementRequest, 'pool' | 'exclude'> {
+  return { ...reservationOf(spec.resources), network: spec.network.mode === 'allowlist', ...(spec.tier === 'microvm' ? { microvm: true } : {}) };
 }
 
 /** Requests a create left out, filled from the gateway's defaults (never above the limits): the record says what is reserved. */

@@ -75,7 +75,8 @@ export class SandboxService {
     const { request, layerDigests, lineage } = prepared;
     const local = { ...placementOf(request), pool: config.node.pool, exclude: new Set<string>() };
     // A ready sandbox of a warm pool takes the place of a cold start: its id is the sandbox's.
-    const claimed = lineage ? undefined : await this.deps.pools?.claim(request, layerDigests, local);
+    // Warm pools hold containers only.
+    const claimed = lineage || request.tier === 'microvm' ? undefined : await this.deps.pools?.claim(request, layerDigests, local);
     const id = claimed?.sandboxId ?? newId('sbx');
     // A node that joined since the last snapshot refresh should not mean "no capacity".
     const placeFresh = async (p: PlacementRequest) => this.place(p) ?? (await directory.refresh().then(() => this.place(p)));
