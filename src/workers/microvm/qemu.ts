@@ -8,8 +8,8 @@ export interface QemuSpec {
   accelerator: Accelerator;
   kernel: string;
   initramfs: string;
-  /** The EROFS layer images, base first (read-only virtio-blk, serials rbl0, rbl1, ...). */
-  layerImages: string[];
+  /** The EROFS layer images, base first (read-only virtio-blk, serials rbl0, rbl1, ...), a split layer's data blob beside its image (serial rbl<i>b). */
+  layerImages: { imagePath: string; blobPath?: string }[];
   /** The sandbox's ext4 writable disk (serial rbdisk). */
   diskImage: string;
   vcpus: number;
@@ -25,7 +25,7 @@ export interface QemuSpec {
  * ACPI, no NIC (network mode none). `-no-reboot`: a guest panic or reboot ends QEMU.
  */
 export function qemuArgs(s: QemuSpec): string[] {
-  const cmdline = ['console=ttyS0', 'quiet', 'panic=-1', 'reboot=t', 'mitigations=off', 'random.trust_cpu=on', '8250.nr_uarts=1', 'no_timer_check', `rollbox.layers=${s.layerImages.length}`];
+  const cmdline = ['console=ttyS0', 'quiet', 'panic=-1', 'reboot=t', 'mitigations=off', 'random.trust_cpu=on', '8250.nr_uarts=1', 'no_timer_check', `rollbox.layers=${s.layerImages.length}`, `rollbox.blobs=${s.layerImages.map((l) => (l.blobPath ? '1' : '0')).join('')}`];
   if (s.accelerator === 'tcg' && s.tscKhz) cmdline.push(`tsc_early_khz=${s.tscKhz}`);
   const args = [
     '-accel', s.accelerator,
@@ -38,8 +38,9 @@ export function qemuArgs(s: QemuSpec): string[] {
     '-serial', 'stdio',
     '-kernel', s.kernel, '-initrd', s.initramfs, '-append', cmdline.join(' '),
   ];
-  s.layerImages.forEach((image, i) => {
-    args.push('-drive', `id=l${i},file=${image},format=raw,if=none,readonly=on`, '-device', `virtio-blk-device,drive=l${i},serial=rbl${i}`);
+  s.layerImages.forEach((layer, i) => {
+    args.push('-drive', `id=l${i},file=${layer.imagePath},format=raw,if=none,readonly=on`, '-device', `virtio-blk-device,drive=l${i},serial=rbl${i}`);
+    if (layer.blobPath) args.push('-drive', `id=l${i}b,file=${layer.blobPath},format=raw,if=none,readonly=on`, '-device', `virtio-blk-device,drive=l${i}b,serial=rbl${i}b`);
   });
   args.push('-drive', `id=disk,file=${s.diskImage},format=raw,if=none,discard=unmap`, '-device', 'virtio-blk-device,drive=disk,serial=rbdisk');
   args.push('-device', 'virtio-serial-device', '-chardev', `socket,id=agent,path=${s.agentSocket},server=on,wait=off`, '-device', 'virtserialport,chardev=agent,name=rollbox.0');

@@ -120,7 +120,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
       if (spec.hiddenPaths.length) throw unsupported('hide paths (hiddenPaths)');
       if (spec.restoreUpper) throw unsupported('wake a hibernated sandbox');
       if (spec.lowPriority) throw unsupported('keep warm pools');
-      if (spec.layerImages.some((l) => l.blobPath)) throw unsupported('read split (on-demand) layers');
+      if (spec.layerImages.some((l) => l.lazy)) throw unsupported('read layers on demand (ROLLBOX_LAZY_LAYERS)');
       if (spec.resources.memoryMiB < MIN_GUEST_MEMORY_MIB) throw unsupported(`boot with less than ${MIN_GUEST_MEMORY_MIB} MiB of memory (resources.memoryMiB)`);
       const dir = dirOf(spec.sandboxId);
       await fs.rm(dir, { recursive: true, force: true });
@@ -135,7 +135,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
         const child = startQemu(
           {
             qemuBinary: deps.qemuBinary, accelerator: deps.accelerator, kernel: deps.kernel, initramfs: deps.initramfs,
-            layerImages: spec.layerImages.map((l) => l.imagePath), diskImage, vcpus, memoryMiB: spec.resources.memoryMiB,
+            layerImages: spec.layerImages.map((l) => ({ imagePath: l.imagePath, ...(l.blobPath ? { blobPath: l.blobPath } : {}) })), diskImage, vcpus, memoryMiB: spec.resources.memoryMiB,
             agentSocket: path.join(dir, 'agent.sock'), qmpSocket: path.join(dir, 'qmp.sock'), ...(deps.tscKhz ? { tscKhz: deps.tscKhz } : {}),
           },
           path.join(dir, 'console.log'),

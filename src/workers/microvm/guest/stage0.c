@@ -142,8 +142,28 @@ static int open_port(void) {
   vm_die("virtio-serial port rollbox.0");
 }
 
+/* rollbox.blobs=: one 0 or 1 per layer, base first: whether its data is a blob disk of its own. */
+static void cmdline_str(const char *key, char *val, size_t len) {
+  char buf[4096] = {0};
+  val[0] = 0;
+  int fd = open("/proc/cmdline", O_RDONLY);
+  if (fd < 0) return;
+  ssize_t r = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (r <= 0) return;
+  for (char *t = strtok(buf, " \n"); t; t = strtok(NULL, " \n")) {
+    size_t k = strlen(key);
+    if (!strncmp(t, key, k) && t[k] == '=') {
+      snprintf(val, len, "%s", t + k + 1);
+      return;
+    }
+  }
+}
+
 static void mount_root(void) {
   int layers = cmdline_int("rollbox.layers", 1);
+  char blobs[80];
+  cmdline_str("rollbox.blobs", blobs, sizeof blobs);
   if (layers < 1 || layers > 64) vm_die("rollbox.layers");
   char lower[64 * 16 + 1] = {0};
   for (int i = layers - 1; i >= 0; i--) {
@@ -152,7 +172,15 @@ static void mount_root(void) {
     snprintf(dir, sizeof dir, "/layers/%d", i);
     mkdir("/layers", 0755);
     disk_by_serial(serial, dev, sizeof dev);
-    must_mount(dev, dir, "erofs", MS_RDONLY | MS_NODEV, NULL);
+    char opts[340] = {0};
+    if ((int)strlen(blobs) > i && blobs[i] == '1') {
+      /* A split layer: metadata image plus its data blob, an EROFS extra device. */
+      char blob[300];
+      snprintf(serial, sizeof serial, "rbl%db", i);
+      disk_by_serial(serial, blob, sizeof blob);
+      snprintf(opts, sizeof opts, "device=%s", blob);
+    }
+    must_mount(dev, dir, "erofs", MS_RDONLY | MS_NODEV, opts[0] ? opts : NULL);
     strcat(lower, dir);
     if (i) strcat(lower, ":");
   }
