@@ -6,6 +6,16 @@ export function placementOf(spec: Pick<CreateSandboxRequest, 'resources' | 'netw
   return { ...reservationOf(spec.resources), network: spec.network.mode === 'allowlist', ...(spec.tier === 'microvm' ? { microvm: true } : {}) };
 }
 
+/**
+ * What the microVM tier cannot do yet, refused before placement with the tier named
+ * (its runtime refuses the same: src/workers/microvm/runtime.ts).
+ */
+export function checkTierSupports(spec: Pick<CreateSandboxRequest, 'tier' | 'network' | 'hiddenPaths' | 'resources'>): void {
+  if (spec.tier !== 'microvm') return;
+  const missing = spec.network.mode !== 'none' ? 'give a sandbox a network (network.mode allowlist)' : spec.hiddenPaths.length ? 'hide paths (hiddenPaths)' : spec.resources.memoryMiB < 128 ? 'boot with less than 128 MiB of memory (resources.memoryMiB)' : undefined;
+  if (missing) throw new RollboxError('tier_unsupported', `the microvm tier cannot ${missing} yet (docs/microvm.md)`);
+}
+
 /** Requests a create left out, filled from the gateway's defaults (never above the limits): the record says what is reserved. */
 export function withDefaultRequests<R extends Pick<Resources, 'cpuMillis' | 'memoryMiB' | 'requests'>>(resources: R, defaults: { memoryMiB: number; cpuMillis: number }): R & { requests: { memoryMiB: number; cpuMillis: number } } {
   return {
