@@ -52,7 +52,7 @@ export async function openVmChannel(agentSocket: string, initSocket: string, con
       port = await connectAgent(agentSocket);
       break;
     } catch (err) {
-      if (Date.now() > deadline) throw new Error(`cannot reach the microVM's channel ${agentSocket}: ${(err as Error).message}`);
+      if (Date.now() > deadline) throw new Error(`cannot reach the microVM's channel ${agentSocket}: ${(err as Error).message}`, { cause: err });
       await new Promise((r) => setTimeout(r, 20));
     }
   }
