@@ -18,8 +18,6 @@ const cluster = await startTestCluster({ workers: [{ nodeId: 'bench-vm' }] });
 process.once('SIGINT', () => void cluster.stop().finally(() => process.exit(130)));
 try {
   const token = await cluster.token('bench', ['sandbox:create', 'sandbox:delete', 'sandbox:exec', 'admin']);
-  const nodes = await api(cluster, token, 'GET', '/v1/nodes');
-  const accelerator = nodes.body.nodes[0]?.tiers?.microvm?.accelerator ?? 'none';
   const exec = async (id: string) => {
     const r = await api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, { argv: ['true'] });
     if (r.status !== 200 || r.body.exitCode !== 0) throw new Error(`exec failed: ${r.status} ${JSON.stringify(r.body)}`);
@@ -43,6 +41,9 @@ try {
     return { ids, create: summarize(firstCommandMs), exec: summarize(execMs) };
   };
   const containers = await tier('container');
+  // Read once the host has heartbeated (it has: it took the creates).
+  const nodes = await api(cluster, token, 'GET', '/v1/nodes');
+  const accelerator = nodes.body.nodes.find((n: { nodeId: string }) => n.nodeId === 'bench-vm')?.tiers?.microvm?.accelerator ?? 'none';
   const vms = await tier('microvm');
   // Idle microVMs: each QEMU's resident memory, once the guests have settled.
   await new Promise((r) => setTimeout(r, 2000));
