@@ -49,3 +49,6 @@ fi
 sh scripts/build-init.sh
 # The lazy layers' gate and the split layers' mount helper (src/layers/gate/rollbox-gate.c).
 sh scripts/build-gate.sh
+# The microVM tier: QEMU, the guest kernel (unpacked from Debian's cloud kernel package, not
+# installed) and the guest initramfs (docs/microvm.md).
+sh scripts/install-microvm.sh

@@ -23,7 +23,8 @@ import { ImportHolds, importImage, resolveImageRef } from './images/index.ts';
 import { WorkerHost } from './workers/index.ts';
 import { NetworkSelfTest, SandboxNetworks } from './workers/network/index.ts';
 import { checkWorkerHostOrThrow } from './workers/host-checks/index.ts';
-import { createRuncRuntime } from './workers/runtime/index.ts';
+import { createRuncRuntime, createTieredRuntime } from './workers/runtime/index.ts';
+import { microVmRuntimeOf } from './workers/microvm/index.ts';
 import { imagePullsOf } from './gateway-pulls.ts';
 import { layerSourceOf, layerSyncOf } from './worker-layers.ts';
 
@@ -254,7 +255,8 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
     resolveHost: async (name) => config.network.staticHosts.get(name) ?? (await dns.resolve4(name)),
     logger,
   });
-  const runtime = createRuncRuntime({ dataDir: workerDir, runtimeBinary: config.node.runtimeBinary, layerMounts, nodeId, logger, network, scratchSizeGiB: config.node.scratchSizeGiB, scratchIdleUnmountMs: config.node.idleUnmountMs, besteffortHoldMs: config.node.besteffortHoldMs, besteffortHeldCpuMillis: config.node.besteffortHeldCpuMillis });
+  const containers = createRuncRuntime({ dataDir: workerDir, runtimeBinary: config.node.runtimeBinary, layerMounts, nodeId, logger, network, scratchSizeGiB: config.node.scratchSizeGiB, scratchIdleUnmountMs: config.node.idleUnmountMs, besteffortHoldMs: config.node.besteffortHoldMs, besteffortHeldCpuMillis: config.node.besteffortHeldCpuMillis });
+  const microvm = microVmRuntimeOf(config.node.microvm, path.join(workerDir, 'microvm'), logger);
   const host = new WorkerHost({
     config: { ...config.node, nodeId },
     redis,
@@ -267,7 +269,8 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
     connectJobs: () => connectJobRedis(redisUrl, (err) => logger.debug({ err }, 'job connection error')),
     registry: new SandboxRegistry(redis),
     commands: new CommandLog(redis),
-    runtime,
+    runtime: createTieredRuntime(containers, microvm.runtime),
+    ...(microvm.runtime ? { tiers: { microvm: { accelerator: microvm.runtime.accelerator } } } : {}),
     layerFiles: source.layerFiles,
     ...(source.lazy ? { layerCache: source.lazy } : {}),
     storeLayerImage: (tmpImagePath) => store.put(tmpImagePath),

@@ -10,6 +10,7 @@ export {
   ResourceFields,
   reservationOf,
   SandboxClass,
+  SandboxTier,
   NetworkAllowRule,
   NetworkPolicy,
   CreateSandboxRequest,

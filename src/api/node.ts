@@ -36,6 +36,8 @@ export const NodeHeartbeat = z.object({
       putBack: z.array(z.string()).optional(),
     })
     .optional(),
+  /** The sandbox tiers beyond `container` this host runs, with the accelerator its microVMs use (chosen at its start). */
+  tiers: z.object({ microvm: z.object({ accelerator: z.enum(['kvm', 'tcg']) }).optional() }).optional(),
   /** The warm pools this host keeps: ready and starting sandboxes of each (by pool name). */
   pools: z.record(z.string(), NodePoolStatus).optional(),
   /** Create requests this node has handled (admitted or refused) recently; lets gateways drop assumed load. */

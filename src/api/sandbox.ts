@@ -116,7 +116,16 @@ const AbsolutePath = z.string().startsWith('/', 'must be an absolute path').max(
 export const ExecUser = z.string().regex(/^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,63})?$/, 'user is name, uid, name:group or uid:gid');
 const LabelMap = z.record(z.string().regex(/^[A-Za-z0-9_./-]{1,63}$/, 'label keys are [A-Za-z0-9_./-]{1,63}'), z.string().max(256));
 
+/**
+ * `container`: runc over overlayfs (the default). `microvm`: its own guest kernel in a
+ * QEMU microVM (docs/microvm.md); what it cannot do yet answers `tier_unsupported`.
+ */
+export const SandboxTier = z.enum(['container', 'microvm']);
+export type SandboxTier = z.infer<typeof SandboxTier>;
+
 export const CreateSandboxRequest = z.strictObject({
+  /** Absent: container (records made before tiers existed read the same). */
+  tier: SandboxTier.optional(),
   image: ImageSpec.default({ base: 'busybox', layers: [] }),
   resources: Resources.default({ cpuMillis: 1000, memoryMiB: 512, diskMiB: 1024, pids: 256 }),
   class: SandboxClass.default('latency'),

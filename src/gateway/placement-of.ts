@@ -2,8 +2,18 @@ import { RollboxError, reservationOf, type CreateSandboxRequest, type Resources,
 import type { PlacementCandidate, PlacementRequest } from '../queues/index.ts';
 
 /** What placement needs of a sandbox's spec: what it reserves, and whether it has a network. */
-export function placementOf(spec: Pick<CreateSandboxRequest, 'resources' | 'network'>): Omit<PlacementRequest, 'pool' | 'exclude'> {
-  return { ...reservationOf(spec.resources), network: spec.network.mode === 'allowlist' };
+export function placementOf(spec: Pick<CreateSandboxRequest, 'resources' | 'network' | 'tier'>): Omit<PlacementRequest, 'pool' | 'exclude'> {
+  return { ...reservationOf(spec.resources), network: spec.network.mode === 'allowlist', ...(spec.tier === 'microvm' ? { microvm: true } : {}) };
+}
+
+/**
+ * What the microVM tier cannot do yet, refused before placement with the tier named
+ * (its runtime refuses the same: src/workers/microvm/runtime.ts).
+ */
+export function checkTierSupports(spec: Pick<CreateSandboxRequest, 'tier' | 'network' | 'hiddenPaths' | 'resources'>): void {
+  if (spec.tier !== 'microvm') return;
+  const missing = spec.network.mode !== 'none' ? 'give a sandbox a network (network.mode allowlist)' : spec.hiddenPaths.length ? 'hide paths (hiddenPaths)' : spec.resources.memoryMiB < 128 ? 'boot with less than 128 MiB of memory (resources.memoryMiB)' : undefined;
+  if (missing) throw new RollboxError('tier_unsupported', `the microvm tier cannot ${missing} yet (docs/microvm.md)`);
 }
 
 /** Requests a create left out, filled from the gateway's defaults (never above the limits): the record says what is reserved. */

@@ -6,7 +6,7 @@ import { requireScope, type Principal } from '../iam/index.ts';
 import { chooseNode, type NodeDirectory, type PlacementRequest } from '../queues/index.ts';
 import type { ImageRegistry, LayerRegistry, SandboxRegistry } from '../registry/index.ts';
 import type { GatewayMetrics } from './metrics.ts';
-import { networkUnavailable, placementOf, withDefaultRequests, type CreateRouting } from './placement-of.ts';
+import { checkTierSupports, networkUnavailable, placementOf, withDefaultRequests, type CreateRouting } from './placement-of.ts';
 import type { PoolService } from './pool-service.ts';
 import { settledOrThrow, toRollboxError, type NodeRequests } from './node-requests.ts';
 import { countedCreate } from './create-metrics.ts';
@@ -73,9 +73,11 @@ export class SandboxService {
   private async launch(principal: Principal, prepared: PreparedCreate, idempotencyKey: string | undefined, run?: RunOnce): Promise<{ sandbox: Sandbox; replayed: boolean; ran?: Ran }> {
     const { registry, config, directory } = this.deps;
     const { request, layerDigests, lineage } = prepared;
+    checkTierSupports(request);
     const local = { ...placementOf(request), pool: config.node.pool, exclude: new Set<string>() };
     // A ready sandbox of a warm pool takes the place of a cold start: its id is the sandbox's.
-    const claimed = lineage ? undefined : await this.deps.pools?.claim(request, layerDigests, local);
+    // Warm pools hold containers only.
+    const claimed = lineage || request.tier === 'microvm' ? undefined : await this.deps.pools?.claim(request, layerDigests, local);
     const id = claimed?.sandboxId ?? newId('sbx');
     // A node that joined since the last snapshot refresh should not mean "no capacity".
     const placeFresh = async (p: PlacementRequest) => this.place(p) ?? (await directory.refresh().then(() => this.place(p)));

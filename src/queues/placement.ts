@@ -44,6 +44,8 @@ export interface PlacementRequest {
   requiredLayers?: readonly string[];
   /** An allowlist network: only nodes whose network self-test passes (or that report none). */
   network?: boolean;
+  /** Only nodes that run the microVM tier (heartbeat `tiers.microvm`). */
+  microvm?: boolean;
 }
 
 export interface PlacementOptions {
@@ -79,6 +81,7 @@ export function eligibleNodes(candidates: readonly PlacementCandidate[], request
     if (!hb.healthy || c.ageMs > staleAfterMs || hb.pool !== request.pool || request.exclude.has(hb.nodeId)) return false;
     if (hb.ready === false || request.avoid?.has(hb.nodeId) || !holdsLayers(hb, request.requiredLayers)) return false;
     if (request.network && hb.network && hb.network.allowlist !== 'ok') return false;
+    if (request.microvm && !hb.tiers?.microvm) return false;
     const memoryFree = hb.capacity.memoryMiB - hb.used.memoryMiB - c.assumed.memoryMiB;
     const slotsFree = hb.capacity.maxSandboxes - hb.sandboxes - c.assumed.sandboxes;
     // Disk as the node last reported it (not counted in assumed load: the node's own

@@ -60,6 +60,7 @@ export async function handleCreate(ctx: HostContext, job: CreateJob): Promise<vo
     const hibernated = sandbox.hibernationLayer;
     if (!bound) await runtime.create({
       sandboxId: sandbox.id,
+      tier: spec.tier,
       layerImages,
       restoreUpper: hibernated ? await layerImage(ctx, hibernated) : undefined,
       resources: spec.resources,

@@ -17,6 +17,7 @@ export interface HeartbeatInput {
   cachedLayers: string[];
   network?: NodeHeartbeat['network'];
   pools?: NodeHeartbeat['pools'];
+  tiers?: NodeHeartbeat['tiers'];
 }
 
 /** What a worker host tells the cluster about itself, about every second. */
@@ -37,6 +38,7 @@ export function heartbeatOf(input: HeartbeatInput): NodeHeartbeat {
     cachedLayers: input.cachedLayers,
     handledCreates: local.recentlyHandled(input.atMs),
     ...(input.network ? { network: input.network } : {}),
+    ...(input.tiers ? { tiers: input.tiers } : {}),
     ...(input.pools && Object.keys(input.pools).length ? { pools: input.pools } : {}),
   };
 }

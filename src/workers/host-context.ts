@@ -1,6 +1,6 @@
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import { RollboxError, type Reply } from '../api/index.ts';
+import { RollboxError, type NodeHeartbeat, type Reply } from '../api/index.ts';
 import type { Config } from '../config/index.ts';
 import type { LayerFiles } from '../layers/index.ts';
 import { publishReply } from '../queues/index.ts';
@@ -43,6 +43,8 @@ export interface WorkerHostDeps {
   /** The chunk cache of lazy layers (a host that fetches what its store lacks), for admission. */
   layerCache?: { committedBytes(): number; readonly limitBytes: number; demandBytes(digests: readonly string[]): Promise<number> };
   /** The network self-test, ticked at start and every few seconds (see NetworkSelfTest.tick); without it no health is reported. */
+  /** The tiers beyond container this host runs (heartbeat; placement sends microvm creates only here). */
+  tiers?: NodeHeartbeat['tiers'];
   networkSelfTest?: { tick(): Promise<NetworkHealth | undefined> };
 }
 

@@ -262,6 +262,7 @@ export class WorkerHost {
       cachedLayers: this.deps.runtime.mountedLayers(),
       network: ctx.networkHealth,
       pools: this.pools.status(),
+      tiers: this.deps.tiers,
     });
     const added = await this.deps.redis.hset(keys.nodes, this.nodeId, JSON.stringify(heartbeat));
     // Our entry was gone: a janitor declared this host lost (a long stall) and failed its

@@ -1,9 +1,11 @@
-import type { NetworkPolicy, Resources, SandboxClass } from '../../api/index.ts';
+import type { NetworkPolicy, Resources, SandboxClass, SandboxTier } from '../../api/index.ts';
 import type { LayerFiles } from '../../layers/index.ts';
 
 /** What the runtime needs to start one sandbox on this host. */
 export interface SandboxRuntimeSpec {
   sandboxId: string;
+  /** Which runtime runs it (tiered.ts); default container. */
+  tier?: SandboxTier;
   /** The sandbox's layers on this host (absolute paths), base first. */
   layerImages: LayerFiles[];
   resources: Resources;

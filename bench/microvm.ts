@@ -1,0 +1,69 @@
+/**
+ * bench:microvm — the microVM tier beside the container tier, in the same run on the same
+ * host: create-to-first-command (POST create, then the first exec of `true`), exec p50 of
+ * `true` through the HTTP API, and host memory per idle microVM (the QEMU process's RSS,
+ * guest RAM it touched included). The accelerator is named: under TCG (no VT-x here) the
+ * microVM figures say nothing about KVM hosts, so no targets. Ends with one JSON line.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import { api, startTestCluster } from '../test/support/cluster.ts';
+import { timed } from './support/runc-floor.ts';
+import { summarize } from '../src/report/index.ts';
+
+const CREATES = Number(process.env.BENCH_CREATES ?? 3);
+const EXECS = Number(process.env.BENCH_EXECS ?? 60);
+
+const cluster = await startTestCluster({ workers: [{ nodeId: 'bench-vm' }] });
+process.once('SIGINT', () => void cluster.stop().finally(() => process.exit(130)));
+try {
+  const token = await cluster.token('bench', ['sandbox:create', 'sandbox:delete', 'sandbox:exec', 'admin']);
+  const exec = async (id: string) => {
+    const r = await api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, { argv: ['true'] });
+    if (r.status !== 200 || r.body.exitCode !== 0) throw new Error(`exec failed: ${r.status} ${JSON.stringify(r.body)}`);
+  };
+  const tier = async (name: 'container' | 'microvm') => {
+    const firstCommandMs: number[] = [];
+    const ids: string[] = [];
+    for (let i = 0; i < CREATES; i++) {
+      firstCommandMs.push(
+        await timed(async () => {
+          const r = await api(cluster, token, 'POST', '/v1/sandboxes', { tier: name, resources: { memoryMiB: 256, cpuMillis: 1000 } });
+          if (r.status !== 201) throw new Error(`create failed: ${r.status} ${JSON.stringify(r.body)}`);
+          ids.push(r.body.id);
+          await exec(r.body.id);
+        }),
+      );
+      process.stderr.write(`${name} create ${i + 1}/${CREATES}: ${Math.round(firstCommandMs.at(-1)!)} ms\n`);
+    }
+    const execMs: number[] = [];
+    for (let i = 0; i < EXECS; i++) execMs.push(await timed(() => exec(ids[0]!)));
+    return { ids, create: summarize(firstCommandMs), exec: summarize(execMs) };
+  };
+  const containers = await tier('container');
+  // Read once the host has heartbeated (it has: it took the creates).
+  const nodes = await api(cluster, token, 'GET', '/v1/nodes');
+  const accelerator = nodes.body.nodes.find((n: { nodeId: string }) => n.nodeId === 'bench-vm')?.tiers?.microvm?.accelerator ?? 'none';
+  const vms = await tier('microvm');
+  // Idle microVMs: each QEMU's resident memory, once the guests have settled.
+  await new Promise((r) => setTimeout(r, 2000));
+  const rssMiB = vms.ids.map((id) => {
+    const pid = JSON.parse(fs.readFileSync(path.join(cluster.rootDir, 'bench-vm', 'worker', 'microvm', id, 'vm.json'), 'utf8')).pid as number;
+    const kb = Number(/VmRSS:\s+(\d+)/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1] ?? 0);
+    return kb / 1024;
+  });
+  for (const id of [...containers.ids, ...vms.ids]) await api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`);
+  const result = {
+    bench: 'microvm',
+    accelerator,
+    creates: CREATES,
+    execs: EXECS,
+    createToFirstCommandP50Ms: { container: containers.create.p50Ms, microvm: vms.create.p50Ms, ratio: Math.round((vms.create.p50Ms / containers.create.p50Ms) * 10) / 10 },
+    execP50Ms: { container: containers.exec.p50Ms, microvm: vms.exec.p50Ms, ratio: Math.round((vms.exec.p50Ms / containers.exec.p50Ms) * 100) / 100 },
+    hostMiBPerIdleMicroVm: Math.round((rssMiB.reduce((a, b) => a + b, 0) / rssMiB.length) * 10) / 10,
+    guestMemoryMiB: 256,
+  };
+  console.log(JSON.stringify(result));
+} finally {
+  await cluster.stop();
+}

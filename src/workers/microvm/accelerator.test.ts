@@ -1,0 +1,52 @@
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { detectAccelerator, hostTscKhz } from './accelerator.ts';
+import { qemuArgs } from './qemu.ts';
+
+const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'rb-accel-'));
+afterAll(() => fs.rmSync(dir, { recursive: true, force: true }));
+const file = (name: string, text: string): string => {
+  fs.writeFileSync(path.join(dir, name), text);
+  return path.join(dir, name);
+};
+
+describe('accelerator', () => {
+  const devKvm = file('kvm', '');
+  it('is kvm only where /dev/kvm opens and the CPU has vmx or svm', () => {
+    expect(detectAccelerator({ devKvm, cpuinfo: file('vmx', 'flags\t\t: fpu vmx sse\ncpu MHz\t\t: 2445.406\n') })).toBe('kvm');
+    expect(detectAccelerator({ devKvm, cpuinfo: file('svm', 'flags\t\t: fpu svm\n') })).toBe('kvm');
+    // A PVM /dev/kvm (no hardware virtualization flag) boots no standard guest.
+    expect(detectAccelerator({ devKvm, cpuinfo: file('pvm', 'flags\t\t: fpu sse hypervisor\n') })).toBe('tcg');
+    expect(detectAccelerator({ devKvm: path.join(dir, 'absent'), cpuinfo: path.join(dir, 'vmx') })).toBe('tcg');
+  });
+  it('reads the host TSC for the guest\'s early calibration', () => {
+    expect(hostTscKhz(path.join(dir, 'vmx'))).toBe(2445406);
+  });
+});
+
+describe('qemuArgs', () => {
+  const base = { qemuBinary: 'qemu-system-x86_64', kernel: '/k', initramfs: '/i', diskImage: '/d.ext4', vcpus: 2, memoryMiB: 256, agentSocket: '/a.sock', qmpSocket: '/q.sock' };
+  it('gives layers read-only disks by serial, a split layer its blob, and TCG its TSC', () => {
+    const args = qemuArgs({ ...base, accelerator: 'tcg', tscKhz: 2445406, layerImages: [{ imagePath: '/l0.meta', blobPath: '/l0.blob' }, { imagePath: '/l1.erofs' }] });
+    const joined = args.join(' ');
+    expect(joined).toContain('file=/l0.meta,format=raw,if=none,readonly=on');
+    expect(joined).toContain('file=/l0.blob,format=raw,if=none,readonly=on');
+    expect(joined).toContain('serial=rbl0b');
+    expect(joined).toContain('file=/l1.erofs,format=raw,if=none,readonly=on');
+    expect(joined).not.toMatch(/file=\/d\.ext4[^ ]*readonly/);
+    const cmdline = args[args.indexOf('-append') + 1]!;
+    expect(cmdline).toContain('rollbox.layers=2');
+    expect(cmdline).toContain('rollbox.blobs=10');
+    expect(cmdline).toContain('tsc_early_khz=2445406');
+    expect(args.slice(0, 2)).toEqual(['-accel', 'tcg']);
+    // No NIC: network mode none.
+    expect(joined).not.toMatch(/netdev|virtio-net/);
+  });
+  it('runs KVM with the host CPU and no TSC override', () => {
+    const args = qemuArgs({ ...base, accelerator: 'kvm', tscKhz: 1, layerImages: [{ imagePath: '/l0' }] });
+    expect(args.join(' ')).toContain('-cpu host');
+    expect(args[args.indexOf('-append') + 1]).not.toContain('tsc_early_khz');
+  });
+});

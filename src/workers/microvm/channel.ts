@@ -1,0 +1,165 @@
+import fs from 'node:fs/promises';
+import net from 'node:net';
+
+/**
+ * The host end of a microVM's control channel: one virtio-serial port (QEMU's chardev
+ * socket `agentSocket`), multiplexed by channel number (guest/mux.c has the frame format).
+ * It serves a unix socket (`initSocket`) on the host where every connection becomes one
+ * channel to rollbox-init in the guest, so the init client (src/workers/init) speaks to a
+ * microVM exactly as to a container. The guest writes only what its multiplexer relays
+ * from the init: code in the guest has no way onto the port.
+ */
+export const MuxKind = { open: 1, data: 2, eof: 3, close: 4, ping: 5, pong: 6 } as const;
+const HEADER_BYTES = 12;
+/** The guest multiplexer's limit on one frame's payload (MUX_MAX_PAYLOAD). */
+export const MUX_MAX_PAYLOAD_BYTES = 64 * 1024;
+
+export function muxFrame(channel: number, kind: number, payload: Buffer = Buffer.alloc(0)): Buffer {
+  const header = Buffer.alloc(HEADER_BYTES);
+  header.writeUInt32LE(channel, 0);
+  header[4] = kind;
+  header.writeUInt32LE(payload.length, 8);
+  return Buffer.concat([header, payload]);
+}
+
+export interface VmChannel {
+  /** Where the init client connects (one connection per command). */
+  readonly initSocket: string;
+  /** Resolves once the guest's multiplexer answered a ping (the guest is up); rejects past `timeoutMs`. */
+  ready(timeoutMs: number): Promise<void>;
+  /** The port's host end closed (the VMM exited). */
+  readonly closed: Promise<void>;
+  close(): Promise<void>;
+}
+
+function connectAgent(agentSocket: string): Promise<net.Socket> {
+  return new Promise((resolve, reject) => {
+    const socket = net.createConnection(agentSocket);
+    socket.once('connect', () => {
+      socket.off('error', reject);
+      resolve(socket);
+    });
+    socket.once('error', reject);
+  });
+}
+
+/** Connects to the VMM's port socket (retrying while QEMU creates it) and serves `initSocket`. */
+export async function openVmChannel(agentSocket: string, initSocket: string, connectTimeoutMs: number): Promise<VmChannel> {
+  const deadline = Date.now() + connectTimeoutMs;
+  let port: net.Socket | undefined;
+  for (;;) {
+    try {
+      port = await connectAgent(agentSocket);
+      break;
+    } catch (err) {
+      if (Date.now() > deadline) throw new Error(`cannot reach the microVM's channel ${agentSocket}: ${(err as Error).message}`, { cause: err });
+      await new Promise((r) => setTimeout(r, 20));
+    }
+  }
+  const agent = port;
+  const conns = new Map<number, net.Socket>();
+  let nextChannel = 1;
+  let pending: Buffer = Buffer.alloc(0);
+  const pongWaiters = new Set<() => void>();
+  let resolveClosed!: () => void;
+  const closed = new Promise<void>((r) => (resolveClosed = r));
+
+  agent.on('data', (chunk: Buffer) => {
+    pending = pending.length ? Buffer.concat([pending, chunk]) : chunk;
+    let off = 0;
+    while (pending.length - off >= HEADER_BYTES) {
+      const len = pending.readUInt32LE(off + 8);
+      if (len > MUX_MAX_PAYLOAD_BYTES) {
+        // Not what the multiplexer sends: the channel is not to be trusted any more.
+        agent.destroy(new Error(`oversized frame (${len} bytes) from the guest`));
+        return;
+      }
+      if (pending.length - off < HEADER_BYTES + len) break;
+      const id = pending.readUInt32LE(off);
+      const kind = pending[off + 4]!;
+      const payload = pending.subarray(off + HEADER_BYTES, off + HEADER_BYTES + len);
+      off += HEADER_BYTES + len;
+      if (kind === MuxKind.pong) {
+        for (const w of pongWaiters) w();
+        pongWaiters.clear();
+        continue;
+      }
+      const conn = conns.get(id);
+      if (!conn) continue;
+      if (kind === MuxKind.data) conn.write(Buffer.from(payload));
+      else if (kind === MuxKind.eof) conn.end();
+      else if (kind === MuxKind.close) {
+        conns.delete(id);
+        conn.destroy();
+      }
+    }
+    pending = off === pending.length ? Buffer.alloc(0) : pending.subarray(off);
+  });
+  const endAll = (): void => {
+    for (const conn of conns.values()) conn.destroy();
+    conns.clear();
+    resolveClosed();
+  };
+  agent.on('close', endAll);
+  agent.on('error', () => {});
+
+  await fs.rm(initSocket, { force: true });
+  const server = net.createServer({ allowHalfOpen: true }, (conn) => {
+    if (agent.destroyed) return conn.destroy();
+    const id = nextChannel++;
+    conns.set(id, conn);
+    agent.write(muxFrame(id, MuxKind.open));
+    conn.on('data', (data: Buffer) => {
+      for (let o = 0; o < data.length; o += MUX_MAX_PAYLOAD_BYTES) {
+        // Backpressure: while the port's buffer is full, this connection stops reading.
+        if (!agent.write(muxFrame(id, MuxKind.data, data.subarray(o, o + MUX_MAX_PAYLOAD_BYTES)))) {
+          conn.pause();
+          agent.once('drain', () => conn.resume());
+        }
+      }
+    });
+    conn.on('end', () => {
+      if (conns.get(id) === conn && !agent.destroyed) agent.write(muxFrame(id, MuxKind.eof));
+    });
+    conn.on('close', () => {
+      if (conns.get(id) !== conn) return;
+      conns.delete(id);
+      if (!agent.destroyed) agent.write(muxFrame(id, MuxKind.close));
+    });
+    conn.on('error', () => {});
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(initSocket, () => resolve());
+  });
+  await fs.chmod(initSocket, 0o600);
+
+  return {
+    initSocket,
+    closed,
+    async ready(timeoutMs) {
+      const until = Date.now() + timeoutMs;
+      // Pings until one is answered: the guest's multiplexer reads the port only once it runs.
+      while (Date.now() < until) {
+        if (agent.destroyed) throw new Error('the microVM exited before its init came up');
+        const answered = new Promise<boolean>((resolve) => {
+          const w = (): void => resolve(true);
+          pongWaiters.add(w);
+          setTimeout(() => {
+            pongWaiters.delete(w);
+            resolve(false);
+          }, 200);
+        });
+        agent.write(muxFrame(0, MuxKind.ping));
+        if (await answered) return;
+      }
+      throw new Error(`the microVM's init did not come up within ${timeoutMs} ms`);
+    },
+    async close() {
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+      agent.destroy();
+      endAll();
+      await fs.rm(initSocket, { force: true });
+    },
+  };
+}

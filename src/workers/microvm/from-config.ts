@@ -1,0 +1,37 @@
+import fs from 'node:fs';
+import path from 'node:path';
+import { execFileSync } from 'node:child_process';
+import type { Config } from '../../config/index.ts';
+import type { RuntimeLogger } from '../runtime/index.ts';
+import { detectAccelerator, hostTscKhz } from './accelerator.ts';
+import { createMicroVmRuntime, type MicroVmRuntime } from './runtime.ts';
+
+/** Where scripts/install-microvm.sh leaves the guest kernel and initramfs. */
+export const DEFAULT_VM_DIR = path.resolve(import.meta.dirname, '../../../build/vm');
+
+/**
+ * The worker's microVM runtime, or why this host has none (ROLLBOX_MICROVM=off, QEMU or
+ * the guest kernel missing): creates with `tier: microvm` are then refused, coded.
+ */
+export function microVmRuntimeOf(config: Config['node']['microvm'], dataDir: string, logger?: RuntimeLogger): { runtime?: MicroVmRuntime; why?: string } {
+  const found = findMicroVm(config, dataDir, logger);
+  if (found.why) logger?.info({ why: found.why }, 'no microvm tier on this host');
+  else logger?.info({ accelerator: found.runtime!.accelerator }, 'microvm tier');
+  return found;
+}
+
+function findMicroVm(config: Config['node']['microvm'], dataDir: string, logger?: RuntimeLogger): { runtime?: MicroVmRuntime; why?: string } {
+  if (config.mode === 'off') return { why: 'ROLLBOX_MICROVM=off' };
+  const kernel = config.kernel ?? path.join(DEFAULT_VM_DIR, 'vmlinuz');
+  const initramfs = config.initramfs ?? path.join(DEFAULT_VM_DIR, 'initramfs.cpio.gz');
+  for (const file of [kernel, initramfs]) if (!fs.existsSync(file)) return { why: `${file} is missing (scripts/install-microvm.sh)` };
+  try {
+    execFileSync(config.qemuBinary, ['--version'], { stdio: 'ignore' });
+  } catch {
+    return { why: `${config.qemuBinary} does not run (apt package qemu-system-x86)` };
+  }
+  const accelerator = config.accelerator === 'auto' ? detectAccelerator() : config.accelerator;
+  const tscKhz = accelerator === 'tcg' ? hostTscKhz() : undefined;
+  const runtime = createMicroVmRuntime({ dataDir, qemuBinary: config.qemuBinary, accelerator, kernel, initramfs, bootTimeoutMs: config.bootTimeoutMs, ...(tscKhz ? { tscKhz } : {}), ...(logger ? { logger } : {}) });
+  return { runtime };
+}

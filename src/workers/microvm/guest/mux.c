@@ -1,0 +1,234 @@
+/*
+ * The channel multiplexer of a rollbox microVM: the only holder of the virtio-serial port.
+ * For each channel the host opens it connects to rollbox-init's listening socket and
+ * relays bytes both ways, so the init sees one connection per command exactly as in a
+ * container. Code in the sandbox cannot write on the port: the port's device node is not
+ * in the sandbox's /dev, CAP_MKNOD and CAP_SYS_ADMIN are gone from every process the init
+ * starts, and this process is not dumpable (its fds need CAP_SYS_PTRACE).
+ *
+ * The port has no connections: while no host end is attached, poll reports POLLHUP. That
+ * ends every channel (the init then treats their commands as abandoned, as a dropped
+ * connection), and the multiplexer waits for the host to come back (a restored snapshot,
+ * a restarted worker), never exits.
+ */
+#define _GNU_SOURCE
+#include "vminit.h"
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+
+struct chan {
+  uint32_t id;
+  int fd;           /* connection to the init, -1 once closed */
+  char *pend;       /* bytes from the host not yet written to the init */
+  size_t pend_len;
+  int host_eof;     /* the host half-closed: shut down our write side once pend is out */
+  int init_eof;     /* the init half-closed */
+};
+
+static struct chan *chans[MUX_MAX_CHANNELS];
+static int nchans;
+/* Bytes for the host not yet written to the port. */
+static char *out;
+static size_t out_len, out_cap;
+/* Bytes from the host not yet parsed into frames. */
+static char in[MUX_HEADER_BYTES + MUX_MAX_PAYLOAD];
+static size_t in_len;
+
+static void put32(char *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (char)(v >> (8 * i));
+}
+static uint32_t get32(const char *p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; i++) v |= (uint32_t)(unsigned char)p[i] << (8 * i);
+  return v;
+}
+
+static void queue(uint32_t id, int kind, const char *payload, size_t len) {
+  if (out_len + MUX_HEADER_BYTES + len > out_cap) {
+    size_t cap = out_cap ? out_cap : 65536;
+    while (cap < out_len + MUX_HEADER_BYTES + len) cap *= 2;
+    char *n = realloc(out, cap);
+    if (!n) vm_die("realloc");
+    out = n;
+    out_cap = cap;
+  }
+  char *h = out + out_len;
+  memset(h, 0, MUX_HEADER_BYTES);
+  put32(h, id);
+  h[4] = (char)kind;
+  put32(h + 8, (uint32_t)len);
+  if (len) memcpy(h + MUX_HEADER_BYTES, payload, len);
+  out_len += MUX_HEADER_BYTES + len;
+}
+
+static struct chan *chan_of(uint32_t id) {
+  for (int i = 0; i < nchans; i++)
+    if (chans[i]->id == id) return chans[i];
+  return NULL;
+}
+
+static void chan_free(struct chan *c) {
+  for (int i = 0; i < nchans; i++) {
+    if (chans[i] != c) continue;
+    if (c->fd >= 0) close(c->fd);
+    free(c->pend);
+    free(c);
+    chans[i] = chans[--nchans];
+    return;
+  }
+}
+
+static void chan_open(uint32_t id) {
+  if (chan_of(id) || nchans >= MUX_MAX_CHANNELS) {
+    queue(id, MUX_CLOSE, NULL, 0);
+    return;
+  }
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  strcpy(a.sun_path, INIT_SOCKET_PATH);
+  if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
+    vm_log("mux: cannot reach the init: %s", strerror(errno));
+    if (fd >= 0) close(fd);
+    queue(id, MUX_CLOSE, NULL, 0);
+    return;
+  }
+  fcntl(fd, F_SETFL, O_NONBLOCK);
+  struct chan *c = calloc(1, sizeof *c);
+  if (!c) vm_die("calloc");
+  c->id = id;
+  c->fd = fd;
+  chans[nchans++] = c;
+}
+
+static void chan_flush(struct chan *c) {
+  while (c->fd >= 0 && c->pend_len > 0) {
+    ssize_t w = write(c->fd, c->pend, c->pend_len);
+    if (w < 0) {
+      if (errno == EAGAIN || errno == EINTR) return;
+      close(c->fd);
+      c->fd = -1;
+      c->pend_len = 0;
+      queue(c->id, MUX_CLOSE, NULL, 0);
+      return;
+    }
+    memmove(c->pend, c->pend + w, c->pend_len - (size_t)w);
+    c->pend_len -= (size_t)w;
+  }
+  if (c->fd >= 0 && c->host_eof == 1 && c->pend_len == 0) {
+    shutdown(c->fd, SHUT_WR);
+    c->host_eof = 2;
+  }
+}
+
+static void from_host(uint32_t id, int kind, const char *p, size_t len) {
+  if (kind == MUX_PING) {
+    queue(0, MUX_PONG, NULL, 0);
+    return;
+  }
+  if (kind == MUX_OPEN) {
+    chan_open(id);
+    return;
+  }
+  struct chan *c = chan_of(id);
+  if (!c) return; /* a channel already gone here: its CLOSE is on the way */
+  if (kind == MUX_DATA && len > 0 && !c->host_eof) {
+    char *n = realloc(c->pend, c->pend_len + len);
+    if (!n) vm_die("realloc");
+    c->pend = n;
+    memcpy(c->pend + c->pend_len, p, len);
+    c->pend_len += len;
+    chan_flush(c);
+  } else if (kind == MUX_EOF) {
+    if (!c->host_eof) c->host_eof = 1;
+    chan_flush(c);
+  } else if (kind == MUX_CLOSE) {
+    chan_free(c);
+  }
+}
+
+static void read_port(int port) {
+  ssize_t r = read(port, in + in_len, sizeof in - in_len);
+  if (r <= 0) return;
+  in_len += (size_t)r;
+  size_t off = 0;
+  while (in_len - off >= MUX_HEADER_BYTES) {
+    uint32_t len = get32(in + off + 8);
+    if (len > MUX_MAX_PAYLOAD) vm_die("mux: oversized frame from the host");
+    if (in_len - off < MUX_HEADER_BYTES + len) break;
+    from_host(get32(in + off), (unsigned char)in[off + 4], in + off + MUX_HEADER_BYTES, len);
+    off += MUX_HEADER_BYTES + len;
+  }
+  memmove(in, in + off, in_len - off);
+  in_len -= off;
+}
+
+static void read_chan(struct chan *c) {
+  static char buf[MUX_MAX_PAYLOAD];
+  ssize_t r = read(c->fd, buf, sizeof buf);
+  if (r > 0) {
+    queue(c->id, MUX_DATA, buf, (size_t)r);
+  } else if (r == 0) {
+    c->init_eof = 1;
+    queue(c->id, MUX_EOF, NULL, 0);
+  } else if (errno != EAGAIN && errno != EINTR) {
+    queue(c->id, MUX_CLOSE, NULL, 0);
+    chan_free(c);
+  }
+}
+
+/* The host went away: every channel ends, as a dropped connection would. */
+static void host_gone(void) {
+  while (nchans > 0) chan_free(chans[0]);
+  out_len = 0;
+  in_len = 0;
+}
+
+void mux_main(int port) {
+  static struct pollfd pfds[1 + MUX_MAX_CHANNELS];
+  static struct chan *who[1 + MUX_MAX_CHANNELS];
+  for (;;) {
+    int n = 0;
+    pfds[n++] = (struct pollfd){.fd = port, .events = POLLIN | (out_len ? POLLOUT : 0)};
+    /* Past 1 MiB queued for the host, stop reading the init: it then blocks its commands. */
+    if (out_len < (1u << 20)) {
+      for (int i = 0; i < nchans; i++) {
+        if (chans[i]->fd < 0 || chans[i]->init_eof) continue;
+        who[n] = chans[i];
+        pfds[n++] = (struct pollfd){.fd = chans[i]->fd, .events = POLLIN | (chans[i]->pend_len ? POLLOUT : 0)};
+      }
+    }
+    if (poll(pfds, (nfds_t)n, -1) < 0) {
+      if (errno == EINTR) continue;
+      vm_die("poll");
+    }
+    if (pfds[0].revents & POLLHUP) {
+      host_gone();
+      struct timespec t = {0, 20 * 1000 * 1000};
+      nanosleep(&t, NULL);
+      continue;
+    }
+    if (pfds[0].revents & POLLIN) read_port(port);
+    for (int j = 1; j < n; j++) {
+      if (!pfds[j].revents || !chan_of(who[j]->id)) continue;
+      if (pfds[j].revents & POLLOUT) chan_flush(who[j]);
+      if (chan_of(who[j]->id) && (pfds[j].revents & (POLLIN | POLLHUP | POLLERR))) read_chan(who[j]);
+    }
+    /* Channels both sides closed are done. */
+    for (int i = nchans - 1; i >= 0; i--) {
+      struct chan *c = chans[i];
+      if (c->init_eof && c->host_eof == 2) {
+        queue(c->id, MUX_CLOSE, NULL, 0);
+        chan_free(c);
+      }
+    }
+    while (out_len > 0) {
+      ssize_t w = write(port, out, out_len);
+      if (w < 0) break; /* EAGAIN: POLLOUT next round */
+      memmove(out, out + w, out_len - (size_t)w);
+      out_len -= (size_t)w;
+    }
+  }
+}

@@ -1,0 +1,41 @@
+/*
+ * rollbox-vminit: PID 1 of a rollbox microVM until it becomes rollbox-init (see stage0.c),
+ * and the channel multiplexer it leaves behind (mux.c).
+ */
+#ifndef ROLLBOX_VMINIT_H
+#define ROLLBOX_VMINIT_H
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/*
+ * The multiplexed channel on the virtio-serial port, both ways: a 12-byte header (u32
+ * channel, u8 kind, 3 zero bytes, u32 payload length, little-endian) and the payload.
+ * The host opens a channel per connection to rollbox-init; on each, the bytes are
+ * rollbox-init's own frames (src/workers/init/protocol.ts), relayed unchanged.
+ */
+enum {
+  MUX_OPEN = 1,  /* host -> guest: connect a new channel to the init */
+  MUX_DATA = 2,  /* bytes of the channel */
+  MUX_EOF = 3,   /* the sender will write no more on the channel (half close) */
+  MUX_CLOSE = 4, /* the channel is gone */
+  MUX_PING = 5,  /* host -> guest, channel 0: answered by PONG (readiness) */
+  MUX_PONG = 6,
+};
+#define MUX_HEADER_BYTES 12
+#define MUX_MAX_PAYLOAD (64u << 10)
+#define MUX_MAX_CHANNELS 1024
+
+/* Where the init listens inside the VM: in the initramfs, which the sandbox cannot name. */
+#define INIT_SOCKET_PATH "/run/rollbox-init.sock"
+
+void vm_log(const char *fmt, ...);
+__attribute__((noreturn)) void vm_die(const char *what);
+/* The multiplexer's loop over the port `port_fd`; never returns. */
+__attribute__((noreturn)) void mux_main(int port_fd);
+
+#endif

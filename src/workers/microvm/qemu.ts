@@ -1,0 +1,74 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import fs from 'node:fs';
+import type { Accelerator } from './accelerator.ts';
+
+/** One microVM's QEMU command line, from the sandbox's disks and limits. */
+export interface QemuSpec {
+  qemuBinary: string;
+  accelerator: Accelerator;
+  kernel: string;
+  initramfs: string;
+  /** The EROFS layer images, base first (read-only virtio-blk, serials rbl0, rbl1, ...), a split layer's data blob beside its image (serial rbl<i>b). */
+  layerImages: { imagePath: string; blobPath?: string }[];
+  /** The sandbox's ext4 writable disk (serial rbdisk). */
+  diskImage: string;
+  vcpus: number;
+  memoryMiB: number;
+  agentSocket: string;
+  qmpSocket: string;
+  /** Under TCG: the guest's early TSC calibration (without it boots hang at PIT calibration). */
+  tscKhz?: number;
+}
+
+/**
+ * `-M microvm` with virtio-mmio devices only: no PCI, no firmware tables beyond microvm's
+ * ACPI, no NIC (network mode none). `-no-reboot`: a guest panic or reboot ends QEMU.
+ */
+export function qemuArgs(s: QemuSpec): string[] {
+  const cmdline = ['console=ttyS0', 'quiet', 'panic=-1', 'reboot=t', 'mitigations=off', 'random.trust_cpu=on', '8250.nr_uarts=1', 'no_timer_check', `rollbox.layers=${s.layerImages.length}`, `rollbox.blobs=${s.layerImages.map((l) => (l.blobPath ? '1' : '0')).join('')}`];
+  if (s.accelerator === 'tcg' && s.tscKhz) cmdline.push(`tsc_early_khz=${s.tscKhz}`);
+  const args = [
+    '-accel', s.accelerator,
+    // pit/pic/rtc: under TCG the guest kernel calibrates its timers against them.
+    '-M', 'microvm,pit=on,pic=on,rtc=on',
+    ...(s.accelerator === 'kvm' ? ['-cpu', 'host'] : []),
+    '-smp', String(s.vcpus),
+    '-m', String(s.memoryMiB),
+    '-nodefaults', '-no-user-config', '-nographic', '-no-reboot',
+    '-serial', 'stdio',
+    '-kernel', s.kernel, '-initrd', s.initramfs, '-append', cmdline.join(' '),
+  ];
+  s.layerImages.forEach((layer, i) => {
+    args.push('-drive', `id=l${i},file=${layer.imagePath},format=raw,if=none,readonly=on`, '-device', `virtio-blk-device,drive=l${i},serial=rbl${i}`);
+    if (layer.blobPath) args.push('-drive', `id=l${i}b,file=${layer.blobPath},format=raw,if=none,readonly=on`, '-device', `virtio-blk-device,drive=l${i}b,serial=rbl${i}b`);
+  });
+  args.push('-drive', `id=disk,file=${s.diskImage},format=raw,if=none,discard=unmap`, '-device', 'virtio-blk-device,drive=disk,serial=rbdisk');
+  args.push('-device', 'virtio-serial-device', '-chardev', `socket,id=agent,path=${s.agentSocket},server=on,wait=off`, '-device', 'virtserialport,chardev=agent,name=rollbox.0');
+  args.push('-qmp', `unix:${s.qmpSocket},server=on,wait=off`);
+  return args;
+}
+
+/**
+ * Starts QEMU in its own session (it outlives a worker process that stops without
+ * stopping it), console output to `consoleLog`.
+ */
+export function startQemu(spec: QemuSpec, consoleLog: string): ChildProcess {
+  const log = fs.openSync(consoleLog, 'a');
+  try {
+    const child = spawn(spec.qemuBinary, qemuArgs(spec), { stdio: ['ignore', log, log], detached: true });
+    child.unref();
+    return child;
+  } finally {
+    fs.closeSync(log);
+  }
+}
+
+/** Whether a process of this pid is alive and is QEMU (a reused pid is not ours). */
+export function isQemuPid(pid: number, qemuBinary: string): boolean {
+  try {
+    const exe = fs.readlinkSync(`/proc/${pid}/exe`);
+    return exe.endsWith(qemuBinary.split('/').pop()!);
+  } catch {
+    return false;
+  }
+}

@@ -1,0 +1,249 @@
+import { execFile } from 'node:child_process';
+import fs from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { promisify } from 'node:util';
+import { RollboxError } from '../../api/index.ts';
+import type { RuntimeLogger, SandboxRuntime, SandboxRuntimeSpec } from '../runtime/index.ts';
+import type { Accelerator } from './accelerator.ts';
+import { openVmChannel, type VmChannel } from './channel.ts';
+import { attachInVm, execInVm, execRawInVm, type VmCommandTarget } from './exec.ts';
+import { isQemuPid, startQemu } from './qemu.ts';
+
+const run = promisify(execFile);
+
+export interface MicroVmRuntimeDeps {
+  /** Everything of this runtime lives here: one directory per sandbox (disk, sockets, console log). */
+  dataDir: string;
+  qemuBinary: string;
+  accelerator: Accelerator;
+  kernel: string;
+  initramfs: string;
+  /** Under TCG: the host's TSC (accelerator.ts hostTscKhz). */
+  tscKhz?: number;
+  /** From QEMU's start until the guest's init answers. */
+  bootTimeoutMs: number;
+  logger?: RuntimeLogger;
+}
+
+/** What a microVM cannot do yet: the coded error, naming the tier. */
+export function unsupported(what: string): RollboxError {
+  return new RollboxError('tier_unsupported', `the microvm tier cannot ${what} yet (docs/microvm.md)`);
+}
+
+/** The guest kernel and its initramfs need this much guest memory to boot. */
+export const MIN_GUEST_MEMORY_MIB = 128;
+
+interface Vm extends VmCommandTarget {
+  dir: string;
+  layers: string[];
+  pid: number;
+  channel: VmChannel;
+  stopping: boolean;
+}
+
+/** What is kept on disk per sandbox so a restarted worker can adopt its VM. */
+interface VmFile {
+  pid: number;
+  env: Record<string, string>;
+  workdir: string;
+  user?: string;
+  /** Layer digests, base first. */
+  layers: string[];
+}
+
+export interface MicroVmRuntime extends SandboxRuntime {
+  readonly accelerator: Accelerator;
+  has(sandboxId: string): boolean;
+  /** The VMM's pid (tests: a VMM killed from outside). */
+  pidOf(sandboxId: string): number | undefined;
+}
+
+/**
+ * The microVM tier: per sandbox one QEMU `-M microvm` (accelerator chosen at start), its
+ * layers as read-only virtio-blk, its own ext4 disk (made here, never mounted on the host),
+ * and rollbox-init as the guest's PID 1 reached over a multiplexed virtio-serial channel.
+ * vCPUs from cpuMillis (whole CPUs, rounded up), guest memory = the memory limit.
+ */
+export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
+  const vms = new Map<string, Vm>();
+  let exitListener: ((id: string) => void) | undefined;
+  const dirOf = (id: string): string => path.join(deps.dataDir, id);
+  const vmOf = (id: string): Vm => {
+    const vm = vms.get(id);
+    if (!vm) throw new RollboxError('not_found', `sandbox ${id} is not on this host`);
+    return vm;
+  };
+  const watch = (id: string, vm: Vm): void => {
+    void vm.channel.closed.then(() => {
+      if (vms.get(id) === vm && !vm.stopping) exitListener?.(id);
+    });
+  };
+  const kill = async (pid: number): Promise<void> => {
+    if (!isQemuPid(pid, deps.qemuBinary)) return;
+    try {
+      process.kill(pid, 'SIGKILL');
+    } catch {
+      return;
+    }
+    for (let i = 0; i < 200 && isQemuPid(pid, deps.qemuBinary); i++) await new Promise((r) => setTimeout(r, 10));
+  };
+  const remove = async (id: string): Promise<void> => {
+    const dir = dirOf(id);
+    const vm = vms.get(id);
+    if (vm) {
+      vm.stopping = true;
+      await vm.channel.close();
+    }
+    const file = await readVmFile(dir);
+    if (file) await kill(file.pid);
+    if (vm) await kill(vm.pid);
+    vms.delete(id);
+    await fs.rm(dir, { recursive: true, force: true });
+  };
+  const adopt = async (id: string, file: VmFile): Promise<Vm> => {
+    const dir = dirOf(id);
+    const channel = await openVmChannel(path.join(dir, 'agent.sock'), path.join(dir, 'init.sock'), 2000);
+    const vm: Vm = { sandboxId: id, dir, layers: file.layers, pid: file.pid, channel, stopping: false, initSocket: channel.initSocket, env: file.env, workdir: file.workdir, ...(file.user ? { user: file.user } : {}), live: new Map() };
+    vms.set(id, vm);
+    watch(id, vm);
+    return vm;
+  };
+
+  return {
+    accelerator: deps.accelerator,
+    has: (id) => vms.has(id),
+    pidOf: (id) => vms.get(id)?.pid,
+    async create(spec: SandboxRuntimeSpec) {
+      if (vms.has(spec.sandboxId)) return;
+      if (spec.network && spec.network.mode !== 'none') throw unsupported('give a sandbox a network (network.mode allowlist)');
+      if (spec.hiddenPaths.length) throw unsupported('hide paths (hiddenPaths)');
+      if (spec.restoreUpper) throw unsupported('wake a hibernated sandbox');
+      if (spec.lowPriority) throw unsupported('keep warm pools');
+      if (spec.layerImages.some((l) => l.lazy)) throw unsupported('read layers on demand (ROLLBOX_LAZY_LAYERS)');
+      if (spec.resources.memoryMiB < MIN_GUEST_MEMORY_MIB) throw unsupported(`boot with less than ${MIN_GUEST_MEMORY_MIB} MiB of memory (resources.memoryMiB)`);
+      const dir = dirOf(spec.sandboxId);
+      await fs.rm(dir, { recursive: true, force: true });
+      await fs.mkdir(dir, { recursive: true, mode: 0o700 });
+      try {
+        const diskImage = path.join(dir, 'disk.ext4');
+        // Sparse, formatted here before the guest ever sees it; the host never mounts it.
+        await fs.writeFile(diskImage, '');
+        await fs.truncate(diskImage, spec.resources.diskMiB * 1024 * 1024);
+        await run('mkfs.ext4', ['-q', '-F', '-E', 'lazy_itable_init=1,lazy_journal_init=1', diskImage]);
+        const vcpus = Math.min(os.availableParallelism(), Math.max(1, Math.ceil(spec.resources.cpuMillis / 1000)));
+        const child = startQemu(
+          {
+            qemuBinary: deps.qemuBinary, accelerator: deps.accelerator, kernel: deps.kernel, initramfs: deps.initramfs,
+            layerImages: spec.layerImages.map((l) => ({ imagePath: l.imagePath, ...(l.blobPath ? { blobPath: l.blobPath } : {}) })), diskImage, vcpus, memoryMiB: spec.resources.memoryMiB,
+            agentSocket: path.join(dir, 'agent.sock'), qmpSocket: path.join(dir, 'qmp.sock'), ...(deps.tscKhz ? { tscKhz: deps.tscKhz } : {}),
+          },
+          path.join(dir, 'console.log'),
+        );
+        if (!child.pid) throw new Error('QEMU did not start');
+        const file: VmFile = { pid: child.pid, layers: spec.layerImages.map((l) => l.digest), env: spec.env, workdir: spec.workdir, ...(spec.user ? { user: spec.user } : {}) };
+        await fs.writeFile(path.join(dir, 'vm.json'), JSON.stringify(file));
+        const vm = await adopt(spec.sandboxId, file).catch(async (err: Error) => {
+          throw new Error(`${err.message}; console: ${await consoleTail(dir)}`);
+        });
+        await vm.channel.ready(deps.bootTimeoutMs).catch(async (err: Error) => {
+          throw new Error(`${err.message}; console: ${await consoleTail(dir)}`);
+        });
+      } catch (err) {
+        await remove(spec.sandboxId);
+        if (err instanceof RollboxError) throw err;
+        throw new RollboxError('internal', `microVM ${spec.sandboxId} did not start: ${(err as Error).message}`);
+      }
+    },
+    exec: (id, spec) => execInVm(vmOf(id), spec),
+    execRaw: (id, spec) => execRawInVm(vmOf(id), spec),
+    attach: (id, spec) => attachInVm(vmOf(id), spec),
+    signalCommand(id, commandId, signo) {
+      const live = vms.get(id)?.live.get(commandId);
+      if (!live) return false;
+      live.channel.signal(signo);
+      return true;
+    },
+    async writeCommandStdin(id, commandId, data, eof) {
+      const live = vms.get(id)?.live.get(commandId);
+      if (!live?.stdinOpen) return false;
+      if (data.length) await live.channel.writeStdin(data);
+      if (eof) {
+        live.stdinOpen = false;
+        live.channel.closeStdin();
+      }
+      return true;
+    },
+    claim: async () => {
+      throw unsupported('take a sandbox from a warm pool');
+    },
+    destroy: (id) => remove(id),
+    applyPolicy: async () => {
+      throw unsupported('change a running sandbox\'s policy (task stages)');
+    },
+    pause: async () => {
+      throw unsupported('pause');
+    },
+    resume: async () => {
+      throw unsupported('resume');
+    },
+    snapshot: async () => {
+      throw unsupported('snapshot its writable disk (pack_diff)');
+    },
+    async isRunning(id) {
+      const vm = vms.get(id);
+      return vm !== undefined && isQemuPid(vm.pid, deps.qemuBinary);
+    },
+    onExit(listener) {
+      exitListener = listener;
+    },
+    detach() {
+      exitListener = undefined;
+      for (const vm of vms.values()) {
+        vm.stopping = true;
+        void vm.channel.close();
+      }
+      vms.clear();
+    },
+    oomKillCount: async () => 0,
+    async reconcile(keep) {
+      const adopted: string[] = [];
+      const removed: string[] = [];
+      const entries = await fs.readdir(deps.dataDir).catch(() => [] as string[]);
+      for (const id of entries) {
+        if (vms.has(id) && keep.has(id)) continue;
+        const file = await readVmFile(dirOf(id));
+        if (keep.has(id) && file && isQemuPid(file.pid, deps.qemuBinary)) {
+          try {
+            await adopt(id, file);
+            adopted.push(id);
+            continue;
+          } catch (err) {
+            deps.logger?.warn({ sandboxId: id, err: (err as Error).message }, 'microVM not adoptable');
+          }
+        }
+        await remove(id);
+        removed.push(id);
+      }
+      // Sandboxes this runtime does not know are the container runtime's to report.
+      return { adopted, removed, missing: [] };
+    },
+    mountedLayers: () => [],
+    sandboxesUsingLayers: (digests) => [...vms.values()].filter((vm) => vm.layers.some((d) => digests.has(d))).map((vm) => vm.sandboxId),
+    unmountUnused: async () => {},
+    diskSpace: () => ({ sizeMiB: 0, freeMiB: 0, preallocated: false }),
+  };
+}
+
+async function readVmFile(dir: string): Promise<VmFile | undefined> {
+  try {
+    return JSON.parse(await fs.readFile(path.join(dir, 'vm.json'), 'utf8')) as VmFile;
+  } catch {
+    return undefined;
+  }
+}
+
+async function consoleTail(dir: string): Promise<string> {
+  const text = await fs.readFile(path.join(dir, 'console.log'), 'utf8').catch(() => '');
+  return text.slice(-600).trim() || '(empty)';
+}

@@ -1,0 +1,54 @@
+import { RollboxError } from '../../api/index.ts';
+import type { SandboxRuntime } from './types.ts';
+
+/** A tier's runtime that can say which sandboxes are its own. */
+export interface TierRuntime extends SandboxRuntime {
+  has(sandboxId: string): boolean;
+}
+
+/**
+ * The worker's one SandboxRuntime over both tiers: a create goes to the runtime of its
+ * `tier`, every later call to the runtime holding that sandbox. Nothing outside this
+ * module (and the tiers themselves) looks at the tier.
+ */
+export function createTieredRuntime(container: SandboxRuntime, microvm: TierRuntime | undefined): SandboxRuntime {
+  const of = (id: string): SandboxRuntime => (microvm?.has(id) ? microvm : container);
+  const both = microvm ? [container, microvm] : [container];
+  return {
+    create: (spec) => (spec.tier === 'microvm' ? (microvm ?? noMicroVm()) : container).create(spec),
+    exec: (id, spec) => of(id).exec(id, spec),
+    attach: (id, spec) => of(id).attach(id, spec),
+    signalCommand: (id, commandId, signo) => of(id).signalCommand(id, commandId, signo),
+    writeCommandStdin: (id, commandId, data, eof) => of(id).writeCommandStdin(id, commandId, data, eof),
+    execRaw: (id, spec) => of(id).execRaw(id, spec),
+    claim: (id, binding) => of(id).claim(id, binding),
+    destroy: (id) => of(id).destroy(id),
+    applyPolicy: (id, change) => of(id).applyPolicy(id, change),
+    pause: (id) => of(id).pause(id),
+    resume: (id) => of(id).resume(id),
+    snapshot: (id, options) => of(id).snapshot(id, options),
+    isRunning: (id) => of(id).isRunning(id),
+    onExit(listener) {
+      for (const r of both) r.onExit(listener);
+    },
+    detach() {
+      for (const r of both) r.detach();
+    },
+    oomKillCount: (id) => of(id).oomKillCount(id),
+    async reconcile(keep) {
+      // The microVMs first: what they adopt is not the container runtime's to miss.
+      const vms = microvm ? await microvm.reconcile(keep) : { adopted: [], removed: [], missing: [] };
+      const rest = new Set([...keep].filter((id) => !vms.adopted.includes(id)));
+      const containers = await container.reconcile(rest);
+      return { adopted: [...containers.adopted, ...vms.adopted], removed: [...containers.removed, ...vms.removed], missing: containers.missing };
+    },
+    mountedLayers: () => container.mountedLayers(),
+    sandboxesUsingLayers: (digests) => both.flatMap((r) => r.sandboxesUsingLayers(digests)),
+    unmountUnused: (digests) => container.unmountUnused(digests),
+    diskSpace: () => container.diskSpace(),
+  };
+}
+
+function noMicroVm(): never {
+  throw new RollboxError('tier_unsupported', 'this worker host has no microvm tier (QEMU or the guest kernel is missing: scripts/install-microvm.sh)');
+}

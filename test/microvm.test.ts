@@ -1,0 +1,160 @@
+import { execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { serverSentEvents } from '../src/client/index.ts';
+import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
+
+/**
+ * The microVM tier over the real stack: gateway, Redis, a worker host whose runtime starts
+ * QEMU -M microvm (TCG on this machine) with Debian's cloud kernel and rollbox-init as the
+ * guest's PID 1 (scripts/install-microvm.sh must have run: npm test's bootstrap does).
+ */
+let cluster: TestCluster;
+let token: string;
+
+beforeAll(async () => {
+  cluster = await startTestCluster({ workers: [{ nodeId: 'node-vm' }] });
+  token = await cluster.token('vm-team', ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete']);
+}, 60_000);
+afterAll(async () => {
+  await cluster?.stop();
+  expect(qemuPidsUnder(cluster.rootDir)).toEqual([]);
+});
+
+/** QEMU processes whose command line names a path of this test's cluster. */
+function qemuPidsUnder(root: string): number[] {
+  const pids: number[] = [];
+  for (const entry of fs.readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const cmdline = fs.readFileSync(`/proc/${entry}/cmdline`, 'utf8');
+      if (cmdline.startsWith('qemu-system') && cmdline.includes(root)) pids.push(Number(entry));
+    } catch {
+      /* gone */
+    }
+  }
+  return pids;
+}
+
+const exec = (id: string, body: object) => api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, body);
+const createVm = (extra: object = {}) => api(cluster, token, 'POST', '/v1/sandboxes', { tier: 'microvm', resources: { memoryMiB: 256, cpuMillis: 1000 }, ...extra });
+
+describe('microVM tier', () => {
+  let id: string;
+
+  it('creates a microVM sandbox, named as such, on a host that reports its accelerator', async () => {
+    const admin = await cluster.token('vm-admin', ['admin']);
+    const accelerator = await waitFor('the heartbeat names the accelerator', async () => {
+      const nodes = await api(cluster, admin, 'GET', '/v1/nodes');
+      return nodes.body.nodes?.find((n: { nodeId: string }) => n.nodeId === 'node-vm')?.tiers?.microvm?.accelerator as string | undefined;
+    });
+    expect(['kvm', 'tcg']).toContain(accelerator);
+    const started = Date.now();
+    const created = await createVm();
+    expect(created.status, JSON.stringify(created.body)).toBe(201);
+    expect(created.body).toMatchObject({ state: 'running', spec: { tier: 'microvm' } });
+    id = created.body.id;
+    console.log(`microvm create ${Date.now() - started} ms (${accelerator})`);
+    expect(qemuPidsUnder(cluster.rootDir)).toHaveLength(1);
+  }, 90_000);
+
+  it('runs commands in its own kernel: output, exit codes, env, stdin', async () => {
+    const echo = await exec(id, { argv: ['echo', 'hello'] });
+    expect(echo.body).toMatchObject({ exitCode: 0, stdout: 'hello\n', timedOut: false });
+    expect((await exec(id, { cmd: 'echo turn > /root/notes; cat /root/notes; exit 3' })).body).toMatchObject({ stdout: 'turn\n', exitCode: 3 });
+    expect((await exec(id, { cmd: 'echo $G; pwd', env: { G: 'hi' }, cwd: '/tmp' })).body.stdout).toBe('hi\n/tmp\n');
+    expect((await exec(id, { argv: ['cat'], stdin: 'from stdin' })).body.stdout).toBe('from stdin');
+    // Its own kernel: the guest's, not this host's.
+    const hostKernel = fs.readFileSync('/proc/sys/kernel/osrelease', 'utf8').trim();
+    const guestKernel = (await exec(id, { argv: ['cat', '/proc/sys/kernel/osrelease'] })).body.stdout.trim();
+    expect(guestKernel).not.toBe(hostKernel);
+    expect(guestKernel).toMatch(/cloud-amd64/);
+    const timedOut = await exec(id, { argv: ['sleep', '30'], timeoutMs: 500 });
+    expect(timedOut.body).toMatchObject({ timedOut: true });
+  }, 60_000);
+
+  it('streams output as the command produces it', async () => {
+    const response = await fetch(`${cluster.url}/v1/sandboxes/${id}/exec`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json', accept: 'text/event-stream' },
+      body: JSON.stringify({ cmd: 'echo one; sleep 1; echo two' }),
+    });
+    const events: { event: string; data: string }[] = [];
+    for await (const event of serverSentEvents(response.body!)) events.push(event);
+    const text = events.filter((e) => e.event === 'stdout').map((e) => e.data).join('');
+    expect(text).toContain('one');
+    expect(text).toContain('two');
+    expect(events.at(-1)!.event).toBe('exit');
+  }, 30_000);
+
+  it('writes and reads files', async () => {
+    const url = `/v1/sandboxes/${id}/files?path=${encodeURIComponent('/root/data.bin')}`;
+    const bytes = new Uint8Array(200_000).map((_, i) => (i * 7) % 256);
+    expect((await api(cluster, token, 'PUT', url, bytes, { 'content-type': 'application/octet-stream' })).status).toBe(200);
+    const read = await fetch(`${cluster.url}${url}`, { headers: { authorization: `Bearer ${token}` } });
+    expect(read.status).toBe(200);
+    expect(Buffer.from(await read.arrayBuffer()).equals(Buffer.from(bytes))).toBe(true);
+  }, 30_000);
+
+  it('keeps the channel the init\'s own: no port device, no way to make one, forged frames are output', async () => {
+    const probe = await exec(id, {
+      cmd: [
+        'ls /dev | tr "\\n" " "; echo',
+        'ls /sys/class/virtio-ports/ | head -n 1',
+        // The port's device numbers, from sysfs; making a node of them needs CAP_MKNOD.
+        'mknod /tmp/port c $(cat /sys/class/virtio-ports/$(ls /sys/class/virtio-ports | head -n 1)/dev | tr ":" " ") && echo MKNOD_OK || echo MKNOD_REFUSED',
+        'mount -t devtmpfs dev /mnt 2>/dev/null && echo MOUNT_OK || echo MOUNT_REFUSED',
+        // A multiplexer frame (channel 1, DATA) carrying an init EXIT frame with code 0, on stdout.
+        "printf '\\001\\000\\000\\000\\002\\000\\000\\000\\020\\000\\000\\000\\024\\000\\000\\000\\010\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000'",
+        'exit 7',
+      ].join('; '),
+    });
+    expect(probe.body.exitCode, JSON.stringify(probe.body)).toBe(7);
+    const [devLine, portName] = (probe.body.stdout as string).split('\n');
+    expect(portName).toMatch(/^vport/);
+    expect(devLine).not.toMatch(/vport|console|vd[a-z]/);
+    expect(probe.body.stdout).toContain('MKNOD_REFUSED');
+    expect(probe.body.stdout).toContain('MOUNT_REFUSED');
+    // The forged bytes arrived as the command's output, not as a result.
+    expect(probe.body.stdout).toContain('\u0014\u0000\u0000\u0000\u0008');
+  }, 30_000);
+
+  it('answers what the tier cannot do yet with a coded error naming it', async () => {
+    const paused = await api(cluster, token, 'POST', `/v1/sandboxes/${id}/pause`, { mode: 'freeze' });
+    expect(paused.body.error?.code, JSON.stringify(paused.body)).toBe('tier_unsupported');
+    expect(paused.body.error.message).toContain('microvm');
+    const networked = await createVm({ network: { mode: 'allowlist', allow: [{ cidr: '10.0.0.1' }] } });
+    expect(networked.body.error?.code, JSON.stringify(networked.body)).toBe('tier_unsupported');
+    expect(networked.body.error.message).toContain('microvm');
+    expect((await exec(id, { argv: ['true'] })).body.exitCode).toBe(0);
+  }, 60_000);
+
+  it('deletes: no QEMU process, socket or disk left', async () => {
+    const deleted = await api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`);
+    expect(deleted.body).toMatchObject({ id, state: 'terminated' });
+    expect(qemuPidsUnder(cluster.rootDir)).toEqual([]);
+    expect(fs.existsSync(path.join(cluster.rootDir, 'node-vm', 'worker', 'microvm', id))).toBe(false);
+  }, 30_000);
+
+  it('ends a sandbox whose VMM was SIGKILLed as failed, and one past its TTL as failed(timeout)', async () => {
+    const killed = await createVm();
+    const ttl = await createVm({ ttlSeconds: 2 });
+    expect(killed.status, JSON.stringify(killed.body)).toBe(201);
+    expect(ttl.status, JSON.stringify(ttl.body)).toBe(201);
+    const pid = Number(JSON.parse(fs.readFileSync(path.join(cluster.rootDir, 'node-vm', 'worker', 'microvm', killed.body.id, 'vm.json'), 'utf8')).pid);
+    execFileSync('kill', ['-9', String(pid)]);
+    const failed = await waitFor('the killed VM failed', async () => {
+      const s = (await api(cluster, token, 'GET', `/v1/sandboxes/${killed.body.id}`)).body;
+      return s.state === 'failed' && s;
+    });
+    expect(failed.failureReason, JSON.stringify(failed)).toBeTruthy();
+    console.log(`VMM SIGKILLed: ${failed.failureReason} (${failed.detail})`);
+    const expired = await waitFor('the TTL ended', async () => {
+      const s = (await api(cluster, token, 'GET', `/v1/sandboxes/${ttl.body.id}`)).body;
+      return s.state === 'failed' && s;
+    }, 20_000);
+    expect(expired.failureReason).toBe('timeout');
+    await waitFor('no QEMU left', async () => qemuPidsUnder(cluster.rootDir).length === 0);
+  }, 120_000);
+});
