@@ -49,8 +49,8 @@ export class LazyLayers implements LazyBlobHolder {
       onNeed: (id, first, count) => void this.need(id, first, count),
       onLost: (err) => this.gateLost(err),
     });
-    this.recorder = new PrefetchRecorder(deps.prefetchStore, deps.logger);
-    this.filler = new ChunkFiller({ gate: this.gate, layerOf: (hex) => this.layers.get(`sha256:${hex}`), origin: () => this.origin, concurrency: deps.concurrency, logger: deps.logger });
+    this.recorder = new PrefetchRecorder(deps.prefetchStore, deps.prefetchWindowMs ?? 120_000, deps.logger);
+    this.filler = new ChunkFiller({ gate: this.gate, layerOf: (hex) => this.layers.get(`sha256:${hex}`), origin: () => this.origin, concurrency: deps.concurrency, readaheadChunks: deps.readaheadChunks ?? 0, logger: deps.logger });
   }
 
   private get origin(): OriginOptions {
@@ -166,7 +166,19 @@ export class LazyLayers implements LazyBlobHolder {
     await this.gate.attach(layer.hex, layer.table.blob.sizeBytes, layer.table.chunkSizeBytes, layer.dataPath, layer.mapPath);
     layer.attached = true;
     layer.unsafe = false;
-    if (this.deps.prefetch === 'on') void this.prefetch(layer).catch((err: unknown) => this.deps.logger?.warn({ digest: layer.digest, err: String(err) }, 'prefetch failed'));
+    if (this.deps.prefetch !== 'off') void this.afterAttach(layer).catch((err: unknown) => this.deps.logger?.warn({ digest: layer.digest, err: String(err) }, 'prefetch failed'));
+  }
+
+  /**
+   * A layer this host holds nothing of: with a prefetch list (and `on`), the list is filled;
+   * without one, this is one of its first runs, whose reads are recorded. A host that fills a
+   * list records nothing: its reads no longer ask for what the list brought.
+   */
+  private async afterAttach(layer: CachedLayer): Promise<void> {
+    const fresh = !presenceOf(layer).includes(1);
+    const list = this.deps.prefetch === 'on' ? ((await this.deps.prefetchStore?.chunks(layer.digest)) ?? []) : [];
+    if (list.length) await this.filler.prefetch(layer, list);
+    else if (fresh) this.recorder.startRun(layer.digest);
   }
 
   /** LazyBlobHolder: after the last unmount. */
@@ -200,8 +212,8 @@ export class LazyLayers implements LazyBlobHolder {
   private async need(hex: string, first: number, count: number): Promise<void> {
     const layer = await this.load(`sha256:${hex}`).catch(() => undefined);
     if (!layer) return this.filler.refuse(hex, first, count);
-    if (this.deps.prefetch !== 'off') this.recorder.note(layer.digest, first, count);
-    this.filler.demand(hex, first, count);
+    const read = this.filler.demand(hex, first, count);
+    if (this.deps.prefetch !== 'off') this.recorder.note(layer.digest, read.first, read.count);
   }
 
   /** Fills the layer's prefetch list (chunks earlier runs read) that the cache lacks; resolves when done. */

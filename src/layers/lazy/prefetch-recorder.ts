@@ -2,29 +2,60 @@ import type { LazyLayersLogger, PrefetchStore } from './types.ts';
 
 const RECORD_FLUSH_MS = 1000;
 
-/** Collects the chunks reads asked for and hands them to the prefetch store about once a second. */
+interface Run {
+  /** Whether the store counts this run (one of a layer's first). */
+  opened: Promise<boolean>;
+  untilMs: number;
+  seen: Set<number>;
+  pending: Set<number>;
+}
+
+/**
+ * The reads of this host's first run of each layer (from a mount with nothing of it cached,
+ * for `windowMs`), handed to the prefetch store about once a second, each chunk once.
+ */
 export class PrefetchRecorder {
-  private readonly toRecord = new Map<string, Set<number>>();
+  private readonly runs = new Map<string, Run>();
   private timer: NodeJS.Timeout | undefined;
 
   constructor(
     private readonly store: PrefetchStore | undefined,
+    private readonly windowMs: number,
     private readonly logger?: LazyLayersLogger,
   ) {}
 
+  /** A first run of the layer starts here (a run already recording goes on). */
+  startRun(digest: string): void {
+    const known = this.runs.get(digest);
+    if (!this.store || (known && Date.now() <= known.untilMs)) return;
+    const opened = this.store.openRun(digest).catch((err: unknown) => {
+      this.logger?.warn({ digest, err: String(err) }, 'opening a prefetch record failed');
+      return false;
+    });
+    this.runs.set(digest, { opened, untilMs: Date.now() + this.windowMs, seen: new Set(), pending: new Set() });
+  }
+
   note(digest: string, first: number, count: number): void {
-    const set = this.toRecord.get(digest) ?? new Set<number>();
-    for (let i = first; i < first + count; i++) set.add(i);
-    this.toRecord.set(digest, set);
+    const run = this.runs.get(digest);
+    if (!run || Date.now() > run.untilMs) return;
+    for (let i = first; i < first + count; i++) {
+      if (run.seen.has(i)) continue;
+      run.seen.add(i);
+      run.pending.add(i);
+    }
     this.timer ??= setTimeout(() => void this.flush(), RECORD_FLUSH_MS);
   }
 
   async flush(): Promise<void> {
     clearTimeout(this.timer);
     this.timer = undefined;
-    const batch = [...this.toRecord];
-    this.toRecord.clear();
-    for (const [digest, chunks] of batch) await this.store?.record(digest, [...chunks]).catch((err: unknown) => this.logger?.warn({ digest, err: String(err) }, 'recording a prefetch list failed'));
+    for (const [digest, run] of [...this.runs]) {
+      const chunks = [...run.pending];
+      run.pending.clear();
+      if (Date.now() > run.untilMs) this.runs.delete(digest);
+      if (chunks.length && (await run.opened)) await this.store?.record(digest, chunks).catch((err: unknown) => this.logger?.warn({ digest, err: String(err) }, 'recording a prefetch list failed'));
+    }
+    if ([...this.runs.values()].some((r) => r.pending.size)) this.timer ??= setTimeout(() => void this.flush(), RECORD_FLUSH_MS);
   }
 }
 

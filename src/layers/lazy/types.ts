@@ -3,7 +3,11 @@ import type { OriginOptions } from './fetcher.ts';
 
 /** Chunk lists of layers, recorded from the first runs that read them (see PrefetchLists in src/registry). */
 export interface PrefetchStore {
+  /** The chunks most of the layer's recorded first runs read, ascending. */
   chunks(digest: string): Promise<number[]>;
+  /** A first run of the layer starts on this host: true if its reads are to be recorded. */
+  openRun(digest: string): Promise<boolean>;
+  /** Chunks an open run read, each once per run. */
   record(digest: string, chunks: readonly number[]): Promise<void>;
 }
 
@@ -28,6 +32,10 @@ export interface LazyLayersDeps {
   concurrency: number;
   /** `record`: note the chunks first runs read; `on`: also fill them ahead on later mounts. */
   prefetch: 'off' | 'record' | 'on';
+  /** How long a host's first run of a layer records its reads, from its mount. */
+  prefetchWindowMs?: number;
+  /** Chunks fetched past a read that continues the one before (0: only what reads ask). */
+  readaheadChunks?: number;
   prefetchStore?: PrefetchStore;
   /** Whether the cluster still knows a layer (a forgotten one's files are removed). */
   layerKnown?: (digest: string) => Promise<boolean>;
