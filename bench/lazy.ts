@@ -12,8 +12,9 @@
  *
  * Arms, each on two fresh worker hosts: layers pre-placed (the hosts share the gateway's
  * store), full copy before start (ROLLBOX_LAYER_FETCH=full: the whole layer into the host's
- * store when a sandbox first needs it), on demand (lazy layers) without a prefetch list, and
- * on demand with the prefetch lists the previous arm's first runs recorded. Before them, with
+ * store when a sandbox first needs it), on demand fetching only what reads ask for (no
+ * readahead: `lazy-noahead`), on demand (readahead, no prefetch list), and on demand with the
+ * prefetch lists the previous arm's first runs recorded. Before them, with
  * BENCH_LAZY_SWEEP=1, the chunk-size sweep: one image built with 256 KiB, 1 MiB and 4 MiB
  * chunks, 8 tasks of it on a fresh host each: bytes fetched against bytes read
  * (amplification), range requests, time (BENCH_LAZY_ONLY=sweep runs only that).
@@ -345,6 +346,9 @@ interface ArmFigures {
   firstCommandP50Ms: number;
   firstCommandP95Ms: number;
   readP50Ms: number;
+  readMeanMs: number;
+  /** Range requests for blob chunks, all hosts. */
+  rangeRequests: number;
   fetchedBytes: number;
   /** Per host: bytes fetched / bytes of the distinct images it ran. */
   fetchedFractionPerHost: number[];
@@ -432,7 +436,9 @@ try {
   const arms: { arm: string; env: (nodeId: string, proxy: OriginProxy | undefined) => Record<string, string>; remote: boolean }[] = [
     { arm: 'preplaced', env: () => ({}), remote: false },
     { arm: 'full', env: remoteEnv({ ROLLBOX_LAYER_FETCH: 'full' }), remote: true },
-    // Its first runs (each layer's first PREFETCH_WINDOW_MS) record the prefetch lists the next arm fills.
+    // Only the chunks reads ask for (no readahead), as before 2026-12-03: the floor the others are compared with.
+    { arm: 'lazy-noahead', env: remoteEnv({ ROLLBOX_LAZY_PREFETCH: 'off', ROLLBOX_LAZY_READAHEAD_CHUNKS: '0' }), remote: true },
+    // Its first runs (each host's first PREFETCH_WINDOW_MS of a layer) record the prefetch lists the next arm fills.
     { arm: 'lazy', env: remoteEnv({ ROLLBOX_LAZY_PREFETCH: 'record', ROLLBOX_LAZY_PREFETCH_WINDOW_MS: String(PREFETCH_WINDOW_MS) }), remote: true },
     { arm: 'lazy-prefetch', env: remoteEnv({ ROLLBOX_LAZY_PREFETCH: 'on' }), remote: true },
   ];
@@ -455,6 +461,8 @@ try {
       firstCommandP50Ms: round(percentile(first, 50)),
       firstCommandP95Ms: round(percentile(first, 95)),
       readP50Ms: round(percentile(reads, 50)),
+      readMeanMs: round(reads.reduce((x, y) => x + y, 0) / reads.length),
+      rangeRequests: hosts.reduce((s, h) => s + (h.proxy?.requests.blob ?? 0), 0),
       fetchedBytes: hosts.reduce((s, h) => s + (h.proxy?.totalBytes ?? 0), 0),
       fetchedFractionPerHost: fractions,
       layerFilesBytes: disk.reduce((s, d) => s + d.layerFilesBytes, 0),
@@ -466,7 +474,7 @@ try {
   }
 
   const by = (arm: string) => figures.find((f) => f.arm === arm) ?? ({ makespanS: NaN, layerFilesBytes: NaN } as ArmFigures);
-  const [pre, full, lazy, lazyPre] = [by('preplaced'), by('full'), by('lazy'), by('lazy-prefetch')];
+  const [pre, full, lazy, lazyPre, noAhead] = [by('preplaced'), by('full'), by('lazy'), by('lazy-prefetch'), by('lazy-noahead')];
   const chart = writeSvg(
     path.resolve(import.meta.dirname, 'out', 'lazy.svg'),
     barChartsSvg(`On-demand layers: ${TASKS} tasks, ${CONCURRENCY} at once, ${HOSTS} hosts, ${IMAGES} images of ~${Math.round(IMAGE_BYTES / MB)} MB, origin ${LINK_BYTES_PER_S / MB} MB/s`, [
@@ -492,6 +500,7 @@ try {
       sweep,
       lazyVsPreplaced: round(lazy.makespanS / pre.makespanS),
       lazyPrefetchVsPreplaced: round(lazyPre.makespanS / pre.makespanS),
+      lazyNoReadaheadVsPreplaced: round(noAhead.makespanS / pre.makespanS),
       fullVsLazy: round(full.makespanS / lazy.makespanS),
       diskLazyVsFull: round(lazy.layerFilesBytes / full.layerFilesBytes),
       targets: { lazyVsPreplaced: '<= 1.15', fullVsLazy: '>= 1.5', diskLazyVsFull: '<= 0.4' },

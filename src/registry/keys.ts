@@ -33,10 +33,12 @@ export const keys = {
   layerRefsComplete: 'rb:layer-refs:complete',
   /** Unreferenced layers, scored by when garbage collection first saw them unreferenced. */
   layerGcCandidates: 'rb:layer-gc-candidates',
-  /** A lazy layer's prefetch list: chunk indexes its first runs read (a set; see PrefetchLists). */
-  layerPrefetch: (digest: string) => `rb:layer-prefetch:${digest}`,
-  /** Present while a layer's prefetch list still records (its first runs). */
-  layerPrefetchOpen: (digest: string) => `rb:layer-prefetch-open:${digest}`,
+  /** How many first runs of a lazy layer opened a record (see PrefetchLists); `{layer:D}`: with its counts. */
+  layerPrefetchRuns: (digest: string) => `rb:{layer:${digest}}:prefetch-runs`,
+  /** chunk index -> how many of the layer's recorded first runs read it (a hash). */
+  layerPrefetchCounts: (digest: string) => `rb:{layer:${digest}}:prefetch-counts`,
+  /** Before run counts: a layer's prefetch list as one set of every chunk its first runs read (only removed now). */
+  layerPrefetchLegacy: (digest: string) => [`rb:layer-prefetch:${digest}`, `rb:layer-prefetch-open:${digest}`],
   /** Layers stored but not yet recorded where they are used (snapshot, hibernation), scored by when the pin lapses. */
   layerPins: 'rb:layer-pins',
   lock: (name: string) => `rb:lock:${name}`,

@@ -18,34 +18,51 @@ export interface OriginOptions {
 /**
  * Chunks [first, first + count) of a layer's blob in one HTTP range request, each checked
  * against the layer's chunk table: a chunk that does not hash to its digest (a corrupted
- * origin, a proxy that changed bytes) is `invalid_layer`, and nothing of that request is
- * used.
+ * origin, a proxy that changed bytes) is `invalid_layer`. Without `onChunk`, nothing of a
+ * request that fails is used; with it, each chunk is handed over as soon as its bytes arrived
+ * and checked (a read waiting on the first chunk of a long run does not wait for the rest),
+ * and a failure later in the body leaves the chunks handed over before it valid.
  */
-export async function fetchChunks(digest: string, table: LayerChunkTable, first: number, count: number, origin: OriginOptions): Promise<Buffer[]> {
+export async function fetchChunks(digest: string, table: LayerChunkTable, first: number, count: number, origin: OriginOptions, onChunk?: (index: number, bytes: Buffer) => void): Promise<Buffer[]> {
   const start = chunkRange(table, first).start;
   const end = chunkRange(table, first + count - 1).end;
   const signal = AbortSignal.timeout(origin.timeoutMs);
   const response = (await getLayerFile(digest, 'blob', { ...origin, signal }, { range: `bytes=${start}-${end - 1}` }))!;
-  let body: Buffer;
-  try {
-    body = Buffer.from(await response.arrayBuffer());
-  } catch (err) {
-    throw new RollboxError('unavailable', `layer ${digest}: reading chunks ${first}..${first + count - 1} failed: ${err instanceof Error ? err.message : String(err)}`);
-  }
-  origin.onBytes?.(body.length);
   // A 200 is the whole blob (an origin that ignored the range): only usable when that is what was asked.
   const whole = response.status === 200 && start === 0 && end === table.blob.sizeBytes;
-  if ((response.status !== 206 && !whole) || body.length !== end - start) {
-    throw new RollboxError('unavailable', `layer ${digest}: asked bytes ${start}-${end - 1}, got ${response.status} with ${body.length} bytes`);
+  if (response.status !== 206 && !whole) {
+    await response.body?.cancel().catch(() => undefined);
+    throw new RollboxError('unavailable', `layer ${digest}: asked bytes ${start}-${end - 1}, got ${response.status}`);
   }
   const chunks: Buffer[] = [];
-  for (let i = first; i < first + count; i++) {
-    const r = chunkRange(table, i);
-    const bytes = body.subarray(r.start - start, r.end - start);
-    const got = createHash('sha256').update(bytes).digest('hex');
-    if (got !== table.chunks[i]) throw new RollboxError('invalid_layer', `layer ${digest}: chunk ${i} from the origin hashes to ${got}, its chunk table says ${table.chunks[i]}`);
-    chunks.push(bytes);
+  const body = Buffer.allocUnsafe(end - start);
+  let received = 0;
+  let next = first;
+  const takeReady = (): void => {
+    for (; next < first + count; next++) {
+      const r = chunkRange(table, next);
+      if (r.end - start > received) return;
+      const bytes = body.subarray(r.start - start, r.end - start);
+      const got = createHash('sha256').update(bytes).digest('hex');
+      if (got !== table.chunks[next]) throw new RollboxError('invalid_layer', `layer ${digest}: chunk ${next} from the origin hashes to ${got}, its chunk table says ${table.chunks[next]}`);
+      chunks.push(bytes);
+      onChunk?.(next, bytes);
+    }
+  };
+  try {
+    for await (const piece of response.body as unknown as AsyncIterable<Uint8Array>) {
+      if (received + piece.length > body.length) throw new RollboxError('unavailable', `layer ${digest}: asked bytes ${start}-${end - 1}, got more`);
+      body.set(piece, received);
+      received += piece.length;
+      origin.onBytes?.(piece.length);
+      takeReady();
+    }
+  } catch (err) {
+    await response.body?.cancel().catch(() => undefined);
+    if (err instanceof RollboxError) throw err;
+    throw new RollboxError('unavailable', `layer ${digest}: reading chunks ${first}..${first + count - 1} failed: ${err instanceof Error ? err.message : String(err)}`);
   }
+  if (received !== body.length) throw new RollboxError('unavailable', `layer ${digest}: asked bytes ${start}-${end - 1}, got ${response.status} with ${received} bytes`);
   return chunks;
 }
 
@@ -60,7 +77,7 @@ export interface FillJob {
 
 /**
  * Fetches queued chunk runs, demand before prefetch, at most `concurrency` at once (of
- * which at most `prefetchConcurrency` prefetches, started only while no read's fetch runs): a run taken is merged with the queued
+ * which at most `prefetchConcurrency` prefetches): a run taken is merged with the queued
  * runs of the same layer it touches or adjoins, up to `maxRunBytes` (prefetch alone: up to
  * `maxPrefetchRunBytes`), so reads of neighbouring chunks become one request.
  */
@@ -101,8 +118,9 @@ export class FillQueue {
   private pump(): void {
     while (this.active < this.opts.concurrency) {
       let i = this.queue.findIndex((j) => j.demand);
-      // A prefetch only while no read waits on a fetch here: it must not slow the reads it is for.
-      if (i < 0 && this.activePrefetch < this.opts.prefetchConcurrency && this.active === this.activePrefetch) i = 0;
+      // Reads' runs first; at most `prefetchConcurrency` prefetches beside them (a prefetch list
+      // holds what the reads here are about to ask for: starved while reads ran, it came too late).
+      if (i < 0 && this.activePrefetch < this.opts.prefetchConcurrency) i = 0;
       const job = i >= 0 ? this.queue.splice(i, 1)[0] : undefined;
       if (!job) break;
       const merged = this.merge(job);

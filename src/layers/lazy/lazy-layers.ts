@@ -1,89 +1,17 @@
-// Longer than most: one per-layer map is shared by the gate's callbacks (need, lost), the
-// cache's files (attach, reconcile, evict, collect) and admission figures; split, each part
-// would reach into the others' state.
-import { closeSync, existsSync, ftruncateSync, openSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { mkdir, readdir, rename, rm, stat, utimes, writeFile } from 'node:fs/promises';
-import path from 'node:path';
-import { createHash, randomBytes } from 'node:crypto';
+import { mkdir, utimes } from 'node:fs/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { RollboxError, type LayerChunkTable } from '../../api/index.ts';
-import { hexOfDigest } from '../digest.ts';
+import { RollboxError } from '../../api/index.ts';
 import type { LazyBlobHolder } from '../mounts.ts';
-import { chunkCountOf, parseChunkTable } from '../split.ts';
 import type { LayerFiles } from '../store.ts';
-import { getLayerFile } from '../sync.ts';
-import { FillQueue, fetchChunks, type FillJob, type OriginOptions } from './fetcher.ts';
+import { cachedHexes, committedBytesOf, demandBytesOf, ensureData, evictPastLimit, isComplete, layerPaths, presenceOf, removeLayerFiles, removeTemporaries, usedBytesOf } from './cache-files.ts';
+import type { OriginOptions } from './fetcher.ts';
+import { ChunkFiller } from './filler.ts';
 import { GateClient, type GateHello } from './gate.ts';
+import { loadLayerMetadata } from './metadata.ts';
+import { PrefetchRecorder } from './prefetch-recorder.ts';
+import type { CachedLayer, LayerPaths, LazyLayersDeps } from './types.ts';
 
-/** Chunk lists of layers, recorded from the first runs that read them (see PrefetchLists in src/registry). */
-export interface PrefetchStore {
-  chunks(digest: string): Promise<number[]>;
-  record(digest: string, chunks: readonly number[]): Promise<void>;
-}
-
-export interface LazyLayersLogger {
-  warn(obj: object, msg?: string): void;
-  info(obj: object, msg?: string): void;
-}
-
-export interface LazyLayersDeps {
-  /** The host's chunk cache: `<hex>.chunks`, `.meta`, `.data` (sparse blob), `.map` (one byte per chunk). */
-  cacheDir: string;
-  /** The gate's sockets, lock and log. */
-  gateDir: string;
-  gateBinary?: string;
-  origin: Omit<OriginOptions, 'onBytes'>;
-  /** The cache's size: past it, the least recently used layers no mount needs lose their data. */
-  limitBytes: number;
-  /** See GateClientDeps. */
-  graceMs: number;
-  eventTimeoutMs: number;
-  /** Range requests at once. */
-  concurrency: number;
-  /** `record`: note the chunks first runs read; `on`: also fill them ahead on later mounts. */
-  prefetch: 'off' | 'record' | 'on';
-  prefetchStore?: PrefetchStore;
-  /** Whether the cluster still knows a layer (a forgotten one's files are removed). */
-  layerKnown?: (digest: string) => Promise<boolean>;
-  /** A layer's size as the cluster records it (before its chunk table is here). */
-  layerSizeBytes?: (digest: string) => Promise<number | undefined>;
-  /**
-   * The gate came back without the blobs of these mounted, incomplete layers (it died
-   * together with its keeper): their unread chunks can no longer be guarded, so the sandboxes
-   * using them must end before they read again.
-   */
-  onUnsafe?: (digests: string[]) => Promise<void>;
-  logger?: LazyLayersLogger;
-}
-
-interface CachedLayer {
-  digest: string;
-  hex: string;
-  table: LayerChunkTable;
-  tablePath: string;
-  metaPath: string;
-  dataPath: string;
-  mapPath: string;
-  attached: boolean;
-  lastUsedMs: number;
-  /** A mounted layer the gate no longer guards (see onUnsafe): not handed out until unmounted. */
-  unsafe?: boolean;
-  /** Chunks a request is fetching now. */
-  fetching: Set<number>;
-  /** Chunks handed to the gate while attached (its map says so only once they are synced, a moment later). */
-  delivered: Set<number>;
-}
-
-/** Fetched chunk runs are at most this long (one range request). */
-const MAX_RUN_BYTES = 16 * 1024 * 1024;
-/**
- * A prefetch is one range request of at most this, one at a time: on a shared link, reads
- * that wait get their turn between them.
- */
-const PREFETCH_RUN_BYTES = 4 * 1024 * 1024;
-const PREFETCH_CONCURRENCY = 1;
-const RECORD_FLUSH_MS = 1000;
-const EIO = 5;
+export type { LazyLayersDeps, LazyLayersLogger, PrefetchStore } from './types.ts';
 
 const UNSAFE_WAIT_MS = 10_000;
 
@@ -92,17 +20,17 @@ const UNSAFE_WAIT_MS = 10_000;
  * local, and their data chunks are fetched on first read. One chunk cache per host, shared by
  * every sandbox on it; it survives worker restarts (the gate, a detached process, keeps the
  * blobs marked, and each blob's map says which chunks are written), so nothing cached is
- * fetched again. The pieces: the gate (rollbox-gate.c: fanotify, writes, answers), the fill
- * queue (fetcher.ts: range requests, checked per chunk), and this class, which keeps the
- * cache's files, admission figures, size limit, garbage collection and prefetch lists.
+ * fetched again. The pieces: the gate (rollbox-gate.c: fanotify, writes, answers; gate.ts),
+ * the chunk filler (filler.ts, fetcher.ts: range requests, checked per chunk), the cache's
+ * files (cache-files.ts, metadata.ts), prefetch lists (prefetch-recorder.ts), and this class,
+ * which holds the per-layer state they share.
  */
 export class LazyLayers implements LazyBlobHolder {
   private readonly layers = new Map<string, CachedLayer>();
   private readonly loading = new Map<string, Promise<CachedLayer | undefined>>();
   private readonly gate: GateClient;
-  private readonly fills: FillQueue;
-  private readonly toRecord = new Map<string, Set<number>>();
-  private recordTimer: NodeJS.Timeout | undefined;
+  private readonly filler: ChunkFiller;
+  private readonly recorder: PrefetchRecorder;
   private stopped = false;
   /** Blobs the gate held when this process first reached it. */
   private readonly heldAtStart = new Set<string>();
@@ -121,7 +49,8 @@ export class LazyLayers implements LazyBlobHolder {
       onNeed: (id, first, count) => void this.need(id, first, count),
       onLost: (err) => this.gateLost(err),
     });
-    this.fills = new FillQueue({ concurrency: deps.concurrency, prefetchConcurrency: PREFETCH_CONCURRENCY, maxRunBytes: MAX_RUN_BYTES, maxPrefetchRunBytes: PREFETCH_RUN_BYTES, chunkBytesOf: (hex) => this.layers.get(`sha256:${hex}`)?.table.chunkSizeBytes ?? 1 << 20, run: (job) => this.fill(job) });
+    this.recorder = new PrefetchRecorder(deps.prefetchStore, deps.prefetchWindowMs ?? 120_000, deps.logger);
+    this.filler = new ChunkFiller({ gate: this.gate, layerOf: (hex) => this.layers.get(`sha256:${hex}`), origin: () => this.origin, concurrency: deps.concurrency, readaheadChunks: deps.readaheadChunks ?? 0, logger: deps.logger });
   }
 
   private get origin(): OriginOptions {
@@ -133,7 +62,7 @@ export class LazyLayers implements LazyBlobHolder {
     await mkdir(this.deps.cacheDir, { recursive: true, mode: 0o700 });
     // Leftovers of a metadata fetch a previous process did not finish (only then: one under
     // way now writes its own).
-    for (const n of await readdir(this.deps.cacheDir)) if (n.includes('.tmp-')) await rm(path.join(this.deps.cacheDir, n), { force: true });
+    await removeTemporaries(this.deps.cacheDir);
     await this.afterHello(await this.gate.connect());
   }
 
@@ -152,7 +81,7 @@ export class LazyLayers implements LazyBlobHolder {
     for (const l of this.layers.values()) {
       if (!l.attached || held.has(l.hex)) continue;
       l.attached = false;
-      if (!this.complete(l)) {
+      if (!isComplete(l)) {
         l.unsafe = true;
         unsafe.push(l.digest);
       }
@@ -192,9 +121,8 @@ export class LazyLayers implements LazyBlobHolder {
     })().finally(() => (this.reconnecting = undefined));
   }
 
-  private pathsOf(hex: string): Pick<CachedLayer, 'tablePath' | 'metaPath' | 'dataPath' | 'mapPath'> {
-    const base = path.join(this.deps.cacheDir, hex);
-    return { tablePath: `${base}.chunks`, metaPath: `${base}.meta`, dataPath: `${base}.data`, mapPath: `${base}.map` };
+  private pathsOf(hex: string): LayerPaths {
+    return layerPaths(this.deps.cacheDir, hex);
   }
 
   /** A layer whose metadata is in the cache (read back, or fetched now); undefined: a single-image layer, which has none. */
@@ -210,28 +138,8 @@ export class LazyLayers implements LazyBlobHolder {
   }
 
   private async loadOrFetch(digest: string): Promise<CachedLayer | undefined> {
-    const hex = hexOfDigest(digest);
-    const paths = this.pathsOf(hex);
-    let tableBytes = existsSync(paths.metaPath) ? readQuiet(paths.tablePath) : undefined;
-    let table: LayerChunkTable;
-    if (tableBytes) {
-      table = parseChunkTable(tableBytes, digest);
-    } else {
-      const response = await getLayerFile(digest, 'chunks', this.origin, { missingOk: true });
-      if (!response) return undefined;
-      tableBytes = Buffer.from(await response.arrayBuffer());
-      this.fetchedBytes += tableBytes.length;
-      table = parseChunkTable(tableBytes, digest);
-      const meta = Buffer.from(await (await getLayerFile(digest, 'meta', this.origin))!.arrayBuffer());
-      this.fetchedBytes += meta.length;
-      if (createHash('sha256').update(meta).digest('hex') !== table.meta.sha256) throw new RollboxError('invalid_layer', `layer ${digest}: its metadata image from the origin does not match its chunk table`);
-      // The table last: a layer is in the cache once its table is.
-      await writeAtomically(paths.metaPath, meta);
-      await writeAtomically(paths.tablePath, tableBytes);
-    }
-    const mtime = await stat(paths.tablePath).then((s) => s.mtimeMs, () => Date.now());
-    const layer: CachedLayer = { digest, hex, table, ...paths, attached: false, lastUsedMs: mtime, fetching: new Set(), delivered: new Set() };
-    this.layers.set(digest, layer);
+    const layer = await loadLayerMetadata(digest, this.deps.cacheDir, this.origin);
+    if (layer) this.layers.set(digest, layer);
     return layer;
   }
 
@@ -248,47 +156,29 @@ export class LazyLayers implements LazyBlobHolder {
     return { digest, imagePath: layer.metaPath, blobPath: layer.dataPath, lazy: true };
   }
 
-  private presence(layer: CachedLayer): Buffer {
-    return readQuiet(layer.mapPath) ?? Buffer.alloc(0);
-  }
-
-  /** Here already: in the map, or delivered to the gate, or on its way. */
-  private isHere(layer: CachedLayer, map: Buffer, i: number): boolean {
-    return map[i] === 1 || layer.delivered.has(i) || layer.fetching.has(i);
-  }
-
-  private complete(layer: CachedLayer): boolean {
-    const map = this.presence(layer);
-    return map.length === layer.table.chunks.length && !map.includes(0);
-  }
-
-  /** The sparse blob and its map, made if the cache has none (first use, or evicted). */
-  private ensureData(layer: CachedLayer): void {
-    const n = chunkCountOf(layer.table.blob.sizeBytes, layer.table.chunkSizeBytes);
-    const ok = existsSync(layer.dataPath) && existsSync(layer.mapPath) && this.presence(layer).length === n;
-    if (ok) return;
-    // Made fresh together: a map without its data (or data without its map) says nothing true.
-    for (const p of [layer.mapPath, layer.dataPath]) rmSync(p, { force: true });
-    const fd = openSync(layer.dataPath, 'wx', 0o600);
-    try {
-      ftruncateSync(fd, layer.table.blob.sizeBytes);
-    } finally {
-      closeSync(fd);
-    }
-    writeFileSync(layer.mapPath, Buffer.alloc(n), { mode: 0o600 });
-  }
-
   /** LazyBlobHolder: before the first mount, the gate opens the blob and marks it. */
   async attach(files: LayerFiles): Promise<void> {
     const layer = await this.load(files.digest);
     if (!layer) throw new RollboxError('internal', `layer ${files.digest} has no chunk table in the cache`);
     if (layer.attached) return;
-    this.ensureData(layer);
+    ensureData(layer);
     if (!this.gate.connected) await (this.reconnecting ?? this.gate.connect().then((h) => this.afterHello(h)));
     await this.gate.attach(layer.hex, layer.table.blob.sizeBytes, layer.table.chunkSizeBytes, layer.dataPath, layer.mapPath);
     layer.attached = true;
     layer.unsafe = false;
-    if (this.deps.prefetch === 'on') void this.prefetch(layer).catch((err: unknown) => this.deps.logger?.warn({ digest: layer.digest, err: String(err) }, 'prefetch failed'));
+    if (this.deps.prefetch !== 'off') void this.afterAttach(layer).catch((err: unknown) => this.deps.logger?.warn({ digest: layer.digest, err: String(err) }, 'prefetch failed'));
+  }
+
+  /**
+   * A layer this host holds nothing of: with a prefetch list (and `on`), the list is filled;
+   * without one, this is one of its first runs, whose reads are recorded. A host that fills a
+   * list records nothing: its reads no longer ask for what the list brought.
+   */
+  private async afterAttach(layer: CachedLayer): Promise<void> {
+    const fresh = !presenceOf(layer).includes(1);
+    const list = this.deps.prefetch === 'on' ? ((await this.deps.prefetchStore?.chunks(layer.digest)) ?? []) : [];
+    if (list.length) await this.filler.prefetch(layer, list);
+    else if (fresh) this.recorder.startRun(layer.digest);
   }
 
   /** LazyBlobHolder: after the last unmount. */
@@ -310,7 +200,7 @@ export class LazyLayers implements LazyBlobHolder {
   /** LazyBlobHolder: a mount left by a previous worker is adoptable if the gate kept its blob (or it is complete). */
   async canAdopt(digest: string): Promise<boolean> {
     const layer = await this.load(digest).catch(() => undefined);
-    return !!layer && (this.heldAtStart.has(layer.hex) || this.complete(layer));
+    return !!layer && (this.heldAtStart.has(layer.hex) || isComplete(layer));
   }
 
   /** LazyBlobHolder: after reconciling mounts, the blobs of layers no longer mounted are let go. */
@@ -321,61 +211,16 @@ export class LazyLayers implements LazyBlobHolder {
   /** The gate asks for chunks a read waits on. */
   private async need(hex: string, first: number, count: number): Promise<void> {
     const layer = await this.load(`sha256:${hex}`).catch(() => undefined);
-    if (!layer) {
-      this.gate.fail(hex, first, count, EIO);
-      return;
-    }
-    if (this.deps.prefetch !== 'off') this.noteRead(layer.digest, first, count);
-    // Only what the read needs: fetching ahead (4 MiB past reads that continued a run) fetched
-    // twice the bytes in the chunk-size sweep and made the reads slower, not faster.
-    this.fills.push({ hex, first, count, demand: true });
-  }
-
-  private async fill(job: FillJob): Promise<void> {
-    const layer = this.layers.get(`sha256:${job.hex}`);
-    if (!layer || !layer.attached) {
-      if (job.demand) this.gate.fail(job.hex, job.first, job.count, EIO);
-      return;
-    }
-    // Chunks being fetched by another request are not fetched again, nor (a prefetch) those here already.
-    // The gate asks only for what it lacks: a read's chunks are fetched even if delivered before (a new gate).
-    const map = this.presence(layer);
-    const skip = (i: number) => layer.fetching.has(i) || (!job.demand && this.isHere(layer, map, i));
-    let first = job.first;
-    let end = job.first + job.count;
-    while (first < end && skip(first)) first++;
-    while (end > first && skip(end - 1)) end--;
-    if (first === end) return;
-    for (let i = first; i < end; i++) layer.fetching.add(i);
-    let chunks: Buffer[];
-    try {
-      chunks = await fetchChunks(layer.digest, layer.table, first, end - first, this.origin);
-    } catch (err) {
-      this.deps.logger?.warn({ digest: layer.digest, first: job.first, count: job.count, err: String(err) }, 'lazy layers: fetching chunks failed; their reads get EIO');
-      this.gate.fail(job.hex, job.first, job.count, EIO);
-      return;
-    } finally {
-      for (let i = first; i < end; i++) layer.fetching.delete(i);
-    }
-    await Promise.all(
-      chunks.map((bytes, i) =>
-        this.gate.data(job.hex, first + i, bytes).then(
-          () => layer.delivered.add(first + i),
-          (err: unknown) => this.deps.logger?.warn({ digest: layer.digest, chunk: first + i, err: String(err) }, 'lazy layers: the gate did not write a chunk'),
-        ),
-      ),
-    );
+    if (!layer) return this.filler.refuse(hex, first, count);
+    const read = this.filler.demand(hex, first, count);
+    if (this.deps.prefetch !== 'off') this.recorder.note(layer.digest, read.first, read.count);
   }
 
   /** Fills the layer's prefetch list (chunks earlier runs read) that the cache lacks; resolves when done. */
   async prefetch(layer: CachedLayer | string): Promise<void> {
     const l = typeof layer === 'string' ? await this.load(layer) : layer;
     if (!l || !this.deps.prefetchStore) return;
-    const wanted = (await this.deps.prefetchStore.chunks(l.digest)).filter((i) => Number.isInteger(i) && i >= 0 && i < l.table.chunks.length).sort((a, b) => a - b);
-    const map = this.presence(l);
-    const missing = wanted.filter((i) => !this.isHere(l, map, i));
-    for (const run of runsOf(missing, Math.max(1, Math.floor(PREFETCH_RUN_BYTES / l.table.chunkSizeBytes)))) this.fills.push({ hex: l.hex, first: run.first, count: run.count, demand: false });
-    await this.fills.idle();
+    await this.filler.prefetch(l, await this.deps.prefetchStore.chunks(l.digest));
   }
 
   /**
@@ -397,28 +242,12 @@ export class LazyLayers implements LazyBlobHolder {
     return true;
   }
 
-  private noteRead(digest: string, first: number, count: number): void {
-    const set = this.toRecord.get(digest) ?? new Set<number>();
-    for (let i = first; i < first + count; i++) set.add(i);
-    this.toRecord.set(digest, set);
-    this.recordTimer ??= setTimeout(() => void this.flushRecords(), RECORD_FLUSH_MS);
-  }
-
-  private async flushRecords(): Promise<void> {
-    this.recordTimer = undefined;
-    const batch = [...this.toRecord];
-    this.toRecord.clear();
-    for (const [digest, chunks] of batch) await this.deps.prefetchStore?.record(digest, [...chunks]).catch((err: unknown) => this.deps.logger?.warn({ digest, err: String(err) }, 'recording a prefetch list failed'));
-  }
-
   /**
    * Admission's figures: what the mounted lazy layers may still grow to (each to its whole
    * blob: every chunk could be read), and what a new sandbox's layers would add.
    */
   committedBytes(): number {
-    let sum = 0;
-    for (const l of this.layers.values()) sum += l.table.meta.sizeBytes + (l.attached ? l.table.blob.sizeBytes : 0);
-    return sum;
+    return committedBytesOf(this.layers.values());
   }
 
   get limitBytes(): number {
@@ -426,23 +255,13 @@ export class LazyLayers implements LazyBlobHolder {
   }
 
   /** Bytes the cache would have to take for these layers (those not mounted here yet). */
-  async demandBytes(digests: readonly string[]): Promise<number> {
-    let sum = 0;
-    for (const digest of new Set(digests)) {
-      const known = this.layers.get(digest);
-      if (known) sum += known.attached ? 0 : known.table.blob.sizeBytes;
-      else sum += (await this.deps.layerSizeBytes?.(digest)) ?? 0;
-    }
-    return sum;
+  demandBytes(digests: readonly string[]): Promise<number> {
+    return demandBytesOf(this.layers, digests, this.deps.layerSizeBytes);
   }
 
   /** Bytes the cache takes on disk now (allocated blocks: the blobs are sparse). */
-  async usedBytes(): Promise<number> {
-    let sum = 0;
-    for (const name of await readdir(this.deps.cacheDir).catch(() => [] as string[])) {
-      sum += await stat(path.join(this.deps.cacheDir, name)).then((s) => s.blocks * 512, () => 0);
-    }
-    return sum;
+  usedBytes(): Promise<number> {
+    return usedBytesOf(this.deps.cacheDir);
   }
 
   /**
@@ -451,39 +270,19 @@ export class LazyLayers implements LazyBlobHolder {
    * as still there and evict more than needed.
    */
   enforceLimit(): Promise<string[]> {
-    const pass = this.limiting.then(() => this.evictPastLimit());
+    const pass = this.limiting.then(() => evictPastLimit(this.layers.values(), this.deps.cacheDir, this.deps.limitBytes, this.deps.logger));
     this.limiting = pass.catch(() => undefined);
     return pass;
-  }
-
-  private async evictPastLimit(): Promise<string[]> {
-    let used = await this.usedBytes();
-    const evicted: string[] = [];
-    if (used <= this.deps.limitBytes) return evicted;
-    const candidates = [...this.layers.values()].filter((l) => !l.attached && existsSync(l.dataPath)).sort((a, b) => a.lastUsedMs - b.lastUsedMs);
-    for (const l of candidates) {
-      if (used <= this.deps.limitBytes) break;
-      const freed = (await stat(l.dataPath).then((s) => s.blocks * 512, () => 0)) + (await stat(l.mapPath).then((s) => s.blocks * 512, () => 0));
-      await rm(l.mapPath, { force: true });
-      await rm(l.dataPath, { force: true });
-      used -= freed;
-      evicted.push(l.digest);
-    }
-    if (evicted.length) this.deps.logger?.info({ layers: evicted, usedBytes: used, limitBytes: this.deps.limitBytes }, 'lazy layers: evicted cached data');
-    return evicted;
   }
 
   /** Garbage collection: every file of a layer the cluster forgot (and no mount holds). Returns the digests removed. */
   async collect(): Promise<string[]> {
     const removed: string[] = [];
-    const names = await readdir(this.deps.cacheDir).catch(() => [] as string[]);
-    const hexes = new Set(names.flatMap((n) => (/^[0-9a-f]{64}\./.test(n) ? [n.slice(0, 64)] : [])));
-    for (const hex of hexes) {
+    for (const hex of await cachedHexes(this.deps.cacheDir)) {
       const digest = `sha256:${hex}`;
       if (this.layers.get(digest)?.attached || this.loading.has(digest)) continue;
       if (!this.deps.layerKnown || (await this.deps.layerKnown(digest))) continue;
-      const paths = this.pathsOf(hex);
-      for (const p of [paths.tablePath, paths.mapPath, paths.dataPath, paths.metaPath]) await rm(p, { force: true });
+      await removeLayerFiles(this.pathsOf(hex));
       this.layers.delete(digest);
       removed.push(digest);
     }
@@ -494,7 +293,7 @@ export class LazyLayers implements LazyBlobHolder {
   /** Chunks of a layer the cache holds (tests, figures). */
   presentChunks(digest: string): number {
     const l = this.layers.get(digest);
-    return l ? this.presence(l).filter((b) => b === 1).length : 0;
+    return l ? presenceOf(l).filter((b) => b === 1).length : 0;
   }
 
   /**
@@ -503,35 +302,10 @@ export class LazyLayers implements LazyBlobHolder {
    */
   async stop(options: { shutdownGate: boolean }): Promise<void> {
     this.stopped = true;
-    clearTimeout(this.recordTimer);
-    await this.flushRecords();
+    await this.recorder.flush();
     if (options.shutdownGate && this.gate.connected && !(await this.gate.shutdown())) {
       this.deps.logger?.warn({}, 'lazy layers: the gate still holds blobs; left running');
     }
     this.gate.close();
-  }
-}
-
-function runsOf(sorted: readonly number[], maxRun: number): { first: number; count: number }[] {
-  const runs: { first: number; count: number }[] = [];
-  for (const i of sorted) {
-    const last = runs.at(-1);
-    if (last && last.first + last.count === i && last.count < maxRun) last.count++;
-    else runs.push({ first: i, count: 1 });
-  }
-  return runs;
-}
-
-async function writeAtomically(to: string, bytes: Buffer): Promise<void> {
-  const tmp = `${to}.tmp-${randomBytes(4).toString('hex')}`;
-  await writeFile(tmp, bytes, { mode: 0o600 });
-  await rename(tmp, to);
-}
-
-function readQuiet(p: string): Buffer | undefined {
-  try {
-    return readFileSync(p);
-  } catch {
-    return undefined;
   }
 }
