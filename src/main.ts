@@ -24,6 +24,7 @@ import { NetworkSelfTest, SandboxNetworks } from './workers/network/index.ts';
 import { checkWorkerHostOrThrow } from './workers/host-checks/index.ts';
 import { createRuncRuntime } from './workers/runtime/index.ts';
 import { imagePullsOf } from './gateway-pulls.ts';
+import { gatewayConsoleOf } from './gateway-console.ts';
 import { layerSourceOf, layerSyncOf } from './worker-layers.ts';
 
 export interface Stoppable {
@@ -87,7 +88,8 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const replies = new ReplyHub(subscriber, gatewayId);
   await Promise.all([directory.start(), replies.start()]);
 
-  const metrics = createMetrics(directory);
+  const consoleParts = gatewayConsoleOf(config, redis, directory, logger, now);
+  const metrics = createMetrics(directory, { signals: consoleParts.signals });
   const nodes = new NodeRequests(replies, redis);
   const blocking = new BlockingPool(() => connectRedis(redisUrl));
   const provider = burstProviderOf(config);
@@ -129,27 +131,13 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     tenantWeights: config.batch.tenantWeights,
     now,
     logger: logger.child({ name: 'batches' }),
+    onTaskEnded: (succeeded) => metrics.seen.taskEnded(succeeded),
   });
   const batches = new BatchService({ store: batchStore, blocking, kick: () => batchRunner.kick(), maxNdjsonBytes: config.batch.maxBytes });
   const verifier = createTokenVerifier(config.jwt);
   const app = createGateway({
-    config,
-    redis,
-    verifier,
-    sandboxes,
-    forks,
-    ttls,
-    execs,
-    files,
-    pools,
-    runs,
-    batches,
-    layers,
-    directory,
-    metrics,
-    logger,
-    now,
-    burst,
+    ...{ config, redis, verifier, sandboxes, forks, ttls, execs, files, pools, runs, batches, layers, directory, metrics, logger, now, burst },
+    console: consoleParts.service({ pools: () => pools.listAll(), burst, metricsRegistry: metrics.registry }),
     buildLayer,
     layerStore: store,
     e2b: { redis, registry, keys: new E2bKeyStore(redis, now), sandboxes, ttls, execs, files, filesMaxBytes: config.files.maxBytes },
@@ -165,6 +153,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   janitor.start();
   batchRunner.start();
   imagePulls.start();
+  consoleParts.signals.start();
 
   handle = (request, env) => app.fetch(request, env as never);
   logger.info({ url, gatewayId }, 'gateway listening');
@@ -177,6 +166,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
       janitor.stop();
       await stopImagePulls();
       await batchRunner.stop();
+      await consoleParts.signals.stop();
       await burst.stop();
       await provider?.close?.();
       directory.stop();

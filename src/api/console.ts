@@ -126,7 +126,7 @@ export const ConsoleSnapshot = z.object({
 export type ConsoleSnapshot = z.infer<typeof ConsoleSnapshot>;
 
 export const BurstSimulationRequest = z.strictObject({
-  /** Minutes of generated trace to replay (the recorded trace is used when it has at least 100 creates). */
+  /** Minutes of generated trace to replay (src/burst/trace's generator, default shape). */
   traceMinutes: z.number().int().min(1).max(120).default(20),
   thresholds: z.array(z.number().min(0).max(1)).min(1).max(12).default([0.6, 0.7, 0.8, 0.9, 1]),
   caps: z.array(z.number().int().min(0).max(64)).min(1).max(5).default([0, 2, 4]),
@@ -136,7 +136,7 @@ export type BurstSimulationRequest = z.infer<typeof BurstSimulationRequest>;
 
 /** POST /v1/burst/simulation: the current policy replayed, and a sweep around it, as figures and SVG charts. */
 export const BurstSimulation = z.object({
-  trace: z.object({ source: z.enum(['recorded', 'generated']), creates: z.number().int(), seconds: z.number() }),
+  trace: z.object({ source: z.literal('generated'), seed: z.number().int(), creates: z.number().int(), seconds: z.number() }),
   /** The current policy's replay (SimResult's figures). */
   result: z.record(z.string(), z.unknown()),
   sweep: z.array(z.object({ divertAboveUtilization: z.number(), maxCloudHosts: z.number().int(), queueWaitP99Ms: z.number(), cloudVmHours: z.number() })),
