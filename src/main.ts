@@ -136,7 +136,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const batches = new BatchService({ store: batchStore, blocking, kick: () => batchRunner.kick(), maxNdjsonBytes: config.batch.maxBytes });
   const verifier = createTokenVerifier(config.jwt);
   const app = createGateway({
-    ...{ config, redis, verifier, sandboxes, forks, ttls, execs, files, pools, runs, batches, layers, directory, metrics, logger, now, burst },
+    config, redis, verifier, sandboxes, forks, ttls, execs, files, pools, runs, batches, layers, directory, metrics, logger, now, burst,
     console: consoleParts.service({ pools: () => pools.listAll(), burst, metricsRegistry: metrics.registry }),
     buildLayer,
     layerStore: store,
