@@ -88,7 +88,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const replies = new ReplyHub(subscriber, gatewayId);
   await Promise.all([directory.start(), replies.start()]);
 
-  const consoleParts = gatewayConsoleOf(config, redis, directory, logger, now);
+  const consoleParts = gatewayConsoleOf(config, redis, registry, directory, logger, now);
   const metrics = createMetrics(directory, { signals: consoleParts.signals });
   const nodes = new NodeRequests(replies, redis);
   const blocking = new BlockingPool(() => connectRedis(redisUrl));

@@ -49,7 +49,7 @@ export const SignalSeries = z.object({
 export type SignalSeries = z.infer<typeof SignalSeries>;
 
 export const CapacityQuery = z.strictObject({
-  /** The stable window the estimate uses, ending at `endMs` (default now). */
+  /** The stable window the estimate uses (whole 10 s buckets), ending where the bucket holding `endMs` (default now) starts. */
   windowSeconds: z.coerce.number().int().min(10).max(10_800).default(300),
   endMs: z.coerce.number().int().min(0).optional(),
   /** Sandboxes one node carries safely (overrides ROLLBOX_CAPACITY_SAFE_PER_NODE and the observed peak). */
@@ -113,6 +113,19 @@ export const ConsoleQuery = z.strictObject({
 });
 export type ConsoleQuery = z.infer<typeof ConsoleQuery>;
 
+/** One of the latest creates (from the burst trace stream), with what became of it. */
+export const RecentCreate = z.object({
+  atMs: z.number(),
+  tenant: z.string(),
+  /** Absent: refused before a sandbox existed. */
+  sandboxId: z.string().optional(),
+  state: z.string().optional(),
+  node: z.string().optional(),
+  pool: z.string().optional(),
+  labels: z.record(z.string(), z.string()),
+});
+export type RecentCreate = z.infer<typeof RecentCreate>;
+
 /** GET /v1/cluster/console: what the console page shows, in one answer. */
 export const ConsoleSnapshot = z.object({
   atMs: z.number(),
@@ -122,6 +135,8 @@ export const ConsoleSnapshot = z.object({
   burst: BurstStatus.nullable(),
   signals: SignalSeries,
   capacity: CapacityReport,
+  /** The latest creates, newest first (at most 20). */
+  recent: z.array(RecentCreate),
 });
 export type ConsoleSnapshot = z.infer<typeof ConsoleSnapshot>;
 

@@ -6,3 +6,4 @@ export { capacityOf, residentPoolOf } from './capacity.ts';
 export type { CapacityInput } from './capacity.ts';
 export { REFUSAL_CAUSES, figuresOf, meanOf, mergeBuckets, quantileOf, refusalsOf, seriesOf } from './figures.ts';
 export { registerCapacityMetrics } from './metrics.ts';
+export { recentCreates } from './recent.ts';

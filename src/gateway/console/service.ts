@@ -1,7 +1,7 @@
-import { BurstPolicy, type BurstStatus, type BurstSimulation, type BurstSimulationRequest, type CapacityQuery, type CapacityReport, type ConsoleQuery, type ConsoleSnapshot, type NodeList, type Pool } from '../../api/index.ts';
+import { BurstPolicy, type BurstStatus, type BurstSimulation, type BurstSimulationRequest, type CapacityQuery, type CapacityReport, type ConsoleQuery, type ConsoleSnapshot, type NodeList, type Pool, type RecentCreate } from '../../api/index.ts';
 import { SimModel, runSweep, simulate, sweepSvg } from '../../burst/sim/index.ts';
 import { DEFAULT_TRACE_OPTIONS, generateTrace } from '../../burst/trace/index.ts';
-import type { SignalStore } from '../../registry/index.ts';
+import { SIGNAL_BUCKET_SECONDS, bucketStartSecOf, type SignalStore } from '../../registry/index.ts';
 import { capacityOf } from './capacity.ts';
 import { seriesOf } from './figures.ts';
 
@@ -9,6 +9,8 @@ export interface ConsoleServiceDeps {
   signals: Pick<SignalStore, 'read'>;
   nodes: () => NodeList['nodes'];
   pools: () => Promise<Pool[]>;
+  /** The latest creates, newest first. */
+  recent: (limit: number) => Promise<RecentCreate[]>;
   burst?: { status(): Promise<BurstStatus> };
   /** The local pool's name: cloud hosts are not counted as nodes to size. */
   localPool: string;
@@ -18,14 +20,24 @@ export interface ConsoleServiceDeps {
 
 /** About 60 points on a chart, whatever the window. */
 const CHART_POINTS = 60;
+/** Latest creates listed (each costs one record read per poll of an open page). */
+const RECENT_CREATES = 20;
+
+/**
+ * A window of whole buckets ending where the bucket holding `endMs` starts: every figure
+ * is over complete buckets (the one being filled would read as a dip in every rate).
+ */
+export function windowOf(endMs: number, windowSeconds: number): { fromMs: number; toMs: number } {
+  const toMs = bucketStartSecOf(endMs) * 1000;
+  return { fromMs: toMs - Math.ceil(windowSeconds / SIGNAL_BUCKET_SECONDS) * SIGNAL_BUCKET_SECONDS * 1000, toMs };
+}
 
 /** The console's figures: signals over time, capacity, and the cluster's live state. */
 export class ConsoleService {
   constructor(private readonly deps: ConsoleServiceDeps) {}
 
   async capacity(query: CapacityQuery): Promise<CapacityReport> {
-    const toMs = query.endMs ?? this.deps.now();
-    const fromMs = toMs - query.windowSeconds * 1000;
+    const { fromMs, toMs } = windowOf(query.endMs ?? this.deps.now(), query.windowSeconds);
     const buckets = await this.deps.signals.read(fromMs, toMs);
     const nodes = this.deps.nodes().filter((n) => n.healthy && n.pool === this.deps.localPool);
     return capacityOf({
@@ -40,14 +52,15 @@ export class ConsoleService {
 
   async snapshot(query: ConsoleQuery): Promise<ConsoleSnapshot> {
     const atMs = this.deps.now();
-    const fromMs = atMs - query.windowSeconds * 1000;
-    const [buckets, pools, burst, capacity] = await Promise.all([
-      this.deps.signals.read(fromMs, atMs),
+    const { fromMs, toMs } = windowOf(atMs, query.windowSeconds);
+    const [buckets, pools, recent, burst, capacity] = await Promise.all([
+      this.deps.signals.read(fromMs, toMs),
       this.deps.pools(),
+      this.deps.recent(RECENT_CREATES),
       this.deps.burst ? this.deps.burst.status() : Promise.resolve(null),
       this.capacity({ windowSeconds: query.capacityWindowSeconds, endMs: atMs, safePerNode: query.safePerNode, headroom: query.headroom }),
     ]);
-    return { atMs, nodes: this.deps.nodes(), pools, burst, signals: seriesOf(buckets, fromMs, atMs, query.windowSeconds / CHART_POINTS), capacity };
+    return { atMs, nodes: this.deps.nodes(), pools, burst, signals: seriesOf(buckets, fromMs, toMs, query.windowSeconds / CHART_POINTS), capacity, recent };
   }
 
   /**
