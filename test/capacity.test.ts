@@ -73,6 +73,18 @@ describe('capacity from Little\'s law', () => {
     expect(report.nodesNeeded).toBe(Math.ceil((report.estimatedConcurrency! * 1.2) / 10 - 1e-9));
     expect(report.scenarios.map((s) => s.nodes)).toEqual([0, 1, 2]);
     expect(report.explanation).toContain(`mean residence ${report.meanResidenceSeconds} s`);
+    // The console's snapshot carries the same capacity figures and the latest creates; its page is strict.
+    const snapshot = (await api(cluster, token, 'GET', `/v1/cluster/console?capacityWindowSeconds=20`)).body;
+    expect(snapshot.capacity.window.seconds).toBe(20);
+    expect(snapshot.signals.total.admitted).toBeGreaterThanOrEqual(report.admitted);
+    expect(snapshot.recent.length).toBe(20);
+    expect(snapshot.recent[0].tenant).toBe('cap-tenant');
+    const page = await fetch(`${cluster.url}/ui/console`);
+    expect(page.headers.get('content-security-policy')).toMatch(/script-src 'sha256-[^']+'/);
+    expect(await page.text()).toContain('<title>rollbox console</title>');
+    const metrics = await (await fetch(`${cluster.url}/metrics`)).text();
+    expect(metrics).toMatch(/rollbox_sandbox_create_wait_seconds_count \d+/);
+    expect(metrics).toContain('rollbox_capacity_estimated_concurrency');
     // Scope: cluster:read (or admin).
     const agent = await cluster.token('agent', ['sandbox:create']);
     expect((await api(cluster, agent, 'GET', '/v1/cluster/capacity')).status).toBe(403);

@@ -54,7 +54,7 @@ export const CONSOLE_BODY = `
   <span id="status" role="status"></span>
 </header>
 <main>
-  <section class="wide" id="nodes-section"><h2>Nodes</h2><div id="nodes"></div><h3>Warm pools</h3><div id="pools"></div></section>
+  <section class="wide" id="nodes-section"><h2>Nodes</h2><div id="nodes"></div><h3>Warm pools</h3><div id="pools"></div><h3>Latest creates</h3><div id="recent"></div></section>
   <section class="wide" id="signals-section"><h2>Signals</h2><p class="muted small" id="signals-note"></p><div class="figures" id="signal-figures"></div><div class="charts" id="signal-charts"></div></section>
   <section id="burst-section"><h2>Burst</h2><div id="burst"></div></section>
   <section id="capacity-section"><h2>Capacity (Little's law)</h2>

@@ -112,6 +112,12 @@ function renderNodes(s) {
     el('td', { class: 'num', 'data-col': 'claims' }, p.status.claimsPerMinute), el('td', { class: 'num', 'data-col': 'misses' }, p.status.missesPerMinute), el('td', { class: 'num' }, p.status.hosts.length)))) : el('p', { class: 'muted small' }, 'No warm pools.'));
 }
 
+function renderRecent(s) {
+  $('recent').replaceChildren(s.recent.length ? table(['at', 'tenant', 'sandbox', 'state', 'node', 'labels'], s.recent.map((r) => el('tr', { 'data-sandbox-id': r.sandboxId || '' },
+    el('td', { class: 'num' }, new Date(r.atMs).toLocaleTimeString()), el('td', {}, r.tenant), el('td', {}, r.sandboxId ? el('code', {}, r.sandboxId) : 'refused'),
+    el('td', {}, r.state || dash), el('td', {}, r.node ? el('code', {}, r.node) : dash), el('td', { class: 'small' }, Object.entries(r.labels).map(([k, v]) => k + '=' + v).join('  ') || dash)))) : el('p', { class: 'muted small' }, 'No creates recorded.'));
+}
+
 function renderSignals(s) {
   const t = s.signals.total, pts = s.signals.points, from = s.signals.fromMs, to = s.signals.toMs;
   $('signals-note').textContent = 'Over the last ' + num((to - from) / 60000, 0) + ' min, in steps of ' + s.signals.stepSeconds + ' s; quantiles from log bins (within one bin, 26%).';
@@ -188,7 +194,7 @@ async function refresh() {
     if (!token) { setStatus('Enter a token with scope cluster:read.'); stop = true; return; }
     const s = await call('GET', '/v1/cluster/console?' + query());
     last = s;
-    renderNodes(s); renderSignals(s); renderBurst(s); renderCapacity(s);
+    renderNodes(s); renderRecent(s); renderSignals(s); renderBurst(s); renderCapacity(s);
     document.body.setAttribute('data-at-ms', String(s.atMs));
     setStatus('Updated ' + new Date(s.atMs).toLocaleTimeString());
   } catch (e) {
