@@ -26,6 +26,7 @@ import { checkWorkerHostOrThrow } from './workers/host-checks/index.ts';
 import { createRuncRuntime, createTieredRuntime } from './workers/runtime/index.ts';
 import { microVmRuntimeOf } from './workers/microvm/index.ts';
 import { imagePullsOf } from './gateway-pulls.ts';
+import { gatewayConsoleOf } from './gateway-console.ts';
 import { layerSourceOf, layerSyncOf } from './worker-layers.ts';
 
 export interface Stoppable {
@@ -89,7 +90,8 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const replies = new ReplyHub(subscriber, gatewayId);
   await Promise.all([directory.start(), replies.start()]);
 
-  const metrics = createMetrics(directory);
+  const consoleParts = gatewayConsoleOf(config, redis, registry, directory, logger, now);
+  const metrics = createMetrics(directory, { signals: consoleParts.signals });
   // BullMQ's own connection (no auto-pipelining), for the create queues.
   const jobRedis = connectJobRedis(redisUrl, (err) => logger.debug({ err }, 'job connection error'));
   const createJobs = new CreateJobQueues(jobRedis);
@@ -134,28 +136,14 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     tenantWeights: config.batch.tenantWeights,
     now,
     logger: logger.child({ name: 'batches' }),
+    onTaskEnded: (succeeded) => metrics.seen.taskEnded(succeeded),
   });
   const batches = new BatchService({ store: batchStore, blocking, kick: () => batchRunner.kick(), maxNdjsonBytes: config.batch.maxBytes });
   const verifier = createTokenVerifier(config.jwt);
   const app = createGateway({
-    config,
-    redis,
-    verifier,
-    sandboxes,
-    forks,
-    ttls,
-    execs,
-    files,
-    pools,
-    runs,
-    batches,
-    layers,
-    directory,
-    metrics,
-    logger,
-    now,
-    burst,
+    config, redis, verifier, sandboxes, forks, ttls, execs, files, pools, runs, batches, layers, directory, metrics, logger, now, burst,
     jobQueues: () => directory.list().map((n) => createJobs.queue(n.nodeId)),
+    console: consoleParts.service({ pools: () => pools.listAll(), burst, metricsRegistry: metrics.registry }),
     buildLayer,
     layerStore: store,
     e2b: { redis, registry, keys: new E2bKeyStore(redis, now), sandboxes, ttls, execs, files, filesMaxBytes: config.files.maxBytes },
@@ -171,6 +159,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   janitor.start();
   batchRunner.start();
   imagePulls.start();
+  consoleParts.signals.start();
 
   handle = (request, env) => app.fetch(request, env as never);
   logger.info({ url, gatewayId }, 'gateway listening');
@@ -183,6 +172,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
       janitor.stop();
       await stopImagePulls();
       await batchRunner.stop();
+      await consoleParts.signals.stop();
       await burst.stop();
       await provider?.close?.();
       directory.stop();

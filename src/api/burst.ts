@@ -122,6 +122,8 @@ export const BurstStatus = z.object({
     ineligible: z.number().int(),
     byReason: z.record(BurstDecisionReason, z.number().int()),
   }),
+  /** Cloud VM-hours so far: retired hosts' provisioned time plus the live hosts' (as the leading controller counted them). */
+  vmHours: z.number(),
   cloudHosts: z.array(BurstCloudHost),
 });
 export type BurstStatus = z.infer<typeof BurstStatus>;

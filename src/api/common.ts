@@ -9,6 +9,6 @@ export const ErrorBody = z.object({
 });
 export type ErrorBody = z.infer<typeof ErrorBody>;
 
-export const SCOPES = ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'sandbox:snapshot', 'sandbox:policy', 'sandbox:run', 'batch:submit', 'layer:write', 'layer:read', 'burst:admin', 'admin'] as const;
+export const SCOPES = ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'sandbox:snapshot', 'sandbox:policy', 'sandbox:run', 'batch:submit', 'layer:write', 'layer:read', 'burst:admin', 'cluster:read', 'admin'] as const;
 export const Scope = z.enum(SCOPES);
 export type Scope = z.infer<typeof Scope>;

@@ -94,3 +94,4 @@ export { newId } from './ids.ts';
 export { RunRequest, RunStatus, RunResult } from './run.ts';
 export { RunCodeRequest, RunCodeResponse, CommandRunResult, RunCodeLanguage } from './run-code.ts';
 export { BatchStep, BatchGrade, BatchTask, BatchOptions, CreateBatchRequest, BatchSubmitQuery, BatchState, TERMINAL_BATCH_STATES, TaskStatus, BatchCounts, Batch, BatchList, StepResult, BatchResultLine, BatchResultsQuery, BatchTaskStatus } from './batch.ts';
+export { RefusalCounts, SignalFigures, SignalSeries, CapacityQuery, CapacityScenario, CapacityReport, ConsoleQuery, ConsoleSnapshot, RecentCreate, BurstSimulationRequest, BurstSimulation } from './console.ts';

@@ -15,7 +15,12 @@ export const NodeHeartbeat = z.object({
   /** Requested resources of live sandboxes. */
   used: z.object({ cpuMillis: z.number(), memoryMiB: z.number(), diskMiB: z.number().optional() }),
   /** Measured host use, 0..1. */
-  measured: z.object({ cpuLoad: z.number(), memoryUsedFraction: z.number() }),
+  measured: z.object({
+    cpuLoad: z.number(),
+    memoryUsedFraction: z.number(),
+    /** Pressure stall information, % of the last 10 s: memory `full` and cpu `some` avg10 (absent: an older host). */
+    pressure: z.object({ memoryFullPct: z.number(), cpuSomePct: z.number() }).optional(),
+  }),
   sandboxes: z.number().int(),
   starting: z.number().int(),
   cachedLayers: z.array(z.string()),

@@ -109,6 +109,10 @@ export const Env = z.object({
   ROLLBOX_BURST_TICK_MS: z.coerce.number().int().min(50).default(1000).describe('Burst controller tick.'),
   ROLLBOX_BURST_GATEWAY_URL: z.string().url().optional().describe('The gateway URL cloud hosts use. Default: the gateway\'s own URL.'),
   ROLLBOX_BURST_TRACE_MAX_EVENTS: z.coerce.number().int().min(0).default(1_000_000).describe('Create events kept in the trace stream (`rollbox burst record` exports them); 0 turns recording off.'),
+  ROLLBOX_CAPACITY_SAFE_PER_NODE: z.coerce.number().positive().optional().describe('Gateway: sandboxes one worker host carries safely, for the console\'s capacity figures (`GET /v1/cluster/capacity`). Unset: the most one node held in a 10 s bucket without a capacity refusal.'),
+  ROLLBOX_CAPACITY_HEADROOM: z.coerce.number().min(1).max(10).default(1.25).describe('Gateway: capacity kept above the estimated concurrency when the console computes nodes needed.'),
+  ROLLBOX_CAPACITY_WINDOW_SECONDS: z.coerce.number().int().min(10).max(10_800).default(300).describe('Gateway: the window of the capacity gauges in /metrics (`rollbox_capacity_*`).'),
+  ROLLBOX_SIGNALS_FLUSH_MS: z.coerce.number().int().min(100).max(60_000).default(1000).describe('Gateway: how often it writes what it counted for the console (creates, waits, exec times, batch tasks) to Redis; nothing is written while there is nothing new.'),
   ROLLBOX_NET_POOL: z.string().default('10.200.0.0/16').describe('Veth addresses of allowlist sandboxes, one /30 each; shared by the workers of a host.'),
   ROLLBOX_NET_LEASE_DIR: z.string().default('/run/rollbox/net').describe('Host-wide address leases of that pool (one file per /30).'),
   ROLLBOX_NET_BLOCK: z.string().default('').describe('More CIDRs no sandbox may reach (comma-separated), on top of the built-in list.'),
@@ -204,6 +208,12 @@ export function loadConfig(env: NodeJS.ProcessEnv, overrides: Partial<Record<key
       tickMs: e.ROLLBOX_BURST_TICK_MS,
       gatewayUrl: e.ROLLBOX_BURST_GATEWAY_URL,
       traceMaxEvents: e.ROLLBOX_BURST_TRACE_MAX_EVENTS,
+    },
+    capacity: {
+      safePerNode: e.ROLLBOX_CAPACITY_SAFE_PER_NODE,
+      headroom: e.ROLLBOX_CAPACITY_HEADROOM,
+      windowSeconds: e.ROLLBOX_CAPACITY_WINDOW_SECONDS,
+      signalsFlushMs: e.ROLLBOX_SIGNALS_FLUSH_MS,
     },
     batch: {
       slots: e.ROLLBOX_BATCH_SLOTS,

@@ -127,7 +127,7 @@ const deps: Omit<GatewayDeps, 'verifier'> = {
   logger: pino({ level: 'silent' }),
   now: () => NOW,
   burst: {
-    status: () => answer({ diverting: false, divertingSinceMs: null, utilization: 0.1, utilizationAtMs: NOW, policy: BurstPolicy.parse({}), syncedLayers: [], counts: { diverted: 0, local: 0, ineligible: 0, byReason: { not_diverting: 0, stay_local: 0, layers_not_synced: 0, share: 0, diverted: 0 } }, cloudHosts: [] }),
+    status: () => answer({ diverting: false, divertingSinceMs: null, utilization: 0.1, utilizationAtMs: NOW, policy: BurstPolicy.parse({}), syncedLayers: [], counts: { diverted: 0, local: 0, ineligible: 0, byReason: { not_diverting: 0, stay_local: 0, layers_not_synced: 0, share: 0, diverted: 0 } }, vmHours: 0, cloudHosts: [] }),
     setPolicy: (policy) => answer(policy),
   },
 };

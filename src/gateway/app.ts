@@ -14,6 +14,7 @@ import type { GatewayMetrics } from './metrics.ts';
 import { NDJSON, registerBatchRoutes, type BatchApi } from './routes/batches.ts';
 import { registerClusterRoutes, type BurstApi } from './routes/cluster.ts';
 import { registerCommandRoutes, type ExecApi } from './routes/commands.ts';
+import { registerConsoleRoutes, type ConsoleApi } from './routes/console.ts';
 import { registerFilesRoutes, type FilesApi } from './routes/files.ts';
 import { registerForkRoutes, type ForkApi } from './routes/forks.ts';
 import { registerImageRoutes, type ImageRouteDeps } from './routes/images.ts';
@@ -22,7 +23,7 @@ import { registerPoolRoutes, type PoolApi } from './routes/pools.ts';
 import { registerRunRoutes, type RunApi } from './routes/run.ts';
 import { registerSandboxRoutes, type SandboxApi, type TtlApi } from './routes/sandboxes.ts';
 import { registerQueueBoard, type QueueBoardDeps } from './queue-board/index.ts';
-import { registerBatchPage } from './ui/index.ts';
+import { registerBatchPage, registerConsolePage } from './ui/index.ts';
 
 export type { LayerBuilder } from './routes/layers.ts';
 
@@ -52,6 +53,8 @@ export interface GatewayDeps {
   burst?: BurstApi;
   /** The BullMQ queues operators see at /ui/queues (bull-board); absent: not served. */
   jobQueues?: QueueBoardDeps['queues'];
+  /** The operator console's figures (src/gateway/console); absent: /v1/cluster/capacity and the console page are not served. */
+  console?: ConsoleApi;
   /** The E2B SDK's control plane and envd (src/gateway/e2b); absent: not served. */
   e2b?: E2bDeps;
 }
@@ -116,6 +119,10 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   registerLayerRoutes(app, { layers: deps.layers, buildLayer: deps.buildLayer, store: deps.layerStore, uploadLimitBytes: deps.config.http.layerUploadLimitBytes, now: deps.now });
   registerImageRoutes(app, deps.images);
   registerClusterRoutes(app, { directory: deps.directory, burst: deps.burst, jsonLimit });
+  if (deps.console) {
+    registerConsoleRoutes(app, { console: deps.console, jsonLimit });
+    registerConsolePage(app);
+  }
   if (deps.e2b) registerE2b(app, deps.e2b);
   return app;
 }

@@ -6,7 +6,7 @@ const LOCAL_REFUSALS = ['no_capacity', 'admission_exhausted', 'timeout', 'node_l
 
 /** One create, counted by outcome and recorded in the burst trace (its arrival, what became of it). */
 export async function countedCreate<T extends { sandbox: Sandbox; replayed: boolean }>(
-  deps: { metrics: Pick<GatewayMetrics, 'creates'>; burst?: { recordCreate(atEpochMs: number, tenant: string, request: CreateSandboxRequest, sandbox: Sandbox | undefined): void }; now: () => number },
+  deps: { metrics: Pick<GatewayMetrics, 'creates' | 'seen'>; burst?: { recordCreate(atEpochMs: number, tenant: string, request: CreateSandboxRequest, sandbox: Sandbox | undefined): void }; now: () => number },
   tenant: string,
   request: CreateSandboxRequest,
   create: () => Promise<T>,
@@ -16,10 +16,12 @@ export async function countedCreate<T extends { sandbox: Sandbox; replayed: bool
   try {
     const outcome = await create();
     creates.inc({ outcome: outcome.replayed ? 'replayed' : outcome.sandbox.state });
+    if (!outcome.replayed && outcome.sandbox.state === 'running') deps.metrics.seen.createAdmitted(deps.now() - arrivedAtMs);
     if (!outcome.replayed) deps.burst?.recordCreate(arrivedAtMs, tenant, request, outcome.sandbox);
     return outcome;
   } catch (err) {
     creates.inc({ outcome: err instanceof RollboxError ? err.code : 'internal' });
+    if (err instanceof RollboxError) deps.metrics.seen.createRefused(err.code);
     if (err instanceof RollboxError && LOCAL_REFUSALS.includes(err.code)) deps.burst?.recordCreate(arrivedAtMs, tenant, request, undefined);
     throw err;
   }

@@ -28,7 +28,7 @@ export interface ExecServiceDeps {
   registry: SandboxRegistry;
   commands: CommandLog;
   nodes: NodeRequests;
-  metrics: Pick<GatewayMetrics, 'execs'>;
+  metrics: Pick<GatewayMetrics, 'execs' | 'seen'>;
   now: () => number;
 }
 
@@ -72,6 +72,7 @@ export class ExecService {
     try {
       const result = await this.execOnce(principal, id, request, hop);
       execs.inc({ outcome: result.replayed ? 'replayed' : result.timedOut ? 'timed_out' : 'finished' });
+      if (!result.replayed) this.deps.metrics.seen.execFinished(result.durationMs);
       return result;
     } catch (err) {
       execs.inc({ outcome: err instanceof RollboxError ? err.code : 'internal' });

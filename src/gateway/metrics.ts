@@ -1,13 +1,18 @@
 import type { MiddlewareHandler } from 'hono';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { NodeDirectory } from '../queues/index.ts';
+import { REFUSAL_CAUSES } from './console/figures.ts';
+import type { SignalRecorder } from './console/recorder.ts';
+
+/** Seconds, from 5 ms to an hour: create waits and exec times (tool calls) share them. */
+const WAIT_BUCKETS_SECONDS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600];
 
 /**
  * Gateway metrics in Prometheus format. One registry per gateway (not prom-client's
  * global one), so several gateways can live in one process in tests. They follow what
  * DSec says to watch: environment-creation waiting, tool execution time, refusals.
  */
-export function createMetrics(directory: NodeDirectory) {
+export function createMetrics(directory: Pick<NodeDirectory, 'list'>, options: { signals?: SignalRecorder } = {}) {
   const registry = new Registry();
   const http = new Histogram({
     name: 'rollbox_http_request_duration_seconds',
@@ -40,12 +45,39 @@ export function createMetrics(directory: NodeDirectory) {
     },
   });
 
+  const createWait = new Histogram({ name: 'rollbox_sandbox_create_wait_seconds', help: 'environment-creation wait: a create request\'s arrival to its sandbox running (admitted creates)', buckets: WAIT_BUCKETS_SECONDS, registers: [registry] });
+  const execDuration = new Histogram({ name: 'rollbox_exec_duration_seconds', help: 'tool execution time: exec durations as the worker measured them', buckets: WAIT_BUCKETS_SECONDS, registers: [registry] });
+  const createRefusals = new Counter({ name: 'rollbox_create_refusals_total', help: 'refused creates by cause (quota, no_capacity, network)', labelNames: ['cause'] as const, registers: [registry] });
+  const batchTasks = new Counter({ name: 'rollbox_batch_tasks_ended_total', help: 'batch tasks that ended, by whether they succeeded', labelNames: ['succeeded'] as const, registers: [registry] });
+  const { signals } = options;
+  /** The console's figures and Prometheus' together, so the two never drift apart. */
+  const seen = {
+    createAdmitted(waitMs: number) {
+      createWait.observe(waitMs / 1000);
+      signals?.createAdmitted(waitMs);
+    },
+    createRefused(code: string) {
+      const cause = REFUSAL_CAUSES[code];
+      if (!cause) return;
+      createRefusals.inc({ cause });
+      signals?.createRefused(code);
+    },
+    execFinished(durationMs: number) {
+      execDuration.observe(durationMs / 1000);
+      signals?.observe('exec', durationMs);
+    },
+    taskEnded(succeeded: boolean) {
+      batchTasks.inc({ succeeded: String(succeeded) });
+      signals?.taskEnded(succeeded);
+    },
+  };
+
   const middleware: MiddlewareHandler = async (c, next) => {
     const started = performance.now();
     await next();
     http.observe({ method: c.req.method, route: c.req.routePath, status: String(c.res.status) }, (performance.now() - started) / 1000);
   };
-  return { registry, middleware, creates, refusals, execs };
+  return { registry, middleware, creates, refusals, execs, seen };
 }
 
 export type GatewayMetrics = ReturnType<typeof createMetrics>;

@@ -65,6 +65,11 @@ export class PoolService {
 
   async list(principal: Principal): Promise<Pool[]> {
     requireScope(principal, 'admin');
+    return this.listAll();
+  }
+
+  /** Every pool with its status, for callers that checked their own scope (the console). */
+  async listAll(): Promise<Pool[]> {
     return Promise.all((await this.deps.pools.list()).map((r) => this.withStatus(r)));
   }
 

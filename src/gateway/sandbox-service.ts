@@ -21,7 +21,7 @@ export interface SandboxServiceDeps {
   resolveImage: (spec: ImageSpec) => Promise<ImageSpec>;
   directory: NodeDirectory;
   nodes: NodeRequests;
-  metrics: Pick<GatewayMetrics, 'creates' | 'refusals'>;
+  metrics: Pick<GatewayMetrics, 'creates' | 'refusals' | 'seen'>;
   now: () => number;
   random: () => number;
   burst?: CreateRouting;

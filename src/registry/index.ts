@@ -13,4 +13,6 @@ export { ImagePullRecords } from './image-pulls.ts';
 export type { PullClaim } from './image-pulls.ts';
 export { PrefetchLists } from './prefetch.ts';
 export { ForkRecords } from './forks.ts';
+export { SIGNAL_BUCKET_SECONDS, SIGNAL_HISTOGRAMS, SIGNAL_RETENTION_SECONDS, SignalStore, binUpperMs, bucketStartSecOf, observationFields } from './signals.ts';
+export type { SignalBucket, SignalHistogram } from './signals.ts';
 export type { ForkClaim } from './forks.ts';

@@ -95,6 +95,12 @@ export const keys = {
   tenantBatches: (tenant: string) => `rb:tenant:${tenant}:batches`,
   /** Batches with tasks to run or running (a set). */
   activeBatches: 'rb:batches:active',
+  /**
+   * The console's signals (issue 28): one hash of counters per time bucket of
+   * SIGNAL_BUCKET_SECONDS, expiring after SIGNAL_RETENTION_SECONDS, so memory is bounded
+   * by time, not by traffic. `{signals}`: one slot, read together.
+   */
+  signalBucket: (bucketStartSec: number) => `rb:{signals}:${bucketStartSec}`,
   /** Create events for `rollbox burst record` (a stream). */
   burstTrace: 'rb:burst:trace',
 } as const;

@@ -13,6 +13,7 @@ import {
 } from '../api/index.ts';
 import { keys } from './keys.ts';
 import { LuaScript } from '../redis/index.ts';
+import { SignalStore, observationFields } from './signals.ts';
 
 // Each state change is one script (KEYS, ARGV and answers in its file's header).
 const ADMIT_SANDBOX = new LuaScript(import.meta.dirname, 'admit-sandbox');
@@ -149,7 +150,8 @@ export class SandboxRegistry {
     if (options.startedAt) patch.push('startedAt', options.startedAt);
     if (options.expiresAt) patch.push('expiresAt', options.expiresAt);
     if (options.hibernationLayer !== undefined) patch.push('hibernationLayer', options.hibernationLayer);
-    if (terminal) patch.push('endedAt', new Date(this.now()).toISOString());
+    const endedMs = this.now();
+    if (terminal) patch.push('endedAt', new Date(endedMs).toISOString());
     const result = (await TRANSITION.run(
       this.redis,
       [keys.sandbox(id), keys.unsettled, keys.burstFellBack, keys.burstFellBackFailed, keys.layerRefs],
@@ -157,8 +159,20 @@ export class SandboxRegistry {
     )) as string[];
     if (result[0] === 'missing') return { kind: 'missing' };
     if (result[0] === 'refused') return { kind: 'refused', current: result[1] as SandboxState };
-    if (terminal) await this.redis.expire(keys.sandbox(id), TERMINAL_RECORD_TTL_SEC);
+    if (terminal) await this.endedPipeline(id, endedMs, result[2] ?? '', result[3] ?? '').exec();
     return { kind: 'ok', from: result[1] as SandboxState };
+  }
+
+  /**
+   * A terminal record's expiry and, for a sandbox that ran, its residence (running to
+   * ended) in the console's signals: one round trip, once per sandbox, never per second.
+   * Sandboxes taken from a warm pool count apart (their time includes waiting ready).
+   */
+  private endedPipeline(id: string, endedMs: number, startedAt: string, pool: string) {
+    const pipeline = this.redis.pipeline().expire(keys.sandbox(id), TERMINAL_RECORD_TTL_SEC);
+    const startedMs = Date.parse(startedAt);
+    if (Number.isFinite(startedMs)) SignalStore.addTo(pipeline, endedMs, observationFields(pool ? 'poolres' : 'res', endedMs - startedMs));
+    return pipeline;
   }
 
   /** Replaces the stage policy (network, hidden paths) in a sandbox's spec. */

@@ -1,6 +1,7 @@
 import os from 'node:os';
 import type { NodeHeartbeat } from '../api/index.ts';
 import type { Config } from '../config/index.ts';
+import { readPressure } from './admission.ts';
 import type { LocalSandboxes } from './local-sandboxes.ts';
 
 export interface HeartbeatInput {
@@ -32,7 +33,7 @@ export function heartbeatOf(input: HeartbeatInput): NodeHeartbeat {
     ...(input.syncedLayers ? { syncedLayers: input.syncedLayers } : {}),
     capacity: { cpuMillis: config.cpuMillis, memoryMiB: config.memoryMiB, maxSandboxes: config.maxSandboxes, maxStarting: config.maxStarting, diskMiB: input.diskCapacityMiB },
     used: local.reserved(),
-    measured: { cpuLoad: os.loadavg()[0]! / os.availableParallelism(), memoryUsedFraction: 1 - os.freemem() / os.totalmem() },
+    measured: { cpuLoad: os.loadavg()[0]! / os.availableParallelism(), memoryUsedFraction: 1 - os.freemem() / os.totalmem(), pressure: readPressure() },
     sandboxes: local.size,
     starting: local.startingCount(),
     cachedLayers: input.cachedLayers,

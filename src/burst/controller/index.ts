@@ -129,7 +129,9 @@ export class BurstController {
     if (diversion.diverting !== previous.diversion.diverting) this.log.info({ utilization, diverting: diversion.diverting }, diversion.diverting ? 'burst: diverting eligible creates to the cloud pool' : 'burst: diversion stopped');
 
     const fleet = stepFleet({ previous, candidates, listedProviderIds: await this.listProviderHosts(nowMs), nowMs, lostAfterMs: config.lostAfterMs, drainGraceMs: this.drainGraceMs() });
+    let retiredVmMs = previous.retiredVmMs;
     for (const { host, why } of fleet.retire) {
+      retiredVmMs += Math.max(0, nowMs - host.provisionedAtMs);
       if (why === 'vanished') this.log.warn({ hostId: host.id }, 'burst: cloud host vanished');
       this.terminate(host, why);
     }
@@ -154,7 +156,7 @@ export class BurstController {
         recentProvisionsMs.push(nowMs);
       }
     }
-    return { diversion, utilization, utilizationAtMs: nowMs, hosts, recentProvisionsMs, retired: fleet.retired };
+    return { diversion, utilization, utilizationAtMs: nowMs, hosts, recentProvisionsMs, retired: fleet.retired, retiredVmMs };
   }
 
   /** The provider's machines, asked now and then (a command provider runs a program for it). */
@@ -239,6 +241,7 @@ export class BurstController {
       policy: this.policy,
       syncedLayers: [...this.synced].sort(),
       counts: { diverted: n('diverted'), local: n('local'), ineligible: n('ineligible'), byReason: Object.fromEntries(reasons.map((r) => [r, n(`reason:${r}`)])) as Record<BurstDecisionReason, number> },
+      vmHours: (this.state.retiredVmMs + this.state.hosts.reduce((sum, h) => sum + Math.max(0, this.deps.now() - h.provisionedAtMs), 0)) / 3_600_000,
       cloudHosts: this.state.hosts.map((h) => ({ id: h.id, state: h.state, sandboxes: h.sandboxes, slots: this.policy.cloudHostSandboxes, provisionedAtMs: h.provisionedAtMs, idleSinceMs: h.idleSinceMs })),
     };
   }

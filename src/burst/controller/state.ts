@@ -23,6 +23,8 @@ export const SharedState = z.object({
   recentProvisionsMs: z.array(z.number()),
   /** Hosts terminated or forgotten recently: their last heartbeats must not look like new hosts. */
   retired: z.array(z.object({ id: z.string(), atMs: z.number() })).default([]),
+  /** Provisioned-to-retired time of every cloud host retired so far (VM-hours so far = this + the live hosts' time). */
+  retiredVmMs: z.number().default(0),
 });
 export type SharedState = z.infer<typeof SharedState>;
 
@@ -33,6 +35,7 @@ export const INITIAL_STATE: SharedState = {
   hosts: [],
   recentProvisionsMs: [],
   retired: [],
+  retiredVmMs: 0,
 };
 
 /** A value stored as JSON, checked by `schema`; `fallback` when absent or not valid. */

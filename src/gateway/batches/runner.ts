@@ -15,6 +15,8 @@ export interface BatchRunnerDeps {
   tenantWeights: Readonly<Record<string, number>>;
   now: () => number;
   logger: Logger;
+  /** Told once per task that ended here (the console's task completion rate). */
+  onTaskEnded?: (succeeded: boolean) => void;
 }
 
 interface Local {
@@ -141,10 +143,14 @@ export class BatchRunner {
   }
 
   private async settle(run: Omit<TaskRun, 'signal'>, options: BatchOptions, outcome: TaskOutcome): Promise<void> {
-    const { store } = this.deps;
+    const { store, onTaskEnded } = this.deps;
+    // Only a line the store took counts: a task ends once.
+    const finish = async (batchId: string, line: Parameters<BatchRunnerDeps['store']['finish']>[1]) => {
+      if ((await store.finish(batchId, line)) !== undefined) onTaskEnded?.(line.status === 'succeeded');
+    };
     switch (outcome.kind) {
       case 'result':
-        await store.finish(run.batchId, outcome.line);
+        await finish(run.batchId, outcome.line);
         return;
       case 'backpressure':
         this.paused.set(run.batchId, this.deps.now() + BACKPRESSURE_PAUSE_MS);
@@ -153,7 +159,7 @@ export class BatchRunner {
       case 'aborted': {
         const state = await store.state(run.batchId);
         if (state === 'cancelling' || state === 'cancelled' || state === 'expired') {
-          await store.finish(run.batchId, { customId: run.customId, status: 'cancelled', steps: outcome.steps, attempts: run.attempt, error: { code: 'cancelled', message: 'the batch was cancelled while the task ran' } });
+          await finish(run.batchId, { customId: run.customId, status: 'cancelled', steps: outcome.steps, attempts: run.attempt, error: { code: 'cancelled', message: 'the batch was cancelled while the task ran' } });
         } else {
           await store.requeue(run.batchId, run.customId, false);
         }
@@ -162,7 +168,7 @@ export class BatchRunner {
       case 'infra':
         this.deps.logger.warn({ batchId: run.batchId, customId: run.customId, attempt: run.attempt, error: outcome.error }, 'batch task attempt failed (platform)');
         if (run.attempt >= options.maxAttempts) {
-          await store.finish(run.batchId, { customId: run.customId, status: 'infra_error', steps: outcome.steps, attempts: run.attempt, error: outcome.error });
+          await finish(run.batchId, { customId: run.customId, status: 'infra_error', steps: outcome.steps, attempts: run.attempt, error: outcome.error });
         } else {
           await store.requeue(run.batchId, run.customId, true);
         }

@@ -1,7 +1,7 @@
 -- KEYS: sandbox, unsettled, burstFellBack, burstFellBackFailed, layerRefs
 -- ARGV: to, allowedFrom (comma list), terminal ('1'|'0'), tenantLivePrefix, nodePrefix,
 --       expectedNode (or ''), then field/value pairs to set
--- Returns: {'ok', from} | {'refused', currentState} | {'missing'}
+-- Returns: {'ok', from, startedAt or '', pool or ''} | {'refused', currentState} | {'missing'}
 -- Besides the record: the tenant's live set and the node's sets (its sandboxes, and those
 -- being deleted: what its worker host's audit compares with) follow the state, as does the
 -- burst controller's count of diverted creates that fell back, and the counts of sandboxes
@@ -50,4 +50,4 @@ if ARGV[3] == '1' then
     if ARGV[1] == 'failed' then redis.call('ZADD', KEYS[4], fellBackAtMs, id) end
   end
 end
-return {'ok', state}
+return {'ok', state, redis.call('HGET', KEYS[1], 'startedAt') or '', redis.call('HGET', KEYS[1], 'pool') or ''}
