@@ -20,6 +20,11 @@ async function queueKeys(batchId: string): Promise<string[]> {
   return found;
 }
 
+/** Connections to Redis now, of every gateway and worker host (and this test's). */
+async function clients(): Promise<number> {
+  return ((await redis.client('LIST')) as string).split('\n').filter(Boolean).length;
+}
+
 async function ended(id: string, t = token): Promise<Batch> {
   return waitFor('the batch to end', async () => {
     const b = (await api<Batch>(cluster, t, 'GET', `/v1/batches/${id}`)).body;
@@ -47,6 +52,7 @@ afterAll(async () => {
 
 describe('batch tasks as BullMQ jobs', () => {
   it('waits out a full quota as delayed jobs, uncharged; honours maxConcurrency; removes the queue once recorded', async () => {
+    const connectionsBefore = await clients();
     const tasks = Array.from({ length: 12 }, (_, i) => task(`q:${i}`, 'sleep 0.3; echo ok'));
     const submitted = (await api<Batch>(cluster, token, 'POST', '/v1/batches', { tasks, maxConcurrency: 4, maxAttempts: 1 })).body;
     const name = jobQueueName('batch', submitted.id);
@@ -77,6 +83,8 @@ describe('batch tasks as BullMQ jobs', () => {
     expect(lines.map((l) => l.attempts)).toEqual(lines.map(() => 1));
     expect(maxRunning).toBeLessThanOrEqual(4);
     await waitFor('its queue removed', async () => (await queueKeys(submitted.id)).length === 0 && (await redis.sismember('rb:batches:active', submitted.id)) === 0, 10_000);
+    // While it ran, the gateway held a Worker for it (a blocking connection of its own); done, none: no polling for a finished batch.
+    await waitFor('its worker closed', async () => (await clients()) <= connectionsBefore, 10_000);
   }, 120_000);
 
   it('a duplicate customId in a later chunk of a streamed submit fails the batch: no job of it runs, its queue goes', async () => {

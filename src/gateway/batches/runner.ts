@@ -112,16 +112,24 @@ export class BatchRunner {
     const { store, jobs, now } = this.deps;
     const loads = await store.loads();
     const nowMs = now();
+    // One batch's trouble (its queue's Redis call failing) must not stop the others' scheduling.
+    const each = async (l: BatchLoad, what: string, fn: () => Promise<void>) =>
+      fn().catch((err: unknown) => this.deps.logger.warn({ batchId: l.id, err: String(err) }, `${what} failed; tried again next tick`));
     for (const l of loads) {
       if (l.state === 'in_progress' && nowMs > l.expiresAtMs) {
-        l.state = await store.cancel(l.id, 'expired', 'the completion window ended before the task ran');
-        await jobs.drain(l.id);
+        await each(l, 'expiring a batch', async () => {
+          l.state = await store.cancel(l.id, 'expired', 'the completion window ended before the task ran');
+          await jobs.drain(l.id);
+        });
       }
     }
     // Ended batches: their results are recorded, so their queues go (any gateway may; obliterate is idempotent).
     for (const l of loads.filter((b) => TERMINAL.has(b.state))) {
-      await jobs.remove(l.id);
-      await store.forget(l.id);
+      await each(l, 'removing an ended batch\'s queue', async () => {
+        await jobs.remove(l.id);
+        await store.forget(l.id);
+        this.paused.delete(l.id);
+      });
     }
     const live = loads.filter((l) => !TERMINAL.has(l.state) && l.state !== 'validating');
     if (this.deps.slots > 0) await jobs.watch(new Set(live.map((l) => l.id)));
