@@ -6,9 +6,11 @@
  * the throughput while both run. Progress on stderr, a chart in bench/out/, one JSON line last.
  */
 import path from 'node:path';
+import { Redis } from 'ioredis';
 import type { Batch } from '../src/api/index.ts';
 import { lineChartsSvg, progressBar, writeSvg } from '../src/report/index.ts';
 import { api, startTestCluster, type TestCluster } from '../test/support/cluster.ts';
+import { backgroundCallsPerSecond, redisCallsSoFar } from './support/redis-calls.ts';
 import { rawRuncRunFloor } from './support/runc-floor.ts';
 
 const TASKS = Number(process.env.BENCH_TASKS ?? 1000);
@@ -20,6 +22,7 @@ const cluster: TestCluster = await startTestCluster({
   workers: [{ nodeId: NODE, env: { ROLLBOX_NODE_MAX_STARTING: String(SLOTS * 2), ROLLBOX_NODE_MAX_SANDBOXES: String(SLOTS * 8) } }],
   env: { ROLLBOX_BATCH_SLOTS: String(SLOTS), ROLLBOX_HEARTBEAT_MS: '500', ROLLBOX_NODE_LOST_AFTER_MS: '5000', ROLLBOX_TENANT_MAX_SANDBOXES: '100000' },
 });
+const redis = new Redis(cluster.redisUrl);
 process.once('SIGINT', () => void cluster.stop().finally(() => process.exit(130)));
 
 const tasksOf = (prefix: string) => Array.from({ length: TASKS }, (_, i) => ({ customId: `${prefix}${i}`, resources: { memoryMiB: 32, cpuMillis: 100 }, steps: [{ cmd: 'true', timeoutMs: 30_000 }] }));
@@ -38,12 +41,18 @@ try {
   await api(cluster, tokenA, 'DELETE', `/v1/sandboxes/${template}`);
   const floorPerSecond = round((FLOOR_RUNS / floor.wallMs) * 1000);
 
-  // One batch.
+  // One batch. Redis calls per task: every call while it ran (its sandboxes' creates, execs
+  // and deletes included) over its tasks, with and without the idle background rate.
+  const backgroundPerSecond = await backgroundCallsPerSecond(redis);
+  const callsBefore = await redisCallsSoFar(redis);
   const started = performance.now();
   const single = (await api<Batch>(cluster, tokenA, 'POST', '/v1/batches', { tasks: tasksOf('a'), maxConcurrency: SLOTS })).body;
   const firstResult = fetch(`${cluster.url}/v1/batches/${single.id}/results?limit=1&waitSeconds=60`, { headers: { authorization: `Bearer ${tokenA}` } }).then(() => performance.now() - started);
   const singleSeries = await waitBatches([[tokenA, single.id]], `${TASKS} tasks, one tenant`);
   const singleWallMs = performance.now() - started;
+  const callsDuring = (await redisCallsSoFar(redis)) - callsBefore;
+  const redisCallsPerTask = round(callsDuring / TASKS);
+  const redisCallsPerTaskLessBackground = round((callsDuring - (backgroundPerSecond * singleWallMs) / 1000) / TASKS);
   const firstResultMs = round(await firstResult);
 
   // Two tenants at once.
@@ -70,7 +79,7 @@ try {
       tasks: TASKS,
       slots: SLOTS,
       floorPerSecond,
-      single: { tasksPerSecond: singlePerSecond, ratioToFloor: round(singlePerSecond / floorPerSecond), firstResultMs, wallMs: round(singleWallMs) },
+      single: { tasksPerSecond: singlePerSecond, ratioToFloor: round(singlePerSecond / floorPerSecond), firstResultMs, wallMs: round(singleWallMs), redisCallsPerTask, redisCallsPerTaskLessBackground, backgroundCallsPerSecond: round(backgroundPerSecond) },
       twoTenants: {
         tasksPerSecond: round(((2 * TASKS) / bothWallMs) * 1000),
         whileBothRan: { seconds: overlapEnd.atS, doneA, doneB, shareA: round(doneA / (doneA + doneB)), shareB: round(doneB / (doneA + doneB)) },
@@ -79,6 +88,7 @@ try {
     }),
   );
 } finally {
+  redis.disconnect();
   await cluster.stop();
 }
 

@@ -10,7 +10,7 @@ import { serve } from '@hono/node-server';
 import type { Redis } from 'ioredis';
 import pino, { type Logger } from 'pino';
 import type { Config } from './config/index.ts';
-import { startingAnswer, BatchRunner, BatchService, ExecService, ForkService, FilesService, TtlService, Janitor, LayerCollector, NodeRequests, PoolService, RunService, SandboxService, createGateway, createMetrics, newId, runTask, type LayerBuilder } from './gateway/index.ts';
+import { startingAnswer, ExecService, ForkService, FilesService, TtlService, Janitor, LayerCollector, NodeRequests, PoolService, RunService, SandboxService, createGateway, createMetrics, newId, type LayerBuilder } from './gateway/index.ts';
 import { E2bKeyStore, createTokenIssuer, createTokenVerifier, loadOrCreateHsSecret } from './iam/index.ts';
 import { BurstController, CommandProvider, LocalProvider, TraceRecorder, type CloudProvider } from './burst/index.ts';
 import { ExtractWorkers, LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar } from './layers/index.ts';
@@ -18,13 +18,14 @@ import { LazyLayers } from './layers/lazy/index.ts';
 import { NodeDirectory, ReplyHub } from './queues/index.ts';
 import { CreateJobQueues, connectJobRedis } from './queues/jobs/index.ts';
 import { BlockingPool, connectRedis, redactedRedisUrl, startRedisServer, waitForRedis, type RedisServerHandle, type RedisWaitState } from './redis/index.ts';
-import { BatchStore, CommandLog, ForkRecords, ImageRegistry, LayerRegistry, PoolRegistry, SandboxRegistry, keys } from './registry/index.ts';
+import { CommandLog, ForkRecords, ImageRegistry, LayerRegistry, PoolRegistry, SandboxRegistry, keys } from './registry/index.ts';
 import { ImportHolds, importImage, resolveImageRef } from './images/index.ts';
 import { WorkerHost } from './workers/index.ts';
 import { NetworkSelfTest, SandboxNetworks } from './workers/network/index.ts';
 import { checkWorkerHostOrThrow } from './workers/host-checks/index.ts';
 import { createRuncRuntime, createTieredRuntime } from './workers/runtime/index.ts';
 import { microVmRuntimeOf } from './workers/microvm/index.ts';
+import { batchesOf } from './gateway-batches.ts';
 import { imagePullsOf } from './gateway-pulls.ts';
 import { gatewayConsoleOf } from './gateway-console.ts';
 import { layerSourceOf, layerSyncOf } from './worker-layers.ts';
@@ -126,23 +127,12 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const files = new FilesService({ config, redis, registry, nodes });
   const ttls = new TtlService({ registry, nodes, now });
   const runs = new RunService({ sandboxes, redis, fetchMaxBytes: config.files.maxBytes, now });
-  const batchStore = new BatchStore(redis, now);
   const buildLayer: LayerBuilder = (tar, { maxBytes }) => buildLayerFromTar(tar, { store, tmpDir, maxBytes, extract });
-  const batchRunner = new BatchRunner({
-    store: batchStore,
-    execute: (run) => runTask({ sandboxes, files, execs, layers, buildLayer, store: batchStore, collectMaxBytes: config.files.maxBytes, now }, run),
-    slots: config.batch.slots,
-    leaseMs: config.batch.leaseMs,
-    tenantWeights: config.batch.tenantWeights,
-    now,
-    logger: logger.child({ name: 'batches' }),
-    onTaskEnded: (succeeded) => metrics.seen.taskEnded(succeeded),
-  });
-  const batches = new BatchService({ store: batchStore, blocking, kick: () => batchRunner.kick(), maxNdjsonBytes: config.batch.maxBytes });
+  const { batches, runner: batchRunner, jobs: batchJobs, stop: stopBatches } = batchesOf(config, redisUrl, redis, blocking, { sandboxes, files, execs, layers, buildLayer, now }, logger, now, (succeeded) => metrics.seen.taskEnded(succeeded));
   const verifier = createTokenVerifier(config.jwt);
   const app = createGateway({
     config, redis, verifier, sandboxes, forks, ttls, execs, files, pools, runs, batches, layers, directory, metrics, logger, now, burst,
-    jobQueues: () => directory.list().map((n) => createJobs.queue(n.nodeId)),
+    jobQueues: () => [...directory.list().map((n) => createJobs.queue(n.nodeId)), ...batchJobs.openQueues()],
     console: consoleParts.service({ pools: () => pools.listAll(), burst, metricsRegistry: metrics.registry }),
     buildLayer,
     layerStore: store,
@@ -171,7 +161,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     async stop() {
       janitor.stop();
       await stopImagePulls();
-      await batchRunner.stop();
+      await stopBatches();
       await consoleParts.signals.stop();
       await burst.stop();
       await provider?.close?.();

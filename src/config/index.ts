@@ -123,7 +123,7 @@ export const Env = z.object({
     .default('')
     .describe('Gateway: JSON `{"language": {"image": {"base": "...", "layers": [...]}, "argv": ["python3"], "file": "main.py", "memoryMiB": 512}}` for `POST /run_code`, over the defaults (python: layer `python`, `python3 main.py`; bash: `busybox`, `sh main.sh`).'),
   ROLLBOX_BATCH_SLOTS: z.coerce.number().int().min(0).default(8).describe('Gateway: batch tasks this gateway runs at once (over every batch; 0: it runs none).'),
-  ROLLBOX_BATCH_LEASE_MS: z.coerce.number().int().min(1000).default(15_000).describe('Gateway: a running batch task\'s lease, renewed every third of it; a gateway that stops renewing (it died) has its tasks run again elsewhere.'),
+  ROLLBOX_BATCH_LEASE_MS: z.coerce.number().int().min(1000).default(10_000).describe('Gateway: the BullMQ lock of a running batch task\'s job, renewed every third of it; the stalled check runs as often, so a gateway that dies has its tasks waiting again about this long plus two checks later (BullMQ\'s default is 30 s).'),
   ROLLBOX_BATCH_MAX_BYTES: z.coerce.number().int().min(1024).default(512 * 1024 * 1024).describe('Gateway: the largest NDJSON batch body.'),
   ROLLBOX_BATCH_TENANT_WEIGHTS: z.string().default('').describe('Gateway: `tenant=weight,...`: relative shares of batch capacity (default 1 each).'),
   ROLLBOX_NET_STATIC_HOSTS: z.string().default('').describe('`name=ip|ip,name2=ip`: allowlisted hostnames resolved from this map instead of the host\'s resolver.'),
@@ -217,7 +217,7 @@ export function loadConfig(env: NodeJS.ProcessEnv, overrides: Partial<Record<key
     },
     batch: {
       slots: e.ROLLBOX_BATCH_SLOTS,
-      leaseMs: e.ROLLBOX_BATCH_LEASE_MS,
+      jobLockMs: e.ROLLBOX_BATCH_LEASE_MS,
       maxBytes: e.ROLLBOX_BATCH_MAX_BYTES,
       tenantWeights: Object.fromEntries(
         parseList(e.ROLLBOX_BATCH_TENANT_WEIGHTS)

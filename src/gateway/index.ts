@@ -17,5 +17,6 @@ export { Janitor, LayerCollector } from './housekeeping/index.ts';
 export type { LayerCollectorDeps } from './housekeeping/index.ts';
 export { createMetrics } from './metrics.ts';
 export type { GatewayMetrics } from './metrics.ts';
-export { BatchRunner, BatchService, runTask } from './batches/index.ts';
+export { BatchJobs, BatchRunner, BatchService, runTask } from './batches/index.ts';
+export type { TaskDeps } from './batches/index.ts';
 export { startingAnswer } from './starting.ts';

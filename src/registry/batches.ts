@@ -1,5 +1,5 @@
 import type { Redis } from 'ioredis';
-import { Batch, BatchCounts, BatchOptions, BatchResultLine, BatchTask, RollboxError, type BatchState, type BatchTaskStatus, type TaskStatus } from '../api/index.ts';
+import { Batch, BatchCounts, BatchOptions, BatchResultLine, RollboxError, type BatchTask, type BatchState, type BatchTaskStatus, type TaskStatus } from '../api/index.ts';
 import { LuaScript } from '../redis/index.ts';
 import { keys } from './keys.ts';
 
@@ -23,9 +23,10 @@ export type ResultLineInput = Omit<BatchResultLine, 'cursor' | 'endedAt'>;
 
 /**
  * Batches in Redis: the batch hash (state, options, counts, a timestamp per state), its
- * tasks' specs, queue, leases, attempts, terminal statuses and result stream. Every change
- * of a task's place is one script (lua/batch.lua), so a task is claimed by one runner at a
- * time, ends exactly once, and the batch ends when its last task does.
+ * tasks' specs, the set of those running, attempts, terminal statuses and result stream.
+ * Where a task waits and who runs it is BullMQ's (a queue per batch, see
+ * src/gateway/batches/jobs.ts); every change of a task's count or result here is one
+ * script (lua/batch.lua), so a task ends exactly once and the batch ends when its last task does.
  */
 export class BatchStore {
   constructor(
@@ -34,11 +35,12 @@ export class BatchStore {
   ) {}
 
   private run(id: string, op: string, ...args: (string | number)[]): Promise<unknown> {
-    const k = [keys.batch(id), keys.batchQueue(id), keys.batchLeases(id), keys.batchAttempts(id), keys.batchDone(id), keys.batchResults(id), keys.activeBatches];
+    const k = [keys.batch(id), keys.batchSpecs(id), keys.batchRunning(id), keys.batchAttempts(id), keys.batchDone(id), keys.batchResults(id)];
     const nowMs = this.now();
     return SCRIPT.run(this.redis, k, [op, id, nowMs, new Date(nowMs).toISOString(), ...args]);
   }
 
+  /** A new batch, `validating`; listed as active (the runners' `loads`) until its queue is removed after it ends. */
   async create(id: string, tenant: string, options: BatchOptions): Promise<void> {
     const nowMs = this.now();
     const at = new Date(nowMs).toISOString();
@@ -56,40 +58,40 @@ export class BatchStore {
         ...Object.fromEntries(COUNTS.map((c) => [`n:${c}`, 0])),
       })
       .zadd(keys.tenantBatches(tenant), nowMs, id)
+      .sadd(keys.activeBatches, id)
       .exec();
   }
 
-  /** Adds tasks to a validating batch; answers the first customId already in it, if any (nothing of that chunk is queued then). */
+  /**
+   * Claims the tasks' customIds in a validating batch (HSETNX each, so two chunks or two
+   * submitters can never both claim one); answers the first customId already in it, if any
+   * (the caller then fails the batch, so nothing of it runs). The caller adds their jobs after.
+   */
   async addTasks(id: string, tasks: readonly BatchTask[]): Promise<string | undefined> {
     const specs = keys.batchSpecs(id);
     const setnx = this.redis.pipeline();
-    for (const t of tasks) setnx.hsetnx(specs, t.customId, JSON.stringify(t));
+    for (const t of tasks) setnx.hsetnx(specs, t.customId, '1');
     const fresh = (await setnx.exec())!.map(([, r]) => r === 1);
     const duplicate = tasks.find((_, i) => !fresh[i]);
     if (duplicate) return duplicate.customId;
-    await this.redis
-      .multi()
-      .rpush(keys.batchQueue(id), ...tasks.map((t) => t.customId))
-      .hincrby(keys.batch(id), 'n:total', tasks.length)
-      .hincrby(keys.batch(id), 'n:queued', tasks.length)
-      .exec();
+    await this.redis.multi().hincrby(keys.batch(id), 'n:total', tasks.length).hincrby(keys.batch(id), 'n:queued', tasks.length).exec();
     return undefined;
   }
 
-  /** validating -> in_progress: its tasks may be claimed from now on. */
+  /** validating -> in_progress: its tasks may be fetched from now on. */
   async start(id: string): Promise<boolean> {
     return (await this.run(id, 'start')) === 1;
   }
 
-  /** A batch whose input was refused: `failed`, nothing of it runs. */
+  /** A batch whose input was refused: `failed`, nothing of it runs (its queue is removed by the caller). */
   async fail(id: string, error: { code: string; message: string }): Promise<void> {
     const at = new Date(this.now()).toISOString();
-    await this.redis
-      .multi()
-      .hset(keys.batch(id), { state: 'failed', 'ts:failed': at, error: JSON.stringify(error), 'n:queued': 0 })
-      .del(keys.batchQueue(id))
-      .srem(keys.activeBatches, id)
-      .exec();
+    await this.redis.hset(keys.batch(id), { state: 'failed', 'ts:failed': at, error: JSON.stringify(error), 'n:queued': 0 });
+  }
+
+  /** No longer active: its queue is gone, no runner looks at it again. */
+  async forget(id: string): Promise<void> {
+    await this.redis.srem(keys.activeBatches, id);
   }
 
   async get(id: string): Promise<Batch | undefined> {
@@ -136,33 +138,31 @@ export class BatchStore {
     });
   }
 
-  /** The next queued task of the batch, leased to the caller until `leaseUntilMs`; undefined when none may start. */
-  async claim(id: string, leaseUntilMs: number): Promise<{ customId: string; attempt: number; task: BatchTask } | undefined> {
-    const claimed = (await this.run(id, 'claim', leaseUntilMs)) as [string, number] | null;
-    if (!claimed) return undefined;
-    const raw = await this.redis.hget(keys.batchSpecs(id), claimed[0]);
-    return { customId: claimed[0], attempt: Number(claimed[1]), task: BatchTask.parse(JSON.parse(raw!)) };
+  /**
+   * The task's job was fetched: it counts as running. Answers its attempt number (stalls,
+   * infra failures and this one; what no room gave back is not counted), or undefined when
+   * it has its result already.
+   */
+  async begin(id: string, customId: string): Promise<number | undefined> {
+    const attempt = Number(await this.run(id, 'begin', customId));
+    return attempt > 0 ? attempt : undefined;
   }
 
-  /** Records the task's one result; undefined when it had one already (another runner's, or a cancel). */
-  async finish(id: string, line: ResultLineInput): Promise<string | undefined> {
+  /** Records the task's one result; `cursor` undefined when it had one already (another runner's, or a cancel). */
+  async finish(id: string, line: ResultLineInput): Promise<{ cursor: string | undefined; batchEnded: boolean }> {
     const full = { ...line, endedAt: new Date(this.now()).toISOString() };
-    const cursor = await this.run(id, 'finish', line.customId, line.status, JSON.stringify(full));
-    return typeof cursor === 'string' ? cursor : undefined;
+    const [cursor, ended] = (await this.run(id, 'finish', line.customId, line.status, JSON.stringify(full))) as [string | null, number];
+    return { cursor: typeof cursor === 'string' ? cursor : undefined, batchEnded: ended === 1 };
   }
 
-  /** Back to the head of the queue: charged (an infra failure) or not (backpressure: no room yet). */
-  async requeue(id: string, customId: string, charge: boolean): Promise<boolean> {
-    return (await this.run(id, 'requeue', customId, charge ? '1' : '0')) === 1;
-  }
-
-  async renew(id: string, customIds: readonly string[], leaseUntilMs: number): Promise<void> {
-    if (customIds.length > 0) await this.run(id, 'renew', leaseUntilMs, ...customIds);
-  }
-
-  /** Queues again the tasks whose runner stopped renewing its lease. */
-  async reclaim(id: string): Promise<number> {
-    return Number(await this.run(id, 'reclaim'));
+  /**
+   * The task stopped running here and its job waits again: charged (an infra failure, a
+   * stalled job) or not (no room yet, the gateway stopping). Ends it cancelled when its
+   * batch is being cancelled. False when it was not running (ended, or released already).
+   */
+  async release(id: string, customId: string, charge: boolean): Promise<{ released: boolean; batchEnded: boolean }> {
+    const [released, ended] = (await this.run(id, 'release', customId, charge ? '1' : '0')) as [number, number];
+    return { released: released === 1, batchEnded: ended === 1 };
   }
 
   async cancel(id: string, endState: 'cancelled' | 'expired', reason: string): Promise<BatchState> {
@@ -189,18 +189,17 @@ export class BatchStore {
     return entries.map(([cursor, fields]) => BatchResultLine.parse({ ...JSON.parse(fields[1]!), cursor }));
   }
 
+  /** Done (with its status), running, or queued (its position is the queue's: the caller adds it). */
   async taskStatus(id: string, customId: string): Promise<BatchTaskStatus> {
-    const [spec, status, attempts, leased] = await Promise.all([
+    const [spec, status, attempts, running] = await Promise.all([
       this.redis.hexists(keys.batchSpecs(id), customId),
       this.redis.hget(keys.batchDone(id), customId),
       this.redis.hget(keys.batchAttempts(id), customId),
-      this.redis.zscore(keys.batchLeases(id), customId),
+      this.redis.sismember(keys.batchRunning(id), customId),
     ]);
     if (!spec) throw new RollboxError('not_found', `no task ${customId} in batch ${id}`);
     const base = { customId, attempts: Number(attempts ?? 0) };
     if (status) return { ...base, state: 'done', status: status as TaskStatus };
-    if (leased !== null) return { ...base, state: 'running' };
-    const position = await this.redis.lpos(keys.batchQueue(id), customId);
-    return position === null ? { ...base, state: 'running' } : { ...base, state: 'queued', position };
+    return { ...base, state: running ? 'running' : 'queued' };
   }
 }

@@ -78,12 +78,10 @@ export const keys = {
   burstFellBackFailed: 'rb:burst:fell-back-failed',
   /** A batch (hash: state, options, counts `n:*`, timestamps `ts:*`); its tasks' keys share the prefix. */
   batch: (id: string) => `rb:batch:${id}`,
-  /** customId -> task JSON. */
+  /** customId -> 1: the batch's tasks, claimed by HSETNX so a customId is taken once (the spec itself rides in its BullMQ job). */
   batchSpecs: (id: string) => `rb:batch:${id}:specs`,
-  /** customIds waiting to run, first out first. */
-  batchQueue: (id: string) => `rb:batch:${id}:queue`,
-  /** Running tasks, scored by when their runner's lease ends. */
-  batchLeases: (id: string) => `rb:batch:${id}:leases`,
+  /** customIds whose job a runner holds now (a set; the counts' truth, not a lease: BullMQ's job locks are). */
+  batchRunning: (id: string) => `rb:batch:${id}:running`,
   batchAttempts: (id: string) => `rb:batch:${id}:attempts`,
   /** customId -> terminal status (a task ends once). */
   batchDone: (id: string) => `rb:batch:${id}:done`,
@@ -93,7 +91,7 @@ export const keys = {
   batchResults: (id: string) => `rb:batch:${id}:results`,
   /** A tenant's batches, scored by creation time. */
   tenantBatches: (tenant: string) => `rb:tenant:${tenant}:batches`,
-  /** Batches with tasks to run or running (a set). */
+  /** Batches from submit until their BullMQ queue is removed after they end (a set). */
   activeBatches: 'rb:batches:active',
   /**
    * The console's signals (issue 28): one hash of counters per time bucket of

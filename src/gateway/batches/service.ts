@@ -5,9 +5,12 @@ import { BatchTask, RollboxError, TERMINAL_BATCH_STATES, newId, type Batch, type
 import { requireScope, type Principal } from '../../iam/index.ts';
 import type { BlockingPool } from '../../redis/index.ts';
 import { keys, type BatchStore } from '../../registry/index.ts';
+import type { BatchJobs } from './jobs.ts';
 
 export interface BatchServiceDeps {
   store: BatchStore;
+  /** The batches' BullMQ queues: a submit adds one job per task. */
+  jobs: Pick<BatchJobs, 'prepare' | 'add' | 'drain' | 'position'>;
   blocking: BlockingPool;
   /** Tells this gateway's runner there is work (the others find it on their next tick). */
   kick: () => void;
@@ -37,8 +40,8 @@ export class BatchService {
     }
     const { tasks, ...options } = request;
     const id = newId('batch');
-    await this.deps.store.create(id, principal.tenant, options);
-    for (let i = 0; i < tasks.length; i += CHUNK) await this.deps.store.addTasks(id, tasks.slice(i, i + CHUNK));
+    await this.create(id, principal.tenant, options);
+    for (let i = 0; i < tasks.length; i += CHUNK) await this.addTasks(id, tasks.slice(i, i + CHUNK), options);
     return this.started(id);
   }
 
@@ -51,7 +54,7 @@ export class BatchService {
     requireScope(principal, 'batch:submit');
     const id = newId('batch');
     const { store } = this.deps;
-    await store.create(id, principal.tenant, options);
+    await this.create(id, principal.tenant, options);
     let bytes = 0;
     let lineNo = 0;
     let chunk: BatchTask[] = [];
@@ -61,7 +64,7 @@ export class BatchService {
       throw new RollboxError(code, `batch ${id} failed: ${message}`);
     };
     const flush = async () => {
-      const duplicate = await store.addTasks(id, chunk);
+      const duplicate = await this.addTasks(id, chunk, options);
       chunk = [];
       if (duplicate) await refuse('invalid_request', `customId ${duplicate} appears twice`);
     };
@@ -86,6 +89,21 @@ export class BatchService {
     return this.started(id);
   }
 
+  private async create(id: string, tenant: string, options: BatchOptions): Promise<void> {
+    await this.deps.store.create(id, tenant, options);
+    await this.deps.jobs.prepare(id, options);
+  }
+
+  /**
+   * Claims the chunk's customIds (atomically, per customId), then adds their jobs. Answers
+   * a customId already in the batch: then no job of the chunk is added (and the batch fails).
+   */
+  private async addTasks(id: string, tasks: readonly BatchTask[], options: BatchOptions): Promise<string | undefined> {
+    const duplicate = await this.deps.store.addTasks(id, tasks);
+    if (duplicate === undefined) await this.deps.jobs.add(id, tasks, options);
+    return duplicate;
+  }
+
   private async started(id: string): Promise<Batch> {
     await this.deps.store.start(id);
     this.deps.kick();
@@ -107,6 +125,8 @@ export class BatchService {
     requireScope(principal, 'batch:submit');
     await this.deps.store.getOwned(id, principal.tenant);
     await this.deps.store.cancel(id, 'cancelled', 'the batch was cancelled');
+    // Its waiting jobs' tasks ended cancelled in the store: the jobs go too.
+    await this.deps.jobs.drain(id);
     this.deps.kick();
     return this.deps.store.getOwned(id, principal.tenant);
   }
@@ -114,7 +134,10 @@ export class BatchService {
   async task(principal: Principal, id: string, customId: string): Promise<BatchTaskStatus> {
     requireScope(principal, 'batch:submit');
     await this.deps.store.getOwned(id, principal.tenant);
-    return this.deps.store.taskStatus(id, customId);
+    const status = await this.deps.store.taskStatus(id, customId);
+    if (status.state !== 'queued') return status;
+    const position = await this.deps.jobs.position(id, customId);
+    return position === undefined ? status : { ...status, position };
   }
 
   /**
