@@ -98,6 +98,12 @@ class NetworkUnavailable(RollboxError):
     code = "network_unavailable"
 
 
+class TierUnsupported(RollboxError):
+    """The sandbox's tier (container, microvm) cannot do this, or no host runs that tier."""
+
+    code = "tier_unsupported"
+
+
 class Unavailable(RollboxError):
     code = "unavailable"
 
@@ -181,6 +187,7 @@ ERRORS_BY_CODE: Dict[str, Type[RollboxError]] = {
         InvalidRequest, InvalidLayer, InvalidImage, InvalidArchive, Unauthenticated, Forbidden, NotFound, Conflict, InvalidState,
         ResultUnknown, PayloadTooLarge, RangeNotSatisfiable, QuotaExceeded, Internal, AdmissionExhausted, NoCapacity, NetworkUnavailable,
         Unavailable, Timeout, NodeLost, ImageNotFound, RegistryUnauthorized, RegistryUnavailable, ImagePullTimeout,
+        TierUnsupported,
     )
 }
 
