@@ -63,7 +63,7 @@ export const Env = z.object({
   ROLLBOX_NODE_DISK_OVERCOMMIT: z.coerce.number().min(1).max(1000).default(8).describe('Worker: sum of `diskMiB` promised, as a multiple of the scratch space (disks are sparse; 1 with preallocated disks).'),
   ROLLBOX_NODE_SCRATCH_GIB: z.coerce.number().positive().optional().describe('Worker: size of the scratch filesystem holding sandbox disks. Default: half the free space under the data dir, at most 64.'),
   ROLLBOX_NODE_IDLE_UNMOUNT_MS: z.coerce.number().int().min(0).default(10_000).describe('Worker: how long the scratch filesystem and a layer stay mounted after the last sandbox using them goes (mounting them again costs one-shot sandboxes ~100 ms each).'),
-  ROLLBOX_NODE_MAX_STARTING: z.coerce.number().int().min(1).default(16).describe('Worker: creates at once (its BullMQ Worker's concurrency); the rest wait in its create queue.'),
+  ROLLBOX_NODE_MAX_STARTING: z.coerce.number().int().min(1).default(16).describe('Worker: creates at once (the concurrency of its BullMQ Worker); the rest wait in its create queue.'),
   ROLLBOX_POOL_REFILL_CONCURRENCY: z.coerce.number().int().min(1).max(64).default(2).describe('Worker: warm-pool sandboxes it starts at once (under SCHED_IDLE, so running work is not slowed).'),
   ROLLBOX_NODE_HOST_RESERVE_MIB: z.coerce.number().int().min(0).default(256).describe('Worker: host memory kept free for the host itself; below it, new sandboxes are refused.'),
   ROLLBOX_HEARTBEAT_MS: z.coerce.number().int().min(50).default(1000).describe('Worker heartbeat interval.'),
