@@ -2,7 +2,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createQueueName } from '../src/queues/jobs/index.ts';
 import { launchChromium, type Chromium } from './support/cdp.ts';
-import { api, startTestCluster, type TestCluster } from './support/cluster.ts';
+import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 
 const SCREENSHOT = path.join(import.meta.dirname, 'artifacts', 'queue-board.png');
 let cluster: TestCluster;
@@ -32,7 +32,7 @@ describe('the queue view (bull-board)', () => {
     expect(ok.headers.get('content-security-policy')).toMatch(/script-src 'self'/);
   });
 
-  it("shows a node's create queue and a create job by its id in headless Chromium", async () => {
+  it("shows a node's create queue with a create job, and a running batch task, by their ids in headless Chromium", async () => {
     const created = await api(cluster, admin, 'POST', '/v1/sandboxes', { labels: { board: 'yes' } });
     expect(created.status).toBe(201);
     chromium = await launchChromium();
@@ -45,5 +45,13 @@ describe('the queue view (bull-board)', () => {
     expect(text).toContain(queue);
     await page.screenshot(SCREENSHOT);
     await api(cluster, admin, 'DELETE', `/v1/sandboxes/${created.body.id}`);
+
+    // A batch task running: its batch's queue and its job (`t.<customId>`) are listed too.
+    const batch = await api(cluster, admin, 'POST', '/v1/batches', { tasks: [{ customId: 'board-task', steps: [{ cmd: 'sleep 30', timeoutMs: 60_000 }] }] });
+    expect(batch.status).toBe(201);
+    await waitFor('the task running', async () => (await api(cluster, admin, 'GET', `/v1/batches/${batch.body.id}`)).body.counts?.running === 1);
+    await page.navigate(`${cluster.url}/ui/queues/queue/${encodeURIComponent(`batch-{${batch.body.id}}`)}?status=active`);
+    await page.waitFor('the batch task listed', `document.body.innerText.includes('t.board-task')`, 60_000);
+    await api(cluster, admin, 'POST', `/v1/batches/${batch.body.id}/cancel`);
   });
 });
