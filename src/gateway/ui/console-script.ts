@@ -1,8 +1,6 @@
-/** The console page's script (see console-page.ts): polls /v1/cluster/console and draws it. */
+/** The console page's script (see console-page.ts; it follows DOM_SCRIPT): polls /v1/cluster/console and draws it. */
 export const CONSOLE_SCRIPT = String.raw`
-'use strict';
 const POLL_MS = 2000;
-const SVG = 'http://www.w3.org/2000/svg';
 const COLORS = ['#4a7fd0', '#d64545', '#2f9e5b', '#e0891b', '#8a5cd1', '#6b7280'];
 const $ = (id) => document.getElementById(id);
 let token = sessionStorage.getItem('rollbox.token') || '';
@@ -10,21 +8,6 @@ let timer = 0, busy = false, last = null;
 const fragment = new URLSearchParams(location.hash.slice(1));
 if (fragment.get('token')) { token = fragment.get('token'); sessionStorage.setItem('rollbox.token', token); history.replaceState(null, '', location.pathname + location.search); }
 
-/** An element whose children are elements or text (strings always become text nodes). */
-function make(ns, tag, attrs, kids) {
-  const n = ns ? document.createElementNS(ns, tag) : document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs || {})) {
-    if (v === null || v === undefined || v === false) continue;
-    // Styles through the CSSOM: a style attribute would be inline CSS, which the policy refuses.
-    if (k === 'style') Object.assign(n.style, v);
-    else if (typeof v === 'function') n.addEventListener(k.replace(/^on/, ''), v);
-    else n.setAttribute(k, v === true ? '' : String(v));
-  }
-  for (const kid of kids.flat(Infinity)) if (kid !== null && kid !== undefined && kid !== false) n.append(typeof kid === 'object' ? kid : String(kid));
-  return n;
-}
-const el = (tag, attrs, ...kids) => make(null, tag, attrs, kids);
-const svg = (tag, attrs, ...kids) => make(SVG, tag, attrs, kids);
 
 async function call(method, path, body) {
   const headers = { authorization: 'Bearer ' + token };

@@ -1,6 +1,7 @@
 import { createHash } from 'node:crypto';
 import type { GatewayApp } from '../routes/common.ts';
 import { CONSOLE_BODY, CONSOLE_SCRIPT, CONSOLE_STYLE } from './console-page.ts';
+import { DOM_SCRIPT } from './dom-script.ts';
 import { PAGE_BODY, PAGE_SCRIPT, PAGE_STYLE } from './page.ts';
 
 const sha256 = (text: string) => `'sha256-${createHash('sha256').update(text).digest('base64')}'`;
@@ -44,8 +45,8 @@ function pageOf(title: string, body: string, script: string, style: string): { h
   return { html, headers };
 }
 
-const BATCH_PAGE = pageOf('rollbox batches', PAGE_BODY, PAGE_SCRIPT, PAGE_STYLE);
-const CONSOLE_PAGE = pageOf('rollbox console', CONSOLE_BODY, CONSOLE_SCRIPT, CONSOLE_STYLE);
+const BATCH_PAGE = pageOf('rollbox batches', PAGE_BODY, DOM_SCRIPT + PAGE_SCRIPT, PAGE_STYLE);
+const CONSOLE_PAGE = pageOf('rollbox console', CONSOLE_BODY, DOM_SCRIPT + CONSOLE_SCRIPT, CONSOLE_STYLE);
 
 /**
  * GET /ui: a page where a submitter watches their batches (progress, counts, throughput,

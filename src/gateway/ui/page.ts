@@ -41,7 +41,6 @@ pre { margin: 0; max-height: 110px; overflow: auto; white-space: pre-wrap; word-
 `;
 
 export const PAGE_SCRIPT = String.raw`
-'use strict';
 const DONE = ['succeeded', 'failed', 'timeout', 'infra_error', 'cancelled'];
 const FAILED = ['failed', 'timeout', 'infra_error'];
 const TERMINAL = ['completed', 'cancelled', 'failed', 'expired'];
@@ -58,19 +57,6 @@ showFragment();
 
 function showFragment() {
   history.replaceState(null, '', location.pathname + location.search + (selected ? '#batch=' + encodeURIComponent(selected) : ''));
-}
-
-/** An element whose children are elements or text (strings always become text nodes). */
-function el(tag, attrs, ...kids) {
-  const n = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs || {})) {
-    if (v === null || v === undefined || v === false) continue;
-    if (k === 'style') Object.assign(n.style, v);
-    else if (typeof v === 'function') n.addEventListener(k.replace(/^on/, ''), v);
-    else n.setAttribute(k, v === true ? '' : String(v));
-  }
-  for (const kid of kids.flat(Infinity)) if (kid !== null && kid !== undefined && kid !== false) n.append(typeof kid === 'object' ? kid : String(kid));
-  return n;
 }
 
 async function call(method, path) {
