@@ -60,7 +60,7 @@ export class BatchJobs {
 
   /** The queues of the batches this gateway has touched (for the operators' queue view). */
   openQueues(): Queue[] {
-    return [...this.queues.values()] as unknown as Queue[];
+    return [...this.queues.values()];
   }
 
   queueName(batchId: string): string {
