@@ -68,7 +68,7 @@ export class OpHandler {
           return await ctx.reply(op.replyTo, await writeSandboxFiles(ctx.deps, op));
         case 'signal':
           ctx.requireLocal(op.sandboxId);
-          if (!ctx.deps.runtime.signalCommand(op.sandboxId, op.commandId, op.signo)) throw notRunning(op);
+          if (!(await ctx.deps.runtime.signalCommand(op.sandboxId, op.commandId, op.signo))) throw notRunning(op);
           return await done();
         case 'stdin':
           ctx.requireLocal(op.sandboxId);

@@ -158,7 +158,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     exec: (id, spec) => execInVm(vmOf(id), spec),
     execRaw: (id, spec) => execRawInVm(vmOf(id), spec),
     attach: (id, spec) => attachInVm(vmOf(id), spec),
-    signalCommand(id, commandId, signo) {
+    async signalCommand(id, commandId, signo) {
       const live = vms.get(id)?.live.get(commandId);
       if (!live) return false;
       live.channel.signal(signo);

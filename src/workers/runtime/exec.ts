@@ -35,9 +35,14 @@ interface CommandRun {
   durationMs: number;
 }
 
-/** A durable command whose connection this process holds; `stdinOpen` until its stdin is closed. */
+/**
+ * A durable command whose connection this process holds or is opening; `stdinOpen` until
+ * its stdin is closed. Listed before the init has taken it, because the command log says
+ * `running` from then on: stdin and signals sent in that window wait for `opened`.
+ */
 interface LiveCommand {
-  channel: CommandChannel;
+  /** The command's connection once the init took it; undefined if it never did. */
+  opened: Promise<CommandChannel | undefined>;
   stdinOpen: boolean;
   /** This process let go of it (detach): the command runs on for the next worker to collect. */
   released: boolean;
@@ -126,6 +131,22 @@ async function runInSandbox(ctx: RuntimeContext, rec: SandboxRecord, start: Star
   let outcome: CommandOutcome;
   const live = liveOf(rec);
   let liveCommand: LiveCommand | undefined;
+  let settleOpened: (opened: CommandChannel | undefined) => void = () => undefined;
+  if (commandId !== undefined) {
+    const opened = new Promise<CommandChannel | undefined>((resolve) => (settleOpened = resolve));
+    // Attached, a command's stdin is as open as its first spawn left it: the init drops what it cannot take.
+    liveCommand = {
+      opened,
+      stdinOpen: spec ? spec.keepStdinOpen === true : true,
+      released: false,
+      release() {
+        this.released = true;
+        void opened.then((taken) => taken?.close());
+      },
+    };
+    live.set(commandId, liveCommand);
+    ctx.commandChannels.add(liveCommand);
+  }
   try {
     channel = await openCommand(
       rec.socketPath,
@@ -167,21 +188,7 @@ async function runInSandbox(ctx: RuntimeContext, rec: SandboxRecord, start: Star
       },
       abandon.signal,
     );
-    if (commandId !== undefined) {
-      const opened = channel;
-      // Attached, a command's stdin is as open as its first spawn left it: the init drops what it cannot take.
-      liveCommand = {
-        channel: opened,
-        stdinOpen: spec ? spec.keepStdinOpen === true : true,
-        released: false,
-        release() {
-          this.released = true;
-          opened.close();
-        },
-      };
-      live.set(commandId, liveCommand);
-      ctx.commandChannels.add(liveCommand);
-    }
+    settleOpened(channel);
     if (!spec) await Promise.race([slotKnown, channel.outcome.catch(() => undefined)]);
     outcome = await channel.outcome.catch((err: unknown) => {
       // Stopped and dropped after the grace: the command was SIGKILLed with its group.
@@ -191,10 +198,11 @@ async function runInSandbox(ctx: RuntimeContext, rec: SandboxRecord, start: Star
     });
   } finally {
     finished = true;
+    settleOpened(undefined);
     clearTimeout(timer);
     clearTimeout(killer);
     if (liveCommand) ctx.commandChannels.delete(liveCommand);
-    if (commandId !== undefined && live.get(commandId)?.channel === channel) live.delete(commandId);
+    if (commandId !== undefined && live.get(commandId) === liveCommand) live.delete(commandId);
     await killing.catch(() => undefined);
   }
   const durationMs = Math.round((performance.now() - started) * 1000) / 1000;
@@ -294,18 +302,20 @@ export async function attachCommand(ctx: RuntimeContext, sandboxId: string, spec
   return run && outcomeOf(run);
 }
 
-export function signalCommand(ctx: RuntimeContext, sandboxId: string, commandId: string, signo: number): boolean {
-  const live = liveOf(recordOf(ctx, sandboxId)).get(commandId);
-  live?.channel.signal(signo);
-  return live !== undefined;
+export async function signalCommand(ctx: RuntimeContext, sandboxId: string, commandId: string, signo: number): Promise<boolean> {
+  const channel = await liveOf(recordOf(ctx, sandboxId)).get(commandId)?.opened;
+  channel?.signal(signo);
+  return channel !== undefined;
 }
 
 export async function writeCommandStdin(ctx: RuntimeContext, sandboxId: string, commandId: string, data: Buffer, eof: boolean): Promise<boolean> {
   const live = liveOf(recordOf(ctx, sandboxId)).get(commandId);
   if (!live?.stdinOpen) return false;
   if (eof) live.stdinOpen = false;
-  if (data.length > 0) await live.channel.writeStdin(data);
-  if (eof) live.channel.closeStdin();
+  const channel = await live.opened;
+  if (!channel) return false;
+  if (data.length > 0) await channel.writeStdin(data);
+  if (eof) channel.closeStdin();
   return true;
 }
 

@@ -126,7 +126,7 @@ export interface SandboxRuntime {
   /** A durable command of a previous worker process: its whole output and outcome; undefined when the init does not hold it. */
   attach(sandboxId: string, spec: RuntimeAttachSpec): Promise<RuntimeExecOutcome | undefined>;
   /** A signal to a running durable command's process group; false when none of that id runs here. */
-  signalCommand(sandboxId: string, commandId: string, signo: number): boolean;
+  signalCommand(sandboxId: string, commandId: string, signo: number): Promise<boolean>;
   /** Stdin for a running durable command started with stdin open; false when none of that id takes it here. */
   writeCommandStdin(sandboxId: string, commandId: string, data: Buffer, eof: boolean): Promise<boolean>;
   /** Like exec, inside the sandbox (its namespaces, cgroups, seccomp), with bytes in and out. */
