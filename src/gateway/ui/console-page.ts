@@ -38,6 +38,8 @@ code { font: 12px ui-monospace, SFMono-Regular, Menlo, monospace; word-break: br
 .meter .fill { height: 100%; border-radius: 7px; background: #4a7fd0; } .meter .mark { position: absolute; top: -5px; bottom: -5px; width: 2px; }
 .meter .mark span { position: absolute; top: 19px; left: -30px; width: 60px; text-align: center; font-size: 10.5px; color: var(--muted); }
 .meter .mark.divert { background: var(--bad); } .meter .mark.stop { background: var(--warn); }
+/* stop is always below divert: its label reads leftwards, divert's rightwards, so the two never meet. */
+.meter .mark.stop span { left: -62px; text-align: right; } .meter .mark.divert span { left: 2px; text-align: left; }
 p.explain { font-size: 12.5px; background: #f6f7f9; padding: 6px 8px; border-radius: 5px; margin: 8px 0; }
 img.sim { width: 100%; border: 1px solid var(--line); border-radius: 6px; margin-top: 8px; }
 `;

@@ -42,12 +42,16 @@ function niceStep(span, n) {
 
 /**
  * A line chart of series over time: at most 5 time ticks and 4 value ticks (thinned to
- * what fits), the unit on the value axis, the legend below the plot (never on the data).
+ * what fits), labelled with as many decimals as their step has (so no two read alike),
+ * whole numbers only for counts (opts.integer), the unit beside the title, the legend
+ * below the plot (never on the data).
  */
-function lineChart(title, unit, series, fromMs, toMs, format) {
+function lineChart(title, unit, series, fromMs, toMs, opts) {
   const W = 360, H = 150, L = 46, R = 8, T = 8, B = 22, pw = W - L - R, ph = H - T - B;
   const ys = series.flatMap((s) => s.points.map((p) => p.y)).filter((y) => y !== null && Number.isFinite(y));
-  const step = niceStep(Math.max(...ys, 0) || 1, 4), top = Math.max(step, Math.ceil((Math.max(...ys, 0) || 1) / step) * step);
+  const peak = Math.max(...ys, 0) || 1;
+  const step = Math.max(opts && opts.integer ? 1 : 0, niceStep(peak, 4)), top = Math.max(step, Math.ceil(peak / step) * step);
+  const decimals = Math.min(3, (String(step).split('.')[1] || '').length), format = (v) => num(v, decimals);
   const x = (t) => L + ((t - fromMs) / Math.max(1, toMs - fromMs)) * pw, y = (v) => T + ph - (v / top) * ph;
   const kids = [svg('rect', { class: 'frame', x: L, y: T, width: pw, height: ph })];
   for (let v = 0; v <= top + 1e-9; v += step) {
@@ -68,9 +72,8 @@ function lineChart(title, unit, series, fromMs, toMs, format) {
     if (path) kids.push(svg('path', { d: path, fill: 'none', stroke: COLORS[i % COLORS.length], 'stroke-width': 1.6 }));
     for (const p of s.points) if (p.y !== null && Number.isFinite(p.y)) kids.push(svg('circle', { cx: x(p.x).toFixed(1), cy: y(p.y).toFixed(1), r: 1.6, fill: COLORS[i % COLORS.length] }));
   });
-  kids.push(svg('text', { class: 'axis', x: 4, y: T + 8 }, unit));
   return el('div', { class: 'chart', 'data-chart': title },
-    el('div', { class: 'title' }, title),
+    el('div', { class: 'title' }, title, el('span', { class: 'muted unit' }, ' · ' + unit)),
     svg('svg', { viewBox: '0 0 ' + W + ' ' + H, role: 'img', 'aria-label': title + ' (' + unit + ')' }, kids),
     el('div', { class: 'legend' }, series.map((s, i) => el('span', {}, el('i', { style: { background: COLORS[i % COLORS.length] } }), s.label))));
 }
@@ -115,13 +118,13 @@ function renderSignals(s) {
   const mid = (p) => p.startMs + p.seconds * 500;
   const line = (label, key, scale) => ({ label, points: pts.map((p) => ({ x: mid(p), y: p[key] === null ? null : p[key] * (scale || 1) })) });
   $('signal-charts').replaceChildren(
-    lineChart('Creates admitted', 'per second', [line('creates / s', 'createsPerSecond'), line('batch tasks ended / s', 'tasksPerSecond')], from, to, (v) => num(v, 2)),
-    lineChart('Environment-creation wait (request to running)', 'ms', [line('p50', 'waitP50Ms'), line('p99', 'waitP99Ms')], from, to, (v) => num(v, 0)),
-    lineChart('Tool (exec) time', 'ms', [line('p50', 'execP50Ms'), line('p99', 'execP99Ms')], from, to, (v) => num(v, 0)),
-    lineChart('Residence of ended sandboxes', 'seconds', [line('median', 'residenceMedianMs', 0.001), line('mean', 'residenceMeanMs', 0.001)], from, to, (v) => num(v, 1)),
-    lineChart('Refused creates', 'per step', ['quota', 'no_capacity', 'network'].map((c) => ({ label: c.replace('_', ' '), points: pts.map((p) => ({ x: mid(p), y: p.refusals[c] })) })), from, to, (v) => num(v, 0)),
-    lineChart('Batch task success', 'share', [line('succeeded / ended', 'taskSuccessShare')], from, to, (v) => num(v, 2)),
-    lineChart('Live sandboxes (peak per step)', 'sandboxes', [line('cluster', 'peakLive'), line('busiest node', 'peakPerNode')], from, to, (v) => num(v, 0)));
+    lineChart('Creates admitted', 'per second', [line('creates / s', 'createsPerSecond'), line('batch tasks ended / s', 'tasksPerSecond')], from, to),
+    lineChart('Environment-creation wait (request to running)', 'ms', [line('p50', 'waitP50Ms'), line('p99', 'waitP99Ms')], from, to),
+    lineChart('Tool (exec) time', 'ms', [line('p50', 'execP50Ms'), line('p99', 'execP99Ms')], from, to),
+    lineChart('Residence of ended sandboxes', 'seconds', [line('median', 'residenceMedianMs', 0.001), line('mean', 'residenceMeanMs', 0.001)], from, to),
+    lineChart('Refused creates', 'per step', ['quota', 'no_capacity', 'network'].map((c) => ({ label: c.replace('_', ' '), points: pts.map((p) => ({ x: mid(p), y: p.refusals[c] })) })), from, to, { integer: true }),
+    lineChart('Batch task success', 'share', [line('succeeded / ended', 'taskSuccessShare')], from, to),
+    lineChart('Live sandboxes (peak per step)', 'sandboxes', [line('cluster', 'peakLive'), line('busiest node', 'peakPerNode')], from, to, { integer: true }));
 }
 
 function renderBurst(s) {
