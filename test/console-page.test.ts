@@ -50,6 +50,9 @@ describe('the operator console', () => {
     const labelled = await create({ labels: { note: XSS } });
     expect(labelled.status, JSON.stringify(labelled.body)).toBe(201);
     for (const word of ['one', 'two', 'three']) expect((await api(cluster, token, 'POST', `/v1/sandboxes/${labelled.body.id}/exec`, { argv: ['echo', word] })).body.stdout).toBe(`${word}\n`);
+    // A streamed exec counts as an exec too (read whole: its events end with the exit).
+    const streamed = await fetch(`${cluster.url}/v1/sandboxes/${labelled.body.id}/exec`, { method: 'POST', headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json', accept: 'text/event-stream' }, body: JSON.stringify({ argv: ['echo', 'streamed'] }) });
+    expect(await streamed.text()).toMatch(/event: exit/);
     for (let i = 0; i < 2; i++) expect((await create({ resources: { memoryMiB: 256, requests: { memoryMiB: 256 } } })).status).toBe(201);
     await waitFor('diversion to start', async () => (await burst()).diverting, 30_000);
     expect((await create({})).status).toBe(201);
@@ -108,7 +111,7 @@ describe('the operator console', () => {
     expect(t.admitted).toBe(metricSum(metrics, 'rollbox_sandbox_create_wait_seconds_count'));
     expect(figure('signals-section:execs')).toBe(t.execs);
     expect(t.execs).toBe(metricSum(metrics, 'rollbox_exec_duration_seconds_count'));
-    expect(t.execs).toBeGreaterThanOrEqual(3 + 2); // ours and the batch's steps
+    expect(t.execs).toBe(3 + 1 + 3); // buffered, streamed, and the batch's steps
     for (const cause of ['quota', 'no_capacity', 'network']) expect(figure(`signals-section:refusals.${cause}`)).toBe(t.refusals[cause]);
     expect(figure('signals-section:ended')).toBe(t.ended);
     expect(figure('signals-section:taskSuccessShare')).toBe(t.taskSuccessShare);

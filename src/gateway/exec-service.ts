@@ -226,6 +226,11 @@ export class ExecService {
           if (record.result.stderr) yield { event: 'stderr', id: 'result-stderr', data: record.result.stderr };
         }
         const { stdout: _o, stderr: _e, ...outcome } = record.result;
+        // Counted once, by the stream that started it (a follower's replay is not a new exec).
+        if (launched) {
+          this.deps.metrics.execs.inc({ outcome: outcome.timedOut ? 'timed_out' : 'finished' });
+          this.deps.metrics.seen.execFinished(outcome.durationMs);
+        }
         yield { event: 'exit', id: 'exit', data: JSON.stringify({ ...outcome, replayed: !launched }) };
         return;
       }
