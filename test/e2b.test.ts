@@ -5,7 +5,7 @@ import { AuthenticationError, CommandExitError, FileNotFoundError, Sandbox, Sand
 import { Sandbox as OlderSandbox } from 'e2b-2-45';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { envelope } from '../src/gateway/e2b/index.ts';
-import { startTestCluster, type TestCluster } from './support/cluster.ts';
+import { startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 
 const run = promisify(execFile);
 const REPO_ROOT = path.resolve(import.meta.dirname, '..');
@@ -105,8 +105,11 @@ describe('E2B SDK (e2b 2.51) against rollbox', () => {
   });
 
   it('kills a running command; stdin to one started without it is refused', async () => {
-    const handle = await sbx.commands.run('echo started; sleep 30; echo never', { background: true, onStdout: () => {} });
+    let seen = '';
+    const handle = await sbx.commands.run('echo started; sleep 30; echo never', { background: true, onStdout: (data) => void (seen += data) });
     await expect(sbx.commands.sendStdin(handle.pid, 'x')).rejects.toThrow(/stdinOpen|not open|stdin/i);
+    // Killed once it has printed (a kill that lands first is as right, with no output).
+    await waitFor('started printed', async () => seen === 'started\n');
     expect(await sbx.commands.kill(handle.pid)).toBe(true);
     const ended = await handle.wait().catch((e: unknown) => e);
     expect(ended).toBeInstanceOf(CommandExitError);
