@@ -2,25 +2,8 @@
 export const CONSOLE_SCRIPT = String.raw`
 const POLL_MS = 2000;
 const COLORS = ['#4a7fd0', '#d64545', '#2f9e5b', '#e0891b', '#8a5cd1', '#6b7280'];
-const $ = (id) => document.getElementById(id);
-let token = sessionStorage.getItem('rollbox.token') || '';
-let timer = 0, busy = false, last = null;
-const fragment = new URLSearchParams(location.hash.slice(1));
-if (fragment.get('token')) { token = fragment.get('token'); sessionStorage.setItem('rollbox.token', token); history.replaceState(null, '', location.pathname + location.search); }
-
-
-async function call(method, path, body) {
-  const headers = { authorization: 'Bearer ' + token };
-  if (body !== undefined) headers['content-type'] = 'application/json';
-  const r = await fetch(path, { method, cache: 'no-store', headers, body: body === undefined ? undefined : JSON.stringify(body) });
-  if (!r.ok) {
-    let message = r.status + ' ' + r.statusText;
-    try { const b = await r.json(); if (b && b.error) message = b.error.code + ': ' + b.error.message; } catch { /* not JSON */ }
-    throw Object.assign(new Error(message), { status: r.status });
-  }
-  return r.json();
-}
-function setStatus(text, isError) { $('status').textContent = text; $('status').className = isError ? 'error' : ''; }
+let timer = 0, busy = false;
+if (fragment.get('token')) history.replaceState(null, '', location.pathname + location.search);
 
 const dash = '—';
 const num = (x, digits) => (x === null || x === undefined ? dash : Number(x).toLocaleString('en-US', { maximumFractionDigits: digits === undefined ? 2 : digits }));
@@ -178,8 +161,7 @@ async function refresh() {
   let stop = false;
   try {
     if (!token) { setStatus('Enter a token with scope cluster:read.'); stop = true; return; }
-    const s = await call('GET', '/v1/cluster/console?' + query());
-    last = s;
+    const s = await (await call('GET', '/v1/cluster/console?' + query())).json();
     renderNodes(s); renderRecent(s); renderSignals(s); renderBurst(s); renderCapacity(s);
     document.body.setAttribute('data-at-ms', String(s.atMs));
     setStatus('Updated ' + new Date(s.atMs).toLocaleTimeString());
@@ -196,7 +178,7 @@ async function runSimulation() {
   $('sim-run').disabled = true;
   $('sim').replaceChildren(el('p', { class: 'muted small' }, 'Simulating…'));
   try {
-    const r = await call('POST', '/v1/burst/simulation', { traceMinutes: Number($('sim-minutes').value) || 20, seed: Number($('sim-seed').value) || 1 });
+    const r = await (await call('POST', '/v1/burst/simulation', { traceMinutes: Number($('sim-minutes').value) || 20, seed: Number($('sim-seed').value) || 1 })).json();
     const res = r.result;
     $('sim').replaceChildren(
       el('div', { class: 'figures', id: 'sim-figures' },

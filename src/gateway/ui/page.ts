@@ -45,13 +45,9 @@ const DONE = ['succeeded', 'failed', 'timeout', 'infra_error', 'cancelled'];
 const FAILED = ['failed', 'timeout', 'infra_error'];
 const TERMINAL = ['completed', 'cancelled', 'failed', 'expired'];
 const PAGE = 1000, MAX_FAILED = 200, POLL_MS = 2000, IDLE_MS = 10000;
-const $ = (id) => document.getElementById(id);
-let token = sessionStorage.getItem('rollbox.token') || '';
 let selected = null, detail = null, batches = [], timer = 0, busy = false, again = false;
 
-// A link may carry the token (and a batch) in its fragment, which never reaches the server.
-const fragment = new URLSearchParams(location.hash.slice(1));
-if (fragment.get('token')) { token = fragment.get('token'); sessionStorage.setItem('rollbox.token', token); }
+// A link may carry a batch in its fragment beside the token (DOM_SCRIPT took that).
 selected = fragment.get('batch') || null;
 showFragment();
 
@@ -59,17 +55,6 @@ function showFragment() {
   history.replaceState(null, '', location.pathname + location.search + (selected ? '#batch=' + encodeURIComponent(selected) : ''));
 }
 
-async function call(method, path) {
-  const r = await fetch(path, { method, cache: 'no-store', headers: { authorization: 'Bearer ' + token } });
-  if (!r.ok) {
-    let message = r.status + ' ' + r.statusText;
-    try { const body = await r.json(); if (body && body.error) message = body.error.code + ': ' + body.error.message; } catch { /* not JSON */ }
-    throw Object.assign(new Error(message), { status: r.status });
-  }
-  return r;
-}
-
-function setStatus(text, isError) { $('status').textContent = text; $('status').className = isError ? 'error' : ''; }
 const doneOf = (c) => DONE.reduce((sum, s) => sum + c[s], 0);
 const label = (s) => s.replace('_', ' ');
 const when = (iso) => (iso ? new Date(iso).toLocaleString() : '—');
