@@ -18,7 +18,7 @@ import { LazyLayers } from './layers/lazy/index.ts';
 import { NodeDirectory, ReplyHub } from './queues/index.ts';
 import { CreateJobQueues, connectJobRedis } from './queues/jobs/index.ts';
 import { BlockingPool, connectRedis, redactedRedisUrl, startRedisServer, waitForRedis, type RedisServerHandle, type RedisWaitState } from './redis/index.ts';
-import { CommandLog, ForkRecords, ImageRegistry, LayerRegistry, PoolRegistry, SandboxRegistry, keys } from './registry/index.ts';
+import { CommandLog, ForkRecords, ImageRegistry, LayerRegistry, PoolRegistry, SandboxRegistry, keys, migrateKeyLayout } from './registry/index.ts';
 import { ImportHolds, importImage, resolveImageRef } from './images/index.ts';
 import { WorkerHost } from './workers/index.ts';
 import { NetworkSelfTest, SandboxNetworks } from './workers/network/index.ts';
@@ -74,6 +74,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     throw err;
   }
   const redis = connectRedis(redisUrl);
+  await migrateKeyLayout(redis, (message, fields) => logger.info(fields, message));
   const subscriber = connectRedis(redisUrl);
   const gatewayId = newId('gw');
   const now = Date.now;
@@ -219,6 +220,7 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
   await checkWorkerHostOrThrow(logger, { fatal: config.node.startChecks === 'fail' });
   await waitForRedis(redisUrl, { logger, what: `worker host ${nodeId}` });
   const redis = connectRedis(redisUrl);
+  await migrateKeyLayout(redis, (message, fields) => logger.info(fields, message));
   const blocking: Redis[] = [];
   const store = layerStoreOf(config);
   const workerDir = path.join(config.dataDir, 'worker');

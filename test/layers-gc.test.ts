@@ -5,6 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { hostTraces } from './support/host.ts';
 import { tarOf } from './support/tar.ts';
+import { keys, migrateKeyLayout } from '../src/registry/index.ts';
 
 let cluster: TestCluster;
 let token: string;
@@ -115,25 +116,33 @@ describe('layer garbage collection', () => {
     await collected(previous!);
   });
 
-  it('reads which layers live sandboxes use from counts, and counts sandboxes recorded before the counts existed', async () => {
+  it('reads which layers live sandboxes use from counts; a Redis written before the hash tags and the counts is migrated once', async () => {
     const redis = new Redis(cluster.redisUrl);
     try {
       const used = await upload('used-by-old', 'old.txt');
       const old = await create(['used-by-old']);
-      expect(Number(await redis.hget('rb:layer-refs', used))).toBe(1);
+      expect(Number(await redis.hget(keys.layerRefs, used))).toBe(1);
       await api(cluster, token, 'DELETE', '/v1/layers/used-by-old');
-      // As a cluster upgraded from before the counts: no count, no flag, no marker.
-      await redis.multi().hdel('rb:layer-refs', used).hdel(`rb:sbx:${old}`, 'layerRefs').del('rb:layer-refs:complete').exec();
+      // As a Redis written by an earlier rollbox: the old names, no count, no flag, no marks.
+      await redis.hdel(keys.layerRefs, used);
+      await redis.hdel(keys.sandbox(old), 'layerRefs');
+      await redis.del(keys.layerRefsComplete, 'rb:key-layout');
+      await redis.rename(keys.sandbox(old), `rb:sbx:${old}`);
+      await migrateKeyLayout(redis);
+      expect(await redis.exists(`rb:sbx:${old}`)).toBe(0);
+      expect((await redis.hget(keys.sandbox(old), 'state'))).toBe('running');
+      expect(await redis.get('rb:key-layout')).toBe('2');
+      expect(await redis.exists(keys.layerRefsComplete)).toBe(1);
+      expect(Number(await redis.hget(keys.layerRefs, used))).toBe(1);
       const unused = await upload('unused', 'unused.txt');
       await api(cluster, token, 'DELETE', '/v1/layers/unused');
       await collected(unused);
-      // The pass that collected `unused` counted the old sandbox first: its layer stayed.
-      expect(await redis.exists('rb:layer-refs:complete')).toBe(1);
-      expect(Number(await redis.hget('rb:layer-refs', used))).toBe(1);
+      // The old sandbox was counted: its layer stayed while `unused` went.
       expect(stored(used)).toBe(true);
+      expect((await api(cluster, token, 'POST', `/v1/sandboxes/${old}/exec`, { cmd: 'cat /old.txt' })).status).toBe(200);
       await api(cluster, token, 'DELETE', `/v1/sandboxes/${old}`);
       await collected(used);
-      expect(await redis.hget('rb:layer-refs', used)).toBeNull();
+      expect(await redis.hget(keys.layerRefs, used)).toBeNull();
     } finally {
       redis.disconnect();
     }

@@ -194,7 +194,7 @@ describe('a warm pool', () => {
     }, 30_000);
     expect(fs.readdirSync(path.join(cluster.rootDir, NODE, 'worker', 'runc')).filter((d) => d.startsWith('rb-'))).toEqual([]);
     const redis = connectRedis(cluster.redisUrl);
-    expect(await redis.keys('rb:pool:*')).toEqual([]);
+    expect(await redis.keys('rb:{pool:*')).toEqual([]);
     await redis.quit();
   }, 120_000);
 });

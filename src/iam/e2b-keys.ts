@@ -12,8 +12,9 @@ export interface E2bKeyRecord {
   createdAt: string;
 }
 
-const recordKey = (sha: string) => `rb:e2b-key:${sha}`;
-const INDEX = 'rb:e2b-keys';
+/** `{e2b-keys}`: a record and the index change in one MULTI, so they share a cluster slot. */
+const recordKey = (sha: string) => `rb:{e2b-keys}:key:${sha}`;
+const INDEX = 'rb:{e2b-keys}:index';
 /** A revoked key is refused by every gateway within this long (each caches what it verified). */
 export const E2B_KEY_CACHE_MS = 5000;
 

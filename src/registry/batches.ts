@@ -57,9 +57,9 @@ export class BatchStore {
         expiresAtMs: nowMs + options.completionWindowSeconds * 1000,
         ...Object.fromEntries(COUNTS.map((c) => [`n:${c}`, 0])),
       })
-      .zadd(keys.tenantBatches(tenant), nowMs, id)
-      .sadd(keys.activeBatches, id)
       .exec();
+    // The tenant's listing and the runners' set are other cluster slots.
+    await Promise.all([this.redis.zadd(keys.tenantBatches(tenant), nowMs, id), this.redis.sadd(keys.activeBatches, id)]);
   }
 
   /**
@@ -127,11 +127,10 @@ export class BatchStore {
   async loads(): Promise<BatchLoad[]> {
     const ids = await this.redis.smembers(keys.activeBatches);
     if (ids.length === 0) return [];
-    const p = this.redis.pipeline();
-    for (const id of ids) p.hmget(keys.batch(id), 'tenant', 'state', 'n:queued', 'n:running', 'createdAtMs', 'expiresAtMs', 'options');
-    const rows = (await p.exec())!;
+    // One read per batch (each its own cluster slot), sent together by auto-pipelining.
+    const rows = await Promise.all(ids.map((id) => this.redis.hmget(keys.batch(id), 'tenant', 'state', 'n:queued', 'n:running', 'createdAtMs', 'expiresAtMs', 'options')));
     return ids.flatMap((id, i) => {
-      const [tenant, state, queued, running, created, expires, options] = rows[i]![1] as (string | null)[];
+      const [tenant, state, queued, running, created, expires, options] = rows[i]!;
       if (!tenant || !state || !options) return [];
       const parsed = BatchOptions.parse(JSON.parse(options));
       return [{ id, tenant, state: state as BatchState, queued: Number(queued), running: Number(running), createdAtMs: Number(created), expiresAtMs: Number(expires), options: parsed }];

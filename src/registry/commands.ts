@@ -5,8 +5,8 @@ import { LuaScript } from '../redis/index.ts';
 
 /** Commands stay replayable this long after they were queued. */
 const COMMAND_TTL_SEC = 7 * 24 * 3600;
-/** A node's ops inbox key around its id: the claim script completes it with the node it reads. */
-const [OPS_INBOX_PREFIX, OPS_INBOX_SUFFIX] = keys.inbox('\0', 'ops').split('\0');
+/** How long the copy of a claimed command's op waits for its push to the node's inbox (normally deleted at once). */
+const OP_COPY_TTL_SEC = 600;
 
 const CLAIM = new LuaScript(import.meta.dirname, 'claim-command');
 
@@ -59,12 +59,19 @@ export class CommandLog {
   async claim(input: { sandboxId: string; tenant: string; commandId: string; argv: string[]; requestId: string; replyTo: string; op: string }): Promise<ClaimOutcome> {
     const queuedAtMs = this.now();
     const fields = ['commandId', input.commandId, 'argv', JSON.stringify(input.argv), 'state', 'queued', 'requestId', input.requestId, 'replyTo', input.replyTo, 'queuedAt', new Date(queuedAtMs).toISOString()];
-    const [kind, a, b] = (await CLAIM.run(
+    const opCopy = keys.commandOpCopy(input.sandboxId, input.commandId);
+    const [kind, a, b, c] = (await CLAIM.run(
       this.redis,
-      [keys.sandbox(input.sandboxId), keys.command(input.sandboxId, input.commandId), keys.commandLog(input.sandboxId)],
-      [input.tenant, OPS_INBOX_PREFIX!, OPS_INBOX_SUFFIX!, COMMAND_TTL_SEC, queuedAtMs, commandRef(input.sandboxId, input.commandId), input.op, ...fields],
-    )) as [string, string?, string?];
-    if (kind === 'claimed') return { kind, node: a! };
+      [keys.sandbox(input.sandboxId), keys.command(input.sandboxId, input.commandId), keys.commandLog(input.sandboxId), opCopy],
+      [input.tenant, COMMAND_TTL_SEC, queuedAtMs, commandRef(input.sandboxId, input.commandId), input.op, OP_COPY_TTL_SEC, ...fields],
+    )) as [string, string?, string?, string?];
+    if (kind === 'claimed') {
+      await this.redis.lpush(keys.inbox(a!, 'ops'), input.op);
+      void this.redis.del(opCopy).catch(() => {}); // it expires anyway
+      return { kind, node: a! };
+    }
+    // Recorded by a caller that died before sending it: sent now (a command starts once).
+    if (kind === 'exists' && a === 'queued' && b && c) await this.redis.lpush(keys.inbox(b, 'ops'), c);
     if (kind === 'state') return { kind, state: a ?? '', failureReason: b ?? '' };
     return { kind: kind as 'exists' | 'missing' };
   }
@@ -80,11 +87,10 @@ export class CommandLog {
     result: Omit<ExecResult, 'replayed'>,
     options: { receipt?: { takenKey: string; raw: string }; replyChannel: string; reply: string },
   ): Promise<void> {
-    await COMPLETE.run(
-      this.redis,
-      [keys.command(sandboxId, result.commandId), options.receipt?.takenKey ?? ''],
-      [new Date(this.now()).toISOString(), JSON.stringify(result), options.receipt?.raw ?? '', options.replyChannel, options.reply],
-    );
+    await COMPLETE.run(this.redis, [keys.command(sandboxId, result.commandId)], [new Date(this.now()).toISOString(), JSON.stringify(result), options.replyChannel, options.reply]);
+    // Acknowledged once recorded: a host dying in between finds the message again at its
+    // restart, and the recorded command is not run again.
+    if (options.receipt) await this.redis.lrem(options.receipt.takenKey, 1, options.receipt.raw);
   }
 
   /** The command's outcome cannot be known (its host died or restarted while it ran). */

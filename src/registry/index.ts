@@ -16,3 +16,4 @@ export { ForkRecords } from './forks.ts';
 export { SIGNAL_BUCKET_SECONDS, SIGNAL_HISTOGRAMS, SIGNAL_RETENTION_SECONDS, SignalStore, binUpperMs, bucketStartSecOf, observationFields } from './signals.ts';
 export type { SignalBucket, SignalHistogram } from './signals.ts';
 export type { ForkClaim } from './forks.ts';
+export { migrateKeyLayout, renamedKey } from './migrate.ts';

@@ -1,29 +1,38 @@
-/** Every Redis key rollbox writes, in one place. */
+/**
+ * Every Redis key rollbox writes, in one place. Keys that one script or one MULTI touches
+ * together share a hash tag (`{sbx:ID}`, `{node:N}`, `{tenant:T}`, `{batch:ID}`,
+ * `{pool:P}`, `{layers}`, ...), so each such step lands in one Redis Cluster slot; steps
+ * that span entities are separate calls (see src/registry/store.ts for the order that
+ * keeps the indexes safe). On one redis-server the tags change nothing.
+ * Keys written before the tags existed are renamed once at start (src/registry/migrate).
+ */
 export const keys = {
-  sandbox: (id: string) => `rb:sbx:${id}`,
-  tenantLive: (tenant: string) => `rb:tenant:${tenant}:live`,
-  tenantAll: (tenant: string) => `rb:tenant:${tenant}:all`,
-  nodeSandboxes: (nodeId: string) => `rb:node:${nodeId}:sbx`,
+  sandbox: (id: string) => `rb:{sbx:${id}}`,
+  tenantLive: (tenant: string) => `rb:{tenant:${tenant}}:live`,
+  tenantAll: (tenant: string) => `rb:{tenant:${tenant}}:all`,
+  nodeSandboxes: (nodeId: string) => `rb:{node:${nodeId}}:sbx`,
   /** Of those, the ones being deleted (state `stopping`); kept by the transition script. */
-  nodeStopping: (nodeId: string) => `rb:node:${nodeId}:stopping`,
-  command: (sandboxId: string, commandId: string) => `rb:cmd:${sandboxId}:${commandId}`,
+  nodeStopping: (nodeId: string) => `rb:{node:${nodeId}}:stopping`,
+  command: (sandboxId: string, commandId: string) => `rb:{sbx:${sandboxId}}:cmd:${commandId}`,
   /** Output of a streaming exec, as a Redis stream of chunks. */
-  commandOutput: (sandboxId: string, commandId: string) => `rb:out:${sandboxId}:${commandId}`,
+  commandOutput: (sandboxId: string, commandId: string) => `rb:{sbx:${sandboxId}}:out:${commandId}`,
+  /** A claimed command's op until it is in its node's inbox (see claim-command.lua). */
+  commandOpCopy: (sandboxId: string, commandId: string) => `rb:{sbx:${sandboxId}}:cmd:${commandId}:op`,
   /** A sandbox's commands in the order they were sent (the trajectory). */
-  commandLog: (sandboxId: string) => `rb:cmds:${sandboxId}`,
+  commandLog: (sandboxId: string) => `rb:{sbx:${sandboxId}}:cmds`,
   /** A worker host's inbox of one lane (see src/queues/inbox.ts); `<key>:taken` holds what it works on. */
-  inbox: (nodeId: string, lane: string) => `rb:inbox:${nodeId}:${lane}`,
-  idempotency: (tenant: string, key: string) => `rb:idem:${tenant}:${key}`,
+  inbox: (nodeId: string, lane: string) => `rb:{node:${nodeId}}:inbox:${lane}`,
+  idempotency: (tenant: string, key: string) => `rb:{tenant:${tenant}}:idem:${key}`,
   /** A fork's Idempotency-Key: its request hash, then its answer once every child has settled. */
-  forkIdempotency: (tenant: string, key: string) => `rb:idem-fork:${tenant}:${key}`,
+  forkIdempotency: (tenant: string, key: string) => `rb:{tenant:${tenant}}:idem-fork:${key}`,
   /** Sandboxes not yet running, scored by the time after which they count as stuck. */
   unsettled: 'rb:unsettled',
   nodes: 'rb:nodes',
   /** Hibernated sandboxes scored by when their TTL ends (no worker watches them). */
   hibernatedExpiry: 'rb:hibernated-expiry',
-  layer: (digest: string) => `rb:layer:${digest}`,
-  layers: 'rb:layers',
-  layerNames: 'rb:layer-names',
+  layer: (digest: string) => `rb:{layers}:layer:${digest}`,
+  layers: 'rb:{layers}:all',
+  layerNames: 'rb:{layers}:names',
   /**
    * digest -> how many live sandboxes refer to the layer (their layers and hibernation
    * layers), kept by the sandbox scripts so garbage collection reads no sandbox record.
@@ -43,11 +52,11 @@ export const keys = {
   layerPins: 'rb:layer-pins',
   lock: (name: string) => `rb:lock:${name}`,
   /** Imported images (name -> Image JSON). */
-  images: 'rb:images',
+  images: 'rb:{images}:records',
   /** An image layer's diff_id (sha256 of its uncompressed tar) -> the EROFS layer it became. */
-  imageDiffIds: 'rb:image-diffids',
+  imageDiffIds: 'rb:{images}:diffids',
   /** An image layer blob's digest (compressed, as in a manifest) -> its diff_id. */
-  imageBlobs: 'rb:image-blobs',
+  imageBlobs: 'rb:{images}:blobs',
   /** The latest pull of each image name (name -> ImagePull JSON); `{image-pulls}`: its scripts' keys share a slot. */
   imagePulls: 'rb:{image-pulls}',
   /** Names whose pull runs. */
@@ -56,10 +65,14 @@ export const keys = {
   imagePullLease: (name: string) => `rb:{image-pulls}:lease:${name}`,
   /** Warm pool definitions (name -> PoolRecord JSON). */
   pools: 'rb:pools',
+  /** A pool's current version (what a host's offer is checked against; the definition is in `pools`). */
+  poolVersion: (pool: string) => `rb:{pool:${pool}}:version`,
   /** One worker host's ready sandboxes of one version of a pool (a list of sandbox ids). */
-  poolReady: (pool: string, version: string, nodeId: string) => `rb:pool:ready:${pool}:${version}:${nodeId}`,
+  poolReady: (pool: string, version: string, nodeId: string) => `rb:{pool:${pool}}:ready:${version}:${nodeId}`,
+  /** The pool's ready lists (a set of their keys): found without a scan. */
+  poolReadyLists: (pool: string) => `rb:{pool:${pool}}:ready-lists`,
   /** Claims and misses of a pool over the last minute (a zset scored by time). */
-  poolEvents: (pool: string) => `rb:pool:events:${pool}`,
+  poolEvents: (pool: string) => `rb:{pool:${pool}}:events`,
   /** Bytes of one files API request in transit between gateway and worker (short TTL). */
   filesTransfer: (requestId: string) => `rb:files:${requestId}`,
   replyChannel: (gatewayId: string) => `rb:reply:${gatewayId}`,
@@ -67,30 +80,32 @@ export const keys = {
   /** Cloud burst: the cluster's pre-synced layer digests (a set). */
   burstSyncedLayers: 'rb:burst:synced-layers',
   /** The BurstPolicy (JSON) set by PUT /v1/burst/policy. */
-  burstPolicy: 'rb:burst:policy',
-  /** The controller's state (JSON): diversion, utilization, cloud hosts. */
-  burstState: 'rb:burst:state',
+  burstPolicy: 'rb:{burst}:policy',
+  /** The controller's state (JSON): diversion, utilization, cloud hosts; written only by the holder of `burstLeader`. */
+  burstState: 'rb:{burst}:state',
+  /** The burst controller's leader lock (a fenced write checks it with the state: one slot). */
+  burstLeader: 'rb:{burst}:leader',
   /** Create decisions counted by every gateway (a hash of counters). */
   burstCounts: 'rb:burst:counts',
   /** Diverted creates that found no cloud slot and went local (pending demand), scored by time. */
-  burstFellBack: 'rb:burst:fell-back',
+  burstFellBack: 'rb:{burst}:fell-back',
   /** Of those, the ones that failed, scored by when they fell back (unmet demand for a while). */
-  burstFellBackFailed: 'rb:burst:fell-back-failed',
+  burstFellBackFailed: 'rb:{burst}:fell-back-failed',
   /** A batch (hash: state, options, counts `n:*`, timestamps `ts:*`); its tasks' keys share the prefix. */
-  batch: (id: string) => `rb:batch:${id}`,
+  batch: (id: string) => `rb:{batch:${id}}`,
   /** customId -> 1: the batch's tasks, claimed by HSETNX so a customId is taken once (the spec itself rides in its BullMQ job). */
-  batchSpecs: (id: string) => `rb:batch:${id}:specs`,
+  batchSpecs: (id: string) => `rb:{batch:${id}}:specs`,
   /** customIds whose job a runner holds now (a set; the counts' truth, not a lease: BullMQ's job locks are). */
-  batchRunning: (id: string) => `rb:batch:${id}:running`,
-  batchAttempts: (id: string) => `rb:batch:${id}:attempts`,
+  batchRunning: (id: string) => `rb:{batch:${id}}:running`,
+  batchAttempts: (id: string) => `rb:{batch:${id}}:attempts`,
   /** customId -> terminal status (a task ends once). */
-  batchDone: (id: string) => `rb:batch:${id}:done`,
+  batchDone: (id: string) => `rb:{batch:${id}}:done`,
   /** customId -> the sandbox of its latest attempt. */
-  batchSandboxes: (id: string) => `rb:batch:${id}:sandboxes`,
+  batchSandboxes: (id: string) => `rb:{batch:${id}}:sandboxes`,
   /** Result lines, one per ended task (a stream: its ids are the cursors). */
-  batchResults: (id: string) => `rb:batch:${id}:results`,
+  batchResults: (id: string) => `rb:{batch:${id}}:results`,
   /** A tenant's batches, scored by creation time. */
-  tenantBatches: (tenant: string) => `rb:tenant:${tenant}:batches`,
+  tenantBatches: (tenant: string) => `rb:{tenant:${tenant}}:batches`,
   /** Batches from submit until their BullMQ queue is removed after they end (a set). */
   activeBatches: 'rb:batches:active',
   /**

@@ -20,7 +20,10 @@ export class PoolRegistry {
   ) {}
 
   async put(record: PoolRecord): Promise<void> {
+    // Offers are checked against the version key, which changes last: a host offering a
+    // sandbox of the new version before the definition is readable is impossible.
     await this.redis.hset(keys.pools, record.name, JSON.stringify(record));
+    await this.redis.set(keys.poolVersion(record.name), record.version);
   }
 
   async get(name: string): Promise<PoolRecord | undefined> {
@@ -37,9 +40,10 @@ export class PoolRegistry {
 
   /** Removes the definition and every host's ready list: nothing of it can be claimed after. */
   async delete(name: string): Promise<boolean> {
+    // The version key first: no host can offer into the pool once it is gone.
+    await this.redis.del(keys.poolVersion(name));
     const removed = await this.redis.hdel(keys.pools, name);
-    for (const key of await this.readyListKeys(name)) await this.redis.del(key);
-    await this.redis.del(keys.poolEvents(name));
+    await this.redis.del(...(await this.redis.smembers(keys.poolReadyLists(name))), keys.poolReadyLists(name), keys.poolEvents(name));
     return removed > 0;
   }
 
@@ -64,7 +68,7 @@ export class PoolRegistry {
 
   /** A worker host offers a ready sandbox; false when the pool is gone or has changed. */
   async offer(pool: Pick<PoolRecord, 'name' | 'version'>, nodeId: string, sandboxId: string): Promise<boolean> {
-    return (await PUSH.run(this.redis, [keys.pools, keys.poolReady(pool.name, pool.version, nodeId)], [pool.name, pool.version, sandboxId])) === 1;
+    return (await PUSH.run(this.redis, [keys.poolVersion(pool.name), keys.poolReady(pool.name, pool.version, nodeId), keys.poolReadyLists(pool.name)], [pool.version, sandboxId])) === 1;
   }
 
   /** Takes a ready sandbox back off its list; false when a gateway claimed it first. */
@@ -77,32 +81,25 @@ export class PoolRegistry {
     return this.redis.lrange(keys.poolReady(pool.name, pool.version, nodeId), 0, -1);
   }
 
-  /** Every ready list of a host, of any pool or version (worker start): key -> ids. */
+  /**
+   * Every ready list of a host, of any pool or version (worker start): key -> ids. Read
+   * from each pool's set of its lists (no key scan: a cluster has no cluster-wide one);
+   * a pool deleted since leaves its lists to the next call of `delete` or to `dropList`.
+   */
   async readyListsOf(nodeId: string): Promise<Map<string, { pool: string; version: string; ids: string[] }>> {
     const out = new Map<string, { pool: string; version: string; ids: string[] }>();
-    for (const key of await this.scan(`rb:pool:ready:*:*:${nodeId}`)) {
-      const [pool, version] = key.slice('rb:pool:ready:'.length).split(':');
-      out.set(key, { pool: pool!, version: version!, ids: await this.redis.lrange(key, 0, -1) });
+    for (const pool of await this.redis.hkeys(keys.pools)) {
+      for (const key of await this.redis.smembers(keys.poolReadyLists(pool))) {
+        const versionAndNode = key.slice(keys.poolReady(pool, '', '').length - 1);
+        const at = versionAndNode.indexOf(':');
+        if (versionAndNode.slice(at + 1) === nodeId) out.set(key, { pool, version: versionAndNode.slice(0, at), ids: await this.redis.lrange(key, 0, -1) });
+      }
     }
     return out;
   }
 
-  async dropList(key: string): Promise<void> {
+  async dropList(pool: string, key: string): Promise<void> {
     await this.redis.del(key);
-  }
-
-  private readyListKeys(name: string): Promise<string[]> {
-    return this.scan(`rb:pool:ready:${name}:*`);
-  }
-
-  private async scan(match: string): Promise<string[]> {
-    const found: string[] = [];
-    let cursor = '0';
-    do {
-      const [next, batch] = await this.redis.scan(cursor, 'MATCH', match, 'COUNT', 1000);
-      cursor = next;
-      found.push(...batch);
-    } while (cursor !== '0');
-    return found;
+    await this.redis.srem(keys.poolReadyLists(pool), key);
   }
 }

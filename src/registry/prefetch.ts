@@ -46,6 +46,6 @@ export class PrefetchLists {
   /** With the layer (garbage collection). */
   async forget(digest: string): Promise<void> {
     await this.redis.del(keys.layerPrefetchRuns(digest), keys.layerPrefetchCounts(digest));
-    await this.redis.del(...keys.layerPrefetchLegacy(digest));
+    await Promise.all(keys.layerPrefetchLegacy(digest).map((key) => this.redis.del(key)));
   }
 }

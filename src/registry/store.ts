@@ -9,24 +9,34 @@ import {
   type SandboxState,
   SandboxState as SandboxStateSchema,
   CreateSandboxRequest,
-  Lineage,
 } from '../api/index.ts';
 import { keys } from './keys.ts';
+import { fromHash, toFields } from './sandbox-record.ts';
 import { LuaScript } from '../redis/index.ts';
 import { SignalStore, observationFields } from './signals.ts';
 
 // Each state change is one script (KEYS, ARGV and answers in its file's header).
 const ADMIT_SANDBOX = new LuaScript(import.meta.dirname, 'admit-sandbox');
+const RECORD_SANDBOX = new LuaScript(import.meta.dirname, 'record-sandbox');
 const TRANSITION = new LuaScript(import.meta.dirname, 'transition-sandbox');
 const REASSIGN = new LuaScript(import.meta.dirname, 'reassign-sandbox');
 const SET_SPEC = new LuaScript(import.meta.dirname, 'set-sandbox-spec');
 const SET_EXPIRES_AT = new LuaScript(import.meta.dirname, 'set-sandbox-expiry');
-const COUNT_LAYER_REFS = new LuaScript(import.meta.dirname, 'count-layer-refs');
+const LAYER_REFS = new LuaScript(import.meta.dirname, 'layer-refs');
+const SETTLE_FELL_BACK = new LuaScript(import.meta.dirname, 'settle-fell-back');
 
 /** Idempotency keys are remembered this long. */
 const IDEMPOTENCY_TTL_SEC = 24 * 3600;
 /** Terminal records stay readable this long. */
 const TERMINAL_RECORD_TTL_SEC = 24 * 3600;
+/**
+ * A sandbox admitted this long ago whose record is still missing was left half made by a
+ * gateway that died between the two steps of `admit`: its quota entry and
+ * Idempotency-Key are freed (the record follows the admission within milliseconds).
+ */
+const HALF_ADMITTED_AFTER_MS = 30_000;
+/** A tenant at its quota has its live set checked against the records at most this often per gateway. */
+const QUOTA_TRIM_INTERVAL_MS = 10_000;
 
 export type AdmitOutcome =
   | { kind: 'created' }
@@ -53,55 +63,23 @@ function legalOrigins(to: SandboxState): SandboxState[] {
   return SandboxStateSchema.options.filter((from) => STATE_TRANSITIONS[from].includes(to));
 }
 
-function toFields(record: Sandbox): string[] {
-  const fields: Record<string, string | undefined> = {
-    id: record.id,
-    tenant: record.tenant,
-    state: record.state,
-    failureReason: record.failureReason,
-    detail: record.detail,
-    node: record.node,
-    spec: JSON.stringify(record.spec),
-    layerDigests: JSON.stringify(record.layerDigests),
-    hibernationLayer: record.hibernationLayer,
-    createdAt: record.createdAt,
-    startedAt: record.startedAt,
-    endedAt: record.endedAt,
-    expiresAt: record.expiresAt,
-    oomKills: String(record.oomKills),
-    pool: record.pool,
-    lineage: record.lineage && JSON.stringify(record.lineage),
-  };
-  return Object.entries(fields).flatMap(([k, v]) => (v === undefined ? [] : [k, v]));
-}
-
-function fromHash(hash: Record<string, string>): Sandbox | undefined {
-  if (!hash.id) return undefined;
-  return {
-    id: hash.id,
-    tenant: hash.tenant!,
-    state: hash.state as SandboxState,
-    failureReason: hash.failureReason as FailureReason | undefined,
-    detail: hash.detail,
-    node: hash.node,
-    spec: CreateSandboxRequest.parse(JSON.parse(hash.spec!)),
-    layerDigests: JSON.parse(hash.layerDigests ?? '[]') as string[],
-    hibernationLayer: hash.hibernationLayer || undefined,
-    createdAt: hash.createdAt!,
-    startedAt: hash.startedAt,
-    endedAt: hash.endedAt,
-    expiresAt: hash.expiresAt,
-    oomKills: Number(hash.oomKills ?? 0),
-    ...(hash.pool ? { pool: hash.pool } : {}),
-    ...(hash.lineage ? { lineage: Lineage.parse(JSON.parse(hash.lineage)) } : {}),
-  };
-}
-
 /**
  * The sandbox registry in Redis: records, tenant quotas, idempotency keys and the
  * node -> sandboxes index. Shared by every gateway and worker host.
+ *
+ * Each step is one script on one entity's keys (one Redis Cluster slot). The indexes
+ * beside the records (a tenant's live set, a node's sets, the unsettled sandboxes, the
+ * layer references) are other slots, so they change in separate calls, ordered to keep
+ * every index a superset of what the records say: an entry is added before the record
+ * change that needs it and removed after the change that ends it. A process dying between
+ * two calls leaves an extra entry, never a missing one; whoever acts on an entry reads the
+ * record first (transitions check the state, the worker's audit the `stopping` entries,
+ * the quota the live set when it would refuse), so an extra entry costs a read, not a
+ * wrong decision. Layer references left over count a layer as used: it stays stored.
  */
 export class SandboxRegistry {
+  private readonly quotaTrimmedAtMs = new Map<string, number>();
+
   constructor(
     private readonly redis: Redis,
     private readonly now: () => number = Date.now,
@@ -110,24 +88,60 @@ export class SandboxRegistry {
   async admit(input: { record: Sandbox; maxLive: number; idempotencyKey?: string; requestHash: string; settleDeadlineMs: number }): Promise<AdmitOutcome> {
     const { record } = input;
     const idemKey = input.idempotencyKey ? keys.idempotency(record.tenant, input.idempotencyKey) : '';
-    const result = (await ADMIT_SANDBOX.run(
-      this.redis,
-      [keys.sandbox(record.id), keys.tenantLive(record.tenant), keys.tenantAll(record.tenant), idemKey, record.node ? keys.nodeSandboxes(record.node) : '', keys.unsettled, keys.layerRefs],
-      [
-        record.id,
-        record.tenant,
-        String(input.maxLive),
-        String(Date.parse(record.createdAt)),
-        `${record.id}|${input.requestHash}`,
-        String(input.settleDeadlineMs),
-        String(IDEMPOTENCY_TTL_SEC),
-        ...toFields(record),
-      ],
-    )) as string[];
-    if (result[0] === 'created') return { kind: 'created' };
+    const admitTenant = async () =>
+      (await ADMIT_SANDBOX.run(
+        this.redis,
+        [keys.tenantLive(record.tenant), keys.tenantAll(record.tenant), idemKey],
+        [record.id, input.maxLive, Date.parse(record.createdAt), `${record.id}|${input.requestHash}`, IDEMPOTENCY_TTL_SEC],
+      )) as string[];
+    let result = await admitTenant();
+    if (result[0] === 'quota' && (await this.trimTenantLive(record.tenant)) > 0) result = await admitTenant();
+    if (result[0] === 'exists') {
+      const { sandboxId, requestHash } = splitIdempotencyValue(result[1]);
+      if (!(await this.halfAdmitted(record.tenant, sandboxId))) return { kind: 'exists', sandboxId, requestHash };
+      await this.redis.del(idemKey);
+      result = await admitTenant();
+      if (result[0] === 'exists') return { kind: 'exists', ...splitIdempotencyValue(result[1]) };
+    }
     if (result[0] === 'quota') return { kind: 'quota', liveCount: Number(result[1]) };
-    const [sandboxId = '', requestHash = ''] = (result[1] ?? '').split('|');
-    return { kind: 'exists', sandboxId, requestHash };
+    // The indexes first (see the class comment), then the record.
+    await Promise.all([
+      record.node ? this.redis.sadd(keys.nodeSandboxes(record.node), record.id) : undefined,
+      this.redis.zadd(keys.unsettled, input.settleDeadlineMs, record.id),
+      this.refLayers(1, record.layerDigests),
+    ]);
+    await RECORD_SANDBOX.run(this.redis, [keys.sandbox(record.id)], toFields(record));
+    return { kind: 'created' };
+  }
+
+  /** True when the sandbox an Idempotency-Key names was admitted long ago and never recorded (see HALF_ADMITTED_AFTER_MS). */
+  private async halfAdmitted(tenant: string, sandboxId: string): Promise<boolean> {
+    const [recorded, admittedAtMs] = await Promise.all([this.redis.exists(keys.sandbox(sandboxId)), this.redis.zscore(keys.tenantAll(tenant), sandboxId)]);
+    return !recorded && this.now() - Number(admittedAtMs ?? 0) > HALF_ADMITTED_AFTER_MS;
+  }
+
+  /**
+   * Drops from a tenant's live set what the records say has ended (or was never recorded):
+   * run when the quota would refuse, at most every QUOTA_TRIM_INTERVAL_MS. Answers how many went.
+   */
+  private async trimTenantLive(tenant: string): Promise<number> {
+    const nowMs = this.now();
+    if (nowMs - (this.quotaTrimmedAtMs.get(tenant) ?? 0) < QUOTA_TRIM_INTERVAL_MS) return 0;
+    this.quotaTrimmedAtMs.set(tenant, nowMs);
+    const ids = await this.redis.smembers(keys.tenantLive(tenant));
+    const states = await this.states(ids);
+    const gone = await Promise.all(ids.map(async (id, i) => {
+      const state = states[i];
+      if (state) return isTerminal(state);
+      return this.halfAdmitted(tenant, id);
+    }));
+    const ended = ids.filter((_, i) => gone[i]);
+    if (ended.length) await this.redis.srem(keys.tenantLive(tenant), ...ended);
+    return ended.length;
+  }
+
+  private async refLayers(by: 1 | -1, digests: readonly string[]): Promise<void> {
+    if (digests.length) await LAYER_REFS.run(this.redis, [keys.layerRefs], [by, ...digests]);
   }
 
   async get(id: string): Promise<Sandbox | undefined> {
@@ -152,27 +166,51 @@ export class SandboxRegistry {
     if (options.hibernationLayer !== undefined) patch.push('hibernationLayer', options.hibernationLayer);
     const endedMs = this.now();
     if (terminal) patch.push('endedAt', new Date(endedMs).toISOString());
-    const result = (await TRANSITION.run(
-      this.redis,
-      [keys.sandbox(id), keys.unsettled, keys.burstFellBack, keys.burstFellBackFailed, keys.layerRefs],
-      [to, origins.join(','), terminal ? '1' : '0', 'rb:tenant:', 'rb:node:', options.node ?? '', ...patch],
-    )) as string[];
-    if (result[0] === 'missing') return { kind: 'missing' };
-    if (result[0] === 'refused') return { kind: 'refused', current: result[1] as SandboxState };
-    if (terminal) await this.endedPipeline(id, endedMs, result[2] ?? '', result[3] ?? '').exec();
-    return { kind: 'ok', from: result[1] as SandboxState };
+    // Entries the new state needs, before the record (see the class comment).
+    const hibernationAdded = options.hibernationLayer || undefined;
+    const stoppingNode = to === 'stopping' ? (options.node ?? (await this.redis.hget(keys.sandbox(id), 'node')) ?? undefined) : undefined;
+    await Promise.all([stoppingNode ? this.redis.sadd(keys.nodeStopping(stoppingNode), id) : undefined, this.refLayers(1, hibernationAdded ? [hibernationAdded] : [])]);
+    const result = (await TRANSITION.run(this.redis, [keys.sandbox(id)], [to, origins.join(','), terminal ? '1' : '0', options.node ?? '', ...patch])) as string[];
+    if (result[0] !== 'ok') {
+      await Promise.all([stoppingNode && result[1] !== 'stopping' ? this.redis.srem(keys.nodeStopping(stoppingNode), id) : undefined, this.refLayers(-1, hibernationAdded ? [hibernationAdded] : [])]);
+      return result[0] === 'missing' ? { kind: 'missing' } : { kind: 'refused', current: result[1] as SandboxState };
+    }
+    const [, from, startedAt = '', pool = '', tenant = '', node = '', uncounted = '[]', hibernationBefore = '', counted] = result;
+    const unrefs = JSON.parse(uncounted) as string[];
+    if (options.hibernationLayer !== undefined) {
+      const changed = hibernationBefore !== options.hibernationLayer;
+      if (counted === '1' && changed && hibernationBefore) unrefs.push(hibernationBefore);
+      if (hibernationAdded && (counted !== '1' || !changed)) unrefs.push(hibernationAdded);
+    }
+    // Entries the old state needed, after the record.
+    await Promise.all([
+      to !== 'pending' && to !== 'creating' ? this.redis.zrem(keys.unsettled, id) : undefined,
+      this.refLayers(-1, unrefs),
+      ...(terminal
+        ? [
+            this.redis.srem(keys.tenantLive(tenant), id),
+            node ? this.redis.srem(keys.nodeSandboxes(node), id) : undefined,
+            node ? this.redis.srem(keys.nodeStopping(node), id) : undefined,
+            SETTLE_FELL_BACK.run(this.redis, [keys.burstFellBack, keys.burstFellBackFailed], [id, to === 'failed' ? '1' : '0']),
+            this.redis.expire(keys.sandbox(id), TERMINAL_RECORD_TTL_SEC),
+            this.recordResidence(endedMs, startedAt, pool),
+          ]
+        : []),
+    ]);
+    return { kind: 'ok', from: from as SandboxState };
   }
 
   /**
-   * A terminal record's expiry and, for a sandbox that ran, its residence (running to
-   * ended) in the console's signals: one round trip, once per sandbox, never per second.
-   * Sandboxes taken from a warm pool count apart (their time includes waiting ready).
+   * An ended sandbox that ran: its residence (running to ended) in the console's signals,
+   * once per sandbox, never per second. Sandboxes taken from a warm pool count apart
+   * (their time includes waiting ready).
    */
-  private endedPipeline(id: string, endedMs: number, startedAt: string, pool: string) {
-    const pipeline = this.redis.pipeline().expire(keys.sandbox(id), TERMINAL_RECORD_TTL_SEC);
+  private async recordResidence(endedMs: number, startedAt: string, pool: string): Promise<void> {
     const startedMs = Date.parse(startedAt);
-    if (Number.isFinite(startedMs)) SignalStore.addTo(pipeline, endedMs, observationFields(pool ? 'poolres' : 'res', endedMs - startedMs));
-    return pipeline;
+    if (!Number.isFinite(startedMs)) return;
+    const pipeline = this.redis.pipeline();
+    SignalStore.addTo(pipeline, endedMs, observationFields(pool ? 'poolres' : 'res', endedMs - startedMs));
+    await pipeline.exec();
   }
 
   /** Replaces the stage policy (network, hidden paths) in a sandbox's spec. */
@@ -199,8 +237,12 @@ export class SandboxRegistry {
    * still creating on `fromNode` (a node lost before the sandbox ran). False when it may not move.
    */
   async reassign(id: string, fromNode: string | undefined, toNode: string, options: { fromCreating?: boolean } = {}): Promise<boolean> {
-    const moved = await REASSIGN.run(this.redis, [keys.sandbox(id), fromNode ? keys.nodeSandboxes(fromNode) : 'rb:none', keys.nodeSandboxes(toNode)], [id, toNode, options.fromCreating ? '1' : '0', fromNode ?? '']);
-    return moved === 1;
+    // In the new node's set before the record moves, out of the old one's after.
+    await this.redis.sadd(keys.nodeSandboxes(toNode), id);
+    const moved = (await REASSIGN.run(this.redis, [keys.sandbox(id)], [toNode, options.fromCreating ? '1' : '0', fromNode ?? ''])) === 1;
+    if (moved && fromNode && fromNode !== toNode) await this.redis.srem(keys.nodeSandboxes(fromNode), id);
+    if (!moved && (await this.redis.hget(keys.sandbox(id), 'node')) !== toNode) await this.redis.srem(keys.nodeSandboxes(toNode), id);
+    return moved;
   }
 
   /**
@@ -227,11 +269,10 @@ export class SandboxRegistry {
     const stale: string[] = [];
     for (let i = 0; i < ids.length && out.length < query.limit; i += 200) {
       const batch = ids.slice(i, i + 200);
-      const pipeline = this.redis.pipeline();
-      for (const id of batch) pipeline.hgetall(keys.sandbox(id));
-      const rows = (await pipeline.exec()) ?? [];
-      rows.forEach(([, hash], j) => {
-        const sandbox = fromHash((hash ?? {}) as Record<string, string>);
+      // Separate reads (each record is its own cluster slot), sent together by auto-pipelining.
+      const rows = await Promise.all(batch.map((id) => this.redis.hgetall(keys.sandbox(id))));
+      rows.forEach((hash, j) => {
+        const sandbox = fromHash(hash);
         if (!sandbox) return void stale.push(batch[j]!);
         if (query.state && sandbox.state !== query.state) return;
         if (query.job && sandbox.spec.job !== query.job) return;
@@ -260,11 +301,8 @@ export class SandboxRegistry {
 
   /** Current states of many sandboxes in one round trip (undefined: record gone). */
   async states(ids: readonly string[]): Promise<(SandboxState | undefined)[]> {
-    if (ids.length === 0) return [];
-    const pipeline = this.redis.pipeline();
-    for (const id of ids) pipeline.hget(keys.sandbox(id), 'state');
-    const rows = (await pipeline.exec()) ?? [];
-    return rows.map(([, state]) => (state ?? undefined) as SandboxState | undefined);
+    const rows = await Promise.all(ids.map((id) => this.redis.hget(keys.sandbox(id), 'state')));
+    return rows.map((state) => (state ?? undefined) as SandboxState | undefined);
   }
 
   async sandboxesOfNode(nodeId: string): Promise<string[]> {
@@ -273,20 +311,10 @@ export class SandboxRegistry {
 
   /**
    * Layers some live sandbox refers to (its layers, its hibernation layer): one read of the
-   * counts the sandbox scripts keep, whatever the number of sandboxes. The first call on a
-   * cluster whose sandboxes predate the counts counts those once (a scan of the tenants'
-   * live sets, one script per sandbox), then never again.
+   * counts kept beside the sandbox records, whatever the number of sandboxes (sandboxes
+   * recorded before the counts existed were counted by the key migration, src/registry/migrate).
    */
   async layersInUse(): Promise<string[]> {
-    if (!(await this.redis.exists(keys.layerRefsComplete))) {
-      let cursor = '0';
-      do {
-        const [next, sets] = await this.redis.scan(cursor, 'MATCH', keys.tenantLive('*'), 'COUNT', 1000);
-        for (const set of sets) for (const id of await this.redis.smembers(set)) await COUNT_LAYER_REFS.run(this.redis, [keys.sandbox(id), keys.layerRefs], []);
-        cursor = next;
-      } while (cursor !== '0');
-      await this.redis.set(keys.layerRefsComplete, String(this.now()));
-    }
     const counts = await this.redis.hgetall(keys.layerRefs);
     return Object.keys(counts).filter((digest) => Number(counts[digest]) > 0);
   }
@@ -294,13 +322,23 @@ export class SandboxRegistry {
   /** A node's sandboxes and, of those, the ones being deleted (`stopping`): two calls whatever their number. */
   async nodeView(nodeId: string): Promise<{ live: Set<string>; stopping: Set<string> }> {
     const [live, stopping] = await Promise.all([this.redis.smembers(keys.nodeSandboxes(nodeId)), this.redis.smembers(keys.nodeStopping(nodeId))]);
-    return { live: new Set(live), stopping: new Set(stopping) };
+    // An entry added for a delete that was then refused (or whose gateway died before the
+    // record changed) is no delete: only what the records say is stopping or ended counts.
+    const states = await this.states(stopping);
+    const spurious = stopping.filter((_, i) => states[i] !== undefined && states[i] !== 'stopping' && !isTerminal(states[i]!));
+    if (spurious.length) await this.redis.srem(keys.nodeStopping(nodeId), ...spurious);
+    return { live: new Set(live), stopping: new Set(stopping.filter((id) => !spurious.includes(id))) };
   }
 
   /** Sandboxes that should have settled (left pending/creating) before `nowMs`. */
   async unsettledBefore(nowMs: number): Promise<string[]> {
     return this.redis.zrangebyscore(keys.unsettled, 0, nowMs, 'LIMIT', 0, 500);
   }
+}
+
+function splitIdempotencyValue(value: string | undefined): { sandboxId: string; requestHash: string } {
+  const [sandboxId = '', requestHash = ''] = (value ?? '').split('|');
+  return { sandboxId, requestHash };
 }
 
 function splitLabel(label: string): [string, string] {

@@ -41,7 +41,7 @@ export class PoolKeeper {
     const keep = new Map<string, PoolRef>();
     for (const [key, list] of await this.pools.readyListsOf(this.ctx.nodeId)) {
       if (!this.definitions.some((p) => p.name === list.pool && p.version === list.version)) {
-        await this.pools.dropList(key);
+        await this.pools.dropList(list.pool, key);
         continue;
       }
       for (const id of list.ids) keep.set(id, { name: list.pool, version: list.version });

@@ -14,7 +14,7 @@ const RELEASE = new LuaScript(import.meta.dirname, 'lease-release');
  * slow tick cannot overwrite its successor.
  */
 export class LeaderLease {
-  private readonly lock = keys.lock('burst-controller');
+  private readonly lock = keys.burstLeader;
 
   constructor(
     private readonly redis: Redis,

@@ -1,6 +1,6 @@
--- Counts a live sandbox recorded before layer reference counts existed (once; see
--- LayerCollector): its layers and hibernation layer, as admit-sandbox and
--- transition-sandbox would have. Idempotent by the record's `layerRefs` flag.
+-- Counts a live sandbox recorded before layer reference counts existed (once, by the key
+-- migration, src/registry/migrate.ts): its layers and hibernation layer, as a create and
+-- a hibernation would have. Idempotent by the record's `layerRefs` flag.
 -- KEYS: sandbox, layerRefs   Returns 1 if it was counted now.
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state or state == 'terminated' or state == 'failed' then return 0 end
