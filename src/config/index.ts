@@ -3,12 +3,22 @@ import os from 'node:os';
 import path from 'node:path';
 import { RunCodeLanguage } from '../api/run-code.ts';
 import { registryHostOf } from '../oci-registry/index.ts';
+import { parseRedisTarget } from '../redis/connect.ts';
 
 /** What `POST /run_code` runs without ROLLBOX_RUN_CODE_LANGUAGES: a `python` layer the operator registers, and the base image's shell. */
 const DEFAULT_RUN_CODE_LANGUAGES = {
   python: { image: { base: 'python', layers: [] }, argv: ['python3'], file: 'main.py', memoryMiB: 512 },
   bash: { image: { base: 'busybox', layers: [] }, argv: ['sh'], file: 'main.sh', memoryMiB: 512 },
 };
+
+/** REDIS_URL: one Redis as any URL, or a `redis+cluster://` node list (parseRedisTarget says what is wrong with one). */
+function checkRedisUrl(value: string, ctx: z.RefinementCtx): void {
+  try {
+    if (parseRedisTarget(value).kind === 'single') new URL(value);
+  } catch (err) {
+    ctx.addIssue({ code: 'custom', message: err instanceof TypeError ? 'Invalid URL' : (err as Error).message });
+  }
+}
 
 /**
  * The one environment schema. `loadConfig` is called once by the composition root
@@ -19,7 +29,7 @@ const DEFAULT_RUN_CODE_LANGUAGES = {
  * the descriptions here (`npm run docs`; a unit test fails when it drifts).
  */
 export const Env = z.object({
-  REDIS_URL: z.string().url().optional().describe('Redis shared by every gateway and worker host. Unset: `rollbox up` starts its own redis-server.'),
+  REDIS_URL: z.string().superRefine(checkRedisUrl).optional().describe('Redis shared by every gateway and worker host: `redis://[user:password@]host:port`, or a Redis Cluster by some of its nodes: `redis+cluster://[user:password@]host:port,host:port,...`. Unset: `rollbox up` starts its own redis-server.'),
   ROLLBOX_DATA_DIR: z.string().default('./.rollbox').describe('Data dir (`--data-dir`): layer store, worker state, embedded Redis, JWT secret.'),
   ROLLBOX_PORT: z.coerce.number().int().min(0).max(65_535).default(8080).describe('Gateway port (`--port`).'),
   ROLLBOX_HOST: z.string().default('127.0.0.1').describe('Gateway listen address.'),

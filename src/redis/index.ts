@@ -1,6 +1,9 @@
 export { startRedisServer } from './server.ts';
 export type { RedisServerHandle } from './server.ts';
-export { connectRedis } from './connect.ts';
+export { startRedisCluster, CLUSTER_SLOTS } from './cluster-server.ts';
+export type { RedisClusterHandle, RedisClusterNode } from './cluster-server.ts';
+export { connectRedis, parseRedisTarget } from './connect.ts';
+export type { RedisTarget } from './connect.ts';
 export { BlockingPool } from './blocking-pool.ts';
 export { LuaScript } from './lua.ts';
 export { RedisRefusedError, redactedRedisUrl, waitForRedis } from './wait.ts';

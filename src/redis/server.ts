@@ -28,9 +28,10 @@ async function freePort(): Promise<number> {
 /**
  * Starts a private redis-server bound to loopback with its data in `dataDir`
  * (append-only file, `appendfsync everysec`: see README for the durability trade-off).
- * Used by `rollbox up` and by integration tests.
+ * Used by `rollbox up` and by integration tests. `extraArgs` are appended to the
+ * command line (e.g. the cluster options of cluster-server.ts).
  */
-export async function startRedisServer(opts: { dataDir: string; port?: number; appendfsync?: 'always' | 'everysec' | 'no'; persist?: boolean }): Promise<RedisServerHandle> {
+export async function startRedisServer(opts: { dataDir: string; port?: number; appendfsync?: 'always' | 'everysec' | 'no'; persist?: boolean; extraArgs?: string[] }): Promise<RedisServerHandle> {
   await fs.mkdir(opts.dataDir, { recursive: true });
   const port = opts.port ?? (await freePort());
   const persist = opts.persist ?? true;
@@ -45,6 +46,7 @@ export async function startRedisServer(opts: { dataDir: string; port?: number; a
     '--protected-mode', 'yes',
     '--loglevel', 'warning',
     '--logfile', '',
+    ...(opts.extraArgs ?? []),
   ];
   // Its own process group: Ctrl-C in a terminal signals the whole foreground group, and
   // Redis must outlive that signal until the worker has ended its sandboxes through it.

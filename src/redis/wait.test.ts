@@ -7,4 +7,11 @@ describe('redactedRedisUrl', () => {
     expect(redactedRedisUrl('redis://app:s3cret@redis:6379')).not.toContain('s3cret');
     expect(redactedRedisUrl('redis://127.0.0.1:6379')).toBe('redis://127.0.0.1:6379');
   });
+
+  it('never shows the password of a cluster URL (whose host list no URL parser takes)', () => {
+    expect(redactedRedisUrl('redis+cluster://app:s3cret@10.0.0.5:6379,10.0.0.6:6379')).toBe('redis+cluster://app:***@10.0.0.5:6379,10.0.0.6:6379');
+    expect(redactedRedisUrl('redis+cluster://:s%40cret@[::1]:7000')).toBe('redis+cluster://:***@[::1]:7000');
+    expect(redactedRedisUrl('redis+cluster://127.0.0.1:7000,127.0.0.1:7001')).toBe('redis+cluster://127.0.0.1:7000,127.0.0.1:7001');
+    expect(redactedRedisUrl('redis+cluster://:s3cret@a:1,b')).not.toContain('s3cret');
+  });
 });

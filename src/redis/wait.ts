@@ -1,16 +1,29 @@
 import net from 'node:net';
-import { Redis } from 'ioredis';
+import { Redis, type RedisOptions } from 'ioredis';
 import type { Logger } from 'pino';
+import { parseRedisTarget } from './connect.ts';
 
 /** Why Redis cannot be used yet, as an operator would put it. */
 export interface RedisWaitState {
-  /** refused, dns, timeout, protected_mode, loading, or other */
+  /** refused, dns, timeout, protected_mode, loading, cluster_down (a Redis Cluster not serving every slot), or other */
   reason: string;
   error: string;
 }
 
 /** A Redis URL as logs and answers may show it: no password. */
 export function redactedRedisUrl(url: string): string {
+  // A cluster's node list (a,b,c) is no URL host to the WHATWG parser: the userinfo by hand.
+  if (url.toLowerCase().startsWith('redis+cluster://')) {
+    try {
+      const target = parseRedisTarget(url);
+      if (target.kind !== 'cluster') return 'redis+cluster://(unparseable url)';
+      const user = target.username === undefined ? '' : encodeURIComponent(target.username);
+      const userinfo = target.password !== undefined ? `${user}:***@` : user ? `${user}@` : '';
+      return `redis+cluster://${userinfo}${target.nodes.map((n) => `${n.host.includes(':') ? `[${n.host}]` : n.host}:${n.port}`).join(',')}`;
+    } catch {
+      return 'redis+cluster://(unparseable url)';
+    }
+  }
   try {
     const u = new URL(url);
     if (u.password) u.password = '***';
@@ -30,6 +43,7 @@ function classify(err: unknown): RedisWaitState {
   if (code === 'ENOTFOUND' || code === 'EAI_AGAIN' || /ENOTFOUND|EAI_AGAIN/.test(message)) return { reason: 'dns', error: message };
   if (/protected mode/i.test(message)) return { reason: 'protected_mode', error: message.split('\n')[0]!.slice(0, 300) };
   if (/^LOADING/.test(message)) return { reason: 'loading', error: message };
+  if (/^CLUSTERDOWN|cluster_state:/.test(message)) return { reason: 'cluster_down', error: message.slice(0, 300) };
   if (/timeout|ETIMEDOUT/i.test(message)) return { reason: 'timeout', error: message };
   return { reason: 'other', error: message.slice(0, 300) };
 }
@@ -65,6 +79,53 @@ async function refusalOnConnect(url: string, timeoutMs = 1000): Promise<string |
   });
 }
 
+/** One PING on a fresh connection; throws what made it fail (the error event's cause, not "Connection is closed."). */
+async function pingOnce(url: string, options: RedisOptions): Promise<void> {
+  const probe = new Redis(url, options);
+  // ioredis answers a failed connect with "Connection is closed."; the cause is the error event's.
+  let cause: unknown;
+  probe.on('error', (err) => (cause ??= err));
+  try {
+    await probe.connect();
+    await probe.ping();
+  } catch (caught) {
+    throw cause ?? caught;
+  } finally {
+    probe.disconnect();
+  }
+}
+
+/**
+ * Whether Redis at `url` can be used now: one Redis answers PING; a Redis Cluster
+ * (`redis+cluster://`) has a seed node that answers `CLUSTER INFO` with `cluster_state:ok`
+ * (every slot served), asked of each seed in turn. Throws the last seed's error.
+ */
+async function probeOnce(url: string): Promise<void> {
+  const options: RedisOptions = { lazyConnect: true, retryStrategy: () => null, maxRetriesPerRequest: 0, enableOfflineQueue: false, connectTimeout: 2000, enableAutoPipelining: false };
+  const target = parseRedisTarget(url);
+  if (target.kind === 'single') return pingOnce(url, options);
+  let lastError: unknown;
+  for (const node of target.nodes) {
+    const probe = new Redis({ ...options, host: node.host, port: node.port, ...(target.username !== undefined && { username: target.username }), ...(target.password !== undefined && { password: target.password }) });
+    let cause: unknown;
+    probe.on('error', (err) => (cause ??= err));
+    try {
+      await probe.connect();
+      const info = String(await probe.call('CLUSTER', 'INFO'));
+      const state = /^cluster_state:(\w+)/m.exec(info)?.[1];
+      if (state === 'ok') return;
+      lastError = new Error(`${node.host}:${node.port} says cluster_state:${state ?? '(none)'}`);
+    } catch (caught) {
+      lastError = cause ?? caught;
+      // A wrong password is wrong at every seed.
+      if (FATAL.test(lastError instanceof Error ? lastError.message : String(lastError))) throw lastError;
+    } finally {
+      probe.disconnect();
+    }
+  }
+  throw lastError;
+}
+
 export class RedisRefusedError extends Error {
   constructor(url: string, message: string) {
     super(`Redis at ${redactedRedisUrl(url)} refused this process: ${message} (check the password or ACL in REDIS_URL)`);
@@ -73,7 +134,7 @@ export class RedisRefusedError extends Error {
 }
 
 /**
- * Waits until Redis at `url` answers PING, logging every `logEveryMs` which Redis it waits
+ * Waits until Redis at `url` answers PING (a Redis Cluster: see probeOnce), logging every `logEveryMs` which Redis it waits
  * for and the last error (refused, DNS, timeout, protected mode), and telling `onState`
  * (a gateway's /readyz). A refusal no wait will cure (wrong password, an ACL) throws
  * RedisRefusedError. Without this a process whose Redis is away would sit in ioredis's
@@ -89,6 +150,7 @@ export async function waitForRedis(url: string, options: { logger: Logger; what:
     lastLogMs = Date.now();
     options.logger.warn({ redis: redactedRedisUrl(url), reason: state.reason, error: state.error, waitedMs: Date.now() - startedMs }, `${options.what}: waiting for Redis`);
   };
+  parseRedisTarget(url); // a malformed cluster node list throws now: no wait cures it
   let denied = false;
   for (let attempt = 0; ; attempt++) {
     if (options.signal?.aborted) throw new Error(`${options.what}: stopped while waiting for Redis`);
@@ -99,18 +161,12 @@ export async function waitForRedis(url: string, options: { logger: Logger; what:
       await new Promise((r) => setTimeout(r, options.retryMs ?? 500));
       continue;
     }
-    const probe = new Redis(url, { lazyConnect: true, retryStrategy: () => null, maxRetriesPerRequest: 0, enableOfflineQueue: false, connectTimeout: 2000, enableAutoPipelining: false });
-    // ioredis answers a failed connect with "Connection is closed."; the cause is the error event's.
-    let cause: unknown;
-    probe.on('error', (err) => (cause ??= err));
     try {
-      await probe.connect();
-      await probe.ping();
+      await probeOnce(url);
       if (attempt > 0) options.logger.info({ redis: redactedRedisUrl(url), waitedMs: Date.now() - startedMs }, `${options.what}: Redis answers`);
       options.onState?.(undefined);
       return;
-    } catch (caught) {
-      const err = cause ?? caught;
+    } catch (err) {
       const message = err instanceof Error ? err.message : String(err);
       if (FATAL.test(message)) throw new RedisRefusedError(url, message);
       let state = classify(err);
@@ -118,8 +174,6 @@ export async function waitForRedis(url: string, options: { logger: Logger; what:
       if (refusal) state = { reason: 'protected_mode', error: refusal };
       denied = state.reason === 'protected_mode';
       report(state);
-    } finally {
-      probe.disconnect();
     }
     await new Promise((r) => setTimeout(r, options.retryMs ?? 500));
   }

@@ -18,6 +18,9 @@ export function jobQueueName(kind: string, tag: string): string {
  * BullMQ's own connection: no auto-pipelining (BullMQ orders its own commands and its
  * blocking fetch must not queue behind others), and `maxRetriesPerRequest: null`, which
  * its workers require so a Redis restart makes commands wait instead of failing.
+ * A `redis+cluster://` URL gives an ioredis Cluster, which BullMQ takes as it is (it reads
+ * `maxRetriesPerRequest` from the cluster's per-node `redisOptions`, where connectRedis
+ * puts it; test/redis-cluster.test.ts runs a job over one).
  */
 export function connectJobRedis(url: string, onError: (err: Error) => void = () => {}): Redis {
   return connectRedis(url, { enableAutoPipelining: false, maxRetriesPerRequest: null }, onError);
