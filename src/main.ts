@@ -17,7 +17,7 @@ import { ExtractWorkers, LayerMounts, LayerStore, buildBusyboxBase, buildLayerFr
 import { LazyLayers } from './layers/lazy/index.ts';
 import { NodeDirectory, ReplyHub } from './queues/index.ts';
 import { CreateJobQueues, connectJobRedis } from './queues/jobs/index.ts';
-import { BlockingPool, connectRedis, redactedRedisUrl, startRedisServer, waitForRedis, type RedisServerHandle, type RedisWaitState } from './redis/index.ts';
+import { BlockingPool, connectRedis, parseRedisTarget, redactedRedisUrl, startRedisServer, waitForRedis, type RedisServerHandle, type RedisWaitState } from './redis/index.ts';
 import { CommandLog, ForkRecords, ImageRegistry, LayerRegistry, PoolRegistry, SandboxRegistry, keys, migrateKeyLayout } from './registry/index.ts';
 import { ImportHolds, importImage, resolveImageRef } from './images/index.ts';
 import { WorkerHost } from './workers/index.ts';
@@ -279,9 +279,11 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
   };
 }
 
+/** The IPv4 addresses of the Redis a URL names (every seed node of a cluster). */
 function ipv4HostOf(url: string): string[] {
-  const host = new URL(url).hostname;
-  return /^\d+\.\d+\.\d+\.\d+$/.test(host) ? [host] : [];
+  const target = parseRedisTarget(url);
+  const hosts = target.kind === 'cluster' ? target.nodes.map((n) => n.host) : [new URL(target.url).hostname];
+  return [...new Set(hosts.filter((host) => /^\d+\.\d+\.\d+\.\d+$/.test(host)))];
 }
 
 /** Registers the default `busybox` base layer if this cluster has none yet. */

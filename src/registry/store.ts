@@ -91,7 +91,7 @@ export class SandboxRegistry {
     const admitTenant = async () =>
       (await ADMIT_SANDBOX.run(
         this.redis,
-        [keys.tenantLive(record.tenant), keys.tenantAll(record.tenant), idemKey],
+        [keys.tenantLive(record.tenant), keys.tenantAll(record.tenant), ...(idemKey ? [idemKey] : [])],
         [record.id, input.maxLive, Date.parse(record.createdAt), `${record.id}|${input.requestHash}`, IDEMPOTENCY_TTL_SEC],
       )) as string[];
     let result = await admitTenant();

@@ -7,7 +7,7 @@ import { loadConfig, type Config } from '../../src/config/index.ts';
 import { createTokenIssuer } from '../../src/iam/index.ts';
 import type { Scope } from '../../src/api/index.ts';
 import { ensureBaseLayer, startGatewayRole, startWorkerRole, type GatewayHandle, type WorkerHandle } from '../../src/main.ts';
-import { startRedisServer, type RedisServerHandle } from '../../src/redis/index.ts';
+import { startRedisCluster, startRedisServer, type RedisClusterHandle, type RedisServerHandle } from '../../src/redis/index.ts';
 
 const REPO_ROOT = path.resolve(import.meta.dirname, '../..');
 
@@ -36,6 +36,8 @@ export interface TestCluster {
   redisUrl: string;
   /** The redis-server's pid (a new one after restartRedis). */
   redisPid(): number;
+  /** With `redisCluster`: the Redis Cluster (3 primaries, a replica each) the stack runs on. */
+  redisCluster?: RedisClusterHandle;
   rootDir: string;
   config: Config;
   token(tenant: string, scopes: Scope[], ttlSeconds?: number): Promise<string>;
@@ -62,16 +64,18 @@ export interface TestCluster {
  * base layer, one gateway and the worker hosts a test asks for. Everything lives under
  * one temp dir and `stop()` removes every container, mount and process it started.
  */
-export async function startTestCluster(options: { workers?: TestWorkerOptions[]; env?: Record<string, string> } = {}): Promise<TestCluster> {
+export async function startTestCluster(options: { workers?: TestWorkerOptions[]; env?: Record<string, string>; redisCluster?: boolean } = {}): Promise<TestCluster> {
   const rootDir = await fs.mkdtemp(path.join(os.tmpdir(), 'rollbox-test-'));
   const layerStore = path.join(rootDir, 'layers');
   const env = { ...TEST_ENV, ROLLBOX_LAYER_STORE: layerStore, ROLLBOX_JWT_SECRET_FILE: path.join(rootDir, 'jwt-secret'), ...options.env };
   const config = loadConfig({}, { ...env, ROLLBOX_DATA_DIR: path.join(rootDir, 'gateway') });
-  const logger = pino({ level: 'silent' });
+  // ROLLBOX_TEST_LOG=warn (or error, info) shows the in-process gateway's and workers' logs.
+  const logger = pino({ level: process.env.ROLLBOX_TEST_LOG ?? 'silent' });
   const workers: WorkerHandle[] = [];
   const children: ChildProcess[] = [];
   const gatewayChildren: ChildProcess[] = [];
-  let redis: RedisServerHandle | undefined;
+  let redis: Pick<RedisServerHandle, 'url' | 'pid' | 'port' | 'stop'> | undefined;
+  let redisCluster: RedisClusterHandle | undefined;
   let gateway: GatewayHandle | undefined;
 
   const workerConfig = (w: TestWorkerOptions) => loadConfig({}, { ...env, ...w.env, ROLLBOX_DATA_DIR: path.join(rootDir, w.nodeId), ROLLBOX_NODE_ID: w.nodeId });
@@ -95,13 +99,19 @@ export async function startTestCluster(options: { workers?: TestWorkerOptions[];
   };
 
   try {
-    redis = await startRedisServer({ dataDir: path.join(rootDir, 'redis'), persist: true });
+    if (options.redisCluster) {
+      redisCluster = await startRedisCluster({ dataDir: path.join(rootDir, 'redis') });
+      redis = { url: redisCluster.url, pid: 0, port: 0, stop: redisCluster.stop };
+    } else {
+      redis = await startRedisServer({ dataDir: path.join(rootDir, 'redis'), persist: true });
+    }
     await ensureBaseLayer(config, redis.url);
     gateway = await startGatewayRole(config, redis.url, logger);
     const cluster: TestCluster = {
       url: gateway.url,
       redisUrl: redis.url,
       redisPid: () => redis!.pid,
+      ...(redisCluster ? { redisCluster } : {}),
       rootDir,
       config,
       token: (tenant, scopes, ttlSeconds = 600) => createTokenIssuer(config.jwt).issue({ tenant, scopes, ttlSeconds }),
@@ -150,6 +160,7 @@ export async function startTestCluster(options: { workers?: TestWorkerOptions[];
         gateway = await startGatewayRole(loadConfig({}, { ...env, ROLLBOX_DATA_DIR: path.join(rootDir, 'gateway'), ROLLBOX_PORT: port }), redis!.url, logger);
       },
       async restartRedis() {
+        if (redisCluster) throw new Error('restartRedis: this stack runs on a Redis Cluster (kill a node instead)');
         const port = redis!.port;
         await redis!.stop();
         redis = await startRedisServer({ dataDir: path.join(rootDir, 'redis'), persist: true, port });
