@@ -3,6 +3,10 @@ import { HTTPException } from 'hono/http-exception';
 import type { Logger } from 'pino';
 import type { ZodError } from 'zod';
 import { RollboxError, httpStatusOf, type ErrorBody, type ErrorCode } from '../api/index.ts';
+import { isRedisUnavailable } from '../redis/index.ts';
+
+/** What a client is told to wait before retrying a request that met Redis unavailable (a failover takes seconds). */
+const REDIS_UNAVAILABLE_RETRY_AFTER_SEC = 2;
 
 /** The one place that turns errors into HTTP responses. */
 export function errorResponse(c: Context, code: ErrorCode, message: string, retryAfterSeconds?: number): Response {
@@ -20,6 +24,10 @@ export function handleError(logger: Logger) {
       if (err.status === 413) return errorResponse(c, 'payload_too_large', 'request body is larger than the limit');
       if (err.status === 400) return errorResponse(c, 'invalid_request', err.message || 'malformed request');
       if (err.status === 401) return errorResponse(c, 'unauthenticated', err.message || 'unauthenticated');
+    }
+    if (isRedisUnavailable(err)) {
+      logger.warn({ err: err.message, path: c.req.path }, 'redis unavailable');
+      return errorResponse(c, 'unavailable', `Redis is not available now (${err.message.slice(0, 200)}); retrying with the same Idempotency-Key or commandId is safe`, REDIS_UNAVAILABLE_RETRY_AFTER_SEC);
     }
     logger.error({ err, path: c.req.path }, 'unhandled error');
     return errorResponse(c, 'internal', 'internal error');

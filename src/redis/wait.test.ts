@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { redactedRedisUrl } from './wait.ts';
+import { isRedisUnavailable, redactedRedisUrl } from './wait.ts';
 
 describe('redactedRedisUrl', () => {
   it('never shows a password', () => {
@@ -13,5 +13,14 @@ describe('redactedRedisUrl', () => {
     expect(redactedRedisUrl('redis+cluster://:s%40cret@[::1]:7000')).toBe('redis+cluster://:***@[::1]:7000');
     expect(redactedRedisUrl('redis+cluster://127.0.0.1:7000,127.0.0.1:7001')).toBe('redis+cluster://127.0.0.1:7000,127.0.0.1:7001');
     expect(redactedRedisUrl('redis+cluster://:s3cret@a:1,b')).not.toContain('s3cret');
+  });
+});
+
+describe('isRedisUnavailable', () => {
+  it('tells a Redis that cannot serve now from a failure of rollbox', () => {
+    for (const message of ['CLUSTERDOWN The cluster is down', 'Connection is closed.', 'Too many Cluster redirections. Last error: Error: Connection is closed.', 'LOADING Redis is loading the dataset in memory', 'READONLY You can\'t write against a read only replica.', 'connect ECONNREFUSED 127.0.0.1:7000']) expect(isRedisUnavailable(new Error(message)), message).toBe(true);
+    expect(isRedisUnavailable(Object.assign(new Error('x'), { name: 'ClusterAllFailedError' }))).toBe(true);
+    for (const message of ['ERR wrong number of arguments', 'CROSSSLOT Keys in request don\'t hash to the same slot', 'Cannot read properties of undefined']) expect(isRedisUnavailable(new Error(message)), message).toBe(false);
+    expect(isRedisUnavailable('CLUSTERDOWN')).toBe(false);
   });
 });

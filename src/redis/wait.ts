@@ -178,3 +178,15 @@ export async function waitForRedis(url: string, options: { logger: Logger; what:
     await new Promise((r) => setTimeout(r, options.retryMs ?? 500));
   }
 }
+
+/**
+ * An error that says Redis cannot serve now rather than that rollbox is wrong: a closed or
+ * failed connection, a cluster without a primary for a slot (CLUSTERDOWN, a failover's
+ * redirections running out), a server still loading or a replica that was asked to write.
+ * The gateway answers these `unavailable` (retry later), not `internal`.
+ */
+export function isRedisUnavailable(err: unknown): boolean {
+  if (!(err instanceof Error)) return false;
+  if (['MaxRetriesPerRequestError', 'ClusterAllFailedError'].includes(err.name)) return true;
+  return /^(CLUSTERDOWN|TRYAGAIN|LOADING|READONLY|MASTERDOWN)\b|^Connection is closed|^Too many Cluster redirections|^Failed to refresh slots cache|^None of startup nodes is available|ECONNREFUSED|ECONNRESET/.test(err.message);
+}
