@@ -1,8 +1,5 @@
 import type { Redis } from 'ioredis';
-import { LuaScript } from '../redis/index.ts';
 import { keys } from './keys.ts';
-
-const COUNT_LAYER_REFS = new LuaScript(import.meta.dirname, 'count-layer-refs');
 
 /** The key layout this code writes (2: hash tags, see keys.ts); kept in `rb:key-layout`. */
 const KEY_LAYOUT = '2';
@@ -79,38 +76,47 @@ export async function migrateKeyLayout(redis: Redis, log: (message: string, fiel
 async function migrate(redis: Redis): Promise<Record<string, unknown>> {
   let renamed = 0;
   let kept = 0;
-  let cursor = '0';
-  do {
-    const [next, batch] = await redis.scan(cursor, 'MATCH', 'rb:*', 'COUNT', 1000);
-    cursor = next;
-    for (const key of batch) {
-      const to = renamedKey(key);
-      if (!to || to === key) continue;
-      if (await redis.renamenx(key, to)) renamed++;
-      else kept++;
-    }
-  } while (cursor !== '0');
+  await forEachKey(redis, 'rb:*', async (key) => {
+    const to = renamedKey(key);
+    if (!to || to === key) return;
+    if (await redis.renamenx(key, to)) renamed++;
+    else kept++;
+  });
   for (const [pool, json] of Object.entries(await redis.hgetall(keys.pools))) {
     const version = (JSON.parse(json) as { version: string }).version;
     await redis.set(keys.poolVersion(pool), version, 'NX');
-    for (const list of await scanKeys(redis, `${keys.poolReady(pool, '*', '')}*`)) await redis.sadd(keys.poolReadyLists(pool), list);
+    await forEachKey(redis, `${keys.poolReady(pool, '*', '')}*`, async (list) => void (await redis.sadd(keys.poolReadyLists(pool), list)));
   }
   let counted = 0;
   if (!(await redis.exists(keys.layerRefsComplete))) {
-    for (const record of await scanKeys(redis, keys.sandbox('*'))) counted += Number(await COUNT_LAYER_REFS.run(redis, [record, keys.layerRefs], []));
+    await forEachKey(redis, keys.sandbox('*'), async (record) => void (counted += await countLayerRefs(redis, record)));
     await redis.set(keys.layerRefsComplete, String(Date.now()));
   }
   await redis.set(LAYOUT_KEY, KEY_LAYOUT);
   return { renamed, keptNewer: kept, layerRefsCounted: counted };
 }
 
-async function scanKeys(redis: Redis, match: string): Promise<string[]> {
-  const found: string[] = [];
+/**
+ * Counts a live sandbox recorded before layer reference counts existed: its layers and
+ * hibernation layer, as a create and a hibernation would have, and its `layerRefs` flag
+ * set (so its end uncounts them). Several calls, not one script (the record and the counts
+ * are different slots): the migration runs with no other process writing.
+ */
+async function countLayerRefs(redis: Redis, record: string): Promise<number> {
+  const [state, flag, layerDigests, hibernationLayer] = await redis.hmget(record, 'state', 'layerRefs', 'layerDigests', 'hibernationLayer');
+  if (!state || state === 'terminated' || state === 'failed' || flag) return 0;
+  const digests = [...(JSON.parse(layerDigests ?? '[]') as string[]), ...(hibernationLayer ? [hibernationLayer] : [])];
+  for (const digest of digests) await redis.hincrby(keys.layerRefs, digest, 1);
+  await redis.hset(record, 'layerRefs', '1');
+  return 1;
+}
+
+/** Visits the keys matching `match` as SCAN finds them (a key renamed meanwhile may come twice: the visits are idempotent). */
+async function forEachKey(redis: Redis, match: string, visit: (key: string) => Promise<void>): Promise<void> {
   let cursor = '0';
   do {
     const [next, batch] = await redis.scan(cursor, 'MATCH', match, 'COUNT', 1000);
     cursor = next;
-    found.push(...batch);
+    for (const key of batch) await visit(key);
   } while (cursor !== '0');
-  return found;
 }
