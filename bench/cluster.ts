@@ -2,8 +2,8 @@
  * bench:cluster — the same stack (one gateway, one worker host) on one redis-server and on
  * a Redis Cluster of 3 primaries with a replica each, on this machine, one after the
  * other: execs/s and creates/s at a fixed concurrency, Redis calls and Redis CPU per
- * operation (INFO commandstats and INFO cpu summed over every redis-server of the
- * deployment, replicas included). The one-Redis run is the reference the cluster's
+ * operation (INFO commandstats of the primaries and INFO cpu of every redis-server of the
+ * deployment, replicas included, each less the idle background over the same time). The one-Redis run is the reference the cluster's
  * figures are divided by. On one machine a cluster cannot be faster (its shards share the
  * same cores): what it shows is what sharding costs per operation; docs/operations.md
  * turns calls per operation into the shards the seed's rates need.
@@ -53,8 +53,17 @@ async function meter(servers: Servers): Promise<Meter> {
   return { calls, cpuSeconds };
 }
 
-/** `n` operations at CONCURRENCY: latencies, operations per second, Redis calls and CPU µs per operation. */
+/** Redis calls and CPU seconds per second while only the stack's background runs (heartbeats, janitor, BullMQ's polling). */
+async function background(servers: Servers, windowMs = 3000): Promise<Meter> {
+  const before = await meter(servers);
+  await new Promise((r) => setTimeout(r, windowMs));
+  const after = await meter(servers);
+  return { calls: ((after.calls - before.calls) * 1000) / windowMs, cpuSeconds: ((after.cpuSeconds - before.cpuSeconds) * 1000) / windowMs };
+}
+
+/** `n` operations at CONCURRENCY: latencies, operations per second, Redis calls and CPU µs per operation (background subtracted). */
 async function phase(label: string, servers: Servers, n: number, op: (i: number) => Promise<void>) {
+  const idle = await background(servers);
   const bar = progressBar(label, { total: n });
   const samplesMs: number[] = [];
   const before = await meter(servers);
@@ -77,8 +86,8 @@ async function phase(label: string, servers: Servers, n: number, op: (i: number)
   return {
     samplesMs,
     perSecond: Math.round((n / seconds) * 10) / 10,
-    redisCallsPerOp: Math.round(((after.calls - before.calls) / n) * 10) / 10,
-    redisCpuUsPerOp: Math.round(((after.cpuSeconds - before.cpuSeconds) / n) * 1e6),
+    redisCallsPerOp: Math.round(((after.calls - before.calls - idle.calls * seconds) / n) * 10) / 10,
+    redisCpuUsPerOp: Math.round(((after.cpuSeconds - before.cpuSeconds - idle.cpuSeconds * seconds) / n) * 1e6),
   };
 }
 
