@@ -1,29 +1,23 @@
 import { chmod, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
-import type { Redis } from 'ioredis';
 import pino from 'pino';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CreateSandboxRequest, type NodeHeartbeat } from '../src/api/index.ts';
 import { BurstController, CommandProvider, TraceRecorder } from '../src/burst/index.ts';
 import { NodeDirectory, idleHeartbeat, type PlacementRequest } from '../src/queues/index.ts';
-import { connectRedis, startRedisServer, type RedisServerHandle } from '../src/redis/index.ts';
 import { ImageRegistry, LayerRegistry, SandboxRegistry, keys } from '../src/registry/index.ts';
+import { useScratchRedis } from './support/scratch-redis.ts';
 
 const DIGEST = `sha256:${'ab'.repeat(32)}`;
+const scratch = useScratchRedis('burstctl');
 let dir: string;
-let server: RedisServerHandle;
-let redis: Redis;
 
 beforeAll(async () => {
   dir = await mkdtemp(path.join(os.tmpdir(), 'rollbox-burstctl-'));
-  server = await startRedisServer({ dataDir: path.join(dir, 'redis'), persist: false });
-  redis = connectRedis(server.url);
 });
 afterAll(async () => {
-  await redis?.quit();
-  await server?.stop();
   await rm(dir, { recursive: true, force: true });
 });
 
@@ -60,23 +54,23 @@ const lines = async (name: string) => (await readFile(path.join(dir, name), 'utf
 describe('burst controller across two gateways (real Redis, command provider)', () => {
   it('one leader scales out for diverted demand; the other takes over and retires the idle host', async () => {
     const now = () => clock;
-    const directory = new NodeDirectory(redis, { refreshMs: 100, now });
-    const layers = new LayerRegistry(redis);
-    const registry = new SandboxRegistry(redis);
+    const directory = new NodeDirectory(scratch.redis, { refreshMs: 100, now });
+    const layers = new LayerRegistry(scratch.redis);
+    const registry = new SandboxRegistry(scratch.redis);
     await layers.register({ digest: DIGEST, sizeBytes: 1, name: 'base', parents: [], createdAt: new Date().toISOString() });
     const provider = new CommandProvider({ ...(await scripts()), timeoutMs: 10_000 });
     const controller = (gatewayId: string) =>
       new BurstController({
-        redis,
+        redis: scratch.redis,
         directory,
-        images: new ImageRegistry(redis, layers),
+        images: new ImageRegistry(scratch.redis, layers),
         registry,
         provider,
-        config: { tickMs: 100, syncLayers: ['base'], localPool: 'local', lostAfterMs: 5000, redisUrl: server.url },
+        config: { tickMs: 100, syncLayers: ['base'], localPool: 'local', lostAfterMs: 5000, redisUrl: scratch.url },
         gatewayId,
         gatewayUrl: () => 'http://gateway.test',
         issueHostToken: async () => 'host-token',
-        recorder: new TraceRecorder(redis, 0),
+        recorder: new TraceRecorder(scratch.redis, 0),
         metricsRegistry: new Registry(),
         logger: pino({ level: 'silent' }),
         now,
@@ -91,7 +85,7 @@ describe('burst controller across two gateways (real Redis, command provider)', 
       await b.tick();
     };
     await a.setPolicy({ ...(await a.status()).policy, divertAboveUtilization: 0.5, stopBelowUtilization: 0.4, maxCloudHosts: 1, idleTerminateMs: 200, cloudHostSandboxes: 2 });
-    await redis.hset(keys.nodes, 'local-a', JSON.stringify(heartbeat('local-a', 'local', 900)));
+    await scratch.redis.hset(keys.nodes, 'local-a', JSON.stringify(heartbeat('local-a', 'local', 900)));
     await tickBoth();
     expect((await b.status()).diverting).toBe(true);
     expect((await b.status()).syncedLayers).toEqual([DIGEST]);
@@ -107,15 +101,15 @@ describe('burst controller across two gateways (real Redis, command provider)', 
     for (let i = 0; i < 5; i++) await tickBoth();
     const provisions = await lines('provisions.log');
     expect(provisions).toHaveLength(1); // one leader, within maxCloudHosts
-    expect(provisions[0]).toMatchObject({ action: 'provision', pool: 'cloud', gatewayUrl: 'http://gateway.test', token: 'host-token', redisUrl: server.url, layers: [DIGEST], slots: 2 });
+    expect(provisions[0]).toMatchObject({ action: 'provision', pool: 'cloud', gatewayUrl: 'http://gateway.test', token: 'host-token', redisUrl: scratch.url, layers: [DIGEST], slots: 2 });
     const hostId: string = provisions[0].hostId;
     expect((await b.status()).cloudHosts).toMatchObject([{ id: hostId, state: 'provisioning' }]);
 
     // Syncing hosts stay provisioning; ready ones join.
-    await redis.hset(keys.nodes, hostId, JSON.stringify(heartbeat(hostId, 'cloud', 0, { ready: false })));
+    await scratch.redis.hset(keys.nodes, hostId, JSON.stringify(heartbeat(hostId, 'cloud', 0, { ready: false })));
     await tickBoth();
     expect((await b.status()).cloudHosts[0]?.state).toBe('provisioning');
-    await redis.hset(keys.nodes, hostId, JSON.stringify(heartbeat(hostId, 'cloud', 0, { ready: true, syncedLayers: [DIGEST] })));
+    await scratch.redis.hset(keys.nodes, hostId, JSON.stringify(heartbeat(hostId, 'cloud', 0, { ready: true, syncedLayers: [DIGEST] })));
     await tickBoth();
     expect((await b.status()).cloudHosts[0]?.state).toBe('ready');
 
@@ -127,8 +121,8 @@ describe('burst controller across two gateways (real Redis, command provider)', 
     const seen: string[] = [];
     for (let i = 0; i < 12 && (await b.status()).cloudHosts.length > 0; i++) {
       clock += 300;
-      await redis.hset(keys.nodes, hostId, JSON.stringify(heartbeat(hostId, 'cloud', 0, { ready: true, syncedLayers: [DIGEST] })));
-      await redis.hset(keys.nodes, 'local-a', JSON.stringify(heartbeat('local-a', 'local', 900)));
+      await scratch.redis.hset(keys.nodes, hostId, JSON.stringify(heartbeat(hostId, 'cloud', 0, { ready: true, syncedLayers: [DIGEST] })));
+      await scratch.redis.hset(keys.nodes, 'local-a', JSON.stringify(heartbeat('local-a', 'local', 900)));
       await directory.refresh();
       await b.tick();
       seen.push((await b.status()).cloudHosts[0]?.state ?? 'gone');

@@ -1,27 +1,12 @@
-import fs from 'node:fs/promises';
-import os from 'node:os';
-import path from 'node:path';
-import type { Redis } from 'ioredis';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { CreateSandboxRequest, STATE_TRANSITIONS, type Sandbox, type SandboxState } from '../src/api/index.ts';
-import { connectRedis, startRedisServer, type RedisServerHandle } from '../src/redis/index.ts';
 import { SandboxRegistry } from '../src/registry/index.ts';
+import { useScratchRedis } from './support/scratch-redis.ts';
 
-let server: RedisServerHandle;
-let redis: Redis;
+const scratch = useScratchRedis('registry');
 let registry: SandboxRegistry;
-let dir: string;
-
-beforeAll(async () => {
-  dir = await fs.mkdtemp(path.join(os.tmpdir(), 'rollbox-registry-'));
-  server = await startRedisServer({ dataDir: dir, persist: false });
-  redis = connectRedis(server.url);
-  registry = new SandboxRegistry(redis);
-});
-afterAll(async () => {
-  await redis?.quit();
-  await server?.stop();
-  await fs.rm(dir, { recursive: true, force: true });
+beforeAll(() => {
+  registry = new SandboxRegistry(scratch.redis);
 });
 
 let counter = 0;
