@@ -1,7 +1,7 @@
 import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { Scope } from '../src/api/index.ts';
-import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
+import { REFUSING_NODE_ENV, api, nodesUp, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { hostTraces } from './support/host.ts';
 
 const SCOPES: Scope[] = ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'admin'];
@@ -12,12 +12,7 @@ afterEach(async () => {
   cluster = undefined;
 });
 
-async function nodesUp(c: TestCluster, token: string, count: number) {
-  await waitFor(`${count} nodes`, async () => (await api(c, token, 'GET', '/v1/nodes')).body.nodes?.length >= count);
-}
 
-/** A node under host memory pressure: its heartbeat looks fine, its admission refuses. */
-const REFUSING = { ROLLBOX_NODE_HOST_RESERVE_MIB: String(1 << 30) };
 
 describe('two worker hosts', () => {
   it('spreads sandboxes over both nodes', async () => {
@@ -33,7 +28,7 @@ describe('two worker hosts', () => {
   });
 
   it('re-places work a node refuses, and fails clearly with Retry-After when every node refuses', async () => {
-    cluster = await startTestCluster({ workers: [{ nodeId: 'node-full', env: REFUSING }, { nodeId: 'node-free' }] });
+    cluster = await startTestCluster({ workers: [{ nodeId: 'node-full', env: REFUSING_NODE_ENV }, { nodeId: 'node-free' }] });
     const token = await cluster.token('t', SCOPES);
     await nodesUp(cluster, token, 2);
     const created = await Promise.all(Array.from({ length: 6 }, () => api(cluster!, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64 } })));
@@ -41,7 +36,7 @@ describe('two worker hosts', () => {
     await Promise.all(created.map((r) => api(cluster!, token, 'DELETE', `/v1/sandboxes/${r.body.id}`)));
     await cluster.stop();
 
-    cluster = await startTestCluster({ workers: [{ nodeId: 'node-full-1', env: REFUSING }, { nodeId: 'node-full-2', env: REFUSING }] });
+    cluster = await startTestCluster({ workers: [{ nodeId: 'node-full-1', env: REFUSING_NODE_ENV }, { nodeId: 'node-full-2', env: REFUSING_NODE_ENV }] });
     const token2 = await cluster.token('t', SCOPES);
     await nodesUp(cluster, token2, 2);
     const refused = await api(cluster, token2, 'POST', '/v1/sandboxes', {});

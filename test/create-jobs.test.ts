@@ -2,12 +2,10 @@ import { Queue } from 'bullmq';
 import { afterEach, describe, expect, it } from 'vitest';
 import { ERROR_CODES, type Scope } from '../src/api/index.ts';
 import { JOB_KEY_PREFIX, connectJobRedis, createQueueName } from '../src/queues/jobs/index.ts';
-import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
+import { REFUSING_NODE_ENV, api, nodesUp, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { hostTraces } from './support/host.ts';
 
 const SCOPES: Scope[] = ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'admin'];
-/** A node under host memory pressure: its heartbeat looks fine, its admission refuses. */
-const REFUSING = { ROLLBOX_NODE_HOST_RESERVE_MIB: String(1 << 30) };
 
 let cluster: TestCluster | undefined;
 afterEach(async () => {
@@ -16,9 +14,6 @@ afterEach(async () => {
   cluster = undefined;
 });
 
-async function nodesUp(c: TestCluster, token: string, count: number) {
-  await waitFor(`${count} nodes`, async () => (await api(c, token, 'GET', '/v1/nodes')).body.nodes?.filter((n: { healthy: boolean }) => n.healthy).length >= count, 30_000);
-}
 
 /** Reads a node's create queue as an operator's tooling would. */
 async function withQueue<T>(c: TestCluster, nodeId: string, fn: (queue: Queue) => Promise<T>): Promise<T> {
@@ -50,7 +45,7 @@ describe('creates as BullMQ jobs', () => {
   });
 
   it('a refusal completes its job on the refusing host (no retry there) and the create goes to the next node', async () => {
-    cluster = await startTestCluster({ workers: [{ nodeId: 'node-full', env: REFUSING }, { nodeId: 'node-free' }] });
+    cluster = await startTestCluster({ workers: [{ nodeId: 'node-full', env: REFUSING_NODE_ENV }, { nodeId: 'node-free' }] });
     const token = await cluster.token('jobs', SCOPES);
     await nodesUp(cluster, token, 2);
     const created = await Promise.all(Array.from({ length: 6 }, () => api(cluster!, token, 'POST', '/v1/sandboxes', {})));

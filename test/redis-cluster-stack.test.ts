@@ -4,7 +4,7 @@ import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Batch, BatchResultLine, Scope } from '../src/api/index.ts';
 import { LuaScript } from '../src/redis/index.ts';
-import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
+import { REFUSING_NODE_ENV, api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { hostTraces } from './support/host.ts';
 import { layerTar, ociLayout } from './support/oci.ts';
 import { pulled } from './support/pulls.ts';
@@ -30,7 +30,7 @@ beforeAll(async () => {
   registry = await startTestRegistry();
   cluster = await startTestCluster({
     redisCluster: true,
-    workers: [{ nodeId: 'node-a' }, { nodeId: 'node-full', env: { ROLLBOX_NODE_HOST_RESERVE_MIB: String(1 << 30) } }],
+    workers: [{ nodeId: 'node-a' }, { nodeId: 'node-full', env: REFUSING_NODE_ENV }],
     env: {
       ROLLBOX_BURST_PROVIDER: 'local',
       ROLLBOX_BURST_TICK_MS: '200',

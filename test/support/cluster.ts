@@ -198,6 +198,14 @@ export async function api<T = any>(cluster: Pick<TestCluster, 'url'>, token: str
   return { status: response.status, body: parsed as T, headers: response.headers };
 }
 
+/** Until `count` worker hosts heartbeat healthy (the token needs `admin`). */
+export async function nodesUp(c: Pick<TestCluster, 'url'>, token: string, count: number): Promise<void> {
+  await waitFor(`${count} nodes`, async () => (await api(c, token, 'GET', '/v1/nodes')).body.nodes?.filter((n: { healthy: boolean }) => n.healthy).length >= count, 30_000);
+}
+
+/** A worker host's env for a host under memory pressure: its heartbeat looks fine, its admission refuses every create. */
+export const REFUSING_NODE_ENV = { ROLLBOX_NODE_HOST_RESERVE_MIB: String(1 << 30) };
+
 export async function waitFor<T>(what: string, probe: () => Promise<T | undefined | false>, timeoutMs = 15_000): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
