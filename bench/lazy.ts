@@ -365,7 +365,8 @@ const cleanup = async () => {
 process.once('SIGINT', () => void cleanup().finally(() => process.exit(130)));
 try {
   const benchStarted = performance.now();
-  cluster = await startTestCluster({ env: { ROLLBOX_CREATE_TIMEOUT_MS: '900000', ROLLBOX_NODE_LOST_AFTER_MS: '10000' } });
+  // BENCH_LAZY_GZIP_LEVEL=0: chunk ranges sent as stored (the gateway's ROLLBOX_LAYER_BLOB_GZIP_LEVEL; default 1).
+  cluster = await startTestCluster({ env: { ROLLBOX_CREATE_TIMEOUT_MS: '900000', ROLLBOX_NODE_LOST_AFTER_MS: '10000', ROLLBOX_LAYER_BLOB_GZIP_LEVEL: env.BENCH_LAZY_GZIP_LEVEL ?? '1' } });
   const c = cluster;
   const token = await c.token('bench', ['layer:write', 'layer:read', 'sandbox:create', 'sandbox:exec', 'sandbox:delete', 'sandbox:read'], 6 * 3600);
   const adminToken = await c.token('admin', ['admin'], 6 * 3600);

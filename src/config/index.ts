@@ -57,6 +57,7 @@ export const Env = z.object({
   ROLLBOX_TENANT_MAX_SANDBOXES: z.coerce.number().int().min(1).default(1000).describe('Live sandboxes per tenant (429 `quota_exceeded` past it).'),
   ROLLBOX_BODY_LIMIT_BYTES: z.coerce.number().int().min(1024).default(16 * 1024 * 1024).describe('JSON body cap (413 past it).'),
   ROLLBOX_LAYER_UPLOAD_LIMIT_BYTES: z.coerce.number().int().min(1024).default(2 * 1024 * 1024 * 1024).describe('Largest layer tar `POST /v1/layers` takes (413 past it).'),
+  ROLLBOX_LAYER_BLOB_GZIP_LEVEL: z.coerce.number().int().min(0).max(9).default(1).describe('Gateway: gzip level of the chunk ranges it serves to hosts reading lazy layers (`GET /v1/layers/:digest/blob` with `Range` and `Accept-Encoding: gzip`): fewer bytes on the link for some CPU. 0: sent as stored.'),
   ROLLBOX_PLACEMENT_CHOICES: z.coerce.number().int().min(1).max(16).default(2).describe('Placement: d, the nodes sampled per create (the less loaded one is taken).'),
   ROLLBOX_PLACEMENT_MAX_REFUSALS: z.coerce.number().int().min(1).max(64).default(3).describe('Placement: node refusals before a create fails 503 `admission_exhausted` with Retry-After.'),
   ROLLBOX_CREATE_TIMEOUT_MS: z.coerce.number().int().min(100).default(60_000).describe('How long a create may wait for a node to start it.'),
@@ -155,7 +156,7 @@ export function loadConfig(env: NodeJS.ProcessEnv, overrides: Partial<Record<key
   return {
     redisUrl: e.REDIS_URL,
     dataDir,
-    http: { host: e.ROLLBOX_HOST, port: e.ROLLBOX_PORT, bodyLimitBytes: e.ROLLBOX_BODY_LIMIT_BYTES, layerUploadLimitBytes: e.ROLLBOX_LAYER_UPLOAD_LIMIT_BYTES },
+    http: { host: e.ROLLBOX_HOST, port: e.ROLLBOX_PORT, bodyLimitBytes: e.ROLLBOX_BODY_LIMIT_BYTES, layerUploadLimitBytes: e.ROLLBOX_LAYER_UPLOAD_LIMIT_BYTES, layerBlobGzipLevel: e.ROLLBOX_LAYER_BLOB_GZIP_LEVEL },
     logLevel: e.ROLLBOX_LOG_LEVEL,
     layerStoreDir: path.resolve(e.ROLLBOX_LAYER_STORE ?? path.join(dataDir, 'layers')),
     jwt: {

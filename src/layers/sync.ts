@@ -43,7 +43,8 @@ export async function fetchLayers(digests: readonly string[], options: LayerFetc
 export async function getLayerFile(digest: string, file: 'chunks' | 'meta' | 'blob', options: Pick<LayerFetchOptions, 'gatewayUrl' | 'token' | 'fetchImpl' | 'signal'>, init: { range?: string; missingOk?: boolean } = {}): Promise<Response | undefined> {
   const url = `${options.gatewayUrl.replace(/\/$/, '')}/v1/layers/${digest}/${file}`;
   const headers: Record<string, string> = { authorization: `Bearer ${options.token}` };
-  if (init.range) headers.range = init.range;
+  // A range of a blob may come gzipped (the gateway's ROLLBOX_LAYER_BLOB_GZIP_LEVEL); fetch decodes it.
+  if (init.range) Object.assign(headers, { range: init.range, 'accept-encoding': 'gzip' });
   let response: Response;
   try {
     response = await (options.fetchImpl ?? fetch)(url, { headers, signal: options.signal });

@@ -1,6 +1,7 @@
 import { createReadStream } from 'node:fs';
 import { stat } from 'node:fs/promises';
 import { Readable } from 'node:stream';
+import { createGzip } from 'node:zlib';
 import { createRoute, z } from '@hono/zod-openapi';
 import type { Context } from 'hono';
 import rangeParser from 'range-parser';
@@ -20,14 +21,20 @@ export interface LayerRouteDeps {
   /** The layer store this gateway serves layers from (the origin of hosts without it). */
   store: Pick<LayerStore, 'locate' | 'chunkTable'>;
   uploadLimitBytes: number;
+  /** gzip level of the byte ranges of a blob, for a client that accepts gzip (0: as stored). */
+  blobGzipLevel: number;
   now: () => number;
 }
 
 /**
  * A stored file, whole or the one byte range a `Range` header asks for (206 with
- * Content-Range; 416 past the end). Hosts reading a lazy layer fetch its chunks this way.
+ * Content-Range; 416 past the end). Hosts reading a lazy layer fetch its chunks this way:
+ * with `gzipLevel` and a client that sends `Accept-Encoding: gzip`, the range goes gzipped
+ * (Content-Range names the stored bytes; the client checks each chunk's digest after
+ * decoding). A layer's data is mostly binaries and libraries, which gzip at level 1
+ * roughly halves: on a link of capped bandwidth a chunk arrives in about half the time.
  */
-async function serveFile(c: Context<GatewayEnv>, filePath: string): Promise<Response> {
+async function serveFile(c: Context<GatewayEnv>, filePath: string, gzipLevel = 0): Promise<Response> {
   const sizeBytes = await stat(filePath).then((s) => s.size, () => undefined);
   if (sizeBytes === undefined) throw new RollboxError('not_found', 'the layer was removed from the store meanwhile');
   c.header('Content-Type', 'application/octet-stream');
@@ -45,8 +52,14 @@ async function serveFile(c: Context<GatewayEnv>, filePath: string): Promise<Resp
   }
   const { start, end } = ranges[0]!;
   c.header('Content-Range', `bytes ${start}-${end}/${sizeBytes}`);
+  const range = createReadStream(filePath, { start, end });
+  if (gzipLevel > 0 && /\bgzip\b/.test(c.req.header('accept-encoding') ?? '')) {
+    c.header('Content-Encoding', 'gzip');
+    c.header('Vary', 'Accept-Encoding');
+    return c.body(Readable.toWeb(range.pipe(createGzip({ level: gzipLevel }))) as ReadableStream, 206);
+  }
   c.header('Content-Length', String(end - start + 1));
-  return c.body(Readable.toWeb(createReadStream(filePath, { start, end })) as ReadableStream, 206);
+  return c.body(Readable.toWeb(range) as ReadableStream, 206);
 }
 
 /**
@@ -106,7 +119,7 @@ export function registerLayerRoutes(app: GatewayApp, deps: LayerRouteDeps): void
   // single-image layer's image) and a split layer's metadata image.
   app.get('/v1/layers/:ref/blob', async (c) => {
     const files = await filesOf(c);
-    return serveFile(c, files.blobPath ?? files.imagePath);
+    return serveFile(c, files.blobPath ?? files.imagePath, deps.blobGzipLevel);
   });
   app.get('/v1/layers/:ref/meta', async (c) => {
     const files = await filesOf(c);
