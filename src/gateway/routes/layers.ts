@@ -1,6 +1,6 @@
 import { createReadStream } from 'node:fs';
 import { stat } from 'node:fs/promises';
-import { Readable } from 'node:stream';
+import { Readable, pipeline } from 'node:stream';
 import { createGzip } from 'node:zlib';
 import { createRoute, z } from '@hono/zod-openapi';
 import type { Context } from 'hono';
@@ -56,7 +56,10 @@ async function serveFile(c: Context<GatewayEnv>, filePath: string, gzipLevel = 0
   if (gzipLevel > 0 && /\bgzip\b/.test(c.req.header('accept-encoding') ?? '')) {
     c.header('Content-Encoding', 'gzip');
     c.header('Vary', 'Accept-Encoding');
-    return c.body(Readable.toWeb(range.pipe(createGzip({ level: gzipLevel }))) as ReadableStream, 206);
+    const gzip = createGzip({ level: gzipLevel });
+    // pipeline, not pipe: a client that goes away closes the file too.
+    pipeline(range, gzip, () => {});
+    return c.body(Readable.toWeb(gzip) as ReadableStream, 206);
   }
   c.header('Content-Length', String(end - start + 1));
   return c.body(Readable.toWeb(range) as ReadableStream, 206);
