@@ -83,8 +83,7 @@ export class PoolRegistry {
 
   /**
    * Every ready list of a host, of any pool or version (worker start): key -> ids. Read
-   * from each pool's set of its lists (no key scan: a cluster has no cluster-wide one);
-   * a pool deleted since leaves its lists to the next call of `delete` or to `dropList`.
+   * from each pool's set of its lists: no key scan (a cluster has none across its shards).
    */
   async readyListsOf(nodeId: string): Promise<Map<string, { pool: string; version: string; ids: string[] }>> {
     const out = new Map<string, { pool: string; version: string; ids: string[] }>();
