@@ -15,7 +15,7 @@ export type { TarExtractor } from './extract-workers.ts';
 export { readMountInfo, isMountPoint, loopDeviceOf, listLoopDevices, loopsLeft, unmount } from './hostmounts.ts';
 export type { MountInfo, LoopDevice, UnmountOptions } from './hostmounts.ts';
 export { checkFilesArchive } from './archive.ts';
-export { fetchLayers } from './sync.ts';
+export { CHUNK_ENCODING_HEADER, fetchLayers } from './sync.ts';
 export type { LayerFetchOptions } from './sync.ts';
 export { MemoryScratch, MemoryScratchFull, outgrewReservation } from './memory-scratch.ts';
 export type { MemoryReservation } from './memory-scratch.ts';

@@ -4,6 +4,8 @@ import { mkdir, rm } from 'node:fs/promises';
 import path from 'node:path';
 import { Readable, Transform } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
+import type { ReadableStream as WebReadableStream } from 'node:stream/web';
+import { createGunzip } from 'node:zlib';
 import { RollboxError, type LayerChunkTable } from '../api/index.ts';
 import { hexOfDigest, tap } from './digest.ts';
 import { parseChunkTable } from './split.ts';
@@ -43,8 +45,8 @@ export async function fetchLayers(digests: readonly string[], options: LayerFetc
 export async function getLayerFile(digest: string, file: 'chunks' | 'meta' | 'blob', options: Pick<LayerFetchOptions, 'gatewayUrl' | 'token' | 'fetchImpl' | 'signal'>, init: { range?: string; missingOk?: boolean } = {}): Promise<Response | undefined> {
   const url = `${options.gatewayUrl.replace(/\/$/, '')}/v1/layers/${digest}/${file}`;
   const headers: Record<string, string> = { authorization: `Bearer ${options.token}` };
-  // A range of a blob may come gzipped (the gateway's ROLLBOX_LAYER_BLOB_GZIP_LEVEL); fetch decodes it.
-  if (init.range) Object.assign(headers, { range: init.range, 'accept-encoding': 'gzip' });
+  // A range of a blob may come gzipped (the gateway's ROLLBOX_LAYER_BLOB_GZIP_LEVEL): see decodedBody.
+  if (init.range) Object.assign(headers, { range: init.range, [CHUNK_ENCODING_HEADER]: 'gzip' });
   let response: Response;
   try {
     response = await (options.fetchImpl ?? fetch)(url, { headers, signal: options.signal });
@@ -60,6 +62,21 @@ export async function getLayerFile(digest: string, file: 'chunks' | 'meta' | 'bl
     throw new RollboxError('unavailable', `layer ${digest}: GET ${url} answered ${response.status} ${text.slice(0, 200)}`);
   }
   return response;
+}
+
+/**
+ * The request and answer header of a gzipped range of a layer's blob (the gateway's
+ * serveFile says why it is not Content-Encoding).
+ */
+export const CHUNK_ENCODING_HEADER = 'x-rollbox-chunk-encoding';
+
+/** A layer file's body as stored: a gzipped range decoded here, where a corrupted stream fails the read. */
+export function decodedBody(response: Response): AsyncIterable<Uint8Array> {
+  const body = Readable.fromWeb(response.body as WebReadableStream<Uint8Array>);
+  if (response.headers.get(CHUNK_ENCODING_HEADER) !== 'gzip') return body;
+  const gunzip = createGunzip();
+  pipeline(body, gunzip).catch(() => {}); // an error reaches the reader through gunzip
+  return gunzip;
 }
 
 async function readBody(response: Response, options: Pick<LayerFetchOptions, 'onBytes'>): Promise<Buffer> {

@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto';
 import { RollboxError, type LayerChunkTable } from '../../api/index.ts';
 import { chunkRange } from '../split.ts';
-import { getLayerFile } from '../sync.ts';
+import { decodedBody, getLayerFile } from '../sync.ts';
 
 export interface OriginOptions {
   /** Gateway base URL: chunks come from `GET /v1/layers/:digest/blob` with `Range`. */
@@ -50,7 +50,7 @@ export async function fetchChunks(digest: string, table: LayerChunkTable, first:
     }
   };
   try {
-    for await (const piece of response.body as unknown as AsyncIterable<Uint8Array>) {
+    for await (const piece of decodedBody(response)) {
       if (received + piece.length > body.length) throw new RollboxError('unavailable', `layer ${digest}: asked bytes ${start}-${end - 1}, got more`);
       body.set(piece, received);
       received += piece.length;
