@@ -38,8 +38,8 @@ async function serversOf(cluster: TestCluster): Promise<Servers> {
     return { all: [one], primaries: [one] };
   }
   const nodes = await cluster.redisCluster.nodes();
-  const all = nodes.map((n) => Object.assign(new Redis(n.port, '127.0.0.1'), { primary: n.role === 'primary' }));
-  return { all, primaries: all.filter((c) => c.primary) };
+  const all = nodes.map((n) => new Redis(n.port, '127.0.0.1'));
+  return { all, primaries: all.filter((_, i) => nodes[i]!.role === 'primary') };
 }
 
 async function meter(servers: Servers): Promise<Meter> {

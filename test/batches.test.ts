@@ -1,26 +1,13 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Batch, BatchResultLine } from '../src/api/index.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
+import { allBatchResults } from './support/batches.ts';
 import { tarOf } from './support/tar.ts';
 
 let cluster: TestCluster;
 let token: string;
 
-/** Every result line of a batch, following it (long-poll) until it ends. */
-async function allResults(id: string, t = token): Promise<{ lines: BatchResultLine[]; batch: Batch }> {
-  const lines: BatchResultLine[] = [];
-  let after = '';
-  for (;;) {
-    const r = await fetch(`${cluster.url}/v1/batches/${id}/results?waitSeconds=5${after ? `&after=${after}` : ''}`, { headers: { authorization: `Bearer ${t}` } });
-    expect(r.status).toBe(200);
-    const text = await r.text();
-    lines.push(...text.split('\n').filter(Boolean).map((l) => JSON.parse(l) as BatchResultLine));
-    after = r.headers.get('x-rollbox-cursor') ?? after;
-    if (['completed', 'cancelled', 'failed', 'expired'].includes(r.headers.get('x-rollbox-batch-state')!) && text === '') {
-      return { lines, batch: (await api<Batch>(cluster, t, 'GET', `/v1/batches/${id}`)).body };
-    }
-  }
-}
+const allResults = (id: string, t = token) => allBatchResults(cluster, t, id);
 
 const step = (cmd: string, timeoutMs = 20_000) => ({ cmd, timeoutMs });
 

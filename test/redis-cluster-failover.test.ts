@@ -1,8 +1,9 @@
 import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ERROR_CODES, type Batch, type BatchResultLine, type Scope } from '../src/api/index.ts';
+import { ERROR_CODES, type Batch, type Scope } from '../src/api/index.ts';
 import { keys } from '../src/registry/index.ts';
 import { api, startTestCluster, waitFor, type ApiResponse, type TestCluster } from './support/cluster.ts';
+import { allBatchResults } from './support/batches.ts';
 import { hostTraces } from './support/host.ts';
 
 /**
@@ -117,15 +118,7 @@ describe('a Redis Cluster primary killed under load', () => {
       }
     }
     // The batch ends with exactly one result line per task.
-    const results: BatchResultLine[] = [];
-    let after = '';
-    await waitFor('the batch ended', async () => {
-      const r = await fetch(`${cluster.url}/v1/batches/${batch.id}/results?waitSeconds=2${after ? `&after=${after}` : ''}`, { headers: { authorization: `Bearer ${token}` } });
-      const text = await r.text();
-      results.push(...text.split('\n').filter(Boolean).map((l) => JSON.parse(l) as BatchResultLine));
-      after = r.headers.get('x-rollbox-cursor') ?? after;
-      return ['completed', 'failed', 'cancelled', 'expired'].includes(r.headers.get('x-rollbox-batch-state')!) && text === '';
-    }, 120_000);
+    const results = (await allBatchResults(cluster, token, batch.id, 2)).lines;
     expect(results.map((l) => l.customId).sort()).toEqual(Array.from({ length: 12 }, (_, i) => `t${i}`).sort());
     console.log(JSON.stringify({ requests: outcomes.length, acknowledgedExecs: acknowledgedExecs.length, acknowledgedCreates: acknowledgedCreates.length, codedErrors: outcomes.filter((o) => (o.response?.status ?? 0) >= 300).map((o) => o.response!.body.error.code), recoveredMs, batch: results.map((l) => l.status) }));
 

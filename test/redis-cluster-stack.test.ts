@@ -2,9 +2,10 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { Batch, BatchResultLine, Scope } from '../src/api/index.ts';
+import type { Batch, Scope } from '../src/api/index.ts';
 import { LuaScript } from '../src/redis/index.ts';
 import { REFUSING_NODE_ENV, api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
+import { allBatchResults } from './support/batches.ts';
 import { hostTraces } from './support/host.ts';
 import { layerTar, ociLayout } from './support/oci.ts';
 import { pulled } from './support/pulls.ts';
@@ -57,17 +58,6 @@ const create = async (body: object = {}, headers: Record<string, string> = {}) =
 };
 const exec = (id: string, body: object) => api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, body);
 
-async function allResults(id: string): Promise<{ lines: BatchResultLine[]; batch: Batch }> {
-  const lines: BatchResultLine[] = [];
-  let after = '';
-  for (;;) {
-    const r = await fetch(`${cluster.url}/v1/batches/${id}/results?waitSeconds=5${after ? `&after=${after}` : ''}`, { headers: { authorization: `Bearer ${token}` } });
-    const text = await r.text();
-    lines.push(...text.split('\n').filter(Boolean).map((l) => JSON.parse(l) as BatchResultLine));
-    after = r.headers.get('x-rollbox-cursor') ?? after;
-    if (['completed', 'cancelled', 'failed', 'expired'].includes(r.headers.get('x-rollbox-batch-state')!) && text === '') return { lines, batch: (await api<Batch>(cluster, token, 'GET', `/v1/batches/${id}`)).body };
-  }
-}
 
 /** Every Lua script of the project (src/**\/lua/*.lua) by name. */
 function projectScripts(): Map<string, LuaScript> {
@@ -144,7 +134,7 @@ describe('rollbox on a Redis Cluster', () => {
     // A batch on BullMQ: one task passes, one fails; exactly one line each.
     const submitted = await api<Batch>(cluster, token, 'POST', '/v1/batches', { tasks: [{ customId: 'ok', steps: [{ cmd: 'true' }] }, { customId: 'bad', steps: [{ cmd: 'exit 3' }] }] });
     expect(submitted.status, JSON.stringify(submitted.body)).toBe(201);
-    const { lines, batch } = await allResults(submitted.body.id);
+    const { lines, batch } = await allBatchResults(cluster, token, submitted.body.id);
     expect(batch.state).toBe('completed');
     expect(lines.map((l) => [l.customId, l.status]).sort()).toEqual([['bad', 'failed'], ['ok', 'succeeded']]);
 

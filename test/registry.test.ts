@@ -1,6 +1,6 @@
 import { beforeAll, describe, expect, it } from 'vitest';
-import { CreateSandboxRequest, STATE_TRANSITIONS, type Sandbox, type SandboxState } from '../src/api/index.ts';
-import { SandboxRegistry } from '../src/registry/index.ts';
+import { CreateSandboxRequest, PoolRecord, PutPoolRequest, STATE_TRANSITIONS, type Sandbox, type SandboxState } from '../src/api/index.ts';
+import { PoolRegistry, SandboxRegistry, migrateKeyLayout } from '../src/registry/index.ts';
 import { useScratchRedis } from './support/scratch-redis.ts';
 
 const scratch = useScratchRedis('registry');
@@ -81,5 +81,26 @@ describe('SandboxRegistry', () => {
     expect((await registry.list('list-t', { limit: 10, job: 'j1' })).map((s) => s.id)).toEqual([a.id]);
     expect((await registry.list('list-t', { limit: 10, state: 'pending' })).length).toBe(2);
     expect(await registry.list('other-tenant', { limit: 10 })).toEqual([]);
+  });
+});
+
+describe('key layout migration of warm pools', () => {
+  it('moves pool definitions from the old hash into their slots, keeps their ready lists, and offers then check the version', async () => {
+    const redis = scratch.redis;
+    const record = PoolRecord.parse({ ...PutPoolRequest.parse({ size: 1 }), name: 'old-pool', layerDigests: [], version: 'v1', createdAt: '2026-12-01T00:00:00Z', updatedAt: '2026-12-01T00:00:00Z' });
+    // As written before the hash tags: definitions in one hash, ready lists by name.
+    await redis.hset('rb:pools', 'old-pool', JSON.stringify(record));
+    await redis.rpush('rb:pool:ready:old-pool:v1:n1', 'sbx_ready1');
+    await redis.del('rb:key-layout');
+    await migrateKeyLayout(redis);
+    const pools = new PoolRegistry(redis);
+    expect(await pools.list()).toEqual([record]);
+    expect(await pools.ready(record, 'n1')).toEqual(['sbx_ready1']);
+    expect([...(await pools.readyListsOf('n1')).values()]).toEqual([{ pool: 'old-pool', version: 'v1', ids: ['sbx_ready1'] }]);
+    expect(await pools.offer(record, 'n1', 'sbx_ready2')).toBe(true);
+    expect(await pools.offer({ name: 'old-pool', version: 'v0' }, 'n1', 'sbx_stale')).toBe(false);
+    expect(await pools.delete('old-pool')).toBe(true);
+    expect(await pools.offer(record, 'n1', 'sbx_late')).toBe(false);
+    expect(await redis.keys('rb:*pool*')).toEqual([]);
   });
 });

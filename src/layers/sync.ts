@@ -72,10 +72,10 @@ export const CHUNK_ENCODING_HEADER = 'x-rollbox-chunk-encoding';
 
 /** A layer file's body as stored: a gzipped range decoded here, where a corrupted stream fails the read. */
 export function decodedBody(response: Response): AsyncIterable<Uint8Array> {
-  const body = Readable.fromWeb(response.body as WebReadableStream<Uint8Array>);
+  const body = response.body as WebReadableStream<Uint8Array>;
   if (response.headers.get(CHUNK_ENCODING_HEADER) !== 'gzip') return body;
   const gunzip = createGunzip();
-  pipeline(body, gunzip).catch(() => {}); // an error reaches the reader through gunzip
+  pipeline(Readable.fromWeb(body), gunzip).catch(() => {}); // an error reaches the reader through gunzip
   return gunzip;
 }
 

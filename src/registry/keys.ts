@@ -63,10 +63,10 @@ export const keys = {
   imagePullsActive: 'rb:{image-pulls}:active',
   /** Held (and renewed) by the gateway running a name's pull; lapsed: another gateway takes the pull over. */
   imagePullLease: (name: string) => `rb:{image-pulls}:lease:${name}`,
-  /** Warm pool definitions (name -> PoolRecord JSON). */
+  /** The warm pools' names (a set; before the hash tags: a hash of their definitions). */
   pools: 'rb:pools',
-  /** A pool's current version (what a host's offer is checked against; the definition is in `pools`). */
-  poolVersion: (pool: string) => `rb:{pool:${pool}}:version`,
+  /** A warm pool's definition (PoolRecord JSON), in its slot: a host's offer is checked against its version. */
+  pool: (pool: string) => `rb:{pool:${pool}}`,
   /** One worker host's ready sandboxes of one version of a pool (a list of sandbox ids). */
   poolReady: (pool: string, version: string, nodeId: string) => `rb:{pool:${pool}}:ready:${version}:${nodeId}`,
   /** The pool's ready lists (a set of their keys): found without a scan. */

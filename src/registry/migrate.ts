@@ -50,7 +50,7 @@ export function renamedKey(key: string): string | undefined {
 /**
  * Brings a Redis written by an earlier rollbox to the current key layout, once: every key
  * renamed to its hash-tagged name (RENAMENX: a key the new layout already has is kept),
- * each pool's version key set, and sandboxes recorded before layer reference counts
+ * each pool's definition moved into its slot, and sandboxes recorded before layer reference counts
  * existed counted. Run by every gateway and worker host at start; one does the work under
  * a lock and the others wait for the layout mark. A Redis Cluster skips it: a cluster is
  * new with this layout (and has no cluster-wide SCAN). Upgrade with every process of the
@@ -82,9 +82,16 @@ async function migrate(redis: Redis): Promise<Record<string, unknown>> {
     if (await redis.renamenx(key, to)) renamed++;
     else kept++;
   });
-  for (const [pool, json] of Object.entries(await redis.hgetall(keys.pools))) {
-    const version = (JSON.parse(json) as { version: string }).version;
-    await redis.set(keys.poolVersion(pool), version, 'NX');
+  // Pool definitions: from one hash to a key each (in the pool's slot) and a set of names.
+  if ((await redis.type(keys.pools)) === 'hash') {
+    const definitions = await redis.hgetall(keys.pools);
+    for (const [pool, json] of Object.entries(definitions)) await redis.set(keys.pool(pool), json, 'NX');
+    const names = Object.keys(definitions);
+    const replace = redis.multi().del(keys.pools);
+    if (names.length) replace.sadd(keys.pools, ...names);
+    await replace.exec();
+  }
+  for (const pool of await redis.smembers(keys.pools)) {
     await forEachKey(redis, `${keys.poolReady(pool, '*', '')}*`, async (list) => void (await redis.sadd(keys.poolReadyLists(pool), list)));
   }
   let counted = 0;

@@ -20,29 +20,28 @@ export class PoolRegistry {
   ) {}
 
   async put(record: PoolRecord): Promise<void> {
-    // Offers are checked against the version key, which changes last: a host offering a
-    // sandbox of the new version before the definition is readable is impossible.
-    await this.redis.hset(keys.pools, record.name, JSON.stringify(record));
-    await this.redis.set(keys.poolVersion(record.name), record.version);
+    // Named before it is defined: a name without a definition is listed as nothing.
+    await this.redis.sadd(keys.pools, record.name);
+    await this.redis.set(keys.pool(record.name), JSON.stringify(record));
   }
 
   async get(name: string): Promise<PoolRecord | undefined> {
-    const raw = await this.redis.hget(keys.pools, name);
+    const raw = await this.redis.get(keys.pool(name));
     return raw ? PoolRecord.parse(JSON.parse(raw)) : undefined;
   }
 
   async list(): Promise<PoolRecord[]> {
-    const all = await this.redis.hgetall(keys.pools);
-    return Object.values(all)
-      .map((raw) => PoolRecord.parse(JSON.parse(raw)))
-      .sort((a, b) => a.name.localeCompare(b.name));
+    const names = await this.redis.smembers(keys.pools);
+    // One read per pool (each its own cluster slot), sent together by auto-pipelining.
+    const records = await Promise.all(names.map((name) => this.get(name)));
+    return records.filter((r): r is PoolRecord => r !== undefined).sort((a, b) => a.name.localeCompare(b.name));
   }
 
   /** Removes the definition and every host's ready list: nothing of it can be claimed after. */
   async delete(name: string): Promise<boolean> {
-    // The version key first: no host can offer into the pool once it is gone.
-    await this.redis.del(keys.poolVersion(name));
-    const removed = await this.redis.hdel(keys.pools, name);
+    // The definition first: no host can offer into the pool once it is gone.
+    const removed = await this.redis.del(keys.pool(name));
+    await this.redis.srem(keys.pools, name);
     await this.redis.del(...(await this.redis.smembers(keys.poolReadyLists(name))), keys.poolReadyLists(name), keys.poolEvents(name));
     return removed > 0;
   }
@@ -68,7 +67,7 @@ export class PoolRegistry {
 
   /** A worker host offers a ready sandbox; false when the pool is gone or has changed. */
   async offer(pool: Pick<PoolRecord, 'name' | 'version'>, nodeId: string, sandboxId: string): Promise<boolean> {
-    return (await PUSH.run(this.redis, [keys.poolVersion(pool.name), keys.poolReady(pool.name, pool.version, nodeId), keys.poolReadyLists(pool.name)], [pool.version, sandboxId])) === 1;
+    return (await PUSH.run(this.redis, [keys.pool(pool.name), keys.poolReady(pool.name, pool.version, nodeId), keys.poolReadyLists(pool.name)], [pool.version, sandboxId])) === 1;
   }
 
   /** Takes a ready sandbox back off its list; false when a gateway claimed it first. */
@@ -87,7 +86,7 @@ export class PoolRegistry {
    */
   async readyListsOf(nodeId: string): Promise<Map<string, { pool: string; version: string; ids: string[] }>> {
     const out = new Map<string, { pool: string; version: string; ids: string[] }>();
-    for (const pool of await this.redis.hkeys(keys.pools)) {
+    for (const pool of await this.redis.smembers(keys.pools)) {
       for (const key of await this.redis.smembers(keys.poolReadyLists(pool))) {
         const versionAndNode = key.slice(keys.poolReady(pool, '', '').length - 1);
         const at = versionAndNode.indexOf(':');
