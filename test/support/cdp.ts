@@ -272,7 +272,8 @@ export async function launchChromium(binary = '/usr/bin/chromium'): Promise<Chro
   let log = '';
   try {
     const wsUrl = await new Promise<string>((resolve, reject) => {
-      const timeout = setTimeout(() => reject(new Error(`chromium did not say where DevTools listens: ${log.slice(-2000)}`)), 30_000);
+      // 60 s: under a full CI run (two files at once on two cores) a start once took over 30 s.
+      const timeout = setTimeout(() => reject(new Error(`chromium did not say where DevTools listens: ${log.slice(-2000)}`)), 60_000);
       child.once('error', reject);
       child.once('exit', (code, signal) => reject(new Error(`chromium exited (${code ?? signal}) before DevTools listened: ${log.slice(-2000)}`)));
       // Its stderr is drained for as long as it runs; the last bit is kept for errors.
