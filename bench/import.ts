@@ -652,7 +652,7 @@ try {
                   { label: 'skopeo copy to dir:', value: pull.skopeoMBps },
                   { label: 'rollbox client, blobs only', value: pull.transferMBps },
                   { label: 'rollbox image pull', value: pull.pullMBps },
-                  { label: 'image pull, trees on disk', value: round(pull.blobMB / (pull.pullOnDiskMs / 1000)) },
+                  { label: 'image pull by extraction', value: round(pull.blobMB / (pull.pullExtractMs / 1000)) },
                 ],
               },
               {
@@ -660,8 +660,8 @@ try {
                 yLabel: 'MB',
                 bars: [
                   { label: 'layer store after', value: pull.storedMB },
-                  { label: 'trees in memory', value: pull.diskWrittenMB },
-                  { label: 'trees on disk', value: pull.diskWrittenOnDiskMB },
+                  { label: 'EROFS from the stream', value: pull.diskWrittenMB },
+                  { label: 'by extraction', value: pull.diskWrittenExtractMB },
                 ],
               },
             ]
@@ -691,7 +691,7 @@ try {
         storedRatio: round(storedBytesLayered / storedBytesFlattened),
         ...(real ? { realPair: real } : {}),
         ...(pull ? { pull } : {}),
-        note: 'MB = 1e6 bytes of uncompressed layer tars (image A); floor = mkfs.erofs (rollbox flags) of the same layers extracted with tar -xf, same run; ratioToFloor = import MB/s / floor mkfs MB/s (ratioToExtractMkfsFloor: / tar -xf + mkfs); stored* = EROFS bytes of both images, distinct layers vs one flattened layer each; pull: MB/s of image A\'s compressed blobs from a loopback registry: skopeo copy to dir: (floor), rollbox\'s client reading the blobs (transfer), rollbox image pull end to end (transfer + extraction + EROFS build, a fresh cluster), with the trees extracted on a tmpfs (default) and on disk (ROLLBOX_IMAGE_PULL_MEMORY_MIB=0); diskWritten = the gateway process\'s write_bytes during the pull (trees extracted on disk, and its reaped mkfs.erofs children: the store\'s files)',
+        note: 'MB = 1e6 bytes of uncompressed layer tars (image A); floor = mkfs.erofs (rollbox flags) of the same layers extracted with tar -xf, same run; ratioToFloor = import MB/s / floor mkfs MB/s (ratioToExtractMkfsFloor: / tar -xf + mkfs); stored* = EROFS bytes of both images, distinct layers vs one flattened layer each; pull: MB/s of image A\'s compressed blobs from a loopback registry: skopeo copy to dir: (floor), rollbox\'s client reading the blobs (transfer), rollbox image pull end to end (transfer + EROFS build, a fresh cluster), EROFS written from the tar stream (default) and built by extraction (ROLLBOX_LAYER_BUILD=extract, trees on a tmpfs, then mkfs.erofs); diskWritten = the gateway process\'s write_bytes during the pull (the store\'s files, and its reaped mkfs.erofs children)',
         chart,
       }),
     );

@@ -8,11 +8,12 @@ import { ImagePullRecords } from './registry/index.ts';
 
 /**
  * Part of the composition root (main.ts), built from config: a gateway's image pulls, their
- * registry clients (the operator's credentials read at each pull) and the tmpfs room their
- * trees are extracted in. `stop` ends the pulls and lets go of that room.
+ * registry clients (the operator's credentials read at each pull) and, when layers are built
+ * by extraction, the tmpfs room their trees are extracted in. `stop` ends the pulls and lets
+ * go of that room.
  */
 export function imagePullsOf(config: Config, redis: Redis, images: ImagePullsDeps['images'], layerDeps: ImageImportDeps, logger: Logger, now: () => number): { imagePulls: ImagePulls; stop: () => Promise<void> } {
-  const memory = MemoryScratch.at(config.imagePull.memoryDir, config.imagePull.memoryBytes);
+  const memory = config.layerBuild === 'extract' ? MemoryScratch.at(config.imagePull.memoryDir, config.imagePull.memoryBytes) : undefined;
   const imagePulls = new ImagePulls({
     images,
     pulls: new ImagePullRecords(redis),

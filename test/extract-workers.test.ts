@@ -46,8 +46,8 @@ describe('ExtractWorkers', () => {
     ]);
     const [mine, theirs] = [path.join(dir, 'thread'), path.join(dir, 'here')];
     await Promise.all([fs.mkdir(mine), fs.mkdir(theirs)]);
-    const onThread = await workers.extract(chunked(gzipSync(tar)).stream, mine, limits, { imageLayer: true });
-    const here = await extractInThread(Readable.from([tar]), theirs, limits, { imageLayer: true });
+    const onThread = await workers.extract(chunked(gzipSync(tar)).stream, { kind: 'tree', root: mine }, limits, { imageLayer: true });
+    const here = await extractInThread(Readable.from([tar]), { kind: 'tree', root: theirs }, limits, { imageLayer: true });
     expect(onThread.tarSha256).toBe(createHash('sha256').update(tar).digest('hex'));
     expect(here.tarSha256).toBe(onThread.tarSha256);
     for (const root of [mine, theirs]) {
@@ -57,6 +57,17 @@ describe('ExtractWorkers', () => {
       expect(await fs.readlink(path.join(root, 'a/link'))).toBe('big');
       expect((await fs.lstat(path.join(root, 'a/gone'))).isCharacterDevice()).toBe(true);
     }
+    // Straight into a split EROFS layer: the thread's files and chunk table are those of the calling thread.
+    const erofs = await Promise.all(
+      ['thread-erofs', 'here-erofs'].map(async (name, i) => {
+        const files = { metaPath: path.join(dir, `${name}.meta`), blobPath: path.join(dir, `${name}.blob`), chunkSizeBytes: 1 << 20 };
+        const read = i === 0 ? await workers.extract(chunked(gzipSync(tar)).stream, { kind: 'erofs', files }, limits, { imageLayer: true }) : await extractInThread(Readable.from([tar]), { kind: 'erofs', files }, limits, { imageLayer: true });
+        return { read, meta: await fs.readFile(files.metaPath) };
+      }),
+    );
+    expect(erofs[0]!.read.tarSha256).toBe(onThread.tarSha256);
+    expect(erofs[0]!.read.table?.toString()).toBe(erofs[1]!.read.table?.toString());
+    expect(erofs[0]!.meta.equals(erofs[1]!.meta)).toBe(true);
   });
 
   it('answers a refused entry as the typed error naming it, and stops reading the upload', async () => {
@@ -64,7 +75,7 @@ describe('ExtractWorkers', () => {
     const root = path.join(dir, 'refused');
     await fs.mkdir(root);
     const input = chunked(tar);
-    await expect(workers.extract(input.stream, root, limits, {})).rejects.toMatchObject({ code: 'invalid_layer', message: expect.stringContaining('"../outside"') });
+    await expect(workers.extract(input.stream, { kind: 'tree', root }, limits, {})).rejects.toMatchObject({ code: 'invalid_layer', message: expect.stringContaining('"../outside"') });
     // 8 MiB in 4 KiB chunks is 2,000 chunks: far fewer were read before the refusal stopped it.
     expect(input.read()).toBeLessThan(200);
     await expect(fs.stat(path.join(dir, 'outside'))).rejects.toThrow();
@@ -76,7 +87,7 @@ describe('ExtractWorkers', () => {
       tars.map(async (tar, i) => {
         const root = path.join(dir, `q${i}`);
         await fs.mkdir(root);
-        const r = await workers.extract(chunked(tar).stream, root, limits, {});
+        const r = await workers.extract(chunked(tar).stream, { kind: 'tree', root }, limits, {});
         expect(await fs.readFile(path.join(root, `f${i}`), 'utf8')).toBe(`${i}`.repeat(100_000));
         return r.tarSha256;
       }),

@@ -117,23 +117,36 @@ describe('image pull', () => {
     expect(await sh(await sandbox({ image: { base: done.name } }), 'cat /plain.txt /gzip.txt /zstd.txt')).toMatchObject({ stdout: 'plain layer\ngzip layer\nzstd layer\n' });
   }, 120_000);
 
-  it('builds a layer whose tree outgrows its memory reservation on disk instead, fetching its blob again', async () => {
+  it('writes a pulled layer once as it streams in; built by extraction, a tree that outgrows its memory room goes to disk, its blob fetched again', async () => {
     // 6 MiB of one byte gzips to a few KiB: far past the 4x-blob reservation on the tmpfs.
-    const squeezed = await layerTar([{ name: 'squeezed.bin', content: Buffer.alloc(6 * 1024 * 1024, 0x61) }, { name: 'squeezed.txt', content: 'squeezed\n' }]);
-    const def: ImageDef = { layers: [fixture.base, squeezed] };
-    const oci = ociImage(def, { gzip: true });
-    await registry.push(await ociLayout([def], { gzip: true }), 't/squeezed:1');
-    const done = await pulled(cluster, token, { ref: `${registry.host}/t/squeezed:1` });
-    expect(done, JSON.stringify(done)).toMatchObject({ state: 'ready' });
-    const squeezedBlob = oci.layers[1]!.blob.length;
-    expect(done.pull!.progress).toMatchObject({ layersDone: 2, bytesDone: done.pull!.progress.bytesTotal });
-    // Fetched twice: once into memory (given up), once to disk. The base was held already.
-    expect(done.pull!.progress.bytesFetched).toBe(2 * squeezedBlob);
-    const id = await sandbox({ image: { base: done.name } });
-    expect(await sh(id, 'cat /squeezed.txt; wc -c < /squeezed.bin')).toMatchObject({ stdout: `squeezed\n${6 * 1024 * 1024}\n` });
-    const [own, ...others] = await fs.readdir(memoryDir);
-    expect(others).toEqual([]);
-    expect(await fs.readdir(path.join(memoryDir, own!))).toEqual([]);
+    const squeezedLayer = (text: string) => layerTar([{ name: 'squeezed.bin', content: Buffer.alloc(6 * 1024 * 1024, 0x61) }, { name: 'squeezed.txt', content: text }]);
+    const pullSqueezed = async (gateway: Pick<TestCluster, 'url'>, tag: string, text: string): Promise<{ fetched: number; blob: number; baseBlob: number }> => {
+      const def: ImageDef = { layers: [fixture.base, await squeezedLayer(text)] };
+      await registry.push(await ociLayout([def], { gzip: true }), `t/squeezed:${tag}`);
+      const done = await pulled(gateway, token, { ref: `${registry.host}/t/squeezed:${tag}` });
+      expect(done, JSON.stringify(done)).toMatchObject({ state: 'ready' });
+      expect(done.pull!.progress).toMatchObject({ layersDone: 2, bytesDone: done.pull!.progress.bytesTotal });
+      const id = await sandbox({ image: { base: done.name } });
+      expect(await sh(id, 'cat /squeezed.txt; wc -c < /squeezed.bin')).toMatchObject({ stdout: `${text}${6 * 1024 * 1024}\n` });
+      const [base, squeezed] = ociImage(def, { gzip: true }).layers;
+      return { fetched: done.pull!.progress.bytesFetched, blob: squeezed!.blob.length, baseBlob: base!.blob.length };
+    };
+    // Written straight from the stream (the default): fetched once, no tree anywhere (the base too, unless an earlier test pulled it).
+    const direct = await pullSqueezed(cluster, 'direct', 'direct\n');
+    expect([direct.blob, direct.blob + direct.baseBlob]).toContain(direct.fetched);
+    expect(await fs.readdir(memoryDir)).toEqual([]);
+
+    const extracting = await cluster.spawnGateway({ name: 'gw-extract', env: { ROLLBOX_LAYER_BUILD: 'extract' } });
+    try {
+      // Fetched twice: once into memory (given up), once to disk.
+      const extracted = await pullSqueezed({ url: extracting.url }, 'extract', 'extracted\n');
+      expect(extracted.fetched).toBe(2 * extracted.blob);
+      const [own, ...others] = await fs.readdir(memoryDir);
+      expect(others).toEqual([]);
+      expect(await fs.readdir(path.join(memoryDir, own!))).toEqual([]);
+    } finally {
+      extracting.child.kill('SIGTERM');
+    }
   }, 120_000);
 
   it('yields the platform asked from a multi-platform index', async () => {

@@ -56,6 +56,7 @@ export const Env = z.object({
 
   ROLLBOX_TENANT_MAX_SANDBOXES: z.coerce.number().int().min(1).default(1000).describe('Live sandboxes per tenant (429 `quota_exceeded` past it).'),
   ROLLBOX_BODY_LIMIT_BYTES: z.coerce.number().int().min(1024).default(16 * 1024 * 1024).describe('JSON body cap (413 past it).'),
+  ROLLBOX_LAYER_BUILD: z.enum(['direct', 'extract']).default('direct').describe('Gateway: how a layer tar (an upload, an imported or pulled image layer) becomes an EROFS layer: `direct` writes the metadata image and data blob from the tar stream, nothing extracted, each byte written once; `extract` extracts the tree first and runs mkfs.erofs on it (every byte written twice, unless a pull extracts on ROLLBOX_IMAGE_PULL_MEMORY_DIR). Both give the same files.'),
   ROLLBOX_LAYER_UPLOAD_LIMIT_BYTES: z.coerce.number().int().min(1024).default(2 * 1024 * 1024 * 1024).describe('Largest layer tar `POST /v1/layers` takes (413 past it).'),
   ROLLBOX_LAYER_BLOB_GZIP_LEVEL: z.coerce.number().int().min(0).max(9).default(1).describe('Gateway: gzip level of the chunk ranges it serves to hosts reading lazy layers (`GET /v1/layers/:digest/blob` with `Range` and `Accept-Encoding: gzip`): fewer bytes on the link for some CPU. 0: sent as stored.'),
   ROLLBOX_PLACEMENT_CHOICES: z.coerce.number().int().min(1).max(16).default(2).describe('Placement: d, the nodes sampled per create (the less loaded one is taken).'),
@@ -94,7 +95,7 @@ export const Env = z.object({
   ROLLBOX_REGISTRY_TIMEOUT_MS: z.coerce.number().int().min(100).default(30_000).describe('Gateway: longest wait for a registry during a pull (an answer, or the next bytes of a blob); past it the pull fails `registry_unavailable`.'),
   ROLLBOX_IMAGE_PULL_LAYERS: z.coerce.number().int().min(1).max(16).default(3).describe('Gateway: layer blobs one image pull fetches (and extracts) at once.'),
   ROLLBOX_IMAGE_PULL_WAIT_MS: z.coerce.number().int().min(100).default(15 * 60_000).describe('Gateway: how long a create whose `image.ref` is not held yet waits for its pull (then 504 `image_pull_timeout`; the pull goes on).'),
-  ROLLBOX_IMAGE_PULL_MEMORY_MIB: z.coerce.number().int().min(0).optional().describe('Gateway: room on a tmpfs (ROLLBOX_IMAGE_PULL_MEMORY_DIR) for the extracted trees of layers being pulled, so each pulled layer reaches the disk once, as its EROFS image (0: every tree on disk, written twice). Default: an eighth of the host\'s memory, at most 2048. A layer whose tree outgrows its reservation (4x a compressed blob) is fetched again and built on disk.'),
+  ROLLBOX_IMAGE_PULL_MEMORY_MIB: z.coerce.number().int().min(0).optional().describe('Gateway, with ROLLBOX_LAYER_BUILD=extract: room on a tmpfs (ROLLBOX_IMAGE_PULL_MEMORY_DIR) for the extracted trees of layers being pulled, so each pulled layer reaches the disk once, as its EROFS image (0: every tree on disk, written twice). Default: an eighth of the host\'s memory, at most 2048. A layer whose tree outgrows its reservation (4x a compressed blob) is fetched again and built on disk.'),
   ROLLBOX_IMAGE_PULL_MEMORY_DIR: z.string().default('/dev/shm').describe('Gateway: the tmpfs pulled layers\' trees are extracted into (not a tmpfs, or too full: on disk).'),
   ROLLBOX_IMAGE_PULL_LEASE_MS: z.coerce.number().int().min(500).default(15_000).describe('Gateway: a running image pull\'s lease, renewed every third of it; a pull whose gateway stopped renewing is taken over by another gateway (or the same one restarted).'),
 
@@ -158,6 +159,7 @@ export function loadConfig(env: NodeJS.ProcessEnv, overrides: Partial<Record<key
     dataDir,
     http: { host: e.ROLLBOX_HOST, port: e.ROLLBOX_PORT, bodyLimitBytes: e.ROLLBOX_BODY_LIMIT_BYTES, layerUploadLimitBytes: e.ROLLBOX_LAYER_UPLOAD_LIMIT_BYTES, layerBlobGzipLevel: e.ROLLBOX_LAYER_BLOB_GZIP_LEVEL },
     logLevel: e.ROLLBOX_LOG_LEVEL,
+    layerBuild: e.ROLLBOX_LAYER_BUILD,
     layerStoreDir: path.resolve(e.ROLLBOX_LAYER_STORE ?? path.join(dataDir, 'layers')),
     jwt: {
       alg: e.ROLLBOX_JWT_ALG,

@@ -4,7 +4,8 @@ import path from 'node:path';
 import { Writable, type Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { RollboxError } from '../api/index.ts';
-import { MemoryScratchFull, extractInThread, outgrewReservation, storeTreeAsLayer, tap, type LayerStore, type MemoryReservation, type TarExtractor } from '../layers/index.ts';
+import { MemoryScratchFull, extractInThread, outgrewReservation, splitFilesIn, storeTreeAsLayer, tap, type LayerBuildMode, type LayerStore, type MemoryReservation, type TarExtractor } from '../layers/index.ts';
+import type { LayerTarget, StoredLayer, TarRead } from '../layers/index.ts';
 import type { ImageRegistry, LayerRegistry } from '../registry/index.ts';
 
 export interface ImageLayerDeps {
@@ -17,6 +18,8 @@ export interface ImageLayerDeps {
   now: () => number;
   /** Default: in this thread (a gateway passes its ExtractWorkers). */
   extract?: TarExtractor;
+  /** Default `direct` (see LayerBuildMode). */
+  build?: LayerBuildMode;
 }
 
 export interface ImageLayerBlob {
@@ -83,11 +86,52 @@ export async function readImageLayer(blob: Readable, claimedDigest: string | und
   }
 
   await mkdir(deps.tmpDir, { recursive: true });
-  // The EROFS image is built in `work` (beside the store); the tree goes to memory if it may.
   const work = await mkdtemp(path.join(deps.tmpDir, 'image-layer-'));
+  const limits = { maxBytes: memory ? Math.min(deps.maxLayerBytes, memory.bytes) : deps.maxLayerBytes, maxEntries: MAX_LAYER_ENTRIES };
+  const read = async (target: LayerTarget): Promise<TarRead> => {
+    const got = await (deps.extract ?? extractInThread)(hashed, target, limits, { imageLayer: true }).catch((err: unknown) => {
+      if (memory && outgrewReservation(err, memory.bytes, deps.maxLayerBytes)) throw new MemoryScratchFull(memory.bytes);
+      if (err instanceof RollboxError && err.code === 'invalid_layer') throw new RollboxError('invalid_layer', `layer ${archivePath}: ${err.message}`);
+      throw err;
+    });
+    checkBlobDigest();
+    return got;
+  };
+  const stored = async (diffId: string, put: () => Promise<StoredLayer & { added: boolean }>): Promise<ImageLayerBlob> => {
+    // The same content compressed another way, or an older docker save naming layers by id.
+    const again = await storedLayer(diffId, deps);
+    if (again) return again;
+    const layer = await put();
+    await deps.layers.pin(layer.digest, deps.now() + IMPORT_PIN_MS);
+    await deps.layers.register({ digest: layer.digest, sizeBytes: layer.sizeBytes, parents: [], createdAt: new Date(deps.now()).toISOString() });
+    await deps.images.remember(diffId, layer.digest, claimedDigest);
+    return { diffId, digest: layer.digest, sizeBytes: layer.sizeBytes, reused: false, added: layer.added };
+  };
+
+  if ((deps.build ?? 'direct') === 'direct') {
+    // Written as it streams in, in its final form: `build` only moves it into the store.
+    const files = splitFilesIn(work);
+    let got: TarRead;
+    try {
+      got = await read({ kind: 'erofs', files });
+    } catch (err) {
+      await rm(work, { recursive: true, force: true });
+      throw err;
+    }
+    return {
+      build: async () => {
+        try {
+          return await stored(`sha256:${got.tarSha256}`, () => deps.store.putSplit({ ...files, ...(got.table ? { table: got.table } : {}) }));
+        } finally {
+          await rm(work, { recursive: true, force: true });
+        }
+      },
+    };
+  }
+
+  // The tree goes to memory if it may; the EROFS image is built in `work` (beside the store).
   const treeDir = memory ? await mkdtemp(path.join(memory.dir, 'rollbox-layer-')) : work;
   const root = path.join(treeDir, 'root');
-  const maxBytes = memory ? Math.min(deps.maxLayerBytes, memory.bytes) : deps.maxLayerBytes;
   const removeWork = async (): Promise<void> => {
     await rm(work, { recursive: true, force: true });
     if (treeDir !== work) await rm(treeDir, { recursive: true, force: true });
@@ -95,13 +139,7 @@ export async function readImageLayer(blob: Readable, claimedDigest: string | und
   let diffId: string;
   try {
     await mkdir(root, { mode: 0o755 });
-    const extracted = await (deps.extract ?? extractInThread)(hashed, root, { maxBytes, maxEntries: MAX_LAYER_ENTRIES }, { imageLayer: true }).catch((err: unknown) => {
-      if (memory && outgrewReservation(err, memory.bytes, deps.maxLayerBytes)) throw new MemoryScratchFull(memory.bytes);
-      if (err instanceof RollboxError && err.code === 'invalid_layer') throw new RollboxError('invalid_layer', `layer ${archivePath}: ${err.message}`);
-      throw err;
-    });
-    diffId = `sha256:${extracted.tarSha256}`;
-    checkBlobDigest();
+    diffId = `sha256:${(await read({ kind: 'tree', root })).tarSha256}`;
   } catch (err) {
     await removeWork();
     throw err;
@@ -109,15 +147,8 @@ export async function readImageLayer(blob: Readable, claimedDigest: string | und
   return {
     build: async () => {
       try {
-        // The same content compressed another way, or an older docker save naming layers by id.
-        const again = await storedLayer(diffId, deps);
-        if (again) return again;
         // Image layers keep their xattrs: capabilities, ACLs and the overlay's opaque marks.
-        const put = await storeTreeAsLayer(root, work, deps.store, { keepXattrs: true });
-        await deps.layers.pin(put.digest, deps.now() + IMPORT_PIN_MS);
-        await deps.layers.register({ digest: put.digest, sizeBytes: put.sizeBytes, parents: [], createdAt: new Date(deps.now()).toISOString() });
-        await deps.images.remember(diffId, put.digest, claimedDigest);
-        return { diffId, digest: put.digest, sizeBytes: put.sizeBytes, reused: false, added: put.added };
+        return await stored(diffId, () => storeTreeAsLayer(root, work, deps.store, { keepXattrs: true }));
       } finally {
         await removeWork();
       }

@@ -22,6 +22,21 @@ export interface BuildLayerOptions {
   mkfsBinary?: string;
   /** Default: in this thread (a gateway passes its ExtractWorkers). */
   extract?: TarExtractor;
+  /** Default `direct`. */
+  build?: LayerBuildMode;
+}
+
+/**
+ * How a layer tar becomes a split EROFS layer: `direct` writes the EROFS files from the tar
+ * stream (src/layers/tar-erofs: nothing extracted, each byte written once), `extract`
+ * extracts the tree with the safe extractor and runs mkfs.erofs on it (the older way,
+ * kept for operators who want erofs-utils to have made every image).
+ */
+export type LayerBuildMode = 'direct' | 'extract';
+
+/** Where a layer being built keeps its files before they move into the store. */
+export function splitFilesIn(workDir: string): { metaPath: string; blobPath: string; chunkSizeBytes: number } {
+  return { metaPath: path.join(workDir, 'layer.meta'), blobPath: path.join(workDir, 'layer.blob'), chunkSizeBytes: LAYER_CHUNK_BYTES };
 }
 
 /** Cap on a layer tar's entries when the caller sets none. */
@@ -40,9 +55,15 @@ export async function buildLayerFromTar(source: Readable | string, opts: BuildLa
   await mkdir(opts.tmpDir, { recursive: true });
   const work = await mkdtemp(path.join(opts.tmpDir, 'layer-'));
   try {
+    const limits = { maxBytes: opts.maxBytes, maxEntries: opts.maxEntries ?? DEFAULT_MAX_ENTRIES };
+    if ((opts.build ?? 'direct') === 'direct') {
+      const files = splitFilesIn(work);
+      const { table } = await (opts.extract ?? extractInThread)(input, { kind: 'erofs', files }, limits, {});
+      return await opts.store.putSplit({ ...files, ...(table ? { table } : {}) });
+    }
     const root = path.join(work, 'root');
     await mkdir(root, { mode: 0o755 });
-    await (opts.extract ?? extractInThread)(input, root, { maxBytes: opts.maxBytes, maxEntries: opts.maxEntries ?? DEFAULT_MAX_ENTRIES }, {});
+    await (opts.extract ?? extractInThread)(input, { kind: 'tree', root }, limits, {});
     return await storeTreeAsLayer(root, work, opts.store, opts.mkfsBinary ? { mkfsBinary: opts.mkfsBinary } : {});
   } finally {
     input.destroy();
@@ -56,12 +77,11 @@ export async function buildLayerFromTar(source: Readable | string, opts: BuildLa
  * `workDir` and moved into the store.
  */
 export async function storeTreeAsLayer(root: string, workDir: string, store: Pick<LayerStore, 'putSplit'>, opts: { keepXattrs?: boolean; mkfsBinary?: string } = {}): Promise<StoredLayer & { added: boolean }> {
-  const metaPath = path.join(workDir, 'layer.meta');
-  const blobPath = path.join(workDir, 'layer.blob');
-  await mkfsErofs(root, metaPath, { ...opts, blob: { path: blobPath, chunkSizeBytes: LAYER_CHUNK_BYTES } });
+  const files = splitFilesIn(workDir);
+  await mkfsErofs(root, files.metaPath, { ...opts, blob: { path: files.blobPath, chunkSizeBytes: files.chunkSizeBytes } });
   // A tree without file contents gets no blob from mkfs: an empty one is the same device.
-  await writeFile(blobPath, '', { flag: 'a' });
-  return store.putSplit({ metaPath, blobPath, chunkSizeBytes: LAYER_CHUNK_BYTES });
+  await writeFile(files.blobPath, '', { flag: 'a' });
+  return store.putSplit(files);
 }
 
 export interface BusyboxBaseOptions {
@@ -70,6 +90,7 @@ export interface BusyboxBaseOptions {
   /** A static busybox binary (default /bin/busybox). */
   busyboxPath?: string;
   mkfsBinary?: string;
+  build?: LayerBuildMode;
 }
 
 const PASSWD = 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n';
@@ -119,5 +140,6 @@ export async function buildBusyboxBase(opts: BusyboxBaseOptions): Promise<Stored
     tmpDir: opts.tmpDir,
     maxBytes: binary.length + 1024 * 1024,
     ...(opts.mkfsBinary ? { mkfsBinary: opts.mkfsBinary } : {}),
+    ...(opts.build ? { build: opts.build } : {}),
   });
 }

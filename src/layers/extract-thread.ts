@@ -1,15 +1,13 @@
 /**
- * An extraction worker thread: takes one tar at a time as chunks from its parent
- * (extract-workers.ts), extracts it with extractTarSafely, and answers the sha256 of the
- * (decompressed) tar. Chunks are acknowledged as the extraction pulls them, which is the
+ * A layer tar worker thread: takes one tar at a time as chunks from its parent
+ * (extract-workers.ts), reads it into its target (a tree or a split EROFS layer), and
+ * answers the sha256 of the (decompressed) tar. Chunks are acknowledged as the extraction pulls them, which is the
  * parent's backpressure.
  */
-import { createHash } from 'node:crypto';
 import { Readable } from 'node:stream';
 import { parentPort } from 'node:worker_threads';
 import { RollboxError } from '../api/index.ts';
-import { extractTarSafely } from './extract.ts';
-import type { FromExtractThread, ToExtractThread } from './extract-workers.ts';
+import { extractInThread, type FromExtractThread, type ToExtractThread } from './extract-workers.ts';
 
 const port = parentPort!;
 const post = (msg: FromExtractThread): void => port.postMessage(msg);
@@ -35,9 +33,8 @@ port.on('message', (msg: ToExtractThread) => {
   if (msg.type === 'start') {
     const j: Job = { id: msg.id, pending: [], ended: false, wantsData: false, input: new Readable({ read: () => { j.wantsData = true; pump(j); } }) };
     job = j;
-    const hash = createHash('sha256');
-    extractTarSafely(j.input, msg.root, msg.limits, { imageLayer: msg.imageLayer, onTarChunk: (c) => hash.update(c) }).then(
-      () => post({ type: 'done', id: j.id, tarSha256: hash.digest('hex') }),
+    extractInThread(j.input, msg.target, msg.limits, { imageLayer: msg.imageLayer }).then(
+      (read) => post({ type: 'done', id: j.id, tarSha256: read.tarSha256, ...(read.table ? { table: new Uint8Array(read.table) } : {}) }),
       (err: unknown) => post({ type: 'error', id: j.id, code: err instanceof RollboxError ? err.code : 'internal', message: err instanceof Error ? err.message : String(err) }),
     );
     return;

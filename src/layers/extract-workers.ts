@@ -3,22 +3,40 @@ import type { Readable } from 'node:stream';
 import { Worker } from 'node:worker_threads';
 import { RollboxError, isErrorCode } from '../api/index.ts';
 import { extractTarSafely, type ExtractLimits } from './extract.ts';
+import { writeErofsLayerFromTar, type SplitLayerFiles } from './tar-erofs/index.ts';
 
-/** Extracts a tar (plain, gzip or zstd) under `root`; answers the sha256 hex of the decompressed tar. */
-export type TarExtractor = (input: Readable, root: string, limits: ExtractLimits, options: { imageLayer?: boolean }) => Promise<{ tarSha256: string }>;
+/**
+ * Where a layer tar goes: extracted into a tree (`root`, for mkfs.erofs to build from), or
+ * written straight into a split EROFS layer's files (see src/layers/tar-erofs).
+ */
+export type LayerTarget = { kind: 'tree'; root: string } | { kind: 'erofs'; files: SplitLayerFiles };
+
+/** What reading a layer tar answers: the sha256 hex of the decompressed tar, and an `erofs` target's chunk table. */
+export interface TarRead {
+  tarSha256: string;
+  table?: Buffer;
+}
+
+/** Reads a layer tar (plain, gzip or zstd) into `target`. */
+export type TarExtractor = (input: Readable, target: LayerTarget, limits: ExtractLimits, options: { imageLayer?: boolean }) => Promise<TarRead>;
 
 /** In the calling thread (tests, the base layer at start; a gateway uses ExtractWorkers). */
-export const extractInThread: TarExtractor = async (input, root, limits, options) => {
+export const extractInThread: TarExtractor = async (input, target, limits, options) => {
   const hash = createHash('sha256');
-  await extractTarSafely(input, root, limits, { ...options, onTarChunk: (c) => hash.update(c) });
-  return { tarSha256: hash.digest('hex') };
+  const read = { ...options, onTarChunk: (c: Buffer) => hash.update(c) };
+  if (target.kind === 'tree') {
+    await extractTarSafely(input, target.root, limits, read);
+    return { tarSha256: hash.digest('hex') };
+  }
+  const table = await writeErofsLayerFromTar(input, target.files, limits, read);
+  return { tarSha256: hash.digest('hex'), table };
 };
 
 export type ToExtractThread =
-  | { type: 'start'; id: number; root: string; limits: ExtractLimits; imageLayer: boolean }
+  | { type: 'start'; id: number; target: LayerTarget; limits: ExtractLimits; imageLayer: boolean }
   | { type: 'chunk'; id: number; chunk: ArrayBuffer }
   | { type: 'end' | 'abort'; id: number };
-export type FromExtractThread = { type: 'ack'; id: number } | { type: 'done'; id: number; tarSha256: string } | { type: 'error'; id: number; code: string; message: string };
+export type FromExtractThread = { type: 'ack'; id: number } | { type: 'done'; id: number; tarSha256: string; table?: Uint8Array } | { type: 'error'; id: number; code: string; message: string };
 
 /** Chunks sent and not yet taken by the thread's extraction: the rest of the upload waits. */
 const MAX_CHUNKS_IN_FLIGHT = 16;
@@ -36,7 +54,7 @@ interface Slot {
 }
 
 /**
- * Layer extraction off the event loop: a few worker threads, each extracting one tar at a
+ * Layer tars read off the event loop: a few worker threads, each reading one tar at a
  * time (tens of thousands of small synchronous file system calls per layer would otherwise
  * stall every request the gateway serves meanwhile). The calling thread only forwards the
  * upload's chunks, with backpressure; a thread that dies fails its job and is replaced.
@@ -50,13 +68,13 @@ export class ExtractWorkers {
 
   constructor(private readonly size = 2) {}
 
-  readonly extract: TarExtractor = async (input, root, limits, options) => {
+  readonly extract: TarExtractor = async (input, target, limits, options) => {
     const slot = await this.take();
     const id = this.nextId++;
     let inFlight = 0;
     let wake: (() => void) | undefined;
     let failure: Error | undefined;
-    const result = new Promise<{ tarSha256: string }>((resolve, reject) => {
+    const result = new Promise<TarRead>((resolve, reject) => {
       slot.current = {
         id,
         onAck: () => {
@@ -65,7 +83,7 @@ export class ExtractWorkers {
         },
         settle: (outcome) => {
           slot.current = undefined;
-          if (!(outcome instanceof Error) && outcome.type === 'done') resolve({ tarSha256: outcome.tarSha256 });
+          if (!(outcome instanceof Error) && outcome.type === 'done') resolve({ tarSha256: outcome.tarSha256, ...(outcome.table ? { table: Buffer.from(outcome.table) } : {}) });
           else {
             failure = outcome instanceof Error ? outcome : outcome.type === 'error' && isErrorCode(outcome.code) ? new RollboxError(outcome.code, outcome.message) : new RollboxError('internal', 'unexpected message from the extraction thread');
             reject(failure);
@@ -77,7 +95,7 @@ export class ExtractWorkers {
     result.catch(() => undefined); // awaited below
     try {
       try {
-        slot.worker.postMessage({ type: 'start', id, root, limits, imageLayer: options.imageLayer ?? false } satisfies ToExtractThread);
+        slot.worker.postMessage({ type: 'start', id, target, limits, imageLayer: options.imageLayer ?? false } satisfies ToExtractThread);
         for await (const chunk of input as AsyncIterable<Buffer>) {
           while (inFlight >= MAX_CHUNKS_IN_FLIGHT && !failure) await new Promise<void>((r) => (wake = r));
           if (failure) break; // the thread refused the tar: the rest of the upload is not needed

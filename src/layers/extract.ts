@@ -1,18 +1,11 @@
 import { constants as fsc, chmodSync, closeSync, fchmodSync, fchownSync, futimesSync, lchownSync, linkSync, lstatSync, lutimesSync, mkdirSync, openSync, rmSync, symlinkSync, utimesSync, writeSync } from 'node:fs';
 import path from 'node:path';
-import { Transform, type Duplex, type Readable } from 'node:stream';
-import { pipeline } from 'node:stream/promises';
-import tar from 'tar-stream';
+import type { Readable } from 'node:stream';
 import { RollboxError } from '../api/index.ts';
-import { decompressed } from './decompress.ts';
 import { ImageLayerEntries } from './image-entries.ts';
+import { readTarEntries, type ExtractLimits } from './tar-entries.ts';
 
-export interface ExtractLimits {
-  /** Cap on the sum of regular-file contents. */
-  maxBytes: number;
-  /** Cap on the number of tar entries. */
-  maxEntries: number;
-}
+export type { ExtractLimits } from './tar-entries.ts';
 
 export interface ExtractOptions {
   /**
@@ -34,9 +27,6 @@ interface DirMeta {
 const EPOCH = new Date(0);
 const MAX_PATH_CHARS = 4096;
 const MAX_NAME_BYTES = 255;
-/** Tar metadata (headers, padding, pax records) allowed beyond file contents. */
-const META_SLACK_BYTES = 16 * 1024 * 1024;
-const META_BYTES_PER_ENTRY = 2048;
 
 function refuse(message: string): never {
   throw new RollboxError('invalid_layer', message);
@@ -80,40 +70,6 @@ export function symlinkStaysInside(linkComps: readonly string[], target: string)
  * thousands of calls per layer). The event loop still runs between chunks and entries.
  */
 export async function extractTarSafely(input: Readable, root: string, limits: ExtractLimits, options: ExtractOptions = {}): Promise<void> {
-  const extract = tar.extract();
-  let rawBytes = 0;
-  let contentBytes = 0;
-  let entries = 0;
-  let failure: Error | undefined;
-  const fail = (err: Error): void => {
-    failure ??= err;
-  };
-
-  // Meter the decompressed tar stream: caps tar-stream's in-memory buffering of pax and
-  // GNU long-name records (which never reach us as entries) and gzip bombs.
-  const meter = new Transform({
-    transform(chunk: Buffer, _enc, cb) {
-      rawBytes += chunk.length;
-      options.onTarChunk?.(chunk);
-      if (rawBytes - contentBytes > META_SLACK_BYTES + META_BYTES_PER_ENTRY * (entries + 1) + 2 * 1024 * 1024) {
-        cb(new RollboxError('invalid_layer', 'tar metadata exceeds the allowed size'));
-        return;
-      }
-      cb(null, chunk);
-    },
-  });
-
-  let source: [Readable] | [Readable, Duplex];
-  try {
-    source = await decompressed(input);
-  } catch (err) {
-    throw toLayerError(err);
-  }
-  const stages = source.length === 2 ? pipeline(source[0], source[1], meter, extract) : pipeline(source[0], meter, extract);
-  const piping = stages.catch((err: Error) => {
-    fail(err);
-  });
-
   const dirs = new Map<string, DirMeta>(); // rel path ('' = root) -> final metadata
   const knownDirs = new Set<string>(['']); // rel paths verified to be real directories
   dirs.set('', { mode: 0o755, uid: 0, gid: 0, mtime: EPOCH });
@@ -152,28 +108,22 @@ export async function extractTarSafely(input: Readable, root: string, limits: Ex
     return 'empty';
   };
 
-  try {
-    for await (const entry of extract) {
-      if (failure) throw failure;
+  await readTarEntries(input, limits, options.onTarChunk, async (entry) => {
       const h = entry.header;
-      entries++;
-      if (entries > limits.maxEntries) {
-        throw new RollboxError('payload_too_large', `layer has more than ${limits.maxEntries} entries`);
-      }
       const comps = entryComponents(h.name, 'entry');
       if (image) {
         const special = image.classify(comps, h);
         if (special.kind === 'whiteout') {
           ensureDirs(special.comps.slice(0, -1));
           await image.whiteout(special.comps);
-          entry.resume();
-          continue;
+          entry.skip();
+          return;
         }
         if (special.kind === 'opaque') {
           ensureDirs(special.dirComps);
           image.opaque(special.dirComps);
-          entry.resume();
-          continue;
+          entry.skip();
+          return;
         }
         image.noteXattrs(comps, h.name, h.pax as Record<string, string> | undefined);
       } else if (comps[comps.length - 1]?.startsWith('.wh.')) {
@@ -188,8 +138,8 @@ export async function extractTarSafely(input: Readable, root: string, limits: Ex
       if (comps.length === 0) {
         if (type !== 'directory') refuse(`entry ${JSON.stringify(h.name)} names the layer root but is not a directory`);
         dirs.set('', { mode, uid, gid, mtime });
-        entry.resume();
-        continue;
+        entry.skip();
+        return;
       }
       const rel = comps.join('/');
       const parents = comps.slice(0, -1);
@@ -200,30 +150,19 @@ export async function extractTarSafely(input: Readable, root: string, limits: Ex
           if (clearSlot(comps, true) === 'empty') mkdirSync(abs(comps), { mode: 0o755 });
           knownDirs.add(rel);
           dirs.set(rel, { mode, uid, gid, mtime });
-          entry.resume();
+          entry.skip();
           break;
         }
         case 'file':
         case 'contiguous-file': {
-          const size = h.size ?? 0;
-          if (contentBytes + size > limits.maxBytes) {
-            throw new RollboxError('payload_too_large', `layer contents exceed ${limits.maxBytes} bytes`);
-          }
           ensureDirs(parents);
           clearSlot(comps, false);
           const fd = openSync(abs(comps), fsc.O_WRONLY | fsc.O_CREAT | fsc.O_EXCL | fsc.O_NOFOLLOW, 0o600);
           try {
-            let written = 0;
-            for await (const chunk of entry as AsyncIterable<Buffer>) {
-              written += chunk.length;
-              contentBytes += chunk.length;
-              if (contentBytes > limits.maxBytes) {
-                throw new RollboxError('payload_too_large', `layer contents exceed ${limits.maxBytes} bytes`);
-              }
+            for await (const chunk of entry.contents()) {
               let off = 0;
               while (off < chunk.length) off += writeSync(fd, chunk, off, chunk.length - off);
             }
-            if (written !== size) refuse(`entry ${JSON.stringify(rel)} is truncated`);
             // chown before chmod: chown clears set-id bits.
             fchownSync(fd, uid, gid);
             fchmodSync(fd, mode);
@@ -242,7 +181,7 @@ export async function extractTarSafely(input: Readable, root: string, limits: Ex
           symlinkSync(target, abs(comps));
           lchownSync(abs(comps), uid, gid);
           lutimesSync(abs(comps), mtime, mtime);
-          entry.resume();
+          entry.skip();
           break;
         }
         case 'link': {
@@ -250,7 +189,7 @@ export async function extractTarSafely(input: Readable, root: string, limits: Ex
           if (targetComps.length === 0) refuse(`hardlink ${JSON.stringify(rel)} has an empty target`);
           const targetRel = targetComps.join('/');
           if (targetRel === rel) {
-            entry.resume();
+            entry.skip();
             break;
           }
           // The target's parents must be real directories inside the root and the target a
@@ -262,7 +201,7 @@ export async function extractTarSafely(input: Readable, root: string, limits: Ex
           ensureDirs(parents);
           clearSlot(comps, false);
           linkSync(abs(targetComps), abs(comps));
-          entry.resume();
+          entry.skip();
           break;
         }
         case 'character-device':
@@ -278,20 +217,12 @@ export async function extractTarSafely(input: Readable, root: string, limits: Ex
           chmodSync(abs(comps), mode);
           // The entry's time, not the extraction's: the same tar must give the same EROFS image.
           utimesSync(abs(comps), mtime, mtime);
-          entry.resume();
+          entry.skip();
           break;
         default:
           refuse(`entry ${JSON.stringify(rel)} has unsupported type ${String(type)}`);
       }
-    }
-    await piping;
-    if (failure) throw failure;
-  } catch (err) {
-    extract.destroy();
-    input.destroy();
-    await piping;
-    throw toLayerError(failure && !(err instanceof RollboxError) ? failure : err);
-  }
+  });
 
   // Directory metadata last, deepest first: adding children changes a directory's mtime.
   const ordered = [...dirs.entries()].sort((a, b) => b[0].split('/').length - a[0].split('/').length);
@@ -302,14 +233,4 @@ export async function extractTarSafely(input: Readable, root: string, limits: Ex
     utimesSync(p, meta.mtime, meta.mtime);
   }
   await image?.finish();
-}
-
-function toLayerError(err: unknown): Error {
-  if (err instanceof RollboxError) return err;
-  const e = err as NodeJS.ErrnoException;
-  if (e?.code === 'ENAMETOOLONG') return new RollboxError('invalid_layer', 'entry path too long');
-  if (e?.code === 'Z_DATA_ERROR' || e?.code === 'Z_BUF_ERROR') return new RollboxError('invalid_layer', `bad gzip data: ${e.message}`);
-  if (e?.code === 'ZSTD_FAILED') return new RollboxError('invalid_layer', `bad zstd data: ${e.message}`);
-  if (e instanceof Error && /tar|header|unexpected end/i.test(e.message)) return new RollboxError('invalid_layer', `malformed tar: ${e.message}`);
-  return new RollboxError('internal', `layer extraction failed: ${e instanceof Error ? e.message : String(err)}`);
 }

@@ -3,7 +3,7 @@ import { RollboxError } from '../api/index.ts';
 import { runToolOk } from '../proc/index.ts';
 
 /** The overlay mark of a directory whose lower layers' contents are hidden. */
-const OPAQUE_XATTR = 'trusted.overlay.opaque';
+export const OPAQUE_XATTR = 'trusted.overlay.opaque';
 const OPAQUE_MARKER = '.wh..wh..opq';
 const WHITEOUT_PREFIX = '.wh.';
 /** xattr namespaces an image layer may carry; `trusted.*` would let a tar forge overlay metadata. */
@@ -14,13 +14,59 @@ function refuse(message: string): never {
   throw new RollboxError('invalid_layer', message);
 }
 
+type EntryHeader = { name: string; type?: string | null; devmajor?: number; devminor?: number };
+
 /** What an image-layer tar entry means beyond plain files: a whiteout, an opaque marker, or nothing special. */
 export type ImageEntryKind = { kind: 'whiteout'; comps: string[] } | { kind: 'opaque'; dirComps: string[] } | { kind: 'plain' };
 
 /**
- * Reads an image layer's entries the way OCI and Docker write them: `.wh.NAME` deletes NAME
- * of the layers below, `.wh..wh..opq` hides everything below of its directory, and a 0:0
- * character device is a whiteout already in overlayfs' own form. They become overlayfs'
+ * What an image-layer tar entry means: `.wh.NAME` deletes NAME of the layers below,
+ * `.wh..wh..opq` hides everything below of its directory, and a 0:0 character device is a
+ * whiteout already in overlayfs' own form.
+ */
+export function classifyImageEntry(comps: readonly string[], header: EntryHeader): ImageEntryKind {
+  const leaf = comps[comps.length - 1] ?? '';
+  if (leaf === OPAQUE_MARKER) return { kind: 'opaque', dirComps: comps.slice(0, -1) };
+  if (leaf.startsWith(WHITEOUT_PREFIX)) {
+    const hidden = leaf.slice(WHITEOUT_PREFIX.length);
+    if (hidden === '' || hidden === '.' || hidden === '..' || hidden.startsWith(WHITEOUT_PREFIX)) refuse(`whiteout ${JSON.stringify(header.name)} names nothing`);
+    return { kind: 'whiteout', comps: [...comps.slice(0, -1), hidden] };
+  }
+  if (header.type === 'character-device' && !header.devmajor && !header.devminor) return { kind: 'whiteout', comps: [...comps] };
+  return { kind: 'plain' };
+}
+
+/**
+ * The extended attributes an image layer entry keeps, from its PAX records
+ * (`LIBARCHIVE.xattr.*` base64, or `SCHILY.xattr.*`), in their order: user.*, file
+ * capabilities and POSIX ACLs. `trusted.*` is refused (it would forge overlay metadata);
+ * names meaning nothing here (security.selinux and the like) are dropped.
+ */
+export function imageXattrsOf(entryName: string, pax: Record<string, string> | null | undefined): [string, Buffer][] {
+  if (!pax) return [];
+  const values = new Map<string, Buffer>();
+  for (const [key, raw] of Object.entries(pax)) {
+    if (key.startsWith('SCHILY.xattr.')) {
+      const name = key.slice('SCHILY.xattr.'.length);
+      // The tar reader decodes PAX values as UTF-8: a binary value arrives with U+FFFD in it and cannot be restored.
+      if (raw.includes('\uFFFD') && !values.has(name)) refuse(`entry ${JSON.stringify(entryName)}: xattr ${name} holds bytes that are not UTF-8; write it as LIBARCHIVE.xattr (base64)`);
+      if (!values.has(name)) values.set(name, Buffer.from(raw, 'utf8'));
+    } else if (key.startsWith('LIBARCHIVE.xattr.')) {
+      values.set(decodeURIComponent(key.slice('LIBARCHIVE.xattr.'.length)), Buffer.from(raw, 'base64'));
+    }
+  }
+  const kept: [string, Buffer][] = [];
+  for (const [name, value] of values) {
+    if (name.startsWith('trusted.')) refuse(`entry ${JSON.stringify(entryName)} carries a trusted.* xattr (${name}), which a layer may not set`);
+    if (!KEPT_XATTR.test(name)) continue; // security.selinux and the like mean nothing here
+    if (value.length > MAX_XATTR_VALUE_BYTES) refuse(`entry ${JSON.stringify(entryName)}: xattr ${name} is larger than ${MAX_XATTR_VALUE_BYTES} bytes`);
+    kept.push([name, value]);
+  }
+  return kept;
+}
+
+/**
+ * Extracts an image layer's special entries (classifyImageEntry) into a tree as overlayfs'
  * own marks (0:0 character devices, the `trusted.overlay.opaque` xattr), so an image layer
  * works as one lower layer of the sandbox's overlay, like a snapshot's.
  */
@@ -30,16 +76,8 @@ export class ImageLayerEntries {
 
   constructor(private readonly abs: (comps: readonly string[]) => string) {}
 
-  classify(comps: readonly string[], header: { name: string; type?: string | null; devmajor?: number; devminor?: number }): ImageEntryKind {
-    const leaf = comps[comps.length - 1] ?? '';
-    if (leaf === OPAQUE_MARKER) return { kind: 'opaque', dirComps: comps.slice(0, -1) };
-    if (leaf.startsWith(WHITEOUT_PREFIX)) {
-      const hidden = leaf.slice(WHITEOUT_PREFIX.length);
-      if (hidden === '' || hidden === '.' || hidden === '..' || hidden.startsWith(WHITEOUT_PREFIX)) refuse(`whiteout ${JSON.stringify(header.name)} names nothing`);
-      return { kind: 'whiteout', comps: [...comps.slice(0, -1), hidden] };
-    }
-    if (header.type === 'character-device' && !header.devmajor && !header.devminor) return { kind: 'whiteout', comps: [...comps] };
-    return { kind: 'plain' };
+  classify(comps: readonly string[], header: EntryHeader): ImageEntryKind {
+    return classifyImageEntry(comps, header);
   }
 
   /**
@@ -63,26 +101,9 @@ export class ImageLayerEntries {
     await runToolOk('mkfifo', ['-m', '0600', '--', this.abs(comps)]);
   }
 
-  /** Extended attributes from the entry's PAX records (`LIBARCHIVE.xattr.*` base64, or `SCHILY.xattr.*`). */
+  /** Extended attributes from the entry's PAX records (see imageXattrsOf), set at finish. */
   noteXattrs(comps: readonly string[], entryName: string, pax: Record<string, string> | null | undefined): void {
-    if (!pax) return;
-    const values = new Map<string, Buffer>();
-    for (const [key, raw] of Object.entries(pax)) {
-      if (key.startsWith('SCHILY.xattr.')) {
-        const name = key.slice('SCHILY.xattr.'.length);
-        // The tar reader decodes PAX values as UTF-8: a binary value arrives with U+FFFD in it and cannot be restored.
-        if (raw.includes('\uFFFD') && !values.has(name)) refuse(`entry ${JSON.stringify(entryName)}: xattr ${name} holds bytes that are not UTF-8; write it as LIBARCHIVE.xattr (base64)`);
-        if (!values.has(name)) values.set(name, Buffer.from(raw, 'utf8'));
-      } else if (key.startsWith('LIBARCHIVE.xattr.')) {
-        values.set(decodeURIComponent(key.slice('LIBARCHIVE.xattr.'.length)), Buffer.from(raw, 'base64'));
-      }
-    }
-    for (const [name, value] of values) {
-      if (name.startsWith('trusted.')) refuse(`entry ${JSON.stringify(entryName)} carries a trusted.* xattr (${name}), which a layer may not set`);
-      if (!KEPT_XATTR.test(name)) continue; // security.selinux and the like mean nothing here
-      if (value.length > MAX_XATTR_VALUE_BYTES) refuse(`entry ${JSON.stringify(entryName)}: xattr ${name} is larger than ${MAX_XATTR_VALUE_BYTES} bytes`);
-      this.xattrs.push({ path: this.abs(comps), name, value });
-    }
+    for (const [name, value] of imageXattrsOf(entryName, pax)) this.xattrs.push({ path: this.abs(comps), name, value });
   }
 
   /** After every entry and directory mode is in place: xattrs and opaque marks (on what still exists). */

@@ -20,28 +20,50 @@ export function chunkCountOf(blobBytes: number, chunkSizeBytes: number): number 
  */
 export async function chunkTableOf(metaPath: string, blobPath: string, chunkSizeBytes: number): Promise<Buffer> {
   const meta = await sha256File(metaPath);
-  const chunks: string[] = [];
-  let blobBytes = 0;
-  let hash = createHash('sha256');
-  let inChunk = 0;
-  for await (const piece of createReadStream(blobPath, { highWaterMark: chunkSizeBytes })) {
-    let buf = piece as Buffer;
-    blobBytes += buf.length;
+  const chunks = new ChunkHasher(chunkSizeBytes);
+  for await (const piece of createReadStream(blobPath, { highWaterMark: chunkSizeBytes })) chunks.update(piece as Buffer);
+  return chunkTableBytes({ sha256: meta.hex, sizeBytes: meta.sizeBytes }, chunks);
+}
+
+/** A chunk table's bytes: the layer's digest is their sha256. */
+export function chunkTableBytes(meta: LayerChunkTable['meta'], blob: ChunkHasher): Buffer {
+  const table: LayerChunkTable = { format: CHUNK_TABLE_FORMAT, chunkSizeBytes: blob.chunkSizeBytes, meta, blob: { sizeBytes: blob.sizeBytes }, chunks: blob.digests() };
+  return Buffer.from(`${JSON.stringify(table)}\n`);
+}
+
+/** The sha256 of each chunk of a blob whose bytes pass through `update` in order. */
+export class ChunkHasher {
+  sizeBytes = 0;
+  private readonly chunks: string[] = [];
+  private hash = createHash('sha256');
+  private inChunk = 0;
+
+  constructor(readonly chunkSizeBytes: number) {}
+
+  update(bytes: Buffer): void {
+    let buf = bytes;
+    this.sizeBytes += buf.length;
     while (buf.length > 0) {
-      const take = Math.min(buf.length, chunkSizeBytes - inChunk);
-      hash.update(buf.subarray(0, take));
-      inChunk += take;
+      const take = Math.min(buf.length, this.chunkSizeBytes - this.inChunk);
+      this.hash.update(buf.subarray(0, take));
+      this.inChunk += take;
       buf = buf.subarray(take);
-      if (inChunk === chunkSizeBytes) {
-        chunks.push(hash.digest('hex'));
-        hash = createHash('sha256');
-        inChunk = 0;
+      if (this.inChunk === this.chunkSizeBytes) {
+        this.chunks.push(this.hash.digest('hex'));
+        this.hash = createHash('sha256');
+        this.inChunk = 0;
       }
     }
   }
-  if (inChunk > 0) chunks.push(hash.digest('hex'));
-  const table: LayerChunkTable = { format: CHUNK_TABLE_FORMAT, chunkSizeBytes, meta: { sha256: meta.hex, sizeBytes: meta.sizeBytes }, blob: { sizeBytes: blobBytes }, chunks };
-  return Buffer.from(`${JSON.stringify(table)}\n`);
+
+  /** Every chunk's digest, the last one partial (call once, after the last update). */
+  digests(): string[] {
+    if (this.inChunk > 0) {
+      this.chunks.push(this.hash.digest('hex'));
+      this.inChunk = 0;
+    }
+    return this.chunks;
+  }
 }
 
 /**
