@@ -2,9 +2,9 @@ import { open } from 'node:fs/promises';
 import { RollboxError } from '../api/index.ts';
 import { runToolOk } from '../proc/index.ts';
 
-const SUPER_OFFSET = 1024;
-const EROFS_MAGIC = 0xe0f5e1e2;
-const FEATURE_COMPAT_SB_CHKSUM = 0x1;
+export const SUPER_OFFSET = 1024;
+export const EROFS_MAGIC = 0xe0f5e1e2;
+export const FEATURE_COMPAT_SB_CHKSUM = 0x1;
 
 /**
  * Build an uncompressed EROFS image of `srcDir` at `outPath`, reproducibly.

@@ -1,5 +1,5 @@
 import { RollboxError } from '../../api/index.ts';
-import { crc32c } from '../erofs.ts';
+import { EROFS_MAGIC, FEATURE_COMPAT_SB_CHKSUM, SUPER_OFFSET, crc32c } from '../erofs.ts';
 import type { DirNode, LayerNode } from './tree.ts';
 
 /**
@@ -12,9 +12,6 @@ import type { DirNode, LayerNode } from './tree.ts';
 
 export const BLOCK_BYTES = 4096;
 const BLOCK_BITS = 12;
-const SUPER_OFFSET = 1024;
-const EROFS_MAGIC = 0xe0f5e1e2;
-const FEATURE_COMPAT_SB_CHKSUM = 0x1;
 const FEATURE_INCOMPAT_CHUNKED_FILE = 0x4;
 const FEATURE_INCOMPAT_DEVICE_TABLE = 0x8;
 const DEVICE_SLOT_BYTES = 128;
