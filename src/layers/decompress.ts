@@ -4,6 +4,8 @@ import { createGunzip } from 'node:zlib';
 
 const GZIP_MAGIC = [0x1f, 0x8b];
 const ZSTD_MAGIC = [0x28, 0xb5, 0x2f, 0xfd];
+/** zlib's output piece: at its 16 KiB default, inflating a layer took 3x as long (one callback per piece). */
+const GUNZIP_CHUNK_BYTES = 256 * 1024;
 
 /**
  * The stream as pipeline stages, with a decompression stage when it starts with the gzip
@@ -33,7 +35,7 @@ export async function decompressed(input: Readable): Promise<[Readable] | [Reada
   }
   const replayed = Readable.from(replay(), { objectMode: false });
   const startsWith = (magic: number[]): boolean => magic.every((b, i) => head[i] === b);
-  if (startsWith(GZIP_MAGIC)) return [replayed, createGunzip()];
+  if (startsWith(GZIP_MAGIC)) return [replayed, createGunzip({ chunkSize: GUNZIP_CHUNK_BYTES })];
   if (startsWith(ZSTD_MAGIC)) return [replayed, zstdDecompressor()];
   return [replayed];
 }

@@ -38,8 +38,9 @@ export type ToExtractThread =
   | { type: 'end' | 'abort'; id: number };
 export type FromExtractThread = { type: 'ack'; id: number } | { type: 'done'; id: number; tarSha256: string; table?: Uint8Array } | { type: 'error'; id: number; code: string; message: string };
 
-/** Chunks sent and not yet taken by the thread's extraction: the rest of the upload waits. */
-const MAX_CHUNKS_IN_FLIGHT = 16;
+/** Pieces sent and not yet taken by the thread (about 1 MiB): the rest of the upload waits. */
+const MAX_CHUNKS_IN_FLIGHT = 4;
+const SEND_BYTES = 256 * 1024;
 const THREAD_ENTRY = new URL('./extract-thread.mjs', import.meta.url);
 const IDLE_THREAD_MS = 60_000;
 
@@ -96,13 +97,32 @@ export class ExtractWorkers {
     try {
       try {
         slot.worker.postMessage({ type: 'start', id, target, limits, imageLayer: options.imageLayer ?? false } satisfies ToExtractThread);
-        for await (const chunk of input as AsyncIterable<Buffer>) {
+        // Sent in pieces of about SEND_BYTES (a socket gives 16-64 KiB): each message costs both threads a wakeup.
+        let gathered: Buffer[] = [];
+        let gatheredBytes = 0;
+        const send = async (): Promise<void> => {
           while (inFlight >= MAX_CHUNKS_IN_FLIGHT && !failure) await new Promise<void>((r) => (wake = r));
-          if (failure) break; // the thread refused the tar: the rest of the upload is not needed
+          if (failure || gatheredBytes === 0) return;
           inFlight++;
-          const copy = chunk.buffer.slice(chunk.byteOffset, chunk.byteOffset + chunk.byteLength) as ArrayBuffer;
+          // A copy of its own, handed over (the input's buffers may be pooled or still in use).
+          const copy = new ArrayBuffer(gatheredBytes);
+          const view = new Uint8Array(copy);
+          let at = 0;
+          for (const b of gathered) {
+            view.set(b, at);
+            at += b.length;
+          }
+          gathered = [];
+          gatheredBytes = 0;
           slot.worker.postMessage({ type: 'chunk', id, chunk: copy } satisfies ToExtractThread, [copy]);
+        };
+        for await (const chunk of input as AsyncIterable<Buffer>) {
+          gathered.push(chunk);
+          gatheredBytes += chunk.length;
+          if (gatheredBytes >= SEND_BYTES) await send();
+          if (failure) break; // the thread refused the tar: the rest of the upload is not needed
         }
+        await send();
         slot.worker.postMessage({ type: 'end', id } satisfies ToExtractThread);
       } catch (err) {
         // The upload failed: the thread stops its job, and the slot goes back once it has.
