@@ -1,6 +1,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import type { Accelerator } from './accelerator.ts';
+import { TCG_TB_MIB } from './cgroup.ts';
 
 /** One microVM's QEMU command line, from the sandbox's disks and limits. */
 export interface QemuSpec {
@@ -35,7 +36,8 @@ export function qemuArgs(s: QemuSpec): string[] {
   if (s.accelerator === 'tcg' && s.tscKhz) cmdline.push(`tsc_early_khz=${s.tscKhz}`);
   if (s.nic) cmdline.push(`rollbox.net=${s.nic.address},${s.nic.gateway}`);
   const args = [
-    '-accel', s.accelerator,
+    // TCG's translation buffer is charged to the sandbox's cgroup: bounded (cgroup.ts).
+    '-accel', s.accelerator === 'tcg' ? `tcg,tb-size=${TCG_TB_MIB}` : s.accelerator,
     // pit/pic/rtc: under TCG the guest kernel calibrates its timers against them.
     '-M', 'microvm,pit=on,pic=on,rtc=on',
     ...(s.accelerator === 'kvm' ? ['-cpu', 'host'] : []),
@@ -60,13 +62,14 @@ export function qemuArgs(s: QemuSpec): string[] {
 /**
  * Starts QEMU in its own session (it outlives a worker process that stops without
  * stopping it), console output to `consoleLog`; with a NIC, inside the sandbox's network
- * namespace (nsenter execs QEMU: the pid is QEMU's).
+ * namespace (nsenter execs QEMU: the pid is QEMU's). `prefix` runs first and execs the
+ * rest (the cgroup placement, cgroup.ts), so the pid stays QEMU's.
  */
-export function startQemu(spec: QemuSpec, consoleLog: string): ChildProcess {
+export function startQemu(spec: QemuSpec, consoleLog: string, prefix: readonly string[] = []): ChildProcess {
   const log = fs.openSync(consoleLog, 'a');
   try {
-    const [file, args] = spec.nic ? ['nsenter', [`--net=/run/netns/${spec.nic.netns}`, '--', spec.qemuBinary, ...qemuArgs(spec)]] : [spec.qemuBinary, qemuArgs(spec)];
-    const child = spawn(file, args, { stdio: ['ignore', log, log], detached: true });
+    const command = [...prefix, ...(spec.nic ? ['nsenter', `--net=/run/netns/${spec.nic.netns}`, '--'] : []), spec.qemuBinary, ...qemuArgs(spec)];
+    const child = spawn(command[0]!, command.slice(1), { stdio: ['ignore', log, log], detached: true });
     child.unref();
     return child;
   } finally {

@@ -9,6 +9,7 @@ import type { RuntimeLogger, SandboxRuntime, SandboxRuntimeSpec } from '../runti
 import type { Accelerator } from './accelerator.ts';
 import { openVmChannel, type VmChannel } from './channel.ts';
 import { attachInVm, execInVm, execRawInVm, type VmCommandTarget } from './exec.ts';
+import { inCgroupPrefix, makeVmCgroup, removeVmCgroup, removeVmCgroupParents, vmCgroupRel } from './cgroup.ts';
 import { attachVmNetwork, netnsPathOf, nicPolicy, releaseVmNetwork, VM_BRIDGE, VM_TAP, vmNetnsOf } from './net.ts';
 import { isQemuPid, startQemu } from './qemu.ts';
 
@@ -17,6 +18,8 @@ const run = promisify(execFile);
 export interface MicroVmRuntimeDeps {
   /** Everything of this runtime lives here: one directory per sandbox (disk, sockets, console log). */
   dataDir: string;
+  /** The VMMs' cgroups go under `rollbox-vm[-besteffort]/<nodeId>/` (cgroup.ts). */
+  nodeId: string;
   qemuBinary: string;
   accelerator: Accelerator;
   kernel: string;
@@ -109,6 +112,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     vms.delete(id);
     // QEMU is gone, so is every user of the namespace: veth, lease, chain, then the namespace.
     await releaseVmNetwork(deps.network, id);
+    await removeVmCgroup(deps.nodeId, id);
     await fs.rm(dir, { recursive: true, force: true });
   };
   const adopt = async (id: string, file: VmFile): Promise<Vm> => {
@@ -142,6 +146,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
         await run('mkfs.ext4', ['-q', '-F', '-E', 'lazy_itable_init=1,lazy_journal_init=1', diskImage]);
         const nic = await attachVmNetwork(deps.network, spec.sandboxId, spec.network);
         const vcpus = Math.min(os.availableParallelism(), Math.max(1, Math.ceil(spec.resources.cpuMillis / 1000)));
+        const cgroup = await makeVmCgroup(vmCgroupRel(deps.nodeId, spec.sandboxId, spec.class), spec.resources, spec.class, vcpus, spec.resources.memoryMiB);
         const child = startQemu(
           {
             qemuBinary: deps.qemuBinary, accelerator: deps.accelerator, kernel: deps.kernel, initramfs: deps.initramfs,
@@ -150,6 +155,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
             ...(nic ? { nic: { netns: nic.netns, tap: VM_TAP, address: nic.address, gateway: nic.gateway } } : {}),
           },
           path.join(dir, 'console.log'),
+          inCgroupPrefix(cgroup, spec.class),
         );
         if (!child.pid) throw new Error('QEMU did not start');
         const file: VmFile = { pid: child.pid, layers: spec.layerImages.map((l) => l.digest), env: spec.env, workdir: spec.workdir, ...(spec.user ? { user: spec.user } : {}), ...(spec.network ? { network: spec.network } : {}), ...(nic ? { nic: true } : {}) };
@@ -160,6 +166,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
         await vm.channel.ready(deps.bootTimeoutMs).catch(async (err: Error) => {
           throw new Error(`${err.message}; console: ${await consoleTail(dir)}`);
         });
+        cgroup.settle();
       } catch (err) {
         await remove(spec.sandboxId);
         if (err instanceof RollboxError) throw err;
@@ -247,6 +254,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
         await remove(id);
         removed.push(id);
       }
+      if (vms.size === 0) await removeVmCgroupParents(deps.nodeId);
       // Sandboxes this runtime does not know are the container runtime's to report.
       return { adopted, removed, missing: [] };
     },
