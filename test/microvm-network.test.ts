@@ -1,7 +1,7 @@
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { api, startTestCluster, type TestCluster } from './support/cluster.ts';
+import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { startTargetNetns, type TargetNetns } from './support/target-netns.ts';
 import { qemuPidsUnder } from './support/qemu.ts';
 
@@ -105,5 +105,49 @@ describe('microVM network', () => {
     expect((await api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`)).status).toBe(200);
     expect(fs.readdirSync('/run/netns').filter((n) => n.startsWith('rbvm-'))).toEqual([]);
     expect(execFileSync('ip', ['-o', 'link'], { encoding: 'utf8' })).not.toMatch(/\brb[0-9a-f]{13}\b/);
+  }, 180_000);
+
+  it('a restarted worker adopts a live VM\'s network (rules, resolver, stages) and removes a dead one\'s', async () => {
+    // A long lost-after so the janitor does not end the sandboxes while their worker is down.
+    const other = await startTestCluster({ env: { ROLLBOX_NET_STATIC_HOSTS: `allowed.name=${target.address}`, ROLLBOX_NODE_LOST_AFTER_MS: '60000' } });
+    const node = 'node-vmnet2';
+    try {
+      const otherToken = await other.token('vmnet-team', ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'sandbox:policy', 'admin']);
+      const child = await other.spawnWorker({ nodeId: node });
+      await waitFor('the spawned worker', async () => (await api(other, otherToken, 'GET', '/v1/nodes')).body.nodes?.length === 1, 30_000);
+      const network = { mode: 'allowlist', allow: [{ host: 'allowed.name', ports: [PORT_A] }] };
+      const create = async () => {
+        const created = await api(other, otherToken, 'POST', '/v1/sandboxes', { tier: 'microvm', resources: { memoryMiB: 192, cpuMillis: 1000 }, network });
+        expect(created.status, JSON.stringify(created.body)).toBe(201);
+        return created.body.id as string;
+      };
+      const [kept, dead] = [await create(), await create()];
+      const run = async (id: string, cmd: string) => (await api(other, otherToken, 'POST', `/v1/sandboxes/${id}/exec`, { cmd, timeoutMs: 20_000 })).body.stdout as string;
+      expect(await run(kept, `echo | nc -w 3 allowed.name ${PORT_A}`)).toContain(`hello ${PORT_A}`);
+      const leases = () => fs.readdirSync('/run/rollbox/net').filter((f) => fs.readFileSync(`/run/rollbox/net/${f}`, 'utf8').startsWith(`${node} `));
+      expect(leases()).toHaveLength(2);
+
+      const exited = new Promise((r) => child.once('close', r));
+      child.kill('SIGKILL');
+      await exited;
+      // One VMM dies while no worker watches: its namespace, veth, lease and chain stay behind.
+      const deadPid = Number(JSON.parse(fs.readFileSync(`${other.rootDir}/${node}/worker/microvm/${dead}/vm.json`, 'utf8')).pid);
+      process.kill(deadPid, 'SIGKILL');
+      await waitFor('the dead VMM', async () => qemuPidsUnder(other.rootDir).length === 1);
+
+      await other.addWorker({ nodeId: node });
+      expect(leases()).toHaveLength(1);
+      expect(fs.readdirSync('/run/netns').filter((n) => n.startsWith('rbvm-'))).toHaveLength(1);
+      expect((await api(other, otherToken, 'GET', `/v1/sandboxes/${dead}`)).body.state).toBe('failed');
+      // The adopted VM: rules intact, the platform resolver answers again, a stage change applies.
+      expect(await run(kept, `echo | nc -w 3 allowed.name ${PORT_A}`)).toContain(`hello ${PORT_A}`);
+      expect(await run(kept, `echo | nc -w 3 ${target.address} ${PORT_B}`)).not.toContain('hello');
+      expect((await api(other, otherToken, 'PATCH', `/v1/sandboxes/${kept}/policy`, { network: policyTo([PORT_B]) })).status).toBe(200);
+      expect(await run(kept, `echo | nc -w 3 ${target.address} ${PORT_B}`)).toContain(`hello ${PORT_B}`);
+    } finally {
+      await other.stop();
+    }
+    expect(qemuPidsUnder(other.rootDir)).toEqual([]);
+    expect(fs.readdirSync('/run/netns').filter((n) => n.startsWith('rbvm-'))).toEqual([]);
   }, 180_000);
 });
