@@ -99,4 +99,25 @@ describe('the VMM in the sandbox\'s host cgroup', () => {
     expect((await api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`)).status).toBe(200);
     expect(fs.existsSync(path.join(h.cpu!, rel))).toBe(false);
   }, 120_000);
+
+  it('pids inside the guest: a fork flood stops at the limit, the sandbox recovers', async () => {
+    const id = await createVm({ resources: { memoryMiB: 192, cpuMillis: 1000, pids: 24 } });
+    const exec = (cmd: string) => api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, { cmd, timeoutMs: 60_000 });
+    expect((await exec('cat /proc/self/cgroup')).body.stdout).toBe('0::/sandbox\n');
+    // Root in the guest cannot reach the cgroup to raise its limit: no mount of it, none allowed.
+    expect((await exec('grep -c cgroup /proc/self/mounts; mount -t cgroup2 none /mnt 2>/dev/null && echo MOUNTED || echo REFUSED')).body.stdout).toBe('0\nREFUSED\n');
+    // Background sleeps until fork fails (that shell then gives up); counted and killed by
+    // the outer shell with builtins only (no fork needed at the limit).
+    const flood = await exec([
+      "sh -c 'for i in $(seq 60); do sleep 60 </dev/null >/dev/null 2>&1 & done' 2>/dev/null",
+      'n=0; p=""; for d in /proc/[0-9]*; do read c < $d/comm 2>/dev/null; [ "$c" = sleep ] && n=$((n+1)) && p="$p ${d#/proc/}"; done',
+      'echo "alive=$n"; kill $p; true',
+    ].join('; '));
+    const alive = Number(/alive=(\d+)/.exec(flood.body.stdout ?? '')?.[1]);
+    console.log(`guest pids limit 24: ${alive} of 60 background processes started; ${JSON.stringify(flood.body.stderr).slice(0, 120)}`);
+    expect(alive).toBeGreaterThan(5);
+    expect(alive).toBeLessThan(24);
+    expect((await exec('echo recovered')).body.stdout).toBe('recovered\n');
+    expect((await api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`)).status).toBe(200);
+  }, 120_000);
 });

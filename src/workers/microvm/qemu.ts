@@ -24,6 +24,8 @@ export interface QemuSpec {
    * QEMU is started in; the guest's init takes the address and gateway from the command line.
    */
   nic?: { netns: string; tap: string; address: string; gateway: string };
+  /** The sandbox's pids limit, applied inside the guest by its init (guest/limits.c). */
+  pids?: number;
 }
 
 /**
@@ -35,6 +37,7 @@ export function qemuArgs(s: QemuSpec): string[] {
   const cmdline = ['console=ttyS0', 'quiet', 'panic=-1', 'reboot=t', 'mitigations=off', 'random.trust_cpu=on', '8250.nr_uarts=1', 'no_timer_check', `rollbox.layers=${s.layerImages.length}`, `rollbox.blobs=${s.layerImages.map((l) => (l.blobPath ? '1' : '0')).join('')}`];
   if (s.accelerator === 'tcg' && s.tscKhz) cmdline.push(`tsc_early_khz=${s.tscKhz}`);
   if (s.nic) cmdline.push(`rollbox.net=${s.nic.address},${s.nic.gateway}`);
+  if (s.pids) cmdline.push(`rollbox.pids=${s.pids}`);
   const args = [
     // TCG's translation buffer is charged to the sandbox's cgroup: bounded (cgroup.ts).
     '-accel', s.accelerator === 'tcg' ? `tcg,tb-size=${TCG_TB_MIB}` : s.accelerator,

@@ -11,7 +11,7 @@
  * the same protocol as a container's.
  *
  * Kernel command line: rollbox.layers=N (how many layer disks), rollbox.blobs=, and
- * rollbox.net=ADDR/N,GW when the sandbox has a network (net.c).
+ * rollbox.net=ADDR/N,GW when the sandbox has a network (net.c), rollbox.pids=N (limits.c).
  */
 #define _GNU_SOURCE
 #include "vminit.h"
@@ -269,6 +269,8 @@ int main(void) {
     mux_main(port);
   }
   close(port);
+  /* After the fork: the multiplexer stays outside the sandbox's pids limit. */
+  vm_limits_setup();
   if (dup2(lfd, 3) < 0) vm_die("dup2");
   if (lfd != 3) close(lfd);
   for (int fd = 4; fd < 64; fd++) close(fd);
