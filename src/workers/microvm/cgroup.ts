@@ -1,7 +1,7 @@
 import { existsSync, mkdirSync, rmdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import type { Resources, SandboxClass } from '../../api/index.ts';
-import { discoverCgroups, removeCgroupTree, type CgroupHierarchies } from '../runtime/cgroups.ts';
+import { discoverCgroups, killCgroup, removeCgroupTree, type CgroupHierarchies } from '../runtime/cgroups.ts';
 import { CPU_PERIOD_US, cpuShares } from '../runtime/spec.ts';
 
 /**
@@ -74,11 +74,16 @@ export async function makeVmCgroup(rel: string, resources: Resources, cls: Sandb
   return { dirs, memory, settle };
 }
 
-/** After QEMU is gone: its cgroup in every hierarchy (either class). Best effort, idempotent. */
+/**
+ * The VMM's cgroup in every hierarchy (either class), after killing whatever is still in
+ * it: a QEMU the pid checks missed (killed while its `sh` prefix had not exec'd yet) goes
+ * too. Best effort, idempotent.
+ */
 export async function removeVmCgroup(nodeId: string, sandboxId: string): Promise<void> {
   const h = await cgroups();
   for (const cls of ['latency', 'besteffort'] as const) {
     const rel = vmCgroupRel(nodeId, sandboxId, cls);
+    if (existsSync(path.join(h.pids, rel))) await killCgroup(path.join(h.pids, rel), undefined);
     for (const root of [h.memory, h.pids, h.cpu]) {
       // A just-emptied memory cgroup can stay busy for a moment (offlining).
       for (let tries = 0; root && !removeCgroupTree(path.join(root, rel)) && tries < 40; tries++) await new Promise((r) => setTimeout(r, 25));
