@@ -238,7 +238,7 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
     logger,
   });
   const containers = createRuncRuntime({ dataDir: workerDir, runtimeBinary: config.node.runtimeBinary, layerMounts, nodeId, logger, network, scratchSizeGiB: config.node.scratchSizeGiB, scratchIdleUnmountMs: config.node.idleUnmountMs, besteffortHoldMs: config.node.besteffortHoldMs, besteffortHeldCpuMillis: config.node.besteffortHeldCpuMillis });
-  const microvm = microVmRuntimeOf(config.node.microvm, path.join(workerDir, 'microvm'), logger);
+  const microvm = microVmRuntimeOf(config.node.microvm, path.join(workerDir, 'microvm'), nodeId, logger, network);
   const host = new WorkerHost({
     config: { ...config.node, nodeId },
     redis,

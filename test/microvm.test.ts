@@ -4,6 +4,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { serverSentEvents } from '../src/client/index.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
+import { qemuPidsUnder } from './support/qemu.ts';
 
 /**
  * The microVM tier over the real stack: gateway, Redis, a worker host whose runtime starts
@@ -21,21 +22,6 @@ afterAll(async () => {
   await cluster?.stop();
   expect(qemuPidsUnder(cluster.rootDir)).toEqual([]);
 });
-
-/** QEMU processes whose command line names a path of this test's cluster. */
-function qemuPidsUnder(root: string): number[] {
-  const pids: number[] = [];
-  for (const entry of fs.readdirSync('/proc')) {
-    if (!/^\d+$/.test(entry)) continue;
-    try {
-      const cmdline = fs.readFileSync(`/proc/${entry}/cmdline`, 'utf8');
-      if (cmdline.startsWith('qemu-system') && cmdline.includes(root)) pids.push(Number(entry));
-    } catch {
-      /* gone */
-    }
-  }
-  return pids;
-}
 
 const exec = (id: string, body: object) => api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, body);
 const createVm = (extra: object = {}) => api(cluster, token, 'POST', '/v1/sandboxes', { tier: 'microvm', resources: { memoryMiB: 256, cpuMillis: 1000 }, ...extra });
@@ -124,9 +110,9 @@ describe('microVM tier', () => {
     const paused = await api(cluster, token, 'POST', `/v1/sandboxes/${id}/pause`, { mode: 'freeze' });
     expect(paused.body.error?.code, JSON.stringify(paused.body)).toBe('tier_unsupported');
     expect(paused.body.error.message).toContain('microvm');
-    const networked = await createVm({ network: { mode: 'allowlist', allow: [{ cidr: '10.0.0.1' }] } });
-    expect(networked.body.error?.code, JSON.stringify(networked.body)).toBe('tier_unsupported');
-    expect(networked.body.error.message).toContain('microvm');
+    const hidden = await createVm({ hiddenPaths: ['/etc'] });
+    expect(hidden.body.error?.code, JSON.stringify(hidden.body)).toBe('tier_unsupported');
+    expect(hidden.body.error.message).toContain('microvm');
     expect((await exec(id, { argv: ['true'] })).body.exitCode).toBe(0);
   }, 60_000);
 

@@ -2,6 +2,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { execFileSync } from 'node:child_process';
 import type { Config } from '../../config/index.ts';
+import type { SandboxNetworks } from '../network/index.ts';
 import type { RuntimeLogger } from '../runtime/index.ts';
 import { detectAccelerator, hostTscKhz } from './accelerator.ts';
 import { createMicroVmRuntime, type MicroVmRuntime } from './runtime.ts';
@@ -13,14 +14,14 @@ export const DEFAULT_VM_DIR = path.resolve(import.meta.dirname, '../../../build/
  * The worker's microVM runtime, or why this host has none (ROLLBOX_MICROVM=off, QEMU or
  * the guest kernel missing): creates with `tier: microvm` are then refused, coded.
  */
-export function microVmRuntimeOf(config: Config['node']['microvm'], dataDir: string, logger?: RuntimeLogger): { runtime?: MicroVmRuntime; why?: string } {
-  const found = findMicroVm(config, dataDir, logger);
+export function microVmRuntimeOf(config: Config['node']['microvm'], dataDir: string, nodeId: string, logger?: RuntimeLogger, network?: SandboxNetworks): { runtime?: MicroVmRuntime; why?: string } {
+  const found = findMicroVm(config, dataDir, nodeId, logger, network);
   if (found.why) logger?.info({ why: found.why }, 'no microvm tier on this host');
   else logger?.info({ accelerator: found.runtime!.accelerator }, 'microvm tier');
   return found;
 }
 
-function findMicroVm(config: Config['node']['microvm'], dataDir: string, logger?: RuntimeLogger): { runtime?: MicroVmRuntime; why?: string } {
+function findMicroVm(config: Config['node']['microvm'], dataDir: string, nodeId: string, logger?: RuntimeLogger, network?: SandboxNetworks): { runtime?: MicroVmRuntime; why?: string } {
   if (config.mode === 'off') return { why: 'ROLLBOX_MICROVM=off' };
   const kernel = config.kernel ?? path.join(DEFAULT_VM_DIR, 'vmlinuz');
   const initramfs = config.initramfs ?? path.join(DEFAULT_VM_DIR, 'initramfs.cpio.gz');
@@ -32,6 +33,6 @@ function findMicroVm(config: Config['node']['microvm'], dataDir: string, logger?
   }
   const accelerator = config.accelerator === 'auto' ? detectAccelerator() : config.accelerator;
   const tscKhz = accelerator === 'tcg' ? hostTscKhz() : undefined;
-  const runtime = createMicroVmRuntime({ dataDir, qemuBinary: config.qemuBinary, accelerator, kernel, initramfs, bootTimeoutMs: config.bootTimeoutMs, ...(tscKhz ? { tscKhz } : {}), ...(logger ? { logger } : {}) });
+  const runtime = createMicroVmRuntime({ dataDir, nodeId, qemuBinary: config.qemuBinary, accelerator, kernel, initramfs, bootTimeoutMs: config.bootTimeoutMs, ...(tscKhz ? { tscKhz } : {}), ...(logger ? { logger } : {}), ...(network ? { network } : {}) });
   return { runtime };
 }

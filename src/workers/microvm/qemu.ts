@@ -1,6 +1,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import type { Accelerator } from './accelerator.ts';
+import { TCG_TB_MIB } from './cgroup.ts';
 
 /** One microVM's QEMU command line, from the sandbox's disks and limits. */
 export interface QemuSpec {
@@ -18,17 +19,28 @@ export interface QemuSpec {
   qmpSocket: string;
   /** Under TCG: the guest's early TSC calibration (without it boots hang at PIT calibration). */
   tscKhz?: number;
+  /**
+   * A NIC (network mode allowlist): virtio-net on the tap of the sandbox's namespace, which
+   * QEMU is started in; the guest's init takes the address and gateway from the command line.
+   */
+  nic?: { netns: string; tap: string; address: string; gateway: string };
+  /** The sandbox's pids limit, applied inside the guest by its init (guest/limits.c). */
+  pids?: number;
 }
 
 /**
  * `-M microvm` with virtio-mmio devices only: no PCI, no firmware tables beyond microvm's
- * ACPI, no NIC (network mode none). `-no-reboot`: a guest panic or reboot ends QEMU.
+ * ACPI, a NIC only with a network (mode none: no network device at all). `-no-reboot`: a
+ * guest panic or reboot ends QEMU.
  */
 export function qemuArgs(s: QemuSpec): string[] {
   const cmdline = ['console=ttyS0', 'quiet', 'panic=-1', 'reboot=t', 'mitigations=off', 'random.trust_cpu=on', '8250.nr_uarts=1', 'no_timer_check', `rollbox.layers=${s.layerImages.length}`, `rollbox.blobs=${s.layerImages.map((l) => (l.blobPath ? '1' : '0')).join('')}`];
   if (s.accelerator === 'tcg' && s.tscKhz) cmdline.push(`tsc_early_khz=${s.tscKhz}`);
+  if (s.nic) cmdline.push(`rollbox.net=${s.nic.address},${s.nic.gateway}`);
+  if (s.pids) cmdline.push(`rollbox.pids=${s.pids}`);
   const args = [
-    '-accel', s.accelerator,
+    // TCG's translation buffer is charged to the sandbox's cgroup: bounded (cgroup.ts).
+    '-accel', s.accelerator === 'tcg' ? `tcg,tb-size=${TCG_TB_MIB}` : s.accelerator,
     // pit/pic/rtc: under TCG the guest kernel calibrates its timers against them.
     '-M', 'microvm,pit=on,pic=on,rtc=on',
     ...(s.accelerator === 'kvm' ? ['-cpu', 'host'] : []),
@@ -44,18 +56,23 @@ export function qemuArgs(s: QemuSpec): string[] {
   });
   args.push('-drive', `id=disk,file=${s.diskImage},format=raw,if=none,discard=unmap`, '-device', 'virtio-blk-device,drive=disk,serial=rbdisk');
   args.push('-device', 'virtio-serial-device', '-chardev', `socket,id=agent,path=${s.agentSocket},server=on,wait=off`, '-device', 'virtserialport,chardev=agent,name=rollbox.0');
+  // vhost off: no /dev/vhost-net needed, and no kernel thread outside QEMU's cgroup.
+  if (s.nic) args.push('-netdev', `tap,id=net0,ifname=${s.nic.tap},script=no,downscript=no,vhost=off`, '-device', 'virtio-net-device,netdev=net0');
   args.push('-qmp', `unix:${s.qmpSocket},server=on,wait=off`);
   return args;
 }
 
 /**
  * Starts QEMU in its own session (it outlives a worker process that stops without
- * stopping it), console output to `consoleLog`.
+ * stopping it), console output to `consoleLog`; with a NIC, inside the sandbox's network
+ * namespace (nsenter execs QEMU: the pid is QEMU's). `prefix` runs first and execs the
+ * rest (the cgroup placement, cgroup.ts), so the pid stays QEMU's.
  */
-export function startQemu(spec: QemuSpec, consoleLog: string): ChildProcess {
+export function startQemu(spec: QemuSpec, consoleLog: string, prefix: readonly string[] = []): ChildProcess {
   const log = fs.openSync(consoleLog, 'a');
   try {
-    const child = spawn(spec.qemuBinary, qemuArgs(spec), { stdio: ['ignore', log, log], detached: true });
+    const command = [...prefix, ...(spec.nic ? ['nsenter', `--net=/run/netns/${spec.nic.netns}`, '--'] : []), spec.qemuBinary, ...qemuArgs(spec)];
+    const child = spawn(command[0]!, command.slice(1), { stdio: ['ignore', log, log], detached: true });
     child.unref();
     return child;
   } finally {

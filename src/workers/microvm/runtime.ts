@@ -3,11 +3,14 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
-import { RollboxError } from '../../api/index.ts';
+import { RollboxError, type NetworkPolicy } from '../../api/index.ts';
+import type { SandboxNetworks } from '../network/index.ts';
 import type { RuntimeLogger, SandboxRuntime, SandboxRuntimeSpec } from '../runtime/index.ts';
 import type { Accelerator } from './accelerator.ts';
 import { openVmChannel, type VmChannel } from './channel.ts';
 import { attachInVm, execInVm, execRawInVm, type VmCommandTarget } from './exec.ts';
+import { inCgroupPrefix, makeVmCgroup, removeVmCgroup, removeVmCgroupParents, vmCgroupRel } from './cgroup.ts';
+import { attachVmNetwork, netnsPathOf, nicPolicy, releaseVmNetwork, VM_BRIDGE, VM_TAP, vmNetnsOf } from './net.ts';
 import { isQemuPid, startQemu } from './qemu.ts';
 
 const run = promisify(execFile);
@@ -15,6 +18,8 @@ const run = promisify(execFile);
 export interface MicroVmRuntimeDeps {
   /** Everything of this runtime lives here: one directory per sandbox (disk, sockets, console log). */
   dataDir: string;
+  /** The VMMs' cgroups go under `rollbox-vm[-besteffort]/<nodeId>/` (cgroup.ts). */
+  nodeId: string;
   qemuBinary: string;
   accelerator: Accelerator;
   kernel: string;
@@ -23,6 +28,8 @@ export interface MicroVmRuntimeDeps {
   tscKhz?: number;
   /** From QEMU's start until the guest's init answers. */
   bootTimeoutMs: number;
+  /** Sandbox networking, shared with the container runtime (one pool, one host table); without it only mode none. */
+  network?: SandboxNetworks;
   logger?: RuntimeLogger;
 }
 
@@ -36,6 +43,7 @@ export const MIN_GUEST_MEMORY_MIB = 128;
 
 interface Vm extends VmCommandTarget {
   dir: string;
+  file: VmFile;
   layers: string[];
   pid: number;
   channel: VmChannel;
@@ -50,6 +58,9 @@ interface VmFile {
   user?: string;
   /** Layer digests, base first. */
   layers: string[];
+  /** The current stage's network policy; `nic`: the VM was started with a NIC (mode allowlist at create). */
+  network?: NetworkPolicy;
+  nic?: boolean;
 }
 
 export interface MicroVmRuntime extends SandboxRuntime {
@@ -99,12 +110,15 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     if (file) await kill(file.pid);
     if (vm) await kill(vm.pid);
     vms.delete(id);
+    // QEMU is gone, so is every user of the namespace: veth, lease, chain, then the namespace.
+    await releaseVmNetwork(deps.network, id);
+    await removeVmCgroup(deps.nodeId, id);
     await fs.rm(dir, { recursive: true, force: true });
   };
   const adopt = async (id: string, file: VmFile): Promise<Vm> => {
     const dir = dirOf(id);
     const channel = await openVmChannel(path.join(dir, 'agent.sock'), path.join(dir, 'init.sock'), 2000);
-    const vm: Vm = { sandboxId: id, dir, layers: file.layers, pid: file.pid, channel, stopping: false, initSocket: channel.initSocket, env: file.env, workdir: file.workdir, ...(file.user ? { user: file.user } : {}), live: new Map() };
+    const vm: Vm = { sandboxId: id, dir, file, layers: file.layers, pid: file.pid, channel, stopping: false, initSocket: channel.initSocket, env: file.env, workdir: file.workdir, ...(file.user ? { user: file.user } : {}), live: new Map() };
     vms.set(id, vm);
     watch(id, vm);
     return vm;
@@ -116,7 +130,6 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     pidOf: (id) => vms.get(id)?.pid,
     async create(spec: SandboxRuntimeSpec) {
       if (vms.has(spec.sandboxId)) return;
-      if (spec.network && spec.network.mode !== 'none') throw unsupported('give a sandbox a network (network.mode allowlist)');
       if (spec.hiddenPaths.length) throw unsupported('hide paths (hiddenPaths)');
       if (spec.restoreUpper) throw unsupported('wake a hibernated sandbox');
       if (spec.lowPriority) throw unsupported('keep warm pools');
@@ -131,17 +144,22 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
         await fs.writeFile(diskImage, '');
         await fs.truncate(diskImage, spec.resources.diskMiB * 1024 * 1024);
         await run('mkfs.ext4', ['-q', '-F', '-E', 'lazy_itable_init=1,lazy_journal_init=1', diskImage]);
+        const nic = await attachVmNetwork(deps.network, spec.sandboxId, spec.network);
         const vcpus = Math.min(os.availableParallelism(), Math.max(1, Math.ceil(spec.resources.cpuMillis / 1000)));
+        const cgroup = await makeVmCgroup(vmCgroupRel(deps.nodeId, spec.sandboxId, spec.class), spec.resources, spec.class, vcpus, spec.resources.memoryMiB);
         const child = startQemu(
           {
             qemuBinary: deps.qemuBinary, accelerator: deps.accelerator, kernel: deps.kernel, initramfs: deps.initramfs,
             layerImages: spec.layerImages.map((l) => ({ imagePath: l.imagePath, ...(l.blobPath ? { blobPath: l.blobPath } : {}) })), diskImage, vcpus, memoryMiB: spec.resources.memoryMiB,
             agentSocket: path.join(dir, 'agent.sock'), qmpSocket: path.join(dir, 'qmp.sock'), ...(deps.tscKhz ? { tscKhz: deps.tscKhz } : {}),
+            ...(nic ? { nic: { netns: nic.netns, tap: VM_TAP, address: nic.address, gateway: nic.gateway } } : {}),
+            pids: spec.resources.pids,
           },
           path.join(dir, 'console.log'),
+          inCgroupPrefix(cgroup, spec.class),
         );
         if (!child.pid) throw new Error('QEMU did not start');
-        const file: VmFile = { pid: child.pid, layers: spec.layerImages.map((l) => l.digest), env: spec.env, workdir: spec.workdir, ...(spec.user ? { user: spec.user } : {}) };
+        const file: VmFile = { pid: child.pid, layers: spec.layerImages.map((l) => l.digest), env: spec.env, workdir: spec.workdir, ...(spec.user ? { user: spec.user } : {}), ...(spec.network ? { network: spec.network } : {}), ...(nic ? { nic: true } : {}) };
         await fs.writeFile(path.join(dir, 'vm.json'), JSON.stringify(file));
         const vm = await adopt(spec.sandboxId, file).catch(async (err: Error) => {
           throw new Error(`${err.message}; console: ${await consoleTail(dir)}`);
@@ -149,6 +167,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
         await vm.channel.ready(deps.bootTimeoutMs).catch(async (err: Error) => {
           throw new Error(`${err.message}; console: ${await consoleTail(dir)}`);
         });
+        cgroup.settle();
       } catch (err) {
         await remove(spec.sandboxId);
         if (err instanceof RollboxError) throw err;
@@ -178,8 +197,18 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
       throw unsupported('take a sandbox from a warm pool');
     },
     destroy: (id) => remove(id),
-    applyPolicy: async () => {
-      throw unsupported('change a running sandbox\'s policy (task stages)');
+    async applyPolicy(id, change) {
+      const vm = vmOf(id);
+      if (change.hiddenPaths?.length) throw unsupported('hide paths (hiddenPaths)');
+      const network = change.network ?? vm.file.network ?? { mode: 'none', allow: [] };
+      if (change.network) {
+        // A virtio-mmio NIC cannot be added to a running microvm machine.
+        if (network.mode === 'allowlist' && !vm.file.nic) throw unsupported('give a network to a sandbox created without one (network.mode none at create)');
+        if (vm.file.nic) await deps.network!.apply(id, netnsPathOf(vmNetnsOf(id)), nicPolicy(network), { bridge: VM_BRIDGE });
+        vm.file = { ...vm.file, network };
+        await fs.writeFile(path.join(vm.dir, 'vm.json'), JSON.stringify(vm.file));
+      }
+      return { network, hiddenPaths: [] };
     },
     pause: async () => {
       throw unsupported('pause');
@@ -216,6 +245,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
         if (keep.has(id) && file && isQemuPid(file.pid, deps.qemuBinary)) {
           try {
             await adopt(id, file);
+            if (file.nic && file.network) await deps.network?.adopt(id, netnsPathOf(vmNetnsOf(id)), nicPolicy(file.network), { bridge: VM_BRIDGE });
             adopted.push(id);
             continue;
           } catch (err) {
@@ -225,6 +255,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
         await remove(id);
         removed.push(id);
       }
+      if (vms.size === 0) await removeVmCgroupParents(deps.nodeId);
       // Sandboxes this runtime does not know are the container runtime's to report.
       return { adopted, removed, missing: [] };
     },

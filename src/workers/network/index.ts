@@ -1,19 +1,15 @@
 import { createHash } from 'node:crypto';
-import { readFile, writeFile } from 'node:fs/promises';
-import os from 'node:os';
+import { writeFile } from 'node:fs/promises';
 import { RollboxError, type NetworkPolicy } from '../../api/index.ts';
 import { runTool, runToolOk } from '../../proc/index.ts';
 import { DnsResponder } from './dns.ts';
 import { HostFirewall } from './host-firewall.ts';
 import { AddressLeases } from './leases.ts';
+import { blockedRanges, resolvePolicy } from './resolve.ts';
 import {
-  ALWAYS_BLOCKED_V4,
   allows,
   ipv4Range,
-  mergeRanges,
   normalizeCidr,
-  parseIpv4,
-  parsePortSpec,
   poolSlots,
   renderHostBase,
   renderHostSandboxChain,
@@ -52,6 +48,20 @@ interface Attached {
   /** The sandbox's network namespace (`/proc/<init pid>/ns/net`). */
   netns: string;
   dns: DnsResponder;
+  /** A microVM's network: the sandbox end is a port of this bridge in the namespace (see ApplyOptions). */
+  bridge?: string;
+}
+
+export interface ApplyOptions {
+  /** The self-test's own probe: applied even while the self-test fails. */
+  probe?: boolean;
+  /**
+   * A microVM's namespace: the veth's sandbox end becomes a port of this bridge (which
+   * holds the VM's tap) instead of taking the address itself; the guest holds the
+   * address, with the same gateway and resolver a container gets. Such sandboxes are the
+   * microVM runtime's: `reconcile` (the container runtime's) leaves them alone.
+   */
+  bridge?: string;
 }
 
 /** A sandbox's network namespace: its init's pid, or a namespace path (the self-test's probe). */
@@ -118,18 +128,18 @@ export class SandboxNetworks {
    * `netns` is the container's init (its network namespace). Idempotent. Refused while
    * the self-test fails, except for the self-test's own probe.
    */
-  async apply(sandboxId: string, netns: NetnsRef, policy: NetworkPolicy, options: { probe?: boolean } = {}): Promise<void> {
+  async apply(sandboxId: string, netns: NetnsRef, policy: NetworkPolicy, options: ApplyOptions = {}): Promise<void> {
     const ns = netnsPath(netns);
     if (policy.mode === 'none') {
       if (this.attached.has(sandboxId)) await this.detach(sandboxId, ns);
       return;
     }
     if (this.failing && !options.probe) throw new RollboxError('network_unavailable', `sandbox networking does not work on this worker host: ${this.failing}`, 30);
-    const { rules, names } = await this.resolve(policy);
-    const blocked = await this.blockedRanges();
+    const { rules, names } = await resolvePolicy(policy, this.deps.resolveHost);
+    const blocked = await blockedRanges(this.deps.blockedCidrs ?? [], this.poolCidr);
     const net = this.attached.get(sandboxId);
     if (!net) {
-      (await this.attach(sandboxId, ns, rules, blocked)).dns.setNames(names);
+      (await this.attach(sandboxId, ns, rules, blocked, options.bridge)).dns.setNames(names);
       return;
     }
     await this.nft(renderHostSandboxChain(this.table, net.veth, net.slot.sandboxAddress, rules));
@@ -154,7 +164,13 @@ export class SandboxNetworks {
     return this.firewall.diagnose();
   }
 
-  private async attach(sandboxId: string, netns: string, rules: ResolvedRule[], blocked: [number, number][]): Promise<Attached> {
+  /** The sandbox's addresses (its own and its gateway's, the resolver), when it has a network. */
+  addressOf(sandboxId: string): { sandboxAddress: string; hostAddress: string } | undefined {
+    const slot = this.attached.get(sandboxId)?.slot;
+    return slot && { sandboxAddress: slot.sandboxAddress, hostAddress: slot.hostAddress };
+  }
+
+  private async attach(sandboxId: string, netns: string, rules: ResolvedRule[], blocked: [number, number][], bridge?: string): Promise<Attached> {
     await this.ensureBase();
     const slot = await this.claimSlot(sandboxId);
     const veth = vethOf(sandboxId);
@@ -173,16 +189,16 @@ export class SandboxNetworks {
         `ip -batch - <<'EOF'`,
         // The peer is created in the worker's own network namespace (the host's).
         `link add eth0 type veth peer name ${veth} netns ${process.pid}`,
-        `addr add ${slot.sandboxAddress}/30 dev eth0`,
-        'link set eth0 up',
-        `route add default via ${slot.hostAddress} dev eth0 onlink`,
+        ...(bridge
+          ? [`link set eth0 master ${bridge}`, 'link set eth0 up']
+          : [`addr add ${slot.sandboxAddress}/30 dev eth0`, 'link set eth0 up', `route add default via ${slot.hostAddress} dev eth0 onlink`]),
         'EOF',
       ].join('\n');
       await must('nsenter', [`--net=${netns}`, '--', 'sh', '-c', script], ruleset);
       await writeFile(`/proc/sys/net/ipv6/conf/${veth}/disable_ipv6`, '1').catch(() => undefined);
       await must('ip', ['-batch', '-'], `addr add ${slot.hostAddress}/30 dev ${veth}\nlink set ${veth} up\n`);
       const dns = await DnsResponder.start(slot.hostAddress, slot.sandboxAddress, (err) => this.log?.warn({ sandboxId, err: String(err) }, 'dns responder error'));
-      const net = { slot, veth, netns, dns };
+      const net: Attached = { slot, veth, netns, dns, ...(bridge ? { bridge } : {}) };
       this.attached.set(sandboxId, net);
       return net;
     } catch (err) {
@@ -234,18 +250,14 @@ export class SandboxNetworks {
     const removed: string[] = [];
     const leases = await this.leases.all();
     for (const sandboxId of [...leases.keys()]) {
-      if (live.get(sandboxId)?.policy.mode === 'allowlist') continue;
+      if (live.get(sandboxId)?.policy.mode === 'allowlist' || this.attached.get(sandboxId)?.bridge) continue;
       await this.release(sandboxId);
       removed.push(sandboxId);
     }
     for (const [id, { pid, policy }] of live) {
       const index = leases.get(id);
       if (policy.mode !== 'allowlist' || this.attached.has(id) || index === undefined) continue;
-      await this.ensureBase();
-      const slot = slotOf(this.poolCidr, index);
-      const dns = await DnsResponder.start(slot.hostAddress, slot.sandboxAddress, (err) => this.log?.warn({ sandboxId: id, err: String(err) }, 'dns responder error'));
-      this.attached.set(id, { slot, veth: vethOf(id), netns: netnsPath(pid), dns });
-      await this.apply(id, pid, policy);
+      await this.adoptLeased(id, index, pid, policy);
     }
     // Host chains whose lease is gone (a crash between the two).
     const keepVeths = new Set([...this.attached.keys()].map(vethOf));
@@ -268,6 +280,26 @@ export class SandboxNetworks {
     return { removed };
   }
 
+  /**
+   * A microVM's network after a worker restart (its runtime's reconcile): rules and DNS
+   * responder back on its lease. False when it has no lease here (it never had a network).
+   */
+  async adopt(sandboxId: string, netns: NetnsRef, policy: NetworkPolicy, options: ApplyOptions = {}): Promise<boolean> {
+    if (this.attached.has(sandboxId)) return true;
+    const index = (await this.leases.all()).get(sandboxId);
+    if (policy.mode !== 'allowlist' || index === undefined) return false;
+    await this.adoptLeased(sandboxId, index, netns, policy, options.bridge);
+    return true;
+  }
+
+  private async adoptLeased(sandboxId: string, index: number, netns: NetnsRef, policy: NetworkPolicy, bridge?: string): Promise<void> {
+    await this.ensureBase();
+    const slot = slotOf(this.poolCidr, index);
+    const dns = await DnsResponder.start(slot.hostAddress, slot.sandboxAddress, (err) => this.log?.warn({ sandboxId, err: String(err) }, 'dns responder error'));
+    this.attached.set(sandboxId, { slot, veth: vethOf(sandboxId), netns: netnsPath(netns), dns, ...(bridge ? { bridge } : {}) });
+    await this.apply(sandboxId, netns, policy);
+  }
+
   private async tableExists(): Promise<boolean> {
     return (await run('nft', ['list', 'table', 'inet', this.table])).code === 0;
   }
@@ -281,48 +313,13 @@ export class SandboxNetworks {
       // Forwarding is needed for any sandbox traffic to leave the host; what may be
       // forwarded from a sandbox is decided by the chains below.
       await this.firewall.enableForwarding();
-      await this.nft(renderHostBase({ table: this.table, poolCidr: this.poolCidr, blocked: await this.blockedRanges() }));
+      await this.nft(renderHostBase({ table: this.table, poolCidr: this.poolCidr, blocked: await blockedRanges(this.deps.blockedCidrs ?? [], this.poolCidr) }));
       await this.firewall.ensure();
     })().catch((err: unknown) => {
       this.baseReady = undefined;
       throw err;
     });
     return this.baseReady;
-  }
-
-  /** Always blocked: the fixed list, configured extras, the pool (other sandboxes), every address of this host. */
-  private async blockedRanges(): Promise<[number, number][]> {
-    // The host's addresses, read now without spawning anything: those the kernel delivers
-    // locally (the LOCAL /32s of the routing trie, down links included) and getifaddrs.
-    const hostAddrs = Object.values(os.networkInterfaces()).flatMap((addrs) => (addrs ?? []).filter((a) => a.family === 'IPv4').map((a) => a.address));
-    let last = '';
-    for (const line of (await readFile('/proc/net/fib_trie', 'utf8').catch(() => '')).split('\n')) {
-      const leaf = /\|-- (\d+\.\d+\.\d+\.\d+)$/.exec(line);
-      if (leaf) last = leaf[1]!;
-      else if (/\/32 host LOCAL/.test(line) && last) hostAddrs.push(last);
-    }
-    const cidrs = [...ALWAYS_BLOCKED_V4, ...(this.deps.blockedCidrs ?? []), this.poolCidr, ...hostAddrs];
-    return mergeRanges(cidrs.map((c) => ipv4Range(c)).filter((r): r is [number, number] => !!r));
-  }
-
-  private async resolve(policy: NetworkPolicy): Promise<{ rules: ResolvedRule[]; names: Map<string, string[]> }> {
-    const rules: ResolvedRule[] = [];
-    const names = new Map<string, string[]>();
-    for (const entry of policy.allow) {
-      const ports = entry.ports?.map((p) => parsePortSpec(p)).filter((p): p is [number, number] => !!p);
-      const add = (cidr: string) => rules.push({ cidr, ports, protocol: entry.protocol });
-      if (entry.cidr !== undefined) {
-        // IPv6 entries have no effect: sandboxes have no IPv6.
-        const cidr = normalizeCidr(entry.cidr);
-        if (cidr) add(cidr);
-        continue;
-      }
-      const host = entry.host!.toLowerCase();
-      const ips = (await this.deps.resolveHost(host).catch(() => [] as string[])).filter((ip) => parseIpv4(ip) !== undefined);
-      names.set(host, [...new Set([...(names.get(host) ?? []), ...ips])]);
-      for (const ip of ips) add(`${ip}/32`);
-    }
-    return { rules, names };
   }
 
   /** Reset the sandbox's open TCP connections (`ss -tnH state established` output) whose peer the policy no longer allows. */

@@ -10,7 +10,8 @@
  * execs rollbox-init in the new root with its listening socket as fd 3: the same init,
  * the same protocol as a container's.
  *
- * Kernel command line: rollbox.layers=N (how many layer disks).
+ * Kernel command line: rollbox.layers=N (how many layer disks), rollbox.blobs=, and
+ * rollbox.net=ADDR/N,GW when the sandbox has a network (net.c), rollbox.pids=N (limits.c).
  */
 #define _GNU_SOURCE
 #include "vminit.h"
@@ -143,7 +144,7 @@ static int open_port(void) {
 }
 
 /* rollbox.blobs=: one 0 or 1 per layer, base first: whether its data is a blob disk of its own. */
-static void cmdline_str(const char *key, char *val, size_t len) {
+void vm_cmdline_str(const char *key, char *val, size_t len) {
   char buf[4096] = {0};
   val[0] = 0;
   int fd = open("/proc/cmdline", O_RDONLY);
@@ -163,7 +164,7 @@ static void cmdline_str(const char *key, char *val, size_t len) {
 static void mount_root(void) {
   int layers = cmdline_int("rollbox.layers", 1);
   char blobs[80];
-  cmdline_str("rollbox.blobs", blobs, sizeof blobs);
+  vm_cmdline_str("rollbox.blobs", blobs, sizeof blobs);
   if (layers < 1 || layers > 64) vm_die("rollbox.layers");
   char lower[64 * 16 + 1] = {0};
   for (int i = layers - 1; i >= 0; i--) {
@@ -253,6 +254,7 @@ int main(void) {
   mount_root();
   make_dev();
   bind_tools();
+  vm_net_setup();
   int port = open_port();
   mkdir("/run", 0700);
   int lfd = socket(AF_UNIX, SOCK_STREAM, 0);
@@ -267,6 +269,8 @@ int main(void) {
     mux_main(port);
   }
   close(port);
+  /* After the fork: the multiplexer stays outside the sandbox's pids limit. */
+  vm_limits_setup();
   if (dup2(lfd, 3) < 0) vm_die("dup2");
   if (lfd != 3) close(lfd);
   for (int fd = 4; fd < 64; fd++) close(fd);

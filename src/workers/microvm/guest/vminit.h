@@ -35,6 +35,12 @@ enum {
 
 void vm_log(const char *fmt, ...);
 __attribute__((noreturn)) void vm_die(const char *what);
+/* `key=value` of the kernel command line into `val` (empty when absent). */
+void vm_cmdline_str(const char *key, char *val, size_t len);
+/* Loopback, and the NIC when the command line has rollbox.net= (net.c). */
+void vm_net_setup(void);
+/* PID 1 into the sandbox's cgroup with its pids limit, from rollbox.pids= (limits.c). */
+void vm_limits_setup(void);
 /* The multiplexer's loop over the port `port_fd`; never returns. */
 __attribute__((noreturn)) void mux_main(int port_fd);
 

@@ -1,0 +1,153 @@
+import { execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
+import { startTargetNetns, type TargetNetns } from './support/target-netns.ts';
+import { qemuPidsUnder } from './support/qemu.ts';
+
+/**
+ * The microVM tier's network: a tap in the sandbox's own network namespace, bridged to the
+ * same veth, host chain, NAT and DNS responder a container gets. Every probe goes to a
+ * namespace this test made (the "target"), never anywhere else.
+ */
+const PORT_A = 7101;
+const PORT_B = 7102;
+const HOLD_PORT = 7103;
+const NODE = 'node-vmnet';
+
+let cluster: TestCluster;
+let token: string;
+let target: TargetNetns;
+
+beforeAll(async () => {
+  target = await startTargetNetns({ subnet: 96, holdPort: HOLD_PORT, ports: [PORT_A, PORT_B] });
+  cluster = await startTestCluster({ workers: [{ nodeId: NODE }], env: { ROLLBOX_NET_STATIC_HOSTS: `allowed.name=${target.address}` } });
+  token = await cluster.token('vmnet-team', ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'sandbox:policy']);
+}, 60_000);
+
+afterAll(async () => {
+  await cluster?.stop();
+  await target?.stop();
+  expect(qemuPidsUnder(cluster.rootDir)).toEqual([]);
+  // Nothing of the VMs' networking is left: no namespace, no veth, no tap, no host table.
+  expect(execFileSync('ip', ['netns', 'list'], { encoding: 'utf8' })).not.toMatch(/rbvm-/);
+  expect(execFileSync('ip', ['-o', 'link'], { encoding: 'utf8' })).not.toMatch(/\brb[0-9a-f]{13}\b|tap0/);
+  expect(execFileSync('nft', ['list', 'tables'], { encoding: 'utf8' })).not.toContain(`rollbox-${NODE}`);
+}, 60_000);
+
+const createVm = async (network: object) => {
+  const created = await api(cluster, token, 'POST', '/v1/sandboxes', { tier: 'microvm', resources: { memoryMiB: 256, cpuMillis: 1000 }, network });
+  expect(created.status, JSON.stringify(created.body)).toBe(201);
+  return created.body.id as string;
+};
+const sh = async (id: string, cmd: string): Promise<{ exitCode: number; stdout: string; stderr: string }> => {
+  const r = await api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, { cmd, timeoutMs: 20_000 });
+  expect(r.status, JSON.stringify(r.body)).toBe(200);
+  return r.body;
+};
+/** Whether a TCP connection from the guest gets the target's greeting (nc gives up after 3 s). */
+const reaches = async (id: string, host: string, port: number) => (await sh(id, `echo | nc -w 3 ${host} ${port}`)).stdout.includes(`hello ${port}`);
+const policyTo = (ports: number[]) => ({ mode: 'allowlist', allow: [{ cidr: `${target.address}/32`, ports }] });
+
+describe('microVM network', () => {
+  it('mode none: no network interface at all, only loopback', async () => {
+    const id = await createVm({ mode: 'none', allow: [] });
+    expect((await sh(id, 'ls /sys/class/net | tr "\\n" " "')).stdout.trim()).toBe('lo');
+    expect(execFileSync('ip', ['netns', 'list'], { encoding: 'utf8' })).not.toMatch(/rbvm-/);
+    // A NIC cannot be added to a running microvm machine: the stage change says so.
+    const patched = await api(cluster, token, 'PATCH', `/v1/sandboxes/${id}/policy`, { network: policyTo([PORT_A]) });
+    expect(patched.body.error?.code, JSON.stringify(patched.body)).toBe('tier_unsupported');
+    expect((await api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`)).status).toBe(200);
+  }, 90_000);
+
+  it('allowlist: the guest sees a container\'s view, reaches the listed address and port only, and a stage change applies', async () => {
+    // By address, and by a name the platform's resolver answers (the same address).
+    const id = await createVm({ mode: 'allowlist', allow: [{ cidr: `${target.address}/32`, ports: [PORT_A] }, { host: 'allowed.name', ports: [PORT_A] }] });
+    const view = await sh(id, 'ip -4 -o addr show eth0; ip route; cat /etc/resolv.conf; ls /sys/class/net | tr "\\n" " "');
+    const address = /inet (10\.\d+\.\d+\.\d+)\/30/.exec(view.stdout)?.[1];
+    const gateway = /default via (\S+) dev eth0/.exec(view.stdout)?.[1];
+    expect(address, view.stdout).toBeTruthy();
+    expect(view.stdout).toContain(`nameserver ${gateway}`);
+    expect(view.stdout).toMatch(/eth0 lo/);
+    console.log(`guest network: ${address} via ${gateway}`);
+
+    let t = Date.now();
+    expect(await reaches(id, target.address, PORT_A)).toBe(true);
+    console.log(`allowed connection ${Date.now() - t} ms`);
+    // Masqueraded like a container's: the target sees a host address, never the pool's.
+    const seen = target.connections(PORT_A, target.address);
+    expect(seen.length).toBeGreaterThan(0);
+    expect(seen.at(-1)!.from).not.toBe(address);
+    t = Date.now();
+    expect(await reaches(id, target.address, PORT_B)).toBe(false);
+    expect(await reaches(id, target.otherAddress, PORT_A)).toBe(false);
+    console.log(`two refused connections ${Date.now() - t} ms`);
+    expect(target.connections(PORT_B)).toEqual([]);
+    expect(target.connections(PORT_A, target.otherAddress)).toEqual([]);
+    // The platform resolver answers the allowlist's names only.
+    const dns = await sh(id, 'nslookup allowed.name; nslookup leak.example.com; true');
+    expect(dns.stdout).toContain(target.address);
+    expect(dns.stdout + dns.stderr).toMatch(/NXDOMAIN|can't find/);
+
+    // Task stage: port B instead of A.
+    const patched = await api(cluster, token, 'PATCH', `/v1/sandboxes/${id}/policy`, { network: policyTo([PORT_B]) });
+    expect(patched.status, JSON.stringify(patched.body)).toBe(200);
+    expect(await reaches(id, target.address, PORT_B)).toBe(true);
+    expect(await reaches(id, target.address, PORT_A)).toBe(false);
+    // And to none: the NIC stays with its address (nothing passes), so a later stage opens it again.
+    expect((await api(cluster, token, 'PATCH', `/v1/sandboxes/${id}/policy`, { network: { mode: 'none', allow: [] } })).status).toBe(200);
+    expect(await reaches(id, target.address, PORT_B)).toBe(false);
+    expect((await api(cluster, token, 'PATCH', `/v1/sandboxes/${id}/policy`, { network: policyTo([PORT_A]) })).status).toBe(200);
+    expect(await reaches(id, target.address, PORT_A)).toBe(true);
+
+    const netns = fs.readdirSync('/run/netns').filter((n) => n.startsWith('rbvm-'));
+    expect(netns).toHaveLength(1);
+    expect((await api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`)).status).toBe(200);
+    expect(fs.readdirSync('/run/netns').filter((n) => n.startsWith('rbvm-'))).toEqual([]);
+    expect(execFileSync('ip', ['-o', 'link'], { encoding: 'utf8' })).not.toMatch(/\brb[0-9a-f]{13}\b/);
+  }, 180_000);
+
+  it('a restarted worker adopts a live VM\'s network (rules, resolver, stages) and removes a dead one\'s', async () => {
+    // A long lost-after so the janitor does not end the sandboxes while their worker is down.
+    const other = await startTestCluster({ env: { ROLLBOX_NET_STATIC_HOSTS: `allowed.name=${target.address}`, ROLLBOX_NODE_LOST_AFTER_MS: '60000' } });
+    const node = 'node-vmnet2';
+    try {
+      const otherToken = await other.token('vmnet-team', ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'sandbox:policy', 'admin']);
+      const child = await other.spawnWorker({ nodeId: node });
+      await waitFor('the spawned worker', async () => (await api(other, otherToken, 'GET', '/v1/nodes')).body.nodes?.length === 1, 30_000);
+      const network = { mode: 'allowlist', allow: [{ host: 'allowed.name', ports: [PORT_A] }] };
+      const create = async () => {
+        const created = await api(other, otherToken, 'POST', '/v1/sandboxes', { tier: 'microvm', resources: { memoryMiB: 192, cpuMillis: 1000 }, network });
+        expect(created.status, JSON.stringify(created.body)).toBe(201);
+        return created.body.id as string;
+      };
+      const [kept, dead] = [await create(), await create()];
+      const run = async (id: string, cmd: string) => (await api(other, otherToken, 'POST', `/v1/sandboxes/${id}/exec`, { cmd, timeoutMs: 20_000 })).body.stdout as string;
+      expect(await run(kept, `echo | nc -w 3 allowed.name ${PORT_A}`)).toContain(`hello ${PORT_A}`);
+      const leases = () => fs.readdirSync('/run/rollbox/net').filter((f) => fs.readFileSync(`/run/rollbox/net/${f}`, 'utf8').startsWith(`${node} `));
+      expect(leases()).toHaveLength(2);
+
+      const exited = new Promise((r) => child.once('close', r));
+      child.kill('SIGKILL');
+      await exited;
+      // One VMM dies while no worker watches: its namespace, veth, lease and chain stay behind.
+      const deadPid = Number(JSON.parse(fs.readFileSync(`${other.rootDir}/${node}/worker/microvm/${dead}/vm.json`, 'utf8')).pid);
+      process.kill(deadPid, 'SIGKILL');
+      await waitFor('the dead VMM', async () => qemuPidsUnder(other.rootDir).length === 1);
+
+      await other.addWorker({ nodeId: node });
+      expect(leases()).toHaveLength(1);
+      expect(fs.readdirSync('/run/netns').filter((n) => n.startsWith('rbvm-'))).toHaveLength(1);
+      expect((await api(other, otherToken, 'GET', `/v1/sandboxes/${dead}`)).body.state).toBe('failed');
+      // The adopted VM: rules intact, the platform resolver answers again, a stage change applies.
+      expect(await run(kept, `echo | nc -w 3 allowed.name ${PORT_A}`)).toContain(`hello ${PORT_A}`);
+      expect(await run(kept, `echo | nc -w 3 ${target.address} ${PORT_B}`)).not.toContain('hello');
+      expect((await api(other, otherToken, 'PATCH', `/v1/sandboxes/${kept}/policy`, { network: policyTo([PORT_B]) })).status).toBe(200);
+      expect(await run(kept, `echo | nc -w 3 ${target.address} ${PORT_B}`)).toContain(`hello ${PORT_B}`);
+    } finally {
+      await other.stop();
+    }
+    expect(qemuPidsUnder(other.rootDir)).toEqual([]);
+    expect(fs.readdirSync('/run/netns').filter((n) => n.startsWith('rbvm-'))).toEqual([]);
+  }, 180_000);
+});
