@@ -651,6 +651,7 @@ try {
                 bars: [
                   { label: 'skopeo copy to dir:', value: pull.skopeoMBps },
                   { label: 'rollbox client, blobs only', value: pull.transferMBps },
+                  { label: 'inflating the blobs alone', value: pull.inflateMBps },
                   { label: 'rollbox image pull', value: pull.pullMBps },
                   { label: 'image pull by extraction', value: round(pull.blobMB / (pull.pullExtractMs / 1000)) },
                 ],
@@ -691,7 +692,7 @@ try {
         storedRatio: round(storedBytesLayered / storedBytesFlattened),
         ...(real ? { realPair: real } : {}),
         ...(pull ? { pull } : {}),
-        note: 'MB = 1e6 bytes of uncompressed layer tars (image A); floor = mkfs.erofs (rollbox flags) of the same layers extracted with tar -xf, same run; ratioToFloor = import MB/s / floor mkfs MB/s (ratioToExtractMkfsFloor: / tar -xf + mkfs); stored* = EROFS bytes of both images, distinct layers vs one flattened layer each; pull: MB/s of image A\'s compressed blobs from a loopback registry: skopeo copy to dir: (floor), rollbox\'s client reading the blobs (transfer), rollbox image pull end to end (transfer + EROFS build, a fresh cluster), EROFS written from the tar stream (default) and built by extraction (ROLLBOX_LAYER_BUILD=extract, trees on a tmpfs, then mkfs.erofs); diskWritten = the gateway process\'s write_bytes during the pull (the store\'s files, and its reaped mkfs.erofs children)',
+        note: 'MB = 1e6 bytes of uncompressed layer tars (image A); floor = mkfs.erofs (rollbox flags) of the same layers extracted with tar -xf, same run; ratioToFloor = import MB/s / floor mkfs MB/s (ratioToExtractMkfsFloor: / tar -xf + mkfs); stored* = EROFS bytes of both images, distinct layers vs one flattened layer each; pull: MB/s of image A\'s compressed blobs from a loopback registry: skopeo copy to dir: (floor), rollbox\'s client reading the blobs (transfer), inflating them alone (zlib, a floor for gzip layers), rollbox image pull end to end (transfer + EROFS build, a fresh cluster), EROFS written from the tar stream (default) and built by extraction (ROLLBOX_LAYER_BUILD=extract, trees on a tmpfs, then mkfs.erofs); diskWritten = the gateway process\'s write_bytes during the pull (the store\'s files, and its reaped mkfs.erofs children)',
         chart,
       }),
     );
