@@ -106,10 +106,31 @@ describe('microVM tier', () => {
     expect(probe.body.stdout).toContain('\u0014\u0000\u0000\u0000\u0008');
   }, 30_000);
 
-  it('answers what the tier cannot do yet with a coded error naming it', async () => {
+  it('pauses the whole VM (its processes stop counting) and resumes it', async () => {
+    const started = await exec(id, { argv: ['sh', '-c', 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done'], background: true });
+    expect(started.status, JSON.stringify(started.body)).toBeLessThan(300);
+    const count = async (): Promise<number> => Number((await exec(id, { argv: ['cat', '/tmp/count'] })).body.stdout);
+    await waitFor('the counter counts', async () => (await count()) > 3);
+    const [c0, t0] = [await count(), Date.now()];
+    await new Promise((r) => setTimeout(r, 1000));
+    const [c1, t1] = [await count(), Date.now()];
+    const perSecond = ((c1 - c0) * 1000) / (t1 - t0);
     const paused = await api(cluster, token, 'POST', `/v1/sandboxes/${id}/pause`, { mode: 'freeze' });
-    expect(paused.body.error?.code, JSON.stringify(paused.body)).toBe('tier_unsupported');
-    expect(paused.body.error.message).toContain('microvm');
+    expect(paused.body, JSON.stringify(paused.body)).toMatchObject({ state: 'paused' });
+    await new Promise((r) => setTimeout(r, 2000));
+    const resumed = await api(cluster, token, 'POST', `/v1/sandboxes/${id}/resume`, {});
+    expect(resumed.body, JSON.stringify(resumed.body)).toMatchObject({ state: 'running' });
+    // 2 s paused plus the calls: a counter that ran on would have gained 2 s worth or more.
+    const c2 = await count();
+    expect(c2 - c1, `counted ${perSecond.toFixed(1)}/s before the pause`).toBeLessThan(perSecond);
+    await waitFor('the counter counts again', async () => (await count()) > c2 + 3);
+    await api(cluster, token, 'POST', `/v1/sandboxes/${id}/commands/${started.body.commandId}/signal`, { signal: 'KILL' });
+  }, 60_000);
+
+  it('answers what the tier cannot do yet with a coded error naming it', async () => {
+    const hibernated = await api(cluster, token, 'POST', `/v1/sandboxes/${id}/pause`, { mode: 'hibernate' });
+    expect(hibernated.body.error?.code, JSON.stringify(hibernated.body)).toBe('tier_unsupported');
+    expect(hibernated.body.error.message).toContain('microvm');
     const hidden = await createVm({ hiddenPaths: ['/etc'] });
     expect(hidden.body.error?.code, JSON.stringify(hidden.body)).toBe('tier_unsupported');
     expect(hidden.body.error.message).toContain('microvm');

@@ -46,6 +46,9 @@ export interface PullArm {
   transferRatioToSkopeo: number;
   /** `rollbox image pull` end to end / skopeo (fetch plus the EROFS build skopeo does not do). */
   pullRatioToSkopeo: number;
+  /** The pull's own start to end on the gateway (its record's timestamps: no CLI start, no polling), and skopeo / that. */
+  pullOnGatewayMs: number;
+  pullOnGatewayRatioToSkopeo: number;
   /** The same pull built by extraction (ROLLBOX_LAYER_BUILD=extract, trees on a tmpfs) and mkfs.erofs. */
   pullExtractMs: number;
   /** Direct / by extraction, end-to-end speed. */
@@ -106,7 +109,7 @@ export async function pullArm(archive: string, work: string, log: (line: string)
     log(`pull arm: rollbox's client reading the blobs ${(transferMs / 1000).toFixed(2)} s, ${round(blobBytes / MB / (transferMs / 1000))} MB/s`);
 
     // Twice, each on a fresh cluster: written from the stream (the default), then built by extraction.
-    const pullOnce = async (buildEnv: Record<string, string>, label: string): Promise<{ ms: number; diskBytes: number; storeBytes: number }> => {
+    const pullOnce = async (buildEnv: Record<string, string>, label: string): Promise<{ ms: number; serverMs: number; diskBytes: number; storeBytes: number }> => {
       cluster = await startTestCluster({ env: { ROLLBOX_REGISTRY_INSECURE: registry!.host, ...buildEnv } });
       const token = await cluster.token('bench-pull', ['layer:write']);
       let record: ImageRecord | undefined;
@@ -127,11 +130,13 @@ export async function pullArm(archive: string, work: string, log: (line: string)
       const writtenBytes = processWriteBytes() - writtenBefore;
       const storeBytes = await allocatedBytes(path.join(cluster.rootDir, 'layers', 'sha256'));
       const p = record!.pull!.progress;
+      // The gateway's own start-to-end of the pull, without the CLI's start and its polling.
+      const serverMs = Date.parse(record!.pull!.finishedAt!) - Date.parse(record!.pull!.startedAt);
       if (p.layersReused !== 0 || p.bytesFetched !== blobBytes) throw new Error(`the pull reused layers or fetched ${p.bytesFetched} of ${blobBytes} bytes: not a full pull`);
-      log(`pull arm (${label}): rollbox image pull ${(ms / 1000).toFixed(2)} s, ${round(blobBytes / MB / (ms / 1000))} MB/s (${p.layersTotal} layers built), ${round(writtenBytes / MB)} MB written to disk (store ${round(storeBytes / MB)} MB)`);
+      log(`pull arm (${label}): rollbox image pull ${(ms / 1000).toFixed(2)} s, ${round(blobBytes / MB / (ms / 1000))} MB/s (${p.layersTotal} layers built; ${(serverMs / 1000).toFixed(2)} s on the gateway), ${round(writtenBytes / MB)} MB written to disk (store ${round(storeBytes / MB)} MB)`);
       await cluster.stop();
       cluster = undefined;
-      return { ms, diskBytes: writtenBytes, storeBytes };
+      return { ms, serverMs, diskBytes: writtenBytes, storeBytes };
     };
     const direct = await pullOnce({}, 'EROFS from the stream');
     const extracted = await pullOnce({ ROLLBOX_LAYER_BUILD: 'extract' }, 'by extraction, trees on a tmpfs');
@@ -153,6 +158,8 @@ export async function pullArm(archive: string, work: string, log: (line: string)
       pullMBps,
       transferRatioToSkopeo: round(transferMBps / skopeoMBps),
       pullRatioToSkopeo: round(pullMBps / skopeoMBps),
+      pullOnGatewayMs: round(direct.serverMs),
+      pullOnGatewayRatioToSkopeo: round(skopeoMs / direct.serverMs),
       pullExtractMs: round(extracted.ms),
       pullSpeedupOverExtract: round(extracted.ms / direct.ms),
       storedMB: round(direct.storeBytes / MB),

@@ -11,6 +11,7 @@ import { openVmChannel, type VmChannel } from './channel.ts';
 import { attachInVm, execInVm, execRawInVm, type VmCommandTarget } from './exec.ts';
 import { inCgroupPrefix, makeVmCgroup, removeVmCgroup, removeVmCgroupParents, vmCgroupRel } from './cgroup.ts';
 import { attachVmNetwork, netnsPathOf, nicPolicy, releaseVmNetwork, VM_BRIDGE, VM_TAP, vmNetnsOf } from './net.ts';
+import { qmpCommand } from './qmp.ts';
 import { isQemuPid, startQemu } from './qemu.ts';
 
 const run = promisify(execFile);
@@ -210,11 +211,12 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
       }
       return { network, hiddenPaths: [] };
     },
-    pause: async () => {
-      throw unsupported('pause');
+    // The whole VM stops (every vCPU; QEMU keeps its memory): the guest's processes are frozen as a container's cgroup freeze leaves them.
+    async pause(id) {
+      await qmpCommand(path.join(vmOf(id).dir, 'qmp.sock'), 'stop');
     },
-    resume: async () => {
-      throw unsupported('resume');
+    async resume(id) {
+      await qmpCommand(path.join(vmOf(id).dir, 'qmp.sock'), 'cont');
     },
     snapshot: async () => {
       throw unsupported('snapshot its writable disk (pack_diff)');
