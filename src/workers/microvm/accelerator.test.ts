@@ -40,7 +40,8 @@ describe('qemuArgs', () => {
     expect(cmdline).toContain('rollbox.layers=2');
     expect(cmdline).toContain('rollbox.blobs=10');
     expect(cmdline).toContain('tsc_early_khz=2445406');
-    expect(args.slice(0, 2)).toEqual(['-accel', 'tcg']);
+    // TCG's translation buffer capped: QEMU's 1 GiB default would be charged to the sandbox's cgroup.
+    expect(args.slice(0, 2)).toEqual(['-accel', 'tcg,tb-size=64']);
     // No NIC: network mode none.
     expect(joined).not.toMatch(/netdev|virtio-net/);
   });
