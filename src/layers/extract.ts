@@ -2,7 +2,7 @@ import { constants as fsc, chmodSync, closeSync, fchmodSync, fchownSync, futimes
 import path from 'node:path';
 import type { Readable } from 'node:stream';
 import { RollboxError } from '../api/index.ts';
-import { ImageLayerEntries } from './image-entries.ts';
+import { ImageLayerEntries, classifyImageEntry } from './image-entries.ts';
 import { readTarEntries, type ExtractLimits } from './tar-entries.ts';
 
 export type { ExtractLimits } from './tar-entries.ts';
@@ -109,119 +109,119 @@ export async function extractTarSafely(input: Readable, root: string, limits: Ex
   };
 
   await readTarEntries(input, limits, options.onTarChunk, async (entry) => {
-      const h = entry.header;
-      const comps = entryComponents(h.name, 'entry');
-      if (image) {
-        const special = image.classify(comps, h);
-        if (special.kind === 'whiteout') {
-          ensureDirs(special.comps.slice(0, -1));
-          await image.whiteout(special.comps);
-          entry.skip();
-          return;
-        }
-        if (special.kind === 'opaque') {
-          ensureDirs(special.dirComps);
-          image.opaque(special.dirComps);
-          entry.skip();
-          return;
-        }
-        image.noteXattrs(comps, h.name, h.pax as Record<string, string> | undefined);
-      } else if (comps[comps.length - 1]?.startsWith('.wh.')) {
-        refuse(`overlay whiteout ${JSON.stringify(h.name)} belongs in an image (POST /v1/images), not a layer`);
-      }
-      const mode = (h.mode ?? 0o644) & 0o7777;
-      const uid = h.uid ?? 0;
-      const gid = h.gid ?? 0;
-      const mtime = h.mtime ?? EPOCH;
-      const type = h.type ?? 'file';
-
-      if (comps.length === 0) {
-        if (type !== 'directory') refuse(`entry ${JSON.stringify(h.name)} names the layer root but is not a directory`);
-        dirs.set('', { mode, uid, gid, mtime });
+    const h = entry.header;
+    const comps = entryComponents(h.name, 'entry');
+    if (image) {
+      const special = classifyImageEntry(comps, h);
+      if (special.kind === 'whiteout') {
+        ensureDirs(special.comps.slice(0, -1));
+        await image.whiteout(special.comps);
         entry.skip();
         return;
       }
-      const rel = comps.join('/');
-      const parents = comps.slice(0, -1);
-
-      switch (type) {
-        case 'directory': {
-          ensureDirs(parents);
-          if (clearSlot(comps, true) === 'empty') mkdirSync(abs(comps), { mode: 0o755 });
-          knownDirs.add(rel);
-          dirs.set(rel, { mode, uid, gid, mtime });
-          entry.skip();
-          break;
-        }
-        case 'file':
-        case 'contiguous-file': {
-          ensureDirs(parents);
-          clearSlot(comps, false);
-          const fd = openSync(abs(comps), fsc.O_WRONLY | fsc.O_CREAT | fsc.O_EXCL | fsc.O_NOFOLLOW, 0o600);
-          try {
-            for await (const chunk of entry.contents()) {
-              let off = 0;
-              while (off < chunk.length) off += writeSync(fd, chunk, off, chunk.length - off);
-            }
-            // chown before chmod: chown clears set-id bits.
-            fchownSync(fd, uid, gid);
-            fchmodSync(fd, mode);
-            futimesSync(fd, mtime, mtime);
-          } finally {
-            closeSync(fd);
-          }
-          break;
-        }
-        case 'symlink': {
-          const target = h.linkname ?? '';
-          if (target === '' || target.includes('\0') || target.length > MAX_PATH_CHARS) refuse(`symlink ${JSON.stringify(rel)} has an invalid target`);
-          if (!symlinkStaysInside(comps, target)) refuse(`symlink ${JSON.stringify(rel)} -> ${JSON.stringify(target)} points outside the layer`);
-          ensureDirs(parents);
-          clearSlot(comps, false);
-          symlinkSync(target, abs(comps));
-          lchownSync(abs(comps), uid, gid);
-          lutimesSync(abs(comps), mtime, mtime);
-          entry.skip();
-          break;
-        }
-        case 'link': {
-          const targetComps = entryComponents(h.linkname ?? '', 'hardlink target');
-          if (targetComps.length === 0) refuse(`hardlink ${JSON.stringify(rel)} has an empty target`);
-          const targetRel = targetComps.join('/');
-          if (targetRel === rel) {
-            entry.skip();
-            break;
-          }
-          // The target's parents must be real directories inside the root and the target a
-          // regular file already extracted: link() never follows a symlink, but we refuse
-          // to link to anything else anyway.
-          ensureDirs(targetComps.slice(0, -1));
-          const st = lstatSync(abs(targetComps), { throwIfNoEntry: false });
-          if (!st || !st.isFile()) refuse(`hardlink ${JSON.stringify(rel)} -> ${JSON.stringify(targetRel)} does not name an earlier regular file`);
-          ensureDirs(parents);
-          clearSlot(comps, false);
-          linkSync(abs(targetComps), abs(comps));
-          entry.skip();
-          break;
-        }
-        case 'character-device':
-        case 'block-device':
-          refuse(`device node ${JSON.stringify(rel)} is not allowed in a layer`);
-          break;
-        case 'fifo':
-          if (!image) refuse(`fifo ${JSON.stringify(rel)} is not supported in a layer`);
-          ensureDirs(parents);
-          clearSlot(comps, false);
-          await image.fifo(comps);
-          lchownSync(abs(comps), uid, gid);
-          chmodSync(abs(comps), mode);
-          // The entry's time, not the extraction's: the same tar must give the same EROFS image.
-          utimesSync(abs(comps), mtime, mtime);
-          entry.skip();
-          break;
-        default:
-          refuse(`entry ${JSON.stringify(rel)} has unsupported type ${String(type)}`);
+      if (special.kind === 'opaque') {
+        ensureDirs(special.dirComps);
+        image.opaque(special.dirComps);
+        entry.skip();
+        return;
       }
+      image.noteXattrs(comps, h.name, h.pax as Record<string, string> | undefined);
+    } else if (comps[comps.length - 1]?.startsWith('.wh.')) {
+      refuse(`overlay whiteout ${JSON.stringify(h.name)} belongs in an image (POST /v1/images), not a layer`);
+    }
+    const mode = (h.mode ?? 0o644) & 0o7777;
+    const uid = h.uid ?? 0;
+    const gid = h.gid ?? 0;
+    const mtime = h.mtime ?? EPOCH;
+    const type = h.type ?? 'file';
+
+    if (comps.length === 0) {
+      if (type !== 'directory') refuse(`entry ${JSON.stringify(h.name)} names the layer root but is not a directory`);
+      dirs.set('', { mode, uid, gid, mtime });
+      entry.skip();
+      return;
+    }
+    const rel = comps.join('/');
+    const parents = comps.slice(0, -1);
+
+    switch (type) {
+      case 'directory': {
+        ensureDirs(parents);
+        if (clearSlot(comps, true) === 'empty') mkdirSync(abs(comps), { mode: 0o755 });
+        knownDirs.add(rel);
+        dirs.set(rel, { mode, uid, gid, mtime });
+        entry.skip();
+        break;
+      }
+      case 'file':
+      case 'contiguous-file': {
+        ensureDirs(parents);
+        clearSlot(comps, false);
+        const fd = openSync(abs(comps), fsc.O_WRONLY | fsc.O_CREAT | fsc.O_EXCL | fsc.O_NOFOLLOW, 0o600);
+        try {
+          for await (const chunk of entry.contents()) {
+            let off = 0;
+            while (off < chunk.length) off += writeSync(fd, chunk, off, chunk.length - off);
+          }
+          // chown before chmod: chown clears set-id bits.
+          fchownSync(fd, uid, gid);
+          fchmodSync(fd, mode);
+          futimesSync(fd, mtime, mtime);
+        } finally {
+          closeSync(fd);
+        }
+        break;
+      }
+      case 'symlink': {
+        const target = h.linkname ?? '';
+        if (target === '' || target.includes('\0') || target.length > MAX_PATH_CHARS) refuse(`symlink ${JSON.stringify(rel)} has an invalid target`);
+        if (!symlinkStaysInside(comps, target)) refuse(`symlink ${JSON.stringify(rel)} -> ${JSON.stringify(target)} points outside the layer`);
+        ensureDirs(parents);
+        clearSlot(comps, false);
+        symlinkSync(target, abs(comps));
+        lchownSync(abs(comps), uid, gid);
+        lutimesSync(abs(comps), mtime, mtime);
+        entry.skip();
+        break;
+      }
+      case 'link': {
+        const targetComps = entryComponents(h.linkname ?? '', 'hardlink target');
+        if (targetComps.length === 0) refuse(`hardlink ${JSON.stringify(rel)} has an empty target`);
+        const targetRel = targetComps.join('/');
+        if (targetRel === rel) {
+          entry.skip();
+          break;
+        }
+        // The target's parents must be real directories inside the root and the target a
+        // regular file already extracted: link() never follows a symlink, but we refuse
+        // to link to anything else anyway.
+        ensureDirs(targetComps.slice(0, -1));
+        const st = lstatSync(abs(targetComps), { throwIfNoEntry: false });
+        if (!st || !st.isFile()) refuse(`hardlink ${JSON.stringify(rel)} -> ${JSON.stringify(targetRel)} does not name an earlier regular file`);
+        ensureDirs(parents);
+        clearSlot(comps, false);
+        linkSync(abs(targetComps), abs(comps));
+        entry.skip();
+        break;
+      }
+      case 'character-device':
+      case 'block-device':
+        refuse(`device node ${JSON.stringify(rel)} is not allowed in a layer`);
+        break;
+      case 'fifo':
+        if (!image) refuse(`fifo ${JSON.stringify(rel)} is not supported in a layer`);
+        ensureDirs(parents);
+        clearSlot(comps, false);
+        await image.fifo(comps);
+        lchownSync(abs(comps), uid, gid);
+        chmodSync(abs(comps), mode);
+        // The entry's time, not the extraction's: the same tar must give the same EROFS image.
+        utimesSync(abs(comps), mtime, mtime);
+        entry.skip();
+        break;
+      default:
+        refuse(`entry ${JSON.stringify(rel)} has unsupported type ${String(type)}`);
+    }
   });
 
   // Directory metadata last, deepest first: adding children changes a directory's mtime.

@@ -76,10 +76,6 @@ export class ImageLayerEntries {
 
   constructor(private readonly abs: (comps: readonly string[]) => string) {}
 
-  classify(comps: readonly string[], header: EntryHeader): ImageEntryKind {
-    return classifyImageEntry(comps, header);
-  }
-
   /**
    * A whiteout hides only what lies below this layer: an entry of the same name earlier in
    * this layer stays (OCI image spec), and one later in it replaces the whiteout.
