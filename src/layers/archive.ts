@@ -1,7 +1,7 @@
 import { Readable } from 'node:stream';
 import tar from 'tar-stream';
 import { RollboxError } from '../api/index.ts';
-import { entryComponents, symlinkStaysInside } from './extract.ts';
+import { entryComponents, symlinkStaysInside } from './layer-entry.ts';
 
 /**
  * Checks a tar for the files API and writes it out again from the checked entries only,

@@ -2,7 +2,8 @@ import { constants as fsc, chmodSync, closeSync, fchmodSync, fchownSync, futimes
 import path from 'node:path';
 import type { Readable } from 'node:stream';
 import { RollboxError } from '../api/index.ts';
-import { ImageLayerEntries, classifyImageEntry } from './image-entries.ts';
+import { ImageLayerEntries } from './image-entries.ts';
+import { layerEntryOf, notAnEarlierFile, type EntryMeta } from './layer-entry.ts';
 import { readTarEntries, type ExtractLimits } from './tar-entries.ts';
 
 export type { ExtractLimits } from './tar-entries.ts';
@@ -17,43 +18,12 @@ export interface ExtractOptions {
   onTarChunk?: (chunk: Buffer) => void;
 }
 
-interface DirMeta {
-  mode: number;
-  uid: number;
-  gid: number;
-  mtime: Date;
-}
+type DirMeta = EntryMeta;
 
 const EPOCH = new Date(0);
-const MAX_PATH_CHARS = 4096;
-const MAX_NAME_BYTES = 255;
 
 function refuse(message: string): never {
   throw new RollboxError('invalid_layer', message);
-}
-
-/**
- * Split a tar member name into safe components relative to the layer root. Absolute names
- * and `..` anywhere are refused outright rather than "cleaned": a tar that tries either is
- * not one we want to interpret.
- */
-export function entryComponents(name: string, what = 'entry'): string[] {
-  if (name.includes('\0')) refuse(`${what} name contains NUL`);
-  if (name.length > MAX_PATH_CHARS) refuse(`${what} name longer than ${MAX_PATH_CHARS} characters`);
-  if (name.startsWith('/')) refuse(`${what} ${JSON.stringify(name)} is an absolute path`);
-  const parts = name.split('/').filter((p) => p !== '' && p !== '.');
-  for (const p of parts) {
-    if (p === '..') refuse(`${what} ${JSON.stringify(name)} contains a '..' component`);
-    if (Buffer.byteLength(p) > MAX_NAME_BYTES) refuse(`${what} ${JSON.stringify(name)} has a component longer than ${MAX_NAME_BYTES} bytes`);
-  }
-  return parts;
-}
-
-/** Whether a symlink stored at `linkComps` with `target` stays inside the layer root when resolved lexically. */
-export function symlinkStaysInside(linkComps: readonly string[], target: string): boolean {
-  if (target.startsWith('/')) return true; // resolved against the container's root, never the host's
-  const resolved = path.posix.normalize(path.posix.join(linkComps.slice(0, -1).join('/') || '.', target));
-  return resolved !== '..' && !resolved.startsWith('../');
 }
 
 /**
@@ -109,52 +79,34 @@ export async function extractTarSafely(input: Readable, root: string, limits: Ex
   };
 
   await readTarEntries(input, limits, options.onTarChunk, async (entry) => {
-    const h = entry.header;
-    const comps = entryComponents(h.name, 'entry');
-    if (image) {
-      const special = classifyImageEntry(comps, h);
-      if (special.kind === 'whiteout') {
-        ensureDirs(special.comps.slice(0, -1));
-        await image.whiteout(special.comps);
-        entry.skip();
-        return;
-      }
-      if (special.kind === 'opaque') {
-        ensureDirs(special.dirComps);
-        image.opaque(special.dirComps);
-        entry.skip();
-        return;
-      }
-      image.noteXattrs(comps, h.name, h.pax as Record<string, string> | undefined);
-    } else if (comps[comps.length - 1]?.startsWith('.wh.')) {
-      refuse(`overlay whiteout ${JSON.stringify(h.name)} belongs in an image (POST /v1/images), not a layer`);
+    const e = layerEntryOf(entry.header, image !== undefined);
+    if (e.kind === 'whiteout' || e.kind === 'opaque') {
+      const dirComps = e.kind === 'whiteout' ? e.comps.slice(0, -1) : e.dirComps;
+      ensureDirs(dirComps);
+      if (e.kind === 'whiteout') await image!.whiteout(e.comps);
+      else image!.opaque(dirComps);
+      entry.skip();
+      return;
     }
-    const mode = (h.mode ?? 0o644) & 0o7777;
-    const uid = h.uid ?? 0;
-    const gid = h.gid ?? 0;
-    const mtime = h.mtime ?? EPOCH;
-    const type = h.type ?? 'file';
-
-    if (comps.length === 0) {
-      if (type !== 'directory') refuse(`entry ${JSON.stringify(h.name)} names the layer root but is not a directory`);
-      dirs.set('', { mode, uid, gid, mtime });
+    image?.noteXattrs(e.comps, e.xattrs);
+    const comps = e.comps;
+    if (e.kind === 'directory' && comps.length === 0) {
+      dirs.set('', e.meta);
       entry.skip();
       return;
     }
     const rel = comps.join('/');
     const parents = comps.slice(0, -1);
-
-    switch (type) {
+    switch (e.kind) {
       case 'directory': {
         ensureDirs(parents);
         if (clearSlot(comps, true) === 'empty') mkdirSync(abs(comps), { mode: 0o755 });
         knownDirs.add(rel);
-        dirs.set(rel, { mode, uid, gid, mtime });
-        entry.skip();
+        dirs.set(rel, e.meta);
         break;
       }
-      case 'file':
-      case 'contiguous-file': {
+      case 'file': {
+        const { mode, uid, gid, mtime } = e.meta;
         ensureDirs(parents);
         clearSlot(comps, false);
         const fd = openSync(abs(comps), fsc.O_WRONLY | fsc.O_CREAT | fsc.O_EXCL | fsc.O_NOFOLLOW, 0o600);
@@ -170,58 +122,38 @@ export async function extractTarSafely(input: Readable, root: string, limits: Ex
         } finally {
           closeSync(fd);
         }
-        break;
+        return;
       }
-      case 'symlink': {
-        const target = h.linkname ?? '';
-        if (target === '' || target.includes('\0') || target.length > MAX_PATH_CHARS) refuse(`symlink ${JSON.stringify(rel)} has an invalid target`);
-        if (!symlinkStaysInside(comps, target)) refuse(`symlink ${JSON.stringify(rel)} -> ${JSON.stringify(target)} points outside the layer`);
+      case 'symlink':
         ensureDirs(parents);
         clearSlot(comps, false);
-        symlinkSync(target, abs(comps));
-        lchownSync(abs(comps), uid, gid);
-        lutimesSync(abs(comps), mtime, mtime);
-        entry.skip();
+        symlinkSync(e.target, abs(comps));
+        lchownSync(abs(comps), e.meta.uid, e.meta.gid);
+        lutimesSync(abs(comps), e.meta.mtime, e.meta.mtime);
         break;
-      }
       case 'link': {
-        const targetComps = entryComponents(h.linkname ?? '', 'hardlink target');
-        if (targetComps.length === 0) refuse(`hardlink ${JSON.stringify(rel)} has an empty target`);
-        const targetRel = targetComps.join('/');
-        if (targetRel === rel) {
-          entry.skip();
-          break;
-        }
         // The target's parents must be real directories inside the root and the target a
         // regular file already extracted: link() never follows a symlink, but we refuse
         // to link to anything else anyway.
-        ensureDirs(targetComps.slice(0, -1));
-        const st = lstatSync(abs(targetComps), { throwIfNoEntry: false });
-        if (!st || !st.isFile()) refuse(`hardlink ${JSON.stringify(rel)} -> ${JSON.stringify(targetRel)} does not name an earlier regular file`);
+        ensureDirs(e.targetComps.slice(0, -1));
+        const st = lstatSync(abs(e.targetComps), { throwIfNoEntry: false });
+        if (!st || !st.isFile()) notAnEarlierFile(e);
         ensureDirs(parents);
         clearSlot(comps, false);
-        linkSync(abs(targetComps), abs(comps));
-        entry.skip();
+        linkSync(abs(e.targetComps), abs(comps));
         break;
       }
-      case 'character-device':
-      case 'block-device':
-        refuse(`device node ${JSON.stringify(rel)} is not allowed in a layer`);
-        break;
       case 'fifo':
-        if (!image) refuse(`fifo ${JSON.stringify(rel)} is not supported in a layer`);
         ensureDirs(parents);
         clearSlot(comps, false);
-        await image.fifo(comps);
-        lchownSync(abs(comps), uid, gid);
-        chmodSync(abs(comps), mode);
+        await image!.fifo(comps);
+        lchownSync(abs(comps), e.meta.uid, e.meta.gid);
+        chmodSync(abs(comps), e.meta.mode);
         // The entry's time, not the extraction's: the same tar must give the same EROFS image.
-        utimesSync(abs(comps), mtime, mtime);
-        entry.skip();
+        utimesSync(abs(comps), e.meta.mtime, e.meta.mtime);
         break;
-      default:
-        refuse(`entry ${JSON.stringify(rel)} has unsupported type ${String(type)}`);
     }
+    entry.skip();
   });
 
   // Directory metadata last, deepest first: adding children changes a directory's mtime.

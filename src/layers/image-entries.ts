@@ -97,9 +97,9 @@ export class ImageLayerEntries {
     await runToolOk('mkfifo', ['-m', '0600', '--', this.abs(comps)]);
   }
 
-  /** Extended attributes from the entry's PAX records (see imageXattrsOf), set at finish. */
-  noteXattrs(comps: readonly string[], entryName: string, pax: Record<string, string> | null | undefined): void {
-    for (const [name, value] of imageXattrsOf(entryName, pax)) this.xattrs.push({ path: this.abs(comps), name, value });
+  /** An entry's extended attributes (see imageXattrsOf), set at finish. */
+  noteXattrs(comps: readonly string[], xattrs: readonly [string, Buffer][]): void {
+    for (const [name, value] of xattrs) this.xattrs.push({ path: this.abs(comps), name, value });
   }
 
   /** After every entry and directory mode is in place: xattrs and opaque marks (on what still exists). */

@@ -1,9 +1,8 @@
 import { createHash } from 'node:crypto';
 import { writeFileSync } from 'node:fs';
 import type { Readable } from 'node:stream';
-import { RollboxError } from '../../api/index.ts';
-import { entryComponents, symlinkStaysInside } from '../extract.ts';
-import { OPAQUE_XATTR, classifyImageEntry, imageXattrsOf } from '../image-entries.ts';
+import { OPAQUE_XATTR } from '../image-entries.ts';
+import { layerEntryOf, notAnEarlierFile, type EntryMeta } from '../layer-entry.ts';
 import { chunkTableBytes } from '../split.ts';
 import { readTarEntries, type ExtractLimits } from '../tar-entries.ts';
 import { BlobWriter } from './blob.ts';
@@ -11,8 +10,6 @@ import { erofsMetaImage } from './image.ts';
 import { LayerTree, type NodeMetaInit } from './tree.ts';
 
 export { erofsMetaImage } from './image.ts';
-
-const MAX_PATH_CHARS = 4096;
 
 export interface TarErofsOptions {
   /** An OCI or Docker image layer: whiteouts, opaque markers, FIFOs and xattrs as the extractor keeps them. */
@@ -27,9 +24,7 @@ export interface SplitLayerFiles {
   chunkSizeBytes: number;
 }
 
-function refuse(message: string): never {
-  throw new RollboxError('invalid_layer', message);
-}
+const metaOf = (m: EntryMeta): NodeMetaInit => ({ mode: m.mode, uid: m.uid, gid: m.gid, mtimeMs: m.mtime.getTime() });
 
 /**
  * A tar (plain, gzip or zstd) straight into a split EROFS layer: file contents go to the
@@ -47,84 +42,52 @@ export async function writeErofsLayerFromTar(input: Readable, files: SplitLayerF
   const opaque: string[][] = [];
   try {
     await readTarEntries(input, limits, options.onTarChunk, async (entry) => {
-      const h = entry.header;
-      const comps = entryComponents(h.name, 'entry');
-      if (options.imageLayer) {
-        const special = classifyImageEntry(comps, h);
-        if (special.kind === 'whiteout') {
-          tree.ensureDir(special.comps.slice(0, -1));
-          // It hides only what lies below this layer: an entry of the same name earlier in this layer stays.
-          if (!tree.lookup(special.comps)) tree.place(special.comps, { kind: 'whiteout', mode: 0, uid: 0, gid: 0, mtimeMs: 0, xattrs: new Map() });
-          entry.skip();
-          return;
-        }
-        if (special.kind === 'opaque') {
-          tree.ensureDir(special.dirComps);
-          opaque.push(special.dirComps);
-          entry.skip();
-          return;
-        }
-        for (const [name, value] of imageXattrsOf(h.name, h.pax as Record<string, string> | undefined)) xattrs.push([comps, name, value]);
-      } else if (comps[comps.length - 1]?.startsWith('.wh.')) {
-        refuse(`overlay whiteout ${JSON.stringify(h.name)} belongs in an image (POST /v1/images), not a layer`);
-      }
-      const meta: NodeMetaInit = { mode: (h.mode ?? 0o644) & 0o7777, uid: h.uid ?? 0, gid: h.gid ?? 0, mtimeMs: h.mtime?.getTime() ?? 0 };
-      const type = h.type ?? 'file';
-      if (comps.length === 0) {
-        if (type !== 'directory') refuse(`entry ${JSON.stringify(h.name)} names the layer root but is not a directory`);
-        tree.putDir(comps, meta);
+      const e = layerEntryOf(entry.header, options.imageLayer ?? false);
+      if (e.kind === 'whiteout') {
+        tree.ensureDir(e.comps.slice(0, -1));
+        // It hides only what lies below this layer: an entry of the same name earlier in this layer stays.
+        if (!tree.lookup(e.comps)) tree.place(e.comps, { kind: 'whiteout', mode: 0, uid: 0, gid: 0, mtimeMs: 0, xattrs: new Map() });
         entry.skip();
         return;
       }
-      const rel = comps.join('/');
-      switch (type) {
+      if (e.kind === 'opaque') {
+        tree.ensureDir(e.dirComps);
+        opaque.push(e.dirComps);
+        entry.skip();
+        return;
+      }
+      for (const [name, value] of e.xattrs) xattrs.push([e.comps, name, value]);
+      if (e.kind === 'none') return entry.skip();
+      switch (e.kind) {
         case 'directory':
-          tree.putDir(comps, meta);
-          entry.skip();
-          return;
-        case 'file':
-        case 'contiguous-file': {
-          tree.ensureDir(comps.slice(0, -1));
+          tree.putDir(e.comps, metaOf(e.meta));
+          break;
+        case 'file': {
+          tree.ensureDir(e.comps.slice(0, -1));
           const blobOffset = blob.startFile();
           let sizeBytes = 0;
           for await (const chunk of entry.contents()) {
             blob.write(chunk);
             sizeBytes += chunk.length;
           }
-          tree.place(comps, { kind: 'file', ...meta, xattrs: new Map(), sizeBytes, blobOffset });
+          tree.place(e.comps, { kind: 'file', ...metaOf(e.meta), xattrs: new Map(), sizeBytes, blobOffset });
           return;
         }
-        case 'symlink': {
-          const target = h.linkname ?? '';
-          if (target === '' || target.includes('\0') || target.length > MAX_PATH_CHARS) refuse(`symlink ${JSON.stringify(rel)} has an invalid target`);
-          if (!symlinkStaysInside(comps, target)) refuse(`symlink ${JSON.stringify(rel)} -> ${JSON.stringify(target)} points outside the layer`);
-          tree.place(comps, { kind: 'symlink', ...meta, mode: 0o777, xattrs: new Map(), target: Buffer.from(target, 'utf8') });
-          entry.skip();
-          return;
-        }
-        case 'link': {
-          const targetComps = entryComponents(h.linkname ?? '', 'hardlink target');
-          if (targetComps.length === 0) refuse(`hardlink ${JSON.stringify(rel)} has an empty target`);
-          entry.skip();
-          if (targetComps.join('/') === rel) return;
-          tree.ensureDir(targetComps.slice(0, -1));
-          const target = tree.lookup(targetComps);
-          if (target?.kind !== 'file') refuse(`hardlink ${JSON.stringify(rel)} -> ${JSON.stringify(targetComps.join('/'))} does not name an earlier regular file`);
-          tree.place(comps, target);
-          return;
-        }
-        case 'character-device':
-        case 'block-device':
-          refuse(`device node ${JSON.stringify(rel)} is not allowed in a layer`);
+        case 'symlink':
+          tree.place(e.comps, { kind: 'symlink', ...metaOf(e.meta), mode: 0o777, xattrs: new Map(), target: Buffer.from(e.target, 'utf8') });
           break;
+        case 'link': {
+          tree.ensureDir(e.targetComps.slice(0, -1));
+          const target = tree.lookup(e.targetComps);
+          if (target?.kind !== 'file') notAnEarlierFile(e);
+          tree.place(e.comps, target);
+          break;
+        }
         case 'fifo':
-          if (!options.imageLayer) refuse(`fifo ${JSON.stringify(rel)} is not supported in a layer`);
-          tree.place(comps, { kind: 'fifo', ...meta, xattrs: new Map() });
-          entry.skip();
-          return;
-        default:
-          refuse(`entry ${JSON.stringify(rel)} has unsupported type ${String(type)}`);
+          tree.place(e.comps, { kind: 'fifo', ...metaOf(e.meta), xattrs: new Map() });
+          break;
       }
+      entry.skip();
     });
     // As the extractor: xattrs, then opaque marks, on whatever the paths hold at the end.
     for (const [comps, name, value] of xattrs) tree.setXattr(comps, name, value);

@@ -32,7 +32,6 @@ export function vmCgroupRel(nodeId: string, sandboxId: string, cls: SandboxClass
 export interface VmCgroup {
   /** The directories QEMU's pid is written to (cgroup.procs) before it execs. */
   dirs: string[];
-  memory: string;
   /** Once the guest answers: the sandbox's own CPU quota (the boot ran at its vCPUs' full quota). */
   settle(): void;
 }
@@ -47,7 +46,7 @@ const cgroups = () => (hierarchies ??= discoverCgroups());
  * `settle`), shares as a container's, memory = guest RAM + the
  * measured overhead (swap included where the host accounts it), pids for QEMU's threads.
  */
-export async function makeVmCgroup(rel: string, resources: Resources, cls: SandboxClass, vcpus: number, guestMiB: number): Promise<VmCgroup> {
+export async function makeVmCgroup(rel: string, resources: Resources, cls: SandboxClass, vcpus: number): Promise<VmCgroup> {
   const h = await cgroups();
   const memory = path.join(h.memory, rel);
   const pids = path.join(h.pids, rel);
@@ -59,7 +58,7 @@ export async function makeVmCgroup(rel: string, resources: Resources, cls: Sandb
     if (existsSync(path.join(root, 'cpu.idle'))) writeFileSync(path.join(root, 'cpu.idle'), '1');
   }
   for (const d of dirs) mkdirSync(d, { recursive: true });
-  const limit = String((guestMiB + VMM_OVERHEAD_MIB) * 1024 * 1024);
+  const limit = String((resources.memoryMiB + VMM_OVERHEAD_MIB) * 1024 * 1024);
   writeFileSync(path.join(memory, 'memory.limit_in_bytes'), limit);
   if (h.memsw) writeFileSync(path.join(memory, 'memory.memsw.limit_in_bytes'), limit);
   writeFileSync(path.join(pids, 'pids.max'), String(VMM_PIDS + vcpus));
@@ -71,7 +70,7 @@ export async function makeVmCgroup(rel: string, resources: Resources, cls: Sandb
   const settle = () => {
     if (cpu) writeFileSync(path.join(cpu, 'cpu.cfs_quota_us'), String(resources.cpuMillis * (CPU_PERIOD_US / 1000)));
   };
-  return { dirs, memory, settle };
+  return { dirs, settle };
 }
 
 /**

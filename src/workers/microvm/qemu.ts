@@ -2,6 +2,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import type { Accelerator } from './accelerator.ts';
 import { TCG_TB_MIB } from './cgroup.ts';
+import { netnsPathOf } from './net.ts';
 
 /** One microVM's QEMU command line, from the sandbox's disks and limits. */
 export interface QemuSpec {
@@ -71,7 +72,7 @@ export function qemuArgs(s: QemuSpec): string[] {
 export function startQemu(spec: QemuSpec, consoleLog: string, prefix: readonly string[] = []): ChildProcess {
   const log = fs.openSync(consoleLog, 'a');
   try {
-    const command = [...prefix, ...(spec.nic ? ['nsenter', `--net=/run/netns/${spec.nic.netns}`, '--'] : []), spec.qemuBinary, ...qemuArgs(spec)];
+    const command = [...prefix, ...(spec.nic ? ['nsenter', `--net=${netnsPathOf(spec.nic.netns)}`, '--'] : []), spec.qemuBinary, ...qemuArgs(spec)];
     const child = spawn(command[0]!, command.slice(1), { stdio: ['ignore', log, log], detached: true });
     child.unref();
     return child;

@@ -147,7 +147,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
         await run('mkfs.ext4', ['-q', '-F', '-E', 'lazy_itable_init=1,lazy_journal_init=1', diskImage]);
         const nic = await attachVmNetwork(deps.network, spec.sandboxId, spec.network);
         const vcpus = Math.min(os.availableParallelism(), Math.max(1, Math.ceil(spec.resources.cpuMillis / 1000)));
-        const cgroup = await makeVmCgroup(vmCgroupRel(deps.nodeId, spec.sandboxId, spec.class), spec.resources, spec.class, vcpus, spec.resources.memoryMiB);
+        const cgroup = await makeVmCgroup(vmCgroupRel(deps.nodeId, spec.sandboxId, spec.class), spec.resources, spec.class, vcpus);
         const child = startQemu(
           {
             qemuBinary: deps.qemuBinary, accelerator: deps.accelerator, kernel: deps.kernel, initramfs: deps.initramfs,
