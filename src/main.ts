@@ -256,6 +256,7 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
     layerFiles: source.layerFiles,
     ...(source.lazy ? { layerCache: source.lazy } : {}),
     storeLayerImage: (tmpImagePath) => store.put(tmpImagePath),
+    hibernatedImageDirOf: (sandboxId) => store.hibernatedImageDirOf(sandboxId),
     tmpDir: path.join(workerDir, 'tmp'),
     logger,
     syncLayers: config.node.syncLayers.length ? layerSyncOf(config, redis, store, path.join(workerDir, 'tmp'), source.lazy) : undefined,

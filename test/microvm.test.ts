@@ -16,7 +16,7 @@ let token: string;
 
 beforeAll(async () => {
   cluster = await startTestCluster({ workers: [{ nodeId: 'node-vm' }] });
-  token = await cluster.token('vm-team', ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete']);
+  token = await cluster.token('vm-team', ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'sandbox:snapshot']);
 }, 60_000);
 afterAll(async () => {
   await cluster?.stop();
@@ -128,9 +128,9 @@ describe('microVM tier', () => {
   }, 60_000);
 
   it('answers what the tier cannot do yet with a coded error naming it', async () => {
-    const hibernated = await api(cluster, token, 'POST', `/v1/sandboxes/${id}/pause`, { mode: 'hibernate' });
-    expect(hibernated.body.error?.code, JSON.stringify(hibernated.body)).toBe('tier_unsupported');
-    expect(hibernated.body.error.message).toContain('microvm');
+    const snapshot = await api(cluster, token, 'POST', `/v1/sandboxes/${id}/snapshot`, {});
+    expect(snapshot.body.error?.code, JSON.stringify(snapshot.body)).toBe('tier_unsupported');
+    expect(snapshot.body.error.message).toContain('microvm');
     const hidden = await createVm({ hiddenPaths: ['/etc'] });
     expect(hidden.body.error?.code, JSON.stringify(hidden.body)).toBe('tier_unsupported');
     expect(hidden.body.error.message).toContain('microvm');

@@ -203,6 +203,8 @@ export const Sandbox = z.object({
   layerDigests: z.array(LayerDigest),
   /** While hibernated: the packed writable layer, restored into the upper dir on wake. */
   hibernationLayer: LayerDigest.optional(),
+  /** While hibernated whole, processes and all (a microVM): its image is in the layer store (`hibernated/<id>`), restored on wake. */
+  hibernatedWhole: z.boolean().optional(),
   createdAt: z.string(),
   startedAt: z.string().optional(),
   endedAt: z.string().optional(),

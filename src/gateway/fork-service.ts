@@ -85,6 +85,7 @@ export class ForkService {
   private async packParent(parent: Sandbox): Promise<ForkPoint> {
     const { deps } = this;
     const base = { parent: parent.id, parentKind: 'sandbox' as const };
+    if (parent.state === 'hibernated' && parent.hibernatedWhole) throw new RollboxError('tier_unsupported', `sandbox ${parent.id} is a microVM hibernated whole; the microvm tier cannot fork yet (docs/microvm.md)`);
     if (parent.state === 'hibernated' && parent.hibernationLayer) {
       // Pinned: the parent may wake meanwhile and let go of it before a child holds it.
       await deps.layers.pin(parent.hibernationLayer, deps.now() + FORK_PIN_MS);

@@ -43,6 +43,10 @@ export interface SplitPaths {
  * A stored file is never modified (mode 0444) and only ever replaced by identical bytes,
  * so readers and mounts can use its path without locking. A split layer's table is moved in
  * last: a layer is stored once its table is there.
+ *
+ * Beside the layers, `<dir>/hibernated/<sandbox id>/` holds the images of microVMs
+ * hibernated whole (src/workers/microvm/hibernation.ts): on the shared store, so any host
+ * that shares it can wake them; removed by the wake, or by layer GC once their sandbox ended.
  */
 export class LayerStore {
   readonly dir: string;
@@ -143,6 +147,23 @@ export class LayerStore {
       }
       await unlink(from).catch(() => undefined);
     }
+  }
+
+  /** Where the image of a sandbox hibernated whole lives (whether or not it exists). */
+  hibernatedImageDirOf(sandboxId: string): string {
+    return path.join(this.dir, 'hibernated', path.basename(sandboxId));
+  }
+
+  /** Sandbox ids with a hibernated image (or the part of one being written) here. */
+  async listHibernated(): Promise<string[]> {
+    const names = await readdir(path.join(this.dir, 'hibernated')).catch(() => [] as string[]);
+    return [...new Set(names.map((n) => n.replace(/\.part-\d+$/, '')))];
+  }
+
+  async removeHibernated(sandboxId: string): Promise<void> {
+    const dir = this.hibernatedImageDirOf(sandboxId);
+    const parts = (await readdir(path.dirname(dir)).catch(() => [] as string[])).filter((n) => n.startsWith(`${path.basename(dir)}.part-`));
+    for (const p of [dir, ...parts.map((n) => path.join(path.dirname(dir), n))]) await rm(p, { recursive: true, force: true });
   }
 
   /** Digests of every stored layer. */

@@ -56,6 +56,8 @@ export interface TransitionOptions {
   expiresAt?: string;
   /** The packed writable layer of a hibernated sandbox; '' clears it (woken). */
   hibernationLayer?: string;
+  /** Hibernated whole (its image in the layer store); false clears it (woken). */
+  hibernatedWhole?: boolean;
 }
 
 /** States from which `to` may be entered. */
@@ -164,6 +166,7 @@ export class SandboxRegistry {
     if (options.startedAt) patch.push('startedAt', options.startedAt);
     if (options.expiresAt) patch.push('expiresAt', options.expiresAt);
     if (options.hibernationLayer !== undefined) patch.push('hibernationLayer', options.hibernationLayer);
+    if (options.hibernatedWhole !== undefined) patch.push('hibernatedWhole', options.hibernatedWhole ? '1' : '');
     const endedMs = this.now();
     if (terminal) patch.push('endedAt', new Date(endedMs).toISOString());
     // Entries the new state needs, before the record (see the class comment).

@@ -1,3 +1,4 @@
+import { existsSync } from 'node:fs';
 import { RollboxError, reservationOf, type CreateJob, type Sandbox } from '../api/index.ts';
 import type { LayerFiles } from '../layers/index.ts';
 import { decideAdmission } from './admission.ts';
@@ -33,6 +34,9 @@ export async function handleCreate(ctx: HostContext, job: CreateJob): Promise<vo
   if (decision.admit && sandbox.spec.network.mode === 'allowlist' && networkHealth?.allowlist === 'failing') {
     decision = { admit: false, reason: `sandbox networking fails its self-test here: ${networkHealth.detail}` };
   }
+  // Saved whole to a layer store this host does not share: another host wakes it.
+  const wholeImage = sandbox.state === 'hibernated' && sandbox.hibernatedWhole ? ctx.deps.hibernatedImageDirOf(sandbox.id) : undefined;
+  if (decision.admit && wholeImage && !existsSync(wholeImage)) decision = { admit: false, reason: `the saved image of sandbox ${sandbox.id} is not in this host's layer store` };
   if (!decision.admit) {
     // Placed again elsewhere (cold, under the same id): this host's copy must not stay offered.
     if (ready) await ctx.removeLocal(sandbox.id);
@@ -63,6 +67,7 @@ export async function handleCreate(ctx: HostContext, job: CreateJob): Promise<vo
       tier: spec.tier,
       layerImages,
       restoreUpper: hibernated ? await layerImage(ctx, hibernated) : undefined,
+      ...(wholeImage ? { restoreWhole: wholeImage } : {}),
       resources: spec.resources,
       class: spec.class,
       env: spec.env,
@@ -82,6 +87,7 @@ export async function handleCreate(ctx: HostContext, job: CreateJob): Promise<vo
       expiresAt: new Date(local.expiresAtMs).toISOString(),
       // Its contents are in the upper dir again; the layer is left to garbage collection.
       hibernationLayer: hibernated ? '' : undefined,
+      hibernatedWhole: wholeImage ? false : undefined,
     });
     if (running.kind !== 'ok') {
       // Deleted or failed while starting: undo, and finish a delete that arrived meanwhile.

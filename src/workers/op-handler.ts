@@ -224,16 +224,26 @@ export class OpHandler {
   /**
    * Pack the writable layer, then stop the container: its memory goes back to the host.
    * Waking it starts a new container over its layers with that layer copied back into the
-   * upper dir, so hibernating again replaces the layer instead of stacking another.
+   * upper dir, so hibernating again replaces the layer instead of stacking another. A
+   * sandbox its runtime saves whole (a microVM) keeps its processes instead: its image goes
+   * to the layer store, where the host that wakes it finds it.
    */
   private async hibernate(sandboxId: string, requestId: string): Promise<void> {
     const { ctx } = this;
     const sandbox = await ctx.deps.registry.get(sandboxId);
     if (!sandbox) throw new RollboxError('not_found', `sandbox ${sandboxId} not found`);
-    const stored = await this.packWritableLayer(sandboxId, requestId, []);
-    await ctx.removeLocal(sandboxId);
-    const moved = await ctx.deps.registry.transition(sandboxId, 'hibernated', { from: ['running', 'paused'], node: ctx.nodeId, hibernationLayer: stored.digest });
-    await ctx.layers.unpin(stored.digest);
+    ctx.requireLocal(sandboxId);
+    let moved;
+    if (ctx.deps.runtime.hibernatesWhole(sandboxId)) {
+      await ctx.deps.runtime.hibernateWhole(sandboxId, ctx.deps.hibernatedImageDirOf(sandboxId));
+      await ctx.removeLocal(sandboxId);
+      moved = await ctx.deps.registry.transition(sandboxId, 'hibernated', { from: ['running', 'paused'], node: ctx.nodeId, hibernatedWhole: true });
+    } else {
+      const stored = await this.packWritableLayer(sandboxId, requestId, []);
+      await ctx.removeLocal(sandboxId);
+      moved = await ctx.deps.registry.transition(sandboxId, 'hibernated', { from: ['running', 'paused'], node: ctx.nodeId, hibernationLayer: stored.digest });
+      await ctx.layers.unpin(stored.digest);
+    }
     if (moved.kind !== 'ok') throw new RollboxError('conflict', `sandbox ${sandboxId} changed state while hibernating`);
     const expiresAtMs = Date.parse(sandbox.expiresAt ?? '');
     if (expiresAtMs) await ctx.deps.registry.watchHibernatedTtl(sandboxId, expiresAtMs);

@@ -1,14 +1,15 @@
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
+import { isTerminal } from '../../api/index.ts';
 import type { LayerStore } from '../../layers/index.ts';
 import { PrefetchLists, keys, type ImageRegistry, type LayerRegistry, type SandboxRegistry } from '../../registry/index.ts';
 
 export interface LayerCollectorDeps {
   redis: Redis;
   layers: LayerRegistry;
-  sandboxes: Pick<SandboxRegistry, 'layersInUse'>;
+  sandboxes: Pick<SandboxRegistry, 'layersInUse' | 'get'>;
   images: Pick<ImageRegistry, 'layerDigests'>;
-  store: Pick<LayerStore, 'list' | 'storedAtMs' | 'remove'>;
+  store: Pick<LayerStore, 'list' | 'storedAtMs' | 'remove' | 'listHibernated' | 'removeHibernated'>;
   /** A layer goes only after it has stayed unreferenced this long. */
   graceMs: number;
   logger: Logger;
@@ -68,9 +69,25 @@ export class LayerCollector {
         removed.push(digest);
       }
       if (removed.length) this.deps.logger.info({ layers: removed }, 'unreferenced layers collected');
+      await this.collectHibernatedImages();
       return removed;
     } finally {
       await redis.del(lock);
+    }
+  }
+
+  /**
+   * The images of microVMs hibernated whole whose sandbox has ended (deleted, expired, failed)
+   * or is gone. A live sandbox's image stays: it is being written, waited on, or about to be
+   * removed by the wake that restored it.
+   */
+  private async collectHibernatedImages(): Promise<void> {
+    const { store, sandboxes } = this.deps;
+    for (const id of await store.listHibernated()) {
+      const sandbox = await sandboxes.get(id);
+      if (sandbox && !isTerminal(sandbox.state)) continue;
+      await store.removeHibernated(id);
+      this.deps.logger.info({ sandboxId: id }, 'hibernated microVM image of an ended sandbox removed');
     }
   }
 

@@ -27,7 +27,7 @@ describe('accelerator', () => {
 });
 
 describe('qemuArgs', () => {
-  const base = { qemuBinary: 'qemu-system-x86_64', kernel: '/k', initramfs: '/i', diskImage: '/d.ext4', vcpus: 2, memoryMiB: 256, agentSocket: '/a.sock', qmpSocket: '/q.sock' };
+  const base = { qemuBinary: 'qemu-system-x86_64', kernel: '/k', initramfs: '/i', diskImage: '/d.ext4', vcpus: 2, memoryMiB: 256, agentSocket: '/a.sock', qmpSocket: '/q.sock', ramFile: '/dev/shm/r.ram' };
   it('gives layers read-only disks by serial, a split layer its blob, and TCG its TSC', () => {
     const args = qemuArgs({ ...base, accelerator: 'tcg', tscKhz: 2445406, layerImages: [{ imagePath: '/l0.meta', blobPath: '/l0.blob' }, { imagePath: '/l1.erofs' }] });
     const joined = args.join(' ');
@@ -44,6 +44,14 @@ describe('qemuArgs', () => {
     expect(args.slice(0, 2)).toEqual(['-accel', 'tcg,tb-size=64']);
     // No NIC: network mode none.
     expect(joined).not.toMatch(/netdev|virtio-net/);
+    // The guest's RAM is a shared file (hibernation copies it), the machine's memory backend; a create waits for no incoming state.
+    expect(joined).toContain('memory-backend-file,id=ram,size=256M,mem-path=/dev/shm/r.ram,share=on');
+    expect(args[args.indexOf('-M') + 1]).toContain('memory-backend=ram');
+    expect(args).not.toContain('-incoming');
+  });
+  it('starts a restore paused, waiting for its saved device state', () => {
+    const args = qemuArgs({ ...base, accelerator: 'tcg', layerImages: [{ imagePath: '/l0' }], incoming: true });
+    expect(args.join(' ')).toContain('-S -incoming defer');
   });
   it('runs KVM with the host CPU and no TSC override', () => {
     const args = qemuArgs({ ...base, accelerator: 'kvm', tscKhz: 1, layerImages: [{ imagePath: '/l0' }] });

@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import fs from 'node:fs/promises';
 import net from 'node:net';
 
@@ -9,7 +10,7 @@ import net from 'node:net';
  * microVM exactly as to a container. The guest writes only what its multiplexer relays
  * from the init: code in the guest has no way onto the port.
  */
-export const MuxKind = { open: 1, data: 2, eof: 3, close: 4, ping: 5, pong: 6 } as const;
+export const MuxKind = { open: 1, data: 2, eof: 3, close: 4, ping: 5, pong: 6, restored: 7 } as const;
 const HEADER_BYTES = 12;
 /** The guest multiplexer's limit on one frame's payload (MUX_MAX_PAYLOAD). */
 export const MUX_MAX_PAYLOAD_BYTES = 64 * 1024;
@@ -27,6 +28,11 @@ export interface VmChannel {
   readonly initSocket: string;
   /** Resolves once the guest's multiplexer answered a ping (the guest is up); rejects past `timeoutMs`. */
   ready(timeoutMs: number): Promise<void>;
+  /**
+   * First after a restore (before any command): the guest drops the channels of before the
+   * save, sets its wall clock to the host's now and reseeds its RNG from fresh entropy (guest/mux.c).
+   */
+  restored(): void;
   /** The port's host end closed (the VMM exited). */
   readonly closed: Promise<void>;
   close(): Promise<void>;
@@ -155,10 +161,20 @@ export async function openVmChannel(agentSocket: string, initSocket: string, con
       }
       throw new Error(`the microVM's init did not come up within ${timeoutMs} ms`);
     },
+    restored() {
+      const nowMs = Date.now();
+      const payload = Buffer.alloc(12 + 32);
+      payload.writeBigUInt64LE(BigInt(Math.floor(nowMs / 1000)), 0);
+      payload.writeUInt32LE((nowMs % 1000) * 1_000_000, 8);
+      randomBytes(32).copy(payload, 12);
+      agent.write(muxFrame(0, MuxKind.restored, payload));
+    },
     async close() {
-      await new Promise<void>((resolve) => server.close(() => resolve()));
+      // The server's close waits for its connections: they end first (a command's may be open still).
+      const closing = new Promise<void>((resolve) => server.close(() => resolve()));
       agent.destroy();
       endAll();
+      await closing;
       await fs.rm(initSocket, { force: true });
     },
   };

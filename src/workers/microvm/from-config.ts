@@ -33,6 +33,6 @@ function findMicroVm(config: Config['node']['microvm'], dataDir: string, nodeId:
   }
   const accelerator = config.accelerator === 'auto' ? detectAccelerator() : config.accelerator;
   const tscKhz = accelerator === 'tcg' ? hostTscKhz() : undefined;
-  const runtime = createMicroVmRuntime({ dataDir, nodeId, qemuBinary: config.qemuBinary, accelerator, kernel, initramfs, bootTimeoutMs: config.bootTimeoutMs, ...(tscKhz ? { tscKhz } : {}), ...(logger ? { logger } : {}), ...(network ? { network } : {}) });
+  const runtime = createMicroVmRuntime({ dataDir, nodeId, qemuBinary: config.qemuBinary, accelerator, kernel, initramfs, ramDir: path.join(config.ramDir, `rollbox-vm-ram-${nodeId}`), bootTimeoutMs: config.bootTimeoutMs, ...(tscKhz ? { tscKhz } : {}), ...(logger ? { logger } : {}), ...(network ? { network } : {}) });
   return { runtime };
 }

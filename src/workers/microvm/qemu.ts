@@ -16,6 +16,13 @@ export interface QemuSpec {
   diskImage: string;
   vcpus: number;
   memoryMiB: number;
+  /**
+   * The guest's RAM: a shared file on a tmpfs, so a hibernation saves only the devices'
+   * state through QEMU (migration with x-ignore-shared) and copies the RAM file as it is.
+   */
+  ramFile: string;
+  /** Started to restore a hibernated VM: paused, waiting for its device state (`migrate-incoming`). */
+  incoming?: boolean;
   agentSocket: string;
   qmpSocket: string;
   /** Under TCG: the guest's early TSC calibration (without it boots hang at PIT calibration). */
@@ -43,10 +50,11 @@ export function qemuArgs(s: QemuSpec): string[] {
     // TCG's translation buffer is charged to the sandbox's cgroup: bounded (cgroup.ts).
     '-accel', s.accelerator === 'tcg' ? `tcg,tb-size=${TCG_TB_MIB}` : s.accelerator,
     // pit/pic/rtc: under TCG the guest kernel calibrates its timers against them.
-    '-M', 'microvm,pit=on,pic=on,rtc=on',
+    '-M', 'microvm,pit=on,pic=on,rtc=on,memory-backend=ram',
     ...(s.accelerator === 'kvm' ? ['-cpu', 'host'] : []),
     '-smp', String(s.vcpus),
     '-m', String(s.memoryMiB),
+    '-object', `memory-backend-file,id=ram,size=${s.memoryMiB}M,mem-path=${s.ramFile},share=on`,
     '-nodefaults', '-no-user-config', '-nographic', '-no-reboot',
     '-serial', 'stdio',
     '-kernel', s.kernel, '-initrd', s.initramfs, '-append', cmdline.join(' '),
@@ -60,6 +68,7 @@ export function qemuArgs(s: QemuSpec): string[] {
   // vhost off: no /dev/vhost-net needed, and no kernel thread outside QEMU's cgroup.
   if (s.nic) args.push('-netdev', `tap,id=net0,ifname=${s.nic.tap},script=no,downscript=no,vhost=off`, '-device', 'virtio-net-device,netdev=net0');
   args.push('-qmp', `unix:${s.qmpSocket},server=on,wait=off`);
+  if (s.incoming) args.push('-S', '-incoming', 'defer');
   return args;
 }
 

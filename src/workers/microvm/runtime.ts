@@ -12,6 +12,7 @@ import { attachInVm, execInVm, execRawInVm, type VmCommandTarget } from './exec.
 import { inCgroupPrefix, makeVmCgroup, removeVmCgroup, removeVmCgroupParents, vmCgroupRel } from './cgroup.ts';
 import { attachVmNetwork, netnsPathOf, nicPolicy, releaseVmNetwork, VM_BRIDGE, VM_TAP, vmNetnsOf } from './net.ts';
 import { qmpCommand } from './qmp.ts';
+import { loadVm, readImage, saveVm } from './hibernation.ts';
 import { isQemuPid, startQemu } from './qemu.ts';
 
 const run = promisify(execFile);
@@ -25,6 +26,8 @@ export interface MicroVmRuntimeDeps {
   accelerator: Accelerator;
   kernel: string;
   initramfs: string;
+  /** A tmpfs directory of this node's own, for the guests' RAM files (qemu.ts ramFile). */
+  ramDir: string;
   /** Under TCG: the host's TSC (accelerator.ts hostTscKhz). */
   tscKhz?: number;
   /** From QEMU's start until the guest's init answers. */
@@ -51,9 +54,18 @@ interface Vm extends VmCommandTarget {
   stopping: boolean;
 }
 
+/** How QEMU was started: a restore starts it the same (the devices' saved state fits only those). */
+interface StartedWith {
+  accelerator: Accelerator;
+  vcpus: number;
+  memoryMiB: number;
+}
+
 /** What is kept on disk per sandbox so a restarted worker can adopt its VM. */
 interface VmFile {
   pid: number;
+  /** Absent in the files of VMs started before hibernation existed. */
+  started?: StartedWith;
   env: Record<string, string>;
   workdir: string;
   user?: string;
@@ -81,6 +93,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
   const vms = new Map<string, Vm>();
   let exitListener: ((id: string) => void) | undefined;
   const dirOf = (id: string): string => path.join(deps.dataDir, id);
+  const ramFileOf = (id: string): string => path.join(deps.ramDir, `${id}.ram`);
   const vmOf = (id: string): Vm => {
     const vm = vms.get(id);
     if (!vm) throw new RollboxError('not_found', `sandbox ${id} is not on this host`);
@@ -115,6 +128,8 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     await releaseVmNetwork(deps.network, id);
     await removeVmCgroup(deps.nodeId, id);
     await fs.rm(dir, { recursive: true, force: true });
+    await fs.rm(ramFileOf(id), { force: true });
+    await fs.rmdir(deps.ramDir).catch(() => undefined); // only once empty: the last VM's file went
   };
   const adopt = async (id: string, file: VmFile): Promise<Vm> => {
     const dir = dirOf(id);
@@ -132,7 +147,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     async create(spec: SandboxRuntimeSpec) {
       if (vms.has(spec.sandboxId)) return;
       if (spec.hiddenPaths.length) throw unsupported('hide paths (hiddenPaths)');
-      if (spec.restoreUpper) throw unsupported('wake a hibernated sandbox');
+      if (spec.restoreUpper) throw unsupported('wake a sandbox hibernated as its writable layer');
       if (spec.lowPriority) throw unsupported('keep warm pools');
       if (spec.layerImages.some((l) => l.lazy)) throw unsupported('read layers on demand (ROLLBOX_LAZY_LAYERS)');
       if (spec.resources.memoryMiB < MIN_GUEST_MEMORY_MIB) throw unsupported(`boot with less than ${MIN_GUEST_MEMORY_MIB} MiB of memory (resources.memoryMiB)`);
@@ -141,33 +156,50 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
       await fs.mkdir(dir, { recursive: true, mode: 0o700 });
       try {
         const diskImage = path.join(dir, 'disk.ext4');
-        // Sparse, formatted here before the guest ever sees it; the host never mounts it.
-        await fs.writeFile(diskImage, '');
-        await fs.truncate(diskImage, spec.resources.diskMiB * 1024 * 1024);
-        await run('mkfs.ext4', ['-q', '-F', '-E', 'lazy_itable_init=1,lazy_journal_init=1', diskImage]);
-        const nic = await attachVmNetwork(deps.network, spec.sandboxId, spec.network);
-        const vcpus = Math.min(os.availableParallelism(), Math.max(1, Math.ceil(spec.resources.cpuMillis / 1000)));
-        const cgroup = await makeVmCgroup(vmCgroupRel(deps.nodeId, spec.sandboxId, spec.class), spec.resources, spec.class, vcpus);
+        const ramFile = ramFileOf(spec.sandboxId);
+        let started: StartedWith;
+        if (spec.restoreWhole) {
+          // The RAM and disk as they were saved; QEMU started as it was, waiting for its device state.
+          started = await readImage<StartedWith>(spec.restoreWhole, { ramFile, diskImage });
+          if (started.accelerator !== deps.accelerator) throw new RollboxError('invalid_state', `sandbox ${spec.sandboxId} was saved under ${started.accelerator} and this host runs ${deps.accelerator}`);
+        } else {
+          // Sparse, formatted here before the guest ever sees it; the host never mounts it.
+          await fs.writeFile(diskImage, '');
+          await fs.truncate(diskImage, spec.resources.diskMiB * 1024 * 1024);
+          await run('mkfs.ext4', ['-q', '-F', '-E', 'lazy_itable_init=1,lazy_journal_init=1', diskImage]);
+          await fs.mkdir(deps.ramDir, { recursive: true, mode: 0o700 });
+          started = { accelerator: deps.accelerator, vcpus: Math.min(os.availableParallelism(), Math.max(1, Math.ceil(spec.resources.cpuMillis / 1000))), memoryMiB: spec.resources.memoryMiB };
+        }
+        // A woken VM keeps the address it booted with only if it has none: hibernateWhole refuses VMs with a NIC.
+        const nic = spec.restoreWhole ? undefined : await attachVmNetwork(deps.network, spec.sandboxId, spec.network);
+        const cgroup = await makeVmCgroup(vmCgroupRel(deps.nodeId, spec.sandboxId, spec.class), spec.resources, spec.class, started.vcpus);
         const child = startQemu(
           {
             qemuBinary: deps.qemuBinary, accelerator: deps.accelerator, kernel: deps.kernel, initramfs: deps.initramfs,
-            layerImages: spec.layerImages.map((l) => ({ imagePath: l.imagePath, ...(l.blobPath ? { blobPath: l.blobPath } : {}) })), diskImage, vcpus, memoryMiB: spec.resources.memoryMiB,
+            layerImages: spec.layerImages.map((l) => ({ imagePath: l.imagePath, ...(l.blobPath ? { blobPath: l.blobPath } : {}) })), diskImage, ramFile, vcpus: started.vcpus, memoryMiB: started.memoryMiB,
             agentSocket: path.join(dir, 'agent.sock'), qmpSocket: path.join(dir, 'qmp.sock'), ...(deps.tscKhz ? { tscKhz: deps.tscKhz } : {}),
             ...(nic ? { nic: { netns: nic.netns, tap: VM_TAP, address: nic.address, gateway: nic.gateway } } : {}),
             pids: spec.resources.pids,
+            ...(spec.restoreWhole ? { incoming: true } : {}),
           },
           path.join(dir, 'console.log'),
           inCgroupPrefix(cgroup, spec.class),
         );
         if (!child.pid) throw new Error('QEMU did not start');
-        const file: VmFile = { pid: child.pid, layers: spec.layerImages.map((l) => l.digest), env: spec.env, workdir: spec.workdir, ...(spec.user ? { user: spec.user } : {}), ...(spec.network ? { network: spec.network } : {}), ...(nic ? { nic: true } : {}) };
+        const file: VmFile = { pid: child.pid, started, layers: spec.layerImages.map((l) => l.digest), env: spec.env, workdir: spec.workdir, ...(spec.user ? { user: spec.user } : {}), ...(spec.network ? { network: spec.network } : {}), ...(nic ? { nic: true } : {}) };
         await fs.writeFile(path.join(dir, 'vm.json'), JSON.stringify(file));
         const vm = await adopt(spec.sandboxId, file).catch(async (err: Error) => {
           throw new Error(`${err.message}; console: ${await consoleTail(dir)}`);
         });
+        if (spec.restoreWhole) await loadVm(path.join(dir, 'qmp.sock'), spec.restoreWhole);
         await vm.channel.ready(deps.bootTimeoutMs).catch(async (err: Error) => {
           throw new Error(`${err.message}; console: ${await consoleTail(dir)}`);
         });
+        if (spec.restoreWhole) {
+          // Its channels of before are gone, its clock stood still while it was saved, and its random state is the saved one.
+          vm.channel.restored();
+          await fs.rm(spec.restoreWhole, { recursive: true, force: true });
+        }
         cgroup.settle();
       } catch (err) {
         await remove(spec.sandboxId);
@@ -221,6 +253,17 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     snapshot: async () => {
       throw unsupported('snapshot its writable disk (pack_diff)');
     },
+    hibernatesWhole: (id) => vms.has(id),
+    async hibernateWhole(id, imageDir) {
+      const vm = vmOf(id);
+      // Its guest took its address at boot; a wake elsewhere would give it another lease.
+      if (vm.file.nic) throw unsupported('hibernate a sandbox with a network device (network.mode allowlist at create)');
+      if (!vm.file.started) throw unsupported('hibernate a VM started by an older worker (its RAM is not a shared file)');
+      // A command's caller waits on this host's connection, which the save ends; its processes would be kept, its result not.
+      if (vm.live.size) throw new RollboxError('invalid_state', `sandbox ${id} has ${vm.live.size} command(s) running (${[...vm.live.keys()].slice(0, 3).join(', ')}); a microVM hibernates whole between commands (processes they left running in the background are kept)`);
+      await saveVm({ qmpSocket: path.join(vm.dir, 'qmp.sock'), ramFile: ramFileOf(id), diskImage: path.join(vm.dir, 'disk.ext4'), startedWith: vm.file.started }, imageDir);
+      await remove(id);
+    },
     async isRunning(id) {
       const vm = vms.get(id);
       return vm !== undefined && isQemuPid(vm.pid, deps.qemuBinary);
@@ -256,6 +299,10 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
         }
         await remove(id);
         removed.push(id);
+      }
+      // RAM files whose VM is gone (a worker that died between a QEMU's end and its cleanup).
+      for (const name of await fs.readdir(deps.ramDir).catch(() => [] as string[])) {
+        if (!vms.has(name.replace(/\.ram$/, ''))) await fs.rm(path.join(deps.ramDir, name), { force: true });
       }
       if (vms.size === 0) await removeVmCgroupParents(deps.nodeId);
       // Sandboxes this runtime does not know are the container runtime's to report.

@@ -1,4 +1,5 @@
 import path from 'node:path';
+import { RollboxError } from '../../api/index.ts';
 import { readOomKills } from './cgroups.ts';
 import { createRuntimeContext, type RuncRuntimeDeps } from './context.ts';
 import { claimSandbox } from './claim.ts';
@@ -62,6 +63,11 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
       const upperDir = await upperDirOfBundle(layout.bundleOf(id));
       const freezerState = await freezerStateFile(ctx, id);
       return withDiskOnHost(ctx, id, () => packUpperDir({ upperDir, freezerStateFile: freezerState, ...options }));
+    },
+    // A container hibernates as its packed writable layer (the worker's hibernate op): its processes end.
+    hibernatesWhole: () => false,
+    hibernateWhole: async () => {
+      throw new RollboxError('internal', 'a container is not saved whole; it hibernates as its packed writable layer');
     },
     applyPolicy: (id, change) => {
       checkSandboxId(id);

@@ -27,6 +27,8 @@ export function createTieredRuntime(container: SandboxRuntime, microvm: TierRunt
     pause: (id) => of(id).pause(id),
     resume: (id) => of(id).resume(id),
     snapshot: (id, options) => of(id).snapshot(id, options),
+    hibernatesWhole: (id) => of(id).hibernatesWhole(id),
+    hibernateWhole: (id, imageDir) => of(id).hibernateWhole(id, imageDir),
     isRunning: (id) => of(id).isRunning(id),
     onExit(listener) {
       for (const r of both) r.onExit(listener);

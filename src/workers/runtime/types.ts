@@ -20,6 +20,8 @@ export interface SandboxRuntimeSpec {
    * included, are copied into the new upper dir before the container starts.
    */
   restoreUpper?: LayerFiles;
+  /** A sandbox saved whole (hibernateWhole): the image directory it comes back from, processes and all. */
+  restoreWhole?: string;
   /** Default: mode none (loopback only). */
   network?: NetworkPolicy;
   /**
@@ -147,6 +149,17 @@ export interface SandboxRuntime {
    * `frozenMs` says how long (0: it was paused already).
    */
   snapshot(sandboxId: string, options: { outPath: string; excludePaths: readonly string[] }): Promise<{ frozenMs: number }>;
+  /**
+   * Whether this sandbox hibernates whole, keeping its processes (a microVM: memory and
+   * device state saved, hibernateWhole), rather than as its packed writable layer.
+   */
+  hibernatesWhole(sandboxId: string): boolean;
+  /**
+   * Save the sandbox whole into `imageDir` (whole or absent), then remove it from this
+   * host; a create with `restoreWhole: imageDir` brings it back as it was. On failure the
+   * sandbox runs on.
+   */
+  hibernateWhole(sandboxId: string, imageDir: string): Promise<void>;
   /** Whether the sandbox's init process is alive. */
   isRunning(sandboxId: string): Promise<boolean>;
   /**

@@ -15,6 +15,7 @@
 #include "vminit.h"
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -123,7 +124,37 @@ static void chan_flush(struct chan *c) {
   }
 }
 
+/* linux/random.h's ioctls (musl ships no kernel headers). */
+#define RNDADDENTROPY 0x40085203
+#define RNDRESEEDCRNG 0x5207
+
+static void drop_channels(void) {
+  while (nchans > 0) chan_free(chans[0]);
+}
+
+/* After a restore: the old channels dropped, the wall clock set to the host's, the entropy credited and the kernel's RNG reseeded from it. */
+static void restored(const char *p, size_t len) {
+  drop_channels();
+  if (len != MUX_RESTORED_PAYLOAD_BYTES) return;
+  uint64_t sec = (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
+  struct timespec now = {.tv_sec = (time_t)sec, .tv_nsec = (long)get32(p + 8)};
+  if (clock_settime(CLOCK_REALTIME, &now) < 0) vm_log("mux: clock_settime: %s", strerror(errno));
+  struct {
+    int entropy_count;
+    int buf_size;
+    char buf[32];
+  } pool = {.entropy_count = 256, .buf_size = 32};
+  memcpy(pool.buf, p + 12, 32);
+  int fd = open("/dev/urandom", O_WRONLY | O_CLOEXEC);
+  if (fd < 0 || ioctl(fd, RNDADDENTROPY, &pool) < 0 || ioctl(fd, RNDRESEEDCRNG) < 0) vm_log("mux: reseeding: %s", strerror(errno));
+  if (fd >= 0) close(fd);
+}
+
 static void from_host(uint32_t id, int kind, const char *p, size_t len) {
+  if (kind == MUX_RESTORED) {
+    restored(p, len);
+    return;
+  }
   if (kind == MUX_PING) {
     queue(0, MUX_PONG, NULL, 0);
     return;
@@ -181,7 +212,7 @@ static void read_chan(struct chan *c) {
 
 /* The host went away: every channel ends, as a dropped connection would. */
 static void host_gone(void) {
-  while (nchans > 0) chan_free(chans[0]);
+  drop_channels();
   out_len = 0;
   in_len = 0;
 }

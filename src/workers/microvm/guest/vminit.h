@@ -25,7 +25,15 @@ enum {
   MUX_CLOSE = 4, /* the channel is gone */
   MUX_PING = 5,  /* host -> guest, channel 0: answered by PONG (readiness) */
   MUX_PONG = 6,
+  /*
+   * host -> guest, channel 0, first thing after a restore: the channels of before the save
+   * are gone (the new host end numbers its own from 1 again), then the host's wall clock
+   * (u64 seconds, u32 nanoseconds) and 32 bytes of entropy: the guest's clock stood still
+   * while the VM was saved, and its random state is the saved one.
+   */
+  MUX_RESTORED = 7,
 };
+#define MUX_RESTORED_PAYLOAD_BYTES (8 + 4 + 32)
 #define MUX_HEADER_BYTES 12
 #define MUX_MAX_PAYLOAD (64u << 10)
 #define MUX_MAX_CHANNELS 1024
