@@ -17,12 +17,20 @@ const EXECS = Number(process.env.BENCH_EXECS ?? 60);
 const cluster = await startTestCluster({ workers: [{ nodeId: 'bench-vm' }] });
 process.once('SIGINT', () => void cluster.stop().finally(() => process.exit(130)));
 try {
-  const token = await cluster.token('bench', ['sandbox:create', 'sandbox:delete', 'sandbox:exec', 'admin']);
+  const token = await cluster.token('bench', ['sandbox:create', 'sandbox:delete', 'sandbox:exec', 'sandbox:snapshot', 'admin']);
   const exec = async (id: string) => {
     const r = await api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, { argv: ['true'] });
     if (r.status !== 200 || r.body.exitCode !== 0) throw new Error(`exec failed: ${r.status} ${JSON.stringify(r.body)}`);
   };
-  const tier = async (name: 'container' | 'microvm') => {
+  // Idle microVMs: each QEMU's resident memory (the guest RAM it touched included), once the guests have settled.
+  const qemuRssMiB = async (ids: string[]): Promise<number[]> => {
+    await new Promise((r) => setTimeout(r, 2000));
+    return ids.map((id) => {
+      const pid = JSON.parse(fs.readFileSync(path.join(cluster.rootDir, 'bench-vm', 'worker', 'microvm', id, 'vm.json'), 'utf8')).pid as number;
+      return Number(/VmRSS:\s+(\d+)/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1] ?? 0) / 1024;
+    });
+  };
+  const tier = async (name: 'container' | 'microvm', idleRssMiB?: (ids: string[]) => Promise<number[]>) => {
     const firstCommandMs: number[] = [];
     const ids: string[] = [];
     for (let i = 0; i < CREATES; i++) {
@@ -38,20 +46,31 @@ try {
     }
     const execMs: number[] = [];
     for (let i = 0; i < EXECS; i++) execMs.push(await timed(() => exec(ids[0]!)));
-    return { ids, create: summarize(firstCommandMs), exec: summarize(execMs) };
+    const rssMiB = (await idleRssMiB?.(ids)) ?? [];
+    const hibernateMs: number[] = [];
+    const wakeMs: number[] = [];
+    for (const id of ids) {
+      const touched = await api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, { cmd: 'head -c 67108864 /dev/urandom > /dev/shm/touched' });
+      if (touched.body.exitCode !== 0) throw new Error(`touching memory failed: ${JSON.stringify(touched.body)}`);
+      hibernateMs.push(await timed(async () => {
+        const r = await api(cluster, token, 'POST', `/v1/sandboxes/${id}/pause`, { mode: 'hibernate' });
+        if (r.body.state !== 'hibernated') throw new Error(`hibernate failed: ${JSON.stringify(r.body)}`);
+      }));
+      wakeMs.push(await timed(async () => {
+        const r = await api(cluster, token, 'POST', `/v1/sandboxes/${id}/resume`, {});
+        if (r.body.state !== 'running') throw new Error(`wake failed: ${JSON.stringify(r.body)}`);
+        await exec(id);
+      }));
+      process.stderr.write(`${name} hibernate ${Math.round(hibernateMs.at(-1)!)} ms, wake to first command ${Math.round(wakeMs.at(-1)!)} ms\n`);
+    }
+    return { ids, rssMiB, create: summarize(firstCommandMs), exec: summarize(execMs), hibernate: summarize(hibernateMs), wake: summarize(wakeMs) };
   };
   const containers = await tier('container');
   // Read once the host has heartbeated (it has: it took the creates).
   const nodes = await api(cluster, token, 'GET', '/v1/nodes');
   const accelerator = nodes.body.nodes.find((n: { nodeId: string }) => n.nodeId === 'bench-vm')?.tiers?.microvm?.accelerator ?? 'none';
-  const vms = await tier('microvm');
-  // Idle microVMs: each QEMU's resident memory, once the guests have settled.
-  await new Promise((r) => setTimeout(r, 2000));
-  const rssMiB = vms.ids.map((id) => {
-    const pid = JSON.parse(fs.readFileSync(path.join(cluster.rootDir, 'bench-vm', 'worker', 'microvm', id, 'vm.json'), 'utf8')).pid as number;
-    const kb = Number(/VmRSS:\s+(\d+)/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1] ?? 0);
-    return kb / 1024;
-  });
+  const vms = await tier('microvm', qemuRssMiB);
+  const { rssMiB } = vms;
   for (const id of [...containers.ids, ...vms.ids]) await api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`);
   const result = {
     bench: 'microvm',
@@ -60,6 +79,9 @@ try {
     execs: EXECS,
     createToFirstCommandP50Ms: { container: containers.create.p50Ms, microvm: vms.create.p50Ms, ratio: Math.round((vms.create.p50Ms / containers.create.p50Ms) * 10) / 10 },
     execP50Ms: { container: containers.exec.p50Ms, microvm: vms.exec.p50Ms, ratio: Math.round((vms.exec.p50Ms / containers.exec.p50Ms) * 100) / 100 },
+    hibernateP50Ms: { container: containers.hibernate.p50Ms, microvm: vms.hibernate.p50Ms, ratio: Math.round((vms.hibernate.p50Ms / containers.hibernate.p50Ms) * 100) / 100 },
+    wakeToFirstCommandP50Ms: { container: containers.wake.p50Ms, microvm: vms.wake.p50Ms, ratio: Math.round((vms.wake.p50Ms / containers.wake.p50Ms) * 100) / 100 },
+    touchedMiB: 64,
     hostMiBPerIdleMicroVm: Math.round((rssMiB.reduce((a, b) => a + b, 0) / rssMiB.length) * 10) / 10,
     guestMemoryMiB: 256,
   };
