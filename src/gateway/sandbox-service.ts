@@ -35,6 +35,11 @@ export interface PreparedCreate {
   layerDigests: string[];
   /** A fork's child: recorded on it. */
   lineage?: Lineage;
+  /**
+   * Started on this node or not at all (a fork's child whose disk is a clone of a fork
+   * point there): no other node is tried, and no room there is `no_capacity`.
+   */
+  node?: string;
 }
 
 /** Lifecycle operations (destroy, pause, resume) take milliseconds; this bounds a lost reply. */
@@ -74,7 +79,7 @@ export class SandboxService {
     const { registry, config, directory } = this.deps;
     const { request, layerDigests, lineage } = prepared;
     checkTierSupports(request);
-    const local = { ...placementOf(request), pool: config.node.pool, exclude: new Set<string>() };
+    const local = { ...placementOf(request), pool: config.node.pool, exclude: new Set<string>(), ...(prepared.node !== undefined ? { only: prepared.node } : {}) };
     // A ready sandbox of a warm pool takes the place of a cold start: its id is the sandbox's.
     // Warm pools hold containers only.
     const claimed = lineage || request.tier === 'microvm' ? undefined : await this.deps.pools?.claim(request, layerDigests, local);
@@ -85,7 +90,8 @@ export class SandboxService {
       ? { placement: local, node: claimed.nodeId }
       : this.deps.burst && !lineage
         ? await this.deps.burst.placeCreate(id, request, layerDigests, local, placeFresh)
-        : { placement: local, node: await placeFresh(local) };
+        : // No await between a placement found and its assume below: creates sent at once count each other's.
+          { placement: local, node: this.place(local) ?? (await placeFresh(local)) };
     const placement = { ...routed.placement, exclude: new Set<string>() };
     const node = routed.node;
     if (!node) throw this.noNode(placement, `no worker host in pool ${placement.pool} can reserve ${placement.memoryMiB} MiB of memory and ${placement.diskMiB} MiB of disk now`);

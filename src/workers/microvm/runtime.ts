@@ -253,6 +253,12 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     snapshot: async () => {
       throw unsupported('snapshot its writable disk (pack_diff)');
     },
+    // A VM's disk is not on the scratch filesystem: a fork packs its writable layer instead.
+    makeForkPoint: async () => undefined,
+    packForkPoint: async () => {
+      throw unsupported('pack a fork point');
+    },
+    removeForkPoint: () => undefined,
     hibernatesWhole: (id) => vms.has(id),
     async hibernateWhole(id, imageDir) {
       const vm = vmOf(id);

@@ -10,6 +10,7 @@ import { applyPolicy, freezerStateFile, setFrozen } from './policy.ts';
 import { reconcile } from './reconcile.ts';
 import { packUpperDir, upperDirOfBundle } from './snapshot.ts';
 import { teardown } from './teardown.ts';
+import { ForkPoints } from './fork-point.ts';
 import { withDiskOnHost } from './disk-on-host.ts';
 import type { SandboxRuntime } from './types.ts';
 
@@ -36,6 +37,7 @@ export interface RuncRuntime extends SandboxRuntime {
 export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
   const ctx = createRuntimeContext(deps);
   const { layout } = ctx;
+  const forkPoints = new ForkPoints(ctx);
   return {
     runcRoot: layout.runcRoot,
     sandboxesDir: layout.sandboxesDir,
@@ -63,6 +65,19 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
       const upperDir = await upperDirOfBundle(layout.bundleOf(id));
       const freezerState = await freezerStateFile(ctx, id);
       return withDiskOnHost(ctx, id, () => packUpperDir({ upperDir, freezerStateFile: freezerState, ...options }));
+    },
+    makeForkPoint(id, forkPointId) {
+      checkSandboxId(id);
+      checkSandboxId(forkPointId);
+      return forkPoints.make(id, forkPointId);
+    },
+    packForkPoint: (forkPointId, outPath) => {
+      checkSandboxId(forkPointId);
+      return forkPoints.pack(forkPointId, outPath);
+    },
+    removeForkPoint: (forkPointId) => {
+      checkSandboxId(forkPointId);
+      forkPoints.remove(forkPointId);
     },
     // A container hibernates as its packed writable layer (the worker's hibernate op): its processes end.
     hibernatesWhole: () => false,
