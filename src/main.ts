@@ -107,7 +107,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     images,
     registry,
     provider,
-    config: { ...config.burst, localPool: config.node.pool, lostAfterMs: config.node.lostAfterMs, redisUrl },
+    config: { ...config.burst, localPool: config.node.pool, lostAfterMs: config.node.staleAfterMs, redisUrl },
     gatewayId,
     gatewayUrl: () => config.burst.gatewayUrl ?? url,
     issueHostToken: () => tokens.issue({ tenant: 'burst', scopes: ['layer:read'], ttlSeconds: 7 * 24 * 3600, subject: 'cloud-host' }),
@@ -121,7 +121,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const { imagePulls, stop: stopImagePulls } = imagePullsOf(config, redis, images, layerDeps, logger, now);
   // A create's (or a pool's) image.ref: the image holding it, pulled first if none does.
   const resolveImage = resolveImageRef(imagePulls, config.imagePull.waitMs);
-  const pools = new PoolService({ pools: new PoolRegistry(redis, now), images, resolveImage, directory, placement: { choices: config.placement.choices, staleAfterMs: config.node.lostAfterMs }, defaultRequests: config.defaultRequests, now, random: Math.random });
+  const pools = new PoolService({ pools: new PoolRegistry(redis, now), images, resolveImage, directory, placement: { choices: config.placement.choices, staleAfterMs: config.node.staleAfterMs }, defaultRequests: config.defaultRequests, now, random: Math.random });
   const sandboxes = new SandboxService({ config, registry, layers, images, resolveImage, directory, nodes, metrics, now, random: Math.random, burst, pools });
   const forks = new ForkService({ registry, layers, forks: new ForkRecords(redis), nodes, sandboxes, now });
   const execs = new ExecService({ redis, blocking, registry, commands, nodes, metrics, now });
@@ -184,7 +184,7 @@ function burstProviderOf(config: Config): CloudProvider | undefined {
     return new LocalProvider({
       baseDir: path.join(config.dataDir, 'burst-hosts'),
       rollboxBin: path.resolve(import.meta.dirname, '../bin/rollbox.js'),
-      env: { ROLLBOX_LOG_LEVEL: config.logLevel === 'silent' ? 'warn' : config.logLevel, ROLLBOX_HEARTBEAT_MS: String(config.node.heartbeatMs), ROLLBOX_NODE_LOST_AFTER_MS: String(config.node.lostAfterMs) },
+      env: { ROLLBOX_LOG_LEVEL: config.logLevel === 'silent' ? 'warn' : config.logLevel, ROLLBOX_HEARTBEAT_MS: String(config.node.heartbeatMs), ROLLBOX_NODE_LOST_AFTER_MS: String(config.node.lostAfterMs), ROLLBOX_NODE_STALE_AFTER_MS: String(config.node.staleAfterMs) },
     });
   }
   if (burst.provider === 'command') {

@@ -12,7 +12,7 @@ import { settledOrThrow, toRollboxError, type NodeRequests } from './node-reques
 import { countedCreate } from './create-metrics.ts';
 
 export interface SandboxServiceDeps {
-  config: Pick<Config, 'placement' | 'quota' | 'defaultRequests'> & { node: Pick<Config['node'], 'lostAfterMs' | 'pool'> };
+  config: Pick<Config, 'placement' | 'quota' | 'defaultRequests'> & { node: Pick<Config['node'], 'staleAfterMs' | 'pool'> };
   registry: SandboxRegistry;
   /** Snapshots register their layer; `image.base` resolves to an imported image's layers or a layer. */
   layers: Pick<LayerRegistry, 'register' | 'unpin'>;
@@ -162,12 +162,12 @@ export class SandboxService {
       this.deps.metrics.refusals.inc({ node: r.nodeId });
       placement.exclude.add(r.nodeId);
       // A run whose host was lost once its sandbox started may have run: not placed again (the caller hears node_lost).
-      const current = run && directory.isSilent(r.nodeId, config.node.lostAfterMs) ? await registry.getOwned(id, tenant) : undefined;
+      const current = run && directory.isSilent(r.nodeId, config.node.staleAfterMs) ? await registry.getOwned(id, tenant) : undefined;
       if (current && current.state !== 'pending') return { kind: 'started', sandbox: current };
       const next = attempt + 1 < config.placement.maxRefusals ? this.place(placement) : undefined;
       if (!next) return { kind: 'exhausted', detail: `no worker host admitted sandbox ${id} after ${placement.exclude.size} refusals (last: ${r.reason})` };
       // A node lost before the sandbox ran (still creating there) loses it to the next one.
-      const lost = directory.isSilent(r.nodeId, config.node.lostAfterMs);
+      const lost = directory.isSilent(r.nodeId, config.node.staleAfterMs);
       if (!(await registry.reassign(id, node, next, { fromCreating: lost }))) {
         const settled = await this.waitSettled(id, tenant);
         // It got to running there, and the host died before answering: nobody has its id yet.
@@ -186,7 +186,7 @@ export class SandboxService {
     for (;;) {
       const settled = await Promise.race([reply, new Promise<undefined>((r) => setTimeout(r, NODE_CHECK_MS))]);
       if (settled) return settled;
-      if (this.deps.directory.isSilent(nodeId, this.deps.config.node.lostAfterMs)) {
+      if (this.deps.directory.isSilent(nodeId, this.deps.config.node.staleAfterMs)) {
         this.deps.nodes.cancel(requestId);
         return { kind: 'refused', requestId, nodeId, reason: `worker host ${nodeId} stopped heartbeating` };
       }
@@ -200,7 +200,7 @@ export class SandboxService {
 
   private place(request: PlacementRequest): string | undefined {
     const { config, directory, random } = this.deps;
-    return chooseNode(directory.candidates(), request, { choices: config.placement.choices, staleAfterMs: config.node.lostAfterMs, random })?.heartbeat.nodeId;
+    return chooseNode(directory.candidates(), request, { choices: config.placement.choices, staleAfterMs: config.node.staleAfterMs, random })?.heartbeat.nodeId;
   }
 
   private async onCreateTimeout(id: string, tenant: string): Promise<Sandbox> {

@@ -9,7 +9,7 @@ import { setFreezerState } from './cgroups.ts';
 import type { RuntimeContext } from './context.ts';
 import { withDiskOnHost } from './disk-on-host.ts';
 import { EXT4_OPTIONS } from './disk-templates.ts';
-import { MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_RDONLY } from './diskhelper.ts';
+import { DiskOpError, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_RDONLY } from './diskhelper.ts';
 import { freezerStateFile } from './policy.ts';
 import { packDir } from './snapshot.ts';
 
@@ -18,6 +18,9 @@ import { packDir } from './snapshot.ts';
  * removed after this long; a fork's children clone it within seconds of its making.
  */
 const FORK_POINT_TTL_MS = 10 * 60_000;
+
+/** Errors of a clone where the filesystem cannot clone (ext4, a copy on another filesystem). */
+const CANNOT_CLONE = new Set(['EOPNOTSUPP', 'ENOTSUP', 'EXDEV', 'EINVAL', 'ENOTTY']);
 
 /**
  * Fork points (see scratch.ts): a sandbox's disk frozen into a clone for one moment, which
@@ -45,7 +48,7 @@ export class ForkPoints {
       const frozenAt = performance.now();
       if (!wasFrozen) await setFreezerState(stateFile, 'FROZEN');
       try {
-        const cloned = await ctx.scratch.makeForkPoint(sandboxId, disk, forkPointId);
+        const cloned = await this.clone(sandboxId, forkPointId);
         return cloned ? { frozenMs: wasFrozen ? 0 : performance.now() - frozenAt } : undefined;
       } finally {
         if (!wasFrozen) await setFreezerState(stateFile, 'THAWED');
@@ -53,6 +56,18 @@ export class ForkPoints {
     });
     if (made) this.expiry.set(forkPointId, setTimeout(() => this.remove(forkPointId), FORK_POINT_TTL_MS).unref());
     return made;
+  }
+
+  /** False where the scratch filesystem cannot clone (an ext4 one). */
+  private async clone(sandboxId: string, forkPointId: string): Promise<boolean> {
+    const { ctx } = this;
+    try {
+      await ctx.diskHelper.cloneSynced(ctx.layout.diskOf(sandboxId), ctx.scratch.imageOf(sandboxId), ctx.scratch.forkPointOf(forkPointId));
+      return true;
+    } catch (err) {
+      if (err instanceof DiskOpError && CANNOT_CLONE.has(err.errno)) return false;
+      throw err;
+    }
   }
 
   /** The fork point's writable layer (its overlay upper dir) as an EROFS image at `outPath`. */
@@ -75,6 +90,6 @@ export class ForkPoints {
   remove(forkPointId: string): void {
     clearTimeout(this.expiry.get(forkPointId));
     this.expiry.delete(forkPointId);
-    this.ctx.scratch.removeForkPoint(forkPointId);
+    rmSync(this.ctx.scratch.forkPointOf(forkPointId), { force: true }); // a stray one goes at the next start (reconcile)
   }
 }

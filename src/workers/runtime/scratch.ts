@@ -1,20 +1,17 @@
-import { closeSync, ftruncateSync, mkdirSync, openSync, readSync, readdirSync, rmSync, statSync, statfsSync } from 'node:fs';
+import { closeSync, ftruncateSync, mkdirSync, openSync, readdirSync, rmSync, statSync, statfsSync } from 'node:fs';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { RollboxError } from '../../api/index.ts';
-import { isMountPoint, listLoopDevices, loopsLeft } from '../../layers/index.ts';
+import { isMountPoint, loopsLeft } from '../../layers/index.ts';
 import { DiskOpError, MNT_DETACH, MS_NODEV, MS_NOEXEC, MS_NOSUID, type DiskHelper } from './diskhelper.ts';
-import { DiskTemplates, EXT4_OPTIONS, mkfsExt4 } from './disk-templates.ts';
+import { DiskTemplates, EXT4_OPTIONS } from './disk-templates.ts';
+import { formatScratch, scratchReusable, type ScratchFsType, type ScratchImage } from './scratch-image.ts';
 import { runTool } from '../../proc/index.ts';
 import type { RuntimeLogger } from './context.ts';
 
 const MIB = 1024 * 1024;
 const GIB = 1024 * MIB;
 
-export type ScratchFsType = 'xfs' | 'ext4';
-
-/** Errors of a clone where the filesystem cannot clone (ext4, a copy on another filesystem). */
-const CANNOT_CLONE = new Set(['EOPNOTSUPP', 'ENOTSUP', 'EXDEV', 'EINVAL', 'ENOTTY']);
 
 export interface ScratchDisksDeps {
   /** Absolute; the scratch image is `<dataDir>/scratch.img`, mounted at `<dataDir>/scratch`. */
@@ -86,6 +83,7 @@ export class ScratchDisks {
   /** attach() calls in progress: the scratch filesystem is not unmounted under them. */
   private attaching = 0;
   private readonly templates: DiskTemplates;
+  private readonly image: ScratchImage;
 
   constructor(private readonly deps: ScratchDisksDeps) {
     this.imagePath = path.join(deps.dataDir, 'scratch.img');
@@ -93,6 +91,7 @@ export class ScratchDisks {
     this.disksDir = path.join(this.mountPoint, 'disks');
     this.templatesDir = path.join(this.mountPoint, 'templates');
     this.templates = new DiskTemplates(this.templatesDir, deps.maxTemplates ?? 32, deps.mkfsBinary);
+    this.image = { path: this.imagePath, fsType: deps.fsType ?? 'xfs', mkfsBinary: deps.mkfsBinary, mkfsXfsBinary: deps.mkfsXfsBinary };
   }
 
   imageOf(sandboxId: string): string {
@@ -104,9 +103,6 @@ export class ScratchDisks {
     return path.join(this.disksDir, `fork-${forkPointId}.img`);
   }
 
-  private get fsType(): ScratchFsType {
-    return this.deps.fsType ?? 'xfs';
-  }
 
   private serialized<T>(fn: () => Promise<T>): Promise<T> {
     const p = this.chain.then(fn);
@@ -131,10 +127,10 @@ export class ScratchDisks {
   private async mountScratch(): Promise<void> {
     mkdirSync(this.mountPoint, { recursive: true, mode: 0o700 });
     if (this.isMounted()) return;
-    const options = this.fsType === 'ext4' ? EXT4_OPTIONS : '';
-    const mountIt = (): Promise<string> => this.deps.helper.mountImage(this.imagePath, this.mountPoint, this.fsType, MS_NOSUID | MS_NODEV | MS_NOEXEC, options, true);
+    const { fsType } = this.image;
+    const mountIt = (): Promise<string> => this.deps.helper.mountImage(this.imagePath, this.mountPoint, fsType, MS_NOSUID | MS_NODEV | MS_NOEXEC, fsType === 'ext4' ? EXT4_OPTIONS : '', true);
     let mounted = false;
-    if (await this.reusable()) {
+    if (await scratchReusable(this.image)) {
       try {
         await mountIt();
         mounted = true;
@@ -154,7 +150,7 @@ export class ScratchDisks {
         closeSync(fd);
       }
       try {
-        await this.mkfs(sizeBytes);
+        await formatScratch(this.image, sizeBytes);
         await mountIt();
       } catch (err) {
         rmSync(this.imagePath, { force: true });
@@ -166,43 +162,6 @@ export class ScratchDisks {
     rmSync(this.disksDir, { recursive: true, force: true });
     mkdirSync(this.disksDir, { mode: 0o700 });
     mkdirSync(this.templatesDir, { recursive: true, mode: 0o700 });
-  }
-
-  private async mkfs(sizeBytes: number): Promise<void> {
-    if (this.fsType === 'ext4') {
-      // Few, large files: one inode per 1 MiB is plenty and keeps the inode table small.
-      const inodes = String(Math.max(4096, Math.floor(sizeBytes / MIB)));
-      return mkfsExt4(this.imagePath, ['-N', inodes], this.deps.mkfsBinary);
-    }
-    const r = await runTool(this.deps.mkfsXfsBinary ?? 'mkfs.xfs', ['-q', '-f', '-m', 'reflink=1', this.imagePath]);
-    if (r.code !== 0) throw new RollboxError('internal', `mkfs.xfs of the scratch filesystem failed: ${r.stderr.trim()}`);
-  }
-
-  /**
-   * The existing image can be mounted again: a filesystem of the configured type, and that
-   * no loop device still holds (mounting one filesystem through two devices corrupts it).
-   * An ext4 must have been unmounted cleanly (a journal-less ext4 clears VALID_FS in its
-   * superblock while mounted, so a crash leaves it unset); XFS replays its log at mount.
-   */
-  private async reusable(): Promise<boolean> {
-    let fd: number | undefined;
-    try {
-      fd = openSync(this.imagePath, 'r');
-      const sb = Buffer.alloc(4);
-      if (this.fsType === 'xfs') {
-        if (readSync(fd, sb, 0, 4, 0) !== 4 || sb.toString('latin1') !== 'XFSB') return false;
-      } else {
-        if (readSync(fd, sb, 0, 4, 1024 + 0x38) !== 4) return false;
-        const magic = sb.readUInt16LE(0);
-        const state = sb.readUInt16LE(2);
-        if (magic !== 0xef53 || (state & 0x1) === 0 || (state & 0x2) !== 0) return false;
-      }
-    } catch {
-      return false;
-    } finally {
-      if (fd !== undefined) closeSync(fd);
-    }
-    return !(await listLoopDevices()).some((l) => l.backingFile === this.imagePath);
   }
 
   private scratchSizeBytes(): number {
@@ -271,26 +230,6 @@ export class ScratchDisks {
       if (err instanceof DiskOpError && err.errno === 'ENOENT') throw new RollboxError('invalid_state', `fork point ${forkPointId} is not on this host (its fork ended)`);
       throw err;
     }
-  }
-
-  /**
-   * A fork point: a clone of the disk of `sandboxId`, whose filesystem is mounted at
-   * `diskMountPoint` and whose writers the caller keeps frozen (see the class). False where
-   * the scratch filesystem cannot clone (an ext4 one): the caller packs a layer instead.
-   * Removed by removeForkPoint, or as a stray image at the next start.
-   */
-  async makeForkPoint(sandboxId: string, diskMountPoint: string, forkPointId: string): Promise<boolean> {
-    try {
-      await this.deps.helper.cloneSynced(diskMountPoint, this.imageOf(sandboxId), this.forkPointOf(forkPointId));
-      return true;
-    } catch (err) {
-      if (err instanceof DiskOpError && CANNOT_CLONE.has(err.errno)) return false;
-      throw err;
-    }
-  }
-
-  removeForkPoint(forkPointId: string): void {
-    rmSync(this.forkPointOf(forkPointId), { force: true });
   }
 
   /**
