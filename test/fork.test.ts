@@ -136,6 +136,7 @@ describe('fork', () => {
     expect((await api(cluster, token, 'GET', `/v1/layers/${forkLayer}`)).body).toMatchObject({ parents: parent.layerDigests });
 
     // Asked for, the fork point is kept as a (named) snapshot beside the clones, and forks again later as it was.
+    await sh(parent.id, 'echo kept > /data/kept'); // (else it packs to the very layer above)
     const kept = await fork(parent.id, { count: 1, snapshot: { name: 'kept-fork-point' } });
     expect(kept.status, JSON.stringify(kept.body)).toBe(201);
     expect(kept.body.forkPoint).toMatch(/^fp_/);

@@ -70,15 +70,15 @@ export class ForkPoints {
     }
   }
 
-  /** The fork point's writable layer (its overlay upper dir) as an EROFS image at `outPath`. */
-  async pack(forkPointId: string, outPath: string): Promise<void> {
+  /** The fork point's writable layer (its overlay upper dir) as an EROFS image at `outPath`, without `excludePaths`. */
+  async pack(forkPointId: string, outPath: string, excludePaths: readonly string[] = []): Promise<void> {
     const { ctx } = this;
     const mountPoint = path.join(ctx.layout.forkPointMountsDir, forkPointId);
     mkdirSync(mountPoint, { recursive: true, mode: 0o700 });
     try {
       await ctx.diskHelper.mountImage(ctx.scratch.forkPointOf(forkPointId), mountPoint, 'ext4', MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, EXT4_OPTIONS, true);
       try {
-        await packDir(path.join(mountPoint, 'upper'), outPath, []);
+        await packDir(path.join(mountPoint, 'upper'), outPath, excludePaths);
       } finally {
         await ctx.diskHelper.umount(mountPoint);
       }

@@ -150,8 +150,9 @@ export interface SandboxRuntime {
   /**
    * pack_diff: write the sandbox's writable layer (its overlay upper dir, whiteouts and
    * opaque dirs included) as an EROFS image at `outPath`, leaving out `excludePaths`
-   * (absolute paths inside the sandbox). The sandbox is frozen while the image is built;
-   * `frozenMs` says how long (0: it was paused already).
+   * (absolute paths inside the sandbox), as of one moment: the sandbox is frozen for it
+   * (a container on a host that clones disks: only while its disk is cloned); `frozenMs`
+   * says how long (0: it was paused already).
    */
   snapshot(sandboxId: string, options: { outPath: string; excludePaths: readonly string[] }): Promise<{ frozenMs: number }>;
   /**
