@@ -39,7 +39,7 @@
  *                   ATTACH (u64 from-offset, command id)
  *   init -> worker: STARTED (u32 pid), STDOUT, STDERR (bytes), TRUNCATED (u8 stream),
  *                   EXIT (i32 exit code, i32 raw wait status), ERROR (text),
- *                   ATTACHED (u32 pid, u32 exited, slot), UNKNOWN
+ *                   ATTACHED (u32 pid, u32 flags: 1 exited, 2 stdin open; slot), UNKNOWN
  * After EXIT the init stops writing and waits for the worker to close the connection. A
  * connection that closes before EXIT kills the command's process group, unless the spawn
  * was durable; a command whose status was lost ends its connection without EXIT.
@@ -519,7 +519,7 @@ static void do_attach(struct session *s, const char *p, size_t len) {
   char body[8 + MAX_SLOT_NAME];
   size_t slot_len = strlen(c->slot);
   put_u32(body, (uint32_t)c->pid);
-  put_u32(body + 4, (uint32_t)c->exited);
+  put_u32(body + 4, (uint32_t)((c->exited ? 1 : 0) | (c->fd_in >= 0 ? 2 : 0)));
   memcpy(body + 8, c->slot, slot_len);
   send_frame(c, F_ATTACHED, body, 8 + slot_len);
 }
