@@ -114,6 +114,7 @@ export class ForkService {
     }
     const clone = sameDisk ? { node: parent.node!, id: newId('fp'), parentId: parent.id } : undefined;
     const made = clone ? await this.forkPointOp(clone, 'make') : undefined;
+    if (made?.kind === 'error') throw toRollboxError(made.error);
     if (made?.kind === 'fork_point' && made.cloned) {
       let packing: Promise<Packed> | undefined;
       const layer = async () => (await (packing ??= this.packed(parent, this.forkPointOp(clone!, 'pack')))).digest;
