@@ -70,10 +70,11 @@ void chan_free(struct chan *c) {
   for (int i = 0; i < nchans; i++) {
     if (chans[i] != c) continue;
     if (c->job > 0) {
-      /* Done, or cancelled: its stage is cleared by the next snapshot; the sandbox must not stay frozen. */
+      /* Done, or cancelled: a cut-short one's stage goes, and the sandbox must not stay frozen. */
       kill(c->job, SIGKILL);
       waitpid(c->job, NULL, 0);
       if (c->job_freezes && !c->job_done) vm_freeze(0);
+      if (!c->job_done) snapshot_clear_stage();
     }
     if (c->fd >= 0) close(c->fd);
     free(c->pend);

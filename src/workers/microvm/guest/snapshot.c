@@ -22,6 +22,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 
@@ -63,7 +64,7 @@ static void result(int sock, int status, const struct snap *s, int64_t frozen_us
 }
 
 /* A flat directory of hard links: unlinked entry by entry, then removed. */
-static void clear_stage(void) {
+void snapshot_clear_stage(void) {
   int fd = open(STAGE_DIR, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd >= 0) {
     DIR *d = fdopendir(fd);
@@ -159,6 +160,9 @@ static void past_ctimes(const struct snap *s) {
 
 void snapshot_main(int sock, const char *body, size_t len) {
   signal(SIGPIPE, SIG_IGN);
+  /* A directory fd per level of the walk: a path of 4096 bytes can be 2048 levels deep. */
+  struct rlimit files = {4096 + 64, 4096 + 64};
+  setrlimit(RLIMIT_NOFILE, &files);
   struct snap s = {.upper_fd = -1, .stage_fd = -1};
   struct tarw *t = malloc(sizeof *t);
   const char *exclude[512];
@@ -186,7 +190,7 @@ void snapshot_main(int sock, const char *body, size_t len) {
     goto done;
   }
   /* A stage left by a snapshot that was cut short (its job killed). */
-  clear_stage();
+  snapshot_clear_stage();
   if (s.mode == SNAP_STAGED) {
     if (mkdir(STAGE_DIR, 0700) < 0 || (s.stage_fd = open(STAGE_DIR, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0) s.stay_frozen = 1;
     /* Written back first, while the sandbox runs: the links' journal commit would wait for the disk's dirty data. */
@@ -219,7 +223,7 @@ done:
     vm_freeze(0);
     frozen_us = mono_us() - frozen_at;
   }
-  if (s.mode == SNAP_STAGED) clear_stage();
+  if (s.mode == SNAP_STAGED) snapshot_clear_stage();
   if (t) tarw_flush(t);
   result(sock, status, &s, frozen_us, t ? t->total : 0);
   _exit(0);

@@ -81,6 +81,8 @@ int hide_apply(const char *body, size_t len, char *err, size_t errlen);
  */
 enum { SNAP_STAGED = 1, SNAP_FROZEN = 2, SNAP_HELD = 3 };
 __attribute__((noreturn)) void snapshot_main(int sock, const char *body, size_t len);
+/* The stage of a snapshot that did not finish (its packer killed): its links hold the sandbox's disk space. */
+void snapshot_clear_stage(void);
 /* One record on a job's socket: a type byte and at most MUX_MAX_PAYLOAD bytes. */
 #define JOB_RECORD_MAX (1 + MUX_MAX_PAYLOAD)
 
