@@ -279,13 +279,13 @@ export class OpHandler {
     await mkdir(ctx.deps.tmpDir, { recursive: true });
     const outPath = path.join(ctx.deps.tmpDir, `pack-${requestId}.erofs`);
     try {
-      const { frozenMs } = await ctx.deps.runtime.snapshot(sandboxId, { outPath, excludePaths: exclude });
-      const stored = await ctx.deps.storeLayerImage(outPath);
+      const { frozenMs, split } = await ctx.deps.runtime.snapshot(sandboxId, { outPath, excludePaths: exclude });
+      const stored = split ? await ctx.deps.storeSplitLayer(split) : await ctx.deps.storeLayerImage(outPath);
       // Unreferenced until the hibernated sandbox, the snapshot's record or a fork's children name it.
       await ctx.layers.pin(stored.digest, ctx.now() + LAYER_PIN_MS);
       return { ...stored, frozenMs };
     } finally {
-      await rm(outPath, { force: true });
+      await Promise.all([outPath, `${outPath}.meta`, `${outPath}.blob`].map((p) => rm(p, { force: true })));
     }
   }
 }

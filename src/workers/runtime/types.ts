@@ -47,6 +47,16 @@ export interface SandboxPolicy {
   hiddenPaths: string[];
 }
 
+/** What a snapshot wrote. */
+export interface RuntimeSnapshot {
+  frozenMs: number;
+  /**
+   * Not one image at `outPath` but a split layer (metadata image + data blob, and its
+   * chunk table: LayerStore.putSplit), as a microVM's snapshot is read from its guest's stream.
+   */
+  split?: { metaPath: string; blobPath: string; chunkSizeBytes: number; table: Buffer };
+}
+
 export interface RuntimeExecSpec {
   argv: string[];
   stdin?: string;
@@ -144,11 +154,11 @@ export interface SandboxRuntime {
   resume(sandboxId: string): Promise<void>;
   /**
    * pack_diff: write the sandbox's writable layer (its overlay upper dir, whiteouts and
-   * opaque dirs included) as an EROFS image at `outPath`, leaving out `excludePaths`
-   * (absolute paths inside the sandbox). The sandbox is frozen while the image is built;
-   * `frozenMs` says how long (0: it was paused already).
+   * opaque dirs included) as an EROFS image at `outPath` (or a split layer: `split`),
+   * leaving out `excludePaths` (absolute paths inside the sandbox). The sandbox is frozen
+   * while the image is built; `frozenMs` says how long (0: it was paused already).
    */
-  snapshot(sandboxId: string, options: { outPath: string; excludePaths: readonly string[] }): Promise<{ frozenMs: number }>;
+  snapshot(sandboxId: string, options: { outPath: string; excludePaths: readonly string[] }): Promise<RuntimeSnapshot>;
   /**
    * Whether this sandbox hibernates whole, keeping its processes (a microVM: memory and
    * device state saved, hibernateWhole), rather than as its packed writable layer.
