@@ -1,3 +1,4 @@
+import { performance } from 'node:perf_hooks';
 import { Transform } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { RollboxError } from '../../api/index.ts';
@@ -25,6 +26,10 @@ export interface VmSnapshot {
   entries: number;
   /** Sockets and device nodes: no layer holds them. */
   skipped: number;
+  /** The last attempt's phases: asked to first byte (sync, freeze, walk), to the end of the stream; its tar's bytes. */
+  firstByteMs: number;
+  streamMs: number;
+  tarBytes: number;
 }
 
 /** The guest's result record (guest/snapshot.c). */
@@ -77,7 +82,7 @@ export async function snapshotVm(
       await options.removeFiles();
       const got = await attempt(channel, files, requestBody(mode, limits.maxEntries, excludePaths), excludePaths, limits, extract);
       frozenUs += got.result.frozenUs;
-      if (got.result.status === ResultStatus.ok && got.table) return { frozenMs: frozenUs / 1000, table: got.table, entries: got.result.entries, skipped: got.result.skipped };
+      if (got.result.status === ResultStatus.ok && got.table) return { frozenMs: frozenUs / 1000, table: got.table, entries: got.result.entries, skipped: got.result.skipped, firstByteMs: got.firstByteMs, streamMs: got.streamMs, tarBytes: got.result.tarBytes };
     }
     throw new RollboxError('snapshot_failed', 'the microVM\'s writable layer kept changing while it was packed frozen');
   } catch (err) {
@@ -93,7 +98,9 @@ async function attempt(
   excludePaths: readonly string[],
   limits: VmSnapshotLimits,
   extract: TarExtractor,
-): Promise<{ result: GuestResult; table?: Buffer }> {
+): Promise<{ result: GuestResult; table?: Buffer; firstByteMs: number; streamMs: number }> {
+  const askedAt = performance.now();
+  let firstByteAt: number | undefined;
   const req = channel.request(MuxKind.snapshot, body);
   let stalled: RollboxError | undefined;
   let timer: NodeJS.Timeout | undefined;
@@ -106,6 +113,7 @@ async function attempt(
   };
   const meter = new Transform({
     transform(chunk: Buffer, _enc, cb) {
+      firstByteAt ??= performance.now();
       watch();
       cb(null, chunk);
     },
@@ -120,11 +128,13 @@ async function attempt(
   clearTimeout(timer);
   await piped;
   if (stalled) throw stalled;
+  const firstByteMs = (firstByteAt ?? askedAt) - askedAt;
+  const streamMs = performance.now() - (firstByteAt ?? askedAt);
   if (result.status === 'fulfilled') {
     const r = parseResult(result.value);
-    if (r.status === ResultStatus.changed) return { result: r };
+    if (r.status === ResultStatus.changed) return { result: r, firstByteMs, streamMs };
     if (r.status !== ResultStatus.ok) throw new RollboxError(/more than \d+ entries/.test(r.message) ? 'payload_too_large' : 'snapshot_failed', `the microVM's guest could not pack its writable layer: ${r.message}`);
-    if (read.status === 'fulfilled') return { result: r, table: read.value.table! };
+    if (read.status === 'fulfilled') return { result: r, table: read.value.table!, firstByteMs, streamMs };
   }
   if (read.status === 'rejected') throw refused(read.reason);
   throw new RollboxError('snapshot_failed', `the microVM's snapshot stream ended without its result (${(result as PromiseRejectedResult).reason?.message ?? 'no reason'}); nothing was stored`);

@@ -132,7 +132,7 @@ export function snapshotOfVm(vm: Vm, options: { outPath: string; excludePaths: r
       // Its upper dir cannot hold more than its disk (a sparse file's holes aside: see docs/microvm.md).
       const maxBytes = (await fs.stat(path.join(vm.dir, 'disk.ext4'))).size;
       const snap = await snapshotVm(vm.channel, files, { excludePaths: options.excludePaths, held: paused, removeFiles }, { maxBytes, maxEntries: DEFAULT_MAX_ENTRIES, idleTimeoutMs: deps.snapshotIdleTimeoutMs }, deps.extract);
-      deps.logger?.info({ sandboxId: vm.sandboxId, frozenMs: snap.frozenMs, entries: snap.entries, skipped: snap.skipped }, 'microVM snapshot');
+      deps.logger?.info({ sandboxId: vm.sandboxId, frozenMs: snap.frozenMs, firstByteMs: Math.round(snap.firstByteMs), streamMs: Math.round(snap.streamMs), tarBytes: snap.tarBytes, entries: snap.entries, skipped: snap.skipped }, 'microVM snapshot');
       return { frozenMs: snap.frozenMs, split: { ...files, table: snap.table } };
     }),
   );

@@ -26,9 +26,13 @@
 
 struct chan *chans[MUX_MAX_CHANNELS];
 int nchans;
-/* Bytes for the host not yet written to the port. */
+/*
+ * Bytes for the host not yet written to the port: out[out_off .. out_len). Written from an
+ * offset, moved down only when a frame needs the room: the port takes at most 32 KiB per
+ * write, and moving a full buffer after each would copy it ~30 times per MiB sent.
+ */
 static char *out;
-static size_t out_len, out_cap;
+static size_t out_off, out_len, out_cap;
 /* Bytes from the host not yet parsed into frames. */
 static char in[MUX_HEADER_BYTES + MUX_MAX_PAYLOAD];
 static size_t in_len;
@@ -43,6 +47,11 @@ uint32_t get32(const char *p) {
 }
 
 void queue(uint32_t id, int kind, const char *payload, size_t len) {
+  if (out_len + MUX_HEADER_BYTES + len > out_cap && out_off > 0) {
+    memmove(out, out + out_off, out_len - out_off);
+    out_len -= out_off;
+    out_off = 0;
+  }
   if (out_len + MUX_HEADER_BYTES + len > out_cap) {
     size_t cap = out_cap ? out_cap : 65536;
     while (cap < out_len + MUX_HEADER_BYTES + len) cap *= 2;
@@ -229,7 +238,7 @@ static void read_chan(struct chan *c) {
 /* The host went away: every channel ends, as a dropped connection would. */
 static void host_gone(void) {
   drop_channels();
-  out_len = 0;
+  out_len = out_off = 0;
   in_len = 0;
 }
 
@@ -240,9 +249,9 @@ void mux_main(int port, int root_fd) {
   static uint32_t who[1 + MUX_MAX_CHANNELS];
   for (;;) {
     int n = 0;
-    pfds[n++] = (struct pollfd){.fd = port, .events = POLLIN | (out_len ? POLLOUT : 0)};
+    pfds[n++] = (struct pollfd){.fd = port, .events = POLLIN | (out_len > out_off ? POLLOUT : 0)};
     /* Past 1 MiB queued for the host, stop reading the init: it then blocks its commands. */
-    if (out_len < (1u << 20)) {
+    if (out_len - out_off < (1u << 20)) {
       for (int i = 0; i < nchans; i++) {
         if (chans[i]->fd < 0 || chans[i]->init_eof) continue;
         who[n] = chans[i]->id;
@@ -275,11 +284,11 @@ void mux_main(int port, int root_fd) {
         chan_free(c);
       }
     }
-    while (out_len > 0) {
-      ssize_t w = write(port, out, out_len);
+    while (out_len > out_off) {
+      ssize_t w = write(port, out + out_off, out_len - out_off);
       if (w < 0) break; /* EAGAIN: POLLOUT next round */
-      memmove(out, out + w, out_len - (size_t)w);
-      out_len -= (size_t)w;
+      out_off += (size_t)w;
     }
+    if (out_off == out_len) out_off = out_len = 0;
   }
 }
