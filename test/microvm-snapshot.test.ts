@@ -114,7 +114,7 @@ describe('microVM snapshots', () => {
     console.log(`snapshot of 500 files + 16 MiB: ${JSON.stringify(figures)}`);
   }, 300_000);
 
-  it('pack a paused VM as it is: it stays paused, its processes do not run', async () => {
+  it('pack a paused VM as it is: it stays paused, its processes do not run; hibernated and woken, it runs', async () => {
     const vm = await createVm();
     const counter = await api(cluster, token, 'POST', `/v1/sandboxes/${vm}/exec`, { cmd: 'i=0; while :; do i=$((i+1)); echo $i > /root/count; usleep 20000; done', background: true });
     await waitFor('the counter counts', async () => Number(await sh(vm, 'cat /root/count 2>/dev/null || echo 0')) > 5);
@@ -130,7 +130,16 @@ describe('microVM snapshots', () => {
     expect(atResume - packed).toBeGreaterThanOrEqual(0);
     expect(atResume - packed).toBeLessThan(5);
     await waitFor('the counter counts again', async () => Number(await sh(vm, 'cat /root/count')) > atResume + 3);
+    // Paused (frozen in the guest), hibernated whole, woken: it runs again (the restore thaws it). A
+    // command still running is refused a whole hibernation: the counter goes on as a detached process.
     await api(cluster, token, 'POST', `/v1/sandboxes/${vm}/commands/${counter.body.commandId}/signal`, { signal: 'KILL' });
+    await sh(vm, '(i=0; while :; do i=$((i+1)); echo $i > /root/count; usleep 20000; done) >/dev/null 2>&1 &');
+    expect((await api(cluster, token, 'POST', `/v1/sandboxes/${vm}/pause`, {})).body.state).toBe('paused');
+    const hibernated = await api(cluster, token, 'POST', `/v1/sandboxes/${vm}/pause`, { mode: 'hibernate' });
+    expect(hibernated.body.state, JSON.stringify(hibernated.body)).toBe('hibernated');
+    expect((await api(cluster, token, 'POST', `/v1/sandboxes/${vm}/resume`, {})).body.state).toBe('running');
+    const woken = Number(await sh(vm, 'cat /root/count'));
+    await waitFor('the counter counts after the wake', async () => Number(await sh(vm, 'cat /root/count')) > woken + 3);
     await remove(vm, container);
   }, 300_000);
 
