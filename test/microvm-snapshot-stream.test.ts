@@ -160,7 +160,7 @@ describe('a microVM snapshot stream, from a stand-in guest', () => {
       ['silent', (req) => sendData(req, within.subarray(0, 100_000)), 'snapshot_failed', /sent nothing for 400 ms/],
       ['past its cap', (req) => sendData(req, big), 'payload_too_large', /exceed/],
       ['a guest that could not pack', (req) => req.send(MuxKind.result, result(2, 0, '/root: the name is not UTF-8')), 'snapshot_failed', /not UTF-8/],
-      ['too many entries', (req) => req.send(MuxKind.result, result(2, 0, 'the writable layer has more than 100 entries')), 'payload_too_large', /more than 100 entries/],
+      ['too many entries', (req) => req.send(MuxKind.result, result(3, 0, 'the writable layer has more than 100 entries')), 'payload_too_large', /more than 100 entries/],
     ];
     const endsItself = ['garbage, then its result', 'cut short', 'a guest that could not pack', 'too many entries'];
     for (const [what, answer, code, message] of cases) {

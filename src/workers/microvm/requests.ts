@@ -5,7 +5,7 @@ import { MuxKind, type VmChannel, type VmRequestKind } from './channel.ts';
 const QUICK_REQUEST_TIMEOUT_MS = 15_000;
 
 /** A request's result status (guest/vminit.h MUX_RESULT). */
-export const ResultStatus = { ok: 0, changed: 1, failed: 2 } as const;
+export const ResultStatus = { ok: 0, changed: 1, failed: 2, tooLarge: 3 } as const;
 
 /**
  * A quick request to the guest's trusted side (hidden paths, a freeze): resolves once it

@@ -133,7 +133,7 @@ async function attempt(
   if (result.status === 'fulfilled') {
     const r = parseResult(result.value);
     if (r.status === ResultStatus.changed) return { result: r, firstByteMs, streamMs };
-    if (r.status !== ResultStatus.ok) throw new RollboxError(/more than \d+ entries/.test(r.message) ? 'payload_too_large' : 'snapshot_failed', `the microVM's guest could not pack its writable layer: ${r.message}`);
+    if (r.status !== ResultStatus.ok) throw new RollboxError(r.status === ResultStatus.tooLarge ? 'payload_too_large' : 'snapshot_failed', `the microVM's guest could not pack its writable layer: ${r.message}`);
     if (read.status === 'fulfilled') return { result: r, table: read.value.table!, firstByteMs, streamMs };
   }
   if (read.status === 'rejected') throw refused(read.reason);

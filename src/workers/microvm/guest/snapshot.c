@@ -14,7 +14,7 @@
  * again with SNAP_FROZEN: frozen while the whole tar streams. SNAP_HELD: the sandbox is
  * frozen already (a paused VM) and stays so.
  *
- * The result record: 'R', u32 status (0 ok, 1 changed, 2 failed), u32 entries, u32
+ * The result record: 'R', u32 status (0 ok, 1 changed, 2 failed, 3 past the entry cap), u32 entries, u32
  * skipped, u64 frozen microseconds, u64 tar bytes, then the failure's message.
  */
 #define _GNU_SOURCE
@@ -36,7 +36,7 @@ struct open_how_v0 {
 #define RESOLVE_NO_SYMLINKS 0x04
 #define RESOLVE_BENEATH 0x08
 
-enum { ST_OK = 0, ST_CHANGED = 1, ST_FAILED = 2 };
+enum { ST_OK = 0, ST_CHANGED = 1, ST_FAILED = 2, ST_TOO_LARGE = 3 };
 
 static int64_t mono_us(void) {
   struct timespec t;
@@ -58,7 +58,7 @@ static void result(int sock, int status, const struct snap *s, int64_t frozen_us
   put32(r + 17, (uint32_t)((uint64_t)frozen_us >> 32));
   put32(r + 21, (uint32_t)bytes);
   put32(r + 25, (uint32_t)(bytes >> 32));
-  size_t m = status == ST_FAILED ? strlen(s->err) : 0;
+  size_t m = status >= ST_FAILED ? strlen(s->err) : 0;
   memcpy(r + 29, s->err, m);
   send(sock, r, 29 + m, MSG_NOSIGNAL);
 }
@@ -225,6 +225,7 @@ done:
   }
   if (s.mode == SNAP_STAGED) snapshot_clear_stage();
   if (t) tarw_flush(t);
+  if (status == ST_FAILED && s.too_large) status = ST_TOO_LARGE;
   result(sock, status, &s, frozen_us, t ? t->total : 0);
   _exit(0);
 }

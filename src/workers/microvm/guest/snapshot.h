@@ -43,6 +43,7 @@ struct snap {
   struct timespec max_ctime;
   int64_t *links;     /* hard links: an open-addressing table of (ino, entry index) pairs */
   size_t links_cap, links_n;
+  int too_large;      /* past the host's entry cap: answered as its own status */
   char err[512];
 };
 

@@ -151,7 +151,7 @@ static int excluded(struct snap *s, const char *rel) {
 }
 
 static struct ent *add(struct snap *s, const char *rel, const struct stat *st) {
-  if (s->n >= s->max_entries) return snap_fail(s, "the writable layer has more than %u entries", s->max_entries), NULL;
+  if (s->n >= s->max_entries) return s->too_large = 1, snap_fail(s, "the writable layer has more than %u entries", s->max_entries), NULL;
   if (s->n == s->cap) {
     size_t cap = s->cap ? s->cap * 2 : 1024;
     struct ent *n = realloc(s->ents, cap * sizeof *n);
