@@ -238,7 +238,9 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
     logger,
   });
   const containers = createRuncRuntime({ dataDir: workerDir, runtimeBinary: config.node.runtimeBinary, layerMounts, nodeId, logger, network, scratchSizeGiB: config.node.scratchSizeGiB, scratchFs: config.node.scratchFs, scratchIdleUnmountMs: config.node.idleUnmountMs, besteffortHoldMs: config.node.besteffortHoldMs, besteffortHeldCpuMillis: config.node.besteffortHeldCpuMillis });
-  const microvm = microVmRuntimeOf(config.node.microvm, path.join(workerDir, 'microvm'), nodeId, logger, network);
+  // A microVM's snapshot is read from its guest's tar stream on a thread of its own, off the event loop.
+  const extractWorkers = new ExtractWorkers(1);
+  const microvm = microVmRuntimeOf(config.node.microvm, path.join(workerDir, 'microvm'), nodeId, { logger, network, extract: extractWorkers.extract });
   const host = new WorkerHost({
     config: { ...config.node, nodeId },
     redis,
@@ -256,6 +258,7 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
     layerFiles: source.layerFiles,
     ...(source.lazy ? { layerCache: source.lazy } : {}),
     storeLayerImage: (tmpImagePath) => store.put(tmpImagePath),
+    storeSplitLayer: (files) => store.putSplit(files),
     hibernatedImageDirOf: (sandboxId) => store.hibernatedImageDirOf(sandboxId),
     tmpDir: path.join(workerDir, 'tmp'),
     logger,
@@ -275,6 +278,7 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
       await host.stop(options);
       // Nothing is mounted any more after a destroying stop: the gate can end with it.
       await source.lazy?.stop({ shutdownGate: options.destroySandboxes });
+      await extractWorkers.close();
       await Promise.all([redis, ...blocking].map((c) => c.quit().catch(() => {})));
     },
   };

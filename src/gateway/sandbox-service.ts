@@ -290,14 +290,17 @@ export class SandboxService {
 
   /**
    * pack_diff: the sandbox's writable layer becomes a new layer whose parents are the
-   * sandbox's layers. A builder's scope, distinct from the runtime agent's.
+   * sandbox's layers, without the excluded paths and those its current stage hides. A
+   * builder's scope, distinct from the runtime agent's.
    */
   async snapshot(principal: Principal, id: string, request: SnapshotRequest): Promise<Layer> {
     requireScope(principal, 'sandbox:snapshot');
     const sandbox = await this.deps.registry.getOwned(id, principal.tenant);
     if (sandbox.state !== 'running' && sandbox.state !== 'paused') throw new RollboxError('invalid_state', `sandbox ${id} is ${sandbox.state}; only a running or paused sandbox can be snapshotted`);
     const requestId = newId('req');
-    const reply = await this.deps.nodes.sendOp(sandbox.node!, { kind: 'snapshot', sandboxId: id, requestId, exclude: request.exclude }, SNAPSHOT_REPLY_TIMEOUT_MS);
+    // What the sandbox's current stage hides (grader files, reference answers) stays out of what it leaves behind.
+    const exclude = [...new Set([...request.exclude, ...sandbox.spec.hiddenPaths])];
+    const reply = await this.deps.nodes.sendOp(sandbox.node!, { kind: 'snapshot', sandboxId: id, requestId, exclude }, SNAPSHOT_REPLY_TIMEOUT_MS);
     if (reply.kind === 'error') throw toRollboxError(reply.error);
     if (reply.kind !== 'snapshot') throw new RollboxError('internal', `unexpected reply ${reply.kind}`);
     const layer = await this.deps.layers.register({ digest: reply.digest, sizeBytes: reply.sizeBytes, name: request.name, parents: sandbox.layerDigests, createdAt: new Date(this.deps.now()).toISOString() });

@@ -8,7 +8,7 @@ import { sandboxFilesMeta } from './files-meta.ts';
 import { readSandboxFiles, writeSandboxFiles } from './files.ts';
 import type { HostContext } from './host-context.ts';
 import { InitLostError } from './init/index.ts';
-import { CommandReleasedError, type RuntimeExecOutcome } from './runtime/index.ts';
+import { CommandReleasedError, type RuntimeExecOutcome, type RuntimeSnapshot } from './runtime/index.ts';
 
 /** A packed layer is safe from garbage collection this long if its record is never written. */
 const LAYER_PIN_MS = 30 * 60_000;
@@ -296,24 +296,26 @@ export class OpHandler {
     this.ctx.requireLocal(sandboxId);
     let frozenMs = 0;
     const stored = await this.storePacked(requestId, async (outPath) => {
-      ({ frozenMs } = await this.ctx.deps.runtime.snapshot(sandboxId, { outPath, excludePaths: exclude }));
+      const packed = await this.ctx.deps.runtime.snapshot(sandboxId, { outPath, excludePaths: exclude });
+      frozenMs = packed.frozenMs;
+      return packed.split;
     });
     return { ...stored, frozenMs };
   }
 
-  /** A layer image `pack` writes, stored in the layer store and pinned there. */
-  private async storePacked(requestId: string, pack: (outPath: string) => Promise<void>): Promise<{ digest: string; sizeBytes: number }> {
+  /** A layer image `pack` writes at its path (or the split layer it answers), stored in the layer store and pinned there. */
+  private async storePacked(requestId: string, pack: (outPath: string) => Promise<RuntimeSnapshot['split'] | void>): Promise<{ digest: string; sizeBytes: number }> {
     const { ctx } = this;
     await mkdir(ctx.deps.tmpDir, { recursive: true });
     const outPath = path.join(ctx.deps.tmpDir, `pack-${requestId}.erofs`);
     try {
-      await pack(outPath);
-      const stored = await ctx.deps.storeLayerImage(outPath);
+      const split = await pack(outPath);
+      const stored = split ? await ctx.deps.storeSplitLayer(split) : await ctx.deps.storeLayerImage(outPath);
       // Unreferenced until the hibernated sandbox, the snapshot's record or a fork's children name it.
       await ctx.layers.pin(stored.digest, ctx.now() + LAYER_PIN_MS);
       return stored;
     } finally {
-      await rm(outPath, { force: true });
+      await Promise.all([outPath, `${outPath}.meta`, `${outPath}.blob`].map((p) => rm(p, { force: true })));
     }
   }
 }

@@ -52,6 +52,16 @@ export interface SandboxPolicy {
   hiddenPaths: string[];
 }
 
+/** What a snapshot wrote. */
+export interface RuntimeSnapshot {
+  frozenMs: number;
+  /**
+   * Not one image at `outPath` but a split layer (metadata image + data blob, and its
+   * chunk table: LayerStore.putSplit), as a microVM's snapshot is read from its guest's stream.
+   */
+  split?: { metaPath: string; blobPath: string; chunkSizeBytes: number; table: Buffer };
+}
+
 export interface RuntimeExecSpec {
   argv: string[];
   stdin?: string;
@@ -149,12 +159,12 @@ export interface SandboxRuntime {
   resume(sandboxId: string): Promise<void>;
   /**
    * pack_diff: write the sandbox's writable layer (its overlay upper dir, whiteouts and
-   * opaque dirs included) as an EROFS image at `outPath`, leaving out `excludePaths`
-   * (absolute paths inside the sandbox), as of one moment: the sandbox is frozen for it
-   * (a container on a host that clones disks: only while its disk is cloned); `frozenMs`
-   * says how long (0: it was paused already).
+   * opaque dirs included) as an EROFS image at `outPath` (or a split layer: `split`),
+   * leaving out `excludePaths` (absolute paths inside the sandbox), as of one moment: the
+   * sandbox is frozen for it (a container on a host that clones disks: only while its disk
+   * is cloned); `frozenMs` says how long (0: it was paused already).
    */
-  snapshot(sandboxId: string, options: { outPath: string; excludePaths: readonly string[] }): Promise<{ frozenMs: number }>;
+  snapshot(sandboxId: string, options: { outPath: string; excludePaths: readonly string[] }): Promise<RuntimeSnapshot>;
   /**
    * A fork point of a running or paused sandbox: its disk as of now, the sandbox frozen only
    * while the disk is cloned (fork-point.ts). undefined where this host cannot clone disks

@@ -12,6 +12,8 @@
  *
  * Kernel command line: rollbox.layers=N (how many layer disks), rollbox.blobs=, and
  * rollbox.net=ADDR/N,GW when the sandbox has a network (net.c), rollbox.pids=N (limits.c).
+ * PID 1 and so every process of the sandbox is in the guest's cgroup /sandbox (limits.c),
+ * which the multiplexer freezes (freeze.c) and which holds the pids limit.
  */
 #define _GNU_SOURCE
 #include "vminit.h"
@@ -213,7 +215,22 @@ static void make_dev(void) {
   symlink("/proc/self/fd/2", "/newroot/dev/stderr");
   must_mount("shm", "/newroot/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
   must_mount("proc", "/newroot/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+  /* Read-only, as runc's readonlyPaths make it in a container: root in the guest keeps the kernel's settings (user namespaces off, below). */
+  if (mount("/newroot/proc/sys", "/newroot/proc/sys", NULL, MS_BIND | MS_REC, NULL) < 0 ||
+      mount(NULL, "/newroot/proc/sys", NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+    vm_die("read-only /proc/sys");
   must_mount("sysfs", "/newroot/sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+}
+
+/*
+ * No user namespaces in the guest, as the container tier's seccomp profile refuses them:
+ * they hand a process a full capability set (over its own namespaces) and open much of
+ * the kernel to it.
+ */
+static void no_user_namespaces(void) {
+  int fd = open("/proc/sys/user/max_user_namespaces", O_WRONLY | O_CLOEXEC);
+  if (fd < 0 || write(fd, "0\n", 2) != 2) vm_die("user.max_user_namespaces");
+  close(fd);
 }
 
 /* rollbox-init and busybox from the initramfs, read-only at /.rollbox (as in a container). */
@@ -255,7 +272,11 @@ int main(void) {
   make_dev();
   bind_tools();
   vm_net_setup();
+  no_user_namespaces();
   int port = open_port();
+  /* The sandbox's root, for the multiplexer's hidden paths (hide.c): the overlay, wherever it is mounted next. */
+  int root = open("/newroot", O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (root < 0) vm_die("open /newroot");
   mkdir("/run", 0700);
   int lfd = socket(AF_UNIX, SOCK_STREAM, 0);
   struct sockaddr_un a = {.sun_family = AF_UNIX};
@@ -266,9 +287,10 @@ int main(void) {
   if (mux == 0) {
     close(lfd);
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) vm_die("PR_SET_DUMPABLE");
-    mux_main(port);
+    mux_main(port, root);
   }
   close(port);
+  close(root);
   /* After the fork: the multiplexer stays outside the sandbox's pids limit. */
   vm_limits_setup();
   if (dup2(lfd, 3) < 0) vm_die("dup2");

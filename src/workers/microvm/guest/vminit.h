@@ -32,7 +32,18 @@ enum {
    * while the VM was saved, and its random state is the saved one.
    */
   MUX_RESTORED = 7,
+  /*
+   * Requests to the guest's trusted side itself (not to the init), each on a channel of
+   * its own: the kind frame, the request's body as DATA frames, EOF. The answer: DATA
+   * frames (a snapshot's tar), one RESULT, CLOSE. A CLOSE from the host cancels.
+   */
+  MUX_SNAPSHOT = 8, /* body: u32 mode, u32 max entries, excluded paths (each NUL-ended) */
+  MUX_POLICY = 9,   /* body: the hidden paths wanted now, each NUL-ended (hide.c) */
+  MUX_FREEZE = 10,  /* body: u8 1 freeze / 0 thaw the sandbox's processes (freeze.c) */
+  MUX_RESULT = 11,  /* guest -> host: u32 status (0 ok), then the request's own answer */
 };
+/* A request's body is read whole before it acts: two lists of 256 paths of 4096 bytes fit. */
+#define MUX_MAX_REQUEST_BYTES (4u << 20)
 #define MUX_RESTORED_PAYLOAD_BYTES (8 + 4 + 32)
 #define MUX_HEADER_BYTES 12
 #define MUX_MAX_PAYLOAD (64u << 10)
@@ -47,9 +58,32 @@ __attribute__((noreturn)) void vm_die(const char *what);
 void vm_cmdline_str(const char *key, char *val, size_t len);
 /* Loopback, and the NIC when the command line has rollbox.net= (net.c). */
 void vm_net_setup(void);
-/* PID 1 into the sandbox's cgroup with its pids limit, from rollbox.pids= (limits.c). */
+/* PID 1 into the sandbox's cgroup (frozen by freeze.c), with its pids limit from rollbox.pids= (limits.c). */
 void vm_limits_setup(void);
-/* The multiplexer's loop over the port `port_fd`; never returns. */
-__attribute__((noreturn)) void mux_main(int port_fd);
+/* The multiplexer's loop over the port `port_fd`; never returns. `root_fd`: the sandbox's root (O_PATH). */
+__attribute__((noreturn)) void mux_main(int port_fd, int root_fd);
+
+/* The sandbox's cgroup (limits.c makes it; every process of the sandbox is in it). */
+#define SANDBOX_CGROUP "/sys/fs/cgroup/sandbox"
+/* Freeze (and wait until every process is frozen) or thaw the sandbox: 0, or -1 with errno (freeze.c). */
+int vm_freeze(int on);
+/* Whether the sandbox is frozen (by a pause, or a request in progress). */
+int vm_is_frozen(void);
+
+/* Hidden paths (hide.c): `body` is the whole set wanted now; 0, or -1 with the reason in `err`. */
+void hide_init(int root_fd);
+int hide_apply(const char *body, size_t len, char *err, size_t errlen);
+
+/*
+ * A snapshot of the writable layer (snapshot.c), run in a child of the multiplexer: the
+ * tar goes out as records on `sock` (a SOCK_SEQPACKET socket: 'D' + tar bytes, then one
+ * 'R' + the result), read by the multiplexer as any channel. Never returns.
+ */
+enum { SNAP_STAGED = 1, SNAP_FROZEN = 2, SNAP_HELD = 3 };
+__attribute__((noreturn)) void snapshot_main(int sock, const char *body, size_t len);
+/* The stage of a snapshot that did not finish (its packer killed): its links hold the sandbox's disk space. */
+void snapshot_clear_stage(void);
+/* One record on a job's socket: a type byte and at most MUX_MAX_PAYLOAD bytes. */
+#define JOB_RECORD_MAX (1 + MUX_MAX_PAYLOAD)
 
 #endif
