@@ -321,6 +321,25 @@ function writeBytesOf(pid: number | undefined): number {
   }
 }
 
+/** CPU seconds a process has used (user + system), its reaped children included. */
+function cpuSecondsOf(pid: number | undefined): number {
+  if (!pid) return 0;
+  try {
+    // Fields after the command's closing parenthesis: utime, stime, cutime, cstime are the 12th-15th.
+    const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
+    return [11, 12, 13, 14].reduce((sum, i) => sum + Number(fields[i]), 0) / CLOCK_TICKS_PER_S;
+  } catch {
+    return 0;
+  }
+}
+const CLOCK_TICKS_PER_S = Number(execFileSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).trim()) || 100;
+
+/** CPU seconds of a host's worker, gate and keeper processes. */
+function hostCpuSeconds(h: Host): number {
+  const gateDir = path.join(h.dataDir, 'worker', 'gate');
+  return cpuSecondsOf(h.child.pid) + cpuSecondsOf(pidIn(path.join(gateDir, 'gate.pid'))) + cpuSecondsOf(pidIn(path.join(gateDir, 'keeper.pid')));
+}
+
 function pidIn(file: string): number | undefined {
   try {
     return Number(readFileSync(file, 'utf8').trim()) || undefined;
@@ -354,6 +373,9 @@ interface ArmFigures {
   fetchedFractionPerHost: number[];
   layerFilesBytes: number;
   processWriteBytes: number;
+  /** CPU seconds over the arm: the hosts' worker, gate and keeper processes; this process (gateway, origin proxy, the bench's client). */
+  hostCpuS: number;
+  gatewayAndOriginCpuS: number;
 }
 
 const work = await fs.mkdtemp(path.join(os.tmpdir(), 'rollbox-bench-lazy-'));
@@ -447,6 +469,7 @@ try {
   const only = env.BENCH_LAZY_ARMS?.split(',');
   for (const a of ONLY === 'sweep' ? [] : arms.filter((x) => !only || only.includes(x.arm))) {
     const hosts = await startHosts(c, adminToken, a.arm, HOSTS, a.env, a.remote ? newProxy : undefined);
+    const cpuBefore = { hosts: hosts.reduce((x, h) => x + hostCpuSeconds(h), 0), own: process.cpuUsage() };
     const { results, makespanMs } = await runTasks(`${a.arm}: ${TASKS} tasks`, client, tasks, CONCURRENCY, THINK_MS);
     const first = results.map((r) => r.firstCommandMs).sort((x, y) => x - y);
     const reads = results.map((r) => r.readMs).sort((x, y) => x - y);
@@ -456,6 +479,7 @@ try {
       return h.proxy && imageBytes ? round(h.proxy.bytes.blob / imageBytes) : 0;
     });
     const disk = hosts.map(hostDisk);
+    const own = process.cpuUsage(cpuBefore.own);
     figures.push({
       arm: a.arm,
       makespanS: round(makespanMs / 1000),
@@ -468,6 +492,8 @@ try {
       fetchedFractionPerHost: fractions,
       layerFilesBytes: disk.reduce((s, d) => s + d.layerFilesBytes, 0),
       processWriteBytes: disk.reduce((s, d) => s + d.processWriteBytes, 0),
+      hostCpuS: round(hosts.reduce((x, h) => x + hostCpuSeconds(h), 0) - cpuBefore.hosts),
+      gatewayAndOriginCpuS: round((own.user + own.system) / 1e6),
     });
     log(`${a.arm}: ${JSON.stringify(figures.at(-1))}`);
     await stopHosts(hosts);
