@@ -13,6 +13,7 @@ import { inCgroupPrefix, makeVmCgroup, removeVmCgroup, removeVmCgroupParents, vm
 import { attachVmNetwork, netnsPathOf, nicPolicy, releaseVmNetwork, VM_BRIDGE, VM_TAP, vmNetnsOf } from './net.ts';
 import { qmpCommand } from './qmp.ts';
 import { loadVm, readImage, saveVm } from './hibernation.ts';
+import { consoleTailOf, exitCauseFromConsole } from './exit-cause.ts';
 import { isQemuPid, startQemu } from './qemu.ts';
 
 const run = promisify(execFile);
@@ -52,6 +53,8 @@ interface Vm extends VmCommandTarget {
   pid: number;
   channel: VmChannel;
   stopping: boolean;
+  /** Its channel closed: QEMU exited or is exiting (it closes its sockets before its process ends). */
+  channelClosed?: boolean;
 }
 
 /** How QEMU was started: a restore starts it the same (the devices' saved state fits only those). */
@@ -101,6 +104,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
   };
   const watch = (id: string, vm: Vm): void => {
     void vm.channel.closed.then(() => {
+      vm.channelClosed = true;
       if (vms.get(id) === vm && !vm.stopping) exitListener?.(id);
     });
   };
@@ -266,7 +270,8 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     },
     async isRunning(id) {
       const vm = vms.get(id);
-      return vm !== undefined && isQemuPid(vm.pid, deps.qemuBinary);
+      // A guest that reset (a panic) has QEMU close its sockets and clean up before its process ends: the closed channel says it first.
+      return vm !== undefined && !vm.channelClosed && isQemuPid(vm.pid, deps.qemuBinary);
     },
     onExit(listener) {
       exitListener = listener;
@@ -280,6 +285,8 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
       vms.clear();
     },
     oomKillCount: async () => 0,
+    // Its guest kernel's last words on the console: a panic, an OOM with nothing left to kill, a reset, or none (killed from outside).
+    exitCause: async (id) => exitCauseFromConsole(await consoleTailOf(path.join(dirOf(id), 'console.log'))),
     async reconcile(keep) {
       const adopted: string[] = [];
       const removed: string[] = [];
