@@ -1,10 +1,14 @@
 /*
- * The sandbox's `pids` limit inside the guest: PID 1 (about to become rollbox-init) moves
- * into a cgroup of its own with pids.max from `rollbox.pids=N`, so every command and its
- * children count against it, as in a container; the multiplexer, forked before, stays
- * outside, so a fork bomb cannot starve the channel. The cgroup2 mount stays in the
- * initramfs, which the new root cannot reach; the sandbox has no CAP_SYS_ADMIN to mount
- * one of its own, so it cannot raise the limit.
+ * The sandbox's cgroups inside the guest, as a container's on the host: cgroup2 mounted in
+ * the initramfs with the memory and pids controllers, `/sandbox` holding everything of the
+ * sandbox (pids.max from `rollbox.pids=N`, so every command and its children count
+ * against it), PID 1 (about to become rollbox-init) in `/sandbox/init`, and the init's
+ * exec cgroups beside it, made and read by the init through the directory it is handed
+ * (fd 4, rollbox-init's slots.c): each command runs in one, so the OOM kills it suffers are
+ * counted in its own memory.events. The multiplexer, forked before, stays outside, so a
+ * fork bomb cannot starve the channel. The cgroup2 mount stays in the initramfs, which the
+ * new root cannot reach; the sandbox has no CAP_SYS_ADMIN to mount one of its own, so it
+ * can neither raise its limit nor touch a count.
  */
 #define _GNU_SOURCE
 #include "vminit.h"
@@ -19,15 +23,26 @@ static void put(const char *path, const char *text) {
   close(fd);
 }
 
-void vm_limits_setup(void) {
+static void make(const char *path) {
+  if (mkdir(path, 0755) < 0 && errno != EEXIST) vm_die(path);
+}
+
+int vm_limits_setup(void) {
+  if (mount("cgroup2", "/sys/fs/cgroup", "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) vm_die("mount cgroup2");
+  put("/sys/fs/cgroup/cgroup.subtree_control", "+pids +memory");
+  make("/sys/fs/cgroup/sandbox");
   char pids[16];
   vm_cmdline_str("rollbox.pids", pids, sizeof pids);
-  if (!pids[0]) return;
-  if (mount("cgroup2", "/sys/fs/cgroup", "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) vm_die("mount cgroup2");
-  put("/sys/fs/cgroup/cgroup.subtree_control", "+pids");
-  if (mkdir("/sys/fs/cgroup/sandbox", 0755) < 0 && errno != EEXIST) vm_die("mkdir /sys/fs/cgroup/sandbox");
-  char limit[24];
-  snprintf(limit, sizeof limit, "%d\n", atoi(pids));
-  put("/sys/fs/cgroup/sandbox/pids.max", limit);
-  put("/sys/fs/cgroup/sandbox/cgroup.procs", "1\n");
+  if (pids[0]) {
+    char limit[24];
+    snprintf(limit, sizeof limit, "%d\n", atoi(pids));
+    put("/sys/fs/cgroup/sandbox/pids.max", limit);
+  }
+  /* Controllers for the exec cgroups below it: /sandbox itself then holds no process (cgroup2's rule). */
+  put("/sys/fs/cgroup/sandbox/cgroup.subtree_control", "+pids +memory");
+  make("/sys/fs/cgroup/sandbox/init");
+  put("/sys/fs/cgroup/sandbox/init/cgroup.procs", "1\n");
+  int dir = open("/sys/fs/cgroup/sandbox", O_RDONLY | O_DIRECTORY);
+  if (dir < 0) vm_die("/sys/fs/cgroup/sandbox");
+  return dir;
 }

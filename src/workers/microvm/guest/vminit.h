@@ -47,8 +47,9 @@ __attribute__((noreturn)) void vm_die(const char *what);
 void vm_cmdline_str(const char *key, char *val, size_t len);
 /* Loopback, and the NIC when the command line has rollbox.net= (net.c). */
 void vm_net_setup(void);
-/* PID 1 into the sandbox's cgroup with its pids limit, from rollbox.pids= (limits.c). */
-void vm_limits_setup(void);
+/* The guest's cgroup2 tree, PID 1 in the sandbox's cgroup with its pids limit from
+ * rollbox.pids= (limits.c); returns the directory the init makes exec cgroups in. */
+int vm_limits_setup(void);
 /* The multiplexer's loop over the port `port_fd`; never returns. */
 __attribute__((noreturn)) void mux_main(int port_fd);
 
