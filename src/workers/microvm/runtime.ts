@@ -62,7 +62,12 @@ interface StartedWith {
   accelerator: Accelerator;
   vcpus: number;
   memoryMiB: number;
+  /** With a NIC (network mode allowlist at create): a wake gives it one on the waking host's lease. */
+  nic?: boolean;
 }
+
+/** How long a woken guest may take to apply its new address (the multiplexer answers at once; TCG on a loaded host is slow). */
+const WAKE_NETWORK_TIMEOUT_MS = 15_000;
 
 /** What is kept on disk per sandbox so a restarted worker can adopt its VM. */
 interface VmFile {
@@ -174,8 +179,14 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
           await fs.mkdir(deps.ramDir, { recursive: true, mode: 0o700 });
           started = { accelerator: deps.accelerator, vcpus: Math.min(os.availableParallelism(), Math.max(1, Math.ceil(spec.resources.cpuMillis / 1000))), memoryMiB: spec.resources.memoryMiB };
         }
-        // A woken VM keeps the address it booted with only if it has none: hibernateWhole refuses VMs with a NIC.
-        const nic = spec.restoreWhole ? undefined : await attachVmNetwork(deps.network, spec.sandboxId, spec.network);
+        // A woken VM gets the devices it was saved with: a NIC if it had one, on a lease of this host
+        // (its current stage; none keeps the NIC, closed), whose address the guest takes below.
+        const nic = spec.restoreWhole
+          ? started.nic
+            ? await attachVmNetwork(deps.network, spec.sandboxId, nicPolicy(spec.network ?? { mode: 'none', allow: [] }))
+            : undefined
+          : await attachVmNetwork(deps.network, spec.sandboxId, spec.network);
+        if (nic) started = { ...started, nic: true };
         const cgroup = await makeVmCgroup(vmCgroupRel(deps.nodeId, spec.sandboxId, spec.class), spec.resources, spec.class, started.vcpus);
         const child = startQemu(
           {
@@ -202,6 +213,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
         if (spec.restoreWhole) {
           // Its channels of before are gone, its clock stood still while it was saved, and its random state is the saved one.
           vm.channel.restored();
+          if (nic) await vm.channel.setNetwork(nic, WAKE_NETWORK_TIMEOUT_MS);
           await fs.rm(spec.restoreWhole, { recursive: true, force: true });
         }
         cgroup.settle();
@@ -260,9 +272,9 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     hibernatesWhole: (id) => vms.has(id),
     async hibernateWhole(id, imageDir) {
       const vm = vmOf(id);
-      // Its guest took its address at boot; a wake elsewhere would give it another lease.
-      if (vm.file.nic) throw unsupported('hibernate a sandbox with a network device (network.mode allowlist at create)');
       if (!vm.file.started) throw unsupported('hibernate a VM started by an older worker (its RAM is not a shared file)');
+      // Its guest could not take a new lease at the wake (its multiplexer predates MUX_NET).
+      if (vm.file.nic && !vm.file.started.nic) throw unsupported('hibernate a VM with a network device started by an older worker');
       // A command's caller waits on this host's connection, which the save ends; its processes would be kept, its result not.
       if (vm.live.size) throw new RollboxError('invalid_state', `sandbox ${id} has ${vm.live.size} command(s) running (${[...vm.live.keys()].slice(0, 3).join(', ')}); a microVM hibernates whole between commands (processes they left running in the background are kept)`);
       await saveVm({ qmpSocket: path.join(vm.dir, 'qmp.sock'), ramFile: ramFileOf(id), diskImage: path.join(vm.dir, 'disk.ext4'), startedWith: vm.file.started }, imageDir);

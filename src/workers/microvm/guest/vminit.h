@@ -32,7 +32,15 @@ enum {
    * while the VM was saved, and its random state is the saved one.
    */
   MUX_RESTORED = 7,
+  /*
+   * host -> guest, channel 0, after RESTORED when the VM has a NIC: the address the waking
+   * host leased it (u32 address and u32 gateway in network order around a u8 prefix and 3
+   * zero bytes); answered by NET_DONE (u32 0, or the errno of what failed) before anything else.
+   */
+  MUX_NET = 8,
+  MUX_NET_DONE = 9,
 };
+#define MUX_NET_PAYLOAD_BYTES 12
 #define MUX_RESTORED_PAYLOAD_BYTES (8 + 4 + 32)
 #define MUX_HEADER_BYTES 12
 #define MUX_MAX_PAYLOAD (64u << 10)
@@ -47,6 +55,8 @@ __attribute__((noreturn)) void vm_die(const char *what);
 void vm_cmdline_str(const char *key, char *val, size_t len);
 /* Loopback, and the NIC when the command line has rollbox.net= (net.c). */
 void vm_net_setup(void);
+/* A MUX_NET payload applied to eth0, the routes and the resolver; 0 or an errno (net.c). */
+int vm_net_reconfigure(const char *payload, size_t len);
 /* The guest's cgroup2 tree, PID 1 in the sandbox's cgroup with its pids limit from
  * rollbox.pids= (limits.c); returns the directory the init makes exec cgroups in. */
 int vm_limits_setup(void);
