@@ -95,6 +95,14 @@ describe('microVM failures stay the guest\'s own', () => {
     await api(cluster, token, 'DELETE', `/v1/sandboxes/${container.body.id}`);
   }, 120_000);
 
+  it('a reset the guest asks for (sysrq b) ends the sandbox failed(guest_panic), naming it', async () => {
+    const id = await createVm({ resources: { memoryMiB: 192, cpuMillis: 1000 } });
+    expect((await exec(id, 'echo b > /proc/sysrq-trigger')).body.error?.code).toBe('result_unknown');
+    const ended = await failed(id);
+    expect(ended.failureReason, JSON.stringify(ended)).toBe('guest_panic');
+    expect(ended.detail).toContain('sysrq: Resetting');
+  }, 120_000);
+
   it('a guest that runs out of memory with nothing left to kill ends failed(oom)', async () => {
     // vm.panic_on_oom, set by root in the guest: the kernel panics at the OOM instead of killing, a real guest OOM death.
     const died = await exec(survivor, `echo 1 > /proc/sys/vm/panic_on_oom; ${HOG}`);
