@@ -3,7 +3,10 @@
  * host: create-to-first-command (POST create, then the first exec of `true`), exec p50 of
  * `true` through the HTTP API, and host memory per idle microVM (the QEMU process's RSS,
  * guest RAM it touched included). The accelerator is named: under TCG (no VT-x here) the
- * microVM figures say nothing about KVM hosts, so no targets. Ends with one JSON line.
+ * microVM figures say nothing about KVM hosts, so no targets. Then snapshots (pack_diff) of
+ * the same sandboxes with SNAPSHOT_MIB written in one file and 500 small ones: the
+ * snapshot's time through the API, and how long the sandbox was frozen (a 1-child fork's
+ * parentFrozenMs, the same pack). Ends with one JSON line.
  */
 import fs from 'node:fs';
 import path from 'node:path';
@@ -13,6 +16,7 @@ import { summarize } from '../src/report/index.ts';
 
 const CREATES = Number(process.env.BENCH_CREATES ?? 3);
 const EXECS = Number(process.env.BENCH_EXECS ?? 60);
+const SNAPSHOT_MIB = Number(process.env.BENCH_SNAPSHOT_MIB ?? 64);
 
 const cluster = await startTestCluster({ workers: [{ nodeId: 'bench-vm' }] });
 process.once('SIGINT', () => void cluster.stop().finally(() => process.exit(130)));
@@ -63,7 +67,23 @@ try {
       }));
       process.stderr.write(`${name} hibernate ${Math.round(hibernateMs.at(-1)!)} ms, wake to first command ${Math.round(wakeMs.at(-1)!)} ms\n`);
     }
-    return { ids, rssMiB, create: summarize(firstCommandMs), exec: summarize(execMs), hibernate: summarize(hibernateMs), wake: summarize(wakeMs) };
+    const snapshotMs: number[] = [];
+    const frozenMs: number[] = [];
+    for (const id of ids) {
+      const cmd = `rm -f /dev/shm/touched; mkdir /root/files && i=0; while [ $i -lt 500 ]; do echo $i > /root/files/$i; i=$((i+1)); done; head -c ${SNAPSHOT_MIB * 1048576} /dev/urandom > /root/big`;
+      const wrote = await api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, { cmd, timeoutMs: 300_000 });
+      if (wrote.body.exitCode !== 0) throw new Error(`writing failed: ${JSON.stringify(wrote.body)}`);
+      snapshotMs.push(await timed(async () => {
+        const r = await api(cluster, token, 'POST', `/v1/sandboxes/${id}/snapshot`, {});
+        if (r.status !== 201) throw new Error(`snapshot failed: ${r.status} ${JSON.stringify(r.body)}`);
+      }));
+      const forked = await api(cluster, token, 'POST', `/v1/sandboxes/${id}/fork`, { count: 1 });
+      if (forked.status !== 201) throw new Error(`fork failed: ${forked.status} ${JSON.stringify(forked.body)}`);
+      frozenMs.push(forked.body.parentFrozenMs);
+      await api(cluster, token, 'DELETE', `/v1/sandboxes/${forked.body.children[0].id}`);
+      process.stderr.write(`${name} snapshot of ${SNAPSHOT_MIB} MiB + 500 files ${Math.round(snapshotMs.at(-1)!)} ms, frozen ${Math.round(frozenMs.at(-1)!)} ms\n`);
+    }
+    return { ids, rssMiB, create: summarize(firstCommandMs), exec: summarize(execMs), hibernate: summarize(hibernateMs), wake: summarize(wakeMs), snapshot: summarize(snapshotMs), frozen: summarize(frozenMs) };
   };
   const containers = await tier('container');
   // Read once the host has heartbeated (it has: it took the creates).
@@ -82,6 +102,9 @@ try {
     hibernateP50Ms: { container: containers.hibernate.p50Ms, microvm: vms.hibernate.p50Ms, ratio: Math.round((vms.hibernate.p50Ms / containers.hibernate.p50Ms) * 100) / 100 },
     wakeToFirstCommandP50Ms: { container: containers.wake.p50Ms, microvm: vms.wake.p50Ms, ratio: Math.round((vms.wake.p50Ms / containers.wake.p50Ms) * 100) / 100 },
     touchedMiB: 64,
+    snapshotP50Ms: { container: containers.snapshot.p50Ms, microvm: vms.snapshot.p50Ms, ratio: Math.round((vms.snapshot.p50Ms / containers.snapshot.p50Ms) * 10) / 10 },
+    snapshotFrozenP50Ms: { container: containers.frozen.p50Ms, microvm: vms.frozen.p50Ms, ratio: Math.round((vms.frozen.p50Ms / containers.frozen.p50Ms) * 10) / 10 },
+    snapshotWrittenMiB: SNAPSHOT_MIB,
     hostMiBPerIdleMicroVm: Math.round((rssMiB.reduce((a, b) => a + b, 0) / rssMiB.length) * 10) / 10,
     guestMemoryMiB: 256,
   };

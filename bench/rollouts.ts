@@ -7,7 +7,7 @@
  *
  * BENCH_FAULT=1: a third of the way in, worker host bench-a is SIGKILLed and started again
  * BENCH_FAULT_RESTART_MS (6000) later, as a crash and a supervisor's restart would; the
- * gateways wait 20 s before declaring a silent host lost. Each turn checks that the log
+ * gateways keep their defaults (a silent host stale after 5 s, lost after 30 s). Each turn checks that the log
  * holds exactly its turns (a command that ran twice shows); the JSON counts rollouts that
  * ended ok, turns answered `result_unknown`, and other failures.
  */
@@ -27,7 +27,8 @@ const FAULT_RESTART_MS = Number(process.env.BENCH_FAULT_RESTART_MS ?? 6000);
 
 // Worker hosts as their own processes, as deployed: this process holds the trainer (the
 // HTTP client) and the gateway.
-const cluster = await startTestCluster({ env: { ROLLBOX_HEARTBEAT_MS: '1000', ROLLBOX_NODE_LOST_AFTER_MS: FAULT ? '20000' : '5000' } });
+const silence: Record<string, string> = FAULT ? { ROLLBOX_NODE_STALE_AFTER_MS: '5000', ROLLBOX_NODE_LOST_AFTER_MS: '30000' } : { ROLLBOX_NODE_LOST_AFTER_MS: '5000' };
+const cluster = await startTestCluster({ env: { ROLLBOX_HEARTBEAT_MS: '1000', ...silence } });
 process.once('SIGINT', () => void cluster.stop().finally(() => process.exit(130)));
 try {
   const workers = new Map<string, ChildProcess>();

@@ -10,9 +10,10 @@ cd "$(dirname "$0")/.."
 # chromium: the batch page's test drives it headless; attr (setfattr) and zstd: image import
 # (xattrs and opaque directories of image layers; zstd-compressed layers); docker-registry,
 # skopeo and openssl: the image pull tests run a real registry on loopback, push images into
-# it and make the token auth's certificate.
+# it and make the token auth's certificate. xfsprogs: each worker host's scratch filesystem
+# is XFS, whose reflinks let a fork clone a sandbox's disk without copying its data.
 missing=""
-for pkg in runc erofs-utils redis-server busybox-static nftables iptables iproute2 e2fsprogs attr zstd musl-tools gcc python3-minimal python3-pytest python3-httpx python3-venv python3-wheel chromium docker-registry skopeo openssl; do
+for pkg in runc erofs-utils redis-server busybox-static nftables iptables iproute2 e2fsprogs xfsprogs attr zstd musl-tools gcc python3-minimal python3-pytest python3-httpx python3-venv python3-wheel chromium docker-registry skopeo openssl; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing="$missing $pkg"
 done
 

@@ -107,7 +107,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     images,
     registry,
     provider,
-    config: { ...config.burst, localPool: config.node.pool, lostAfterMs: config.node.lostAfterMs, redisUrl },
+    config: { ...config.burst, localPool: config.node.pool, lostAfterMs: config.node.staleAfterMs, redisUrl },
     gatewayId,
     gatewayUrl: () => config.burst.gatewayUrl ?? url,
     issueHostToken: () => tokens.issue({ tenant: 'burst', scopes: ['layer:read'], ttlSeconds: 7 * 24 * 3600, subject: 'cloud-host' }),
@@ -121,7 +121,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const { imagePulls, stop: stopImagePulls } = imagePullsOf(config, redis, images, layerDeps, logger, now);
   // A create's (or a pool's) image.ref: the image holding it, pulled first if none does.
   const resolveImage = resolveImageRef(imagePulls, config.imagePull.waitMs);
-  const pools = new PoolService({ pools: new PoolRegistry(redis, now), images, resolveImage, directory, placement: { choices: config.placement.choices, staleAfterMs: config.node.lostAfterMs }, defaultRequests: config.defaultRequests, now, random: Math.random });
+  const pools = new PoolService({ pools: new PoolRegistry(redis, now), images, resolveImage, directory, placement: { choices: config.placement.choices, staleAfterMs: config.node.staleAfterMs }, defaultRequests: config.defaultRequests, now, random: Math.random });
   const sandboxes = new SandboxService({ config, registry, layers, images, resolveImage, directory, nodes, metrics, now, random: Math.random, burst, pools });
   const forks = new ForkService({ registry, layers, forks: new ForkRecords(redis), nodes, sandboxes, now });
   const execs = new ExecService({ redis, blocking, registry, commands, nodes, metrics, now });
@@ -184,7 +184,7 @@ function burstProviderOf(config: Config): CloudProvider | undefined {
     return new LocalProvider({
       baseDir: path.join(config.dataDir, 'burst-hosts'),
       rollboxBin: path.resolve(import.meta.dirname, '../bin/rollbox.js'),
-      env: { ROLLBOX_LOG_LEVEL: config.logLevel === 'silent' ? 'warn' : config.logLevel, ROLLBOX_HEARTBEAT_MS: String(config.node.heartbeatMs), ROLLBOX_NODE_LOST_AFTER_MS: String(config.node.lostAfterMs) },
+      env: { ROLLBOX_LOG_LEVEL: config.logLevel === 'silent' ? 'warn' : config.logLevel, ROLLBOX_HEARTBEAT_MS: String(config.node.heartbeatMs), ROLLBOX_NODE_LOST_AFTER_MS: String(config.node.lostAfterMs), ROLLBOX_NODE_STALE_AFTER_MS: String(config.node.staleAfterMs) },
     });
   }
   if (burst.provider === 'command') {
@@ -237,8 +237,10 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
     resolveHost: async (name) => config.network.staticHosts.get(name) ?? (await dns.resolve4(name)),
     logger,
   });
-  const containers = createRuncRuntime({ dataDir: workerDir, runtimeBinary: config.node.runtimeBinary, layerMounts, nodeId, logger, network, scratchSizeGiB: config.node.scratchSizeGiB, scratchIdleUnmountMs: config.node.idleUnmountMs, besteffortHoldMs: config.node.besteffortHoldMs, besteffortHeldCpuMillis: config.node.besteffortHeldCpuMillis });
-  const microvm = microVmRuntimeOf(config.node.microvm, path.join(workerDir, 'microvm'), nodeId, logger, network);
+  const containers = createRuncRuntime({ dataDir: workerDir, runtimeBinary: config.node.runtimeBinary, layerMounts, nodeId, logger, network, scratchSizeGiB: config.node.scratchSizeGiB, scratchFs: config.node.scratchFs, scratchIdleUnmountMs: config.node.idleUnmountMs, besteffortHoldMs: config.node.besteffortHoldMs, besteffortHeldCpuMillis: config.node.besteffortHeldCpuMillis });
+  // A microVM's snapshot is read from its guest's tar stream on a thread of its own, off the event loop.
+  const extractWorkers = new ExtractWorkers(1);
+  const microvm = microVmRuntimeOf(config.node.microvm, path.join(workerDir, 'microvm'), nodeId, { logger, network, extract: extractWorkers.extract });
   const host = new WorkerHost({
     config: { ...config.node, nodeId },
     redis,
@@ -256,6 +258,7 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
     layerFiles: source.layerFiles,
     ...(source.lazy ? { layerCache: source.lazy } : {}),
     storeLayerImage: (tmpImagePath) => store.put(tmpImagePath),
+    storeSplitLayer: (files) => store.putSplit(files),
     hibernatedImageDirOf: (sandboxId) => store.hibernatedImageDirOf(sandboxId),
     tmpDir: path.join(workerDir, 'tmp'),
     logger,
@@ -275,6 +278,7 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
       await host.stop(options);
       // Nothing is mounted any more after a destroying stop: the gate can end with it.
       await source.lazy?.stop({ shutdownGate: options.destroySandboxes });
+      await extractWorkers.close();
       await Promise.all([redis, ...blocking].map((c) => c.quit().catch(() => {})));
     },
   };

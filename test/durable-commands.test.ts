@@ -160,6 +160,23 @@ describe('commands outlive their worker host', () => {
 });
 
 describe('past the grace', () => {
+  it('a command taking stdin still takes it after its worker is SIGKILLed and restarted; one that does not, still refuses it', async () => {
+    const { body: sandbox } = await api(cluster, token, 'POST', '/v1/sandboxes', {});
+    expect((await exec(sandbox.id, { argv: ['cat'], background: true, stdinOpen: true, commandId: 'cat-restart' })).status).toBe(202);
+    expect((await exec(sandbox.id, { cmd: 'sleep 60', background: true, commandId: 'sleep-restart' })).status).toBe(202);
+    const command = (id: string) => api(cluster, token, 'GET', `/v1/sandboxes/${sandbox.id}/commands/${id}`);
+    const stdin = (id: string, body: object) => api(cluster, token, 'POST', `/v1/sandboxes/${sandbox.id}/commands/${id}/stdin`, body);
+    await waitFor('both running', async () => (await command('cat-restart')).body.state === 'running' && (await command('sleep-restart')).body.state === 'running');
+    expect((await stdin('cat-restart', { data: 'before\n' })).status).toBe(200);
+    await restartWorker();
+    // Taken over by the new worker once it has attached to it again.
+    await waitFor('stdin taken after the restart', async () => (await stdin('cat-restart', { data: 'after\n', eof: true })).status === 200, 30_000);
+    const done = await waitFor('cat done', async () => ((await command('cat-restart')).body.state === 'done' ? (await command('cat-restart')).body : undefined), 30_000);
+    expect(done).toMatchObject({ stdout: 'before\nafter\n', result: { exitCode: 0 } });
+    expect((await stdin('sleep-restart', { data: 'x' })).body.error.code).toBe('invalid_state');
+    await api(cluster, token, 'DELETE', `/v1/sandboxes/${sandbox.id}`);
+  });
+
   it('a command whose worker stayed away longer than its grace was killed by the init and answers result_unknown', async () => {
     const shortGrace = { ROLLBOX_COMMAND_GRACE_MS: '300' };
     await restartWorker(shortGrace);

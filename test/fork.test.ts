@@ -1,7 +1,9 @@
+import { statfsSync } from 'node:fs';
+import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ForkResult, Sandbox } from '../src/api/index.ts';
 import { runRollbox } from './support/cli.ts';
-import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
+import { api, nodesUp, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 
 let cluster: TestCluster;
 let token: string;
@@ -37,16 +39,22 @@ const remove = async (ids: readonly (string | undefined)[]) => Promise.all(ids.f
 const registered = async (digest: string) => (await api(cluster, token, 'GET', `/v1/layers/${digest}`)).status === 200;
 const rollbox = (args: string[]) => runRollbox(args, { url: cluster.url, token });
 const CHECKSUM = 'find /data -type f | sort | xargs md5sum | md5sum';
+/** Bytes in use on the worker's scratch filesystem (every sandbox disk and fork point is a file in it). */
+const scratchUsedBytes = (): number => {
+  const fs = statfsSync(path.join(cluster.rootDir, 'node-fork', 'worker', 'scratch'));
+  return (fs.blocks - fs.bfree) * fs.bsize;
+};
 
 describe('fork', () => {
   it('forks a sandbox with 64 MiB in 1,000 files and a background process into 8 children with the same files, each on its own', async () => {
     const parent = await create({ labels: { role: 'parent' } });
-    await sh(parent.id, 'mkdir -p /data/sub && echo a > /data/sub/a && echo b > /data/sub/b && i=0; while [ $i -lt 1000 ]; do head -c 65536 /dev/urandom > /data/f$i; i=$((i+1)); done; rm /bin/vi');
+    await sh(parent.id, 'mkdir -p /data/sub && echo a > /data/sub/a && echo b > /data/sub/b && i=0; while [ $i -lt 1000 ]; do head -c 65536 /dev/urandom > /data/f$i; i=$((i+1)); done; rm /bin/vi; sync');
     const bg = await api(cluster, token, 'POST', `/v1/sandboxes/${parent.id}/exec`, { cmd: 'while true; do echo tick >> /root/ticks; sleep 0.1; done', background: true });
     expect(bg.status, JSON.stringify(bg.body)).toBe(202);
     const sum = await sh(parent.id, CHECKSUM);
     expect((await sh(parent.id, 'du -sk /data')).split('\t')[0]).toMatch(/^6[0-9]{4}$/);
 
+    const usedBefore = scratchUsedBytes();
     const r = await fork(parent.id, { count: 8, labels: { role: 'child' } });
     expect(r.status, JSON.stringify(r.body)).toBe(201);
     const result = r.body;
@@ -57,16 +65,19 @@ describe('fork', () => {
     expect(new Set(ids).size).toBe(8);
     for (const child of result.children) expect(child).toEqual({ id: expect.stringMatching(/^sbx_/), state: 'running' });
 
-    // Lineage on each record; the fork layer is one layer on top of the parent's, shared by all.
+    // Lineage on each record: every child's disk is a clone of the parent's at the fork point, over the parent's own layers; no layer was packed.
+    expect(result.forkPoint).toMatch(/^fp_/);
+    expect(result.forkLayer).toBeUndefined();
     for (const id of ids) {
       const child = await get(id);
-      expect(child.lineage).toEqual({ parent: parent.id, parentKind: 'sandbox', forkLayer: result.forkLayer, forkedAt: result.forkedAt });
-      expect(child.layerDigests).toEqual([...parent.layerDigests, result.forkLayer]);
+      expect(child.lineage).toEqual({ parent: parent.id, parentKind: 'sandbox', forkPoint: result.forkPoint, forkedAt: result.forkedAt });
+      expect(child.layerDigests).toEqual(parent.layerDigests);
       expect(child.spec.labels).toEqual({ role: 'child' });
       expect(child.spec.resources.memoryMiB).toBe(128);
     }
-    expect((await api(cluster, token, 'GET', `/v1/layers/${result.forkLayer}`)).body).toMatchObject({ parents: parent.layerDigests });
     expect((await get(parent.id)).lineage).toBeUndefined();
+    // Not N copies: the 8 clones share the parent's blocks (64 MiB each if copied).
+    expect(scratchUsedBytes() - usedBefore).toBeLessThan(16 * 1024 * 1024);
 
     // Same files everywhere; no process came along.
     const seen = await Promise.all(ids.map((id) => sh(id, `${CHECKSUM}; ls /bin/vi 2>/dev/null; ps | grep -c 'echo tic[k]' || true`)));
@@ -76,15 +87,19 @@ describe('fork', () => {
     await sh(ids[0]!, 'echo mine > /data/f0; echo new > /data/only-0; rm /data/f1');
     expect(await sh(ids[0]!, 'cat /data/f0 /data/only-0; ls /data/f1 2>&1 || true')).toMatch(/^mine\nnew\n.*No such file/);
     for (const id of [...ids.slice(1), parent.id]) expect(await sh(id, `${CHECKSUM}; ls /data/only-0 2>/dev/null || echo absent`)).toBe(`${sum}absent\n`);
+    // And the parent's writes after the fork, in place into a file the children share blocks with: invisible to them.
+    await sh(parent.id, 'head -c 65536 /dev/zero | dd of=/data/f5 conv=notrunc 2>/dev/null; sync');
+    for (const id of ids.slice(1, 3)) expect(await sh(id, CHECKSUM)).toBe(sum);
+    await sh(parent.id, 'head -c 65536 /dev/urandom > /data/f5');
 
-    // A child forks again: its opaque directory and whiteout (over the fork layer) carry over, and lineage names the child.
+    // A child forks again: its opaque directory and whiteout carry over, and lineage names the child.
     await sh(ids[1]!, 'rm -rf /data/sub && mkdir /data/sub && echo c > /data/sub/c && rm /data/f2');
     const grand = await fork(ids[1]!, { count: 1 });
     expect(grand.status, JSON.stringify(grand.body)).toBe(201);
     const grandchild = grand.body.children[0]!.id!;
     expect(await sh(grandchild, 'ls /data/sub; ls /data/f2 2>/dev/null || echo no-f2')).toBe('c\nno-f2\n');
     expect((await get(grandchild)).lineage?.parent).toBe(ids[1]);
-    expect((await get(grandchild)).layerDigests).toEqual([...parent.layerDigests, result.forkLayer, grand.body.forkLayer]);
+    expect((await get(grandchild)).layerDigests).toEqual(parent.layerDigests); // a clone of a clone: no layer more
     await remove([grandchild]);
     await sh(ids[1]!, 'rm -rf /data/sub /data/f3');
 
@@ -97,14 +112,49 @@ describe('fork', () => {
     await remove([parent.id]);
     expect((await get(parent.id)).state).toBe('terminated');
     for (const id of ids.slice(2, 4)) expect(await sh(id, `${CHECKSUM}; echo after > /root/x; cat /root/x`)).toBe(`${sum}after\n`);
+    await remove(ids);
+  });
+
+  it('children that cannot take a clone (another disk size) stack the fork point packed into one shared layer, kept while a child needs it', async () => {
+    const parent = await create();
+    await sh(parent.id, 'mkdir -p /data/sub && echo a > /data/sub/a && head -c 4194304 /dev/urandom > /data/blob && rm /bin/vi');
+    const sum = await sh(parent.id, 'md5sum < /data/blob');
+    const r = await fork(parent.id, { count: 2, resources: { diskMiB: 128 } });
+    expect(r.status, JSON.stringify(r.body)).toBe(201);
+    const { forkLayer, forkedAt } = r.body;
+    expect(forkLayer).toMatch(/^sha256:[0-9a-f]{64}$/);
+    expect(r.body.forkPoint).toBeUndefined();
+    expect(r.body.parentFrozenMs).toBeGreaterThan(0);
+    const ids = r.body.children.map((c) => c.id!);
+    for (const id of ids) {
+      const child = await get(id);
+      expect(child.lineage).toEqual({ parent: parent.id, parentKind: 'sandbox', forkLayer, forkedAt });
+      expect(child.layerDigests).toEqual([...parent.layerDigests, forkLayer]);
+      expect(child.spec.resources.diskMiB).toBe(128);
+      expect(await sh(id, 'md5sum < /data/blob; ls /data/sub; ls /bin/vi 2>/dev/null || echo no-vi')).toBe(`${sum}a\nno-vi\n`);
+    }
+    expect((await api(cluster, token, 'GET', `/v1/layers/${forkLayer}`)).body).toMatchObject({ parents: parent.layerDigests });
+
+    // Asked for, the fork point is kept as a (named) snapshot beside the clones, and forks again later as it was.
+    await sh(parent.id, 'echo kept > /data/kept'); // (else it packs to the very layer above)
+    const kept = await fork(parent.id, { count: 1, snapshot: { name: 'kept-fork-point' } });
+    expect(kept.status, JSON.stringify(kept.body)).toBe(201);
+    expect(kept.body.forkPoint).toMatch(/^fp_/);
+    expect((await api(cluster, token, 'GET', `/v1/layers/${kept.body.forkLayer}`)).body).toMatchObject({ name: 'kept-fork-point', parents: parent.layerDigests });
+    await sh(parent.id, 'echo later > /data/blob');
+    const again = await api<ForkAnswer>(cluster, token, 'POST', `/v1/snapshots/${kept.body.forkLayer}/fork`, { count: 1 });
+    expect(again.status, JSON.stringify(again.body)).toBe(201);
+    expect(await sh(again.body.children[0]!.id!, 'md5sum < /data/blob')).toBe(sum);
+    await remove([parent.id, kept.body.children[0]!.id, again.body.children[0]!.id]);
 
     // The fork layer lives while a child needs it, and is collected after the last one.
-    await remove(ids.slice(0, 7));
+    await remove([ids[0]]);
     await new Promise((r) => setTimeout(r, 3000)); // past the grace and several collector passes
-    expect(await registered(result.forkLayer)).toBe(true);
-    expect(await sh(ids[7]!, CHECKSUM)).toBe(sum);
-    await remove([ids[7]]);
-    await waitFor('fork layer collected', async () => !(await registered(result.forkLayer)), 30_000);
+    expect(await registered(forkLayer!)).toBe(true);
+    expect(await sh(ids[1]!, 'md5sum < /data/blob')).toBe(sum);
+    await remove([ids[1]]);
+    await waitFor('fork layer collected', async () => !(await registered(forkLayer!)), 30_000);
+    expect(await registered(kept.body.forkLayer!)).toBe(true); // named
   });
 
   it('forks a paused and a hibernated sandbox, and a snapshot; children inherit or override network and TTL', async () => {
@@ -155,7 +205,7 @@ describe('fork', () => {
     await remove([parent.id, ...pausedKids, ...hibernatedKids, ...snapKids]);
   });
 
-  it('a parent rewriting a large file all through the pack: the children get one whole version of it', async () => {
+  it('a parent rewriting a large file all through the fork: the children get one whole version of it', async () => {
     const parent = await create();
     // 2 MiB (over what is copied outright while frozen), overwritten in place (one write of a whole version, same inode), again and again.
     await sh(parent.id, 'mkdir /data && echo keep > /data/keep && for i in 0 1 2 3 4 5 6 7 8 9; do head -c 2097152 /dev/zero | tr "\\0" $i > /data/v$i; done; cp /data/v0 /data/big');
@@ -214,16 +264,16 @@ describe('fork', () => {
     await sh(parent.id, 'echo cli > /root/from');
     const printed = await rollbox(['sandbox', 'fork', parent.id, '--count', '2', '--label', 'via=cli']);
     expect(printed.code, printed.stderr).toBe(0);
-    expect(printed.stdout).toMatch(new RegExp(`^forked ${parent.id} \\(sandbox, frozen [\\d.]+ ms\\) at sha256:[0-9a-f]{64}: 2 created, 0 refused\n#  ID +STATE +ERROR\n0  sbx_\\w+ +running\n1  sbx_\\w+ +running\n$`));
+    expect(printed.stdout).toMatch(new RegExp(`^forked ${parent.id} \\(sandbox, frozen [\\d.]+ ms\\) at fork point fp_\\w+: 2 created, 0 refused\n#  ID +STATE +ERROR\n0  sbx_\\w+ +running\n1  sbx_\\w+ +running\n$`));
     const ids = [...printed.stdout.matchAll(/sbx_\w+/g)].map((m) => m[0]).filter((id) => id !== parent.id);
     for (const id of ids) {
       expect(await sh(id, 'cat /root/from')).toBe('cli\n');
       expect((await get(id)).spec.labels).toEqual({ via: 'cli' });
     }
-    const json = await rollbox(['sandbox', 'fork', parent.id, '--count', '1', '--memory-mib', '96', '--json']);
+    const json = await rollbox(['sandbox', 'fork', parent.id, '--count', '1', '--memory-mib', '96', '--snapshot', '--json']);
     expect(json.code, json.stderr).toBe(0);
     const answer = JSON.parse(json.stdout) as ForkResult;
-    expect(answer).toMatchObject({ parent: parent.id, created: 1, processes: false });
+    expect(answer).toMatchObject({ parent: parent.id, created: 1, processes: false, forkPoint: expect.stringMatching(/^fp_/), forkLayer: expect.stringMatching(/^sha256:/) });
     const bad = await rollbox(['sandbox', 'fork', parent.id, '--count', '65']);
     expect([bad.code, bad.stderr]).toEqual([1, expect.stringMatching(/^rollbox: invalid_request: count: /)]);
     const missing = await rollbox(['sandbox', 'fork', 'sbx_nope', '--count', '1']);
@@ -264,24 +314,51 @@ describe('fork', () => {
 describe('fork across worker hosts', () => {
   let two: TestCluster;
   let tok: string;
+  /** Six sandboxes of 64 MiB per host: a fork of 8 cannot all stay beside its parent. */
+  const small = { ROLLBOX_NODE_MEMORY_MIB: String(6 * 64) };
   beforeAll(async () => {
-    two = await startTestCluster({ workers: [{ nodeId: 'fork-a' }, { nodeId: 'fork-b' }] });
-    tok = await two.token('forker', ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete']);
+    // fork-b keeps an ext4 scratch filesystem, which cannot clone disks.
+    two = await startTestCluster({ workers: [{ nodeId: 'fork-a', env: small }, { nodeId: 'fork-b', env: { ...small, ROLLBOX_NODE_SCRATCH_FS: 'ext4' } }] });
+    tok = await two.token('forker', ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'admin']);
+    await nodesUp(two, tok, 2);
   });
   afterAll(async () => two?.stop());
 
-  it('children land on either host; the one without the fork layer fetches it and sees the same files', async () => {
-    const parent = await api<Sandbox>(two, tok, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64, diskMiB: 64 } });
-    expect(parent.status, JSON.stringify(parent.body)).toBe(201);
-    const run = async (id: string, cmd: string) => (await api(two, tok, 'POST', `/v1/sandboxes/${id}/exec`, { cmd })).body.stdout as string;
-    await run(parent.body.id, 'mkdir /data && head -c 1048576 /dev/urandom > /data/blob');
-    const sum = await run(parent.body.id, 'md5sum < /data/blob');
-    const r = await api<ForkAnswer>(two, tok, 'POST', `/v1/sandboxes/${parent.body.id}/fork`, { count: 8 });
+  const run = async (id: string, cmd: string) => (await api(two, tok, 'POST', `/v1/sandboxes/${id}/exec`, { cmd })).body.stdout as string;
+  const read = async (id: string) => (await api<Sandbox>(two, tok, 'GET', `/v1/sandboxes/${id}`)).body;
+  const removeAll = (ids: string[]) => Promise.all(ids.map((id) => api(two, tok, 'DELETE', `/v1/sandboxes/${id}`)));
+
+  it('children fill the parent host from clones, the rest land on the other host over the fork point packed once; a host that cannot clone packs', async () => {
+    // Two parents: placement takes the less loaded host for the second, so one on each.
+    const parents: Sandbox[] = [];
+    for (let i = 0; i < 2; i++) {
+      const p = await api<Sandbox>(two, tok, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64, diskMiB: 64 } });
+      expect(p.status, JSON.stringify(p.body)).toBe(201);
+      await run(p.body.id, `mkdir /data && head -c 1048576 /dev/urandom > /data/blob && echo ${p.body.id} > /data/me`);
+      parents.push(p.body);
+    }
+    expect(new Set(parents.map((p) => p.node))).toEqual(new Set(['fork-a', 'fork-b']));
+    const [onA, onB] = parents[0]!.node === 'fork-a' ? parents : [parents[1]!, parents[0]!];
+
+    const sum = await run(onA!.id, 'md5sum < /data/blob');
+    const r = await api<ForkAnswer>(two, tok, 'POST', `/v1/sandboxes/${onA!.id}/fork`, { count: 8 });
     expect(r.status, JSON.stringify(r.body)).toBe(201);
-    const children = await Promise.all(r.body.children.map(async (c) => (await api<Sandbox>(two, tok, 'GET', `/v1/sandboxes/${c.id}`)).body));
-    const elsewhere = children.filter((c) => c.node !== parent.body.node);
-    expect(elsewhere.length).toBeGreaterThan(0); // placement spreads 8 children over the two hosts
-    for (const c of children) expect(await run(c.id, 'md5sum < /data/blob')).toBe(sum);
-    await Promise.all([parent.body.id, ...children.map((c) => c.id)].map((id) => api(two, tok, 'DELETE', `/v1/sandboxes/${id}`)));
+    expect(r.body).toMatchObject({ forkPoint: expect.stringMatching(/^fp_/), forkLayer: expect.stringMatching(/^sha256:/), created: 8 });
+    const children = await Promise.all(r.body.children.map((c) => read(c.id!)));
+    const beside = children.filter((c) => c.node === 'fork-a');
+    const elsewhere = children.filter((c) => c.node === 'fork-b');
+    expect(beside.length).toBeGreaterThan(0);
+    expect(elsewhere.length).toBeGreaterThan(0);
+    for (const c of beside) expect([c.lineage?.forkLayer, c.layerDigests]).toEqual([undefined, onA!.layerDigests]);
+    for (const c of elsewhere) expect([c.lineage?.forkLayer, c.layerDigests]).toEqual([r.body.forkLayer, [...onA!.layerDigests, r.body.forkLayer]]);
+    for (const c of children) expect(await run(c.id, 'md5sum < /data/blob; cat /data/me')).toBe(`${sum}${onA!.id}\n`);
+    await removeAll(children.map((c) => c.id));
+
+    const fromB = await api<ForkAnswer>(two, tok, 'POST', `/v1/sandboxes/${onB!.id}/fork`, { count: 2 });
+    expect(fromB.status, JSON.stringify(fromB.body)).toBe(201);
+    expect(fromB.body.forkPoint).toBeUndefined();
+    expect(fromB.body.forkLayer).toMatch(/^sha256:/);
+    for (const c of fromB.body.children) expect(await run(c.id!, 'cat /data/me')).toBe(`${onB!.id}\n`);
+    await removeAll([...parents.map((p) => p.id), ...fromB.body.children.map((c) => c.id!)]);
   });
 });

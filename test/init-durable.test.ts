@@ -113,6 +113,26 @@ describe('durable commands in the init', () => {
     expect((await attach('big-1')).outcome).toEqual({ kind: 'unknown' });
   });
 
+  it('keeps the output of a command whose spill file meets a full disk (it moves to memory), whole and in order', async () => {
+    // Spilled to /tmp after the first 108 KiB; then the sandbox's disk is filled, and the rest must still be kept.
+    const script = 'sleep 0.3; seq 1 20000; dd if=/dev/zero of=/root/fill bs=1M 2>/dev/null; df -k / | tail -1 >&2; seq 20001 150000; rm /root/fill';
+    const first = await openCommand(socketPath, { spawn: spawnOf(['sh', '-c', script], 'full-1') });
+    first.close();
+    await new Promise((r) => setTimeout(r, 200));
+    let replay = await attach('full-1');
+    for (let i = 0; i < 50 && replay.outcome.kind !== 'exit'; i++) {
+      replay.channel.close();
+      await new Promise((r) => setTimeout(r, 200));
+      replay = await attach('full-1');
+    }
+    expect(replay.outcome).toMatchObject({ kind: 'exit', exitCode: 0 });
+    expect(replay.stdout === Array.from({ length: 150_000 }, (_, i) => `${i + 1}\n`).join('')).toBe(true);
+    // The log moved to a memfd (the spill file could not grow).
+    const fds = readdirSync(`/proc/${initPid()}/fd`).map((fd) => readlinkSafe(`/proc/${initPid()}/fd/${fd}`));
+    expect(fds.some((l) => l.startsWith('/memfd:rollbox-output'))).toBe(true);
+    replay.channel.forget();
+  });
+
   it('an attach from an offset gets only what came after it', async () => {
     const out: Buffer[] = [];
     const first = await openCommand(socketPath, { spawn: spawnOf(['sh', '-c', 'echo one; sleep 0.5; echo two'], 'offset-1') }, { onOutput: (_s, c) => out.push(c) });

@@ -1,5 +1,6 @@
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { vethOf } from '../src/workers/network/index.ts';
@@ -104,12 +105,42 @@ describe('microVM failures stay the guest\'s own', () => {
   }, 120_000);
 
   it('a guest that runs out of memory with nothing left to kill ends failed(oom)', async () => {
-    // vm.panic_on_oom, set by root in the guest: the kernel panics at the OOM instead of killing, a real guest OOM death.
-    const died = await exec(survivor, `echo 1 > /proc/sys/vm/panic_on_oom; ${HOG}`);
-    expect(died.body.error?.code, JSON.stringify(died.body)).toBe('result_unknown');
-    const ended = await failed(survivor);
-    expect(ended.failureReason, JSON.stringify(ended)).toBe('oom');
-    expect(ended.detail).toContain('Out of memory');
+    // Root in the guest cannot make its kernel panic at an OOM: the sandbox's /proc/sys is read-only.
+    const refused = await exec(survivor, 'echo 1 > /proc/sys/vm/panic_on_oom');
+    expect(refused.body.stderr).toContain('Read-only file system');
+    // A real guest OOM death, then, from a host whose QEMU gives its guests vm.panic_on_oom=1 on
+    // the kernel's command line (the guest's OOM killer then panics instead of killing): a
+    // QEMU of the same name that adds the word and execs the real one.
+    const bin = fs.mkdtempSync(path.join(os.tmpdir(), 'rollbox-vmfail-qemu-'));
+    const qemu = execFileSync('sh', ['-c', 'command -v qemu-system-x86_64'], { encoding: 'utf8' }).trim();
+    fs.writeFileSync(path.join(bin, 'qemu-system-x86_64'), [
+      '#!/bin/bash',
+      'for a; do shift; [ "$prev" = -append ] && a="$a sysctl.vm.panic_on_oom=1"; prev=$a; set -- "$@" "$a"; done',
+      `exec -a qemu-system-x86_64 ${qemu} "$@"`,
+      '',
+    ].join('\n'), { mode: 0o755 });
+    const panicky = await startTestCluster({ workers: [{ nodeId: `${NODE}-oom`, env: { ROLLBOX_QEMU: path.join(bin, 'qemu-system-x86_64') } }] });
+    try {
+      const t = await panicky.token('vmfail-team', ['sandbox:create', 'sandbox:exec', 'sandbox:read']);
+      const created = await api(panicky, t, 'POST', '/v1/sandboxes', { tier: 'microvm', resources: { memoryMiB: 256, cpuMillis: 1000 } });
+      expect(created.status, JSON.stringify(created.body)).toBe(201);
+      const id = created.body.id as string;
+      const died = await api(panicky, t, 'POST', `/v1/sandboxes/${id}/exec`, { cmd: HOG, timeoutMs: 60_000 });
+      expect(died.body.error?.code, JSON.stringify(died.body)).toBe('result_unknown');
+      const ended = await waitFor(`sandbox ${id} failed`, async () => {
+        const s = (await api(panicky, t, 'GET', `/v1/sandboxes/${id}`)).body;
+        return s.state === 'failed' && s;
+      }, 30_000);
+      expect(ended.failureReason, JSON.stringify(ended)).toBe('oom');
+      expect(ended.detail).toContain('Out of memory');
+      await waitFor('its QEMU gone', async () => qemuPidsUnder(panicky.rootDir).length === 0);
+    } finally {
+      await panicky.stop();
+      fs.rmSync(bin, { recursive: true, force: true });
+    }
+    // The other host's VM, past its own OOM kill, runs on; deleted, no QEMU is left.
+    expect((await exec(survivor, 'echo alive')).body.stdout).toBe('alive\n');
+    await api(cluster, token, 'DELETE', `/v1/sandboxes/${survivor}`);
     await waitFor('no QEMU left', async () => qemuPidsUnder(cluster.rootDir).length === 0);
-  }, 120_000);
+  }, 180_000);
 });

@@ -162,6 +162,51 @@ describe('tar to EROFS without extracting', () => {
     expect((await bothWays(tar)).table.equals(table)).toBe(true);
   });
 
+  it('reads an overlay upper dir\'s tar (a microVM snapshot) as mkfs.erofs keeps the dir: whiteouts, opaque marks, .wh. names plain, excluded paths left out', async () => {
+    // An upper dir as overlayfs leaves it, and the container tier's snapshot of it (mkfs.erofs, xattrs kept, paths excluded).
+    const dir = fs.mkdtempSync(path.join(work, 'upper-'));
+    const upper = path.join(dir, 'upper');
+    const sh = (script: string): void => void execFileSync('sh', ['-c', script], { cwd: upper });
+    fs.mkdirSync(upper);
+    sh(['mkdir -p opq/sub kept answers/deep && echo in > opq/sub/file && echo 42 > answers/deep/ref && echo keep > answersx', 'setfattr -n trusted.overlay.opaque -v y opq && setfattr -n user.note -v hi kept', 'mknod -m 0 gone c 0 0 && mknod -m 0 kept/also-gone c 0 0', 'echo plain > .wh.plain && echo x > kept/.wh..wh..opq', 'ln -s ../../../../etc/passwd climb && echo one > one && ln one two && mkfifo pipe',
+      // Whole seconds: a tar's mtimes have no more (the guest's snapshot stream neither).
+      'find . -exec touch -h -d @1700000000 {} +'].join(' && '));
+    const exclude = ['answers'];
+    await mkfsErofs(upper, path.join(dir, 'ref.meta'), { keepXattrs: true, excludePaths: exclude, blob: { path: path.join(dir, 'ref.blob'), chunkSizeBytes: LAYER_CHUNK_BYTES } });
+    fs.appendFileSync(path.join(dir, 'ref.blob'), '');
+    const tar = execFileSync('tar', ['-C', upper, '-c', '--xattrs', '--xattrs-include=*', '.']);
+    const files = { metaPath: path.join(dir, 'w.meta'), blobPath: path.join(dir, 'w.blob'), chunkSizeBytes: LAYER_CHUNK_BYTES };
+    await writeErofsLayerFromTar(streamOf(tar), files, LIMITS, { upperDir: true, excludePaths: exclude });
+    const mount = (meta: string, blob: string, at: string): string => {
+      fs.mkdirSync(at);
+      execFileSync(DEFAULT_GATE_BINARY, ['mount', meta, at, blob]);
+      mounted.push(at);
+      return at;
+    };
+    const reference = mount(path.join(dir, 'ref.meta'), path.join(dir, 'ref.blob'), path.join(dir, 'm-ref'));
+    const written = mount(files.metaPath, files.blobPath, path.join(dir, 'm-w'));
+    // A whiteout's time is never seen through the overlay (it hides its name): the writer gives it 0, as an image layer's.
+    const whiteoutsTimeless = (v: Record<string, unknown>) => ({ ...v, gone: { ...(v.gone as object), mtimeMs: 0n }, 'kept/also-gone': { ...(v['kept/also-gone'] as object), mtimeMs: 0n } });
+    const seen = view(written);
+    expect(whiteoutsTimeless(seen)).toEqual(whiteoutsTimeless(view(reference)));
+    expect(Object.keys(seen)).toEqual(expect.arrayContaining(['.wh.plain', 'kept/.wh..wh..opq', 'answersx', 'gone']));
+    expect(Object.keys(seen)).not.toContain('answers');
+    expect(seen.xattrs).toContain('trusted.overlay.opaque=0x79');
+
+    // Overlay marks other than a directory's opaque "y" are refused, as an upload's trusted.* are.
+    const refused: [TarEntry[], RegExp][] = [
+      [[{ name: 'f', content: 'x', pax: { 'SCHILY.xattr.trusted.overlay.opaque': 'y' } }], /trusted/],
+      [[{ name: 'd/', type: 'directory', pax: { 'SCHILY.xattr.trusted.overlay.opaque': 'x' } }], /is not "y"/],
+      [[{ name: 'd/', type: 'directory', pax: { 'SCHILY.xattr.trusted.overlay.origin': 'y' } }], /trusted/],
+      [[{ name: 'dev', type: 'character-device', devmajor: 1, devminor: 3 }], /device node/],
+    ];
+    for (const [entries, message] of refused) {
+      const at = fs.mkdtempSync(path.join(work, 'refused-'));
+      const err = await writeErofsLayerFromTar(streamOf(await layerTar(entries)), { metaPath: path.join(at, 'm'), blobPath: path.join(at, 'b'), chunkSizeBytes: LAYER_CHUNK_BYTES }, LIMITS, { upperDir: true }).catch((e: unknown) => e);
+      expect((err as RollboxError).message).toMatch(message);
+    }
+  });
+
   it('refuses what the extractor refuses, leaving only files the caller removes', async () => {
     const cases: [TarEntry[], RegExp][] = [
       [[{ name: 'a', type: 'symlink', linkname: '../../etc' }], /points outside the layer/],

@@ -27,6 +27,7 @@ export const ERROR_CODES = {
   image_not_found: { status: 404, meaning: 'An image pull found no such repository, tag or digest in the registry (or a mirror).' },
   registry_unauthorized: { status: 502, meaning: 'The registry refused rollbox\'s credentials for an image pull (none configured for it, or wrong ones: see `ROLLBOX_REGISTRY_AUTH_FILE`).' },
   registry_unavailable: { status: 502, meaning: 'An image pull could not reach the registry or it stopped answering: connection refused or cut, TLS failure (a plain-HTTP registry not listed in `ROLLBOX_REGISTRY_INSECURE`), a timeout, a 5xx or 429 answer.' },
+  snapshot_failed: { status: 502, meaning: 'A microVM\'s snapshot stream from its guest was refused (not a tar of its writable layer, an entry no layer may hold, cut short, or silent past `ROLLBOX_VM_SNAPSHOT_IDLE_MS`), or the guest could not pack its writable layer (a name that is not UTF-8); the message says which. Nothing was stored, and the sandbox runs on.' },
   tier_unsupported: { status: 501, meaning: 'The sandbox\'s tier cannot do this (yet), or no worker host runs that tier: the message names the tier and the feature (docs/microvm.md).' },
   image_pull_timeout: { status: 504, meaning: 'A create whose `image.ref` had to be pulled waited longer than `ROLLBOX_IMAGE_PULL_WAIT_MS`; the pull goes on (`GET /v1/images/:name`).' },
 } as const satisfies Record<string, { status: number; meaning: string }>;

@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { LayerName } from './layer.ts';
 import { CreateSandboxRequest, LayerDigest, Lineage, NetworkPolicy, ResourceFields, SandboxState } from './sandbox.ts';
 
 /** Children of one fork at most (each one is a sandbox, counted against the tenant's quota). */
@@ -28,6 +29,14 @@ export const ForkRequest = z.strictObject({
   network: NetworkPolicy.optional(),
   ttlSeconds: CreateSandboxRequest.shape.ttlSeconds.unwrap().optional(),
   resources: ResourceOverrides.optional(),
+  /**
+   * Also keep the fork point as a snapshot (a read-only layer, answered as `forkLayer`;
+   * with `name`, named and kept as a named snapshot is), to fork from it again later with
+   * `POST /v1/snapshots/:digest/fork`. Without it, children on the parent's host start
+   * from clones of its disk and a layer is packed only when a child goes to another host
+   * (or the host cannot clone disks).
+   */
+  snapshot: z.strictObject({ name: LayerName.optional() }).optional(),
 });
 export type ForkRequest = z.infer<typeof ForkRequest>;
 
@@ -52,9 +61,12 @@ export type ForkChild = z.infer<typeof ForkChild>;
 export const ForkResult = z.object({
   parent: z.string(),
   parentKind: Lineage.shape.parentKind,
-  forkLayer: LayerDigest,
+  /** The fork point (see Lineage): present when children started from clones of the parent's disk. */
+  forkPoint: z.string().optional(),
+  /** The fork point as a read-only layer: present when one was packed (asked with `snapshot`, a child on another host, a host that cannot clone disks, a hibernated parent or a snapshot). */
+  forkLayer: LayerDigest.optional(),
   forkedAt: z.string(),
-  /** How long the parent was frozen while its writable layer was packed (absent: it was not frozen for this fork). */
+  /** How long the parent was frozen for the fork point (absent: it was not frozen for this fork). */
   parentFrozenMs: z.number().optional(),
   /** The container tier carries files, not processes: each child starts fresh processes over the parent's files. */
   processes: z.boolean(),

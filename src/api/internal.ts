@@ -94,6 +94,18 @@ export const SnapshotOp = z.object({
   replyTo: z.string(),
   exclude: z.array(z.string()),
 });
+/**
+ * A fork point of a sandbox this host runs (runtime makeForkPoint): made, packed into a
+ * layer for children elsewhere (answered as a snapshot), or removed once the fork is done.
+ */
+export const ForkPointOp = z.object({
+  kind: z.literal('fork_point'),
+  action: z.enum(['make', 'pack', 'remove']),
+  sandboxId: z.string(),
+  forkPointId: z.string(),
+  requestId: z.string(),
+  replyTo: z.string(),
+});
 /** Files API: bytes travel through a short-lived Redis key, the I/O runs inside the sandbox. */
 export const FilesReadOp = z.object({
   kind: z.literal('files_read'),
@@ -143,7 +155,7 @@ export const PolicyOp = z.object({
   network: NetworkPolicy.optional(),
   hiddenPaths: z.array(z.string()).optional(),
 });
-export const NodeOp = z.discriminatedUnion('kind', [ExecOp, DestroyOp, FreezeOp, SnapshotOp, FilesReadOp, FilesWriteOp, FilesMetaOp, TtlOp, PolicyOp, CommandSignalOp, CommandStdinOp]);
+export const NodeOp = z.discriminatedUnion('kind', [ExecOp, DestroyOp, FreezeOp, SnapshotOp, ForkPointOp, FilesReadOp, FilesWriteOp, FilesMetaOp, TtlOp, PolicyOp, CommandSignalOp, CommandStdinOp]);
 export type NodeOp = z.infer<typeof NodeOp>;
 
 const ReplyError = z.object({ code: z.string(), message: z.string(), retryAfterSeconds: z.number().optional() });
@@ -159,6 +171,8 @@ export const Reply = z.discriminatedUnion('kind', [
   z.object({ kind: z.literal('done'), requestId: z.string() }),
   /** frozenMs: how long the sandbox was frozen while its writable layer was packed. */
   z.object({ kind: z.literal('snapshot'), requestId: z.string(), digest: z.string(), sizeBytes: z.number(), frozenMs: z.number().optional() }),
+  /** A fork point made (`cloned`), or not where the host cannot clone disks; frozenMs: how long the sandbox was frozen for it. */
+  z.object({ kind: z.literal('fork_point'), requestId: z.string(), cloned: z.boolean(), frozenMs: z.number().optional() }),
   z.object({ kind: z.literal('files'), requestId: z.string(), tar: z.boolean(), sizeBytes: z.number() }),
   /** files_meta: the entries it found or made; `changed`: mkdir created, remove removed. */
   z.object({ kind: z.literal('files_meta'), requestId: z.string(), entries: z.array(FileEntry), changed: z.boolean() }),

@@ -185,8 +185,14 @@ export const Lineage = z.object({
   /** The parent: a sandbox id (`sbx_...`), or a snapshot's layer digest. */
   parent: z.string(),
   parentKind: z.enum(['sandbox', 'snapshot']),
-  /** The fork point: the read-only layer holding the parent's writable layer at that moment, shared by every child. */
-  forkLayer: LayerDigest,
+  /**
+   * The fork point, named: the parent's disk frozen into a clone on the parent's host at
+   * that moment. A child with a fork point and no forkLayer started from a clone of it (its
+   * own disk shares the parent's blocks until either writes them).
+   */
+  forkPoint: z.string().optional(),
+  /** The fork point as a read-only layer, shared by every child that stacks it (children on other hosts, snapshots, hibernated parents). */
+  forkLayer: LayerDigest.optional(),
   forkedAt: z.string(),
 });
 export type Lineage = z.infer<typeof Lineage>;

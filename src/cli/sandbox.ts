@@ -17,6 +17,7 @@ interface ForkFlags extends ConnectionFlags {
   cpuMillis?: string;
   diskMib?: string;
   idempotencyKey?: string;
+  snapshot?: boolean | string;
   json?: boolean;
 }
 
@@ -45,6 +46,7 @@ function requestOf(flags: ForkFlags): ForkRequest {
     ...(flags.label?.length ? { labels: labelsOf(flags.label) } : {}),
     ...(flags.ttl !== undefined ? { ttlSeconds: integer('--ttl', flags.ttl) } : {}),
     ...(Object.keys(given).length ? { resources: given } : {}),
+    ...(flags.snapshot !== undefined ? { snapshot: typeof flags.snapshot === 'string' ? { name: flags.snapshot } : {} } : {}),
   });
   if (!parsed.success) throw new CliError('invalid_request', parsed.error.issues.map((i) => `${i.path.join('.') || 'request'}: ${i.message}`).join('; '));
   return parsed.data;
@@ -52,7 +54,8 @@ function requestOf(flags: ForkFlags): ForkRequest {
 
 function summary(result: ForkResult): string {
   const frozen = result.parentFrozenMs === undefined ? 'not frozen' : `frozen ${result.parentFrozenMs.toFixed(1)} ms`;
-  const head = `forked ${result.parent} (${result.parentKind}, ${frozen}) at ${result.forkLayer}: ${result.created} created, ${result.refused} refused\n`;
+  const at = [result.forkPoint && `fork point ${result.forkPoint}`, result.forkLayer && `layer ${result.forkLayer}`].filter(Boolean).join(', ');
+  const head = `forked ${result.parent} (${result.parentKind}, ${frozen}) at ${at}: ${result.created} created, ${result.refused} refused\n`;
   const rows = [['#', 'ID', 'STATE', 'ERROR']];
   result.children.forEach((c, i) => rows.push([String(i), c.id ?? '-', c.state ?? '-', c.error ? `${c.error.code}: ${c.error.message}` : '']));
   return head + table(rows);
@@ -72,6 +75,7 @@ export function registerSandboxCommands(program: Command): void {
       .option('--memory-mib <n>', "children's memory limit")
       .option('--disk-mib <n>', "children's disk")
       .option('--idempotency-key <key>', 'send again with the same key: the same children come back')
+      .option('--snapshot [name]', 'also keep the fork point as a snapshot layer (named, if a name is given), to fork from it again later')
       .option('--json', 'print the answer as JSON'),
     'sandbox:create',
   ).action(

@@ -1,9 +1,9 @@
 import { createHash } from 'node:crypto';
-import { MAX_STACK_LAYERS, Resources, RollboxError, type CreateSandboxRequest, type ForkChild, type ForkRequest, type ForkResult, type Lineage, type Sandbox, type SnapshotForkRequest } from '../api/index.ts';
+import { MAX_STACK_LAYERS, Resources, RollboxError, newId, type CreateSandboxRequest, type Reply, type ForkChild, type ForkRequest, type ForkResult, type Lineage, type Sandbox, type SnapshotForkRequest } from '../api/index.ts';
 import { requireScope, type Principal } from '../iam/index.ts';
 import type { ForkRecords, LayerRegistry, SandboxRegistry } from '../registry/index.ts';
 import { toRollboxError, type NodeRequests } from './node-requests.ts';
-import type { SandboxService } from './sandbox-service.ts';
+import type { PreparedCreate, SandboxService } from './sandbox-service.ts';
 
 export interface ForkServiceDeps {
   registry: Pick<SandboxRegistry, 'getOwned'>;
@@ -24,29 +24,41 @@ function resourcesOf(parent: Sandbox, overrides: ForkRequest['resources']): Reso
 
 /** Packing a writable layer takes about the time to read it once (as a snapshot does). */
 const PACK_REPLY_TIMEOUT_MS = 10 * 60_000;
+/** Making a fork point (a sync, then a clone under a freeze) or removing one. */
+const FORK_POINT_REPLY_TIMEOUT_MS = 60_000;
 /** A fork layer in use by nobody yet is kept from garbage collection this long while its children are made. */
 const FORK_PIN_MS = 30 * 60_000;
 /** A re-sent fork waits this long for the first request's children to settle. */
 const REPLAY_WAIT_MS = 10 * 60_000;
 const REPLAY_POLL_MS = 100;
 
-/** The frozen state children start from: the layers under them, top one the fork layer. */
+/**
+ * The frozen state children start from. Children on `clone.node` take a clone of the
+ * parent's disk there (the fork point, made in a moment); the others stack the fork point
+ * packed into a layer, which `layer()` packs once, when the first of them needs it.
+ */
 interface ForkPoint {
   parent: string;
   parentKind: Lineage['parentKind'];
-  layerDigests: string[];
-  forkLayer: string;
+  /** The layers under the fork point (a cloned child stacks these; the others these plus the fork layer). */
+  parentLayers: string[];
+  clone?: { node: string; id: string; parentId: string };
+  layer: () => Promise<string>;
+  /** Whether layer() was called: the answer names the layer then. */
+  packed: () => boolean;
   frozenMs?: number;
-  /** Pinned here for the fork, unpinned once the children reference it. */
-  pinned: boolean;
 }
 
+type Packed = { digest: string; frozenMs?: number };
+
 /**
- * Fork: N children from one sandbox's current state (or from a snapshot). The parent's
- * writable layer is packed once, frozen only while it is read, into ONE read-only layer;
- * each child is a sandbox over the parent's layers plus that layer, with its own writable
- * layer, placed and admitted as any create is (so each one is counted against the quota
- * and may be refused for capacity alone). Children carry files, not processes.
+ * Fork: N children from one sandbox's current state (or from a snapshot), each a sandbox
+ * of its own placed and admitted as any create is (so counted against the quota, and
+ * refused for capacity alone). A running or paused container parent is frozen only while
+ * its disk is cloned into a fork point (scratch.ts); children on its host start from
+ * clones of that, sharing its blocks, with nothing packed or copied. Children elsewhere
+ * (no room on the parent's host, or a host that cannot clone) stack the parent's writable
+ * layer packed once into ONE read-only layer. Children carry files, not processes.
  */
 export class ForkService {
   constructor(private readonly deps: ForkServiceDeps) {}
@@ -56,11 +68,14 @@ export class ForkService {
     return this.idempotent(principal, idempotencyKey, { sandbox: id, request }, async () => {
       const parent = await this.deps.registry.getOwned(id, principal.tenant);
       if (parent.layerDigests.length + 1 > MAX_STACK_LAYERS) throw new RollboxError('invalid_request', `sandbox ${id} stacks ${parent.layerDigests.length} layers; its children would stack one more than the ${MAX_STACK_LAYERS} a sandbox may`);
-      const { count, resources, ...overrides } = request;
-      const childResources = resourcesOf(parent, resources); // checked before the parent is packed
-      const point = await this.packParent(parent);
-      const spec: CreateSandboxRequest = { ...parent.spec, ...overrides, resources: childResources, image: { ...parent.spec.image, layers: [...parent.spec.image.layers, point.forkLayer] } };
-      return this.makeChildren(principal, spec, count, point);
+      const { count, resources, snapshot, ...overrides } = request;
+      const childResources = resourcesOf(parent, resources); // checked before the parent is frozen
+      const point = await this.forkPointOf(parent, childResources.diskMiB === parent.spec.resources.diskMiB);
+      try {
+        return await this.makeChildren(principal, { ...parent.spec, ...overrides, resources: childResources }, count, point, snapshot);
+      } finally {
+        if (point.clone) await this.forkPointOp(point.clone, 'remove').catch(() => undefined); // else it goes by itself on its host
+      }
     });
   }
 
@@ -72,63 +87,103 @@ export class ForkService {
       const layerDigests = [...layer.parents, layer.digest];
       if (layerDigests.length > MAX_STACK_LAYERS) throw new RollboxError('invalid_request', `snapshot ${digest} stacks ${layerDigests.length} layers; a sandbox stacks at most ${MAX_STACK_LAYERS}`);
       const { count, ...rest } = request;
-      const spec: CreateSandboxRequest = { ...rest, image: { base: layerDigests[0]!, layers: layerDigests.slice(1) } };
-      return this.makeChildren(principal, spec, count, { parent: digest, parentKind: 'snapshot', layerDigests, forkLayer: digest, pinned: false });
+      const spec: CreateSandboxRequest = { ...rest, image: { base: layer.parents[0] ?? layer.digest, layers: layer.parents.slice(1) } };
+      return this.makeChildren(principal, spec, count, { parent: digest, parentKind: 'snapshot', parentLayers: layer.parents, layer: async () => digest, packed: () => true }, undefined);
     });
   }
 
   /**
-   * The fork point of a live parent. Running or paused: its writable layer packed now
-   * (frozen while mkfs reads it, thawed at once; a paused one stays paused). Hibernated:
-   * the layer its hibernation packed is that state already.
+   * The fork point of a live parent. Running or paused: a clone of its disk where its host
+   * can clone (and the children keep its disk size), else its writable layer packed now
+   * (frozen while mkfs reads it; a paused one stays paused). Hibernated: the layer its
+   * hibernation packed is that state already.
    */
-  private async packParent(parent: Sandbox): Promise<ForkPoint> {
+  private async forkPointOf(parent: Sandbox, sameDisk: boolean): Promise<ForkPoint> {
     const { deps } = this;
-    const base = { parent: parent.id, parentKind: 'sandbox' as const };
+    const base = { parent: parent.id, parentKind: 'sandbox' as const, parentLayers: parent.layerDigests };
     if (parent.state === 'hibernated' && parent.hibernatedWhole) throw new RollboxError('tier_unsupported', `sandbox ${parent.id} is a microVM hibernated whole; the microvm tier cannot fork yet (docs/microvm.md)`);
     if (parent.state === 'hibernated' && parent.hibernationLayer) {
       // Pinned: the parent may wake meanwhile and let go of it before a child holds it.
-      await deps.layers.pin(parent.hibernationLayer, deps.now() + FORK_PIN_MS);
-      return { ...base, layerDigests: [...parent.layerDigests, parent.hibernationLayer], forkLayer: parent.hibernationLayer, pinned: true };
+      const digest = parent.hibernationLayer;
+      await deps.layers.pin(digest, deps.now() + FORK_PIN_MS);
+      return { ...base, layer: async () => digest, packed: () => true };
     }
     if (parent.state !== 'running' && parent.state !== 'paused') {
       const why = parent.state === 'pending' || parent.state === 'creating' ? 'it has not started yet' : 'it is ending or ended';
       throw new RollboxError('invalid_state', `sandbox ${parent.id} is ${parent.state}; only a running, paused or hibernated sandbox forks (${why})`);
     }
+    const clone = sameDisk ? { node: parent.node!, id: newId('fp'), parentId: parent.id } : undefined;
+    const made = clone ? await this.forkPointOp(clone, 'make') : undefined;
+    if (made?.kind === 'error') throw toRollboxError(made.error);
+    if (made?.kind === 'fork_point' && made.cloned) {
+      let packing: Promise<Packed> | undefined;
+      const layer = async () => (await (packing ??= this.packed(parent, this.forkPointOp(clone!, 'pack')))).digest;
+      return { ...base, clone, layer, packed: () => packing !== undefined, ...(made.frozenMs !== undefined ? { frozenMs: made.frozenMs } : {}) };
+    }
+    // This host cannot clone disks: the writable layer packed, as a snapshot is.
     const requestId = `fork-${parent.id}-${deps.now()}-${Math.random().toString(36).slice(2, 8)}`;
-    const reply = await deps.nodes.sendOp(parent.node!, { kind: 'snapshot', sandboxId: parent.id, requestId, exclude: [] }, PACK_REPLY_TIMEOUT_MS);
+    const packed = await this.packed(parent, deps.nodes.sendOp(parent.node!, { kind: 'snapshot', sandboxId: parent.id, requestId, exclude: [] }, PACK_REPLY_TIMEOUT_MS));
+    return { ...base, layer: async () => packed.digest, packed: () => true, ...(packed.frozenMs !== undefined ? { frozenMs: packed.frozenMs } : {}) };
+  }
+
+  private forkPointOp(clone: NonNullable<ForkPoint['clone']>, action: 'make' | 'pack' | 'remove'): Promise<Reply> {
+    const requestId = `${clone.id}-${action}-${Math.random().toString(36).slice(2, 8)}`;
+    return this.deps.nodes.sendOp(clone.node, { kind: 'fork_point', action, sandboxId: clone.parentId, forkPointId: clone.id, requestId }, action === 'pack' ? PACK_REPLY_TIMEOUT_MS : FORK_POINT_REPLY_TIMEOUT_MS);
+  }
+
+  /** A packed writable layer, recorded with its lineage (parents) like a snapshot, and like one pinned by the worker that packed it. */
+  private async packed(parent: Sandbox, pack: Promise<Reply>): Promise<Packed> {
+    const reply = await pack;
     if (reply.kind === 'error') throw toRollboxError(reply.error);
     if (reply.kind !== 'snapshot') throw new RollboxError('internal', `unexpected reply ${reply.kind}`);
-    // Recorded with its lineage (parents) like a snapshot, and like one pinned by the worker that packed it.
-    await deps.layers.register({ digest: reply.digest, sizeBytes: reply.sizeBytes, parents: parent.layerDigests, createdAt: new Date(deps.now()).toISOString() });
-    return { ...base, layerDigests: [...parent.layerDigests, reply.digest], forkLayer: reply.digest, ...(reply.frozenMs !== undefined ? { frozenMs: reply.frozenMs } : {}), pinned: true };
+    await this.deps.layers.register({ digest: reply.digest, sizeBytes: reply.sizeBytes, parents: parent.layerDigests, createdAt: new Date(this.deps.now()).toISOString() });
+    return { digest: reply.digest, ...(reply.frozenMs !== undefined ? { frozenMs: reply.frozenMs } : {}) };
   }
 
   /** Every child at once, each created or refused on its own; none created: the first refusal is the answer. */
-  private async makeChildren(principal: Principal, spec: CreateSandboxRequest, count: number, point: ForkPoint): Promise<ForkResult> {
+  private async makeChildren(principal: Principal, spec: CreateSandboxRequest, count: number, point: ForkPoint, snapshot: ForkRequest['snapshot']): Promise<ForkResult> {
     const forkedAt = new Date(this.deps.now()).toISOString();
-    const lineage: Lineage = { parent: point.parent, parentKind: point.parentKind, forkLayer: point.forkLayer, forkedAt };
+    const lineage: Lineage = { parent: point.parent, parentKind: point.parentKind, ...(point.clone ? { forkPoint: point.clone.id } : {}), forkedAt };
+    const kept = snapshot ? point.layer() : undefined; // beside the children, not after them
     const errors: RollboxError[] = [];
-    const children = await Promise.all(
-      Array.from({ length: count }, async (): Promise<ForkChild> => {
-        try {
-          const child = await this.deps.sandboxes.createPrepared(principal, { request: spec, layerDigests: point.layerDigests, lineage });
-          return { id: child.id, state: child.state, ...(child.state === 'failed' ? { error: { code: 'internal', message: child.detail ?? `child ${child.id} failed (${child.failureReason ?? 'unknown'})` } } : {}) };
-        } catch (err) {
-          const error = err instanceof RollboxError ? err : new RollboxError('internal', err instanceof Error ? err.message : String(err));
-          errors.push(error);
-          return { error: { code: error.code, message: error.message } };
+    const create = async (prepared: PreparedCreate): Promise<ForkChild> => {
+      const child = await this.deps.sandboxes.createPrepared(principal, prepared);
+      return { id: child.id, state: child.state, ...(child.state === 'failed' ? { error: { code: 'internal', message: child.detail ?? `child ${child.id} failed (${child.failureReason ?? 'unknown'})` } } : {}) };
+    };
+    const makeChild = async (): Promise<ForkChild> => {
+      try {
+        if (point.clone) {
+          try {
+            return await create({ request: spec, layerDigests: point.parentLayers, lineage, node: point.clone.node });
+          } catch (err) {
+            if (!(err instanceof RollboxError && err.code === 'no_capacity')) throw err; // no room beside the parent: a host that can take the layer
+          }
         }
-      }),
-    );
-    // The children (live ones count as references) hold the layer now; if none does, garbage collection takes it.
-    if (point.pinned) await this.deps.layers.unpin(point.forkLayer);
+        const forkLayer = await point.layer();
+        // (A snapshot with no parents is the base itself.)
+        const image = spec.image.base === forkLayer ? spec.image : { ...spec.image, layers: [...spec.image.layers, forkLayer] };
+        return await create({ request: { ...spec, image }, layerDigests: [...point.parentLayers, forkLayer], lineage: { ...lineage, forkLayer } });
+      } catch (err) {
+        const error = err instanceof RollboxError ? err : new RollboxError('internal', err instanceof Error ? err.message : String(err));
+        errors.push(error);
+        return { error: { code: error.code, message: error.message } };
+      }
+    };
+    const children = await Promise.all(Array.from({ length: count }, makeChild));
+    const forkLayer = point.packed() ? await point.layer().catch(() => undefined) : undefined;
+    if (kept) await kept; // its failure is the fork's: the caller asked for it
+    // The children (live ones count as references) or the snapshot's name hold the layer now; if none does, garbage collection takes it.
+    if (forkLayer) {
+      if (snapshot?.name) await this.deps.layers.register({ ...(await this.deps.layers.get(forkLayer))!, name: snapshot.name });
+      if (point.parentKind === 'sandbox') await this.deps.layers.unpin(forkLayer);
+    }
     const created = children.filter((c) => c.state === 'running').length;
     if (created === 0 && errors[0]) throw errors[0];
     return {
       parent: point.parent,
       parentKind: point.parentKind,
-      forkLayer: point.forkLayer,
+      ...(point.clone ? { forkPoint: point.clone.id } : {}),
+      ...(forkLayer ? { forkLayer } : {}),
       forkedAt,
       ...(point.frozenMs !== undefined ? { parentFrozenMs: point.frozenMs } : {}),
       processes: false,

@@ -10,9 +10,9 @@ export function placementOf(spec: Pick<CreateSandboxRequest, 'resources' | 'netw
  * What the microVM tier cannot do yet, refused before placement with the tier named
  * (its runtime refuses the same: src/workers/microvm/runtime.ts).
  */
-export function checkTierSupports(spec: Pick<CreateSandboxRequest, 'tier' | 'hiddenPaths' | 'resources'>): void {
+export function checkTierSupports(spec: Pick<CreateSandboxRequest, 'tier' | 'resources'>): void {
   if (spec.tier !== 'microvm') return;
-  const missing = spec.hiddenPaths.length ? 'hide paths (hiddenPaths)' : spec.resources.memoryMiB < 128 ? 'boot with less than 128 MiB of memory (resources.memoryMiB)' : undefined;
+  const missing = spec.resources.memoryMiB < 128 ? 'boot with less than 128 MiB of memory (resources.memoryMiB)' : undefined;
   if (missing) throw new RollboxError('tier_unsupported', `the microvm tier cannot ${missing} yet (docs/microvm.md)`);
 }
 

@@ -12,7 +12,7 @@ import { settledOrThrow, toRollboxError, type NodeRequests } from './node-reques
 import { countedCreate } from './create-metrics.ts';
 
 export interface SandboxServiceDeps {
-  config: Pick<Config, 'placement' | 'quota' | 'defaultRequests'> & { node: Pick<Config['node'], 'lostAfterMs' | 'pool'> };
+  config: Pick<Config, 'placement' | 'quota' | 'defaultRequests'> & { node: Pick<Config['node'], 'staleAfterMs' | 'pool'> };
   registry: SandboxRegistry;
   /** Snapshots register their layer; `image.base` resolves to an imported image's layers or a layer. */
   layers: Pick<LayerRegistry, 'register' | 'unpin'>;
@@ -35,6 +35,11 @@ export interface PreparedCreate {
   layerDigests: string[];
   /** A fork's child: recorded on it. */
   lineage?: Lineage;
+  /**
+   * Started on this node or not at all (a fork's child whose disk is a clone of a fork
+   * point there): no other node is tried, and no room there is `no_capacity`.
+   */
+  node?: string;
 }
 
 /** Lifecycle operations (destroy, pause, resume) take milliseconds; this bounds a lost reply. */
@@ -74,7 +79,7 @@ export class SandboxService {
     const { registry, config, directory } = this.deps;
     const { request, layerDigests, lineage } = prepared;
     checkTierSupports(request);
-    const local = { ...placementOf(request), pool: config.node.pool, exclude: new Set<string>() };
+    const local = { ...placementOf(request), pool: config.node.pool, exclude: new Set<string>(), ...(prepared.node !== undefined ? { only: prepared.node } : {}) };
     // A ready sandbox of a warm pool takes the place of a cold start: its id is the sandbox's.
     // Warm pools hold containers only.
     const claimed = lineage || request.tier === 'microvm' ? undefined : await this.deps.pools?.claim(request, layerDigests, local);
@@ -85,7 +90,8 @@ export class SandboxService {
       ? { placement: local, node: claimed.nodeId }
       : this.deps.burst && !lineage
         ? await this.deps.burst.placeCreate(id, request, layerDigests, local, placeFresh)
-        : { placement: local, node: await placeFresh(local) };
+        : // No await between a placement found and its assume below: creates sent at once count each other's.
+          { placement: local, node: this.place(local) ?? (await placeFresh(local)) };
     const placement = { ...routed.placement, exclude: new Set<string>() };
     const node = routed.node;
     if (!node) throw this.noNode(placement, `no worker host in pool ${placement.pool} can reserve ${placement.memoryMiB} MiB of memory and ${placement.diskMiB} MiB of disk now`);
@@ -156,12 +162,12 @@ export class SandboxService {
       this.deps.metrics.refusals.inc({ node: r.nodeId });
       placement.exclude.add(r.nodeId);
       // A run whose host was lost once its sandbox started may have run: not placed again (the caller hears node_lost).
-      const current = run && directory.isSilent(r.nodeId, config.node.lostAfterMs) ? await registry.getOwned(id, tenant) : undefined;
+      const current = run && directory.isSilent(r.nodeId, config.node.staleAfterMs) ? await registry.getOwned(id, tenant) : undefined;
       if (current && current.state !== 'pending') return { kind: 'started', sandbox: current };
       const next = attempt + 1 < config.placement.maxRefusals ? this.place(placement) : undefined;
       if (!next) return { kind: 'exhausted', detail: `no worker host admitted sandbox ${id} after ${placement.exclude.size} refusals (last: ${r.reason})` };
       // A node lost before the sandbox ran (still creating there) loses it to the next one.
-      const lost = directory.isSilent(r.nodeId, config.node.lostAfterMs);
+      const lost = directory.isSilent(r.nodeId, config.node.staleAfterMs);
       if (!(await registry.reassign(id, node, next, { fromCreating: lost }))) {
         const settled = await this.waitSettled(id, tenant);
         // It got to running there, and the host died before answering: nobody has its id yet.
@@ -180,7 +186,7 @@ export class SandboxService {
     for (;;) {
       const settled = await Promise.race([reply, new Promise<undefined>((r) => setTimeout(r, NODE_CHECK_MS))]);
       if (settled) return settled;
-      if (this.deps.directory.isSilent(nodeId, this.deps.config.node.lostAfterMs)) {
+      if (this.deps.directory.isSilent(nodeId, this.deps.config.node.staleAfterMs)) {
         this.deps.nodes.cancel(requestId);
         return { kind: 'refused', requestId, nodeId, reason: `worker host ${nodeId} stopped heartbeating` };
       }
@@ -194,7 +200,7 @@ export class SandboxService {
 
   private place(request: PlacementRequest): string | undefined {
     const { config, directory, random } = this.deps;
-    return chooseNode(directory.candidates(), request, { choices: config.placement.choices, staleAfterMs: config.node.lostAfterMs, random })?.heartbeat.nodeId;
+    return chooseNode(directory.candidates(), request, { choices: config.placement.choices, staleAfterMs: config.node.staleAfterMs, random })?.heartbeat.nodeId;
   }
 
   private async onCreateTimeout(id: string, tenant: string): Promise<Sandbox> {
@@ -284,14 +290,17 @@ export class SandboxService {
 
   /**
    * pack_diff: the sandbox's writable layer becomes a new layer whose parents are the
-   * sandbox's layers. A builder's scope, distinct from the runtime agent's.
+   * sandbox's layers, without the excluded paths and those its current stage hides. A
+   * builder's scope, distinct from the runtime agent's.
    */
   async snapshot(principal: Principal, id: string, request: SnapshotRequest): Promise<Layer> {
     requireScope(principal, 'sandbox:snapshot');
     const sandbox = await this.deps.registry.getOwned(id, principal.tenant);
     if (sandbox.state !== 'running' && sandbox.state !== 'paused') throw new RollboxError('invalid_state', `sandbox ${id} is ${sandbox.state}; only a running or paused sandbox can be snapshotted`);
     const requestId = newId('req');
-    const reply = await this.deps.nodes.sendOp(sandbox.node!, { kind: 'snapshot', sandboxId: id, requestId, exclude: request.exclude }, SNAPSHOT_REPLY_TIMEOUT_MS);
+    // What the sandbox's current stage hides (grader files, reference answers) stays out of what it leaves behind.
+    const exclude = [...new Set([...request.exclude, ...sandbox.spec.hiddenPaths])];
+    const reply = await this.deps.nodes.sendOp(sandbox.node!, { kind: 'snapshot', sandboxId: id, requestId, exclude }, SNAPSHOT_REPLY_TIMEOUT_MS);
     if (reply.kind === 'error') throw toRollboxError(reply.error);
     if (reply.kind !== 'snapshot') throw new RollboxError('internal', `unexpected reply ${reply.kind}`);
     const layer = await this.deps.layers.register({ digest: reply.digest, sizeBytes: reply.sizeBytes, name: request.name, parents: sandbox.layerDigests, createdAt: new Date(this.deps.now()).toISOString() });

@@ -33,7 +33,7 @@ port.on('message', (msg: ToExtractThread) => {
   if (msg.type === 'start') {
     const j: Job = { id: msg.id, pending: [], ended: false, wantsData: false, input: new Readable({ read: () => { j.wantsData = true; pump(j); } }) };
     job = j;
-    extractInThread(j.input, msg.target, msg.limits, { imageLayer: msg.imageLayer }).then(
+    extractInThread(j.input, msg.target, msg.limits, msg.options).then(
       (read) => post({ type: 'done', id: j.id, tarSha256: read.tarSha256, ...(read.table ? { table: new Uint8Array(read.table) } : {}) }),
       (err: unknown) => post({ type: 'error', id: j.id, code: err instanceof RollboxError ? err.code : 'internal', message: err instanceof Error ? err.message : String(err) }),
     );

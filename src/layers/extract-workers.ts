@@ -17,14 +17,22 @@ export interface TarRead {
   table?: Buffer;
 }
 
+/** How a tar is read: as an image layer, or (`erofs` targets only) as an overlay upper dir with paths left out (TarErofsOptions). */
+export interface TarReadOptions {
+  imageLayer?: boolean;
+  upperDir?: boolean;
+  excludePaths?: readonly string[];
+}
+
 /** Reads a layer tar (plain, gzip or zstd) into `target`. */
-export type TarExtractor = (input: Readable, target: LayerTarget, limits: ExtractLimits, options: { imageLayer?: boolean }) => Promise<TarRead>;
+export type TarExtractor = (input: Readable, target: LayerTarget, limits: ExtractLimits, options: TarReadOptions) => Promise<TarRead>;
 
 /** In the calling thread (tests, the base layer at start; a gateway uses ExtractWorkers). */
 export const extractInThread: TarExtractor = async (input, target, limits, options) => {
   const hash = createHash('sha256');
   const read = { ...options, onTarChunk: (c: Buffer) => hash.update(c) };
   if (target.kind === 'tree') {
+    if (options.upperDir || options.excludePaths?.length) throw new RollboxError('internal', 'an upper dir tar is read only into an EROFS layer');
     await extractTarSafely(input, target.root, limits, read);
     return { tarSha256: hash.digest('hex') };
   }
@@ -33,7 +41,7 @@ export const extractInThread: TarExtractor = async (input, target, limits, optio
 };
 
 export type ToExtractThread =
-  | { type: 'start'; id: number; target: LayerTarget; limits: ExtractLimits; imageLayer: boolean }
+  | { type: 'start'; id: number; target: LayerTarget; limits: ExtractLimits; options: TarReadOptions }
   | { type: 'chunk'; id: number; chunk: ArrayBuffer }
   | { type: 'end' | 'abort'; id: number };
 export type FromExtractThread = { type: 'ack'; id: number } | { type: 'done'; id: number; tarSha256: string; table?: Uint8Array } | { type: 'error'; id: number; code: string; message: string };
@@ -96,7 +104,7 @@ export class ExtractWorkers {
     result.catch(() => undefined); // awaited below
     try {
       try {
-        slot.worker.postMessage({ type: 'start', id, target, limits, imageLayer: options.imageLayer ?? false } satisfies ToExtractThread);
+        slot.worker.postMessage({ type: 'start', id, target, limits, options } satisfies ToExtractThread);
         // Sent in pieces of about SEND_BYTES (a socket gives 16-64 KiB): each message costs both threads a wakeup.
         let gathered: Buffer[] = [];
         let gatheredBytes = 0;

@@ -79,7 +79,7 @@ export async function extractTarSafely(input: Readable, root: string, limits: Ex
   };
 
   await readTarEntries(input, limits, options.onTarChunk, async (entry) => {
-    const e = layerEntryOf(entry.header, image !== undefined);
+    const e = layerEntryOf(entry.header, image ? 'image' : 'layer');
     if (e.kind === 'whiteout' || e.kind === 'opaque') {
       const dirComps = e.kind === 'whiteout' ? e.comps.slice(0, -1) : e.dirComps;
       ensureDirs(dirComps);

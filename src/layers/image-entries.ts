@@ -37,12 +37,23 @@ export function classifyImageEntry(comps: readonly string[], header: EntryHeader
 }
 
 /**
+ * What an overlay upper dir's entry means as it is on disk (a microVM's snapshot stream):
+ * only a 0:0 character device is special, a whiteout; `.wh.` names are plain names there.
+ */
+export function classifyUpperEntry(comps: readonly string[], header: EntryHeader): ImageEntryKind {
+  if (header.type === 'character-device' && !header.devmajor && !header.devminor) return { kind: 'whiteout', comps: [...comps] };
+  return { kind: 'plain' };
+}
+
+/**
  * The extended attributes an image layer entry keeps, from its PAX records
  * (`LIBARCHIVE.xattr.*` base64, or `SCHILY.xattr.*`), in their order: user.*, file
- * capabilities and POSIX ACLs. `trusted.*` is refused (it would forge overlay metadata);
- * names meaning nothing here (security.selinux and the like) are dropped.
+ * capabilities and POSIX ACLs. `trusted.*` is refused (it would forge overlay metadata),
+ * but for a directory's opaque mark where `opaqueMark` allows it (an upper dir's entry:
+ * `trusted.overlay.opaque` "y", nothing else); names meaning nothing here
+ * (security.selinux and the like) are dropped.
  */
-export function imageXattrsOf(entryName: string, pax: Record<string, string> | null | undefined): [string, Buffer][] {
+export function imageXattrsOf(entryName: string, pax: Record<string, string> | null | undefined, opaqueMark = false): [string, Buffer][] {
   if (!pax) return [];
   const values = new Map<string, Buffer>();
   for (const [key, raw] of Object.entries(pax)) {
@@ -57,6 +68,11 @@ export function imageXattrsOf(entryName: string, pax: Record<string, string> | n
   }
   const kept: [string, Buffer][] = [];
   for (const [name, value] of values) {
+    if (opaqueMark && name === OPAQUE_XATTR) {
+      if (!value.equals(Buffer.from('y'))) refuse(`entry ${JSON.stringify(entryName)}: ${OPAQUE_XATTR} is not "y"`);
+      kept.push([name, value]);
+      continue;
+    }
     if (name.startsWith('trusted.')) refuse(`entry ${JSON.stringify(entryName)} carries a trusted.* xattr (${name}), which a layer may not set`);
     if (!KEPT_XATTR.test(name)) continue; // security.selinux and the like mean nothing here
     if (value.length > MAX_XATTR_VALUE_BYTES) refuse(`entry ${JSON.stringify(entryName)}: xattr ${name} is larger than ${MAX_XATTR_VALUE_BYTES} bytes`);

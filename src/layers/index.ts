@@ -1,6 +1,6 @@
 export { LayerStore } from './store.ts';
 export type { StoredLayer, LayerFiles, SplitPaths } from './store.ts';
-export { buildLayerFromTar, buildBusyboxBase, splitFilesIn, storeTreeAsLayer } from './build.ts';
+export { buildLayerFromTar, buildBusyboxBase, splitFilesIn, storeTreeAsLayer, DEFAULT_MAX_ENTRIES } from './build.ts';
 export { LAYER_CHUNK_BYTES, chunkCountOf, chunkRange, chunkTableOf, parseChunkTable } from './split.ts';
 export type { LayerBuilder } from './build.ts';
 export type { BuildLayerOptions, BusyboxBaseOptions, LayerBuildMode } from './build.ts';
@@ -12,7 +12,7 @@ export { extractTarSafely } from './extract.ts';
 export { entryComponents, symlinkStaysInside } from './layer-entry.ts';
 export type { ExtractOptions, ExtractLimits } from './extract.ts';
 export { ExtractWorkers, extractInThread } from './extract-workers.ts';
-export type { LayerTarget, TarExtractor, TarRead } from './extract-workers.ts';
+export type { LayerTarget, TarExtractor, TarRead, TarReadOptions } from './extract-workers.ts';
 export { readMountInfo, isMountPoint, loopDeviceOf, listLoopDevices, loopsLeft, unmount } from './hostmounts.ts';
 export type { MountInfo, LoopDevice, UnmountOptions } from './hostmounts.ts';
 export { checkFilesArchive } from './archive.ts';

@@ -1,7 +1,7 @@
 import path from 'node:path';
 import type tar from 'tar-stream';
 import { RollboxError } from '../api/index.ts';
-import { classifyImageEntry, imageXattrsOf } from './image-entries.ts';
+import { classifyImageEntry, classifyUpperEntry, imageXattrsOf } from './image-entries.ts';
 
 const MAX_PATH_CHARS = 4096;
 const MAX_NAME_BYTES = 255;
@@ -58,17 +58,28 @@ export type LayerEntry =
   | { kind: 'none'; comps: string[]; xattrs: [string, Buffer][] };
 
 /**
- * Reads a tar entry's header as a layer entry. With `imageLayer` (an OCI or Docker image
- * layer), whiteouts, opaque markers, FIFOs and the kept xattrs mean what overlayfs needs;
- * otherwise they are refused. Device nodes and other types are always refused.
+ * What a layer tar is, which says what its special entries mean:
+ *   - `layer`: an uploaded layer; whiteouts, opaque markers, FIFOs and xattrs are refused;
+ *   - `image`: an OCI or Docker image layer; `.wh.` names and 0:0 character devices are
+ *     whiteouts, `.wh..wh..opq` an opaque marker, FIFOs and the kept xattrs (imageXattrsOf) kept;
+ *   - `upper`: an overlay upper dir as it is on disk (a microVM's snapshot stream): 0:0
+ *     character devices are whiteouts, a directory's `trusted.overlay.opaque` "y" its
+ *     opaque mark, `.wh.` names are names like any other; FIFOs and the kept xattrs kept.
  */
-export function layerEntryOf(h: tar.Header, imageLayer: boolean): LayerEntry {
+export type LayerTarKind = 'layer' | 'image' | 'upper';
+
+/**
+ * Reads a tar entry's header as a layer entry of a tar of `kind`: whiteouts, opaque
+ * marks, FIFOs and the kept xattrs mean what overlayfs needs, or are refused (`layer`).
+ * Device nodes and other types are always refused.
+ */
+export function layerEntryOf(h: tar.Header, kind: LayerTarKind): LayerEntry {
   const comps = entryComponents(h.name, 'entry');
   let xattrs: [string, Buffer][] = [];
-  if (imageLayer) {
-    const special = classifyImageEntry(comps, h);
+  if (kind !== 'layer') {
+    const special = kind === 'image' ? classifyImageEntry(comps, h) : classifyUpperEntry(comps, h);
     if (special.kind !== 'plain') return special;
-    xattrs = imageXattrsOf(h.name, h.pax as Record<string, string> | undefined);
+    xattrs = imageXattrsOf(h.name, h.pax as Record<string, string> | undefined, kind === 'upper' && h.type === 'directory');
   } else if (comps[comps.length - 1]?.startsWith('.wh.')) {
     refuse(`overlay whiteout ${JSON.stringify(h.name)} belongs in an image (POST /v1/images), not a layer`);
   }
@@ -85,7 +96,9 @@ export function layerEntryOf(h: tar.Header, imageLayer: boolean): LayerEntry {
     case 'symlink': {
       const target = h.linkname ?? '';
       if (target === '' || target.includes('\0') || target.length > MAX_PATH_CHARS) refuse(`symlink ${JSON.stringify(rel)} has an invalid target`);
-      if (!symlinkStaysInside(comps, target)) refuse(`symlink ${JSON.stringify(rel)} -> ${JSON.stringify(target)} points outside the layer`);
+      // An upper dir's symlinks are a sandbox's own (`../../..` climbs to its root and no further) and only
+      // ever written into an EROFS image (extractTarSafely refuses `upper` tars): their targets are data here.
+      if (kind !== 'upper' && !symlinkStaysInside(comps, target)) refuse(`symlink ${JSON.stringify(rel)} -> ${JSON.stringify(target)} points outside the layer`);
       return { kind: 'symlink', comps, meta, xattrs, target };
     }
     case 'link': {
@@ -98,7 +111,7 @@ export function layerEntryOf(h: tar.Header, imageLayer: boolean): LayerEntry {
       refuse(`device node ${JSON.stringify(rel)} is not allowed in a layer`);
       break;
     case 'fifo':
-      if (!imageLayer) refuse(`fifo ${JSON.stringify(rel)} is not supported in a layer`);
+      if (kind === 'layer') refuse(`fifo ${JSON.stringify(rel)} is not supported in a layer`);
       return { kind: 'fifo', comps, meta, xattrs };
   }
   refuse(`entry ${JSON.stringify(rel)} has unsupported type ${String(type)}`);

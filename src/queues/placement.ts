@@ -46,6 +46,8 @@ export interface PlacementRequest {
   network?: boolean;
   /** Only nodes that run the microVM tier (heartbeat `tiers.microvm`). */
   microvm?: boolean;
+  /** Only this node (a fork's child whose disk is cloned from a fork point there). */
+  only?: string;
 }
 
 export interface PlacementOptions {
@@ -82,6 +84,7 @@ export function eligibleNodes(candidates: readonly PlacementCandidate[], request
     if (hb.ready === false || request.avoid?.has(hb.nodeId) || !holdsLayers(hb, request.requiredLayers)) return false;
     if (request.network && hb.network && hb.network.allowlist !== 'ok') return false;
     if (request.microvm && !hb.tiers?.microvm) return false;
+    if (request.only !== undefined && hb.nodeId !== request.only) return false;
     const memoryFree = hb.capacity.memoryMiB - hb.used.memoryMiB - c.assumed.memoryMiB;
     const slotsFree = hb.capacity.maxSandboxes - hb.sandboxes - c.assumed.sandboxes;
     // Disk as the node last reported it (not counted in assumed load: the node's own

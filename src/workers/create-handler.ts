@@ -67,6 +67,8 @@ export async function handleCreate(ctx: HostContext, job: CreateJob): Promise<vo
       tier: spec.tier,
       layerImages,
       restoreUpper: hibernated ? await layerImage(ctx, hibernated) : undefined,
+      // A fork's child started from a clone of its parent's disk (a fork point on this host).
+      ...(sandbox.state === 'pending' && sandbox.lineage?.forkPoint && !sandbox.lineage.forkLayer ? { forkPoint: sandbox.lineage.forkPoint } : {}),
       ...(wholeImage ? { restoreWhole: wholeImage } : {}),
       resources: spec.resources,
       class: spec.class,

@@ -31,6 +31,8 @@ export interface WorkerHostDeps {
   layerFiles: (digest: string) => Promise<LayerFiles | undefined>;
   /** Moves a freshly built image into the layer store (content-addressed). */
   storeLayerImage: (tmpImagePath: string) => Promise<{ digest: string; sizeBytes: number }>;
+  /** Moves a freshly built split layer (metadata image, data blob, chunk table) into the layer store. */
+  storeSplitLayer: (files: { metaPath: string; blobPath: string; chunkSizeBytes: number; table: Buffer }) => Promise<{ digest: string; sizeBytes: number }>;
   /** Where a sandbox hibernated whole keeps its image: the layer store's `hibernated/<id>` (LayerStore). */
   hibernatedImageDirOf: (sandboxId: string) => string;
   /** Scratch space for images being built. */

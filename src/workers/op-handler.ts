@@ -8,7 +8,7 @@ import { sandboxFilesMeta } from './files-meta.ts';
 import { readSandboxFiles, writeSandboxFiles } from './files.ts';
 import type { HostContext } from './host-context.ts';
 import { InitLostError } from './init/index.ts';
-import { CommandReleasedError, type RuntimeExecOutcome } from './runtime/index.ts';
+import { CommandReleasedError, type RuntimeExecOutcome, type RuntimeSnapshot } from './runtime/index.ts';
 
 /** A packed layer is safe from garbage collection this long if its record is never written. */
 const LAYER_PIN_MS = 30 * 60_000;
@@ -50,6 +50,8 @@ export class OpHandler {
           const stored = await this.packWritableLayer(op.sandboxId, op.requestId, op.exclude);
           return await ctx.reply(op.replyTo, { kind: 'snapshot', requestId: op.requestId, ...stored });
         }
+        case 'fork_point':
+          return await ctx.reply(op.replyTo, await this.forkPoint(op));
         case 'hibernate':
           await this.hibernate(op.sandboxId, op.requestId);
           return await done();
@@ -273,19 +275,47 @@ export class OpHandler {
     await ctx.deps.registry.transition(sandboxId, paused ? 'paused' : 'running', { from: [paused ? 'running' : 'paused'], node: ctx.nodeId });
   }
 
+  /** A fork's point in a sandbox of this host: made, packed into a layer (answered as a snapshot), or removed. */
+  private async forkPoint(op: Extract<NodeOp, { kind: 'fork_point' }>): Promise<Reply> {
+    const { runtime } = this.ctx.deps;
+    switch (op.action) {
+      case 'make': {
+        this.ctx.requireLocal(op.sandboxId);
+        const made = await runtime.makeForkPoint(op.sandboxId, op.forkPointId);
+        return { kind: 'fork_point', requestId: op.requestId, cloned: made !== undefined, ...(made ? { frozenMs: made.frozenMs } : {}) };
+      }
+      case 'pack':
+        return { kind: 'snapshot', requestId: op.requestId, ...(await this.storePacked(op.requestId, (outPath) => runtime.packForkPoint(op.forkPointId, outPath))) };
+      case 'remove':
+        runtime.removeForkPoint(op.forkPointId);
+        return { kind: 'done', requestId: op.requestId };
+    }
+  }
+
   private async packWritableLayer(sandboxId: string, requestId: string, exclude: readonly string[]): Promise<{ digest: string; sizeBytes: number; frozenMs: number }> {
+    this.ctx.requireLocal(sandboxId);
+    let frozenMs = 0;
+    const stored = await this.storePacked(requestId, async (outPath) => {
+      const packed = await this.ctx.deps.runtime.snapshot(sandboxId, { outPath, excludePaths: exclude });
+      frozenMs = packed.frozenMs;
+      return packed.split;
+    });
+    return { ...stored, frozenMs };
+  }
+
+  /** A layer image `pack` writes at its path (or the split layer it answers), stored in the layer store and pinned there. */
+  private async storePacked(requestId: string, pack: (outPath: string) => Promise<RuntimeSnapshot['split'] | void>): Promise<{ digest: string; sizeBytes: number }> {
     const { ctx } = this;
-    ctx.requireLocal(sandboxId);
     await mkdir(ctx.deps.tmpDir, { recursive: true });
     const outPath = path.join(ctx.deps.tmpDir, `pack-${requestId}.erofs`);
     try {
-      const { frozenMs } = await ctx.deps.runtime.snapshot(sandboxId, { outPath, excludePaths: exclude });
-      const stored = await ctx.deps.storeLayerImage(outPath);
+      const split = await pack(outPath);
+      const stored = split ? await ctx.deps.storeSplitLayer(split) : await ctx.deps.storeLayerImage(outPath);
       // Unreferenced until the hibernated sandbox, the snapshot's record or a fork's children name it.
       await ctx.layers.pin(stored.digest, ctx.now() + LAYER_PIN_MS);
-      return { ...stored, frozenMs };
+      return stored;
     } finally {
-      await rm(outPath, { force: true });
+      await Promise.all([outPath, `${outPath}.meta`, `${outPath}.blob`].map((p) => rm(p, { force: true })));
     }
   }
 }

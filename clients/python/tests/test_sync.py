@@ -175,13 +175,16 @@ def test_fork_into_children_and_from_a_snapshot(client, sandbox):
         for child in children[1:]:
             assert child.exec("cat /root/state").stdout == "parent\n"
             record = child.refresh().record
-            assert record["lineage"] == {"parent": sandbox.id, "parentKind": "sandbox", "forkLayer": answer["forkLayer"], "forkedAt": answer["forkedAt"]}
+            assert record["lineage"] == {"parent": sandbox.id, "parentKind": "sandbox", "forkPoint": answer["forkPoint"], "forkedAt": answer["forkedAt"]}
             assert (record["spec"]["labels"], record["spec"]["resources"]["memoryMiB"]) == ({"branch": "py"}, 96)
         assert sandbox.exec("cat /root/state").stdout == "parent\n"
         with pytest.raises(rollbox.InvalidRequest):
             sandbox.fork(65)
         with pytest.raises(rollbox.NotFound):
             client.sandbox("sbx_nope").fork(1)
+        kept = sandbox.fork(1, snapshot=f"py-fork-point-{uuid.uuid4().hex[:8]}")
+        children.append(client.sandbox(kept["children"][0]["id"]))
+        assert client.layers.get(kept["forkLayer"])["name"].startswith("py-fork-point-")
         layer = sandbox.snapshot(name=f"py-fork-snap-{uuid.uuid4().hex[:8]}")
         from_snap = client.sandboxes.fork_snapshot(layer["digest"], 1, env={"WHO": "snap"})
         assert from_snap["parentKind"] == "snapshot" and from_snap["created"] == 1

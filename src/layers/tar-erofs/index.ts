@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto';
 import { writeFileSync } from 'node:fs';
 import type { Readable } from 'node:stream';
 import { OPAQUE_XATTR } from '../image-entries.ts';
-import { layerEntryOf, notAnEarlierFile, type EntryMeta } from '../layer-entry.ts';
+import { layerEntryOf, notAnEarlierFile, type EntryMeta, type LayerTarKind } from '../layer-entry.ts';
 import { chunkTableBytes } from '../split.ts';
 import { readTarEntries, type ExtractLimits } from '../tar-entries.ts';
 import { BlobWriter } from './blob.ts';
@@ -14,6 +14,10 @@ export { erofsMetaImage } from './image.ts';
 export interface TarErofsOptions {
   /** An OCI or Docker image layer: whiteouts, opaque markers, FIFOs and xattrs as the extractor keeps them. */
   imageLayer?: boolean;
+  /** An overlay upper dir as it is on disk (a microVM's snapshot stream; see LayerTarKind `upper`). */
+  upperDir?: boolean;
+  /** Entries at or under these paths (relative, `/`-separated) are dropped, whatever the tar says. */
+  excludePaths?: readonly string[];
   /** Sees the decompressed tar (the image's diff_id is its sha256). */
   onTarChunk?: (chunk: Buffer) => void;
 }
@@ -40,9 +44,13 @@ export async function writeErofsLayerFromTar(input: Readable, files: SplitLayerF
   const blob = new BlobWriter(files.blobPath, files.chunkSizeBytes);
   const xattrs: [string[], string, Buffer][] = [];
   const opaque: string[][] = [];
+  const kind: LayerTarKind = options.upperDir ? 'upper' : options.imageLayer ? 'image' : 'layer';
+  const excluded = (options.excludePaths ?? []).map((p) => p.split('/').filter(Boolean)).filter((c) => c.length > 0);
+  const isExcluded = (comps: readonly string[]): boolean => excluded.some((x) => x.length <= comps.length && x.every((c, i) => comps[i] === c));
   try {
     await readTarEntries(input, limits, options.onTarChunk, async (entry) => {
-      const e = layerEntryOf(entry.header, options.imageLayer ?? false);
+      const e = layerEntryOf(entry.header, kind);
+      if (isExcluded(e.kind === 'opaque' ? e.dirComps : e.comps)) return entry.skip();
       if (e.kind === 'whiteout') {
         tree.ensureDir(e.comps.slice(0, -1));
         // It hides only what lies below this layer: an entry of the same name earlier in this layer stays.

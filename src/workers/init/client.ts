@@ -16,7 +16,8 @@ export interface CommandHandlers {
   /** The command was forked (pid inside the sandbox). */
   onStarted?: (pid: number) => void;
   /** An ATTACH took the command over: its pid (0: not started yet), whether it had ended, its exec cgroup. */
-  onAttached?: (info: { pid: number; exited: boolean; slot: string }) => void;
+  /** `stdinOpen`: the command still takes stdin (an init older than this flag says false). */
+  onAttached?: (info: { pid: number; exited: boolean; stdinOpen: boolean; slot: string }) => void;
   onOutput?: (stream: 'stdout' | 'stderr', chunk: Buffer) => void;
   /** The stream passed its cap: later bytes are dropped by the init (reported once per stream). */
   onTruncated?: (stream: 'stdout' | 'stderr') => void;
@@ -102,7 +103,7 @@ export async function openCommand(socketPath: string, start: CommandStart, handl
             handlers.onStarted?.(payload.readUInt32LE(0));
             break;
           case Frame.attached:
-            handlers.onAttached?.({ pid: payload.readUInt32LE(0), exited: payload.readUInt32LE(4) !== 0, slot: payload.subarray(8).toString('utf8') });
+            handlers.onAttached?.({ pid: payload.readUInt32LE(0), exited: (payload.readUInt32LE(4) & 1) !== 0, stdinOpen: (payload.readUInt32LE(4) & 2) !== 0, slot: payload.subarray(8).toString('utf8') });
             break;
           case Frame.stdout:
           case Frame.stderr:

@@ -40,7 +40,7 @@
  *   init -> worker: STARTED (u32 pid), STDOUT, STDERR (bytes), TRUNCATED (u8 stream),
  *                   EXIT (i32 exit code, i32 raw wait status, u32 OOM kills its exec
  *                   cgroup counted while it ran), ERROR (text),
- *                   ATTACHED (u32 pid, u32 exited, slot), UNKNOWN
+ *                   ATTACHED (u32 pid, u32 flags: 1 exited, 2 stdin open; slot), UNKNOWN
  * After EXIT the init stops writing and waits for the worker to close the connection. A
  * connection that closes before EXIT kills the command's process group, unless the spawn
  * was durable; a command whose status was lost ends its connection without EXIT.
@@ -78,6 +78,7 @@ struct session {
   int fd_out, fd_err, fd_in;
   uint64_t cap[2], seen[2];
   int truncated[2];
+  int dropped[2];      /* a frame of this stream the log could not keep: TRUNCATED is sent again before EXIT */
   /* Durable commands only (id set): they outlive their connection, sock -1 while none holds them. */
   char *id;
   uint32_t grace_ms;
@@ -216,7 +217,32 @@ static int spill_open(void) {
   return fd;
 }
 
-/* An output frame of a durable command: kept until it is collected. */
+/* The spill file could not take more (the sandbox's disk is full): the log so far moves to
+ * a memfd (memory the sandbox's cgroup pays for, as for its output in memory). */
+static int spill_to_memory(struct session *s) {
+  int fd = memfd_create("rollbox-output", MFD_CLOEXEC);
+  if (fd < 0) return -1;
+  char chunk[READ_CHUNK];
+  for (uint64_t at = 0; at < s->log_len;) {
+    size_t want = s->log_len - at > sizeof chunk ? sizeof chunk : (size_t)(s->log_len - at);
+    ssize_t got = pread(s->log_fd, chunk, want, (off_t)at);
+    if (got <= 0 || pwrite_all(fd, chunk, (size_t)got, at) < 0) {
+      close(fd);
+      return -1;
+    }
+    at += (uint64_t)got;
+  }
+  close(s->log_fd);
+  s->log_fd = fd;
+  return 0;
+}
+
+static int log_write(struct session *s, const char *h, const void *payload, size_t len) {
+  return pwrite_all(s->log_fd, h, HEADER_BYTES, s->log_len) < 0 || pwrite_all(s->log_fd, payload, len, s->log_len + HEADER_BYTES) < 0 ? -1 : 0;
+}
+
+/* An output frame of a durable command: kept until it is collected. One that cannot be
+ * kept (no disk, no memory) is counted as dropped, and its stream reported truncated. */
 static void log_append(struct session *s, int type, const void *payload, size_t len) {
   char h[HEADER_BYTES] = {0};
   h[0] = (char)type;
@@ -230,11 +256,18 @@ static void log_append(struct session *s, int type, const void *payload, size_t 
       close(fd);
     }
   }
+  int stream = type == F_STDERR || (type == F_TRUNCATED && len == 1 && ((const char *)payload)[0] == 1) ? 1 : 0;
   if (s->log_fd >= 0) {
-    /* A failed write (the sandbox's disk is full) leaves log_len: the next frame overwrites it. */
-    if (pwrite_all(s->log_fd, h, HEADER_BYTES, s->log_len) < 0 || pwrite_all(s->log_fd, payload, len, s->log_len + HEADER_BYTES) < 0) return;
+    /* A failed write leaves log_len: what it wrote is overwritten by the next frame. */
+    if (log_write(s, h, payload, len) < 0 && (spill_to_memory(s) < 0 || log_write(s, h, payload, len) < 0)) {
+      s->dropped[stream] = 1;
+      return;
+    }
   } else {
-    if (buf_reserve(&s->log, HEADER_BYTES + len) < 0) return;
+    if (buf_reserve(&s->log, HEADER_BYTES + len) < 0) {
+      s->dropped[stream] = 1;
+      return;
+    }
     memcpy(s->log.data + s->log.len, h, HEADER_BYTES);
     memcpy(s->log.data + s->log.len + HEADER_BYTES, payload, len);
     s->log.len += HEADER_BYTES + len;
@@ -512,7 +545,7 @@ static void do_attach(struct session *s, const char *p, size_t len) {
   char body[8 + MAX_SLOT_NAME];
   size_t slot_len = strlen(c->slot);
   put_u32(body, (uint32_t)c->pid);
-  put_u32(body + 4, (uint32_t)c->exited);
+  put_u32(body + 4, (uint32_t)((c->exited ? 1 : 0) | (c->fd_in >= 0 ? 2 : 0)));
   memcpy(body + 8, c->slot, slot_len);
   send_frame(c, F_ATTACHED, body, 8 + slot_len);
 }
@@ -731,6 +764,12 @@ static void reap(void) {
 static void finish_if_done(struct session *s) {
   if (s->exit_sent || !s->exited || s->fd_out >= 0 || s->fd_err >= 0 || s->sock < 0 || s->sent < s->log_len) return;
   int code = WIFEXITED(s->status) ? WEXITSTATUS(s->status) : WIFSIGNALED(s->status) ? 128 + WTERMSIG(s->status) : 255;
+  /* A stream whose log dropped a frame says so again right before EXIT (so a replay from any offset has it). */
+  for (int k = 0; k < 2; k++) {
+    if (!s->dropped[k]) continue; /* (a second TRUNCATED of a stream changes nothing) */
+    char which = (char)k;
+    send_frame(s, F_TRUNCATED, &which, 1);
+  }
   uint32_t oom_now = slot_oom_kills(s->slot);
   char payload[12];
   put_u32(payload, (uint32_t)code);

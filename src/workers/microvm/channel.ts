@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import fs from 'node:fs/promises';
 import net from 'node:net';
+import { Readable } from 'node:stream';
 
 /**
  * The host end of a microVM's control channel: one virtio-serial port (QEMU's chardev
@@ -10,7 +11,11 @@ import net from 'node:net';
  * microVM exactly as to a container. The guest writes only what its multiplexer relays
  * from the init: code in the guest has no way onto the port.
  */
-export const MuxKind = { open: 1, data: 2, eof: 3, close: 4, ping: 5, pong: 6, restored: 7, net: 8, netDone: 9 } as const;
+export const MuxKind = {
+  open: 1, data: 2, eof: 3, close: 4, ping: 5, pong: 6, restored: 7, snapshot: 8, policy: 9, freeze: 10, result: 11, net: 12, netDone: 13,
+} as const;
+/** Requests to the guest's trusted side itself (guest/vminit.h), each on a channel of its own. */
+export type VmRequestKind = typeof MuxKind.snapshot | typeof MuxKind.policy | typeof MuxKind.freeze;
 const HEADER_BYTES = 12;
 /** The guest multiplexer's limit on one frame's payload (MUX_MAX_PAYLOAD). */
 export const MUX_MAX_PAYLOAD_BYTES = 64 * 1024;
@@ -34,6 +39,12 @@ export interface VmChannel {
    */
   restored(): void;
   /**
+   * A request to the guest's multiplexer itself (a snapshot, hidden paths, a freeze), not
+   * to the init: its body is sent whole, its answer comes as `data` (a snapshot's tar)
+   * and then its result.
+   */
+  request(kind: VmRequestKind, body: Buffer): VmRequest;
+  /**
    * After `restored`, for a VM with a NIC: the guest's multiplexer gives eth0 this address
    * (`a.b.c.d/N`) and default route, and its resolver this gateway, before any command;
    * rejects with what the guest reported, or past `timeoutMs`.
@@ -42,6 +53,24 @@ export interface VmChannel {
   /** The port's host end closed (the VMM exited). */
   readonly closed: Promise<void>;
   close(): Promise<void>;
+}
+
+export interface VmRequest {
+  /**
+   * The answer's bytes, ended when the result comes; destroyed with an error when the
+   * channel ends without one (the guest's side died, the VM ended). While its reader lags,
+   * the whole port waits (the guest then stops reading what it relays).
+   */
+  readonly data: Readable;
+  /** The result's payload (guest/vminit.h MUX_RESULT); rejects when the channel ends without one. */
+  readonly result: Promise<Buffer>;
+  /** Drops the request (the guest kills a snapshot's child); safe to call twice or after the end. */
+  cancel(): void;
+}
+
+interface PendingRequest {
+  data: Readable;
+  settle(result: Buffer | Error): void;
 }
 
 /** `a.b.c.d` as 4 bytes in network order. */
@@ -77,6 +106,12 @@ export async function openVmChannel(agentSocket: string, initSocket: string, con
   }
   const agent = port;
   const conns = new Map<number, net.Socket>();
+  const requests = new Map<number, PendingRequest>();
+  /** Requests whose reader asked the port to wait. */
+  const lagging = new Set<number>();
+  const resumeFor = (id: number): void => {
+    if (lagging.delete(id) && lagging.size === 0) agent.resume();
+  };
   let nextChannel = 1;
   let pending: Buffer = Buffer.alloc(0);
   const pongWaiters = new Set<() => void>();
@@ -108,6 +143,17 @@ export async function openVmChannel(agentSocket: string, initSocket: string, con
         netDone?.(len >= 4 ? payload.readUInt32LE(0) : -1);
         continue;
       }
+      const req = requests.get(id);
+      if (req) {
+        if (kind === MuxKind.data) {
+          if (!req.data.push(Buffer.from(payload))) {
+            lagging.add(id);
+            agent.pause();
+          }
+        } else if (kind === MuxKind.result) req.settle(Buffer.from(payload));
+        else if (kind === MuxKind.close) req.settle(new Error('the guest ended the request without a result'));
+        continue;
+      }
       const conn = conns.get(id);
       if (!conn) continue;
       if (kind === MuxKind.data) conn.write(Buffer.from(payload));
@@ -122,6 +168,7 @@ export async function openVmChannel(agentSocket: string, initSocket: string, con
   const endAll = (): void => {
     for (const conn of conns.values()) conn.destroy();
     conns.clear();
+    for (const req of [...requests.values()]) req.settle(new Error('the microVM\'s channel closed'));
     resolveClosed();
   };
   agent.on('close', endAll);
@@ -158,9 +205,53 @@ export async function openVmChannel(agentSocket: string, initSocket: string, con
   });
   await fs.chmod(initSocket, 0o600);
 
+  const request = (kind: VmRequestKind, body: Buffer): VmRequest => {
+    const id = nextChannel++;
+    let settleResult!: (r: Buffer | Error) => void;
+    const result = new Promise<Buffer>((resolve, reject) => (settleResult = (r) => (r instanceof Error ? reject(r) : resolve(r))));
+    result.catch(() => undefined); // the caller's to await
+    const data = new Readable({
+      read: () => resumeFor(id),
+      destroy: (err, cb) => {
+        resumeFor(id);
+        cb(err);
+      },
+    });
+    let done = false;
+    const pending: PendingRequest = {
+      data,
+      settle(r) {
+        if (done) return;
+        done = true;
+        requests.delete(id);
+        resumeFor(id);
+        settleResult(r);
+        if (r instanceof Error) data.destroy(r);
+        else data.push(null);
+      },
+    };
+    if (agent.destroyed) pending.settle(new Error('the microVM\'s channel is closed'));
+    else {
+      requests.set(id, pending);
+      agent.write(muxFrame(id, kind));
+      for (let o = 0; o < body.length; o += MUX_MAX_PAYLOAD_BYTES) agent.write(muxFrame(id, MuxKind.data, body.subarray(o, o + MUX_MAX_PAYLOAD_BYTES)));
+      agent.write(muxFrame(id, MuxKind.eof));
+    }
+    return {
+      data,
+      result,
+      cancel() {
+        if (done) return;
+        if (!agent.destroyed) agent.write(muxFrame(id, MuxKind.close));
+        pending.settle(new Error('cancelled'));
+      },
+    };
+  };
+
   return {
     initSocket,
     closed,
+    request,
     async ready(timeoutMs) {
       const until = Date.now() + timeoutMs;
       // Pings until one is answered: the guest's multiplexer reads the port only once it runs.

@@ -50,8 +50,15 @@ async function run(
     setTimeout(() => abandon.abort(), KILL_GRACE_MS).unref();
   };
   let channelPromise: Promise<CommandChannel>;
+  // A spawn's stdin is open as asked; an attached command's as the init says.
+  let stdinOpen = opts.stdinOpen === true;
   try {
     channelPromise = openCommand(vm.initSocket, start, {
+      onAttached: (info) => {
+        stdinOpen = info.stdinOpen;
+        const entry = opts.commandId ? vm.live.get(opts.commandId) : undefined;
+        if (entry) entry.stdinOpen = info.stdinOpen;
+      },
       onOutput: (stream, chunk) => {
         if (stream === 'stdout') {
           stdoutBytes += chunk.length;
@@ -70,7 +77,7 @@ async function run(
     if (err instanceof InitLostError) throw new RollboxError('result_unknown', `sandbox ${vm.sandboxId}: ${err.message}`);
     throw err;
   }
-  if (opts.commandId) vm.live.set(opts.commandId, { channel, stdinOpen: opts.stdinOpen === true });
+  if (opts.commandId) vm.live.set(opts.commandId, { channel, stdinOpen });
   const timer = setTimeout(() => {
     out.timedOut = true;
     kill();

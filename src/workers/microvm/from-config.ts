@@ -2,6 +2,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { execFileSync } from 'node:child_process';
 import type { Config } from '../../config/index.ts';
+import type { TarExtractor } from '../../layers/index.ts';
 import type { SandboxNetworks } from '../network/index.ts';
 import type { RuntimeLogger } from '../runtime/index.ts';
 import { detectAccelerator, hostTscKhz } from './accelerator.ts';
@@ -14,14 +15,22 @@ export const DEFAULT_VM_DIR = path.resolve(import.meta.dirname, '../../../build/
  * The worker's microVM runtime, or why this host has none (ROLLBOX_MICROVM=off, QEMU or
  * the guest kernel missing): creates with `tier: microvm` are then refused, coded.
  */
-export function microVmRuntimeOf(config: Config['node']['microvm'], dataDir: string, nodeId: string, logger?: RuntimeLogger, network?: SandboxNetworks): { runtime?: MicroVmRuntime; why?: string } {
-  const found = findMicroVm(config, dataDir, nodeId, logger, network);
+/** What the runtime shares with the worker: its log, the sandbox networks, its extraction threads. */
+export interface MicroVmShared {
+  logger?: RuntimeLogger;
+  network?: SandboxNetworks;
+  extract?: TarExtractor;
+}
+
+export function microVmRuntimeOf(config: Config['node']['microvm'], dataDir: string, nodeId: string, shared: MicroVmShared = {}): { runtime?: MicroVmRuntime; why?: string } {
+  const { logger } = shared;
+  const found = findMicroVm(config, dataDir, nodeId, shared);
   if (found.why) logger?.info({ why: found.why }, 'no microvm tier on this host');
   else logger?.info({ accelerator: found.runtime!.accelerator }, 'microvm tier');
   return found;
 }
 
-function findMicroVm(config: Config['node']['microvm'], dataDir: string, nodeId: string, logger?: RuntimeLogger, network?: SandboxNetworks): { runtime?: MicroVmRuntime; why?: string } {
+function findMicroVm(config: Config['node']['microvm'], dataDir: string, nodeId: string, shared: MicroVmShared): { runtime?: MicroVmRuntime; why?: string } {
   if (config.mode === 'off') return { why: 'ROLLBOX_MICROVM=off' };
   const kernel = config.kernel ?? path.join(DEFAULT_VM_DIR, 'vmlinuz');
   const initramfs = config.initramfs ?? path.join(DEFAULT_VM_DIR, 'initramfs.cpio.gz');
@@ -33,6 +42,6 @@ function findMicroVm(config: Config['node']['microvm'], dataDir: string, nodeId:
   }
   const accelerator = config.accelerator === 'auto' ? detectAccelerator() : config.accelerator;
   const tscKhz = accelerator === 'tcg' ? hostTscKhz() : undefined;
-  const runtime = createMicroVmRuntime({ dataDir, nodeId, qemuBinary: config.qemuBinary, accelerator, kernel, initramfs, ramDir: path.join(config.ramDir, `rollbox-vm-ram-${nodeId}`), bootTimeoutMs: config.bootTimeoutMs, ...(tscKhz ? { tscKhz } : {}), ...(logger ? { logger } : {}), ...(network ? { network } : {}) });
+  const runtime = createMicroVmRuntime({ dataDir, nodeId, qemuBinary: config.qemuBinary, accelerator, kernel, initramfs, ramDir: path.join(config.ramDir, `rollbox-vm-ram-${nodeId}`), bootTimeoutMs: config.bootTimeoutMs, snapshotIdleTimeoutMs: config.snapshotIdleTimeoutMs, ...(tscKhz ? { tscKhz } : {}), ...shared });
   return { runtime };
 }

@@ -3,18 +3,20 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
-import { RollboxError, type NetworkPolicy } from '../../api/index.ts';
+import { RollboxError } from '../../api/index.ts';
+import { extractInThread, type TarExtractor } from '../../layers/index.ts';
 import type { SandboxNetworks } from '../network/index.ts';
 import type { RuntimeLogger, SandboxRuntime, SandboxRuntimeSpec } from '../runtime/index.ts';
 import type { Accelerator } from './accelerator.ts';
-import { openVmChannel, type VmChannel } from './channel.ts';
-import { attachInVm, execInVm, execRawInVm, type VmCommandTarget } from './exec.ts';
+import { openVmChannel } from './channel.ts';
+import { attachInVm, execInVm, execRawInVm } from './exec.ts';
 import { inCgroupPrefix, makeVmCgroup, removeVmCgroup, removeVmCgroupParents, vmCgroupRel } from './cgroup.ts';
 import { attachVmNetwork, netnsPathOf, nicPolicy, releaseVmNetwork, VM_BRIDGE, VM_TAP, vmNetnsOf } from './net.ts';
-import { qmpCommand } from './qmp.ts';
 import { loadVm, readImage, saveVm } from './hibernation.ts';
 import { consoleTailOf, exitCauseFromConsole } from './exit-cause.ts';
 import { isQemuPid, startQemu } from './qemu.ts';
+import { readVmFile, serially, writeVmFile, type StartedWith, type Vm, type VmFile } from './vm.ts';
+import { applyVmPolicy, hidePaths, pauseVm, resumeVm, snapshotOfVm, type VmOpsDeps } from './vm-ops.ts';
 
 const run = promisify(execFile);
 
@@ -35,6 +37,10 @@ export interface MicroVmRuntimeDeps {
   bootTimeoutMs: number;
   /** Sandbox networking, shared with the container runtime (one pool, one host table); without it only mode none. */
   network?: SandboxNetworks;
+  /** Reads a snapshot's tar into its EROFS layer (the worker's extraction threads); default: this thread. */
+  extract?: TarExtractor;
+  /** A snapshot whose guest sends nothing for this long is given up (snapshot_failed). */
+  snapshotIdleTimeoutMs: number;
   logger?: RuntimeLogger;
 }
 
@@ -46,43 +52,8 @@ export function unsupported(what: string): RollboxError {
 /** The guest kernel and its initramfs need this much guest memory to boot. */
 export const MIN_GUEST_MEMORY_MIB = 128;
 
-interface Vm extends VmCommandTarget {
-  dir: string;
-  file: VmFile;
-  layers: string[];
-  pid: number;
-  channel: VmChannel;
-  stopping: boolean;
-  /** Its channel closed: QEMU exited or is exiting (it closes its sockets before its process ends). */
-  channelClosed?: boolean;
-}
-
-/** How QEMU was started: a restore starts it the same (the devices' saved state fits only those). */
-interface StartedWith {
-  accelerator: Accelerator;
-  vcpus: number;
-  memoryMiB: number;
-  /** With a NIC (network mode allowlist at create): a wake gives it one on the waking host's lease. */
-  nic?: boolean;
-}
-
 /** How long a woken guest may take to apply its new address (the multiplexer answers at once; TCG on a loaded host is slow). */
 const WAKE_NETWORK_TIMEOUT_MS = 15_000;
-
-/** What is kept on disk per sandbox so a restarted worker can adopt its VM. */
-interface VmFile {
-  pid: number;
-  /** Absent in the files of VMs started before hibernation existed. */
-  started?: StartedWith;
-  env: Record<string, string>;
-  workdir: string;
-  user?: string;
-  /** Layer digests, base first. */
-  layers: string[];
-  /** The current stage's network policy; `nic`: the VM was started with a NIC (mode allowlist at create). */
-  network?: NetworkPolicy;
-  nic?: boolean;
-}
 
 export interface MicroVmRuntime extends SandboxRuntime {
   readonly accelerator: Accelerator;
@@ -99,6 +70,7 @@ export interface MicroVmRuntime extends SandboxRuntime {
  */
 export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
   const vms = new Map<string, Vm>();
+  const ops: VmOpsDeps = { extract: deps.extract ?? extractInThread, snapshotIdleTimeoutMs: deps.snapshotIdleTimeoutMs, unsupported, ...(deps.network ? { network: deps.network } : {}), ...(deps.logger ? { logger: deps.logger } : {}) };
   let exitListener: ((id: string) => void) | undefined;
   const dirOf = (id: string): string => path.join(deps.dataDir, id);
   const ramFileOf = (id: string): string => path.join(deps.ramDir, `${id}.ram`);
@@ -143,7 +115,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
   const adopt = async (id: string, file: VmFile): Promise<Vm> => {
     const dir = dirOf(id);
     const channel = await openVmChannel(path.join(dir, 'agent.sock'), path.join(dir, 'init.sock'), 2000);
-    const vm: Vm = { sandboxId: id, dir, file, layers: file.layers, pid: file.pid, channel, stopping: false, initSocket: channel.initSocket, env: file.env, workdir: file.workdir, ...(file.user ? { user: file.user } : {}), live: new Map() };
+    const vm: Vm = { sandboxId: id, dir, file, layers: file.layers, pid: file.pid, channel, stopping: false, initSocket: channel.initSocket, env: file.env, workdir: file.workdir, ...(file.user ? { user: file.user } : {}), live: new Map(), ops: Promise.resolve() };
     vms.set(id, vm);
     watch(id, vm);
     return vm;
@@ -155,7 +127,6 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     pidOf: (id) => vms.get(id)?.pid,
     async create(spec: SandboxRuntimeSpec) {
       if (vms.has(spec.sandboxId)) return;
-      if (spec.hiddenPaths.length) throw unsupported('hide paths (hiddenPaths)');
       if (spec.restoreUpper) throw unsupported('wake a sandbox hibernated as its writable layer');
       if (spec.lowPriority) throw unsupported('keep warm pools');
       if (spec.layerImages.some((l) => l.lazy)) throw unsupported('read layers on demand (ROLLBOX_LAZY_LAYERS)');
@@ -177,7 +148,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
           await fs.truncate(diskImage, spec.resources.diskMiB * 1024 * 1024);
           await run('mkfs.ext4', ['-q', '-F', '-E', 'lazy_itable_init=1,lazy_journal_init=1', diskImage]);
           await fs.mkdir(deps.ramDir, { recursive: true, mode: 0o700 });
-          started = { accelerator: deps.accelerator, vcpus: Math.min(os.availableParallelism(), Math.max(1, Math.ceil(spec.resources.cpuMillis / 1000))), memoryMiB: spec.resources.memoryMiB };
+          started = { accelerator: deps.accelerator, vcpus: Math.min(os.availableParallelism(), Math.max(1, Math.ceil(spec.resources.cpuMillis / 1000))), memoryMiB: spec.resources.memoryMiB, guestRequests: true };
         }
         // A woken VM gets the devices it was saved with: a NIC if it had one, on a lease of this host
         // (its current stage; none keeps the NIC, closed), whose address the guest takes below.
@@ -202,7 +173,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
         );
         if (!child.pid) throw new Error('QEMU did not start');
         const file: VmFile = { pid: child.pid, started, layers: spec.layerImages.map((l) => l.digest), env: spec.env, workdir: spec.workdir, ...(spec.user ? { user: spec.user } : {}), ...(spec.network ? { network: spec.network } : {}), ...(nic ? { nic: true } : {}) };
-        await fs.writeFile(path.join(dir, 'vm.json'), JSON.stringify(file));
+        await writeVmFile({ dir, file });
         const vm = await adopt(spec.sandboxId, file).catch(async (err: Error) => {
           throw new Error(`${err.message}; console: ${await consoleTail(dir)}`);
         });
@@ -216,6 +187,8 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
           if (nic) await vm.channel.setNetwork(nic, WAKE_NETWORK_TIMEOUT_MS);
           await fs.rm(spec.restoreWhole, { recursive: true, force: true });
         }
+        // Before the first command; after a wake, what a stage changed while it slept (the guest diffs).
+        if (spec.hiddenPaths.length || spec.restoreWhole) await hidePaths(vm, spec.hiddenPaths, ops);
         cgroup.settle();
       } catch (err) {
         await remove(spec.sandboxId);
@@ -246,40 +219,28 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
       throw unsupported('take a sandbox from a warm pool');
     },
     destroy: (id) => remove(id),
-    async applyPolicy(id, change) {
-      const vm = vmOf(id);
-      if (change.hiddenPaths?.length) throw unsupported('hide paths (hiddenPaths)');
-      const network = change.network ?? vm.file.network ?? { mode: 'none', allow: [] };
-      if (change.network) {
-        // A virtio-mmio NIC cannot be added to a running microvm machine.
-        if (network.mode === 'allowlist' && !vm.file.nic) throw unsupported('give a network to a sandbox created without one (network.mode none at create)');
-        if (vm.file.nic) await deps.network!.apply(id, netnsPathOf(vmNetnsOf(id)), nicPolicy(network), { bridge: VM_BRIDGE });
-        vm.file = { ...vm.file, network };
-        await fs.writeFile(path.join(vm.dir, 'vm.json'), JSON.stringify(vm.file));
-      }
-      return { network, hiddenPaths: [] };
+    applyPolicy: (id, change) => applyVmPolicy(vmOf(id), change, ops),
+    // The sandbox frozen in the guest, then the whole VM stopped (every vCPU; QEMU keeps its memory): vm-ops.ts.
+    pause: (id) => pauseVm(vmOf(id), ops),
+    resume: (id) => resumeVm(vmOf(id)),
+    snapshot: (id, options) => snapshotOfVm(vmOf(id), options, ops),
+    // A VM's disk is not on the scratch filesystem: a fork packs its writable layer (snapshot) instead.
+    makeForkPoint: async () => undefined,
+    packForkPoint: async () => {
+      throw unsupported('pack a fork point');
     },
-    // The whole VM stops (every vCPU; QEMU keeps its memory): the guest's processes are frozen as a container's cgroup freeze leaves them.
-    async pause(id) {
-      await qmpCommand(path.join(vmOf(id).dir, 'qmp.sock'), 'stop');
-    },
-    async resume(id) {
-      await qmpCommand(path.join(vmOf(id).dir, 'qmp.sock'), 'cont');
-    },
-    snapshot: async () => {
-      throw unsupported('snapshot its writable disk (pack_diff)');
-    },
+    removeForkPoint: () => undefined,
     hibernatesWhole: (id) => vms.has(id),
-    async hibernateWhole(id, imageDir) {
+    hibernateWhole: (id, imageDir) => serially(vmOf(id), async () => {
       const vm = vmOf(id);
       if (!vm.file.started) throw unsupported('hibernate a VM started by an older worker (its RAM is not a shared file)');
-      // Its guest could not take a new lease at the wake (its multiplexer predates MUX_NET).
-      if (vm.file.nic && !vm.file.started.nic) throw unsupported('hibernate a VM with a network device started by an older worker');
+      // Its guest could not take a new lease at the wake (its multiplexer predates MUX_NET, kind 12 since the guest's requests took 8 to 11).
+      if (vm.file.nic && !(vm.file.started.nic && vm.file.started.guestRequests)) throw unsupported('hibernate a VM with a network device started by an older worker');
       // A command's caller waits on this host's connection, which the save ends; its processes would be kept, its result not.
       if (vm.live.size) throw new RollboxError('invalid_state', `sandbox ${id} has ${vm.live.size} command(s) running (${[...vm.live.keys()].slice(0, 3).join(', ')}); a microVM hibernates whole between commands (processes they left running in the background are kept)`);
       await saveVm({ qmpSocket: path.join(vm.dir, 'qmp.sock'), ramFile: ramFileOf(id), diskImage: path.join(vm.dir, 'disk.ext4'), startedWith: vm.file.started }, imageDir);
       await remove(id);
-    },
+    }),
     async isRunning(id) {
       const vm = vms.get(id);
       // A guest that reset (a panic) has QEMU close its sockets and clean up before its process ends: the closed channel says it first.
@@ -332,14 +293,6 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     unmountUnused: async () => {},
     diskSpace: () => ({ sizeMiB: 0, freeMiB: 0, preallocated: false }),
   };
-}
-
-async function readVmFile(dir: string): Promise<VmFile | undefined> {
-  try {
-    return JSON.parse(await fs.readFile(path.join(dir, 'vm.json'), 'utf8')) as VmFile;
-  } catch {
-    return undefined;
-  }
 }
 
 async function consoleTail(dir: string): Promise<string> {

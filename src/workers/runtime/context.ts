@@ -11,6 +11,7 @@ import type { ExecSlots } from './exec-slots.ts';
 import { BESTEFFORT_ROOT, RuntimeLayout } from './layout.ts';
 import { isProcessAlive, readRuncState, type RuncState } from './runc.ts';
 import { ScratchDisks } from './scratch.ts';
+import type { ScratchFsType } from './scratch-image.ts';
 import { CPU_PERIOD_US } from './spec.ts';
 import { DEFAULT_INIT_BINARY } from '../init/index.ts';
 import { InitWatch } from './init-watch.ts';
@@ -48,6 +49,8 @@ export interface RuncRuntimeDeps {
   execKillGraceMs?: number;
   /** Size of the host's scratch filesystem that holds every sandbox's disk (see scratch.ts). */
   scratchSizeGiB?: number;
+  /** The scratch filesystem's type (default xfs: disks can be cloned for forks; see scratch.ts). */
+  scratchFs?: ScratchFsType;
   /** See ScratchDisksDeps.idleUnmountDelayMs. */
   scratchIdleUnmountMs?: number;
   /** Reserve each sandbox's whole diskMiB in the scratch filesystem (default false; see scratch.ts). */
@@ -176,6 +179,7 @@ export function createRuntimeContext(deps: RuncRuntimeDeps): RuntimeContext {
       dataDir: layout.dataDir,
       helper: diskHelper,
       sizeGiB: deps.scratchSizeGiB,
+      fsType: deps.scratchFs,
       idleUnmountDelayMs: deps.scratchIdleUnmountMs,
       preallocate: deps.preallocateDisks,
       mkfsBinary: deps.mkfsBinary,

@@ -55,7 +55,7 @@ export async function createSandbox(ctx: RuntimeContext, spec: SandboxRuntimeSpe
       for (const d of ['disk', 'rootfs']) mkdirSync(path.join(bundle, d));
       const disk = layout.diskOf(id);
       // allSettled: the cleanup below must not start while either is still running.
-      const settled = await Promise.allSettled([acquireLayers(ctx, layers, rec), ctx.scratch.attach(id, spec.resources.diskMiB, disk)]);
+      const settled = await Promise.allSettled([acquireLayers(ctx, layers, rec), ctx.scratch.attach(id, spec.resources.diskMiB, disk, spec.forkPoint)]);
       for (const r of settled) if (r.status === 'rejected') throw r.reason;
       recordDiskDevice(ctx, id, (settled[1] as PromiseFulfilledResult<string>).value);
       // 2.

@@ -134,10 +134,10 @@ async function runInSandbox(ctx: RuntimeContext, rec: SandboxRecord, start: Star
   let settleOpened: (opened: CommandChannel | undefined) => void = () => undefined;
   if (commandId !== undefined) {
     const opened = new Promise<CommandChannel | undefined>((resolve) => (settleOpened = resolve));
-    // Attached, a command's stdin is as open as its first spawn left it: the init drops what it cannot take.
+    // Attached, a command's stdin is as open as the init says (onAttached).
     liveCommand = {
       opened,
-      stdinOpen: spec ? spec.keepStdinOpen === true : true,
+      stdinOpen: spec ? spec.keepStdinOpen === true : false,
       released: false,
       release() {
         this.released = true;
@@ -169,6 +169,7 @@ async function runInSandbox(ctx: RuntimeContext, rec: SandboxRecord, start: Star
         : { attach: { commandId: attach!.commandId } },
       {
         onAttached: (info) => {
+          if (liveCommand) liveCommand.stdinOpen = info.stdinOpen;
           if (info.slot) slot = rec.slots.claim(info.slot);
           // An attached command counts the OOM kills from here on (earlier ones are not told apart from its slot's past).
           if (slot) oomBefore = readOomKills(slot.memory);

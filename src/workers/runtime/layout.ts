@@ -10,6 +10,7 @@ import type { RuntimeExecSpec, SandboxRuntimeSpec } from './types.ts';
  *   <dataDir>/runc/rb-<id>/        runc's state of the container
  *   <dataDir>/sandboxes/<id>/      bundle: config.json, policy.json, disk/ (upper + work), rootfs/
  *   <dataDir>/init/<hash>.sock     the sandbox init's private channel (never mounted into a container)
+ *   <dataDir>/fork-points/<id>/    a fork point's disk, mounted read-only while it is packed into a layer
  *   <cgroup>/rollbox/<nodeId>/rb-<id>/s<n>   cgroups (besteffort: rollbox-besteffort/...), exec slots s<n>
  */
 export const BESTEFFORT_ROOT = 'rollbox-besteffort';
@@ -31,6 +32,7 @@ export class RuntimeLayout {
   readonly runcRoot: string;
   readonly sandboxesDir: string;
   readonly socketsDir: string;
+  readonly forkPointMountsDir: string;
   /** Cgroup parent of latency sandboxes (relative to each hierarchy's root). */
   readonly cgroupParent: string;
   /**
@@ -50,6 +52,7 @@ export class RuntimeLayout {
     this.runcRoot = path.join(this.dataDir, 'runc');
     this.sandboxesDir = path.join(this.dataDir, 'sandboxes');
     this.socketsDir = path.join(this.dataDir, 'init');
+    this.forkPointMountsDir = path.join(this.dataDir, 'fork-points');
     if (Buffer.byteLength(this.socketOf('x')) > MAX_SOCKET_PATH_BYTES - 2) {
       throw new RollboxError('invalid_request', `data dir ${this.dataDir} is too long for the sandboxes' unix sockets (at most ~${MAX_SOCKET_PATH_BYTES - 30} bytes)`);
     }
@@ -106,6 +109,7 @@ export function validateCreate(spec: SandboxRuntimeSpec): void {
     throw new RollboxError('invalid_request', msg);
   };
   checkSandboxId(spec.sandboxId);
+  if (spec.forkPoint !== undefined && !isSandboxId(spec.forkPoint)) bad('invalid fork point');
   if (spec.layerImages.length === 0) bad('a sandbox needs at least a base layer');
   for (const l of spec.layerImages) if (!/^sha256:[0-9a-f]{64}$/.test(l.digest) || !path.isAbsolute(l.imagePath) || (l.blobPath !== undefined && !path.isAbsolute(l.blobPath))) bad(`invalid layer ${l.digest}`);
   const absolute = (p: string): boolean => p.startsWith('/') && !p.includes('\0');

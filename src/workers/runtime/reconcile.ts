@@ -129,6 +129,9 @@ export async function reconcile(ctx: RuntimeContext, keep: ReadonlySet<string>):
     if (adopted.has(id)) continue;
     await unmountRootfs(ctx, m.mountPoint);
   }
+  // Fork points being packed when a worker died (the images go with step 6).
+  for (const m of await readMountInfo()) if (m.mountPoint.startsWith(`${layout.forkPointMountsDir}/`)) await unmountRootfs(ctx, m.mountPoint);
+  await rm(layout.forkPointMountsDir, { recursive: true, force: true });
   // 4. Cgroups under our parent that belong to no adopted sandbox.
   for (const h of cg.all) {
     for (const parent of layout.cgroupParents.map((p) => path.join(h, p))) {

@@ -1,15 +1,17 @@
-import { closeSync, ftruncateSync, mkdirSync, openSync, readSync, readdirSync, rmSync, statSync, statfsSync } from 'node:fs';
+import { closeSync, ftruncateSync, mkdirSync, openSync, readdirSync, rmSync, statSync, statfsSync } from 'node:fs';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { RollboxError } from '../../api/index.ts';
-import { isMountPoint, listLoopDevices, loopsLeft } from '../../layers/index.ts';
+import { isMountPoint, loopsLeft } from '../../layers/index.ts';
 import { DiskOpError, MNT_DETACH, MS_NODEV, MS_NOEXEC, MS_NOSUID, type DiskHelper } from './diskhelper.ts';
-import { DiskTemplates, EXT4_OPTIONS, mkfsExt4 } from './disk-templates.ts';
+import { DiskTemplates, EXT4_OPTIONS } from './disk-templates.ts';
+import { formatScratch, scratchReusable, type ScratchFsType, type ScratchImage } from './scratch-image.ts';
 import { runTool } from '../../proc/index.ts';
 import type { RuntimeLogger } from './context.ts';
 
 const MIB = 1024 * 1024;
 const GIB = 1024 * MIB;
+
 
 export interface ScratchDisksDeps {
   /** Absolute; the scratch image is `<dataDir>/scratch.img`, mounted at `<dataDir>/scratch`. */
@@ -35,7 +37,10 @@ export interface ScratchDisksDeps {
   maxTemplates?: number;
   /** How long it stays mounted once its last disk is gone (default 0; worker hosts: ROLLBOX_NODE_IDLE_UNMOUNT_MS). */
   idleUnmountDelayMs?: number;
+  /** The scratch filesystem's type (default xfs; see the class). Sandbox disks are ext4 either way. */
+  fsType?: ScratchFsType;
   mkfsBinary?: string;
+  mkfsXfsBinary?: string;
   losetupBinary?: string;
   logger?: RuntimeLogger;
 }
@@ -47,7 +52,7 @@ export interface ScratchDisksDeps {
  * Its size is diskMiB, so writes past it fail with ENOSPC, and its inode count is
  * `inodesForDisk(diskMiB)`, so an inode flood fails with ENOSPC too.
  *
- * Those filesystems are image files inside ONE scratch filesystem per host (an ext4 image,
+ * Those filesystems are image files inside ONE scratch filesystem per host (an XFS image,
  * sparse on the host, loop-mounted at `<dataDir>/scratch`), so everything sandboxes write is
  * bounded by the scratch size and the host disk cannot fill. Like a layer mount, the scratch
  * filesystem is mounted by the first sandbox that needs it and unmounted a while after the
@@ -57,6 +62,12 @@ export interface ScratchDisksDeps {
  * by copying a pre-formatted template of its size (formatted once per size, ~20 ms; the copy
  * writes ~150 KB for 1 GiB), then loop-attached and mounted at `<bundle>/disk` by the helper
  * process; upper/ and work/ of the sandbox's overlay are directories in it.
+ *
+ * The scratch filesystem is XFS because XFS clones files (reflinks): a fork freezes a
+ * sandbox's disk for a moment and clones its image into a fork point (`fork-<id>.img`
+ * beside the disks), and each child's disk starts as a clone of that, sharing every block
+ * until one side writes it, so N children of a sandbox with 64 MiB written cost no copy.
+ * `fsType: 'ext4'` keeps the older scratch filesystem (no clones: forks pack a layer).
  *
  * Loop devices are attached with autoclear, so they detach themselves when their last mount
  * goes; nothing here depends on this process's memory to be cleaned up after a crash.
@@ -72,6 +83,7 @@ export class ScratchDisks {
   /** attach() calls in progress: the scratch filesystem is not unmounted under them. */
   private attaching = 0;
   private readonly templates: DiskTemplates;
+  private readonly image: ScratchImage;
 
   constructor(private readonly deps: ScratchDisksDeps) {
     this.imagePath = path.join(deps.dataDir, 'scratch.img');
@@ -79,11 +91,18 @@ export class ScratchDisks {
     this.disksDir = path.join(this.mountPoint, 'disks');
     this.templatesDir = path.join(this.mountPoint, 'templates');
     this.templates = new DiskTemplates(this.templatesDir, deps.maxTemplates ?? 32, deps.mkfsBinary);
+    this.image = { path: this.imagePath, fsType: deps.fsType ?? 'xfs', mkfsBinary: deps.mkfsBinary, mkfsXfsBinary: deps.mkfsXfsBinary };
   }
 
   imageOf(sandboxId: string): string {
     return path.join(this.disksDir, `${sandboxId}.img`);
   }
+
+  /** A fork point: a frozen clone of a sandbox's disk that children's disks are cloned from. */
+  forkPointOf(forkPointId: string): string {
+    return path.join(this.disksDir, `fork-${forkPointId}.img`);
+  }
+
 
   private serialized<T>(fn: () => Promise<T>): Promise<T> {
     const p = this.chain.then(fn);
@@ -108,9 +127,10 @@ export class ScratchDisks {
   private async mountScratch(): Promise<void> {
     mkdirSync(this.mountPoint, { recursive: true, mode: 0o700 });
     if (this.isMounted()) return;
-    const mountIt = (): Promise<string> => this.deps.helper.mountImage(this.imagePath, this.mountPoint, 'ext4', MS_NOSUID | MS_NODEV | MS_NOEXEC, EXT4_OPTIONS, true);
+    const { fsType } = this.image;
+    const mountIt = (): Promise<string> => this.deps.helper.mountImage(this.imagePath, this.mountPoint, fsType, MS_NOSUID | MS_NODEV | MS_NOEXEC, fsType === 'ext4' ? EXT4_OPTIONS : '', true);
     let mounted = false;
-    if (await this.reusable()) {
+    if (await scratchReusable(this.image)) {
       try {
         await mountIt();
         mounted = true;
@@ -129,10 +149,8 @@ export class ScratchDisks {
       } finally {
         closeSync(fd);
       }
-      // Few, large files: one inode per 1 MiB is plenty and keeps the inode table small.
-      const inodes = String(Math.max(4096, Math.floor(sizeBytes / MIB)));
       try {
-        await mkfsExt4(this.imagePath, ['-N', inodes], this.deps.mkfsBinary);
+        await formatScratch(this.image, sizeBytes);
         await mountIt();
       } catch (err) {
         rmSync(this.imagePath, { force: true });
@@ -144,28 +162,6 @@ export class ScratchDisks {
     rmSync(this.disksDir, { recursive: true, force: true });
     mkdirSync(this.disksDir, { mode: 0o700 });
     mkdirSync(this.templatesDir, { recursive: true, mode: 0o700 });
-  }
-
-  /**
-   * The existing image can be mounted again: an ext4 that was unmounted cleanly (a journal-less
-   * ext4 clears VALID_FS in its superblock while mounted, so a crash leaves it unset) and that
-   * no loop device still holds (mounting one filesystem through two devices corrupts it).
-   */
-  private async reusable(): Promise<boolean> {
-    let fd: number | undefined;
-    try {
-      fd = openSync(this.imagePath, 'r');
-      const sb = Buffer.alloc(4);
-      if (readSync(fd, sb, 0, 4, 1024 + 0x38) !== 4) return false;
-      const magic = sb.readUInt16LE(0);
-      const state = sb.readUInt16LE(2);
-      if (magic !== 0xef53 || (state & 0x1) === 0 || (state & 0x2) !== 0) return false;
-    } catch {
-      return false;
-    } finally {
-      if (fd !== undefined) closeSync(fd);
-    }
-    return !(await listLoopDevices()).some((l) => l.backingFile === this.imagePath);
   }
 
   private scratchSizeBytes(): number {
@@ -180,14 +176,15 @@ export class ScratchDisks {
 
   /**
    * Give sandbox `sandboxId` an empty disk of `diskMiB` mounted at `target` (an existing
-   * empty dir). Returns its loop device (see disk-on-host.ts).
+   * empty dir), or with `forkPointId`, a clone of that fork point (of the same size).
+   * Returns its loop device (see disk-on-host.ts).
    */
-  async attach(sandboxId: string, diskMiB: number, target: string): Promise<string> {
+  async attach(sandboxId: string, diskMiB: number, target: string, forkPointId?: string): Promise<string> {
     if (!Number.isInteger(diskMiB) || diskMiB < 1) throw new RollboxError('invalid_request', `diskMiB must be a positive integer`);
     this.attaching++;
     let device: string;
     try {
-      device = await this.attachDisk(sandboxId, diskMiB, target);
+      device = forkPointId === undefined ? await this.attachDisk(sandboxId, diskMiB, target) : await this.attachClone(sandboxId, forkPointId, target);
     } catch (err) {
       this.attaching--;
       await this.unmountIfIdle().catch((e: unknown) => this.deps.logger?.warn({ err: String(e) }, 'unmounting idle scratch filesystem failed'));
@@ -220,6 +217,18 @@ export class ScratchDisks {
         }
         throw err;
       }
+    }
+  }
+
+  private async attachClone(sandboxId: string, forkPointId: string, target: string): Promise<string> {
+    await this.ensureMounted();
+    const image = this.imageOf(sandboxId);
+    rmSync(image, { force: true }); // a leftover of a failed attempt; the caller holds the sandbox lock
+    try {
+      return await this.deps.helper.cloneDisk(this.forkPointOf(forkPointId), image, target, 'ext4', MS_NOSUID | MS_NODEV, EXT4_OPTIONS);
+    } catch (err) {
+      if (err instanceof DiskOpError && err.errno === 'ENOENT') throw new RollboxError('invalid_state', `fork point ${forkPointId} is not on this host (its fork ended)`);
+      throw err;
     }
   }
 
@@ -301,7 +310,7 @@ export class ScratchDisks {
     return true;
   }
 
-  /** Delete disk images of sandboxes not in `keep` (leftovers of a crash). */
+  /** Delete disk images of sandboxes not in `keep` and every fork point (leftovers of a crash). */
   removeStrayImages(keep: ReadonlySet<string>, names: readonly string[]): void {
     for (const name of names) {
       const id = name.endsWith('.img') ? name.slice(0, -4) : undefined;

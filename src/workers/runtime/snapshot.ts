@@ -81,8 +81,13 @@ async function frozen<T>(freezerStateFile: string, fn: () => T | Promise<T>): Pr
 }
 
 function mkfs(srcDir: string, options: PackOptions): Promise<void> {
-  return mkfsErofs(srcDir, options.outPath, {
+  return packDir(srcDir, options.outPath, options.excludePaths);
+}
+
+/** An upper dir (or a copy of one) as an EROFS image, overlay xattrs kept, without `excludePaths` (absolute, inside the sandbox). */
+export function packDir(srcDir: string, outPath: string, excludePaths: readonly string[]): Promise<void> {
+  return mkfsErofs(srcDir, outPath, {
     keepXattrs: true,
-    excludePaths: options.excludePaths.map((p) => p.replace(/^\/+/, '').replace(/\/+$/, '')).filter(Boolean),
+    excludePaths: excludePaths.map((p) => p.replace(/^\/+/, '').replace(/\/+$/, '')).filter(Boolean),
   });
 }

@@ -27,6 +27,10 @@ export function createTieredRuntime(container: SandboxRuntime, microvm: TierRunt
     pause: (id) => of(id).pause(id),
     resume: (id) => of(id).resume(id),
     snapshot: (id, options) => of(id).snapshot(id, options),
+    makeForkPoint: (id, forkPointId) => of(id).makeForkPoint(id, forkPointId),
+    // Fork points are container disks (a microVM answers makeForkPoint with undefined).
+    packForkPoint: (forkPointId, outPath) => container.packForkPoint(forkPointId, outPath),
+    removeForkPoint: (forkPointId) => container.removeForkPoint(forkPointId),
     hibernatesWhole: (id) => of(id).hibernatesWhole(id),
     hibernateWhole: (id, imageDir) => of(id).hibernateWhole(id, imageDir),
     isRunning: (id) => of(id).isRunning(id),

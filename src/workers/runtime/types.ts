@@ -20,6 +20,11 @@ export interface SandboxRuntimeSpec {
    * included, are copied into the new upper dir before the container starts.
    */
   restoreUpper?: LayerFiles;
+  /**
+   * A fork's child on its fork point's host: its disk starts as a clone of that fork point
+   * (the parent's writable layer as of the fork; resources.diskMiB is the parent's).
+   */
+  forkPoint?: string;
   /** A sandbox saved whole (hibernateWhole): the image directory it comes back from, processes and all. */
   restoreWhole?: string;
   /** Default: mode none (loopback only). */
@@ -45,6 +50,16 @@ export interface SandboxBinding {
 export interface SandboxPolicy {
   network: NetworkPolicy;
   hiddenPaths: string[];
+}
+
+/** What a snapshot wrote. */
+export interface RuntimeSnapshot {
+  frozenMs: number;
+  /**
+   * Not one image at `outPath` but a split layer (metadata image + data blob, and its
+   * chunk table: LayerStore.putSplit), as a microVM's snapshot is read from its guest's stream.
+   */
+  split?: { metaPath: string; blobPath: string; chunkSizeBytes: number; table: Buffer };
 }
 
 export interface RuntimeExecSpec {
@@ -150,11 +165,22 @@ export interface SandboxRuntime {
   resume(sandboxId: string): Promise<void>;
   /**
    * pack_diff: write the sandbox's writable layer (its overlay upper dir, whiteouts and
-   * opaque dirs included) as an EROFS image at `outPath`, leaving out `excludePaths`
-   * (absolute paths inside the sandbox). The sandbox is frozen while the image is built;
-   * `frozenMs` says how long (0: it was paused already).
+   * opaque dirs included) as an EROFS image at `outPath` (or a split layer: `split`),
+   * leaving out `excludePaths` (absolute paths inside the sandbox), as of one moment: the
+   * sandbox is frozen for it (a container on a host that clones disks: only while its disk
+   * is cloned); `frozenMs` says how long (0: it was paused already).
    */
-  snapshot(sandboxId: string, options: { outPath: string; excludePaths: readonly string[] }): Promise<{ frozenMs: number }>;
+  snapshot(sandboxId: string, options: { outPath: string; excludePaths: readonly string[] }): Promise<RuntimeSnapshot>;
+  /**
+   * A fork point of a running or paused sandbox: its disk as of now, the sandbox frozen only
+   * while the disk is cloned (fork-point.ts). undefined where this host cannot clone disks
+   * (the caller packs the writable layer with `snapshot` instead).
+   */
+  makeForkPoint(sandboxId: string, forkPointId: string): Promise<{ frozenMs: number } | undefined>;
+  /** A fork point's writable layer as an EROFS image at `outPath` (for children on other hosts). */
+  packForkPoint(forkPointId: string, outPath: string): Promise<void>;
+  /** Safe to call twice; a fork point nobody removes goes by itself after a while. */
+  removeForkPoint(forkPointId: string): void;
   /**
    * Whether this sandbox hibernates whole, keeping its processes (a microVM: memory and
    * device state saved, hibernateWhole), rather than as its packed writable layer.

@@ -10,44 +10,48 @@
  * ends every channel (the init then treats their commands as abandoned, as a dropped
  * connection), and the multiplexer waits for the host to come back (a restored snapshot,
  * a restarted worker), never exits.
+ *
+ * Requests to this trusted side itself (snapshots, hidden paths, freezes) are requests.c's.
  */
 #define _GNU_SOURCE
-#include "vminit.h"
+#include "mux.h"
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <time.h>
 
-struct chan {
-  uint32_t id;
-  int fd;           /* connection to the init, -1 once closed */
-  char *pend;       /* bytes from the host not yet written to the init */
-  size_t pend_len;
-  int host_eof;     /* the host half-closed: shut down our write side once pend is out */
-  int init_eof;     /* the init half-closed */
-};
-
-static struct chan *chans[MUX_MAX_CHANNELS];
-static int nchans;
-/* Bytes for the host not yet written to the port. */
+struct chan *chans[MUX_MAX_CHANNELS];
+int nchans;
+/*
+ * Bytes for the host not yet written to the port: out[out_off .. out_len). Written from an
+ * offset, moved down only when a frame needs the room: the port takes at most 32 KiB per
+ * write, and moving a full buffer after each would copy it ~30 times per MiB sent.
+ */
 static char *out;
-static size_t out_len, out_cap;
+static size_t out_off, out_len, out_cap;
 /* Bytes from the host not yet parsed into frames. */
 static char in[MUX_HEADER_BYTES + MUX_MAX_PAYLOAD];
 static size_t in_len;
 
-static void put32(char *p, uint32_t v) {
+void put32(char *p, uint32_t v) {
   for (int i = 0; i < 4; i++) p[i] = (char)(v >> (8 * i));
 }
-static uint32_t get32(const char *p) {
+uint32_t get32(const char *p) {
   uint32_t v = 0;
   for (int i = 0; i < 4; i++) v |= (uint32_t)(unsigned char)p[i] << (8 * i);
   return v;
 }
 
-static void queue(uint32_t id, int kind, const char *payload, size_t len) {
+void queue(uint32_t id, int kind, const char *payload, size_t len) {
+  if (out_len + MUX_HEADER_BYTES + len > out_cap && out_off > 0) {
+    memmove(out, out + out_off, out_len - out_off);
+    out_len -= out_off;
+    out_off = 0;
+  }
   if (out_len + MUX_HEADER_BYTES + len > out_cap) {
     size_t cap = out_cap ? out_cap : 65536;
     while (cap < out_len + MUX_HEADER_BYTES + len) cap *= 2;
@@ -65,15 +69,22 @@ static void queue(uint32_t id, int kind, const char *payload, size_t len) {
   out_len += MUX_HEADER_BYTES + len;
 }
 
-static struct chan *chan_of(uint32_t id) {
+struct chan *chan_of(uint32_t id) {
   for (int i = 0; i < nchans; i++)
     if (chans[i]->id == id) return chans[i];
   return NULL;
 }
 
-static void chan_free(struct chan *c) {
+void chan_free(struct chan *c) {
   for (int i = 0; i < nchans; i++) {
     if (chans[i] != c) continue;
+    if (c->job > 0) {
+      /* Done, or cancelled: a cut-short one's stage goes, and the sandbox must not stay frozen. */
+      kill(c->job, SIGKILL);
+      waitpid(c->job, NULL, 0);
+      if (c->job_freezes && !c->job_done) vm_freeze(0);
+      if (!c->job_done) snapshot_clear_stage();
+    }
     if (c->fd >= 0) close(c->fd);
     free(c->pend);
     free(c);
@@ -135,6 +146,8 @@ static void drop_channels(void) {
 /* After a restore: the old channels dropped, the wall clock set to the host's, the entropy credited and the kernel's RNG reseeded from it. */
 static void restored(const char *p, size_t len) {
   drop_channels();
+  /* A VM paused (frozen inside) when it was saved wakes running. */
+  if (vm_is_frozen()) vm_freeze(0);
   if (len != MUX_RESTORED_PAYLOAD_BYTES) return;
   uint64_t sec = (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
   struct timespec now = {.tv_sec = (time_t)sec, .tv_nsec = (long)get32(p + 8)};
@@ -169,8 +182,16 @@ static void from_host(uint32_t id, int kind, const char *p, size_t len) {
     chan_open(id);
     return;
   }
+  if (kind == MUX_SNAPSHOT || kind == MUX_POLICY || kind == MUX_FREEZE) {
+    req_open(id, kind);
+    return;
+  }
   struct chan *c = chan_of(id);
   if (!c) return; /* a channel already gone here: its CLOSE is on the way */
+  if (c->req) {
+    req_frame(c, kind, p, len);
+    return;
+  }
   if (kind == MUX_DATA && len > 0 && !c->host_eof) {
     char *n = realloc(c->pend, c->pend_len + len);
     if (!n) vm_die("realloc");
@@ -204,6 +225,10 @@ static void read_port(int port) {
 
 static void read_chan(struct chan *c) {
   static char buf[MUX_MAX_PAYLOAD];
+  if (c->job) {
+    read_job(c);
+    return;
+  }
   ssize_t r = read(c->fd, buf, sizeof buf);
   if (r > 0) {
     queue(c->id, MUX_DATA, buf, (size_t)r);
@@ -219,21 +244,23 @@ static void read_chan(struct chan *c) {
 /* The host went away: every channel ends, as a dropped connection would. */
 static void host_gone(void) {
   drop_channels();
-  out_len = 0;
+  out_len = out_off = 0;
   in_len = 0;
 }
 
-void mux_main(int port) {
+void mux_main(int port, int root_fd) {
+  hide_init(root_fd);
   static struct pollfd pfds[1 + MUX_MAX_CHANNELS];
-  static struct chan *who[1 + MUX_MAX_CHANNELS];
+  /* By id, not pointer: handling one channel (or the port) may free another. */
+  static uint32_t who[1 + MUX_MAX_CHANNELS];
   for (;;) {
     int n = 0;
-    pfds[n++] = (struct pollfd){.fd = port, .events = POLLIN | (out_len ? POLLOUT : 0)};
+    pfds[n++] = (struct pollfd){.fd = port, .events = POLLIN | (out_len > out_off ? POLLOUT : 0)};
     /* Past 1 MiB queued for the host, stop reading the init: it then blocks its commands. */
-    if (out_len < (1u << 20)) {
+    if (out_len - out_off < (1u << 20)) {
       for (int i = 0; i < nchans; i++) {
         if (chans[i]->fd < 0 || chans[i]->init_eof) continue;
-        who[n] = chans[i];
+        who[n] = chans[i]->id;
         pfds[n++] = (struct pollfd){.fd = chans[i]->fd, .events = POLLIN | (chans[i]->pend_len ? POLLOUT : 0)};
       }
     }
@@ -249,9 +276,11 @@ void mux_main(int port) {
     }
     if (pfds[0].revents & POLLIN) read_port(port);
     for (int j = 1; j < n; j++) {
-      if (!pfds[j].revents || !chan_of(who[j]->id)) continue;
-      if (pfds[j].revents & POLLOUT) chan_flush(who[j]);
-      if (chan_of(who[j]->id) && (pfds[j].revents & (POLLIN | POLLHUP | POLLERR))) read_chan(who[j]);
+      struct chan *c = chan_of(who[j]);
+      if (!pfds[j].revents || !c || c->fd != pfds[j].fd) continue;
+      if (pfds[j].revents & POLLOUT) chan_flush(c);
+      c = chan_of(who[j]);
+      if (c && c->fd == pfds[j].fd && (pfds[j].revents & (POLLIN | POLLHUP | POLLERR))) read_chan(c);
     }
     /* Channels both sides closed are done. */
     for (int i = nchans - 1; i >= 0; i--) {
@@ -261,11 +290,11 @@ void mux_main(int port) {
         chan_free(c);
       }
     }
-    while (out_len > 0) {
-      ssize_t w = write(port, out, out_len);
+    while (out_len > out_off) {
+      ssize_t w = write(port, out + out_off, out_len - out_off);
       if (w < 0) break; /* EAGAIN: POLLOUT next round */
-      memmove(out, out + w, out_len - (size_t)w);
-      out_len -= (size_t)w;
+      out_off += (size_t)w;
     }
+    if (out_off == out_len) out_off = out_len = 0;
   }
 }

@@ -12,6 +12,9 @@
  *
  * Kernel command line: rollbox.layers=N (how many layer disks), rollbox.blobs=, and
  * rollbox.net=ADDR/N,GW when the sandbox has a network (net.c), rollbox.pids=N (limits.c).
+ * PID 1 and so every process of the sandbox is below the guest's cgroup /sandbox (limits.c:
+ * the init in /sandbox/init, each command in an exec cgroup beside it), which holds the pids
+ * limit and which the multiplexer freezes, init and commands alike (freeze.c).
  */
 #define _GNU_SOURCE
 #include "vminit.h"
@@ -213,7 +216,22 @@ static void make_dev(void) {
   symlink("/proc/self/fd/2", "/newroot/dev/stderr");
   must_mount("shm", "/newroot/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
   must_mount("proc", "/newroot/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+  /* Read-only, as runc's readonlyPaths make it in a container: root in the guest keeps the kernel's settings (user namespaces off, below). */
+  if (mount("/newroot/proc/sys", "/newroot/proc/sys", NULL, MS_BIND | MS_REC, NULL) < 0 ||
+      mount(NULL, "/newroot/proc/sys", NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+    vm_die("read-only /proc/sys");
   must_mount("sysfs", "/newroot/sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+}
+
+/*
+ * No user namespaces in the guest, as the container tier's seccomp profile refuses them:
+ * they hand a process a full capability set (over its own namespaces) and open much of
+ * the kernel to it.
+ */
+static void no_user_namespaces(void) {
+  int fd = open("/proc/sys/user/max_user_namespaces", O_WRONLY | O_CLOEXEC);
+  if (fd < 0 || write(fd, "0\n", 2) != 2) vm_die("user.max_user_namespaces");
+  close(fd);
 }
 
 /* rollbox-init and busybox from the initramfs, read-only at /.rollbox (as in a container). */
@@ -255,7 +273,11 @@ int main(void) {
   make_dev();
   bind_tools();
   vm_net_setup();
+  no_user_namespaces();
   int port = open_port();
+  /* The sandbox's root, for the multiplexer's hidden paths (hide.c): the overlay, wherever it is mounted next. */
+  int root = open("/newroot", O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (root < 0) vm_die("open /newroot");
   mkdir("/run", 0700);
   int lfd = socket(AF_UNIX, SOCK_STREAM, 0);
   struct sockaddr_un a = {.sun_family = AF_UNIX};
@@ -270,10 +292,11 @@ int main(void) {
     int adj = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
     if (adj < 0 || write(adj, "-1000", 5) != 5) vm_die("oom_score_adj");
     close(adj);
-    mux_main(port);
+    mux_main(port, root);
   }
   close(port);
-  /* After the fork: the multiplexer stays outside the sandbox's cgroups and pids limit. */
+  close(root);
+  /* After the fork: the multiplexer stays outside the sandbox's cgroups, its pids limit and its freezer. */
   int cgroups = vm_limits_setup();
   /* The init's fd 3 is its listening socket, fd 4 the directory of its exec cgroups (rollbox-init.c). */
   int lfd_high = fcntl(lfd, F_DUPFD, 10), cgroups_high = fcntl(cgroups, F_DUPFD, 10);
