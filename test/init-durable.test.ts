@@ -97,7 +97,7 @@ describe('durable commands in the init', () => {
     first.close();
     const replay = await attach('big-1');
     const expected = Array.from({ length: 150_000 }, (_, i) => `${i + 1}\n`).join('');
-    expect(replay.outcome).toEqual({ kind: 'exit', exitCode: 5, waitStatus: 5 << 8 });
+    expect(replay.outcome).toEqual({ kind: 'exit', exitCode: 5, waitStatus: 5 << 8, oomKills: 0 });
     expect(replay.stdout.length).toBe(expected.length);
     expect(replay.stdout === expected).toBe(true);
     // Not forgotten: a second attach replays it again, whole.

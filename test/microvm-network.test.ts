@@ -4,6 +4,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { startTargetNetns, type TargetNetns } from './support/target-netns.ts';
 import { qemuPidsUnder } from './support/qemu.ts';
+import { vmNetnsOf } from '../src/workers/microvm/net.ts';
+import { vethOf } from '../src/workers/network/index.ts';
 
 /**
  * The microVM tier's network: a tap in the sandbox's own network namespace, bridged to the
@@ -18,6 +20,10 @@ const NODE = 'node-vmnet';
 let cluster: TestCluster;
 let token: string;
 let target: TargetNetns;
+/** Every VM this file made: the checks look for their namespaces and veths only (other files' VMs may run meanwhile). */
+const made: string[] = [];
+const netnsOf = (ids: readonly string[]) => fs.readdirSync('/run/netns').filter((n) => ids.some((id) => n === vmNetnsOf(id)));
+const vethsOf = (ids: readonly string[]) => ids.map(vethOf).filter((v) => execFileSync('ip', ['-o', 'link'], { encoding: 'utf8' }).includes(v));
 
 beforeAll(async () => {
   target = await startTargetNetns({ subnet: 96, holdPort: HOLD_PORT, ports: [PORT_A, PORT_B] });
@@ -30,14 +36,15 @@ afterAll(async () => {
   await target?.stop();
   expect(qemuPidsUnder(cluster.rootDir)).toEqual([]);
   // Nothing of the VMs' networking is left: no namespace, no veth, no tap, no host table.
-  expect(execFileSync('ip', ['netns', 'list'], { encoding: 'utf8' })).not.toMatch(/rbvm-/);
-  expect(execFileSync('ip', ['-o', 'link'], { encoding: 'utf8' })).not.toMatch(/\brb[0-9a-f]{13}\b|tap0/);
+  expect(netnsOf(made)).toEqual([]);
+  expect(vethsOf(made)).toEqual([]);
   expect(execFileSync('nft', ['list', 'tables'], { encoding: 'utf8' })).not.toContain(`rollbox-${NODE}`);
 }, 60_000);
 
 const createVm = async (network: object) => {
   const created = await api(cluster, token, 'POST', '/v1/sandboxes', { tier: 'microvm', resources: { memoryMiB: 256, cpuMillis: 1000 }, network });
   expect(created.status, JSON.stringify(created.body)).toBe(201);
+  made.push(created.body.id);
   return created.body.id as string;
 };
 const sh = async (id: string, cmd: string): Promise<{ exitCode: number; stdout: string; stderr: string }> => {
@@ -53,7 +60,7 @@ describe('microVM network', () => {
   it('mode none: no network interface at all, only loopback', async () => {
     const id = await createVm({ mode: 'none', allow: [] });
     expect((await sh(id, 'ls /sys/class/net | tr "\\n" " "')).stdout.trim()).toBe('lo');
-    expect(execFileSync('ip', ['netns', 'list'], { encoding: 'utf8' })).not.toMatch(/rbvm-/);
+    expect(netnsOf([id])).toEqual([]);
     // A NIC cannot be added to a running microvm machine: the stage change says so.
     const patched = await api(cluster, token, 'PATCH', `/v1/sandboxes/${id}/policy`, { network: policyTo([PORT_A]) });
     expect(patched.body.error?.code, JSON.stringify(patched.body)).toBe('tier_unsupported');
@@ -100,11 +107,10 @@ describe('microVM network', () => {
     expect((await api(cluster, token, 'PATCH', `/v1/sandboxes/${id}/policy`, { network: policyTo([PORT_A]) })).status).toBe(200);
     expect(await reaches(id, target.address, PORT_A)).toBe(true);
 
-    const netns = fs.readdirSync('/run/netns').filter((n) => n.startsWith('rbvm-'));
-    expect(netns).toHaveLength(1);
+    expect(netnsOf([id])).toHaveLength(1);
     expect((await api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`)).status).toBe(200);
-    expect(fs.readdirSync('/run/netns').filter((n) => n.startsWith('rbvm-'))).toEqual([]);
-    expect(execFileSync('ip', ['-o', 'link'], { encoding: 'utf8' })).not.toMatch(/\brb[0-9a-f]{13}\b/);
+    expect(netnsOf([id])).toEqual([]);
+    expect(vethsOf([id])).toEqual([]);
   }, 180_000);
 
   it('a restarted worker adopts a live VM\'s network (rules, resolver, stages) and removes a dead one\'s', async () => {
@@ -119,6 +125,7 @@ describe('microVM network', () => {
       const create = async () => {
         const created = await api(other, otherToken, 'POST', '/v1/sandboxes', { tier: 'microvm', resources: { memoryMiB: 192, cpuMillis: 1000 }, network });
         expect(created.status, JSON.stringify(created.body)).toBe(201);
+        made.push(created.body.id);
         return created.body.id as string;
       };
       const [kept, dead] = [await create(), await create()];
@@ -137,7 +144,7 @@ describe('microVM network', () => {
 
       await other.addWorker({ nodeId: node });
       expect(leases()).toHaveLength(1);
-      expect(fs.readdirSync('/run/netns').filter((n) => n.startsWith('rbvm-'))).toHaveLength(1);
+      expect(netnsOf([kept, dead])).toEqual([vmNetnsOf(kept)]);
       expect((await api(other, otherToken, 'GET', `/v1/sandboxes/${dead}`)).body.state).toBe('failed');
       // The adopted VM: rules intact, the platform resolver answers again, a stage change applies.
       expect(await run(kept, `echo | nc -w 3 allowed.name ${PORT_A}`)).toContain(`hello ${PORT_A}`);
@@ -148,6 +155,6 @@ describe('microVM network', () => {
       await other.stop();
     }
     expect(qemuPidsUnder(other.rootDir)).toEqual([]);
-    expect(fs.readdirSync('/run/netns').filter((n) => n.startsWith('rbvm-'))).toEqual([]);
+    expect(netnsOf(made)).toEqual([]);
   }, 180_000);
 });

@@ -151,10 +151,12 @@ export type SandboxState = z.infer<typeof SandboxState>;
 
 /**
  * `init_lost`: the sandbox's PID 1 (rollbox-init) died; nothing it ran can report a result any more.
+ * `guest_panic`: a microVM's guest kernel panicked or stopped the machine itself (its own
+ * kernel, which root in the guest can crash); the detail quotes the kernel's last words.
  * `layer_lost`: a layer it read on demand could no longer be guarded on its host (the host's
  * gate died together with its keeper), so unread data might have read as zeros: it is ended first.
  */
-export const FailureReason = z.enum(['oom', 'timeout', 'admission_exhausted', 'infra_error', 'lost', 'init_lost', 'layer_lost']);
+export const FailureReason = z.enum(['oom', 'timeout', 'admission_exhausted', 'infra_error', 'lost', 'init_lost', 'layer_lost', 'guest_panic']);
 export type FailureReason = z.infer<typeof FailureReason>;
 
 export const TERMINAL_STATES: readonly SandboxState[] = ['terminated', 'failed'];

@@ -119,19 +119,16 @@ export class HostContext {
   }
 
   /**
-   * A sandbox whose init died ends failed: `oom` when the OOM killer took it, else
-   * `init_lost` (killed from outside). Nothing it ran reports a result any more.
+   * A sandbox whose init died ends failed with the reason its runtime tells (`oom` when the
+   * OOM killer took it, `guest_panic` for a microVM whose kernel panicked, else `init_lost`:
+   * killed from outside), asked before its remains go. Nothing it ran reports a result any more.
    */
   async checkAlive(id: string): Promise<void> {
     if (!this.local.has(id) || (await this.deps.runtime.isRunning(id)) || !this.local.has(id)) return;
-    const oom = (await this.deps.runtime.oomKillCount(id)) > 0;
+    const exit = await this.deps.runtime.exitCause(id);
     await this.removeLocal(id);
-    await this.deps.registry.transition(id, 'failed', {
-      node: this.nodeId,
-      failureReason: oom ? 'oom' : 'init_lost',
-      detail: oom ? 'the sandbox init was killed by the OOM killer' : 'the sandbox init process died',
-    });
-    this.log.warn({ sandboxId: id, oom }, 'sandbox init died');
+    await this.deps.registry.transition(id, 'failed', { node: this.nodeId, failureReason: exit.reason, detail: exit.detail });
+    this.log.warn({ sandboxId: id, reason: exit.reason }, 'sandbox init died');
   }
 
   /** This host as admission sees it now: capacity, reservations (less `releasing`'s, being replaced), free memory, disk, pressure. */

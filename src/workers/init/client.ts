@@ -24,8 +24,12 @@ export interface CommandHandlers {
 }
 
 export type CommandOutcome =
-  /** exitCode: the exit status, or 128 + signal, from the init's own waitpid. */
-  | { kind: 'exit'; exitCode: number; waitStatus: number }
+  /**
+   * exitCode: the exit status, or 128 + signal, from the init's own waitpid. oomKills: the
+   * OOM kills its exec cgroup counted while it ran, as the init read them (0 without one;
+   * absent from an init older than the count).
+   */
+  | { kind: 'exit'; exitCode: number; waitStatus: number; oomKills?: number }
   /** The init could not start the command (fork or pipe failed, a malformed request). */
   | { kind: 'refused'; message: string }
   /** ATTACH: the init holds no durable command of that id (never spawned, collected, or its grace ran out). */
@@ -112,7 +116,7 @@ export async function openCommand(socketPath: string, start: CommandStart, handl
             break;
           case Frame.exit:
             // A durable command stays in the init until forget(): the connection stays open for it.
-            finish(() => resolveOutcome({ kind: 'exit', exitCode: payload.readInt32LE(0), waitStatus: payload.readInt32LE(4) }), durable);
+            finish(() => resolveOutcome({ kind: 'exit', exitCode: payload.readInt32LE(0), waitStatus: payload.readInt32LE(4), ...(payload.length >= 12 ? { oomKills: payload.readUInt32LE(8) } : {}) }), durable);
             break;
           case Frame.error:
             // An attach is refused only when the command's status is lost (or by a bug of ours): no result.

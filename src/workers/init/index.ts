@@ -3,6 +3,7 @@ import path from 'node:path';
 export { InitLostError, openCommand, runCommand } from './client.ts';
 export type { CommandChannel, CommandHandlers, CommandOutcome, CommandStart } from './client.ts';
 export { MAX_SOCKET_PATH_BYTES, listenForInit } from './listener.ts';
+export { AUTO_SLOT } from './protocol.ts';
 export type { InitListener } from './listener.ts';
 
 /** Built from rollbox-init.c by scripts/build-init.sh (run by `npm start`, `npm test` and the benches). */

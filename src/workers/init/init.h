@@ -67,6 +67,9 @@ enum { SPAWN_HAS_STDIN = 1, SPAWN_HAS_USER = 2, SPAWN_DURABLE = 4 };
 #define MAX_SESSIONS 1024
 #define MAX_KEEPERS 256
 #define MAX_SLOT_NAME 63
+/* A SPAWN's slot "*": the init picks an idle exec cgroup, or makes one (a microVM's host
+ * cannot see the guest's cgroups); the name it took comes back in ATTACHED. */
+#define AUTO_SLOT "*"
 /* A spawn's user (`name`, `uid`, `name:group`, `uid:gid`): the API allows 129 bytes. */
 #define MAX_USER_SPEC 255
 #define READ_CHUNK 65536
@@ -105,6 +108,11 @@ const char *parse_spawn(const char *p, size_t len, struct spawn_req *r);
 void free_req(struct spawn_req *r);
 /* Between fork and exec: the command's stdio, session, fds, user, cwd, environment; never returns. */
 __attribute__((noreturn)) void child_exec(const struct spawn_req *r, int in_fd, int out_fd, int err_fd);
+
+/* Exec cgroups (slots.c): OOM kills counted in one, its process count (-1: none), making one. */
+uint32_t slot_oom_kills(const char *slot);
+int slot_population(const char *slot);
+int slot_make(const char *slot);
 
 /* A slot's keeper, in the process forked for it; never returns. */
 __attribute__((noreturn)) void keeper_main(int fd, const char *slot);

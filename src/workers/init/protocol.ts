@@ -28,6 +28,11 @@ export const STDIN_CHUNK_BYTES = 64 * 1024;
 const SPAWN_HAS_STDIN = 1;
 const SPAWN_HAS_USER = 2;
 const SPAWN_DURABLE = 4;
+/**
+ * A SPAWN's exec cgroup "chosen by the init" (AUTO_SLOT): an idle one, or one it makes. A
+ * microVM's host cannot see the guest's cgroups, so its guest's init picks and counts.
+ */
+export const AUTO_SLOT = '*';
 /** The init's limit on a command id (MAX_COMMAND_ID), the API's too. */
 export const MAX_COMMAND_ID_BYTES = 128;
 

@@ -38,7 +38,8 @@
  *   worker -> init: SPAWN, STDIN (bytes), STDIN_EOF, SIGNAL (i32), FORGET,
  *                   ATTACH (u64 from-offset, command id)
  *   init -> worker: STARTED (u32 pid), STDOUT, STDERR (bytes), TRUNCATED (u8 stream),
- *                   EXIT (i32 exit code, i32 raw wait status), ERROR (text),
+ *                   EXIT (i32 exit code, i32 raw wait status, u32 OOM kills its exec
+ *                   cgroup counted while it ran), ERROR (text),
  *                   ATTACHED (u32 pid, u32 flags: 1 exited, 2 stdin open; slot), UNKNOWN
  * After EXIT the init stops writing and waits for the worker to close the connection. A
  * connection that closes before EXIT kills the command's process group, unless the spawn
@@ -89,6 +90,7 @@ struct session {
   uint64_t log_len;    /* bytes of output frames in all */
   uint64_t sent;       /* of those, queued to the current connection */
   char slot[MAX_SLOT_NAME + 1];
+  uint32_t oom_before; /* the slot's OOM kill count when the command was spawned */
 };
 
 static void signal_command(struct session *s, int sig);
@@ -348,6 +350,24 @@ static struct session *session_of_pid(pid_t pid) {
   return NULL;
 }
 
+/* For a SPAWN with slot AUTO_SLOT: a slot with a live, idle keeper and nothing else in it,
+ * else a new one; "" (no exec cgroup) when none can be had. */
+static void choose_slot(char out[MAX_SLOT_NAME + 1]) {
+  const size_t len = MAX_SLOT_NAME + 1;
+  static unsigned next_auto;
+  for (int k = 0; k < nkeepers; k++) {
+    struct keeper *kp = &keepers[k];
+    if (kp->pid <= 0 || kp->fd < 0 || kp->starting) continue;
+    int busy = 0;
+    for (int i = 0; i < nsessions && !busy; i++) busy = sessions[i]->keeper == k && !sessions[i]->exited;
+    if (busy || slot_population(kp->slot) != 1) continue;
+    memcpy(out, kp->slot, len);
+    return;
+  }
+  snprintf(out, len, "a%u", next_auto++);
+  if (nkeepers >= MAX_KEEPERS || slot_make(out) < 0) out[0] = 0;
+}
+
 static void do_spawn(struct session *s, const char *p, size_t len) {
   if (s->spawned) {
     send_error(s, "one command per connection");
@@ -366,6 +386,12 @@ static void do_spawn(struct session *s, const char *p, size_t len) {
     free_req(&r);
     return;
   }
+  char chosen[MAX_SLOT_NAME + 1];
+  if (!strcmp(r.slot, AUTO_SLOT)) {
+    choose_slot(chosen);
+    r.slot = chosen;
+  }
+  s->oom_before = slot_oom_kills(r.slot);
   int keeper = -1;
   if (r.slot[0]) {
     keeper = keeper_for(r.slot);
@@ -738,15 +764,18 @@ static void reap(void) {
 static void finish_if_done(struct session *s) {
   if (s->exit_sent || !s->exited || s->fd_out >= 0 || s->fd_err >= 0 || s->sock < 0 || s->sent < s->log_len) return;
   int code = WIFEXITED(s->status) ? WEXITSTATUS(s->status) : WIFSIGNALED(s->status) ? 128 + WTERMSIG(s->status) : 255;
+  /* A stream whose log dropped a frame says so again right before EXIT (so a replay from any offset has it). */
   for (int k = 0; k < 2; k++) {
     if (!s->dropped[k]) continue; /* (a second TRUNCATED of a stream changes nothing) */
     char which = (char)k;
     send_frame(s, F_TRUNCATED, &which, 1);
   }
-  char payload[8];
+  uint32_t oom_now = slot_oom_kills(s->slot);
+  char payload[12];
   put_u32(payload, (uint32_t)code);
   put_u32(payload + 4, (uint32_t)s->status);
-  send_frame(s, F_EXIT, payload, 8);
+  put_u32(payload + 8, oom_now > s->oom_before ? oom_now - s->oom_before : 0);
+  send_frame(s, F_EXIT, payload, 12);
   s->exit_sent = 1;
   close_fd(&s->fd_in);
 }

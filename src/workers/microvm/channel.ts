@@ -11,7 +11,9 @@ import { Readable } from 'node:stream';
  * microVM exactly as to a container. The guest writes only what its multiplexer relays
  * from the init: code in the guest has no way onto the port.
  */
-export const MuxKind = { open: 1, data: 2, eof: 3, close: 4, ping: 5, pong: 6, restored: 7, snapshot: 8, policy: 9, freeze: 10, result: 11 } as const;
+export const MuxKind = {
+  open: 1, data: 2, eof: 3, close: 4, ping: 5, pong: 6, restored: 7, snapshot: 8, policy: 9, freeze: 10, result: 11, net: 12, netDone: 13,
+} as const;
 /** Requests to the guest's trusted side itself (guest/vminit.h), each on a channel of its own. */
 export type VmRequestKind = typeof MuxKind.snapshot | typeof MuxKind.policy | typeof MuxKind.freeze;
 const HEADER_BYTES = 12;
@@ -42,6 +44,12 @@ export interface VmChannel {
    * and then its result.
    */
   request(kind: VmRequestKind, body: Buffer): VmRequest;
+  /**
+   * After `restored`, for a VM with a NIC: the guest's multiplexer gives eth0 this address
+   * (`a.b.c.d/N`) and default route, and its resolver this gateway, before any command;
+   * rejects with what the guest reported, or past `timeoutMs`.
+   */
+  setNetwork(net: { address: string; gateway: string }, timeoutMs: number): Promise<void>;
   /** The port's host end closed (the VMM exited). */
   readonly closed: Promise<void>;
   close(): Promise<void>;
@@ -63,6 +71,13 @@ export interface VmRequest {
 interface PendingRequest {
   data: Readable;
   settle(result: Buffer | Error): void;
+}
+
+/** `a.b.c.d` as 4 bytes in network order. */
+function ipv4Bytes(address: string): Buffer {
+  const parts = address.split('.').map(Number);
+  if (parts.length !== 4 || parts.some((n) => !Number.isInteger(n) || n < 0 || n > 255)) throw new Error(`not an IPv4 address: ${address}`);
+  return Buffer.from(parts);
 }
 
 function connectAgent(agentSocket: string): Promise<net.Socket> {
@@ -100,6 +115,7 @@ export async function openVmChannel(agentSocket: string, initSocket: string, con
   let nextChannel = 1;
   let pending: Buffer = Buffer.alloc(0);
   const pongWaiters = new Set<() => void>();
+  let netDone: ((status: number) => void) | undefined;
   let resolveClosed!: () => void;
   const closed = new Promise<void>((r) => (resolveClosed = r));
 
@@ -121,6 +137,10 @@ export async function openVmChannel(agentSocket: string, initSocket: string, con
       if (kind === MuxKind.pong) {
         for (const w of pongWaiters) w();
         pongWaiters.clear();
+        continue;
+      }
+      if (kind === MuxKind.netDone && id === 0) {
+        netDone?.(len >= 4 ? payload.readUInt32LE(0) : -1);
         continue;
       }
       const req = requests.get(id);
@@ -257,6 +277,23 @@ export async function openVmChannel(agentSocket: string, initSocket: string, con
       payload.writeUInt32LE((nowMs % 1000) * 1_000_000, 8);
       randomBytes(32).copy(payload, 12);
       agent.write(muxFrame(0, MuxKind.restored, payload));
+    },
+    async setNetwork(net, timeoutMs) {
+      const [address, prefix] = net.address.split('/');
+      const payload = Buffer.alloc(12);
+      ipv4Bytes(address!).copy(payload, 0);
+      payload[4] = Number(prefix);
+      ipv4Bytes(net.gateway).copy(payload, 8);
+      const status = await new Promise<number>((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error(`the guest did not take its new network within ${timeoutMs} ms`)), timeoutMs);
+        netDone = (s) => {
+          clearTimeout(timer);
+          resolve(s);
+        };
+        void closed.then(() => reject(new Error('the microVM exited while taking its new network')));
+        agent.write(muxFrame(0, MuxKind.net, payload));
+      }).finally(() => (netDone = undefined));
+      if (status !== 0) throw new Error(`the guest could not take its new network ${net.address} via ${net.gateway} (errno ${status})`);
     },
     async close() {
       // The server's close waits for its connections: they end first (a command's may be open still).

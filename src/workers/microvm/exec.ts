@@ -1,6 +1,6 @@
 import { performance } from 'node:perf_hooks';
 import { RollboxError } from '../../api/index.ts';
-import { InitLostError, openCommand, type CommandChannel, type CommandStart } from '../init/index.ts';
+import { AUTO_SLOT, InitLostError, openCommand, type CommandChannel, type CommandStart } from '../init/index.ts';
 import type { RuntimeAttachSpec, RuntimeExecOutcome, RuntimeExecSpec, RuntimeRawExecOutcome, RuntimeRawExecSpec } from '../runtime/index.ts';
 
 /** What exec needs of a running microVM. */
@@ -24,6 +24,8 @@ interface Run {
   truncated: boolean;
   timedOut: boolean;
   overflowed: boolean;
+  /** Counted by the guest's init in the command's exec cgroup (a cgroup2 the sandbox cannot reach). */
+  oomKills: number;
   durationMs: number;
 }
 
@@ -39,7 +41,7 @@ async function run(
   opts: { timeoutMs: number; onOutput?: RuntimeExecSpec['onOutput']; overflowAtBytes?: number; commandId?: string; stdinOpen?: boolean },
 ): Promise<Run> {
   const began = performance.now();
-  const out: Run = { exitCode: -1, stdout: [], stderr: [], truncated: false, timedOut: false, overflowed: false, durationMs: 0 };
+  const out: Run = { exitCode: -1, stdout: [], stderr: [], truncated: false, timedOut: false, overflowed: false, oomKills: 0, durationMs: 0 };
   let stdoutBytes = 0;
   const abandon = new AbortController();
   let channel: CommandChannel | undefined;
@@ -85,6 +87,7 @@ async function run(
     if (outcome.kind === 'refused') throw new RollboxError('invalid_request', `the sandbox init refused the command: ${outcome.message}`);
     if (outcome.kind === 'unknown') throw new RollboxError('not_found', `no command ${opts.commandId ?? ''} in sandbox ${vm.sandboxId}`);
     out.exitCode = outcome.exitCode;
+    out.oomKills = outcome.oomKills ?? 0;
   } catch (err) {
     if (!(err instanceof InitLostError)) throw err;
     // Dropped by us after a kill the init did not report in time: the command is gone.
@@ -105,9 +108,8 @@ function outcomeOf(r: Run): RuntimeExecOutcome {
     stderr: Buffer.concat(r.stderr).toString('utf8'),
     truncated: r.truncated,
     timedOut: r.timedOut,
-    // The guest's own OOM killer is not counted yet (docs/microvm.md).
-    oomKilled: false,
-    oomKills: 0,
+    oomKilled: r.oomKills > 0,
+    oomKills: r.oomKills,
     durationMs: r.durationMs,
   };
 }
@@ -131,7 +133,8 @@ export async function execInVm(vm: VmCommandTarget, spec: RuntimeExecSpec): Prom
       env: { ...vm.env, ...spec.env },
       cwd: spec.cwd ?? vm.workdir,
       ...(user ? { user } : {}),
-      slot: '',
+      // Its own exec cgroup in the guest, picked by the guest's init, which counts its OOM kills.
+      slot: AUTO_SLOT,
       stdoutCapBytes: spec.outputCapBytes,
       stderrCapBytes: spec.outputCapBytes,
       oomScoreAdj: 0,

@@ -13,6 +13,7 @@ import { attachInVm, execInVm, execRawInVm } from './exec.ts';
 import { inCgroupPrefix, makeVmCgroup, removeVmCgroup, removeVmCgroupParents, vmCgroupRel } from './cgroup.ts';
 import { attachVmNetwork, netnsPathOf, nicPolicy, releaseVmNetwork, VM_BRIDGE, VM_TAP, vmNetnsOf } from './net.ts';
 import { loadVm, readImage, saveVm } from './hibernation.ts';
+import { consoleTailOf, exitCauseFromConsole } from './exit-cause.ts';
 import { isQemuPid, startQemu } from './qemu.ts';
 import { readVmFile, serially, writeVmFile, type StartedWith, type Vm, type VmFile } from './vm.ts';
 import { applyVmPolicy, hidePaths, pauseVm, resumeVm, snapshotOfVm, type VmOpsDeps } from './vm-ops.ts';
@@ -51,6 +52,9 @@ export function unsupported(what: string): RollboxError {
 /** The guest kernel and its initramfs need this much guest memory to boot. */
 export const MIN_GUEST_MEMORY_MIB = 128;
 
+/** How long a woken guest may take to apply its new address (the multiplexer answers at once; TCG on a loaded host is slow). */
+const WAKE_NETWORK_TIMEOUT_MS = 15_000;
+
 export interface MicroVmRuntime extends SandboxRuntime {
   readonly accelerator: Accelerator;
   has(sandboxId: string): boolean;
@@ -77,6 +81,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
   };
   const watch = (id: string, vm: Vm): void => {
     void vm.channel.closed.then(() => {
+      vm.channelClosed = true;
       if (vms.get(id) === vm && !vm.stopping) exitListener?.(id);
     });
   };
@@ -145,8 +150,14 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
           await fs.mkdir(deps.ramDir, { recursive: true, mode: 0o700 });
           started = { accelerator: deps.accelerator, vcpus: Math.min(os.availableParallelism(), Math.max(1, Math.ceil(spec.resources.cpuMillis / 1000))), memoryMiB: spec.resources.memoryMiB, guestRequests: true };
         }
-        // A woken VM keeps the address it booted with only if it has none: hibernateWhole refuses VMs with a NIC.
-        const nic = spec.restoreWhole ? undefined : await attachVmNetwork(deps.network, spec.sandboxId, spec.network);
+        // A woken VM gets the devices it was saved with: a NIC if it had one, on a lease of this host
+        // (its current stage; none keeps the NIC, closed), whose address the guest takes below.
+        const nic = spec.restoreWhole
+          ? started.nic
+            ? await attachVmNetwork(deps.network, spec.sandboxId, nicPolicy(spec.network ?? { mode: 'none', allow: [] }))
+            : undefined
+          : await attachVmNetwork(deps.network, spec.sandboxId, spec.network);
+        if (nic) started = { ...started, nic: true };
         const cgroup = await makeVmCgroup(vmCgroupRel(deps.nodeId, spec.sandboxId, spec.class), spec.resources, spec.class, started.vcpus);
         const child = startQemu(
           {
@@ -173,6 +184,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
         if (spec.restoreWhole) {
           // Its channels of before are gone, its clock stood still while it was saved, and its random state is the saved one.
           vm.channel.restored();
+          if (nic) await vm.channel.setNetwork(nic, WAKE_NETWORK_TIMEOUT_MS);
           await fs.rm(spec.restoreWhole, { recursive: true, force: true });
         }
         // Before the first command; after a wake, what a stage changed while it slept (the guest diffs).
@@ -221,9 +233,9 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     hibernatesWhole: (id) => vms.has(id),
     hibernateWhole: (id, imageDir) => serially(vmOf(id), async () => {
       const vm = vmOf(id);
-      // Its guest took its address at boot; a wake elsewhere would give it another lease.
-      if (vm.file.nic) throw unsupported('hibernate a sandbox with a network device (network.mode allowlist at create)');
       if (!vm.file.started) throw unsupported('hibernate a VM started by an older worker (its RAM is not a shared file)');
+      // Its guest could not take a new lease at the wake (its multiplexer predates MUX_NET, kind 12 since the guest's requests took 8 to 11).
+      if (vm.file.nic && !(vm.file.started.nic && vm.file.started.guestRequests)) throw unsupported('hibernate a VM with a network device started by an older worker');
       // A command's caller waits on this host's connection, which the save ends; its processes would be kept, its result not.
       if (vm.live.size) throw new RollboxError('invalid_state', `sandbox ${id} has ${vm.live.size} command(s) running (${[...vm.live.keys()].slice(0, 3).join(', ')}); a microVM hibernates whole between commands (processes they left running in the background are kept)`);
       await saveVm({ qmpSocket: path.join(vm.dir, 'qmp.sock'), ramFile: ramFileOf(id), diskImage: path.join(vm.dir, 'disk.ext4'), startedWith: vm.file.started }, imageDir);
@@ -231,7 +243,8 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     }),
     async isRunning(id) {
       const vm = vms.get(id);
-      return vm !== undefined && isQemuPid(vm.pid, deps.qemuBinary);
+      // A guest that reset (a panic) has QEMU close its sockets and clean up before its process ends: the closed channel says it first.
+      return vm !== undefined && !vm.channelClosed && isQemuPid(vm.pid, deps.qemuBinary);
     },
     onExit(listener) {
       exitListener = listener;
@@ -245,6 +258,8 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
       vms.clear();
     },
     oomKillCount: async () => 0,
+    // Its guest kernel's last words on the console: a panic, an OOM with nothing left to kill, a reset, or none (killed from outside).
+    exitCause: async (id) => exitCauseFromConsole(await consoleTailOf(path.join(dirOf(id), 'console.log'))),
     async reconcile(keep) {
       const adopted: string[] = [];
       const removed: string[] = [];

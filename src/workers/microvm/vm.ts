@@ -16,6 +16,11 @@ export interface StartedWith {
    * answers tier_unsupported. Kept in a hibernation's image with the rest.
    */
   guestRequests?: boolean;
+  /**
+   * With a NIC (network mode allowlist at create), and a guest whose multiplexer takes a new
+   * lease (MUX_NET): a wake gives it one on the waking host's lease.
+   */
+  nic?: boolean;
 }
 
 /** What is kept on disk per sandbox so a restarted worker can adopt its VM. */
@@ -43,6 +48,8 @@ export interface Vm extends VmCommandTarget {
   pid: number;
   channel: VmChannel;
   stopping: boolean;
+  /** Its channel closed: QEMU exited or is exiting (it closes its sockets before its process ends). */
+  channelClosed?: boolean;
   /** Pause, resume, stage changes, snapshots and hibernation of this VM, one at a time. */
   ops: Promise<unknown>;
 }

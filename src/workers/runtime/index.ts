@@ -7,4 +7,4 @@ export { BESTEFFORT_ROOT } from './layout.ts';
 export { CommandReleasedError, InitLostError } from './exec.ts';
 export { containerConfig, seccompProfile, DEFAULT_CAPABILITIES, MASKED_PATHS, READONLY_PATHS, SANDBOX_INIT, SANDBOX_BUSYBOX } from './spec.ts';
 export type { ContainerConfigInput } from './spec.ts';
-export type { SandboxRuntime, SandboxRuntimeSpec, SandboxPolicy, RuntimeSnapshot, RuntimeAttachSpec, RuntimeExecSpec, RuntimeExecOutcome, RuntimeRawExecSpec, RuntimeRawExecOutcome } from './types.ts';
+export type { SandboxRuntime, SandboxRuntimeSpec, SandboxPolicy, RuntimeSnapshot, RuntimeAttachSpec, RuntimeExecSpec, RuntimeExecOutcome, RuntimeRawExecSpec, RuntimeRawExecOutcome, SandboxExit } from './types.ts';

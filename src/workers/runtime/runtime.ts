@@ -37,6 +37,10 @@ export interface RuncRuntime extends SandboxRuntime {
 export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
   const ctx = createRuntimeContext(deps);
   const { layout } = ctx;
+  const oomKillCount = async (id: string): Promise<number> => {
+    checkSandboxId(id);
+    return readOomKills(path.join((await ctx.cgroups()).memory, ctx.cgroupRel(id)));
+  };
   const forkPoints = new ForkPoints(ctx);
   return {
     runcRoot: layout.runcRoot,
@@ -105,9 +109,11 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
       checkSandboxId(id);
       return ctx.isRunningNow(id);
     },
-    async oomKillCount(id) {
-      checkSandboxId(id);
-      return readOomKills(path.join((await ctx.cgroups()).memory, ctx.cgroupRel(id)));
+    oomKillCount,
+    async exitCause(id) {
+      return (await oomKillCount(id)) > 0
+        ? { reason: 'oom', detail: 'the sandbox init was killed by the OOM killer' }
+        : { reason: 'init_lost', detail: 'the sandbox init process died' };
     },
     reconcile: (keep) => reconcile(ctx, keep),
     onExit(listener) {

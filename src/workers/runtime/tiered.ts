@@ -41,6 +41,7 @@ export function createTieredRuntime(container: SandboxRuntime, microvm: TierRunt
       for (const r of both) r.detach();
     },
     oomKillCount: (id) => of(id).oomKillCount(id),
+    exitCause: (id) => of(id).exitCause(id),
     async reconcile(keep) {
       // The microVMs first: what they adopt is not the container runtime's to miss.
       const vms = microvm ? await microvm.reconcile(keep) : { adopted: [], removed: [], missing: [] };

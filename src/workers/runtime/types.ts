@@ -1,4 +1,4 @@
-import type { NetworkPolicy, Resources, SandboxClass, SandboxTier } from '../../api/index.ts';
+import type { FailureReason, NetworkPolicy, Resources, SandboxClass, SandboxTier } from '../../api/index.ts';
 import type { LayerFiles } from '../../layers/index.ts';
 
 /** What the runtime needs to start one sandbox on this host. */
@@ -132,6 +132,12 @@ export interface RuntimeExecOutcome {
   durationMs: number;
 }
 
+/** Why a sandbox's init is gone, as far as its runtime can tell: its record's failure reason and detail. */
+export interface SandboxExit {
+  reason: Extract<FailureReason, 'oom' | 'init_lost' | 'guest_panic'>;
+  detail: string;
+}
+
 /**
  * The container runtime behind a worker host, chosen once (runc today). Every method is
  * idempotent by sandbox id so a retried queue job or a restarted worker can call it again.
@@ -204,6 +210,12 @@ export interface SandboxRuntime {
    * running (those of running commands count in the command's outcome instead).
    */
   oomKillCount(sandboxId: string): Promise<number>;
+  /**
+   * Why the sandbox's init died, asked once isRunning said it did (before destroy): `oom`
+   * when the OOM killer took it (or, in a microVM, left its guest kernel nothing to kill),
+   * `guest_panic` when a microVM's guest kernel panicked, else `init_lost`.
+   */
+  exitCause(sandboxId: string): Promise<SandboxExit>;
   /**
    * Make the host match `keep`: sandboxes in `keep` that still run are adopted; every other
    * container, overlay mount, layer mount, loop device and upper dir of this runtime is removed.

@@ -1,7 +1,9 @@
 /*
  * Freezing the sandbox inside the guest: cgroup2's freezer on the sandbox's cgroup
- * (limits.c), which holds every process the init ever started and the init itself, and
- * not the multiplexer or its children. A snapshot freezes the sandbox only while it
+ * (limits.c), below which are every process the init ever started (each command's exec
+ * cgroup) and the init itself (/sandbox/init), and not the multiplexer or its children: a
+ * freeze of /sandbox freezes all its descendants, and its cgroup.events says "frozen 1"
+ * only once every one of them is. A snapshot freezes the sandbox only while it
  * copies the writable layer's tree as hard links (snapshot.c), a stage change while it
  * mounts and unmounts (hide.c), and a pause freezes it before QEMU stops the vCPUs, so a
  * snapshot of a paused VM can run the guest's side without its processes running.

@@ -1,11 +1,20 @@
 /*
- * The sandbox's cgroup inside the guest: PID 1 (about to become rollbox-init) moves into a
- * cgroup of its own, so every command and its children are in it, as in a container; the
- * multiplexer, forked before, stays outside. It carries the `pids` limit (from
- * `rollbox.pids=N`), so a fork bomb cannot starve the channel, and it is what the guest
- * freezes (freeze.c). The cgroup2 mount stays in the initramfs, which the new root cannot
- * reach; the sandbox has no CAP_SYS_ADMIN to mount one of its own, so it can neither raise
- * its limit nor thaw itself.
+ * The sandbox's cgroups inside the guest, as a container's on the host: cgroup2 mounted in
+ * the initramfs with the memory and pids controllers, and one tree for everything of the
+ * sandbox:
+ *
+ *   /sandbox        pids.max from `rollbox.pids=N` (every command and its children count
+ *                   against it); cgroup.freeze, which freezes all below it (freeze.c)
+ *   /sandbox/init   PID 1 (about to become rollbox-init)
+ *   /sandbox/aN     the init's exec cgroups beside it, made and read by the init through
+ *                   the directory it is handed (fd 4, rollbox-init's slots.c): each command
+ *                   runs in one, so the OOM kills it suffers are counted in its own
+ *                   memory.events
+ *
+ * The multiplexer (and a snapshot's packer, its child), forked before, stays outside: a
+ * fork bomb cannot starve the channel and a freeze never stops it. The cgroup2 mount stays
+ * in the initramfs, which the new root cannot reach; the sandbox has no CAP_SYS_ADMIN to
+ * mount one of its own, so it can neither raise its limit, touch a count nor thaw itself.
  */
 #define _GNU_SOURCE
 #include "vminit.h"
@@ -20,16 +29,26 @@ static void put(const char *path, const char *text) {
   close(fd);
 }
 
-void vm_limits_setup(void) {
+static void make(const char *path) {
+  if (mkdir(path, 0755) < 0 && errno != EEXIST) vm_die(path);
+}
+
+int vm_limits_setup(void) {
+  if (mount("cgroup2", "/sys/fs/cgroup", "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) vm_die("mount cgroup2");
+  put("/sys/fs/cgroup/cgroup.subtree_control", "+pids +memory");
+  make(SANDBOX_CGROUP);
   char pids[16];
   vm_cmdline_str("rollbox.pids", pids, sizeof pids);
-  if (mount("cgroup2", "/sys/fs/cgroup", "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) vm_die("mount cgroup2");
-  if (pids[0]) put("/sys/fs/cgroup/cgroup.subtree_control", "+pids");
-  if (mkdir(SANDBOX_CGROUP, 0755) < 0 && errno != EEXIST) vm_die("mkdir " SANDBOX_CGROUP);
   if (pids[0]) {
     char limit[24];
     snprintf(limit, sizeof limit, "%d\n", atoi(pids));
     put(SANDBOX_CGROUP "/pids.max", limit);
   }
-  put(SANDBOX_CGROUP "/cgroup.procs", "1\n");
+  /* Controllers for the exec cgroups below it: /sandbox itself then holds no process (cgroup2's rule). */
+  put(SANDBOX_CGROUP "/cgroup.subtree_control", "+pids +memory");
+  make(SANDBOX_CGROUP "/init");
+  put(SANDBOX_CGROUP "/init/cgroup.procs", "1\n");
+  int dir = open(SANDBOX_CGROUP, O_RDONLY | O_DIRECTORY);
+  if (dir < 0) vm_die(SANDBOX_CGROUP);
+  return dir;
 }

@@ -168,6 +168,12 @@ static void from_host(uint32_t id, int kind, const char *p, size_t len) {
     restored(p, len);
     return;
   }
+  if (kind == MUX_NET) {
+    char status[4];
+    put32(status, (uint32_t)vm_net_reconfigure(p, len));
+    queue(0, MUX_NET_DONE, status, sizeof status);
+    return;
+  }
   if (kind == MUX_PING) {
     queue(0, MUX_PONG, NULL, 0);
     return;

@@ -12,8 +12,9 @@
  *
  * Kernel command line: rollbox.layers=N (how many layer disks), rollbox.blobs=, and
  * rollbox.net=ADDR/N,GW when the sandbox has a network (net.c), rollbox.pids=N (limits.c).
- * PID 1 and so every process of the sandbox is in the guest's cgroup /sandbox (limits.c),
- * which the multiplexer freezes (freeze.c) and which holds the pids limit.
+ * PID 1 and so every process of the sandbox is below the guest's cgroup /sandbox (limits.c:
+ * the init in /sandbox/init, each command in an exec cgroup beside it), which holds the pids
+ * limit and which the multiplexer freezes, init and commands alike (freeze.c).
  */
 #define _GNU_SOURCE
 #include "vminit.h"
@@ -287,15 +288,20 @@ int main(void) {
   if (mux == 0) {
     close(lfd);
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) vm_die("PR_SET_DUMPABLE");
+    /* The guest's OOM killer never takes the channel: the sandbox's commands are what it kills. */
+    int adj = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    if (adj < 0 || write(adj, "-1000", 5) != 5) vm_die("oom_score_adj");
+    close(adj);
     mux_main(port, root);
   }
   close(port);
   close(root);
-  /* After the fork: the multiplexer stays outside the sandbox's pids limit. */
-  vm_limits_setup();
-  if (dup2(lfd, 3) < 0) vm_die("dup2");
-  if (lfd != 3) close(lfd);
-  for (int fd = 4; fd < 64; fd++) close(fd);
+  /* After the fork: the multiplexer stays outside the sandbox's cgroups, its pids limit and its freezer. */
+  int cgroups = vm_limits_setup();
+  /* The init's fd 3 is its listening socket, fd 4 the directory of its exec cgroups (rollbox-init.c). */
+  int lfd_high = fcntl(lfd, F_DUPFD, 10), cgroups_high = fcntl(cgroups, F_DUPFD, 10);
+  if (lfd_high < 0 || cgroups_high < 0 || dup2(lfd_high, 3) < 0 || dup2(cgroups_high, 4) < 0) vm_die("dup2");
+  for (int fd = 5; fd < 64; fd++) close(fd);
   if (chdir("/newroot") < 0 || mount(".", "/", NULL, MS_MOVE, NULL) < 0 || chroot(".") < 0 || chdir("/") < 0) vm_die("switch root");
   drop_capabilities();
   char *argv[] = {"/.rollbox/init", NULL};

@@ -41,7 +41,15 @@ enum {
   MUX_POLICY = 9,   /* body: the hidden paths wanted now, each NUL-ended (hide.c) */
   MUX_FREEZE = 10,  /* body: u8 1 freeze / 0 thaw the sandbox's processes (freeze.c) */
   MUX_RESULT = 11,  /* guest -> host: u32 status (0 ok), then the request's own answer */
+  /*
+   * host -> guest, channel 0, after RESTORED when the VM has a NIC: the address the waking
+   * host leased it (u32 address and u32 gateway in network order around a u8 prefix and 3
+   * zero bytes); answered by NET_DONE (u32 0, or the errno of what failed) before anything else.
+   */
+  MUX_NET = 12,
+  MUX_NET_DONE = 13,
 };
+#define MUX_NET_PAYLOAD_BYTES 12
 /* A request's body is read whole before it acts: two lists of 256 paths of 4096 bytes fit. */
 #define MUX_MAX_REQUEST_BYTES (4u << 20)
 #define MUX_RESTORED_PAYLOAD_BYTES (8 + 4 + 32)
@@ -58,14 +66,23 @@ __attribute__((noreturn)) void vm_die(const char *what);
 void vm_cmdline_str(const char *key, char *val, size_t len);
 /* Loopback, and the NIC when the command line has rollbox.net= (net.c). */
 void vm_net_setup(void);
-/* PID 1 into the sandbox's cgroup (frozen by freeze.c), with its pids limit from rollbox.pids= (limits.c). */
-void vm_limits_setup(void);
+/* A MUX_NET payload applied to eth0, the routes and the resolver; 0 or an errno (net.c). */
+int vm_net_reconfigure(const char *payload, size_t len);
+/*
+ * The guest's cgroup2 tree (limits.c): /sandbox with the pids limit from rollbox.pids=,
+ * PID 1 in /sandbox/init, the init's exec cgroups beside it; returns the directory the
+ * init makes exec cgroups in.
+ */
+int vm_limits_setup(void);
 /* The multiplexer's loop over the port `port_fd`; never returns. `root_fd`: the sandbox's root (O_PATH). */
 __attribute__((noreturn)) void mux_main(int port_fd, int root_fd);
 
-/* The sandbox's cgroup (limits.c makes it; every process of the sandbox is in it). */
+/*
+ * The sandbox's cgroup (limits.c makes it): every process of the sandbox is below it, the
+ * init in its child `init`, each command in an exec cgroup of its own (a0, a1, ...).
+ */
 #define SANDBOX_CGROUP "/sys/fs/cgroup/sandbox"
-/* Freeze (and wait until every process is frozen) or thaw the sandbox: 0, or -1 with errno (freeze.c). */
+/* Freeze (and wait until every process below /sandbox is frozen) or thaw the sandbox: 0, or -1 with errno (freeze.c). */
 int vm_freeze(int on);
 /* Whether the sandbox is frozen (by a pause, or a request in progress). */
 int vm_is_frozen(void);
