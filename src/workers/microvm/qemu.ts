@@ -59,9 +59,11 @@ export function qemuArgs(s: QemuSpec): string[] {
     '-serial', 'stdio',
     '-kernel', s.kernel, '-initrd', s.initramfs, '-append', cmdline.join(' '),
   ];
+  // rerror=report: a read that fails on the host (a lazy layer's chunk the gate could not
+  // fetch: EIO) is the guest's I/O error, never a paused VM (stop) or a silent retry.
   s.layerImages.forEach((layer, i) => {
-    args.push('-drive', `id=l${i},file=${layer.imagePath},format=raw,if=none,readonly=on`, '-device', `virtio-blk-device,drive=l${i},serial=rbl${i}`);
-    if (layer.blobPath) args.push('-drive', `id=l${i}b,file=${layer.blobPath},format=raw,if=none,readonly=on`, '-device', `virtio-blk-device,drive=l${i}b,serial=rbl${i}b`);
+    args.push('-drive', `id=l${i},file=${layer.imagePath},format=raw,if=none,readonly=on,rerror=report`, '-device', `virtio-blk-device,drive=l${i},serial=rbl${i}`);
+    if (layer.blobPath) args.push('-drive', `id=l${i}b,file=${layer.blobPath},format=raw,if=none,readonly=on,rerror=report`, '-device', `virtio-blk-device,drive=l${i}b,serial=rbl${i}b`);
   });
   args.push('-drive', `id=disk,file=${s.diskImage},format=raw,if=none,discard=unmap`, '-device', 'virtio-blk-device,drive=disk,serial=rbdisk');
   args.push('-device', 'virtio-serial-device', '-chardev', `socket,id=agent,path=${s.agentSocket},server=on,wait=off`, '-device', 'virtserialport,chardev=agent,name=rollbox.0');

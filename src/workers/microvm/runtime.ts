@@ -13,6 +13,7 @@ import { attachInVm, execInVm, execRawInVm } from './exec.ts';
 import { inCgroupPrefix, makeVmCgroup, removeVmCgroup, removeVmCgroupParents, vmCgroupRel } from './cgroup.ts';
 import { attachVmNetwork, netnsPathOf, nicPolicy, releaseVmNetwork, VM_BRIDGE, VM_TAP, vmNetnsOf } from './net.ts';
 import { loadVm, readImage, saveVm } from './hibernation.ts';
+import { VmLazyHolds, type LazyVmBlobs } from './lazy-blobs.ts';
 import { isQemuPid, startQemu } from './qemu.ts';
 import { readVmFile, serially, writeVmFile, type StartedWith, type Vm, type VmFile } from './vm.ts';
 import { applyVmPolicy, hidePaths, pauseVm, resumeVm, snapshotOfVm, type VmOpsDeps } from './vm-ops.ts';
@@ -40,6 +41,8 @@ export interface MicroVmRuntimeDeps {
   extract?: TarExtractor;
   /** A snapshot whose guest sends nothing for this long is given up (snapshot_failed). */
   snapshotIdleTimeoutMs: number;
+  /** The host's lazy layers (a host without the layer store): a VM's QEMU reads their blobs through the gate. */
+  lazy?: LazyVmBlobs;
   logger?: RuntimeLogger;
 }
 
@@ -68,6 +71,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
   const vms = new Map<string, Vm>();
   const ops: VmOpsDeps = { extract: deps.extract ?? extractInThread, snapshotIdleTimeoutMs: deps.snapshotIdleTimeoutMs, unsupported, ...(deps.network ? { network: deps.network } : {}), ...(deps.logger ? { logger: deps.logger } : {}) };
   let exitListener: ((id: string) => void) | undefined;
+  const lazyHolds = new VmLazyHolds(deps.lazy);
   const dirOf = (id: string): string => path.join(deps.dataDir, id);
   const ramFileOf = (id: string): string => path.join(deps.ramDir, `${id}.ram`);
   const vmOf = (id: string): Vm => {
@@ -100,6 +104,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     if (file) await kill(file.pid);
     if (vm) await kill(vm.pid);
     vms.delete(id);
+    await lazyHolds.release(id);
     // QEMU is gone, so is every user of the namespace: veth, lease, chain, then the namespace.
     await releaseVmNetwork(deps.network, id);
     await removeVmCgroup(deps.nodeId, id);
@@ -124,7 +129,6 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
       if (vms.has(spec.sandboxId)) return;
       if (spec.restoreUpper) throw unsupported('wake a sandbox hibernated as its writable layer');
       if (spec.lowPriority) throw unsupported('keep warm pools');
-      if (spec.layerImages.some((l) => l.lazy)) throw unsupported('read layers on demand (ROLLBOX_LAZY_LAYERS)');
       if (spec.resources.memoryMiB < MIN_GUEST_MEMORY_MIB) throw unsupported(`boot with less than ${MIN_GUEST_MEMORY_MIB} MiB of memory (resources.memoryMiB)`);
       const dir = dirOf(spec.sandboxId);
       await fs.rm(dir, { recursive: true, force: true });
@@ -146,6 +150,9 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
           started = { accelerator: deps.accelerator, vcpus: Math.min(os.availableParallelism(), Math.max(1, Math.ceil(spec.resources.cpuMillis / 1000))), memoryMiB: spec.resources.memoryMiB, guestRequests: true };
         }
         // A woken VM keeps the address it booted with only if it has none: hibernateWhole refuses VMs with a NIC.
+        // Their blobs marked before QEMU opens them.
+        const lazyLayers = spec.layerImages.filter((l) => l.lazy).map((l) => l.digest);
+        await lazyHolds.hold(spec.sandboxId, lazyLayers);
         const nic = spec.restoreWhole ? undefined : await attachVmNetwork(deps.network, spec.sandboxId, spec.network);
         const cgroup = await makeVmCgroup(vmCgroupRel(deps.nodeId, spec.sandboxId, spec.class), spec.resources, spec.class, started.vcpus);
         const child = startQemu(
@@ -161,7 +168,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
           inCgroupPrefix(cgroup, spec.class),
         );
         if (!child.pid) throw new Error('QEMU did not start');
-        const file: VmFile = { pid: child.pid, started, layers: spec.layerImages.map((l) => l.digest), env: spec.env, workdir: spec.workdir, ...(spec.user ? { user: spec.user } : {}), ...(spec.network ? { network: spec.network } : {}), ...(nic ? { nic: true } : {}) };
+        const file: VmFile = { pid: child.pid, started, layers: spec.layerImages.map((l) => l.digest), env: spec.env, workdir: spec.workdir, ...(spec.user ? { user: spec.user } : {}), ...(spec.network ? { network: spec.network } : {}), ...(nic ? { nic: true } : {}), ...(lazyLayers.length ? { lazyLayers } : {}) };
         await writeVmFile({ dir, file });
         const vm = await adopt(spec.sandboxId, file).catch(async (err: Error) => {
           throw new Error(`${err.message}; console: ${await consoleTail(dir)}`);
@@ -252,7 +259,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
       for (const id of entries) {
         if (vms.has(id) && keep.has(id)) continue;
         const file = await readVmFile(dirOf(id));
-        if (keep.has(id) && file && isQemuPid(file.pid, deps.qemuBinary)) {
+        if (keep.has(id) && file && isQemuPid(file.pid, deps.qemuBinary) && (await lazyHolds.adopt(id, file.lazyLayers ?? []))) {
           try {
             await adopt(id, file);
             if (file.nic && file.network) await deps.network?.adopt(id, netnsPathOf(vmNetnsOf(id)), nicPolicy(file.network), { bridge: VM_BRIDGE });

@@ -28,6 +28,8 @@ export interface VmFile {
   user?: string;
   /** Layer digests, base first. */
   layers: string[];
+  /** Those read on demand (their blobs held in the host's chunk cache: lazy-blobs.ts). */
+  lazyLayers?: string[];
   /** The current stage's network policy; `nic`: the VM was started with a NIC (mode allowlist at create). */
   network?: NetworkPolicy;
   nic?: boolean;
