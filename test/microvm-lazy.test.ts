@@ -29,6 +29,7 @@ let cluster: TestCluster;
 let proxy: OriginProxy;
 let token: string;
 let worker: ChildProcess;
+let startWorker: () => Promise<void>;
 const sums: string[] = [];
 let digest: string;
 const fileStartedMs = Date.now();
@@ -48,22 +49,30 @@ beforeAll(async () => {
   const uploaded = await api(cluster, token, 'POST', '/v1/layers?name=vmbig', new Uint8Array(tar), { 'content-type': 'application/x-tar' });
   expect(uploaded.status, JSON.stringify(uploaded.body)).toBe(201);
   digest = uploaded.body.digest;
-  // Its own (empty) layer store: every layer, busybox's too, comes from the origin on demand.
-  worker = await cluster.spawnWorker({
-    nodeId: NODE,
-    env: {
-      ROLLBOX_LAYER_STORE: path.join(cluster.rootDir, NODE, 'own-layers'),
-      ROLLBOX_GATEWAY_URL: proxy.url,
-      ROLLBOX_GATEWAY_TOKEN: hostToken,
-      ROLLBOX_LAZY_GRACE_MS: '1500',
-      // Reads are counted exactly: nothing fetched ahead.
-      ROLLBOX_LAZY_PREFETCH: 'record',
-    },
-  });
-  await waitFor('the lazy worker with its microvm tier', async () => {
-    const nodes = (await api(cluster, adminToken, 'GET', '/v1/nodes')).body.nodes as { nodeId: string; healthy: boolean; tiers?: { microvm?: object } }[] | undefined;
-    return nodes?.some((n) => n.nodeId === NODE && n.healthy && n.tiers?.microvm);
-  }, 60_000);
+  startWorker = async () => {
+    const since = Date.now();
+    // Its own (empty) layer store: every layer, busybox's too, comes from the origin on demand.
+    worker = await cluster.spawnWorker({
+      nodeId: NODE,
+      env: {
+        ROLLBOX_LAYER_STORE: path.join(cluster.rootDir, NODE, 'own-layers'),
+        ROLLBOX_GATEWAY_URL: proxy.url,
+        ROLLBOX_GATEWAY_TOKEN: hostToken,
+        ROLLBOX_LAZY_GRACE_MS: '1500',
+        // Reads are counted exactly: nothing fetched ahead.
+        ROLLBOX_LAZY_PREFETCH: 'record',
+      },
+    });
+    // Heartbeats of this process, once started (the first comes during its start).
+    const beats = new Set<number>();
+    await waitFor('the lazy worker with its microvm tier', async () => {
+      const nodes = (await api(cluster, adminToken, 'GET', '/v1/nodes')).body.nodes as { nodeId: string; healthy: boolean; atMs: number; tiers?: { microvm?: object } }[] | undefined;
+      const n = nodes?.find((x) => x.nodeId === NODE && x.healthy && x.tiers?.microvm && x.atMs > since);
+      if (n) beats.add(n.atMs);
+      return beats.size >= 3;
+    }, 60_000);
+  };
+  await startWorker();
 }, 180_000);
 
 afterAll(async () => {
@@ -153,6 +162,17 @@ describe('lazy layers on microVMs', () => {
     proxy.corrupt = undefined;
     expect(await sumOf(vm, 11)).toBe(sums[11]);
   }, 60_000);
+
+  it('keeps gating an adopted VM\'s reads after a worker restart (the gate kept the blob)', async () => {
+    const exited = new Promise((resolve) => worker.once('exit', resolve));
+    worker.kill('SIGTERM'); // an upgrade: sandboxes left running for the next worker
+    await exited;
+    await startWorker();
+    const before = proxy.bytes.blob;
+    expect(await sumOf(vm, 16)).toBe(sums[16]);
+    expect(proxy.bytes.blob - before).toBeGreaterThanOrEqual(FILE_BYTES);
+    expect(await sumOf(vm, 7)).toBe(sums[7]);
+  }, 120_000);
 
   it('gives the guest command an I/O error when the origin stops mid-read; the VM runs on, cached files read, the rest once it is back', async () => {
     proxy.link.bytesPerSecond = 2 * MiB;
