@@ -14,6 +14,7 @@ import { inCgroupPrefix, makeVmCgroup, removeVmCgroup, removeVmCgroupParents, vm
 import { attachVmNetwork, netnsPathOf, nicPolicy, releaseVmNetwork, VM_BRIDGE, VM_TAP, vmNetnsOf } from './net.ts';
 import { loadVm, readImage, saveVm } from './hibernation.ts';
 import { VmLazyHolds, type LazyVmBlobs } from './lazy-blobs.ts';
+import { watchGuestPort } from './port-watch.ts';
 import { isQemuPid, startQemu } from './qemu.ts';
 import { readVmFile, serially, writeVmFile, type StartedWith, type Vm, type VmFile } from './vm.ts';
 import { applyVmPolicy, hidePaths, pauseVm, resumeVm, snapshotOfVm, type VmOpsDeps } from './vm-ops.ts';
@@ -98,6 +99,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     const vm = vms.get(id);
     if (vm) {
       vm.stopping = true;
+      vm.portWatch?.close();
       await vm.channel.close();
     }
     const file = await readVmFile(dir);
@@ -118,6 +120,11 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     const vm: Vm = { sandboxId: id, dir, file, layers: file.layers, pid: file.pid, channel, stopping: false, initSocket: channel.initSocket, env: file.env, workdir: file.workdir, ...(file.user ? { user: file.user } : {}), live: new Map(), ops: Promise.resolve() };
     vms.set(id, vm);
     watch(id, vm);
+    // The guest's multiplexer gone with QEMU running: the sandbox has lost its init (checkAlive), and its commands their channel.
+    vm.portWatch = watchGuestPort(path.join(dir, 'events.sock'), () => {
+      vm.guestLost = true;
+      void vm.channel.close();
+    });
     return vm;
   };
 
@@ -159,7 +166,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
           {
             qemuBinary: deps.qemuBinary, accelerator: deps.accelerator, kernel: deps.kernel, initramfs: deps.initramfs,
             layerImages: spec.layerImages.map((l) => ({ imagePath: l.imagePath, ...(l.blobPath ? { blobPath: l.blobPath } : {}) })), diskImage, ramFile, vcpus: started.vcpus, memoryMiB: started.memoryMiB,
-            agentSocket: path.join(dir, 'agent.sock'), qmpSocket: path.join(dir, 'qmp.sock'), ...(deps.tscKhz ? { tscKhz: deps.tscKhz } : {}),
+            agentSocket: path.join(dir, 'agent.sock'), qmpSocket: path.join(dir, 'qmp.sock'), eventsSocket: path.join(dir, 'events.sock'), ...(deps.tscKhz ? { tscKhz: deps.tscKhz } : {}),
             ...(nic ? { nic: { netns: nic.netns, tap: VM_TAP, address: nic.address, gateway: nic.gateway } } : {}),
             pids: spec.resources.pids,
             ...(spec.restoreWhole ? { incoming: true } : {}),
@@ -238,7 +245,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     }),
     async isRunning(id) {
       const vm = vms.get(id);
-      return vm !== undefined && isQemuPid(vm.pid, deps.qemuBinary);
+      return vm !== undefined && !vm.guestLost && isQemuPid(vm.pid, deps.qemuBinary);
     },
     onExit(listener) {
       exitListener = listener;
@@ -247,6 +254,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
       exitListener = undefined;
       for (const vm of vms.values()) {
         vm.stopping = true;
+        vm.portWatch?.close(); // QEMU serves one client per monitor: the next worker's
         void vm.channel.close();
       }
       vms.clear();
