@@ -240,7 +240,7 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
   const containers = createRuncRuntime({ dataDir: workerDir, runtimeBinary: config.node.runtimeBinary, layerMounts, nodeId, logger, network, scratchSizeGiB: config.node.scratchSizeGiB, scratchFs: config.node.scratchFs, scratchIdleUnmountMs: config.node.idleUnmountMs, besteffortHoldMs: config.node.besteffortHoldMs, besteffortHeldCpuMillis: config.node.besteffortHeldCpuMillis });
   // A microVM's snapshot is read from its guest's tar stream on a thread of its own, off the event loop.
   const extractWorkers = new ExtractWorkers(1);
-  const microvm = microVmRuntimeOf(config.node.microvm, path.join(workerDir, 'microvm'), nodeId, { logger, network, extract: extractWorkers.extract });
+  const microvm = microVmRuntimeOf(config.node.microvm, path.join(workerDir, 'microvm'), nodeId, { logger, network, extract: extractWorkers.extract, ...(source.lazy ? { lazy: source.lazy } : {}) });
   const host = new WorkerHost({
     config: { ...config.node, nodeId },
     redis,

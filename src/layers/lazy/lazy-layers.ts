@@ -35,6 +35,9 @@ export class LazyLayers implements LazyBlobHolder {
   /** Blobs the gate held when this process first reached it. */
   private readonly heldAtStart = new Set<string>();
   private reachedGate = false;
+  /** Layers mounted on this host (LayerMounts' attach and detach), and how many microVMs read each (hold, release). */
+  private readonly mountHeld = new Set<string>();
+  private readonly vmHolds = new Map<string, number>();
   private reconnecting: Promise<void> | undefined;
   private limiting: Promise<unknown> = Promise.resolve();
   /** Bytes read from the origin since start (chunks, metadata, tables). */
@@ -158,8 +161,38 @@ export class LazyLayers implements LazyBlobHolder {
 
   /** LazyBlobHolder: before the first mount, the gate opens the blob and marks it. */
   async attach(files: LayerFiles): Promise<void> {
-    const layer = await this.load(files.digest);
-    if (!layer) throw new RollboxError('internal', `layer ${files.digest} has no chunk table in the cache`);
+    this.mountHeld.add(files.digest);
+    await this.markBlob(files.digest);
+  }
+
+  /**
+   * A microVM reads this layer's blob (QEMU's virtio-blk opens the same sparse file): its
+   * reads are gated like a mount's, but only if QEMU opens it after the mark (fanotify gives
+   * pre-content events to files opened while a mark is there), so this comes first. Each VM
+   * holds it once; the blob stays marked while any mount or VM needs it.
+   */
+  async hold(digest: string): Promise<void> {
+    this.vmHolds.set(digest, (this.vmHolds.get(digest) ?? 0) + 1);
+    try {
+      await this.files(digest);
+      await this.markBlob(digest);
+    } catch (err) {
+      await this.release(digest);
+      throw err;
+    }
+  }
+
+  /** A microVM that held this layer is gone (QEMU ended). */
+  async release(digest: string): Promise<void> {
+    const n = (this.vmHolds.get(digest) ?? 0) - 1;
+    if (n > 0) return void this.vmHolds.set(digest, n);
+    this.vmHolds.delete(digest);
+    if (!this.mountHeld.has(digest)) await this.letGo(digest);
+  }
+
+  private async markBlob(digest: string): Promise<void> {
+    const layer = await this.load(digest);
+    if (!layer) throw new RollboxError('internal', `layer ${digest} has no chunk table in the cache`);
     if (layer.attached) return;
     ensureData(layer);
     if (!this.gate.connected) await (this.reconnecting ?? this.gate.connect().then((h) => this.afterHello(h)));
@@ -183,6 +216,11 @@ export class LazyLayers implements LazyBlobHolder {
 
   /** LazyBlobHolder: after the last unmount. */
   async detach(digest: string): Promise<void> {
+    this.mountHeld.delete(digest);
+    if (!this.vmHolds.has(digest)) await this.letGo(digest);
+  }
+
+  private async letGo(digest: string): Promise<void> {
     const layer = this.layers.get(digest);
     if (!layer) return;
     layer.unsafe = false;
@@ -206,6 +244,7 @@ export class LazyLayers implements LazyBlobHolder {
   /** LazyBlobHolder: after reconciling mounts, the blobs of layers no longer mounted are let go. */
   async reconcile(mounted: ReadonlySet<string>): Promise<void> {
     for (const l of this.layers.values()) if (l.attached && !mounted.has(l.digest)) await this.detach(l.digest);
+    for (const digest of mounted) this.mountHeld.add(digest);
   }
 
   /** The gate asks for chunks a read waits on. */

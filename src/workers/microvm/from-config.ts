@@ -4,6 +4,7 @@ import { execFileSync } from 'node:child_process';
 import type { Config } from '../../config/index.ts';
 import type { TarExtractor } from '../../layers/index.ts';
 import type { SandboxNetworks } from '../network/index.ts';
+import type { LazyVmBlobs } from './lazy-blobs.ts';
 import type { RuntimeLogger } from '../runtime/index.ts';
 import { detectAccelerator, hostTscKhz } from './accelerator.ts';
 import { createMicroVmRuntime, type MicroVmRuntime } from './runtime.ts';
@@ -15,11 +16,12 @@ export const DEFAULT_VM_DIR = path.resolve(import.meta.dirname, '../../../build/
  * The worker's microVM runtime, or why this host has none (ROLLBOX_MICROVM=off, QEMU or
  * the guest kernel missing): creates with `tier: microvm` are then refused, coded.
  */
-/** What the runtime shares with the worker: its log, the sandbox networks, its extraction threads. */
+/** What the runtime shares with the worker: its log, the sandbox networks, its extraction threads, its lazy layers. */
 export interface MicroVmShared {
   logger?: RuntimeLogger;
   network?: SandboxNetworks;
   extract?: TarExtractor;
+  lazy?: LazyVmBlobs;
 }
 
 export function microVmRuntimeOf(config: Config['node']['microvm'], dataDir: string, nodeId: string, shared: MicroVmShared = {}): { runtime?: MicroVmRuntime; why?: string } {

@@ -3,6 +3,7 @@ import fs from 'node:fs';
 import type { Accelerator } from './accelerator.ts';
 import { TCG_TB_MIB } from './cgroup.ts';
 import { netnsPathOf } from './net.ts';
+import { GUEST_PORT_ID } from './port-watch.ts';
 
 /** One microVM's QEMU command line, from the sandbox's disks and limits. */
 export interface QemuSpec {
@@ -25,6 +26,8 @@ export interface QemuSpec {
   incoming?: boolean;
   agentSocket: string;
   qmpSocket: string;
+  /** A second QMP monitor, kept open by the worker for events (port-watch.ts). */
+  eventsSocket?: string;
   /** Under TCG: the guest's early TSC calibration (without it boots hang at PIT calibration). */
   tscKhz?: number;
   /**
@@ -59,15 +62,18 @@ export function qemuArgs(s: QemuSpec): string[] {
     '-serial', 'stdio',
     '-kernel', s.kernel, '-initrd', s.initramfs, '-append', cmdline.join(' '),
   ];
+  // rerror=report: a read that fails on the host (a lazy layer's chunk the gate could not
+  // fetch: EIO) is the guest's I/O error, never a paused VM (stop) or a silent retry.
   s.layerImages.forEach((layer, i) => {
-    args.push('-drive', `id=l${i},file=${layer.imagePath},format=raw,if=none,readonly=on`, '-device', `virtio-blk-device,drive=l${i},serial=rbl${i}`);
-    if (layer.blobPath) args.push('-drive', `id=l${i}b,file=${layer.blobPath},format=raw,if=none,readonly=on`, '-device', `virtio-blk-device,drive=l${i}b,serial=rbl${i}b`);
+    args.push('-drive', `id=l${i},file=${layer.imagePath},format=raw,if=none,readonly=on,rerror=report`, '-device', `virtio-blk-device,drive=l${i},serial=rbl${i}`);
+    if (layer.blobPath) args.push('-drive', `id=l${i}b,file=${layer.blobPath},format=raw,if=none,readonly=on,rerror=report`, '-device', `virtio-blk-device,drive=l${i}b,serial=rbl${i}b`);
   });
   args.push('-drive', `id=disk,file=${s.diskImage},format=raw,if=none,discard=unmap`, '-device', 'virtio-blk-device,drive=disk,serial=rbdisk');
-  args.push('-device', 'virtio-serial-device', '-chardev', `socket,id=agent,path=${s.agentSocket},server=on,wait=off`, '-device', 'virtserialport,chardev=agent,name=rollbox.0');
+  args.push('-device', 'virtio-serial-device', '-chardev', `socket,id=agent,path=${s.agentSocket},server=on,wait=off`, '-device', `virtserialport,chardev=agent,name=rollbox.0,id=${GUEST_PORT_ID}`);
   // vhost off: no /dev/vhost-net needed, and no kernel thread outside QEMU's cgroup.
   if (s.nic) args.push('-netdev', `tap,id=net0,ifname=${s.nic.tap},script=no,downscript=no,vhost=off`, '-device', 'virtio-net-device,netdev=net0');
   args.push('-qmp', `unix:${s.qmpSocket},server=on,wait=off`);
+  if (s.eventsSocket) args.push('-qmp', `unix:${s.eventsSocket},server=on,wait=off`);
   if (s.incoming) args.push('-S', '-incoming', 'defer');
   return args;
 }

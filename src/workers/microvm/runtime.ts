@@ -14,6 +14,8 @@ import { inCgroupPrefix, makeVmCgroup, removeVmCgroup, removeVmCgroupParents, vm
 import { attachVmNetwork, netnsPathOf, nicPolicy, releaseVmNetwork, VM_BRIDGE, VM_TAP, vmNetnsOf } from './net.ts';
 import { loadVm, readImage, saveVm } from './hibernation.ts';
 import { consoleTailOf, exitCauseFromConsole } from './exit-cause.ts';
+import { VmLazyHolds, type LazyVmBlobs } from './lazy-blobs.ts';
+import { watchGuestPort } from './port-watch.ts';
 import { isQemuPid, startQemu } from './qemu.ts';
 import { readVmFile, serially, writeVmFile, type StartedWith, type Vm, type VmFile } from './vm.ts';
 import { applyVmPolicy, hidePaths, pauseVm, resumeVm, snapshotOfVm, type VmOpsDeps } from './vm-ops.ts';
@@ -41,6 +43,8 @@ export interface MicroVmRuntimeDeps {
   extract?: TarExtractor;
   /** A snapshot whose guest sends nothing for this long is given up (snapshot_failed). */
   snapshotIdleTimeoutMs: number;
+  /** The host's lazy layers (a host without the layer store): a VM's QEMU reads their blobs through the gate. */
+  lazy?: LazyVmBlobs;
   logger?: RuntimeLogger;
 }
 
@@ -72,6 +76,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
   const vms = new Map<string, Vm>();
   const ops: VmOpsDeps = { extract: deps.extract ?? extractInThread, snapshotIdleTimeoutMs: deps.snapshotIdleTimeoutMs, unsupported, ...(deps.network ? { network: deps.network } : {}), ...(deps.logger ? { logger: deps.logger } : {}) };
   let exitListener: ((id: string) => void) | undefined;
+  const lazyHolds = new VmLazyHolds(deps.lazy);
   const dirOf = (id: string): string => path.join(deps.dataDir, id);
   const ramFileOf = (id: string): string => path.join(deps.ramDir, `${id}.ram`);
   const vmOf = (id: string): Vm => {
@@ -99,12 +104,14 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     const vm = vms.get(id);
     if (vm) {
       vm.stopping = true;
+      vm.portWatch?.close();
       await vm.channel.close();
     }
     const file = await readVmFile(dir);
     if (file) await kill(file.pid);
     if (vm) await kill(vm.pid);
     vms.delete(id);
+    await lazyHolds.release(id);
     // QEMU is gone, so is every user of the namespace: veth, lease, chain, then the namespace.
     await releaseVmNetwork(deps.network, id);
     await removeVmCgroup(deps.nodeId, id);
@@ -118,6 +125,11 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     const vm: Vm = { sandboxId: id, dir, file, layers: file.layers, pid: file.pid, channel, stopping: false, initSocket: channel.initSocket, env: file.env, workdir: file.workdir, ...(file.user ? { user: file.user } : {}), live: new Map(), ops: Promise.resolve() };
     vms.set(id, vm);
     watch(id, vm);
+    // The guest's multiplexer gone with QEMU running: the sandbox has lost its init (checkAlive), and its commands their channel.
+    vm.portWatch = watchGuestPort(path.join(dir, 'events.sock'), () => {
+      vm.guestLost = true;
+      void vm.channel.close();
+    });
     return vm;
   };
 
@@ -129,7 +141,6 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
       if (vms.has(spec.sandboxId)) return;
       if (spec.restoreUpper) throw unsupported('wake a sandbox hibernated as its writable layer');
       if (spec.lowPriority) throw unsupported('keep warm pools');
-      if (spec.layerImages.some((l) => l.lazy)) throw unsupported('read layers on demand (ROLLBOX_LAZY_LAYERS)');
       if (spec.resources.memoryMiB < MIN_GUEST_MEMORY_MIB) throw unsupported(`boot with less than ${MIN_GUEST_MEMORY_MIB} MiB of memory (resources.memoryMiB)`);
       const dir = dirOf(spec.sandboxId);
       await fs.rm(dir, { recursive: true, force: true });
@@ -150,6 +161,9 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
           await fs.mkdir(deps.ramDir, { recursive: true, mode: 0o700 });
           started = { accelerator: deps.accelerator, vcpus: Math.min(os.availableParallelism(), Math.max(1, Math.ceil(spec.resources.cpuMillis / 1000))), memoryMiB: spec.resources.memoryMiB, guestRequests: true };
         }
+        // Their lazy blobs marked before QEMU opens them.
+        const lazyLayers = spec.layerImages.filter((l) => l.lazy).map((l) => l.digest);
+        await lazyHolds.hold(spec.sandboxId, lazyLayers);
         // A woken VM gets the devices it was saved with: a NIC if it had one, on a lease of this host
         // (its current stage; none keeps the NIC, closed), whose address the guest takes below.
         const nic = spec.restoreWhole
@@ -163,7 +177,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
           {
             qemuBinary: deps.qemuBinary, accelerator: deps.accelerator, kernel: deps.kernel, initramfs: deps.initramfs,
             layerImages: spec.layerImages.map((l) => ({ imagePath: l.imagePath, ...(l.blobPath ? { blobPath: l.blobPath } : {}) })), diskImage, ramFile, vcpus: started.vcpus, memoryMiB: started.memoryMiB,
-            agentSocket: path.join(dir, 'agent.sock'), qmpSocket: path.join(dir, 'qmp.sock'), ...(deps.tscKhz ? { tscKhz: deps.tscKhz } : {}),
+            agentSocket: path.join(dir, 'agent.sock'), qmpSocket: path.join(dir, 'qmp.sock'), eventsSocket: path.join(dir, 'events.sock'), ...(deps.tscKhz ? { tscKhz: deps.tscKhz } : {}),
             ...(nic ? { nic: { netns: nic.netns, tap: VM_TAP, address: nic.address, gateway: nic.gateway } } : {}),
             pids: spec.resources.pids,
             ...(spec.restoreWhole ? { incoming: true } : {}),
@@ -172,7 +186,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
           inCgroupPrefix(cgroup, spec.class),
         );
         if (!child.pid) throw new Error('QEMU did not start');
-        const file: VmFile = { pid: child.pid, started, layers: spec.layerImages.map((l) => l.digest), env: spec.env, workdir: spec.workdir, ...(spec.user ? { user: spec.user } : {}), ...(spec.network ? { network: spec.network } : {}), ...(nic ? { nic: true } : {}) };
+        const file: VmFile = { pid: child.pid, started, layers: spec.layerImages.map((l) => l.digest), env: spec.env, workdir: spec.workdir, ...(spec.user ? { user: spec.user } : {}), ...(spec.network ? { network: spec.network } : {}), ...(nic ? { nic: true } : {}), ...(lazyLayers.length ? { lazyLayers } : {}) };
         await writeVmFile({ dir, file });
         const vm = await adopt(spec.sandboxId, file).catch(async (err: Error) => {
           throw new Error(`${err.message}; console: ${await consoleTail(dir)}`);
@@ -243,8 +257,9 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     }),
     async isRunning(id) {
       const vm = vms.get(id);
-      // A guest that reset (a panic) has QEMU close its sockets and clean up before its process ends: the closed channel says it first.
-      return vm !== undefined && !vm.channelClosed && isQemuPid(vm.pid, deps.qemuBinary);
+      // A guest that reset (a panic) has QEMU close its sockets and clean up before its process ends: the closed channel says it first;
+      // a guest that closed its port (its multiplexer killed) is lost with QEMU still running.
+      return vm !== undefined && !vm.channelClosed && !vm.guestLost && isQemuPid(vm.pid, deps.qemuBinary);
     },
     onExit(listener) {
       exitListener = listener;
@@ -253,6 +268,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
       exitListener = undefined;
       for (const vm of vms.values()) {
         vm.stopping = true;
+        vm.portWatch?.close(); // QEMU serves one client per monitor: the next worker's
         void vm.channel.close();
       }
       vms.clear();
@@ -267,7 +283,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
       for (const id of entries) {
         if (vms.has(id) && keep.has(id)) continue;
         const file = await readVmFile(dirOf(id));
-        if (keep.has(id) && file && isQemuPid(file.pid, deps.qemuBinary)) {
+        if (keep.has(id) && file && isQemuPid(file.pid, deps.qemuBinary) && (await lazyHolds.adopt(id, file.lazyLayers ?? []))) {
           try {
             await adopt(id, file);
             if (file.nic && file.network) await deps.network?.adopt(id, netnsPathOf(vmNetnsOf(id)), nicPolicy(file.network), { bridge: VM_BRIDGE });

@@ -4,6 +4,7 @@ import type { NetworkPolicy } from '../../api/index.ts';
 import type { Accelerator } from './accelerator.ts';
 import type { VmChannel } from './channel.ts';
 import type { VmCommandTarget } from './exec.ts';
+import type { PortWatch } from './port-watch.ts';
 
 /** How QEMU was started: a restore starts it the same (the devices' saved state fits only those). */
 export interface StartedWith {
@@ -33,6 +34,8 @@ export interface VmFile {
   user?: string;
   /** Layer digests, base first. */
   layers: string[];
+  /** Those read on demand (their blobs held in the host's chunk cache: lazy-blobs.ts). */
+  lazyLayers?: string[];
   /** The current stage's network policy; `nic`: the VM was started with a NIC (mode allowlist at create). */
   network?: NetworkPolicy;
   nic?: boolean;
@@ -52,6 +55,9 @@ export interface Vm extends VmCommandTarget {
   channelClosed?: boolean;
   /** Pause, resume, stage changes, snapshots and hibernation of this VM, one at a time. */
   ops: Promise<unknown>;
+  /** QEMU's word that the guest closed the channel's port (its multiplexer died): port-watch.ts. */
+  portWatch?: PortWatch;
+  guestLost?: boolean;
 }
 
 export const VM_FILE = 'vm.json';
