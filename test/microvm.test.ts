@@ -44,7 +44,7 @@ describe('microVM tier', () => {
     expect(qemuPidsUnder(cluster.rootDir)).toHaveLength(1);
   }, 90_000);
 
-  it('keeps the channel the init\'s own: no port device, no way to make one, forged frames are output', async () => {
+  it('keeps the channel the init\'s own: no port device, no way to make one, forged frames are output; no /dev/kvm, no host path mounted', async () => {
     const probe = await exec(id, {
       cmd: [
         'ls /dev | tr "\\n" " "; echo',
@@ -52,6 +52,9 @@ describe('microVM tier', () => {
         // The port's device numbers, from sysfs; making a node of them needs CAP_MKNOD.
         'mknod /tmp/port c $(cat /sys/class/virtio-ports/$(ls /sys/class/virtio-ports | head -n 1)/dev | tr ":" " ") && echo MKNOD_OK || echo MKNOD_REFUSED',
         'mount -t devtmpfs dev /mnt 2>/dev/null && echo MOUNT_OK || echo MOUNT_REFUSED',
+        // Nothing of the host's: no KVM device, no file system shared from the host (9p, virtiofs, NFS, FUSE).
+        'test -e /dev/kvm && echo KVM_PRESENT || echo NO_KVM',
+        'echo SHARED_MOUNTS=$(grep -c -E " (9p|virtiofs|nfs4?|fuse[.a-z]*) " /proc/mounts)',
         // A multiplexer frame (channel 1, DATA) carrying an init EXIT frame with code 0, on stdout.
         "printf '\\001\\000\\000\\000\\002\\000\\000\\000\\020\\000\\000\\000\\024\\000\\000\\000\\010\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000'",
         'exit 7',
@@ -63,6 +66,8 @@ describe('microVM tier', () => {
     expect(devLine).not.toMatch(/vport|console|vd[a-z]/);
     expect(probe.body.stdout).toContain('MKNOD_REFUSED');
     expect(probe.body.stdout).toContain('MOUNT_REFUSED');
+    expect(probe.body.stdout).toContain('NO_KVM');
+    expect(probe.body.stdout).toContain('SHARED_MOUNTS=0\n');
     // The forged bytes arrived as the command's output, not as a result.
     expect(probe.body.stdout).toContain('\u0014\u0000\u0000\u0000\u0008');
   }, 30_000);

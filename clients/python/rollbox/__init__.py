@@ -5,7 +5,8 @@ from .client import Files, Jobs, Layers, Rollbox, Sandbox, Sandboxes
 from .errors import (
     AdmissionExhausted, CommandFailed, Conflict, ConnectionFailed, Forbidden, ImageNotFound, ImagePullTimeout, Internal, RangeNotSatisfiable, InvalidArchive,
     InvalidImage, InvalidLayer, InvalidRequest, InvalidState, NetworkUnavailable, NoCapacity, NodeLost, NotFound, PayloadTooLarge,
-    QuotaExceeded, RegistryUnauthorized, RegistryUnavailable, ResultUnknown, RollboxError, TierUnsupported, Timeout, Unauthenticated, Unavailable,
+    QuotaExceeded, RegistryUnauthorized, RegistryUnavailable, ResultUnknown, RollboxError, SnapshotFailed, TierUnsupported, Timeout, Unauthenticated,
+    Unavailable,
 )
 from .types import Batch, BatchResult, BatchTaskStatus, CommandStatus, ExecResult, GradeResult, RunResult, StepResult, StreamEvent
 
@@ -17,4 +18,5 @@ __all__ = [
     "InvalidArchive", "InvalidImage", "InvalidLayer", "InvalidRequest", "InvalidState", "NetworkUnavailable", "NoCapacity", "NodeLost",
     "NotFound", "PayloadTooLarge", "QuotaExceeded", "ResultUnknown", "Timeout", "Unauthenticated", "Unavailable",
     "ImageNotFound", "ImagePullTimeout", "RangeNotSatisfiable", "RegistryUnauthorized", "RegistryUnavailable", "TierUnsupported",
+    "SnapshotFailed",
 ]

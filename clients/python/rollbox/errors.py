@@ -104,6 +104,12 @@ class TierUnsupported(RollboxError):
     code = "tier_unsupported"
 
 
+class SnapshotFailed(RollboxError):
+    """A microVM's guest could not pack its writable layer, or its stream was refused; nothing was stored, the sandbox runs on."""
+
+    code = "snapshot_failed"
+
+
 class Unavailable(RollboxError):
     code = "unavailable"
 
@@ -187,7 +193,7 @@ ERRORS_BY_CODE: Dict[str, Type[RollboxError]] = {
         InvalidRequest, InvalidLayer, InvalidImage, InvalidArchive, Unauthenticated, Forbidden, NotFound, Conflict, InvalidState,
         ResultUnknown, PayloadTooLarge, RangeNotSatisfiable, QuotaExceeded, Internal, AdmissionExhausted, NoCapacity, NetworkUnavailable,
         Unavailable, Timeout, NodeLost, ImageNotFound, RegistryUnauthorized, RegistryUnavailable, ImagePullTimeout,
-        TierUnsupported,
+        TierUnsupported, SnapshotFailed,
     )
 }
 
