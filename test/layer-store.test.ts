@@ -5,11 +5,11 @@ import { mkdir, mkdtemp, readdir, readFile, readlink, rm, stat, writeFile } from
 import os from 'node:os';
 import path from 'node:path';
 import { Readable } from 'node:stream';
-import { gzipSync } from 'node:zlib';
+import { gunzipSync, gzipSync } from 'node:zlib';
 import tar from 'tar-stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { RollboxError } from '../src/api/index.ts';
-import { LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar, isMountPoint, mkfsErofs, parseChunkTable, readMountInfo, type LayerFiles } from '../src/layers/index.ts';
+import { GzippedChunks, LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar, isMountPoint, mkfsErofs, parseChunkTable, readMountInfo, type LayerFiles } from '../src/layers/index.ts';
 import { waitFor } from './support/cluster.ts';
 
 type Entry = Partial<tar.Header> & { name: string; content?: string };
@@ -279,6 +279,32 @@ describe('LayerStore', () => {
     await store.remove(a.digest);
     expect(await store.has(a.digest)).toBe(false);
     expect(Object.values(store.splitPathsOf(a.digest)).filter((p) => existsSync(p))).toEqual([]);
+  });
+
+  it('gzips blob chunks once and serves runs of them as gzip members; other ranges gzipped as they are; removed with the layer', async () => {
+    // A few chunks of 1 MiB and a short last one.
+    const data = randomBytes(3 * 1024 * 1024 + 4096);
+    const raw = await tarOf([{ name: 'big', type: 'file', content: data.toString('latin1') }]);
+    const layer = await buildLayerFromTar(Readable.from(raw), { store, tmpDir, maxBytes: 8 << 20 });
+    const { blobPath } = store.splitPathsOf(layer.digest);
+    const blob = readFileSync(blobPath);
+    const table = parseChunkTable((await store.chunkTable(layer.digest))!);
+    const chunks = new GzippedChunks(store, 1);
+    const run = await chunks.range(layer.digest, blobPath, table.chunkSizeBytes, blob.length - 1); // chunks 1 to the last
+    expect(gunzipSync(run).equals(blob.subarray(table.chunkSizeBytes))).toBe(true);
+    const madeAll = table.chunks.slice(1).map((_c, i) => String(i + 1)).sort();
+    expect(madeAll.length).toBeGreaterThan(2);
+    expect((await readdir(store.gzippedChunksDirOf(layer.digest))).sort()).toEqual(madeAll);
+    // Kept: served from the files (a changed file shows), not gzipped again.
+    const one = path.join(store.gzippedChunksDirOf(layer.digest), '1');
+    const firstMade = (await stat(one)).mtimeMs;
+    expect(gunzipSync(await chunks.range(layer.digest, blobPath, table.chunkSizeBytes, 2 * table.chunkSizeBytes - 1)).equals(blob.subarray(table.chunkSizeBytes, 2 * table.chunkSizeBytes))).toBe(true);
+    expect((await stat(one)).mtimeMs).toBe(firstMade);
+    // Not whole chunks: those bytes, gzipped now, nothing kept.
+    expect(gunzipSync(await chunks.range(layer.digest, blobPath, 10, 5000)).equals(blob.subarray(10, 5001))).toBe(true);
+    expect((await readdir(store.gzippedChunksDirOf(layer.digest))).sort()).toEqual(madeAll);
+    await store.remove(layer.digest);
+    expect(existsSync(store.gzippedChunksDirOf(layer.digest))).toBe(false);
   });
 });
 

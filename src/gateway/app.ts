@@ -44,6 +44,8 @@ export interface GatewayDeps {
   buildLayer: LayerBuilder;
   /** The layer store the layer routes serve files from. */
   layerStore: LayerRouteDeps['store'];
+  /** Blob ranges gzipped for the hosts that read layers on demand (none: ROLLBOX_LAYER_BLOB_GZIP_LEVEL 0). */
+  gzippedChunks?: LayerRouteDeps['gzippedChunks'];
   images: ImageRouteDeps;
   directory: Pick<NodeDirectory, 'list'>;
   metrics: Pick<GatewayMetrics, 'registry' | 'middleware'>;
@@ -116,7 +118,7 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   registerBatchRoutes(app, deps.batches);
   registerBatchPage(app);
   if (deps.jobQueues) registerQueueBoard(app, { verifier: deps.verifier, queues: deps.jobQueues });
-  registerLayerRoutes(app, { layers: deps.layers, buildLayer: deps.buildLayer, store: deps.layerStore, uploadLimitBytes: deps.config.http.layerUploadLimitBytes, blobGzipLevel: deps.config.http.layerBlobGzipLevel, now: deps.now });
+  registerLayerRoutes(app, { layers: deps.layers, buildLayer: deps.buildLayer, store: deps.layerStore, uploadLimitBytes: deps.config.http.layerUploadLimitBytes, ...(deps.gzippedChunks ? { gzippedChunks: deps.gzippedChunks } : {}), now: deps.now });
   registerImageRoutes(app, deps.images);
   registerClusterRoutes(app, { directory: deps.directory, burst: deps.burst, jsonLimit });
   if (deps.console) {

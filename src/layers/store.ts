@@ -65,6 +65,11 @@ export class LayerStore {
     return { tablePath: `${base}.chunks`, metaPath: `${base}.meta`, blobPath: `${base}.blob` };
   }
 
+  /** Where the origin keeps the layer's blob chunks gzipped (gzipped-chunks.ts). */
+  gzippedChunksDirOf(digest: string): string {
+    return path.join(this.dir, 'sha256', `${hexOfDigest(digest)}.gz`);
+  }
+
   /** The layer's files, or undefined when it is not stored here. */
   async locate(digest: string): Promise<LayerFiles | undefined> {
     const split = this.splitPathsOf(digest);
@@ -187,6 +192,7 @@ export class LayerStore {
   async remove(digest: string): Promise<void> {
     const split = this.splitPathsOf(digest);
     for (const p of [split.tablePath, split.metaPath, split.blobPath, this.imagePathOf(digest)]) await rm(p, { force: true });
+    await rm(this.gzippedChunksDirOf(digest), { recursive: true, force: true });
   }
 }
 
