@@ -1,0 +1,156 @@
+import { execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { ForkResult } from '../src/api/index.ts';
+import { vmNetnsOf } from '../src/workers/microvm/net.ts';
+import { vethOf } from '../src/workers/network/index.ts';
+import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
+import { qemuPidsUnder } from './support/qemu.ts';
+import { startTargetNetns, type TargetNetns } from './support/target-netns.ts';
+
+/**
+ * Forks of a microVM that keep its processes: one save of the VM (memory, devices, disk),
+ * restored N times, each child renamed, its clock set and its entropy reseeded, with its own
+ * network lease. Real QEMU (TCG here), gateway, Redis, one worker host; one parent VM (with a
+ * NIC to a namespace this test made) reused by every case, to keep the boots few.
+ */
+const PORT = 7121;
+const RAM_DIR = '/dev/shm';
+/** Room for the parent and the children of each case; the capacity case asks more of each child. */
+const NODE_MEMORY_MIB = 1024;
+
+let cluster: TestCluster;
+let token: string;
+let target: TargetNetns;
+
+beforeAll(async () => {
+  target = await startTargetNetns({ subnet: 93, holdPort: PORT + 1, ports: [PORT] });
+  cluster = await startTestCluster({
+    workers: [{ nodeId: 'vmfork-a', env: { ROLLBOX_NODE_MEMORY_MIB: String(NODE_MEMORY_MIB) } }],
+    env: { ROLLBOX_NET_STATIC_HOSTS: `allowed.name=${target.address}` },
+  });
+  token = await cluster.token('vmfork-team', ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'sandbox:policy', 'sandbox:snapshot']);
+}, 60_000);
+afterAll(async () => {
+  await cluster?.stop();
+  await target?.stop();
+  if (!cluster) return;
+  expect(qemuPidsUnder(cluster.rootDir)).toEqual([]);
+  expect(fs.readdirSync(RAM_DIR).filter((n) => n.startsWith('rollbox-vm-ram-vmfork-'))).toEqual([]);
+}, 60_000);
+
+const sh = async (id: string, cmd: string): Promise<string> => {
+  const r = await api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, { cmd, timeoutMs: 30_000 });
+  expect(r.status, `${cmd}: ${JSON.stringify(r.body)}`).toBe(200);
+  expect(r.body.exitCode, `${cmd}: ${JSON.stringify(r.body)}`).toBe(0);
+  return (r.body.stdout as string).trim();
+};
+const fork = (id: string, body: object, headers: Record<string, string> = {}) => api<ForkResult & { error?: { code: string; message: string } }>(cluster, token, 'POST', `/v1/sandboxes/${id}/fork`, body, headers);
+const childIds = (r: ForkResult) => r.children.filter((c) => c.id && c.state === 'running').map((c) => c.id!);
+const forkImages = () => fs.readdirSync(path.join(cluster.rootDir, 'layers', 'vmforks'), { withFileTypes: true }).map((e) => e.name);
+const remove = async (ids: string[]) => {
+  for (const id of ids) expect((await api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`)).status).toBeLessThan(300);
+};
+/** Nothing of a deleted VM is left on the host: its QEMU, RAM file, namespace, veth, cgroup. */
+const nothingLeftOf = (ids: string[]) => {
+  const ramFiles = fs.readdirSync(path.join(RAM_DIR, 'rollbox-vm-ram-vmfork-a'), { withFileTypes: true }).map((e) => e.name);
+  const netns = execFileSync('ip', ['netns', 'list'], { encoding: 'utf8' });
+  const links = execFileSync('ip', ['-o', 'link'], { encoding: 'utf8' });
+  const cgroups = execFileSync('find', ['/sys/fs/cgroup/memory/', '-maxdepth', '4', '-name', 'vm-*'], { encoding: 'utf8' });
+  for (const id of ids) {
+    expect(ramFiles).not.toContain(`${id}.ram`);
+    expect(netns).not.toContain(vmNetnsOf(id));
+    expect(links).not.toContain(vethOf(id));
+    expect(cgroups).not.toContain(`vm-${id}`);
+  }
+};
+
+describe('microVM fork keeps processes', () => {
+  let parent: string;
+  let pid: string;
+  let secret: string;
+  let blobSha: string;
+  let parentAddress: string;
+
+  /** The detached process is there, with the value the parent's had, and counts on. */
+  const expectParentsProcess = async (id: string) => {
+    expect(await sh(id, `kill -0 ${pid} && echo alive`)).toBe('alive');
+    const first = await sh(id, 'cat /tmp/beat');
+    await waitFor(`the process beats on in ${id}`, async () => (await sh(id, 'cat /tmp/beat')) !== first);
+    const [value, count] = (await sh(id, 'cat /tmp/beat')).split(' ');
+    expect(value).toBe(secret);
+    return Number(count);
+  };
+  const addressOf = async (id: string) => /inet (10\.\d+\.\d+\.\d+)\/30/.exec(await sh(id, 'ip -4 -o addr show eth0'))![1]!;
+
+  it('forks a running VM into 3: each has the same process, value and tmpfs, its own name, clock, entropy and address; the parent runs on', async () => {
+    const created = await api(cluster, token, 'POST', '/v1/sandboxes', { tier: 'microvm', resources: { memoryMiB: 192, cpuMillis: 1000 }, network: { mode: 'allowlist', allow: [{ host: 'allowed.name', ports: [PORT] }] } });
+    expect(created.status, JSON.stringify(created.body)).toBe(201);
+    parent = created.body.id;
+    // A value only the process holds (a shell variable), written out every 200 ms with a count.
+    pid = await sh(parent, 'v=$(head -c 8 /dev/urandom | od -An -tx1 | tr -d " \\n"); (i=0; while :; do i=$((i+1)); echo "$v $i" > /tmp/beat; sleep 0.2; done) </dev/null >/dev/null 2>&1 & echo $!');
+    await waitFor('the process beats', async () => (await sh(parent, 'cat /tmp/beat 2>/dev/null || true')).includes(' '));
+    secret = (await sh(parent, 'cat /tmp/beat')).split(' ')[0]!;
+    blobSha = await sh(parent, 'head -c 16777216 /dev/urandom > /dev/shm/blob && echo on-disk > /root/file && sha256sum /dev/shm/blob | cut -d" " -f1');
+    parentAddress = await addressOf(parent);
+    // A command still running at the fork point: its caller gets its result from the parent.
+    const running = await api(cluster, token, 'POST', `/v1/sandboxes/${parent}/exec`, { cmd: 'sleep 3; echo finished > /tmp/cmd-done; echo out', background: true });
+    expect(running.status, JSON.stringify(running.body)).toBe(202);
+
+    const startedAt = Date.now();
+    const forked = await fork(parent, { count: 3, labels: { branch: 'b' } });
+    const forkMs = Date.now() - startedAt;
+    expect(forked.status, JSON.stringify(forked.body)).toBe(201);
+    expect(forked.body).toMatchObject({ parent, parentKind: 'sandbox', processes: true, created: 3, refused: 0, detachedCommands: [running.body.commandId] });
+    expect(forked.body.forkLayer).toBeUndefined();
+    console.log(`microVM fork into 3 (TCG): ${forkMs} ms to all running, parent frozen ${forked.body.parentFrozenMs?.toFixed(1)} ms`);
+    expect(forked.body.parentFrozenMs).toBeGreaterThan(0);
+    const children = childIds(forked.body);
+    expect(children).toHaveLength(3);
+    // The image went once every child had started.
+    expect(forkImages()).toEqual([]);
+
+    const parentName = await sh(parent, 'hostname');
+    expect(parentName).toBe(`rb-${parent}`);
+    const names = new Set([parentName]);
+    const randoms = new Set<string>();
+    const addresses = new Set([parentAddress]);
+    const counts: number[] = [];
+    for (const child of children) {
+      const record = await api(cluster, token, 'GET', `/v1/sandboxes/${child}`);
+      expect(record.body).toMatchObject({ state: 'running', spec: { tier: 'microvm', labels: { branch: 'b' } }, lineage: { parent, parentKind: 'sandbox', forkPoint: forked.body.forkPoint, processes: true } });
+      counts.push(await expectParentsProcess(child));
+      expect(await sh(child, 'sha256sum /dev/shm/blob | cut -d" " -f1; cat /root/file')).toBe(`${blobSha}\non-disk`);
+      names.add(await sh(child, 'hostname'));
+      randoms.add(await sh(child, 'head -c 16 /dev/urandom | od -An -tx1 | tr -d " \\n"'));
+      expect(Math.abs(Number(await sh(child, 'date +%s')) - Date.now() / 1000)).toBeLessThan(3);
+      // Its own lease (the net frame): its address, and the allowlist it inherited, work.
+      addresses.add(await addressOf(child));
+      expect(await sh(child, `echo | nc -w 3 allowed.name ${PORT}`)).toContain(`hello ${PORT}`);
+      // Nothing of the parent's command in its log; its process ran on, detached.
+      const log = (await api(cluster, token, 'GET', `/v1/sandboxes/${child}/commands`)).body.commands as { commandId: string }[];
+      expect(log.map((c) => c.commandId)).not.toContain(running.body.commandId);
+    }
+    expect([...names].sort()).toEqual([parent, ...children].map((id) => `rb-${id}`).sort());
+    expect(randoms.size).toBe(3);
+    expect(addresses.size).toBe(4);
+    // Each counts on by itself: a moment later every child is further along than it was.
+    await new Promise((r) => setTimeout(r, 600));
+    for (const [i, child] of children.entries()) expect(Number((await sh(child, 'cat /tmp/beat')).split(' ')[1])).toBeGreaterThan(counts[i]!);
+
+    // The parent's command ends for its caller; in each child its process finished too, unseen.
+    await waitFor('the parent command ends', async () => (await api(cluster, token, 'GET', `/v1/sandboxes/${parent}/commands/${running.body.commandId}`)).body.state !== 'running');
+    const result = await api(cluster, token, 'GET', `/v1/sandboxes/${parent}/commands/${running.body.commandId}`);
+    expect(result.body).toMatchObject({ result: { exitCode: 0 }, stdout: 'out\n' });
+    for (const child of children) await waitFor(`the detached command ends in ${child}`, async () => (await sh(child, 'cat /tmp/cmd-done 2>/dev/null || true')) === 'finished');
+
+    // A write in one child is its own.
+    await sh(children[0]!, 'echo mine > /root/file && echo mine > /dev/shm/note');
+    for (const id of [parent, ...children.slice(1)]) expect(await sh(id, 'cat /root/file; cat /dev/shm/note 2>/dev/null || echo none')).toBe('on-disk\nnone');
+    // The parent ran on.
+    await expectParentsProcess(parent);
+    await remove(children);
+    nothingLeftOf(children);
+  }, 240_000);
+});
