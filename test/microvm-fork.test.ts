@@ -17,8 +17,8 @@ import { startTargetNetns, type TargetNetns } from './support/target-netns.ts';
  */
 const PORT = 7121;
 const RAM_DIR = '/dev/shm';
-/** Room for the parent and the children of each case; the capacity case asks more of each child. */
-const NODE_MEMORY_MIB = 1024;
+/** Room for the parent and the children of each case (64 MiB reserved each); the capacity case asks more of each child. */
+const NODE_MEMORY_MIB = 450;
 
 let cluster: TestCluster;
 let token: string;
@@ -54,7 +54,8 @@ const remove = async (ids: string[]) => {
 };
 /** Nothing of a deleted VM is left on the host: its QEMU, RAM file, namespace, veth, cgroup. */
 const nothingLeftOf = (ids: string[]) => {
-  const ramFiles = fs.readdirSync(path.join(RAM_DIR, 'rollbox-vm-ram-vmfork-a'), { withFileTypes: true }).map((e) => e.name);
+  const ramDir = path.join(RAM_DIR, 'rollbox-vm-ram-vmfork-a');
+  const ramFiles = fs.existsSync(ramDir) ? fs.readdirSync(ramDir) : [];
   const netns = execFileSync('ip', ['netns', 'list'], { encoding: 'utf8' });
   const links = execFileSync('ip', ['-o', 'link'], { encoding: 'utf8' });
   const cgroups = execFileSync('find', ['/sys/fs/cgroup/memory/', '-maxdepth', '4', '-name', 'vm-*'], { encoding: 'utf8' });
@@ -72,6 +73,8 @@ describe('microVM fork keeps processes', () => {
   let secret: string;
   let blobSha: string;
   let parentAddress: string;
+  /** A child of the first fork, kept to see it outlive its parent. */
+  let survivor: string;
 
   /** The detached process is there, with the value the parent's had, and counts on. */
   const expectParentsProcess = async (id: string) => {
@@ -150,7 +153,104 @@ describe('microVM fork keeps processes', () => {
     for (const id of [parent, ...children.slice(1)]) expect(await sh(id, 'cat /root/file; cat /dev/shm/note 2>/dev/null || echo none')).toBe('on-disk\nnone');
     // The parent ran on.
     await expectParentsProcess(parent);
-    await remove(children);
-    nothingLeftOf(children);
+    survivor = children[1]!;
+    await remove([children[0]!, children[2]!]);
+    nothingLeftOf([children[0]!, children[2]!]);
   }, 240_000);
+
+  it('forks a paused VM as it is (the parent stays paused, not frozen again); an Idempotency-Key forks once', async () => {
+    expect((await api(cluster, token, 'POST', `/v1/sandboxes/${parent}/pause`, { mode: 'freeze' })).body.state).toBe('paused');
+    const headers = { 'idempotency-key': `vmfork-${parent}` };
+    const forked = await fork(parent, { count: 1 }, headers);
+    expect(forked.status, JSON.stringify(forked.body)).toBe(201);
+    expect(forked.body).toMatchObject({ processes: true, created: 1, parentFrozenMs: 0 });
+    const [child] = childIds(forked.body);
+    const again = await fork(parent, { count: 1 }, headers);
+    expect(again.status, JSON.stringify(again.body)).toBe(200);
+    expect(childIds(again.body)).toEqual([child]);
+    expect((await api(cluster, token, 'GET', `/v1/sandboxes/${parent}`)).body.state).toBe('paused');
+    // The child runs (a paused parent's sandbox was frozen in its guest: the restore thaws it).
+    await expectParentsProcess(child!);
+    expect(await sh(child!, 'hostname')).toBe(`rb-${child}`);
+    expect((await api(cluster, token, 'POST', `/v1/sandboxes/${parent}/resume`, {})).body.state).toBe('running');
+    await expectParentsProcess(parent);
+    await remove([child!]);
+  }, 120_000);
+
+  it('forks a VM hibernated whole from its saved image without waking it; the parent wakes as it was after; deleting it leaves its children', async () => {
+    const hibernated = await api(cluster, token, 'POST', `/v1/sandboxes/${parent}/pause`, { mode: 'hibernate' });
+    expect(hibernated.body, JSON.stringify(hibernated.body)).toMatchObject({ state: 'hibernated', hibernatedWhole: true });
+    const forked = await fork(parent, { count: 1 });
+    expect(forked.status, JSON.stringify(forked.body)).toBe(201);
+    expect(forked.body).toMatchObject({ processes: true, created: 1 });
+    expect(forked.body.parentFrozenMs).toBeUndefined();
+    const [child] = childIds(forked.body);
+    expect((await api(cluster, token, 'GET', `/v1/sandboxes/${parent}`)).body).toMatchObject({ state: 'hibernated', hibernatedWhole: true });
+    expect(forkImages()).toEqual([]);
+    await expectParentsProcess(child!);
+    expect(await sh(child!, 'sha256sum /dev/shm/blob | cut -d" " -f1; hostname')).toBe(`${blobSha}\nrb-${child}`);
+    expect(await addressOf(child!)).not.toBe(parentAddress);
+
+    const woken = await api(cluster, token, 'POST', `/v1/sandboxes/${parent}/resume`, {});
+    expect(woken.body, JSON.stringify(woken.body)).toMatchObject({ state: 'running' });
+    await expectParentsProcess(parent);
+    expect(await sh(parent, 'hostname')).toBe(`rb-${parent}`);
+
+    await remove([parent]);
+    for (const id of [child!, survivor]) await expectParentsProcess(id);
+    await remove([child!, survivor]);
+    nothingLeftOf([parent, child!, survivor]);
+  }, 120_000);
+});
+
+describe('microVM fork: what it refuses, coded', () => {
+  let vm: string;
+
+  it('answers what a restored child cannot be with coded errors, before the parent is stopped', async () => {
+    const created = await api(cluster, token, 'POST', '/v1/sandboxes', { tier: 'microvm', resources: { memoryMiB: 160, cpuMillis: 1000 } });
+    expect(created.status, JSON.stringify(created.body)).toBe(201);
+    vm = created.body.id;
+    await sh(vm, '(while :; do sleep 0.2; done) </dev/null >/dev/null 2>&1 &');
+    const refusals: [object, number, string][] = [
+      [{ count: 1, resources: { memoryMiB: 256 } }, 400, 'invalid_request'],
+      [{ count: 1, resources: { cpuMillis: 1500 } }, 400, 'invalid_request'],
+      [{ count: 1, resources: { diskMiB: 2048 } }, 400, 'invalid_request'],
+      [{ count: 1, snapshot: {} }, 400, 'invalid_request'],
+      // No NIC to restore: a child cannot get one.
+      [{ count: 1, network: { mode: 'allowlist', allow: [{ host: 'allowed.name', ports: [PORT] }] } }, 501, 'tier_unsupported'],
+    ];
+    for (const [body, status, code] of refusals) {
+      const r = await fork(vm, body);
+      expect([r.status, r.body.error?.code], JSON.stringify(r.body)).toEqual([status, code]);
+    }
+    expect(forkImages()).toEqual([]);
+    // Files only, asked: a fresh VM of another size over the parent's files.
+    const files = await fork(vm, { count: 1, processes: false, resources: { memoryMiB: 192 } });
+    expect(files.status, JSON.stringify(files.body)).toBe(201);
+    expect(files.body).toMatchObject({ processes: false, created: 1 });
+    await remove(childIds(files.body));
+    // A container cannot keep processes.
+    const container = await api(cluster, token, 'POST', '/v1/sandboxes', {});
+    const refused = await fork(container.body.id, { count: 1, processes: true });
+    expect([refused.status, refused.body.error?.code], JSON.stringify(refused.body)).toEqual([501, 'tier_unsupported']);
+    await remove([container.body.id]);
+  }, 120_000);
+
+  it('children refused for capacity are reported with their code, the rest created, nothing left of them; a child without a NIC stays without', async () => {
+    const before = qemuPidsUnder(cluster.rootDir).length;
+    // Each child reserves all of its 160 MiB: two fit beside the parent's 64 in the host's 450, the third does not.
+    const forked = await fork(vm, { count: 3, resources: { requests: { memoryMiB: 160 } } });
+    expect(forked.status, JSON.stringify(forked.body)).toBe(201);
+    expect(forked.body).toMatchObject({ processes: true, created: 2, refused: 1 });
+    const refused = forked.body.children.filter((c) => c.state !== 'running');
+    expect(refused).toHaveLength(1);
+    expect(['no_capacity', 'admission_exhausted']).toContain(refused[0]!.error!.code);
+    if (refused[0]!.id) expect((await api(cluster, token, 'GET', `/v1/sandboxes/${refused[0]!.id}`)).body).toMatchObject({ state: 'failed', failureReason: 'admission_exhausted' });
+    expect(qemuPidsUnder(cluster.rootDir)).toHaveLength(before + 2);
+    expect(forkImages()).toEqual([]);
+    const children = childIds(forked.body);
+    for (const child of children) expect(await sh(child, 'ls /sys/class/net; hostname')).toBe(`lo\nrb-${child}`);
+    await remove([vm, ...children]);
+    nothingLeftOf([vm, ...children]);
+  }, 120_000);
 });
