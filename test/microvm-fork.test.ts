@@ -27,7 +27,8 @@ let target: TargetNetns;
 beforeAll(async () => {
   target = await startTargetNetns({ subnet: 93, holdPort: PORT + 1, ports: [PORT] });
   cluster = await startTestCluster({
-    workers: [{ nodeId: 'vmfork-a', env: { ROLLBOX_NODE_MEMORY_MIB: String(NODE_MEMORY_MIB) } }],
+    // A short command grace: a command left running in a child's init past it would be killed, unless released (the rule checked below).
+    workers: [{ nodeId: 'vmfork-a', env: { ROLLBOX_NODE_MEMORY_MIB: String(NODE_MEMORY_MIB), ROLLBOX_COMMAND_GRACE_MS: '1000' } }],
     env: { ROLLBOX_NET_STATIC_HOSTS: `allowed.name=${target.address}` },
   });
   token = await cluster.token('vmfork-team', ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'sandbox:policy', 'sandbox:snapshot']);
@@ -97,8 +98,9 @@ describe('microVM fork keeps processes', () => {
     secret = (await sh(parent, 'cat /tmp/beat')).split(' ')[0]!;
     blobSha = await sh(parent, 'head -c 16777216 /dev/urandom > /dev/shm/blob && echo on-disk > /root/file && sha256sum /dev/shm/blob | cut -d" " -f1');
     parentAddress = await addressOf(parent);
-    // A command still running at the fork point: its caller gets its result from the parent.
-    const running = await api(cluster, token, 'POST', `/v1/sandboxes/${parent}/exec`, { cmd: 'sleep 3; echo finished > /tmp/cmd-done; echo out', background: true });
+    // A command still running at the fork point: its caller gets its result from the parent; in
+    // each child it runs to its end (past the init's grace for commands nobody holds), unseen.
+    const running = await api(cluster, token, 'POST', `/v1/sandboxes/${parent}/exec`, { cmd: 'sleep 4; echo finished > /tmp/cmd-done; echo out', background: true });
     expect(running.status, JSON.stringify(running.body)).toBe(202);
 
     const startedAt = Date.now();
