@@ -55,8 +55,10 @@ const remove = async (ids: string[]) => {
 };
 /** Nothing of a deleted VM is left on the host: its QEMU, RAM file, namespace, veth, cgroup. */
 const nothingLeftOf = (ids: string[]) => {
-  const ramDir = path.join(RAM_DIR, 'rollbox-vm-ram-vmfork-a');
-  const ramFiles = fs.existsSync(ramDir) ? fs.readdirSync(ramDir) : [];
+  const ramFiles = ['a', 'b'].flatMap((host) => {
+    const ramDir = path.join(RAM_DIR, `rollbox-vm-ram-vmfork-${host}`);
+    return fs.existsSync(ramDir) ? fs.readdirSync(ramDir) : [];
+  });
   const netns = execFileSync('ip', ['netns', 'list'], { encoding: 'utf8' });
   const links = execFileSync('ip', ['-o', 'link'], { encoding: 'utf8' });
   const cgroups = execFileSync('find', ['/sys/fs/cgroup/memory/', '-maxdepth', '4', '-name', 'vm-*'], { encoding: 'utf8' });
@@ -252,7 +254,21 @@ describe('microVM fork: what it refuses, coded', () => {
     expect(forkImages()).toEqual([]);
     const children = childIds(forked.body);
     for (const child of children) expect(await sh(child, 'ls /sys/class/net; hostname')).toBe(`lo\nrb-${child}`);
-    await remove([vm, ...children]);
-    nothingLeftOf([vm, ...children]);
+
+    // Another host sharing the layer store: the children that do not fit beside the parent are
+    // restored there from the image; a child forks again (its image saved on that host).
+    await cluster.addWorker({ nodeId: 'vmfork-b', env: { ROLLBOX_NODE_MEMORY_MIB: String(NODE_MEMORY_MIB), ROLLBOX_COMMAND_GRACE_MS: '1000' } });
+    const elsewhere = await fork(vm, { count: 1, resources: { requests: { memoryMiB: 160 } } });
+    expect(elsewhere.body, JSON.stringify(elsewhere.body)).toMatchObject({ processes: true, created: 1 });
+    const [moved] = childIds(elsewhere.body);
+    expect((await api(cluster, token, 'GET', `/v1/sandboxes/${moved}`)).body.node).toBe('vmfork-b');
+    const again = await fork(moved!, { count: 1 });
+    expect(again.body, JSON.stringify(again.body)).toMatchObject({ processes: true, created: 1 });
+    const [grandchild] = childIds(again.body);
+    expect((await api(cluster, token, 'GET', `/v1/sandboxes/${grandchild}`)).body.lineage).toMatchObject({ parent: moved, processes: true });
+    expect(await sh(grandchild!, 'hostname; ls /sys/class/net')).toBe(`rb-${grandchild}\nlo`);
+    expect(forkImages()).toEqual([]);
+    await remove([vm, ...children, moved!, grandchild!]);
+    nothingLeftOf([vm, ...children, moved!, grandchild!]);
   }, 120_000);
 });
