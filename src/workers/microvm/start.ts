@@ -11,6 +11,7 @@ import { inCgroupPrefix, makeVmCgroup, vmCgroupRel } from './cgroup.ts';
 import { loadVm, readImage } from './hibernation.ts';
 import type { VmLazyHolds } from './lazy-blobs.ts';
 import { attachVmNetwork, nicPolicy, VM_TAP } from './net.ts';
+import { monitorReady } from './qmp.ts';
 import { startQemu } from './qemu.ts';
 import { writeVmFile, type StartedWith, type Vm, type VmFile } from './vm.ts';
 import { hidePaths, type VmOpsDeps } from './vm-ops.ts';
@@ -101,7 +102,10 @@ export async function startVm(host: VmStartHost, spec: SandboxRuntimeSpec): Prom
   const vm = await host.adopt(spec.sandboxId, file).catch(async (err: Error) => {
     throw new Error(`${err.message}; console: ${await consoleTail(dir)}`);
   });
-  if (image) await loadVm(path.join(dir, 'qmp.sock'), image);
+  if (image) {
+    await monitorReady(path.join(dir, 'qmp.sock'), host.bootTimeoutMs);
+    await loadVm(path.join(dir, 'qmp.sock'), image);
+  }
   await vm.channel.ready(host.bootTimeoutMs).catch(async (err: Error) => {
     throw new Error(`${err.message}; console: ${await consoleTail(dir)}`);
   });
