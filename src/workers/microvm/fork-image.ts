@@ -29,8 +29,8 @@ export interface ForkSave {
  * The VM is stopped (QMP `stop`: QEMU flushes its disks) only while its device state is
  * streamed out (x-ignore-shared: about 70 KiB), its RAM file is copied to a tmpfs beside it
  * (memory to memory, the fastest copy this host has: ~1 GB/s) and its disk is copied (a
- * reflink where the layer store's filesystem has them) into the image, the three at once;
- * then it runs on
+ * reflink where the VM's directory and the layer store share a filesystem that has them)
+ * into the image, the three at once; then it runs on
  * (`cont`), and the RAM copy goes into the layer store while it runs. A paused VM stays
  * stopped (frozenMs 0). Why a copy while stopped and not QEMU's pre-copy migration (17-24 ms
  * stopped): docs/microvm.md, "Forks keep processes".
