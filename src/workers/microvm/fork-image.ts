@@ -66,6 +66,12 @@ export async function saveForkImage(vm: ForkSave, imageDir: string): Promise<{ f
             await qmp.command('cont');
             resumed = true;
             frozenMs = performance.now() - stoppedAt!;
+          } else {
+            // A migration leaves a stopped VM "postmigrate", which QEMU will not migrate again (a
+            // second fork, a hibernation): run for a moment and stopped again, it is plainly paused.
+            // Its sandbox stays frozen in the guest (pauseVm), so none of its processes runs.
+            await qmp.command('cont');
+            await qmp.command('stop');
           }
         }
       },
