@@ -16,6 +16,8 @@ import { startTargetNetns, type TargetNetns } from './support/target-netns.ts';
  * NIC to a namespace this test made) reused by every case, to keep the boots few.
  */
 const PORT = 7121;
+/** A second port of the target, for a child given another stage than its parent's. */
+const OTHER_PORT = 7123;
 const RAM_DIR = '/dev/shm';
 /** Room for the parent and the children of each case (64 MiB reserved each); the capacity case asks more of each child. */
 const NODE_MEMORY_MIB = 450;
@@ -25,7 +27,7 @@ let token: string;
 let target: TargetNetns;
 
 beforeAll(async () => {
-  target = await startTargetNetns({ subnet: 93, holdPort: PORT + 1, ports: [PORT] });
+  target = await startTargetNetns({ subnet: 93, holdPort: PORT + 1, ports: [PORT, OTHER_PORT] });
   cluster = await startTestCluster({
     // A short command grace: a command left running in a child's init past it would be killed, unless released (the rule checked below).
     workers: [{ nodeId: 'vmfork-a', env: { ROLLBOX_NODE_MEMORY_MIB: String(NODE_MEMORY_MIB), ROLLBOX_COMMAND_GRACE_MS: '1000' } }],
@@ -188,7 +190,8 @@ describe('microVM fork keeps processes', () => {
   it('forks a VM hibernated whole from its saved image without waking it; the parent wakes as it was after; deleting it leaves its children', async () => {
     const hibernated = await api(cluster, token, 'POST', `/v1/sandboxes/${parent}/pause`, { mode: 'hibernate' });
     expect(hibernated.body, JSON.stringify(hibernated.body)).toMatchObject({ state: 'hibernated', hibernatedWhole: true });
-    const forked = await fork(parent, { count: 1 });
+    // The child gets its own stage: another port than the parent's allowlist.
+    const forked = await fork(parent, { count: 1, network: { mode: 'allowlist', allow: [{ host: 'allowed.name', ports: [OTHER_PORT] }] } });
     expect(forked.status, JSON.stringify(forked.body)).toBe(201);
     expect(forked.body).toMatchObject({ processes: true, created: 1 });
     expect(forked.body.parentFrozenMs).toBeUndefined();
@@ -198,6 +201,8 @@ describe('microVM fork keeps processes', () => {
     await expectParentsProcess(child!);
     expect(await sh(child!, 'sha256sum /dev/shm/blob | cut -d" " -f1; hostname')).toBe(`${blobSha}\nrb-${child}`);
     expect(await addressOf(child!)).not.toBe(parentAddress);
+    expect(await sh(child!, `echo | nc -w 3 allowed.name ${OTHER_PORT}`)).toContain(`hello ${OTHER_PORT}`);
+    expect(await sh(child!, `echo | nc -w 3 allowed.name ${PORT} || echo refused`)).toBe('refused');
 
     const woken = await api(cluster, token, 'POST', `/v1/sandboxes/${parent}/resume`, {});
     expect(woken.body, JSON.stringify(woken.body)).toMatchObject({ state: 'running' });
