@@ -4,19 +4,25 @@
  * creates on it (issued at once, as a client would), and N plain creates from the base
  * (the floor: starting N sandboxes at all), in the same run. Per cell: time until every
  * child runs, the parent's frozen time, bytes the host wrote (layer store plus scratch
- * filesystem). Ends with one JSON line.
+ * filesystem). Then the microVM arm (support/fork-microvm.ts): a VM with 64 MiB of memory
+ * touched forked into N children that keep its processes, beside a container's fork in the
+ * same run (BENCH_FORK_TIERS=container,microvm; a host without the microVM tier skips it).
+ * Ends with one JSON line.
  */
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { api, startTestCluster } from '../test/support/cluster.ts';
 import { timed } from './support/runc-floor.ts';
+import { microVmForkArm, type VmForkCell } from './support/fork-microvm.ts';
 import { progressBar, summarize } from '../src/report/index.ts';
 
 const SIZES_MIB = (process.env.BENCH_FORK_MIB ?? '16,64,256').split(',').map(Number);
 const COUNTS = (process.env.BENCH_FORK_CHILDREN ?? '1,8,32').split(',').map(Number);
 const RUNS = Number(process.env.BENCH_RUNS ?? 2);
 const FILES = 1000;
+const TIERS = (process.env.BENCH_FORK_TIERS ?? 'container,microvm').split(',');
+const VM_COUNTS = (process.env.BENCH_FORK_VM_CHILDREN ?? '1,4,8').split(',').map(Number);
 
 const cluster = await startTestCluster({ workers: [{ nodeId: 'bench-fork' }] });
 process.once('SIGINT', () => void cluster.stop().finally(() => process.exit(130)));
@@ -59,8 +65,9 @@ try {
   };
   const createN = async (n: number, body: unknown) => Promise.all(Array.from({ length: n }, async () => (await call('POST', '/v1/sandboxes', body)).id as string));
   const cells: Cell[] = [];
-  const bar = progressBar('fork vs snapshot + creates', { total: SIZES_MIB.length * COUNTS.length * RUNS });
-  for (const mib of SIZES_MIB) {
+  const containerCells = TIERS.includes('container') ? SIZES_MIB.length * COUNTS.length : 0;
+  const bar = progressBar('fork vs snapshot + creates', { total: containerCells * RUNS });
+  for (const mib of containerCells ? SIZES_MIB : []) {
     const resources = { memoryMiB: 256, diskMiB: mib * 2 + 128 };
     const parent = await call('POST', '/v1/sandboxes', { resources });
     const fileBytes = Math.floor((mib * 1024 * 1024) / FILES);
@@ -119,16 +126,29 @@ try {
     await call('DELETE', `/v1/sandboxes/${parent.id}`);
   }
   bar.done();
-  const target = cells.find((c) => c.writtenMiB === 64 && c.children === 8) ?? cells[0]!;
+  let microvm: { accelerator: string; cells: VmForkCell[] } | undefined;
+  const admin = await cluster.token('bench-admin', ['admin']);
+  // The first heartbeat names the host's accelerator (none: no microVM tier on this host).
+  let accelerator: string | undefined;
+  for (let i = 0; i < 50 && !accelerator; i++) {
+    accelerator = (await api(cluster, admin, 'GET', '/v1/nodes')).body.nodes?.[0]?.tiers?.microvm?.accelerator as string | undefined;
+    if (!accelerator) await new Promise((r) => setTimeout(r, 200));
+  }
+  if (TIERS.includes('microvm') && accelerator) {
+    const vmBar = progressBar(`microVM fork (${accelerator}) beside a container's`, { total: VM_COUNTS.length * RUNS });
+    microvm = { accelerator, cells: await microVmForkArm(cluster, token, VM_COUNTS, RUNS, () => vmBar.tick()) };
+    vmBar.done();
+  }
+  const target = cells.find((c) => c.writtenMiB === 64 && c.children === 8) ?? cells[0];
+  const vmTarget = microvm?.cells.find((c) => c.children === 8) ?? microvm?.cells.at(-1);
   console.log(
     JSON.stringify({
       bench: 'fork',
-      p50Ms: target.forkMs,
-      floorP50Ms: target.snapshotCreatesMs,
-      ratioP50: target.ratioToSnapshotCreates,
-      parentFrozenMs: target.parentFrozenMs,
-      note: 'p50Ms = fork of a 64 MiB sandbox into 8 children until all run; floor = snapshot + 8 creates at once on it; parentFrozenMs = the parent frozen while its writable layer is packed; targets: ratio <= 0.5, frozen <= 100 ms',
+      ...(target ? { p50Ms: target.forkMs, floorP50Ms: target.snapshotCreatesMs, ratioP50: target.ratioToSnapshotCreates, parentFrozenMs: target.parentFrozenMs } : {}),
+      ...(vmTarget ? { microvmP50Ms: vmTarget.vmForkMs, microvmParentFrozenMs: vmTarget.vmParentFrozenMs, microvmRatioToContainer: vmTarget.ratioVmToContainer } : {}),
+      note: `p50Ms = fork of a 64 MiB sandbox into 8 children until all run; floor = snapshot + 8 creates at once on it; parentFrozenMs = the parent frozen while its writable layer is packed; targets: ratio <= 0.5, frozen <= 100 ms. microvm* (${microvm?.accelerator ?? 'not run'}): a VM with 64 MiB of memory touched forked into ${vmTarget?.children ?? '-'} children keeping its processes, beside a container's fork of 64 MiB in files; no targets under TCG`,
       cells,
+      ...(microvm ? { microvm } : {}),
     }),
   );
 } finally {

@@ -77,7 +77,7 @@ try {
         const r = await api(cluster, token, 'POST', `/v1/sandboxes/${id}/snapshot`, {});
         if (r.status !== 201) throw new Error(`snapshot failed: ${r.status} ${JSON.stringify(r.body)}`);
       }));
-      const forked = await api(cluster, token, 'POST', `/v1/sandboxes/${id}/fork`, { count: 1 });
+      const forked = await api(cluster, token, 'POST', `/v1/sandboxes/${id}/fork`, { count: 1, processes: false });
       if (forked.status !== 201) throw new Error(`fork failed: ${forked.status} ${JSON.stringify(forked.body)}`);
       frozenMs.push(forked.body.parentFrozenMs);
       await api(cluster, token, 'DELETE', `/v1/sandboxes/${forked.body.children[0].id}`);

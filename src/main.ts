@@ -123,7 +123,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const resolveImage = resolveImageRef(imagePulls, config.imagePull.waitMs);
   const pools = new PoolService({ pools: new PoolRegistry(redis, now), images, resolveImage, directory, placement: { choices: config.placement.choices, staleAfterMs: config.node.staleAfterMs }, defaultRequests: config.defaultRequests, now, random: Math.random });
   const sandboxes = new SandboxService({ config, registry, layers, images, resolveImage, directory, nodes, metrics, now, random: Math.random, burst, pools });
-  const forks = new ForkService({ registry, layers, forks: new ForkRecords(redis), nodes, sandboxes, now });
+  const forks = new ForkService({ registry, layers, forks: new ForkRecords(redis), nodes, sandboxes, store, now });
   const execs = new ExecService({ redis, blocking, registry, commands, nodes, metrics, now });
   const files = new FilesService({ config, redis, registry, nodes });
   const ttls = new TtlService({ registry, nodes, now });
@@ -261,6 +261,7 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
     storeLayerImage: (tmpImagePath) => store.put(tmpImagePath),
     storeSplitLayer: (files) => store.putSplit(files),
     hibernatedImageDirOf: (sandboxId) => store.hibernatedImageDirOf(sandboxId),
+    forkImageDirOf: (forkPointId) => store.forkImageDirOf(forkPointId),
     tmpDir: path.join(workerDir, 'tmp'),
     logger,
     syncLayers: config.node.syncLayers.length ? layerSyncOf(config, redis, store, path.join(workerDir, 'tmp'), source.lazy) : undefined,

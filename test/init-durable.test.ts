@@ -7,7 +7,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { LayerMounts, LayerStore, buildBusyboxBase } from '../src/layers/index.ts';
-import { openCommand, type CommandChannel } from '../src/workers/init/index.ts';
+import { openCommand, releaseCommands, type CommandChannel } from '../src/workers/init/index.ts';
 import { Frame, FrameDecoder, encodeAttach, encodeSpawn, frame } from '../src/workers/init/protocol.ts';
 import { createRuncRuntime, type RuncRuntime } from '../src/workers/runtime/index.ts';
 
@@ -89,6 +89,11 @@ const processesIn = (): string => {
   }
 };
 
+async function waitForGone(args: string[]): Promise<void> {
+  for (let i = 0; i < 100 && args.some((a) => processesIn().includes(a)); i++) await new Promise((r) => setTimeout(r, 50));
+  for (const a of args) expect(processesIn()).not.toContain(a);
+}
+
 describe('durable commands in the init', () => {
   it('run on when their connection drops; an attach replays all output (spilled past 64 KiB) then the exit; forget drops them', async () => {
     // 917 KiB of numbered lines, written while no connection holds the command.
@@ -156,8 +161,36 @@ describe('durable commands in the init', () => {
     expect(processesIn()).not.toContain('sleep 77');
   });
 
+  it('RELEASE lets go of every durable command: it runs on past its grace, its output dropped, no longer attachable', async () => {
+    // One detached already, one still held by its connection: both are let go of.
+    const detached = await openCommand(socketPath, { spawn: spawnOf(['sh', '-c', 'sleep 1.2; yes | head -c 300000; sleep 30'], 'rel-1', 300) });
+    const held = await openCommand(socketPath, { spawn: spawnOf(['sleep', '79'], 'rel-2', 300) });
+    await new Promise((r) => setTimeout(r, 100));
+    detached.close();
+    expect(await releaseCommands(socketPath)).toBe(2);
+    await expect(held.outcome).rejects.toThrow();
+    // Past their grace (300 ms), with 300 KB of output nobody reads (more than a pipe holds): running still.
+    await new Promise((r) => setTimeout(r, 1800));
+    expect(processesIn()).toContain('sleep 79');
+    expect(processesIn()).toContain('sleep 30');
+    for (const id of ['rel-1', 'rel-2']) expect((await attach(id)).outcome).toEqual({ kind: 'unknown' });
+    // A new command may take a released one's id; the released ones are reaped when they end.
+    const reused = await openCommand(socketPath, { spawn: spawnOf(['true'], 'rel-2') });
+    expect(await reused.outcome).toMatchObject({ kind: 'exit', exitCode: 0 });
+    reused.forget();
+    // Each command leads its own process group (the init's setsid): ended by that id.
+    const released = execFileSync('ps', ['-o', 'pid=,args=', '--ppid', String(initPid())], { encoding: 'utf8' }).split('\n').filter((l) => /sleep (79|30)$/.test(l.trim()));
+    expect(released).toHaveLength(2);
+    for (const line of released) process.kill(-Number(line.trim().split(/\s+/)[0]), 'SIGKILL');
+    await waitForGone(['sleep 79', 'sleep 30']);
+  });
+
   it('signals the attached command and takes over a connection that still holds it', async () => {
-    const first = await openCommand(socketPath, { spawn: spawnOf(['sleep', '78'], 'sig-1') });
+    // Started before the attach: two new connections may be read in either order (the init's session table is not a queue).
+    let started!: () => void;
+    const running = new Promise<void>((r) => (started = r));
+    const first = await openCommand(socketPath, { spawn: spawnOf(['sleep', '78'], 'sig-1') }, { onStarted: () => started() });
+    await running;
     // A second connection attaches while the first is open: it takes the command over.
     const out: Buffer[] = [];
     const second = await openCommand(socketPath, { attach: { commandId: 'sig-1' } }, { onOutput: (_s, c) => out.push(c) });

@@ -6,6 +6,7 @@ import { api, startTestCluster, waitFor, type TestCluster } from './support/clus
 import { hostTraces } from './support/host.ts';
 import { tarOf } from './support/tar.ts';
 import { keys, migrateKeyLayout } from '../src/registry/index.ts';
+import { FORK_IMAGE_MAX_AGE_MS } from '../src/gateway/index.ts';
 
 let cluster: TestCluster;
 let token: string;
@@ -146,5 +147,20 @@ describe('layer garbage collection', () => {
     } finally {
       redis.disconnect();
     }
+  });
+
+  it('removes the images of forks that keep processes left behind (a gateway or worker that died mid-fork), not a fork in progress', async () => {
+    const dir = path.join(cluster.rootDir, 'layers', 'vmforks');
+    const image = (name: string, ageMs: number) => {
+      fs.mkdirSync(path.join(dir, name), { recursive: true });
+      fs.writeFileSync(path.join(dir, name, 'ram'), 'x');
+      const at = new Date(Date.now() - ageMs);
+      fs.utimesSync(path.join(dir, name), at, at);
+    };
+    image('fp_left', FORK_IMAGE_MAX_AGE_MS + 60_000);
+    image('fp_half.part-4242', FORK_IMAGE_MAX_AGE_MS + 60_000);
+    image('fp_starting', 1000);
+    await waitFor('the left-behind fork images removed', async () => fs.readdirSync(dir).join() === 'fp_starting', 30_000);
+    fs.rmSync(dir, { recursive: true });
   });
 });

@@ -37,6 +37,14 @@ export const ForkRequest = z.strictObject({
    * (or the host cannot clone disks).
    */
   snapshot: z.strictObject({ name: LayerName.optional() }).optional(),
+  /**
+   * Whether the children keep the parent's processes (its memory saved whole and restored in
+   * each: the microVM tier, where it is the default). false: files only, each child a fresh
+   * sandbox over the parent's files (the container tier's only way: true there is
+   * `tier_unsupported`). A microVM child that keeps processes has its parent's memory, vCPUs
+   * and disk size: other `resources` for those answer `invalid_request`.
+   */
+  processes: z.boolean().optional(),
 });
 export type ForkRequest = z.infer<typeof ForkRequest>;
 
@@ -68,8 +76,18 @@ export const ForkResult = z.object({
   forkedAt: z.string(),
   /** How long the parent was frozen for the fork point (absent: it was not frozen for this fork). */
   parentFrozenMs: z.number().optional(),
-  /** The container tier carries files, not processes: each child starts fresh processes over the parent's files. */
+  /**
+   * true: every child is the parent's VM restored from one save of it (every process, its memory
+   * and tmpfs, its files), renamed, its clock and entropy its own. false: files only, each child
+   * starting fresh processes over the parent's files (the container tier, or asked).
+   */
   processes: z.boolean(),
+  /**
+   * processes: true: the commands running in the parent at the fork point. Their callers get
+   * their results from the parent; in each child their processes run on, detached, their
+   * output dropped, and they are not in the child's command log.
+   */
+  detachedCommands: z.array(z.string()).optional(),
   /** In request order. */
   children: z.array(ForkChild),
   created: z.number().int(),

@@ -97,14 +97,18 @@ export const SnapshotOp = z.object({
 /**
  * A fork point of a sandbox this host runs (runtime makeForkPoint): made, packed into a
  * layer for children elsewhere (answered as a snapshot), or removed once the fork is done.
+ * `save`: a sandbox saved whole (a microVM, runtime forkWhole) into the layer store's fork
+ * image of that id, processes and all, for children restored from it on any host sharing
+ * the store; `childrenNic`: the children want a network device.
  */
 export const ForkPointOp = z.object({
   kind: z.literal('fork_point'),
-  action: z.enum(['make', 'pack', 'remove']),
+  action: z.enum(['make', 'pack', 'remove', 'save']),
   sandboxId: z.string(),
   forkPointId: z.string(),
   requestId: z.string(),
   replyTo: z.string(),
+  childrenNic: z.boolean().optional(),
 });
 /** Files API: bytes travel through a short-lived Redis key, the I/O runs inside the sandbox. */
 export const FilesReadOp = z.object({
@@ -171,8 +175,12 @@ export const Reply = z.discriminatedUnion('kind', [
   z.object({ kind: z.literal('done'), requestId: z.string() }),
   /** frozenMs: how long the sandbox was frozen while its writable layer was packed. */
   z.object({ kind: z.literal('snapshot'), requestId: z.string(), digest: z.string(), sizeBytes: z.number(), frozenMs: z.number().optional() }),
-  /** A fork point made (`cloned`), or not where the host cannot clone disks; frozenMs: how long the sandbox was frozen for it. */
-  z.object({ kind: z.literal('fork_point'), requestId: z.string(), cloned: z.boolean(), frozenMs: z.number().optional() }),
+  /**
+   * A fork point made (`cloned`), or not where the host cannot clone disks; frozenMs: how long
+   * the sandbox was frozen for it. `saved`: the sandbox was saved whole (action save), with
+   * `detachedCommands` running in it then (each child keeps their processes, detached).
+   */
+  z.object({ kind: z.literal('fork_point'), requestId: z.string(), cloned: z.boolean(), frozenMs: z.number().optional(), saved: z.boolean().optional(), detachedCommands: z.array(z.string()).optional() }),
   z.object({ kind: z.literal('files'), requestId: z.string(), tar: z.boolean(), sizeBytes: z.number() }),
   /** files_meta: the entries it found or made; `changed`: mkdir created, remove removed. */
   z.object({ kind: z.literal('files_meta'), requestId: z.string(), entries: z.array(FileEntry), changed: z.boolean() }),

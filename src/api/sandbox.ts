@@ -193,6 +193,11 @@ export const Lineage = z.object({
   forkPoint: z.string().optional(),
   /** The fork point as a read-only layer, shared by every child that stacks it (children on other hosts, snapshots, hibernated parents). */
   forkLayer: LayerDigest.optional(),
+  /**
+   * The child kept its parent's processes: a microVM restored from the fork point's image (the
+   * parent's memory, devices and disk, saved whole), renamed, its clock and entropy its own.
+   */
+  processes: z.boolean().optional(),
   forkedAt: z.string(),
 });
 export type Lineage = z.infer<typeof Lineage>;

@@ -18,6 +18,7 @@ interface ForkFlags extends ConnectionFlags {
   diskMib?: string;
   idempotencyKey?: string;
   snapshot?: boolean | string;
+  processes?: boolean;
   json?: boolean;
 }
 
@@ -47,6 +48,7 @@ function requestOf(flags: ForkFlags): ForkRequest {
     ...(flags.ttl !== undefined ? { ttlSeconds: integer('--ttl', flags.ttl) } : {}),
     ...(Object.keys(given).length ? { resources: given } : {}),
     ...(flags.snapshot !== undefined ? { snapshot: typeof flags.snapshot === 'string' ? { name: flags.snapshot } : {} } : {}),
+    ...(flags.processes !== undefined ? { processes: flags.processes } : {}),
   });
   if (!parsed.success) throw new CliError('invalid_request', parsed.error.issues.map((i) => `${i.path.join('.') || 'request'}: ${i.message}`).join('; '));
   return parsed.data;
@@ -55,7 +57,8 @@ function requestOf(flags: ForkFlags): ForkRequest {
 function summary(result: ForkResult): string {
   const frozen = result.parentFrozenMs === undefined ? 'not frozen' : `frozen ${result.parentFrozenMs.toFixed(1)} ms`;
   const at = [result.forkPoint && `fork point ${result.forkPoint}`, result.forkLayer && `layer ${result.forkLayer}`].filter(Boolean).join(', ');
-  const head = `forked ${result.parent} (${result.parentKind}, ${frozen}) at ${at}: ${result.created} created, ${result.refused} refused\n`;
+  const kept = result.processes ? `, processes kept${result.detachedCommands?.length ? ` (${result.detachedCommands.join(', ')} detached in the children)` : ''}` : '';
+  const head = `forked ${result.parent} (${result.parentKind}, ${frozen}${kept}) at ${at}: ${result.created} created, ${result.refused} refused\n`;
   const rows = [['#', 'ID', 'STATE', 'ERROR']];
   result.children.forEach((c, i) => rows.push([String(i), c.id ?? '-', c.state ?? '-', c.error ? `${c.error.code}: ${c.error.message}` : '']));
   return head + table(rows);
@@ -76,6 +79,8 @@ export function registerSandboxCommands(program: Command): void {
       .option('--disk-mib <n>', "children's disk")
       .option('--idempotency-key <key>', 'send again with the same key: the same children come back')
       .option('--snapshot [name]', 'also keep the fork point as a snapshot layer (named, if a name is given), to fork from it again later')
+      .option('--processes', "the children keep the parent's processes (a microVM's default)")
+      .option('--no-processes', 'files only: each child a fresh sandbox over the parent\'s files')
       .option('--json', 'print the answer as JSON'),
     'sandbox:create',
   ).action(

@@ -1,8 +1,11 @@
 import { createHash } from 'node:crypto';
 import { MAX_STACK_LAYERS, Resources, RollboxError, newId, type CreateSandboxRequest, type Reply, type ForkChild, type ForkRequest, type ForkResult, type Lineage, type Sandbox, type SnapshotForkRequest } from '../api/index.ts';
 import { requireScope, type Principal } from '../iam/index.ts';
+import type { LayerStore } from '../layers/index.ts';
 import type { ForkRecords, LayerRegistry, SandboxRegistry } from '../registry/index.ts';
 import { toRollboxError, type NodeRequests } from './node-requests.ts';
+import type { ForkPoint } from './fork-point.ts';
+import { keepsProcessesByDefault, vmForkPointOf } from './vm-fork.ts';
 import type { PreparedCreate, SandboxService } from './sandbox-service.ts';
 
 export interface ForkServiceDeps {
@@ -11,6 +14,8 @@ export interface ForkServiceDeps {
   forks: Pick<ForkRecords, 'claim' | 'read' | 'complete' | 'release'>;
   nodes: Pick<NodeRequests, 'sendOp'>;
   sandboxes: Pick<SandboxService, 'createPrepared'>;
+  /** The layer store, where forks that keep processes keep their image while the children start (vm-fork.ts). */
+  store: Pick<LayerStore, 'linkForkImage' | 'removeForkImage' | 'forkImageDirOf'>;
   now: () => number;
 }
 
@@ -32,23 +37,6 @@ const FORK_PIN_MS = 30 * 60_000;
 const REPLAY_WAIT_MS = 10 * 60_000;
 const REPLAY_POLL_MS = 100;
 
-/**
- * The frozen state children start from. Children on `clone.node` take a clone of the
- * parent's disk there (the fork point, made in a moment); the others stack the fork point
- * packed into a layer, which `layer()` packs once, when the first of them needs it.
- */
-interface ForkPoint {
-  parent: string;
-  parentKind: Lineage['parentKind'];
-  /** The layers under the fork point (a cloned child stacks these; the others these plus the fork layer). */
-  parentLayers: string[];
-  clone?: { node: string; id: string; parentId: string };
-  layer: () => Promise<string>;
-  /** Whether layer() was called: the answer names the layer then. */
-  packed: () => boolean;
-  frozenMs?: number;
-}
-
 type Packed = { digest: string; frozenMs?: number };
 
 /**
@@ -58,7 +46,9 @@ type Packed = { digest: string; frozenMs?: number };
  * its disk is cloned into a fork point (scratch.ts); children on its host start from
  * clones of that, sharing its blocks, with nothing packed or copied. Children elsewhere
  * (no room on the parent's host, or a host that cannot clone) stack the parent's writable
- * layer packed once into ONE read-only layer. Children carry files, not processes.
+ * layer packed once into ONE read-only layer. Those children carry files, not processes.
+ * A microVM parent forks with its processes by default: saved whole once, each child
+ * restored from that image on any host sharing the layer store (vm-fork.ts).
  */
 export class ForkService {
   constructor(private readonly deps: ForkServiceDeps) {}
@@ -67,12 +57,23 @@ export class ForkService {
     requireScope(principal, 'sandbox:create');
     return this.idempotent(principal, idempotencyKey, { sandbox: id, request }, async () => {
       const parent = await this.deps.registry.getOwned(id, principal.tenant);
-      if (parent.layerDigests.length + 1 > MAX_STACK_LAYERS) throw new RollboxError('invalid_request', `sandbox ${id} stacks ${parent.layerDigests.length} layers; its children would stack one more than the ${MAX_STACK_LAYERS} a sandbox may`);
-      const { count, resources, snapshot, ...overrides } = request;
+      const { count, resources, snapshot, processes, ...overrides } = request;
       const childResources = resourcesOf(parent, resources); // checked before the parent is frozen
+      const spec = { ...parent.spec, ...overrides, resources: childResources };
+      if (processes ?? keepsProcessesByDefault(parent)) {
+        // One save of the parent whole, restored N times (vm-fork.ts); the image goes once every child started (or failed to).
+        const fp = newId('fp');
+        try {
+          const point = await vmForkPointOf(this.deps, parent, fp, spec, snapshot !== undefined);
+          return await this.makeChildren(principal, spec, count, point, undefined);
+        } finally {
+          await this.deps.store.removeForkImage(fp).catch(() => undefined); // else layer GC takes it
+        }
+      }
+      if (parent.layerDigests.length + 1 > MAX_STACK_LAYERS) throw new RollboxError('invalid_request', `sandbox ${id} stacks ${parent.layerDigests.length} layers; its children would stack one more than the ${MAX_STACK_LAYERS} a sandbox may`);
       const point = await this.forkPointOf(parent, childResources.diskMiB === parent.spec.resources.diskMiB);
       try {
-        return await this.makeChildren(principal, { ...parent.spec, ...overrides, resources: childResources }, count, point, snapshot);
+        return await this.makeChildren(principal, spec, count, point, snapshot);
       } finally {
         if (point.clone) await this.forkPointOp(point.clone, 'remove').catch(() => undefined); // else it goes by itself on its host
       }
@@ -101,7 +102,8 @@ export class ForkService {
   private async forkPointOf(parent: Sandbox, sameDisk: boolean): Promise<ForkPoint> {
     const { deps } = this;
     const base = { parent: parent.id, parentKind: 'sandbox' as const, parentLayers: parent.layerDigests };
-    if (parent.state === 'hibernated' && parent.hibernatedWhole) throw new RollboxError('tier_unsupported', `sandbox ${parent.id} is a microVM hibernated whole; the microvm tier cannot fork yet (docs/microvm.md)`);
+    // Its image holds its disk as the guest wrote it, which the host never mounts or packs.
+    if (parent.state === 'hibernated' && parent.hibernatedWhole) throw new RollboxError('tier_unsupported', `sandbox ${parent.id} is a microVM hibernated whole: it forks with its processes (processes: true), or wake it first to fork its files only`);
     if (parent.state === 'hibernated' && parent.hibernationLayer) {
       // Pinned: the parent may wake meanwhile and let go of it before a child holds it.
       const digest = parent.hibernationLayer;
@@ -143,7 +145,8 @@ export class ForkService {
   /** Every child at once, each created or refused on its own; none created: the first refusal is the answer. */
   private async makeChildren(principal: Principal, spec: CreateSandboxRequest, count: number, point: ForkPoint, snapshot: ForkRequest['snapshot']): Promise<ForkResult> {
     const forkedAt = new Date(this.deps.now()).toISOString();
-    const lineage: Lineage = { parent: point.parent, parentKind: point.parentKind, ...(point.clone ? { forkPoint: point.clone.id } : {}), forkedAt };
+    const forkPoint = point.clone?.id ?? point.processes?.id;
+    const lineage: Lineage = { parent: point.parent, parentKind: point.parentKind, ...(forkPoint ? { forkPoint } : {}), forkedAt };
     const kept = snapshot ? point.layer() : undefined; // beside the children, not after them
     const errors: RollboxError[] = [];
     const create = async (prepared: PreparedCreate): Promise<ForkChild> => {
@@ -152,6 +155,8 @@ export class ForkService {
     };
     const makeChild = async (): Promise<ForkChild> => {
       try {
+        // Restored from the fork's image on any host that shares the layer store: placed as any create.
+        if (point.processes) return await create({ request: spec, layerDigests: point.parentLayers, lineage: { ...lineage, processes: true } });
         if (point.clone) {
           try {
             return await create({ request: spec, layerDigests: point.parentLayers, lineage, node: point.clone.node });
@@ -182,11 +187,12 @@ export class ForkService {
     return {
       parent: point.parent,
       parentKind: point.parentKind,
-      ...(point.clone ? { forkPoint: point.clone.id } : {}),
+      ...(forkPoint ? { forkPoint } : {}),
       ...(forkLayer ? { forkLayer } : {}),
       forkedAt,
       ...(point.frozenMs !== undefined ? { parentFrozenMs: point.frozenMs } : {}),
-      processes: false,
+      processes: point.processes !== undefined,
+      ...(point.processes ? { detachedCommands: point.processes.detachedCommands } : {}),
       children,
       created,
       refused: count - created,

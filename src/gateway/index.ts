@@ -13,7 +13,7 @@ export { PoolService } from './pool-service.ts';
 export { RunService } from './run-service.ts';
 export type { FilesServiceDeps } from './files-service.ts';
 export { newId } from '../api/index.ts';
-export { Janitor, LayerCollector } from './housekeeping/index.ts';
+export { FORK_IMAGE_MAX_AGE_MS, Janitor, LayerCollector } from './housekeeping/index.ts';
 export type { LayerCollectorDeps } from './housekeeping/index.ts';
 export { createMetrics } from './metrics.ts';
 export type { GatewayMetrics } from './metrics.ts';

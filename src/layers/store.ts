@@ -1,5 +1,5 @@
 import { createHash, randomBytes } from 'node:crypto';
-import { copyFile, chmod, mkdir, readFile, readdir, rename, rm, stat, unlink, utimes, writeFile } from 'node:fs/promises';
+import { copyFile, chmod, link, mkdir, readFile, readdir, rename, rm, stat, unlink, utimes, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { hexOfDigest, sha256File } from './digest.ts';
 import { chunkTableOf } from './split.ts';
@@ -34,6 +34,9 @@ export interface SplitPaths {
   blobPath: string;
 }
 
+/** The files of a VM saved whole (src/workers/microvm/hibernation.ts IMAGE_FILES), hibernated or for a fork. */
+export const WHOLE_VM_IMAGE_FILES = ['ram', 'devices', 'disk.ext4', 'vm.json'] as const;
+
 /**
  * Content-addressed store of EROFS layers under `<dir>/sha256/`:
  *   - split layers (what every build makes): `<hex>.chunks` (the chunk table, whose sha256
@@ -47,6 +50,9 @@ export interface SplitPaths {
  * Beside the layers, `<dir>/hibernated/<sandbox id>/` holds the images of microVMs
  * hibernated whole (src/workers/microvm/hibernation.ts): on the shared store, so any host
  * that shares it can wake them; removed by the wake, or by layer GC once their sandbox ended.
+ * `<dir>/vmforks/<fork point id>/` holds the image of a fork that keeps processes (the same
+ * files): every child, on any host that shares the store, is restored from it; removed by the
+ * gateway once the fork's children have started, or by layer GC after FORK_IMAGE_MAX_AGE_MS.
  */
 export class LayerStore {
   readonly dir: string;
@@ -169,6 +175,52 @@ export class LayerStore {
     const dir = this.hibernatedImageDirOf(sandboxId);
     const parts = (await readdir(path.dirname(dir)).catch(() => [] as string[])).filter((n) => n.startsWith(`${path.basename(dir)}.part-`));
     for (const p of [dir, ...parts.map((n) => path.join(path.dirname(dir), n))]) await rm(p, { recursive: true, force: true });
+  }
+
+  /** Where the image of a fork that keeps processes lives (whether or not it exists). */
+  forkImageDirOf(forkPointId: string): string {
+    return path.join(this.dir, 'vmforks', path.basename(forkPointId));
+  }
+
+  /**
+   * A fork's image from the image of a sandbox hibernated whole, without waking it: its files
+   * hard-linked (nobody writes an image's files in place: a wake copies them out and removes
+   * its names, a new hibernation renames a new directory into place), so the parent may wake
+   * at any time after. False when the image is gone (the parent woke meanwhile).
+   */
+  async linkForkImage(sandboxId: string, forkPointId: string): Promise<boolean> {
+    const from = this.hibernatedImageDirOf(sandboxId);
+    const to = this.forkImageDirOf(forkPointId);
+    const partial = `${to}.part-${process.pid}`;
+    await rm(partial, { recursive: true, force: true });
+    await mkdir(partial, { recursive: true, mode: 0o700 });
+    try {
+      // Each file, or none: a wake removing the image meanwhile leaves some of them gone (ENOENT).
+      for (const name of WHOLE_VM_IMAGE_FILES) await link(path.join(from, name), path.join(partial, name));
+      await rename(partial, to);
+      return true;
+    } catch (err) {
+      await rm(partial, { recursive: true, force: true });
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return false;
+      throw err;
+    }
+  }
+
+  /** Fork images here (and parts of ones being written), each with when it was last changed. */
+  async listForkImages(): Promise<{ name: string; changedAtMs: number }[]> {
+    const dir = path.join(this.dir, 'vmforks');
+    const names = await readdir(dir).catch(() => [] as string[]);
+    const out: { name: string; changedAtMs: number }[] = [];
+    for (const name of names) {
+      const changedAtMs = await stat(path.join(dir, name)).then((s) => s.mtimeMs, () => undefined);
+      if (changedAtMs !== undefined) out.push({ name, changedAtMs });
+    }
+    return out;
+  }
+
+  /** A fork image (or a part of one, by its listed name). Safe to call twice. */
+  async removeForkImage(name: string): Promise<void> {
+    await rm(path.join(this.dir, 'vmforks', path.basename(name)), { recursive: true, force: true });
   }
 
   /** Digests of every stored layer. */

@@ -37,6 +37,10 @@ export async function handleCreate(ctx: HostContext, job: CreateJob): Promise<vo
   // Saved whole to a layer store this host does not share: another host wakes it.
   const wholeImage = sandbox.state === 'hibernated' && sandbox.hibernatedWhole ? ctx.deps.hibernatedImageDirOf(sandbox.id) : undefined;
   if (decision.admit && wholeImage && !existsSync(wholeImage)) decision = { admit: false, reason: `the saved image of sandbox ${sandbox.id} is not in this host's layer store` };
+  // A fork's child that keeps its parent's processes: restored from the fork's image, which is in the layer store hosts share.
+  const { lineage } = sandbox;
+  const forkImage = sandbox.state === 'pending' && lineage?.processes && lineage.forkPoint ? ctx.deps.forkImageDirOf(lineage.forkPoint) : undefined;
+  if (decision.admit && forkImage && !existsSync(forkImage)) decision = { admit: false, reason: `the image of fork ${lineage!.forkPoint} is not in this host's layer store` };
   if (!decision.admit) {
     // Placed again elsewhere (cold, under the same id): this host's copy must not stay offered.
     if (ready) await ctx.removeLocal(sandbox.id);
@@ -68,8 +72,9 @@ export async function handleCreate(ctx: HostContext, job: CreateJob): Promise<vo
       layerImages,
       restoreUpper: hibernated ? await layerImage(ctx, hibernated) : undefined,
       // A fork's child started from a clone of its parent's disk (a fork point on this host).
-      ...(sandbox.state === 'pending' && sandbox.lineage?.forkPoint && !sandbox.lineage.forkLayer ? { forkPoint: sandbox.lineage.forkPoint } : {}),
+      ...(sandbox.state === 'pending' && lineage?.forkPoint && !lineage.forkLayer && !forkImage ? { forkPoint: lineage.forkPoint } : {}),
       ...(wholeImage ? { restoreWhole: wholeImage } : {}),
+      ...(forkImage ? { restoreFork: forkImage } : {}),
       resources: spec.resources,
       class: spec.class,
       env: spec.env,

@@ -35,6 +35,8 @@ export interface WorkerHostDeps {
   storeSplitLayer: (files: { metaPath: string; blobPath: string; chunkSizeBytes: number; table: Buffer }) => Promise<{ digest: string; sizeBytes: number }>;
   /** Where a sandbox hibernated whole keeps its image: the layer store's `hibernated/<id>` (LayerStore). */
   hibernatedImageDirOf: (sandboxId: string) => string;
+  /** Where a fork that keeps processes keeps its image: the layer store's `vmforks/<fork point id>` (LayerStore). */
+  forkImageDirOf: (forkPointId: string) => string;
   /** Scratch space for images being built. */
   tmpDir: string;
   logger: Logger;

@@ -275,7 +275,7 @@ export class OpHandler {
     await ctx.deps.registry.transition(sandboxId, paused ? 'paused' : 'running', { from: [paused ? 'running' : 'paused'], node: ctx.nodeId });
   }
 
-  /** A fork's point in a sandbox of this host: made, packed into a layer (answered as a snapshot), or removed. */
+  /** A fork's point in a sandbox of this host: made, packed into a layer (answered as a snapshot), removed, or saved whole. */
   private async forkPoint(op: Extract<NodeOp, { kind: 'fork_point' }>): Promise<Reply> {
     const { runtime } = this.ctx.deps;
     switch (op.action) {
@@ -289,6 +289,13 @@ export class OpHandler {
       case 'remove':
         runtime.removeForkPoint(op.forkPointId);
         return { kind: 'done', requestId: op.requestId };
+      case 'save': {
+        // Processes and all (a microVM), into the layer store where any host can restore the children.
+        this.ctx.requireLocal(op.sandboxId);
+        if (!runtime.hibernatesWhole(op.sandboxId)) throw new RollboxError('tier_unsupported', `sandbox ${op.sandboxId} is not saved whole on this host: its tier forks files only (processes: false)`);
+        const saved = await runtime.forkWhole(op.sandboxId, this.ctx.deps.forkImageDirOf(op.forkPointId), { nic: op.childrenNic === true });
+        return { kind: 'fork_point', requestId: op.requestId, cloned: false, saved: true, frozenMs: saved.frozenMs, detachedCommands: saved.detachedCommands };
+      }
     }
   }
 

@@ -266,19 +266,22 @@ class AsyncSandbox:
 
     async def fork(self, count: int, *, labels: Optional[Mapping[str, str]] = None, network: Optional[Mapping[str, Any]] = None,
              ttl_seconds: Optional[int] = None, resources: Optional[Mapping[str, Any]] = None, idempotency_key: Optional[str] = None,
-             snapshot: Union[bool, str] = False) -> Dict[str, Any]:
+             snapshot: Union[bool, str] = False, processes: Optional[bool] = None) -> Dict[str, Any]:
         """
         `count` (1-64) children from this sandbox's current state (running, paused or
         hibernated): the answer lists them in order (`id`, `state`, or a coded `error` for one
         refused), with `forkPoint` (children on the parent's host start from clones of its
-        disk) and/or `forkLayer` (the fork point packed as a layer), `parentFrozenMs` and
-        `processes` (False: files, not processes). Labels, network, TTL and each resource
-        limit given replace the parent's. `snapshot` (True, or a name): also keep the fork
-        point as a snapshot layer, to fork from it again later. Retried with one
-        Idempotency-Key: a retry answers the same children.
+        disk, or a microVM's saved image) and/or `forkLayer` (the fork point packed as a
+        layer), `parentFrozenMs` and `processes` (True: every child is the parent's microVM
+        restored, processes and all, with `detachedCommands` that were running; False: files,
+        not processes). Labels, network, TTL and each resource limit given replace the
+        parent's. `snapshot` (True, or a name): also keep the fork point as a snapshot layer,
+        to fork from it again later. `processes`: None for the tier's way (a microVM keeps
+        them), False for files only. Retried with one Idempotency-Key: a retry answers the
+        same children.
         """
         kept = None if snapshot is False else ({} if snapshot is True else {"name": snapshot})
-        fields = {"labels": labels, "network": network, "ttlSeconds": ttl_seconds, "resources": resources, "snapshot": kept}
+        fields = {"labels": labels, "network": network, "ttlSeconds": ttl_seconds, "resources": resources, "snapshot": kept, "processes": processes}
         return await self._client._call(core.fork_request(core.sandbox_path(self.id, "/fork"), count, fields, idempotency_key=idempotency_key, timeouts=self._client.timeouts))
 
     async def set_policy(self, *, network: Optional[Mapping[str, Any]] = None, hidden_paths: Optional[Sequence[str]] = None) -> "AsyncSandbox":

@@ -9,7 +9,7 @@ export interface LayerCollectorDeps {
   layers: LayerRegistry;
   sandboxes: Pick<SandboxRegistry, 'layersInUse' | 'get'>;
   images: Pick<ImageRegistry, 'layerDigests'>;
-  store: Pick<LayerStore, 'list' | 'storedAtMs' | 'remove' | 'listHibernated' | 'removeHibernated'>;
+  store: Pick<LayerStore, 'list' | 'storedAtMs' | 'remove' | 'listHibernated' | 'removeHibernated' | 'listForkImages' | 'removeForkImage'>;
   /** A layer goes only after it has stayed unreferenced this long. */
   graceMs: number;
   logger: Logger;
@@ -17,6 +17,12 @@ export interface LayerCollectorDeps {
 }
 
 const LOCK_MS = 60_000;
+/**
+ * A fork's image (one that keeps processes) is removed by its gateway once the children
+ * started; one older than this was left by a gateway (or a worker mid-save) that died. Far
+ * longer than a fork takes: its save and its children's starts are bounded by minutes.
+ */
+export const FORK_IMAGE_MAX_AGE_MS = 30 * 60_000;
 
 /**
  * Layer garbage collection. Referenced: the layers (and the hibernation layer) of every
@@ -70,6 +76,7 @@ export class LayerCollector {
       }
       if (removed.length) this.deps.logger.info({ layers: removed }, 'unreferenced layers collected');
       await this.collectHibernatedImages();
+      await this.collectForkImages();
       return removed;
     } finally {
       await redis.del(lock);
@@ -88,6 +95,16 @@ export class LayerCollector {
       if (sandbox && !isTerminal(sandbox.state)) continue;
       await store.removeHibernated(id);
       this.deps.logger.info({ sandboxId: id }, 'hibernated microVM image of an ended sandbox removed');
+    }
+  }
+
+  /** Fork images (and parts of ones) left behind: older than any fork in progress. */
+  private async collectForkImages(): Promise<void> {
+    const { store, now } = this.deps;
+    for (const image of await store.listForkImages()) {
+      if (now() - image.changedAtMs < FORK_IMAGE_MAX_AGE_MS) continue;
+      await store.removeForkImage(image.name);
+      this.deps.logger.info({ forkImage: image.name }, 'fork image left behind removed');
     }
   }
 

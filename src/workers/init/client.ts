@@ -203,3 +203,33 @@ async function writeChunks(socket: net.Socket, data: Buffer): Promise<void> {
     }
   }
 }
+
+/**
+ * RELEASE: the init lets go of every durable command it holds (a microVM fork's child,
+ * whose init holds its parent's commands): each runs on detached, its output dropped, no
+ * longer attachable. Resolves with how many it released.
+ */
+export async function releaseCommands(socketPath: string): Promise<number> {
+  const socket = await connect(socketPath);
+  return new Promise<number>((resolve, reject) => {
+    const decoder = new FrameDecoder();
+    const fail = (why: string): void => {
+      socket.destroy();
+      reject(new InitLostError(`release of the sandbox's commands: ${why}`));
+    };
+    socket.on('data', (chunk: Buffer) => {
+      try {
+        decoder.push(chunk, (type, payload) => {
+          if (type !== Frame.released) throw new Error(type === Frame.error ? payload.toString('utf8') : `unexpected frame type ${type}`);
+          socket.destroy();
+          resolve(payload.readUInt32LE(0));
+        });
+      } catch (err) {
+        fail((err as Error).message);
+      }
+    });
+    socket.on('error', (err) => fail(err.message));
+    socket.on('close', () => fail('the init closed the connection'));
+    socket.write(frame(Frame.release));
+  });
+}

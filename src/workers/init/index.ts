@@ -1,6 +1,6 @@
 import path from 'node:path';
 
-export { InitLostError, openCommand, runCommand } from './client.ts';
+export { InitLostError, openCommand, releaseCommands, runCommand } from './client.ts';
 export type { CommandChannel, CommandHandlers, CommandOutcome, CommandStart } from './client.ts';
 export { MAX_SOCKET_PATH_BYTES, listenForInit } from './listener.ts';
 export { AUTO_SLOT } from './protocol.ts';

@@ -37,6 +37,7 @@ enum {
   F_ATTACH = 4, /* u64 from-offset, command id: replays the command's output, then live */
   F_SIGNAL = 5, /* i32 signal number, to the command's process group */
   F_FORGET = 6, /* its result is recorded: the init may drop it */
+  F_RELEASE = 7, /* on a fresh connection: every durable command runs on detached, uncollected (a fork's child) */
   F_STARTED = 16,
   F_STDOUT = 17,
   F_STDERR = 18,
@@ -45,6 +46,7 @@ enum {
   F_ERROR = 21,
   F_ATTACHED = 22, /* u32 pid (0: not started), u32 exited, exec cgroup name */
   F_UNKNOWN = 23,  /* no durable command of that id (never spawned, forgotten or its grace ran out) */
+  F_RELEASED = 24, /* u32: how many durable commands RELEASE let go of */
 };
 
 /* Between the init and a keeper (a SOCK_SEQPACKET pair: one message each). K_SPAWN carries

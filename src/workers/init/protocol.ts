@@ -11,6 +11,7 @@ export const Frame = {
   attach: 4,
   signal: 5,
   forget: 6,
+  release: 7,
   started: 16,
   stdout: 17,
   stderr: 18,
@@ -19,6 +20,7 @@ export const Frame = {
   error: 21,
   attached: 22,
   unknown: 23,
+  released: 24,
 } as const;
 
 const HEADER_BYTES = 8;

@@ -36,11 +36,12 @@
  * One worker connection carries one command. Frames both ways: an 8-byte header (u8
  * type, 3 bytes zero, u32 little-endian payload length) and the payload.
  *   worker -> init: SPAWN, STDIN (bytes), STDIN_EOF, SIGNAL (i32), FORGET,
- *                   ATTACH (u64 from-offset, command id)
+ *                   ATTACH (u64 from-offset, command id), RELEASE
  *   init -> worker: STARTED (u32 pid), STDOUT, STDERR (bytes), TRUNCATED (u8 stream),
  *                   EXIT (i32 exit code, i32 raw wait status, u32 OOM kills its exec
  *                   cgroup counted while it ran), ERROR (text),
- *                   ATTACHED (u32 pid, u32 flags: 1 exited, 2 stdin open; slot), UNKNOWN
+ *                   ATTACHED (u32 pid, u32 flags: 1 exited, 2 stdin open; slot), UNKNOWN,
+ *                   RELEASED (u32 count)
  * After EXIT the init stops writing and waits for the worker to close the connection. A
  * connection that closes before EXIT kills the command's process group, unless the spawn
  * was durable; a command whose status was lost ends its connection without EXIT.
@@ -53,6 +54,11 @@
  * once it recorded the result. A durable command nobody attaches to within its grace is
  * killed (or, finished, dropped). One whose status was lost is kept as such for its grace
  * (ATTACH answers ERROR), so UNKNOWN within a grace of the spawn means "never received".
+ *
+ * RELEASE (a microVM's fork child, before its first command: its memory is its parent's, so
+ * the init holds the parent's durable commands, whose callers wait on the parent) lets go of
+ * every durable command: each runs on as a detached process, its stdin closed, its output
+ * read and dropped, never killed by a grace, no longer attachable; forgotten once it exited.
  *
  * Static, no libc of the image's, no shell: it works in any base image.
  */
@@ -91,6 +97,7 @@ struct session {
   uint64_t sent;       /* of those, queued to the current connection */
   char slot[MAX_SLOT_NAME + 1];
   uint32_t oom_before; /* the slot's OOM kill count when the command was spawned */
+  int released;        /* RELEASE let go of it: it runs on, its output dropped, until it exits */
 };
 
 static void signal_command(struct session *s, int sig);
@@ -550,6 +557,39 @@ static void do_attach(struct session *s, const char *p, size_t len) {
   send_frame(c, F_ATTACHED, body, 8 + slot_len);
 }
 
+/* A durable command let go of (RELEASE): no connection, no stdin, no log, no id; it runs on. */
+static void release_session(struct session *c) {
+  close_fd(&c->sock);
+  close_fd(&c->fd_in);
+  close_fd(&c->log_fd);
+  buf_free(&c->in);
+  buf_free(&c->out);
+  buf_free(&c->stdin_);
+  buf_free(&c->log);
+  free(c->id);
+  c->id = NULL;
+  c->released = 1;
+}
+
+/* RELEASE on a fresh connection: every durable command but this one is let go of; RELEASED says how many. */
+static void do_release(struct session *s) {
+  if (s->spawned) {
+    send_error(s, "one command per connection");
+    return;
+  }
+  s->spawned = 1;
+  s->lost = 1; /* nothing runs here: the answer ends this connection */
+  uint32_t n = 0;
+  for (int i = 0; i < nsessions; i++) {
+    if (sessions[i] == s || !sessions[i]->id) continue;
+    release_session(sessions[i]);
+    n++;
+  }
+  char body[4];
+  put_u32(body, n);
+  send_frame(s, F_RELEASED, body, 4);
+}
+
 /* Parses complete frames from the worker. */
 static void handle_input(struct session *s) {
   while (buf_pending(&s->in) >= HEADER_BYTES) {
@@ -592,6 +632,9 @@ static void handle_input(struct session *s) {
       }
       case F_FORGET:
         if (s->id && s->exit_sent) s->forgotten = 1;
+        break;
+      case F_RELEASE:
+        do_release(s);
         break;
       default:
         send_error(s, "unknown frame type %d", (unsigned char)h[0]);
@@ -824,7 +867,7 @@ int main(void) {
     int64_t now = mono_ms();
     for (int i = 0; i < nsessions; i++) {
       struct session *s = sessions[i];
-      if (s->sock >= 0) continue;
+      if (s->sock >= 0 || s->released) continue;
       int64_t left = s->detached_ms + s->grace_ms - now;
       if (left < 0) left = 0;
       if (left > 1 << 30) left = 1 << 30;
@@ -940,6 +983,11 @@ int main(void) {
       struct session *s = sessions[i];
       if (s->took_over) {
         session_free(i);
+        continue;
+      }
+      if (s->released) {
+        /* Gone once its process exited and its output pipes closed (their last writer gone). */
+        if ((s->exited || s->lost) && s->fd_out < 0 && s->fd_err < 0) session_free(i);
         continue;
       }
       if (s->fd_in >= 0 && s->stdin_eof && buf_pending(&s->stdin_) == 0) close_fd(&s->fd_in);

@@ -12,7 +12,7 @@ import { Readable } from 'node:stream';
  * from the init: code in the guest has no way onto the port.
  */
 export const MuxKind = {
-  open: 1, data: 2, eof: 3, close: 4, ping: 5, pong: 6, restored: 7, snapshot: 8, policy: 9, freeze: 10, result: 11, net: 12, netDone: 13,
+  open: 1, data: 2, eof: 3, close: 4, ping: 5, pong: 6, restored: 7, snapshot: 8, policy: 9, freeze: 10, result: 11, net: 12, netDone: 13, identity: 14, identityDone: 15,
 } as const;
 /** Requests to the guest's trusted side itself (guest/vminit.h), each on a channel of its own. */
 export type VmRequestKind = typeof MuxKind.snapshot | typeof MuxKind.policy | typeof MuxKind.freeze;
@@ -50,6 +50,12 @@ export interface VmChannel {
    * rejects with what the guest reported, or past `timeoutMs`.
    */
   setNetwork(net: { address: string; gateway: string }, timeoutMs: number): Promise<void>;
+  /**
+   * Who the VM is, before any command: its hostname and (when given) its sandbox's pids
+   * limit, set by the guest's multiplexer. At boot, and on a fork's child (whose memory,
+   * hostname included, is its parent's). Rejects with what the guest reported, or past `timeoutMs`.
+   */
+  setIdentity(identity: { hostname: string; pids?: number }, timeoutMs: number): Promise<void>;
   /** The port's host end closed (the VMM exited). */
   readonly closed: Promise<void>;
   close(): Promise<void>;
@@ -115,7 +121,8 @@ export async function openVmChannel(agentSocket: string, initSocket: string, con
   let nextChannel = 1;
   let pending: Buffer = Buffer.alloc(0);
   const pongWaiters = new Set<() => void>();
-  let netDone: ((status: number) => void) | undefined;
+  /** Waiters for the guest's answers on channel 0 (NET_DONE, IDENTITY_DONE), one per kind at a time. */
+  const controlDone = new Map<number, (status: number) => void>();
   let resolveClosed!: () => void;
   const closed = new Promise<void>((r) => (resolveClosed = r));
 
@@ -139,8 +146,8 @@ export async function openVmChannel(agentSocket: string, initSocket: string, con
         pongWaiters.clear();
         continue;
       }
-      if (kind === MuxKind.netDone && id === 0) {
-        netDone?.(len >= 4 ? payload.readUInt32LE(0) : -1);
+      if ((kind === MuxKind.netDone || kind === MuxKind.identityDone) && id === 0) {
+        controlDone.get(kind)?.(len >= 4 ? payload.readUInt32LE(0) : -1);
         continue;
       }
       const req = requests.get(id);
@@ -248,6 +255,18 @@ export async function openVmChannel(agentSocket: string, initSocket: string, con
     };
   };
 
+  /** A frame on channel 0 that the guest answers with `doneKind` (u32 status) before anything else. */
+  const control = (kind: number, payload: Buffer, doneKind: number, timeoutMs: number, what: string): Promise<number> =>
+    new Promise<number>((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error(`the guest did not ${what} within ${timeoutMs} ms`)), timeoutMs);
+      controlDone.set(doneKind, (status) => {
+        clearTimeout(timer);
+        resolve(status);
+      });
+      void closed.then(() => reject(new Error(`the microVM exited before it could ${what}`)));
+      agent.write(muxFrame(0, kind, payload));
+    }).finally(() => controlDone.delete(doneKind));
+
   return {
     initSocket,
     closed,
@@ -284,16 +303,16 @@ export async function openVmChannel(agentSocket: string, initSocket: string, con
       ipv4Bytes(address!).copy(payload, 0);
       payload[4] = Number(prefix);
       ipv4Bytes(net.gateway).copy(payload, 8);
-      const status = await new Promise<number>((resolve, reject) => {
-        const timer = setTimeout(() => reject(new Error(`the guest did not take its new network within ${timeoutMs} ms`)), timeoutMs);
-        netDone = (s) => {
-          clearTimeout(timer);
-          resolve(s);
-        };
-        void closed.then(() => reject(new Error('the microVM exited while taking its new network')));
-        agent.write(muxFrame(0, MuxKind.net, payload));
-      }).finally(() => (netDone = undefined));
+      const status = await control(MuxKind.net, payload, MuxKind.netDone, timeoutMs, 'take its new network');
       if (status !== 0) throw new Error(`the guest could not take its new network ${net.address} via ${net.gateway} (errno ${status})`);
+    },
+    async setIdentity(identity, timeoutMs) {
+      const name = Buffer.from(identity.hostname, 'utf8');
+      if (name.length < 1 || name.length > 64 || name.includes(0)) throw new Error(`not a hostname: ${identity.hostname}`);
+      const pids = Buffer.alloc(4);
+      pids.writeUInt32LE(identity.pids ?? 0, 0);
+      const status = await control(MuxKind.identity, Buffer.concat([pids, name]), MuxKind.identityDone, timeoutMs, 'take its identity');
+      if (status !== 0) throw new Error(`the guest could not take its identity ${identity.hostname} (errno ${status})`);
     },
     async close() {
       // The server's close waits for its connections: they end first (a command's may be open still).

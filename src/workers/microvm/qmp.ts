@@ -75,3 +75,24 @@ export async function migrationEnded(qmp: QmpSession, pollMs = 10): Promise<void
     await new Promise((r) => setTimeout(r, pollMs));
   }
 }
+
+/**
+ * Until QEMU listens on its monitor `socketPath`: it makes the channel's socket before its
+ * monitors', so a VM whose channel answers may not take QMP yet (seen with 8 restores at once).
+ */
+export async function monitorReady(socketPath: string, timeoutMs: number): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const connected = await new Promise<boolean>((resolve) => {
+      const socket = net.connect(socketPath);
+      socket.once('connect', () => {
+        socket.destroy();
+        resolve(true);
+      });
+      socket.once('error', () => resolve(false));
+    });
+    if (connected) return;
+    if (Date.now() > deadline) throw new Error(`QEMU's monitor ${socketPath} did not come up within ${timeoutMs} ms`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}

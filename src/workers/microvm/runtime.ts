@@ -1,8 +1,5 @@
-import { execFile } from 'node:child_process';
 import fs from 'node:fs/promises';
-import os from 'node:os';
 import path from 'node:path';
-import { promisify } from 'node:util';
 import { RollboxError } from '../../api/index.ts';
 import { extractInThread, type TarExtractor } from '../../layers/index.ts';
 import type { SandboxNetworks } from '../network/index.ts';
@@ -10,17 +7,18 @@ import type { RuntimeLogger, SandboxRuntime, SandboxRuntimeSpec } from '../runti
 import type { Accelerator } from './accelerator.ts';
 import { openVmChannel } from './channel.ts';
 import { attachInVm, execInVm, execRawInVm } from './exec.ts';
-import { inCgroupPrefix, makeVmCgroup, removeVmCgroup, removeVmCgroupParents, vmCgroupRel } from './cgroup.ts';
-import { attachVmNetwork, netnsPathOf, nicPolicy, releaseVmNetwork, VM_BRIDGE, VM_TAP, vmNetnsOf } from './net.ts';
-import { loadVm, readImage, saveVm } from './hibernation.ts';
+import { removeVmCgroup, removeVmCgroupParents } from './cgroup.ts';
+import { netnsPathOf, nicPolicy, releaseVmNetwork, VM_BRIDGE, vmNetnsOf } from './net.ts';
+import { saveVm } from './hibernation.ts';
+import { saveForkImage } from './fork-image.ts';
 import { consoleTailOf, exitCauseFromConsole } from './exit-cause.ts';
 import { VmLazyHolds, type LazyVmBlobs } from './lazy-blobs.ts';
 import { watchGuestPort } from './port-watch.ts';
-import { isQemuPid, startQemu } from './qemu.ts';
-import { readVmFile, serially, writeVmFile, type StartedWith, type Vm, type VmFile } from './vm.ts';
-import { applyVmPolicy, hidePaths, pauseVm, resumeVm, snapshotOfVm, type VmOpsDeps } from './vm-ops.ts';
+import { isQemuPid } from './qemu.ts';
+import { startVm, type VmStartHost } from './start.ts';
+import { readVmFile, serially, type Vm, type VmFile } from './vm.ts';
+import { applyVmPolicy, pauseVm, resumeVm, snapshotOfVm, type VmOpsDeps } from './vm-ops.ts';
 
-const run = promisify(execFile);
 
 export interface MicroVmRuntimeDeps {
   /** Everything of this runtime lives here: one directory per sandbox (disk, sockets, console log). */
@@ -55,9 +53,6 @@ export function unsupported(what: string): RollboxError {
 
 /** The guest kernel and its initramfs need this much guest memory to boot. */
 export const MIN_GUEST_MEMORY_MIB = 128;
-
-/** How long a woken guest may take to apply its new address (the multiplexer answers at once; TCG on a loaded host is slow). */
-const WAKE_NETWORK_TIMEOUT_MS = 15_000;
 
 export interface MicroVmRuntime extends SandboxRuntime {
   readonly accelerator: Accelerator;
@@ -133,6 +128,8 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     return vm;
   };
 
+  const startHost: VmStartHost = { ...deps, dirOf, ramFileOf, lazyHolds, adopt, ops };
+
   return {
     accelerator: deps.accelerator,
     has: (id) => vms.has(id),
@@ -146,64 +143,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
       await fs.rm(dir, { recursive: true, force: true });
       await fs.mkdir(dir, { recursive: true, mode: 0o700 });
       try {
-        const diskImage = path.join(dir, 'disk.ext4');
-        const ramFile = ramFileOf(spec.sandboxId);
-        let started: StartedWith;
-        if (spec.restoreWhole) {
-          // The RAM and disk as they were saved; QEMU started as it was, waiting for its device state.
-          started = await readImage<StartedWith>(spec.restoreWhole, { ramFile, diskImage });
-          if (started.accelerator !== deps.accelerator) throw new RollboxError('invalid_state', `sandbox ${spec.sandboxId} was saved under ${started.accelerator} and this host runs ${deps.accelerator}`);
-        } else {
-          // Sparse, formatted here before the guest ever sees it; the host never mounts it.
-          await fs.writeFile(diskImage, '');
-          await fs.truncate(diskImage, spec.resources.diskMiB * 1024 * 1024);
-          await run('mkfs.ext4', ['-q', '-F', '-E', 'lazy_itable_init=1,lazy_journal_init=1', diskImage]);
-          await fs.mkdir(deps.ramDir, { recursive: true, mode: 0o700 });
-          started = { accelerator: deps.accelerator, vcpus: Math.min(os.availableParallelism(), Math.max(1, Math.ceil(spec.resources.cpuMillis / 1000))), memoryMiB: spec.resources.memoryMiB, guestRequests: true };
-        }
-        // Their lazy blobs marked before QEMU opens them.
-        const lazyLayers = spec.layerImages.filter((l) => l.lazy).map((l) => l.digest);
-        await lazyHolds.hold(spec.sandboxId, lazyLayers);
-        // A woken VM gets the devices it was saved with: a NIC if it had one, on a lease of this host
-        // (its current stage; none keeps the NIC, closed), whose address the guest takes below.
-        const nic = spec.restoreWhole
-          ? started.nic
-            ? await attachVmNetwork(deps.network, spec.sandboxId, nicPolicy(spec.network ?? { mode: 'none', allow: [] }))
-            : undefined
-          : await attachVmNetwork(deps.network, spec.sandboxId, spec.network);
-        if (nic) started = { ...started, nic: true };
-        const cgroup = await makeVmCgroup(vmCgroupRel(deps.nodeId, spec.sandboxId, spec.class), spec.resources, spec.class, started.vcpus);
-        const child = startQemu(
-          {
-            qemuBinary: deps.qemuBinary, accelerator: deps.accelerator, kernel: deps.kernel, initramfs: deps.initramfs,
-            layerImages: spec.layerImages.map((l) => ({ imagePath: l.imagePath, ...(l.blobPath ? { blobPath: l.blobPath } : {}) })), diskImage, ramFile, vcpus: started.vcpus, memoryMiB: started.memoryMiB,
-            agentSocket: path.join(dir, 'agent.sock'), qmpSocket: path.join(dir, 'qmp.sock'), eventsSocket: path.join(dir, 'events.sock'), ...(deps.tscKhz ? { tscKhz: deps.tscKhz } : {}),
-            ...(nic ? { nic: { netns: nic.netns, tap: VM_TAP, address: nic.address, gateway: nic.gateway } } : {}),
-            pids: spec.resources.pids,
-            ...(spec.restoreWhole ? { incoming: true } : {}),
-          },
-          path.join(dir, 'console.log'),
-          inCgroupPrefix(cgroup, spec.class),
-        );
-        if (!child.pid) throw new Error('QEMU did not start');
-        const file: VmFile = { pid: child.pid, started, layers: spec.layerImages.map((l) => l.digest), env: spec.env, workdir: spec.workdir, ...(spec.user ? { user: spec.user } : {}), ...(spec.network ? { network: spec.network } : {}), ...(nic ? { nic: true } : {}), ...(lazyLayers.length ? { lazyLayers } : {}) };
-        await writeVmFile({ dir, file });
-        const vm = await adopt(spec.sandboxId, file).catch(async (err: Error) => {
-          throw new Error(`${err.message}; console: ${await consoleTail(dir)}`);
-        });
-        if (spec.restoreWhole) await loadVm(path.join(dir, 'qmp.sock'), spec.restoreWhole);
-        await vm.channel.ready(deps.bootTimeoutMs).catch(async (err: Error) => {
-          throw new Error(`${err.message}; console: ${await consoleTail(dir)}`);
-        });
-        if (spec.restoreWhole) {
-          // Its channels of before are gone, its clock stood still while it was saved, and its random state is the saved one.
-          vm.channel.restored();
-          if (nic) await vm.channel.setNetwork(nic, WAKE_NETWORK_TIMEOUT_MS);
-          await fs.rm(spec.restoreWhole, { recursive: true, force: true });
-        }
-        // Before the first command; after a wake, what a stage changed while it slept (the guest diffs).
-        if (spec.hiddenPaths.length || spec.restoreWhole) await hidePaths(vm, spec.hiddenPaths, ops);
-        cgroup.settle();
+        await startVm(startHost, spec);
       } catch (err) {
         await remove(spec.sandboxId);
         if (err instanceof RollboxError) throw err;
@@ -254,6 +194,18 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
       if (vm.live.size) throw new RollboxError('invalid_state', `sandbox ${id} has ${vm.live.size} command(s) running (${[...vm.live.keys()].slice(0, 3).join(', ')}); a microVM hibernates whole between commands (processes they left running in the background are kept)`);
       await saveVm({ qmpSocket: path.join(vm.dir, 'qmp.sock'), ramFile: ramFileOf(id), diskImage: path.join(vm.dir, 'disk.ext4'), startedWith: vm.file.started }, imageDir);
       await remove(id);
+    }),
+    // A fork's image: the VM saved as a hibernation saves it, and running on (fork-image.ts).
+    forkWhole: (id, imageDir, children) => serially(vmOf(id), async () => {
+      const vm = vmOf(id);
+      // A child is renamed and lets go of its commands before its first one (MUX_IDENTITY and the init's RELEASE, since this worker).
+      if (!vm.file.started?.guestIdentity) throw unsupported('fork the processes of a VM started by an older worker (a fork with processes: false copies its files)');
+      if (vm.file.nic && !vm.file.started.nic) throw unsupported('fork the processes of a VM with a network device started by an older worker');
+      // A virtio-mmio NIC cannot be added to a restored machine (as to a running one).
+      if (children.nic && !vm.file.nic) throw unsupported('give a network to the children of a VM created without one (network.mode none at create): fork with processes: false for a fresh VM with a NIC');
+      const detachedCommands = [...vm.live.keys()];
+      const saved = await saveForkImage({ qmpSocket: path.join(vm.dir, 'qmp.sock'), ramFile: ramFileOf(id), diskImage: path.join(vm.dir, 'disk.ext4'), startedWith: vm.file.started, stagingDir: deps.ramDir }, imageDir);
+      return { ...saved, detachedCommands };
     }),
     async isRunning(id) {
       const vm = vms.get(id);
@@ -309,9 +261,4 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     unmountUnused: async () => {},
     diskSpace: () => ({ sizeMiB: 0, freeMiB: 0, preallocated: false }),
   };
-}
-
-async function consoleTail(dir: string): Promise<string> {
-  const text = await fs.readFile(path.join(dir, 'console.log'), 'utf8').catch(() => '');
-  return text.slice(-600).trim() || '(empty)';
 }

@@ -22,6 +22,11 @@ export interface StartedWith {
    * lease (MUX_NET): a wake gives it one on the waking host's lease.
    */
   nic?: boolean;
+  /**
+   * Its guest's multiplexer takes a name (MUX_IDENTITY) and its init a RELEASE of its
+   * commands: its memory can be restored as a fork's children, each renamed.
+   */
+  guestIdentity?: boolean;
 }
 
 /** What is kept on disk per sandbox so a restarted worker can adopt its VM. */

@@ -99,6 +99,10 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     hibernateWhole: async () => {
       throw new RollboxError('internal', 'a container is not saved whole; it hibernates as its packed writable layer');
     },
+    // No process checkpoint on this kernel (CRIU fails, DESIGN.md): a container forks its files only.
+    forkWhole: async () => {
+      throw new RollboxError('tier_unsupported', 'the container tier cannot fork processes (CRIU does not work on this kernel): fork with processes: false, or use the microvm tier');
+    },
     applyPolicy: (id, change) => {
       checkSandboxId(id);
       return applyPolicy(ctx, id, change);

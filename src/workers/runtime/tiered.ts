@@ -33,6 +33,7 @@ export function createTieredRuntime(container: SandboxRuntime, microvm: TierRunt
     removeForkPoint: (forkPointId) => container.removeForkPoint(forkPointId),
     hibernatesWhole: (id) => of(id).hibernatesWhole(id),
     hibernateWhole: (id, imageDir) => of(id).hibernateWhole(id, imageDir),
+    forkWhole: (id, imageDir, children) => of(id).forkWhole(id, imageDir, children),
     isRunning: (id) => of(id).isRunning(id),
     onExit(listener) {
       for (const r of both) r.onExit(listener);

@@ -27,6 +27,12 @@ export interface SandboxRuntimeSpec {
   forkPoint?: string;
   /** A sandbox saved whole (hibernateWhole): the image directory it comes back from, processes and all. */
   restoreWhole?: string;
+  /**
+   * A fork's child that keeps its parent's processes: the fork's image (forkWhole) it is
+   * restored from, then given its own name, clock, entropy and network; the image stays (other
+   * children read it too).
+   */
+  restoreFork?: string;
   /** Default: mode none (loopback only). */
   network?: NetworkPolicy;
   /**
@@ -192,6 +198,14 @@ export interface SandboxRuntime {
    * sandbox runs on.
    */
   hibernateWhole(sandboxId: string, imageDir: string): Promise<void>;
+  /**
+   * A fork that keeps processes, of a sandbox that hibernatesWhole: saved whole into
+   * `imageDir` (whole or absent) as hibernateWhole saves it, the sandbox running on (a paused
+   * one stays paused). `frozenMs`: how long it was stopped; `detachedCommands`: the commands
+   * running in it now, whose processes each child keeps, detached. `children.nic`: the
+   * children want a network device (refused, before anything is saved, if it has none).
+   */
+  forkWhole(sandboxId: string, imageDir: string, children: { nic: boolean }): Promise<{ frozenMs: number; detachedCommands: string[] }>;
   /** Whether the sandbox's init process is alive. */
   isRunning(sandboxId: string): Promise<boolean>;
   /**

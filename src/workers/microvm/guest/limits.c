@@ -52,3 +52,27 @@ int vm_limits_setup(void) {
   if (dir < 0) vm_die(SANDBOX_CGROUP);
   return dir;
 }
+
+/*
+ * MUX_IDENTITY (the multiplexer, which kept every capability): the guest's hostname (one UTS
+ * namespace: the sandbox's too) and, when given, /sandbox's pids limit. At boot the host
+ * names the VM; a fork's child, whose memory is its parent's, is renamed before its first
+ * command and may get another pids limit.
+ */
+int vm_set_identity(const char *p, size_t len) {
+  if (len < 5 || len > 4 + 64) return EINVAL;
+  uint32_t pids = 0;
+  for (int i = 0; i < 4; i++) pids |= (uint32_t)(unsigned char)p[i] << (8 * i);
+  if (memchr(p + 4, 0, len - 4)) return EINVAL;
+  if (sethostname(p + 4, len - 4) < 0) return errno;
+  if (pids) {
+    char limit[24];
+    snprintf(limit, sizeof limit, "%u\n", pids);
+    int fd = open(SANDBOX_CGROUP "/pids.max", O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return errno;
+    int err = write(fd, limit, strlen(limit)) < 0 ? errno : 0;
+    close(fd);
+    if (err) return err;
+  }
+  return 0;
+}

@@ -174,6 +174,12 @@ static void from_host(uint32_t id, int kind, const char *p, size_t len) {
     queue(0, MUX_NET_DONE, status, sizeof status);
     return;
   }
+  if (kind == MUX_IDENTITY) {
+    char status[4];
+    put32(status, (uint32_t)vm_set_identity(p, len));
+    queue(0, MUX_IDENTITY_DONE, status, sizeof status);
+    return;
+  }
   if (kind == MUX_PING) {
     queue(0, MUX_PONG, NULL, 0);
     return;

@@ -48,6 +48,14 @@ enum {
    */
   MUX_NET = 12,
   MUX_NET_DONE = 13,
+  /*
+   * host -> guest, channel 0: who this VM is, before any command. At boot, and on each child
+   * restored from a fork's image (the parent's memory, so the parent's name): u32 pids limit
+   * for the sandbox (0: leave it), then the hostname (1-64 bytes). Answered by IDENTITY_DONE
+   * (u32 0, or the errno of what failed).
+   */
+  MUX_IDENTITY = 14,
+  MUX_IDENTITY_DONE = 15,
 };
 #define MUX_NET_PAYLOAD_BYTES 12
 /* A request's body is read whole before it acts: two lists of 256 paths of 4096 bytes fit. */
@@ -68,6 +76,8 @@ void vm_cmdline_str(const char *key, char *val, size_t len);
 void vm_net_setup(void);
 /* A MUX_NET payload applied to eth0, the routes and the resolver; 0 or an errno (net.c). */
 int vm_net_reconfigure(const char *payload, size_t len);
+/* A MUX_IDENTITY payload: the hostname and the sandbox's pids limit; 0 or an errno (limits.c). */
+int vm_set_identity(const char *payload, size_t len);
 /*
  * The guest's cgroup2 tree (limits.c): /sandbox with the pids limit from rollbox.pids=,
  * PID 1 in /sandbox/init, the init's exec cgroups beside it; returns the directory the
