@@ -158,12 +158,7 @@ describe('lazy layers on a host without the layer store', () => {
 
   it('refuses a corrupted chunk from the origin by its digest (EIO), then reads it right once the origin is sound', async () => {
     const id = await create();
-    proxy.corrupt = (kind, chunk) => {
-      if (kind !== 'blob' || chunk.length < 100) return chunk;
-      const out = Buffer.from(chunk);
-      out[50] = out[50]! ^ 0xff;
-      return out;
-    };
+    proxy.corruptBlobs();
     const bad = await sh(id, `sha256sum ${file(7)}`);
     expect(bad.exitCode).not.toBe(0);
     expect(bad.stderr).toMatch(EIO_MESSAGE);

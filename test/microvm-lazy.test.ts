@@ -150,12 +150,7 @@ describe('lazy layers on microVMs', () => {
   }, 120_000);
 
   it('refuses a corrupted chunk by its digest: the guest reads EIO, then the file once the origin is sound', async () => {
-    proxy.corrupt = (kind, chunk) => {
-      if (kind !== 'blob' || chunk.length < 100) return chunk;
-      const out = Buffer.from(chunk);
-      out[50] = out[50]! ^ 0xff;
-      return out;
-    };
+    proxy.corruptBlobs();
     const bad = await sh(vm, `sha256sum ${file(11)}`);
     expect(bad.exitCode).not.toBe(0);
     expect(bad.stderr).toMatch(EIO_MESSAGE);

@@ -60,6 +60,16 @@ export class OriginProxy {
     return this.bytes.blob + this.bytes.meta + this.bytes.chunks + this.bytes.other;
   }
 
+  /** From now on every blob body (past its first 100 bytes) has one byte flipped: a corrupted origin. */
+  corruptBlobs(): void {
+    this.corrupt = (kind, chunk) => {
+      if (kind !== 'blob' || chunk.length < 100) return chunk;
+      const out = Buffer.from(chunk);
+      out[50] = out[50]! ^ 0xff;
+      return out;
+    };
+  }
+
   reset(): void {
     for (const k of Object.keys(this.bytes) as LayerFileKind[]) this.bytes[k] = this.requests[k] = 0;
   }

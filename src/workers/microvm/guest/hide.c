@@ -23,13 +23,6 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 
-#ifndef SYS_openat2
-#define SYS_openat2 437
-#endif
-struct open_how_v0 {
-  uint64_t flags, mode, resolve;
-};
-#define RESOLVE_IN_ROOT 0x10
 
 #define MAX_HIDDEN 256
 

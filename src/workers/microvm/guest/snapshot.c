@@ -26,15 +26,6 @@
 #include <sys/socket.h>
 #include <sys/syscall.h>
 
-#ifndef SYS_openat2
-#define SYS_openat2 437
-#endif
-struct open_how_v0 {
-  uint64_t flags, mode, resolve;
-};
-#define RESOLVE_NO_MAGICLINKS 0x02
-#define RESOLVE_NO_SYMLINKS 0x04
-#define RESOLVE_BENEATH 0x08
 
 enum { ST_OK = 0, ST_CHANGED = 1, ST_FAILED = 2, ST_TOO_LARGE = 3 };
 

@@ -113,4 +113,17 @@ void snapshot_clear_stage(void);
 /* One record on a job's socket: a type byte and at most MUX_MAX_PAYLOAD bytes. */
 #define JOB_RECORD_MAX (1 + MUX_MAX_PAYLOAD)
 
+/* openat2(2) (musl has no wrapper and its headers lack the struct): paths resolved inside
+ * the sandbox's tree, for hiding paths and walking a snapshot. */
+#ifndef SYS_openat2
+#define SYS_openat2 437
+#endif
+struct open_how_v0 {
+  uint64_t flags, mode, resolve;
+};
+#define RESOLVE_NO_MAGICLINKS 0x02
+#define RESOLVE_NO_SYMLINKS 0x04
+#define RESOLVE_BENEATH 0x08
+#define RESOLVE_IN_ROOT 0x10
+
 #endif
