@@ -6,7 +6,8 @@
  * `rollbox image pull` end to end (fetch, EROFS build, record) against a gateway of a fresh
  * cluster (so every layer is built, none found stored): EROFS written from the tar stream
  * (the default), and the older build by extraction (trees on a tmpfs) then mkfs.erofs.
- * MB/s are of the compressed blob bytes.
+ * MB/s are of the compressed blob bytes. With `compression: 'zstd'` (the same image with
+ * zstd layers): its floor is zstd's own decompression, and only the direct pull is timed.
  */
 import { execFile, spawn } from 'node:child_process';
 import { createReadStream, readFileSync } from 'node:fs';
@@ -35,7 +36,9 @@ export interface PullArm {
   skopeoMBps: number;
   transferMs: number;
   transferMBps: number;
-  /** Inflating every gzip blob alone (zlib, as many at once as a pull): a floor no pull of these layers can beat. */
+  /** The layers' compression. */
+  compression: 'gzip' | 'zstd';
+  /** Decompressing every blob alone (zlib for gzip, the zstd tool for zstd, as many at once as a pull): a floor no pull of these layers can beat. */
   inflateMs: number;
   inflateMBps: number;
   /** `rollbox image pull` / inflating alone (1: the pull costs no more than decompression). */
@@ -49,18 +52,18 @@ export interface PullArm {
   /** The pull's own start to end on the gateway (its record's timestamps: no CLI start, no polling), and skopeo / that. */
   pullOnGatewayMs: number;
   pullOnGatewayRatioToSkopeo: number;
-  /** The same pull built by extraction (ROLLBOX_LAYER_BUILD=extract, trees on a tmpfs) and mkfs.erofs. */
-  pullExtractMs: number;
+  /** The same pull built by extraction (ROLLBOX_LAYER_BUILD=extract, trees on a tmpfs) and mkfs.erofs (gzip only). */
+  pullExtractMs?: number;
   /** Direct / by extraction, end-to-end speed. */
-  pullSpeedupOverExtract: number;
+  pullSpeedupOverExtract?: number;
   /** What the layer store holds after the pull (EROFS metadata images and data blobs). */
   storedMB: number;
   /** Bytes written to disk by the pull (the gateway's write_bytes, its mkfs.erofs children included); then the same built by extraction. */
   diskWrittenMB: number;
-  diskWrittenExtractMB: number;
+  diskWrittenExtractMB?: number;
   /** Disk written / stored: 1 is "written once, in its final form". */
   diskWrittenPerStored: number;
-  diskWrittenPerStoredExtract: number;
+  diskWrittenPerStoredExtract?: number;
 }
 
 /** This process's write_bytes (bytes it and its reaped children caused to be sent to storage; not tmpfs). */
@@ -74,26 +77,31 @@ async function allocatedBytes(dir: string): Promise<number> {
   return sum;
 }
 
-export async function pullArm(archive: string, work: string, log: (line: string) => void): Promise<PullArm> {
+export async function pullArm(archive: string, work: string, log: (line: string) => void, compression: 'gzip' | 'zstd' = 'gzip'): Promise<PullArm> {
   let registry: TestRegistry | undefined;
   let cluster: TestCluster | undefined;
   try {
     registry = await startTestRegistry();
     const ref = `${registry.host}/bench/a:1`;
-    log('pull arm: pushing the image into a loopback registry (skopeo)');
+    log(`pull arm (${compression}): pushing the image into a loopback registry (skopeo)`);
     await registry.push(archive, 'bench/a:1');
     const repo = new RegistryRepository(parseReference(ref), { credentials: new Map(), insecure: new Set([registry.host]), mirrors: new Map(), timeoutMs: 60_000 });
     const manifest = JSON.parse((await repo.manifest()).bytes.toString('utf8')) as { layers: { digest: string; size: number }[] };
     const blobBytes = manifest.layers.reduce((s, l) => s + l.size, 0);
 
-    const skopeoMs = await timed(() => run('skopeo', ['copy', '--quiet', '--src-tls-verify=false', `docker://${ref}`, `dir:${path.join(work, 'skopeo-dir')}`], { timeout: 600_000 }));
+    const skopeoDir = path.join(work, `skopeo-dir-${compression}`);
+    const skopeoMs = await timed(() => run('skopeo', ['copy', '--quiet', '--src-tls-verify=false', `docker://${ref}`, `dir:${skopeoDir}`], { timeout: 600_000 }));
     log(`pull arm: skopeo copy ${(skopeoMs / 1000).toFixed(2)} s, ${round(blobBytes / MB / (skopeoMs / 1000))} MB/s`);
 
-    // What any pull of gzip layers pays beyond skopeo: inflating them (zlib as rollbox runs it, 256 KiB pieces, as many at once as a pull).
+    // What any pull of these layers pays beyond skopeo: decompressing them (zlib as rollbox runs it, 256 KiB pieces; or the zstd tool, as rollbox runs it), as many at once as a pull.
     const inflateMs = await timed(async () => {
       const queue = [...manifest.layers];
+      const blobOf = (digest: string) => path.join(skopeoDir, digest.replace(/^sha256:/, ''));
       const inflateNext = async (): Promise<void> => {
-        for (let l = queue.shift(); l; l = queue.shift()) await pipeline(createReadStream(path.join(work, 'skopeo-dir', l.digest.replace(/^sha256:/, ''))), createGunzip({ chunkSize: 256 * 1024 }), new Writable({ write: (_c, _e, done) => done() }));
+        for (let l = queue.shift(); l; l = queue.shift()) {
+          if (compression === 'zstd') await run('zstd', ['-dcq', blobOf(l.digest), '-o', '/dev/null', '-f']);
+          else await pipeline(createReadStream(blobOf(l.digest)), createGunzip({ chunkSize: 256 * 1024 }), new Writable({ write: (_c, _e, done) => done() }));
+        }
       };
       await Promise.all(Array.from({ length: LAYERS_AT_ONCE }, inflateNext));
     });
@@ -138,13 +146,14 @@ export async function pullArm(archive: string, work: string, log: (line: string)
       cluster = undefined;
       return { ms, serverMs, diskBytes: writtenBytes, storeBytes };
     };
-    const direct = await pullOnce({}, 'EROFS from the stream');
-    const extracted = await pullOnce({ ROLLBOX_LAYER_BUILD: 'extract' }, 'by extraction, trees on a tmpfs');
+    const direct = await pullOnce({}, `${compression}, EROFS from the stream`);
+    const extracted = compression === 'gzip' ? await pullOnce({ ROLLBOX_LAYER_BUILD: 'extract' }, 'by extraction, trees on a tmpfs') : undefined;
     const pullMs = direct.ms;
     const skopeoMBps = round(blobBytes / MB / (skopeoMs / 1000));
     const transferMBps = round(blobBytes / MB / (transferMs / 1000));
     const pullMBps = round(blobBytes / MB / (pullMs / 1000));
     return {
+      compression,
       blobMB: round(blobBytes / MB),
       layers: manifest.layers.length,
       skopeoMs: round(skopeoMs),
@@ -160,13 +169,11 @@ export async function pullArm(archive: string, work: string, log: (line: string)
       pullRatioToSkopeo: round(pullMBps / skopeoMBps),
       pullOnGatewayMs: round(direct.serverMs),
       pullOnGatewayRatioToSkopeo: round(skopeoMs / direct.serverMs),
-      pullExtractMs: round(extracted.ms),
-      pullSpeedupOverExtract: round(extracted.ms / direct.ms),
+      ...(extracted ? { pullExtractMs: round(extracted.ms), pullSpeedupOverExtract: round(extracted.ms / direct.ms) } : {}),
       storedMB: round(direct.storeBytes / MB),
       diskWrittenMB: round(direct.diskBytes / MB),
-      diskWrittenExtractMB: round(extracted.diskBytes / MB),
+      ...(extracted ? { diskWrittenExtractMB: round(extracted.diskBytes / MB), diskWrittenPerStoredExtract: round(extracted.diskBytes / extracted.storeBytes) } : {}),
       diskWrittenPerStored: round(direct.diskBytes / direct.storeBytes),
-      diskWrittenPerStoredExtract: round(extracted.diskBytes / extracted.storeBytes),
     };
   } finally {
     await cluster?.stop();
