@@ -23,7 +23,7 @@ import { ImportHolds, importImage, resolveImageRef } from './images/index.ts';
 import { WorkerHost } from './workers/index.ts';
 import { NetworkSelfTest, SandboxNetworks } from './workers/network/index.ts';
 import { checkWorkerHostOrThrow } from './workers/host-checks/index.ts';
-import { createRuncRuntime, createTieredRuntime } from './workers/runtime/index.ts';
+import { besteffortGuardOf, createRuncRuntime, createTieredRuntime } from './workers/runtime/index.ts';
 import { microVmRuntimeOf } from './workers/microvm/index.ts';
 import { batchesOf } from './gateway-batches.ts';
 import { imagePullsOf } from './gateway-pulls.ts';
@@ -238,10 +238,12 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
     resolveHost: async (name) => config.network.staticHosts.get(name) ?? (await dns.resolve4(name)),
     logger,
   });
-  const containers = createRuncRuntime({ dataDir: workerDir, runtimeBinary: config.node.runtimeBinary, layerMounts, nodeId, logger, network, scratchSizeGiB: config.node.scratchSizeGiB, scratchFs: config.node.scratchFs, scratchIdleUnmountMs: config.node.idleUnmountMs, besteffortHoldMs: config.node.besteffortHoldMs, besteffortHeldCpuMillis: config.node.besteffortHeldCpuMillis });
+  // One guard for both tiers: a latency command holds back besteffort containers and VMs alike.
+  const besteffortGuard = besteffortGuardOf({ holdMs: config.node.besteffortHoldMs, heldCpuMillis: config.node.besteffortHeldCpuMillis, onError: (file, err) => logger.warn({ file, err: String(err) }, 'besteffort guard could not write a CPU quota') });
+  const containers = createRuncRuntime({ dataDir: workerDir, runtimeBinary: config.node.runtimeBinary, layerMounts, nodeId, logger, network, scratchSizeGiB: config.node.scratchSizeGiB, scratchFs: config.node.scratchFs, scratchIdleUnmountMs: config.node.idleUnmountMs, besteffortGuard });
   // A microVM's snapshot is read from its guest's tar stream on a thread of its own, off the event loop.
   const extractWorkers = new ExtractWorkers(1);
-  const microvm = microVmRuntimeOf(config.node.microvm, path.join(workerDir, 'microvm'), nodeId, { logger, network, extract: extractWorkers.extract, ...(source.lazy ? { lazy: source.lazy } : {}) });
+  const microvm = microVmRuntimeOf(config.node.microvm, path.join(workerDir, 'microvm'), nodeId, { logger, network, besteffortGuard, extract: extractWorkers.extract, ...(source.lazy ? { lazy: source.lazy } : {}) });
   const host = new WorkerHost({
     config: { ...config.node, nodeId },
     redis,

@@ -2,6 +2,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { discoverCgroups } from '../src/workers/runtime/cgroups.ts';
+import { BESTEFFORT_ROOT } from '../src/workers/runtime/index.ts';
 import { VMM_OVERHEAD_MIB, VMM_PIDS, vmCgroupRel } from '../src/workers/microvm/cgroup.ts';
 import { api, startTestCluster, type TestCluster } from './support/cluster.ts';
 import { qemuPidsUnder } from './support/qemu.ts';
@@ -99,6 +100,30 @@ describe('the VMM in the sandbox\'s host cgroup', () => {
     expect((await api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`)).status).toBe(200);
     expect(fs.existsSync(path.join(h.cpu!, rel))).toBe(false);
   }, 120_000);
+
+  it('one besteffort guard for both tiers: a latency container\'s waited-on command holds a besteffort VM back, a latency VM\'s holds a besteffort container', async () => {
+    const h = await discoverCgroups();
+    const vm = await createVm({ resources: { memoryMiB: 192, cpuMillis: 200 }, class: 'besteffort' });
+    const vmQuota = path.join(h.cpu!, vmCgroupRel(NODE, vm, 'besteffort'), 'cpu.cfs_quota_us');
+    const latency = await api(cluster, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64 } });
+    expect(latency.status, JSON.stringify(latency.body)).toBe(201);
+    /** The quota files' values while a command of `holder` sleeps 2 s, and after. */
+    const during = async (holder: string, files: string[]): Promise<{ held: string[]; after: string[] }> => {
+      const running = api(cluster, token, 'POST', `/v1/sandboxes/${holder}/exec`, { cmd: 'sleep 2', timeoutMs: 60_000 });
+      await new Promise((r) => setTimeout(r, 1000));
+      const held = files.map(read);
+      expect((await running).body.exitCode).toBe(0);
+      return { held, after: files.map(read) };
+    };
+    expect(await during(latency.body.id, [vmQuota])).toEqual({ held: ['1000'], after: ['20000'] });
+
+    const latencyVm = await createVm({ resources: { memoryMiB: 192, cpuMillis: 1000 } });
+    const besteffort = await api(cluster, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64, cpuMillis: 300 }, class: 'besteffort' });
+    expect(besteffort.status, JSON.stringify(besteffort.body)).toBe(201);
+    const containerQuota = path.join(h.cpu!, BESTEFFORT_ROOT, NODE, `rb-${besteffort.body.id}`, 'cpu.cfs_quota_us');
+    expect(await during(latencyVm, [containerQuota, vmQuota])).toEqual({ held: ['1000', '1000'], after: ['30000', '20000'] });
+    for (const id of [vm, latency.body.id, latencyVm, besteffort.body.id]) expect((await api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`)).status).toBe(200);
+  }, 180_000);
 
   it('pids inside the guest: a fork flood stops at the limit, the sandbox recovers', async () => {
     const id = await createVm({ resources: { memoryMiB: 192, cpuMillis: 1000, pids: 24 } });

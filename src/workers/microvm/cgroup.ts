@@ -34,6 +34,8 @@ export interface VmCgroup {
   dirs: string[];
   /** Once the guest answers: the sandbox's own CPU quota (the boot ran at its vCPUs' full quota). */
   settle(): void;
+  /** The VMM's cpu.cfs_quota_us (none without a cpu hierarchy). */
+  cpuQuotaFile?: string;
 }
 
 let hierarchies: Promise<CgroupHierarchies> | undefined;
@@ -70,7 +72,13 @@ export async function makeVmCgroup(rel: string, resources: Resources, cls: Sandb
   const settle = () => {
     if (cpu) writeFileSync(path.join(cpu, 'cpu.cfs_quota_us'), String(resources.cpuMillis * (CPU_PERIOD_US / 1000)));
   };
-  return { dirs, settle };
+  return { dirs, settle, ...(cpu ? { cpuQuotaFile: path.join(cpu, 'cpu.cfs_quota_us') } : {}) };
+}
+
+/** The cpu.cfs_quota_us of a VMM's cgroup (a VM adopted after a restart), if the host has the cpu hierarchy. */
+export async function vmCpuQuotaFile(nodeId: string, sandboxId: string, cls: SandboxClass): Promise<string | undefined> {
+  const { cpu } = await cgroups();
+  return cpu ? path.join(cpu, vmCgroupRel(nodeId, sandboxId, cls), 'cpu.cfs_quota_us') : undefined;
 }
 
 /**

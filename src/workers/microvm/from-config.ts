@@ -7,7 +7,7 @@ import type { SandboxNetworks } from '../network/index.ts';
 import type { LazyVmBlobs } from './lazy-blobs.ts';
 import type { RuntimeLogger } from '../runtime/index.ts';
 import { detectAccelerator, hostTscKhz } from './accelerator.ts';
-import { createMicroVmRuntime, type MicroVmRuntime } from './runtime.ts';
+import { createMicroVmRuntime, type MicroVmRuntime, type MicroVmRuntimeDeps } from './runtime.ts';
 
 /** Where scripts/install-microvm.sh leaves the guest kernel and initramfs. */
 export const DEFAULT_VM_DIR = path.resolve(import.meta.dirname, '../../../build/vm');
@@ -19,6 +19,7 @@ export const DEFAULT_VM_DIR = path.resolve(import.meta.dirname, '../../../build/
 /** What the runtime shares with the worker: its log, the sandbox networks, its extraction threads, its lazy layers. */
 export interface MicroVmShared {
   logger?: RuntimeLogger;
+  besteffortGuard?: MicroVmRuntimeDeps['besteffortGuard'];
   network?: SandboxNetworks;
   extract?: TarExtractor;
   lazy?: LazyVmBlobs;

@@ -3,11 +3,11 @@ import path from 'node:path';
 import { RollboxError } from '../../api/index.ts';
 import { extractInThread, type TarExtractor } from '../../layers/index.ts';
 import type { SandboxNetworks } from '../network/index.ts';
-import type { RuntimeLogger, SandboxRuntime, SandboxRuntimeSpec } from '../runtime/index.ts';
+import type { BesteffortGuard, RuntimeLogger, SandboxRuntime, SandboxRuntimeSpec } from '../runtime/index.ts';
 import type { Accelerator } from './accelerator.ts';
 import { openVmChannel } from './channel.ts';
 import { attachInVm, execInVm, execRawInVm } from './exec.ts';
-import { removeVmCgroup, removeVmCgroupParents } from './cgroup.ts';
+import { removeVmCgroup, removeVmCgroupParents, vmCpuQuotaFile } from './cgroup.ts';
 import { netnsPathOf, nicPolicy, releaseVmNetwork, VM_BRIDGE, vmNetnsOf } from './net.ts';
 import { saveVm } from './hibernation.ts';
 import { saveForkImage } from './fork-image.ts';
@@ -43,6 +43,11 @@ export interface MicroVmRuntimeDeps {
   snapshotIdleTimeoutMs: number;
   /** The host's lazy layers (a host without the layer store): a VM's QEMU reads their blobs through the gate. */
   lazy?: LazyVmBlobs;
+  /**
+   * The host's besteffort guard, shared with its containers: a latency VM's waited-on command
+   * holds besteffort sandboxes of either tier back, and besteffort VMs are held with them.
+   */
+  besteffortGuard?: Pick<BesteffortGuard, 'hold' | 'started' | 'addQuotaFiles'>;
   logger?: RuntimeLogger;
 }
 
@@ -106,6 +111,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     if (file) await kill(file.pid);
     if (vm) await kill(vm.pid);
     vms.delete(id);
+    besteffortQuotas.delete(id);
     await lazyHolds.release(id);
     // QEMU is gone, so is every user of the namespace: veth, lease, chain, then the namespace.
     await releaseVmNetwork(deps.network, id);
@@ -128,7 +134,14 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     return vm;
   };
 
-  const startHost: VmStartHost = { ...deps, dirOf, ramFileOf, lazyHolds, adopt, ops };
+  // Besteffort VMs once booted (the boot runs at a full CPU per vCPU: cgroup.ts), by the quota file of their VMM's cgroup.
+  const besteffortQuotas = new Map<string, string>();
+  deps.besteffortGuard?.addQuotaFiles(() => [...besteffortQuotas.values()]);
+  const besteffortStarted = (id: string, quotaFile: string): void => {
+    besteffortQuotas.set(id, quotaFile);
+    deps.besteffortGuard?.started(quotaFile);
+  };
+  const startHost: VmStartHost = { ...deps, dirOf, ramFileOf, lazyHolds, adopt, ops, besteffortStarted };
 
   return {
     accelerator: deps.accelerator,
@@ -150,7 +163,19 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
         throw new RollboxError('internal', `microVM ${spec.sandboxId} did not start: ${(err as Error).message}`);
       }
     },
-    exec: (id, spec) => execInVm(vmOf(id), spec),
+    async exec(id, spec) {
+      const vm = vmOf(id);
+      // A caller waits on a latency VM's command: the host's besteffort sandboxes are held back meanwhile (besteffort-guard.ts).
+      const release = spec.holdBackBesteffort && !vm.file.besteffort ? deps.besteffortGuard?.hold() : undefined;
+      if (!release) return execInVm(vm, spec);
+      // Let go as the command ends, before its result is recorded (and its caller answered).
+      const record = spec.record;
+      try {
+        return await execInVm(vm, { ...spec, record: async (outcome) => (release(), await record?.(outcome)) });
+      } finally {
+        release();
+      }
+    },
     execRaw: (id, spec) => execRawInVm(vmOf(id), spec),
     attach: (id, spec) => attachInVm(vmOf(id), spec),
     async signalCommand(id, commandId, signo) {
@@ -238,6 +263,8 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
         if (keep.has(id) && file && isQemuPid(file.pid, deps.qemuBinary) && (await lazyHolds.adopt(id, file.lazyLayers ?? []))) {
           try {
             await adopt(id, file);
+            const quotaFile = file.besteffort ? await vmCpuQuotaFile(deps.nodeId, id, 'besteffort') : undefined;
+            if (quotaFile) besteffortQuotas.set(id, quotaFile);
             if (file.nic && file.network) await deps.network?.adopt(id, netnsPathOf(vmNetnsOf(id)), nicPolicy(file.network), { bridge: VM_BRIDGE });
             adopted.push(id);
             continue;

@@ -38,6 +38,8 @@ export interface VmStartHost {
   lazyHolds: VmLazyHolds;
   /** Connects to a started QEMU's channel and monitors, and registers the VM. */
   adopt(id: string, file: VmFile): Promise<Vm>;
+  /** A besteffort VM booted: its VMM's CPU quota is the besteffort guard's to hold back from now on. */
+  besteffortStarted(id: string, quotaFile: string): void;
   ops: VmOpsDeps;
 }
 
@@ -97,7 +99,7 @@ export async function startVm(host: VmStartHost, spec: SandboxRuntimeSpec): Prom
     inCgroupPrefix(cgroup, spec.class),
   );
   if (!child.pid) throw new Error('QEMU did not start');
-  const file: VmFile = { pid: child.pid, started, layers: spec.layerImages.map((l) => l.digest), env: spec.env, workdir: spec.workdir, ...(spec.user ? { user: spec.user } : {}), ...(spec.network ? { network: spec.network } : {}), ...(nic ? { nic: true } : {}), ...(lazyLayers.length ? { lazyLayers } : {}) };
+  const file: VmFile = { pid: child.pid, started, layers: spec.layerImages.map((l) => l.digest), env: spec.env, workdir: spec.workdir, ...(spec.user ? { user: spec.user } : {}), ...(spec.network ? { network: spec.network } : {}), ...(nic ? { nic: true } : {}), ...(lazyLayers.length ? { lazyLayers } : {}), ...(spec.class === 'besteffort' ? { besteffort: true } : {}) };
   await writeVmFile({ dir, file });
   const vm = await host.adopt(spec.sandboxId, file).catch(async (err: Error) => {
     throw new Error(`${err.message}; console: ${await consoleTail(dir)}`);
@@ -129,6 +131,7 @@ export async function startVm(host: VmStartHost, spec: SandboxRuntimeSpec): Prom
   // Before the first command; after a wake, what a stage changed while it slept (the guest diffs).
   if (spec.hiddenPaths.length || image) await hidePaths(vm, spec.hiddenPaths, host.ops);
   cgroup.settle();
+  if (spec.class === 'besteffort' && cgroup.cpuQuotaFile) host.besteffortStarted(spec.sandboxId, cgroup.cpuQuotaFile);
 }
 
 export async function consoleTail(dir: string): Promise<string> {

@@ -46,6 +46,8 @@ export interface VmFile {
   nic?: boolean;
   /** The current stage's hidden paths (the guest's multiplexer keeps them hidden: guest/hide.c). */
   hiddenPaths?: string[];
+  /** Class besteffort: held back while a latency command runs (besteffort-guard.ts). */
+  besteffort?: boolean;
 }
 
 /** A running microVM on this host. */

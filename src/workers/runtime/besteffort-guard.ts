@@ -1,4 +1,5 @@
 import { readFileSync, writeFileSync } from 'node:fs';
+import { CPU_PERIOD_US } from './spec.ts';
 
 /**
  * Holds besteffort sandboxes back while a caller waits on a latency sandbox's command.
@@ -21,8 +22,8 @@ import { readFileSync, writeFileSync } from 'node:fs';
 export const MIN_HELD_QUOTA_US = 1000;
 
 export interface BesteffortGuardDeps {
-  /** cpu.cfs_quota_us of every besteffort sandbox this host runs now. */
-  quotaFiles: () => string[];
+  /** cpu.cfs_quota_us of every besteffort sandbox this host runs now (more sources: addQuotaFiles). */
+  quotaFiles?: () => string[];
   /** How long one command may hold besteffort sandboxes back; 0 turns the guard off. */
   maxHoldMs: number;
   /** Each held sandbox's CFS quota (per 100 ms period); default MIN_HELD_QUOTA_US. */
@@ -36,9 +37,16 @@ export class BesteffortGuard {
   private readonly saved = new Map<string, string>();
 
   private readonly heldQuotaUs: number;
+  private readonly sources: (() => string[])[] = [];
 
   constructor(private readonly deps: BesteffortGuardDeps) {
     this.heldQuotaUs = Math.max(MIN_HELD_QUOTA_US, deps.heldQuotaUs ?? MIN_HELD_QUOTA_US);
+    if (deps.quotaFiles) this.sources.push(deps.quotaFiles);
+  }
+
+  /** Another runtime's besteffort sandboxes (a host's microVMs beside its containers): held back together. */
+  addQuotaFiles(source: () => string[]): void {
+    this.sources.push(source);
   }
 
   get engaged(): boolean {
@@ -67,7 +75,7 @@ export class BesteffortGuard {
   }
 
   private cap(): void {
-    for (const file of this.deps.quotaFiles()) this.capOne(file);
+    for (const source of this.sources) for (const file of source()) this.capOne(file);
   }
 
   private capOne(file: string): void {
@@ -93,4 +101,9 @@ export class BesteffortGuard {
     }
     this.saved.clear();
   }
+}
+
+/** A host's guard as its config says: hold for at most `holdMs`, each held sandbox keeping `heldCpuMillis`. */
+export function besteffortGuardOf(options: { holdMs: number; heldCpuMillis?: number; onError?: BesteffortGuardDeps['onError'] }): BesteffortGuard {
+  return new BesteffortGuard({ maxHoldMs: options.holdMs, ...(options.heldCpuMillis === undefined ? {} : { heldQuotaUs: options.heldCpuMillis * (CPU_PERIOD_US / 1000) }), ...(options.onError ? { onError: options.onError } : {}) });
 }

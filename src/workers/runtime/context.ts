@@ -4,7 +4,7 @@ import path from 'node:path';
 import { RollboxError } from '../../api/index.ts';
 import type { LayerFiles, LayerMounts } from '../../layers/index.ts';
 import type { SandboxNetworks } from '../network/index.ts';
-import { BesteffortGuard } from './besteffort-guard.ts';
+import { besteffortGuardOf, type BesteffortGuard } from './besteffort-guard.ts';
 import { discoverCgroups, type CgroupHierarchies } from './cgroups.ts';
 import { DiskHelper } from './diskhelper.ts';
 import type { ExecSlots } from './exec-slots.ts';
@@ -12,7 +12,6 @@ import { BESTEFFORT_ROOT, RuntimeLayout } from './layout.ts';
 import { isProcessAlive, readRuncState, type RuncState } from './runc.ts';
 import { ScratchDisks } from './scratch.ts';
 import type { ScratchFsType } from './scratch-image.ts';
-import { CPU_PERIOD_US } from './spec.ts';
 import { DEFAULT_INIT_BINARY } from '../init/index.ts';
 import { InitWatch } from './init-watch.ts';
 
@@ -65,6 +64,8 @@ export interface RuncRuntimeDeps {
   besteffortHoldMs?: number;
   /** CPU each besteffort sandbox keeps while held, in millicores (default 10, the kernel's least). */
   besteffortHeldCpuMillis?: number;
+  /** A guard shared with the host's other runtime (its microVMs), instead of one of its own from the two above. */
+  besteffortGuard?: BesteffortGuard;
 }
 
 /** What this runtime process knows of one sandbox it runs. */
@@ -159,6 +160,12 @@ export function createRuntimeContext(deps: RuncRuntimeDeps): RuntimeContext {
 
   const cgroupRelOf = (id: string, besteffort: boolean): string => layout.cgroupRelOf(id, besteffort);
   const besteffortQuotaFile = (id: string, cpu: string): string => path.join(cpu, cgroupRelOf(id, true), 'cpu.cfs_quota_us');
+  const guard = deps.besteffortGuard ?? besteffortGuardOf({ holdMs: deps.besteffortHoldMs ?? 0, heldCpuMillis: deps.besteffortHeldCpuMillis, onError: (file, err) => log?.warn({ file, err: String(err) }, 'besteffort guard could not write a CPU quota') });
+  // Every besteffort sandbox got here through create or adopt, which found the hierarchies.
+  guard.addQuotaFiles(() => {
+    const cpu = cgroupsFound?.cpu;
+    return cpu ? [...sandboxes.values()].filter((r) => r.besteffort).map((r) => besteffortQuotaFile(r.id, cpu)) : [];
+  });
 
   const ctx: RuntimeContext = {
     layout,
@@ -186,16 +193,7 @@ export function createRuntimeContext(deps: RuncRuntimeDeps): RuntimeContext {
       losetupBinary: deps.losetupBinary,
       logger: log,
     }),
-    guard: new BesteffortGuard({
-      maxHoldMs: deps.besteffortHoldMs ?? 0,
-      heldQuotaUs: deps.besteffortHeldCpuMillis === undefined ? undefined : deps.besteffortHeldCpuMillis * (CPU_PERIOD_US / 1000),
-      // Every besteffort sandbox got here through create or adopt, which found the hierarchies.
-      quotaFiles: () => {
-        const cpu = cgroupsFound?.cpu;
-        return cpu ? [...sandboxes.values()].filter((r) => r.besteffort).map((r) => besteffortQuotaFile(r.id, cpu)) : [];
-      },
-      onError: (file, err) => log?.warn({ file, err: String(err) }, 'besteffort guard could not write a CPU quota'),
-    }),
+    guard,
     sandboxes,
     commandChannels: new Set(),
     initWatch: new InitWatch({
