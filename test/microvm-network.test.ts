@@ -1,10 +1,13 @@
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
+import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { startTargetNetns, type TargetNetns } from './support/target-netns.ts';
 import { qemuPidsUnder } from './support/qemu.ts';
 import { vmNetnsOf } from '../src/workers/microvm/net.ts';
+import { vmCgroupRel } from '../src/workers/microvm/cgroup.ts';
+import { discoverCgroups } from '../src/workers/runtime/cgroups.ts';
 import { vethOf } from '../src/workers/network/index.ts';
 
 /**
@@ -103,7 +106,7 @@ describe('microVM network', () => {
     expect(vethsOf([id])).toEqual([]);
   }, 180_000);
 
-  it('a restarted worker adopts a live VM\'s network (rules, resolver, stages) and removes a dead one\'s', async () => {
+  it('a restarted worker adopts a live VM\'s network (rules, resolver, stages) and its own CPU quota, and removes a dead one\'s', async () => {
     // A long lost-after so the janitor does not end the sandboxes while their worker is down.
     const other = await startTestCluster({ env: { ROLLBOX_NET_STATIC_HOSTS: `allowed.name=${target.address}`, ROLLBOX_NODE_LOST_AFTER_MS: '60000' } });
     const node = 'node-vmnet2';
@@ -112,13 +115,16 @@ describe('microVM network', () => {
       const child = await other.spawnWorker({ nodeId: node });
       await waitFor('the spawned worker', async () => (await api(other, otherToken, 'GET', '/v1/nodes')).body.nodes?.length === 1, 30_000);
       const network = { mode: 'allowlist', allow: [{ host: 'allowed.name', ports: [PORT_A] }] };
-      const create = async () => {
-        const created = await api(other, otherToken, 'POST', '/v1/sandboxes', { tier: 'microvm', resources: { memoryMiB: 192, cpuMillis: 1000 }, network });
+      const create = async (cls = 'latency') => {
+        const created = await api(other, otherToken, 'POST', '/v1/sandboxes', { tier: 'microvm', class: cls, resources: { memoryMiB: 192, cpuMillis: 1000 }, network });
         expect(created.status, JSON.stringify(created.body)).toBe(201);
         made.push(created.body.id);
         return created.body.id as string;
       };
-      const [kept, dead] = [await create(), await create()];
+      // The kept one besteffort: a worker that dies holding it back (the besteffort guard) leaves its quota low.
+      const [kept, dead] = [await create('besteffort'), await create()];
+      const keptQuota = path.join((await discoverCgroups()).cpu!, vmCgroupRel(node, kept, 'besteffort'), 'cpu.cfs_quota_us');
+      expect(fs.readFileSync(keptQuota, 'utf8').trim()).toBe('100000');
       const run = async (id: string, cmd: string) => (await api(other, otherToken, 'POST', `/v1/sandboxes/${id}/exec`, { cmd, timeoutMs: 20_000 })).body.stdout as string;
       expect(await run(kept, `echo | nc -w 3 allowed.name ${PORT_A}`)).toContain(`hello ${PORT_A}`);
       const leases = () => fs.readdirSync('/run/rollbox/net').filter((f) => fs.readFileSync(`/run/rollbox/net/${f}`, 'utf8').startsWith(`${node} `));
@@ -131,11 +137,13 @@ describe('microVM network', () => {
       const deadPid = Number(JSON.parse(fs.readFileSync(`${other.rootDir}/${node}/worker/microvm/${dead}/vm.json`, 'utf8')).pid);
       process.kill(deadPid, 'SIGKILL');
       await waitFor('the dead VMM', async () => qemuPidsUnder(other.rootDir).length === 1);
+      fs.writeFileSync(keptQuota, '1000');
 
       await other.addWorker({ nodeId: node });
       expect(leases()).toHaveLength(1);
       expect(netnsOf([kept, dead])).toEqual([vmNetnsOf(kept)]);
       expect((await api(other, otherToken, 'GET', `/v1/sandboxes/${dead}`)).body.state).toBe('failed');
+      expect(fs.readFileSync(keptQuota, 'utf8').trim()).toBe('100000'); // its own quota back
       // The adopted VM: rules intact, the platform resolver answers again, a stage change applies.
       expect(await run(kept, `echo | nc -w 3 allowed.name ${PORT_A}`)).toContain(`hello ${PORT_A}`);
       expect(await run(kept, `echo | nc -w 3 ${target.address} ${PORT_B}`)).not.toContain('hello');

@@ -34,8 +34,9 @@ export interface VmCgroup {
   dirs: string[];
   /** Once the guest answers: the sandbox's own CPU quota (the boot ran at its vCPUs' full quota). */
   settle(): void;
-  /** The VMM's cpu.cfs_quota_us (none without a cpu hierarchy). */
+  /** The VMM's cpu.cfs_quota_us (none without a cpu hierarchy), and the sandbox's own quota there after the boot. */
   cpuQuotaFile?: string;
+  ownQuotaUs: number;
 }
 
 let hierarchies: Promise<CgroupHierarchies> | undefined;
@@ -69,10 +70,11 @@ export async function makeVmCgroup(rel: string, resources: Resources, cls: Sandb
     writeFileSync(path.join(cpu, 'cpu.cfs_quota_us'), String(Math.max(resources.cpuMillis, vcpus * 1000) * (CPU_PERIOD_US / 1000)));
     writeFileSync(path.join(cpu, 'cpu.shares'), String(cpuShares(resources, cls)));
   }
+  const ownQuotaUs = resources.cpuMillis * (CPU_PERIOD_US / 1000);
   const settle = () => {
-    if (cpu) writeFileSync(path.join(cpu, 'cpu.cfs_quota_us'), String(resources.cpuMillis * (CPU_PERIOD_US / 1000)));
+    if (cpu) writeFileSync(path.join(cpu, 'cpu.cfs_quota_us'), String(ownQuotaUs));
   };
-  return { dirs, settle, ...(cpu ? { cpuQuotaFile: path.join(cpu, 'cpu.cfs_quota_us') } : {}) };
+  return { dirs, settle, ownQuotaUs, ...(cpu ? { cpuQuotaFile: path.join(cpu, 'cpu.cfs_quota_us') } : {}) };
 }
 
 /** The cpu.cfs_quota_us of a VMM's cgroup (a VM adopted after a restart), if the host has the cpu hierarchy. */

@@ -166,7 +166,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     async exec(id, spec) {
       const vm = vmOf(id);
       // A caller waits on a latency VM's command: the host's besteffort sandboxes are held back meanwhile (besteffort-guard.ts).
-      const release = spec.holdBackBesteffort && !vm.file.besteffort ? deps.besteffortGuard?.hold() : undefined;
+      const release = spec.holdBackBesteffort && vm.file.besteffortQuotaUs === undefined ? deps.besteffortGuard?.hold() : undefined;
       if (!release) return execInVm(vm, spec);
       // Let go as the command ends, before its result is recorded (and its caller answered).
       const record = spec.record;
@@ -263,8 +263,12 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
         if (keep.has(id) && file && isQemuPid(file.pid, deps.qemuBinary) && (await lazyHolds.adopt(id, file.lazyLayers ?? []))) {
           try {
             await adopt(id, file);
-            const quotaFile = file.besteffort ? await vmCpuQuotaFile(deps.nodeId, id, 'besteffort') : undefined;
-            if (quotaFile) besteffortQuotas.set(id, quotaFile);
+            const quotaFile = file.besteffortQuotaUs !== undefined ? await vmCpuQuotaFile(deps.nodeId, id, 'besteffort') : undefined;
+            if (quotaFile) {
+              // Its own quota again: a worker that died during a hold left it held.
+              await fs.writeFile(quotaFile, String(file.besteffortQuotaUs)).catch((err: unknown) => deps.logger?.warn({ sandboxId: id, err: String(err) }, 'could not restore the CPU quota of an adopted besteffort microVM'));
+              besteffortQuotas.set(id, quotaFile);
+            }
             if (file.nic && file.network) await deps.network?.adopt(id, netnsPathOf(vmNetnsOf(id)), nicPolicy(file.network), { bridge: VM_BRIDGE });
             adopted.push(id);
             continue;

@@ -99,7 +99,7 @@ export async function startVm(host: VmStartHost, spec: SandboxRuntimeSpec): Prom
     inCgroupPrefix(cgroup, spec.class),
   );
   if (!child.pid) throw new Error('QEMU did not start');
-  const file: VmFile = { pid: child.pid, started, layers: spec.layerImages.map((l) => l.digest), env: spec.env, workdir: spec.workdir, ...(spec.user ? { user: spec.user } : {}), ...(spec.network ? { network: spec.network } : {}), ...(nic ? { nic: true } : {}), ...(lazyLayers.length ? { lazyLayers } : {}), ...(spec.class === 'besteffort' ? { besteffort: true } : {}) };
+  const file: VmFile = { pid: child.pid, started, layers: spec.layerImages.map((l) => l.digest), env: spec.env, workdir: spec.workdir, ...(spec.user ? { user: spec.user } : {}), ...(spec.network ? { network: spec.network } : {}), ...(nic ? { nic: true } : {}), ...(lazyLayers.length ? { lazyLayers } : {}), ...(spec.class === 'besteffort' ? { besteffortQuotaUs: cgroup.ownQuotaUs } : {}) };
   await writeVmFile({ dir, file });
   const vm = await host.adopt(spec.sandboxId, file).catch(async (err: Error) => {
     throw new Error(`${err.message}; console: ${await consoleTail(dir)}`);

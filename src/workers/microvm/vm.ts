@@ -46,8 +46,12 @@ export interface VmFile {
   nic?: boolean;
   /** The current stage's hidden paths (the guest's multiplexer keeps them hidden: guest/hide.c). */
   hiddenPaths?: string[];
-  /** Class besteffort: held back while a latency command runs (besteffort-guard.ts). */
-  besteffort?: boolean;
+  /**
+   * Class besteffort: its VMM's own CPU quota, µs per period. The besteffort guard lowers it
+   * while a latency command runs (besteffort-guard.ts); a worker adopting the VM restores it
+   * (its predecessor may have died holding it).
+   */
+  besteffortQuotaUs?: number;
 }
 
 /** A running microVM on this host. */
