@@ -21,6 +21,7 @@ import { BlockingPool, connectRedis, parseRedisTarget, redactedRedisUrl, startRe
 import { CommandLog, ForkRecords, ImageRegistry, LayerRegistry, PoolRegistry, SandboxRegistry, keys, migrateKeyLayout } from './registry/index.ts';
 import { ImportHolds, importImage, resolveImageRef } from './images/index.ts';
 import { WorkerHost } from './workers/index.ts';
+import { ModelGateway } from './model-gateway/index.ts';
 import { NetworkSelfTest, SandboxNetworks } from './workers/network/index.ts';
 import { checkWorkerHostOrThrow } from './workers/host-checks/index.ts';
 import { besteffortGuardOf, createRuncRuntime, createTieredRuntime } from './workers/runtime/index.ts';
@@ -131,6 +132,9 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const buildLayer: LayerBuilder = (tar, { maxBytes }) => buildLayerFromTar(tar, { store, tmpDir, maxBytes, extract, build: config.layerBuild });
   const { batches, runner: batchRunner, jobs: batchJobs, stop: stopBatches } = batchesOf(config, redisUrl, redis, blocking, { sandboxes, files, execs, layers, buildLayer, now }, logger, now, (succeeded) => metrics.seen.taskEnded(succeeded));
   const verifier = createTokenVerifier(config.jwt);
+  // The model gateway of hosted rollouts: its own pub/sub connection for the jobs' hold and binding events.
+  const model = new ModelGateway({ redis, subscriber: connectRedis(redisUrl), blocking, config: config.model, gatewayId, logger, now, metricsRegistry: metrics.registry });
+  await model.start();
   const app = createGateway({
     config, redis, verifier, rolloutKeys: new RolloutKeyStore(redis, now), sandboxes, forks, ttls, execs, files, pools, runs, batches, layers, directory, metrics, logger, now, burst,
     jobQueues: () => [...directory.list().map((n) => createJobs.queue(n.nodeId)), ...batchJobs.openQueues()],
@@ -139,6 +143,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     layerStore: store,
     ...(config.http.layerBlobGzipLevel > 0 ? { gzippedChunks: new GzippedChunks(store, config.http.layerBlobGzipLevel) } : {}),
     e2b: { redis, registry, keys: new E2bKeyStore(redis, now), sandboxes, ttls, execs, files, filesMaxBytes: config.files.maxBytes },
+    model,
     images: {
       records: imagePulls,
       importImage: (archive, query) => importImage(archive, query, layerDeps),
@@ -168,6 +173,8 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
       await burst.stop();
       await provider?.close?.();
       directory.stop();
+      // Held and running model calls end here (their clients retry on another gateway, which takes them over).
+      await model.stop();
       await new Promise<void>((resolve) => server.close(() => resolve()));
       await replies.stop();
       await extractWorkers.close();

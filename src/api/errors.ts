@@ -29,6 +29,9 @@ export const ERROR_CODES = {
   registry_unavailable: { status: 502, meaning: 'An image pull could not reach the registry or it stopped answering: connection refused or cut, TLS failure (a plain-HTTP registry not listed in `ROLLBOX_REGISTRY_INSECURE`), a timeout, a 5xx or 429 answer.' },
   snapshot_failed: { status: 502, meaning: 'A microVM\'s snapshot stream from its guest was refused (not a tar of its writable layer, an entry no layer may hold, cut short, or silent past `ROLLBOX_VM_SNAPSHOT_IDLE_MS`), or the guest could not pack its writable layer (a name that is not UTF-8); the message says which. Nothing was stored, and the sandbox runs on.' },
   tier_unsupported: { status: 501, meaning: 'The sandbox\'s tier cannot do this (yet), or no worker host runs that tier: the message names the tier and the feature (docs/microvm.md).' },
+  model_hold_expired: { status: 504, meaning: 'A model call was held (its job paused, its upstreams unreachable or unregistered) past `ROLLBOX_MODEL_MAX_HOLD_MS` or its rollout\'s wall time; answered in the SDK\'s error shape and recorded.' },
+  model_limit_exceeded: { status: 403, meaning: 'The rollout used up its model calls or tokens (`maxModelCalls`, `maxTokens`): the call was not made.' },
+  model_upstream_failed: { status: 502, meaning: 'A model call\'s answer was cut short more often than `ROLLBOX_MODEL_MAX_REISSUES` re-issues could mend, or its re-issue did not repeat what the agent had already received (an upstream that samples differently): recorded with its attempts.' },
   image_pull_timeout: { status: 504, meaning: 'A create whose `image.ref` had to be pulled waited longer than `ROLLBOX_IMAGE_PULL_WAIT_MS`; the pull goes on (`GET /v1/images/:name`).' },
 } as const satisfies Record<string, { status: number; meaning: string }>;
 

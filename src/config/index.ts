@@ -142,6 +142,15 @@ export const Env = z.object({
   ROLLBOX_BATCH_LEASE_MS: z.coerce.number().int().min(1000).default(10_000).describe('Gateway: the BullMQ lock of a running batch task\'s job, renewed every third of it; the stalled check runs as often, so a gateway that dies has its tasks waiting again about this long plus two checks later (BullMQ\'s default is 30 s).'),
   ROLLBOX_BATCH_MAX_BYTES: z.coerce.number().int().min(1024).default(512 * 1024 * 1024).describe('Gateway: the largest NDJSON batch body.'),
   ROLLBOX_BATCH_TENANT_WEIGHTS: z.string().default('').describe('Gateway: `tenant=weight,...`: relative shares of batch capacity (default 1 each).'),
+  ROLLBOX_MODEL_MAX_HOLD_MS: z.coerce.number().int().min(100).default(30 * 60_000).describe('Gateway: the longest a model call is held (its job paused, its upstreams unreachable or not registered) before it fails `model_hold_expired` in the SDK\'s error shape (a rollout\'s wall time may end it sooner).'),
+  ROLLBOX_MODEL_KEEPALIVE_MS: z.coerce.number().int().min(50).default(10_000).describe('Gateway: while a model call is held or its upstream is silent, what the agent gets this often: an SSE comment (`: keepalive`), an Anthropic `ping` event, or a space after an early 200 for calls that do not stream.'),
+  ROLLBOX_MODEL_EARLY_HEADERS_MS: z.coerce.number().int().min(0).default(2000).describe('Gateway: a held model call that does not stream answers 200 once it is this old (then spaces until its body), so its SDK\'s timeout, which covers only the wait for headers, does not fire; a held streaming call answers 200 at once. Until then a retry of it joins it.'),
+  ROLLBOX_MODEL_LEASE_MS: z.coerce.number().int().min(200).default(3000).describe('Gateway: a model call in flight is owned by its gateway under this lease, renewed every third of it; a retry (or the sweeper) on another gateway takes over a call whose owner stopped renewing and re-issues it, recorded once.'),
+  ROLLBOX_MODEL_RETRY_JOIN_SECONDS: z.coerce.number().int().min(0).default(600).describe('Gateway: how long after a model call ended a client retry of it (same rollout and body, `x-stainless-retry-count` > 0) gets its answer again instead of making a new call.'),
+  ROLLBOX_MODEL_RECORD_TTL_SECONDS: z.coerce.number().int().min(60).default(7 * 24 * 3600).describe('Gateway: how long model call records (and their rollout\'s counters) are kept.'),
+  ROLLBOX_MODEL_CONNECT_TIMEOUT_MS: z.coerce.number().int().min(50).default(5000).describe('Gateway: the longest a model upstream may take to accept a connection; past it the upstream counts as unreachable (the next one is tried, or the call held).'),
+  ROLLBOX_MODEL_PROBE_MS: z.coerce.number().int().min(20).default(1000).describe('Gateway: while a job\'s upstreams are unreachable, how often the first held call tries them again.'),
+  ROLLBOX_MODEL_MAX_REISSUES: z.coerce.number().int().min(0).max(100).default(5).describe('Gateway: re-issues of one model call whose answer was cut short before it fails `model_upstream_failed`.'),
   ROLLBOX_NET_STATIC_HOSTS: z.string().default('').describe('`name=ip|ip,name2=ip`: allowlisted hostnames resolved from this map instead of the host\'s resolver.'),
 });
 
@@ -260,6 +269,17 @@ export function loadConfig(env: NodeJS.ProcessEnv, overrides: Partial<Record<key
     },
     defaultRequests: { memoryMiB: e.ROLLBOX_DEFAULT_REQUEST_MEMORY_MIB, cpuMillis: e.ROLLBOX_DEFAULT_REQUEST_CPU_MILLIS },
     runCodeLanguages: z.record(z.string(), RunCodeLanguage).parse({ ...DEFAULT_RUN_CODE_LANGUAGES, ...(e.ROLLBOX_RUN_CODE_LANGUAGES ? (JSON.parse(e.ROLLBOX_RUN_CODE_LANGUAGES) as object) : {}) }),
+    model: {
+      maxHoldMs: e.ROLLBOX_MODEL_MAX_HOLD_MS,
+      keepaliveMs: e.ROLLBOX_MODEL_KEEPALIVE_MS,
+      earlyHeadersMs: e.ROLLBOX_MODEL_EARLY_HEADERS_MS,
+      leaseMs: e.ROLLBOX_MODEL_LEASE_MS,
+      retryJoinSeconds: e.ROLLBOX_MODEL_RETRY_JOIN_SECONDS,
+      recordTtlSeconds: e.ROLLBOX_MODEL_RECORD_TTL_SECONDS,
+      connectTimeoutMs: e.ROLLBOX_MODEL_CONNECT_TIMEOUT_MS,
+      probeMs: e.ROLLBOX_MODEL_PROBE_MS,
+      maxReissues: e.ROLLBOX_MODEL_MAX_REISSUES,
+    },
     network: {
       poolCidr: e.ROLLBOX_NET_POOL,
       leaseDir: e.ROLLBOX_NET_LEASE_DIR,
