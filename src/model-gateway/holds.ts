@@ -22,7 +22,8 @@ interface CachedState {
  * a preempted trainer says) or its upstreams do not answer, calls wait in one line per job
  * in Redis, in the order they came, whichever gateway holds them; when the job resumes or
  * an upstream answers again they go up in that order (one at a time: each leaves the
- * line, and the next sees it at once through the job's events). While the upstreams are
+ * line once its request is sent, and the next sees it at once through the job's events,
+ * so the upstream gets them in that order). While the upstreams are
  * down only the first in line tries them (every `probeMs`), so a dead upstream is not
  * hammered by every held call.
  */
@@ -68,12 +69,10 @@ export class JobHolds {
     const now = this.now;
     const [answer, left] = (await gateScript.run(this.redis, [modelKeys.holdState(tenant, job), modelKeys.holdQueue(tenant, job), modelKeys.holdLeases(tenant, job)], [callId, arrivalMs, now, now + this.options.leaseMs])) as [GateAnswer, number];
     this.cache.set(jobRef(tenant, job), { paused: answer === 'paused', down: answer === 'down' || answer === 'probe', queued: left > 0, atMs: now });
-    // The next in line goes now.
-    if (answer === 'go' && left > 0) await this.redis.publish(modelKeys.events, jobRef(tenant, job));
     return answer;
   }
 
-  /** The call is out of the line (it went up as the probe, failed, or ended); `upstreamBack`: its probe got an answer. */
+  /** The call is out of the line (its request is sent, its probe answered, or it ended); `upstreamBack`: its probe got an answer. */
   async leave(tenant: string, job: string, callId: string, upstreamBack = false): Promise<void> {
     const multi = this.redis.multi().zrem(modelKeys.holdQueue(tenant, job), callId).zrem(modelKeys.holdLeases(tenant, job), callId);
     if (upstreamBack) multi.hset(modelKeys.holdState(tenant, job), 'down', '0');

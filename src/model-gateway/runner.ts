@@ -73,6 +73,8 @@ export class CallRunner {
   private heldMs = 0;
   private upstreamMs = 0;
   private reissues = 0;
+  /** First in line (the gate said go or probe): leave once the request is sent (probe: once answered). */
+  private inLine = false;
   private probing = false;
   private deadlineMs: number | undefined;
   private headSent = false;
@@ -121,7 +123,7 @@ export class CallRunner {
       if (e.code === 'internal') deps.logger.error({ err, callId: spec.callId }, 'model call failed');
       this.fail(e.code, e.message);
     } finally {
-      if (this.probing) await deps.holds.leave(spec.tenant, spec.job, spec.callId).catch(() => {});
+      if (this.inLine) await this.leaveLine(false);
     }
     await this.finish();
   }
@@ -145,7 +147,8 @@ export class CallRunner {
     for (;;) {
       const answer = await deps.holds.gate(spec.tenant, spec.job, spec.callId, spec.receivedAtMs);
       this.probing = answer === 'probe';
-      if (answer === 'go' || answer === 'probe') return;
+      this.inLine = answer === 'go' || answer === 'probe';
+      if (this.inLine) return;
       await this.wait(answer === 'paused' ? 'paused' : answer === 'down' ? 'unreachable' : 'queued', Math.max(50, deps.config.probeMs / 2));
     }
   }
@@ -191,7 +194,8 @@ export class CallRunner {
       };
       let answer;
       try {
-        answer = await deps.upstreams.request(upstream, binding, { method: 'POST', path: spec.dialect.path, body, headers: spec.forward, accept: spec.stream ? 'text/event-stream' : 'application/json' });
+        const onSent = this.inLine && !this.probing ? () => void this.leaveLine(false) : undefined;
+        answer = await deps.upstreams.request(upstream, binding, { method: 'POST', path: spec.dialect.path, body, headers: spec.forward, accept: spec.stream ? 'text/event-stream' : 'application/json', ...(onSent ? { onSent } : {}) });
       } catch (err) {
         this.down(upstream, () => note('unreachable', { error: scrub((err as Error).message, this.secrets) }));
         continue;
@@ -208,10 +212,7 @@ export class CallRunner {
       // An answer: the upstream is back for every held call of the job.
       deps.upstreams.markUp(upstream);
       this.unheld();
-      if (this.probing) {
-        this.probing = false;
-        await deps.holds.leave(spec.tenant, spec.job, spec.callId, true);
-      }
+      if (this.probing) await this.leaveLine(true);
       this.upstreamUsed = upstream.baseUrl;
       this.tokens = new TokenAcc();
       if (answer.status >= 300) {
@@ -229,6 +230,14 @@ export class CallRunner {
       return end;
     }
     return 'unreachable';
+  }
+
+  /** Out of the job's line: the next held call goes. */
+  private async leaveLine(upstreamBack: boolean): Promise<void> {
+    if (!this.inLine) return;
+    this.inLine = false;
+    this.probing = false;
+    await this.deps.holds.leave(this.spec.tenant, this.spec.job, this.spec.callId, upstreamBack).catch((err: unknown) => this.deps.logger.warn({ err, callId: this.spec.callId }, 'held call could not leave its line'));
   }
 
   private down(upstream: ModelUpstream, note: () => void): void {

@@ -60,7 +60,7 @@ export class Upstreams {
    * One request; rejects when no answer came (refused, reset, no connection within the
    * connect timeout, silent past the idle timeout). The caller must read or destroy `body`.
    */
-  request(upstream: ModelUpstream, binding: StoredBinding, input: { method: 'GET' | 'POST'; path: string; body?: string; headers: Record<string, string>; accept: string }): Promise<UpstreamAnswer> {
+  request(upstream: ModelUpstream, binding: StoredBinding, input: { method: 'GET' | 'POST'; path: string; body?: string; headers: Record<string, string>; accept: string; onSent?: () => void }): Promise<UpstreamAnswer> {
     const url = new URL(upstream.baseUrl.replace(/\/+$/, '') + input.path);
     const client = url.protocol === 'https:' ? https : http;
     const headers: Record<string, string> = {
@@ -92,6 +92,7 @@ export class Upstreams {
         done();
         reject(err);
       });
+      if (input.onSent) req.once('finish', input.onSent);
       req.end(input.body);
     });
   }

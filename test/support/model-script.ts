@@ -11,7 +11,8 @@ export interface ScriptTurn {
   error?: { status: number; message: string; echoAuthorization?: boolean };
 }
 
-export type Answer = { turn: number } & ({ kind: 'json'; status: number; body: Json } | { kind: 'sse'; events: { event?: string; data: Json | string }[] });
+type Body = { kind: 'json'; status: number; body: Json } | { kind: 'sse'; events: { event?: string; data: Json | string }[] };
+export type Answer = { turn: number } & Body;
 
 interface Context {
   script: ScriptTurn[];
@@ -71,7 +72,7 @@ function chatLogprobs(text: string, offset: number) {
   return { content: [...text].map((token, i) => ({ token, logprob: logprobOf(offset + i), bytes: [...Buffer.from(token)], top_logprobs: [] })) };
 }
 
-function chat(step: ScriptTurn, body: Json, ctx: Context): Omit<Answer, 'turn'> {
+function chat(step: ScriptTurn, body: Json, ctx: Context): Body {
   const id = `chatcmpl-${ctx.request}`;
   const head = { id, object: 'chat.completion.chunk', created: 1_700_000_000, model: ctx.model };
   const ids = body.return_token_ids === true;
@@ -105,7 +106,7 @@ function chat(step: ScriptTurn, body: Json, ctx: Context): Omit<Answer, 'turn'> 
   return { kind: 'sse', events };
 }
 
-function completions(step: ScriptTurn, body: Json, ctx: Context): Omit<Answer, 'turn'> {
+function completions(step: ScriptTurn, body: Json, ctx: Context): Body {
   const head = { id: `cmpl-${ctx.request}`, object: 'text_completion', created: 1_700_000_000, model: ctx.model };
   const ids = body.return_token_ids === true;
   const lp = body.logprobs !== undefined && body.logprobs !== null;
@@ -129,7 +130,7 @@ function completions(step: ScriptTurn, body: Json, ctx: Context): Omit<Answer, '
   return { kind: 'sse', events };
 }
 
-function responses(step: ScriptTurn, body: Json, ctx: Context): Omit<Answer, 'turn'> {
+function responses(step: ScriptTurn, body: Json, ctx: Context): Body {
   const id = `resp_${ctx.request}`;
   const text = step.text ?? '';
   const u = usageOf(body, step);
@@ -161,7 +162,7 @@ function responses(step: ScriptTurn, body: Json, ctx: Context): Omit<Answer, 'tu
   return { kind: 'sse', events };
 }
 
-function messages(step: ScriptTurn, body: Json, ctx: Context): Omit<Answer, 'turn'> {
+function messages(step: ScriptTurn, body: Json, ctx: Context): Body {
   const id = `msg_${ctx.request}`;
   const u = usageOf(body, step);
   const blocks: Json[] = [...(step.text ? [{ type: 'text', text: step.text }] : []), ...(step.toolCalls ?? []).map((t, j) => ({ type: 'tool_use', id: `toolu_${ctx.request}_${j}`, name: t.name, input: t.arguments }))];

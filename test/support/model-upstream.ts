@@ -39,6 +39,8 @@ export class ScriptedUpstream {
   chunkDelayMs = 0;
   /** The next `count` answers end abruptly (socket destroyed) after `afterEvents` events (a non-streaming body: after half its bytes). */
   cut: { afterEvents: number; count: number } | undefined;
+  /** Called with each request before it is answered (a test looks at the world as the request arrives). */
+  onRequest: ((received: Received) => Promise<void>) | undefined;
   /** The next `count` answers are this status (an unavailable upstream: 503). */
   fail: { status: number; count: number } | undefined;
   private server: http.Server | undefined;
@@ -101,7 +103,9 @@ export class ScriptedUpstream {
     const body = text ? (JSON.parse(text) as Received['body']) : {};
     const path = (req.url ?? '').split('?')[0]!;
     const answer = answerOf(path, body, { script: this.options.script, model: this.options.model ?? 'scripted-model', chunkChars: this.options.chunkChars ?? 4, request: ++this.requests, headers: req.headers });
-    this.received.push({ path, headers: req.headers, body, turn: answer.turn, atMs: Date.now() });
+    const received: Received = { path, headers: req.headers, body, turn: answer.turn, atMs: Date.now() };
+    this.received.push(received);
+    await this.onRequest?.(received);
     if (this.delayMs) await sleep(this.delayMs);
     if (this.fail && this.fail.count > 0) {
       this.fail.count--;

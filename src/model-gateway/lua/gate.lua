@@ -3,9 +3,10 @@
 -- KEYS[1] hold state (hash: paused, down), KEYS[2] line (zset: callId by arrival ms),
 -- KEYS[3] leases (zset: callId by lease end ms)
 -- ARGV[1] callId, ARGV[2] arrival ms, ARGV[3] now ms, ARGV[4] lease end ms
--- Answers {answer, calls left in line}: answer is 'go' (out of the line), 'probe' (first
--- in line while the upstreams are down: try them, stay first), 'paused', 'queued' (others
--- go first), 'down' (the first in line probes the upstreams).
+-- Answers {answer, calls in line}: answer is 'go' (first in line: send the request, then
+-- leave the line, so the next one is sent after it), 'probe' (first in line while the
+-- upstreams are down: try them, leave once one answers), 'paused', 'queued' (others go
+-- first), 'down' (the first in line probes the upstreams).
 local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[3])
 for _, id in ipairs(dead) do
   redis.call('ZREM', KEYS[2], id)
@@ -23,8 +24,6 @@ elseif redis.call('ZRANGE', KEYS[2], 0, 0)[1] ~= ARGV[1] then
 elseif down then
   answer = 'probe'
 else
-  redis.call('ZREM', KEYS[2], ARGV[1])
-  redis.call('ZREM', KEYS[3], ARGV[1])
   answer = 'go'
 end
 return {answer, redis.call('ZCARD', KEYS[2])}
