@@ -78,7 +78,9 @@ describe('model holds', () => {
     const paused = await api(cluster, trainer, 'POST', '/v1/jobs/job-pre/pause', {});
     expect(paused.body.model).toMatchObject({ paused: true, heldCalls: 4 });
     expect(paused.body.results).toEqual([expect.objectContaining({ id: sandbox, state: 'paused' })]);
-    // It comes back: its upstream answers again, but no call goes up until it resumes the job.
+    // It comes back: its upstream answers again, but no call goes up until it resumes the job
+    // (a probe the line released before the pause has met the stopped upstream by now).
+    await sleep(500);
     await upstream.restart();
     await sleep(1000);
     expect(upstream.count('/v1/chat/completions') - before).toBe(0);

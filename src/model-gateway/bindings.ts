@@ -25,7 +25,7 @@ export class ModelBindings {
     const stored: StoredBinding = { ...ModelBinding.parse(input), updatedAt: new Date(this.now()).toISOString() };
     await this.redis.set(modelKeys.binding(tenant, job), JSON.stringify(stored));
     this.cache.set(jobRef(tenant, job), { binding: stored, atMs: this.now() });
-    await this.redis.publish(modelKeys.events, jobRef(tenant, job));
+    await this.redis.publish(modelKeys.events, `binding ${jobRef(tenant, job)}`);
     return stored;
   }
 
@@ -43,8 +43,13 @@ export class ModelBindings {
   async delete(tenant: string, job: string): Promise<boolean> {
     const removed = await this.redis.del(modelKeys.binding(tenant, job));
     this.cache.delete(jobRef(tenant, job));
-    await this.redis.publish(modelKeys.events, jobRef(tenant, job));
+    await this.redis.publish(modelKeys.events, `binding ${jobRef(tenant, job)}`);
     return removed > 0;
+  }
+
+  /** This gateway's copy, if it has one (no Redis call). */
+  peek(tenant: string, job: string): StoredBinding | null | undefined {
+    return this.cache.get(jobRef(tenant, job))?.binding;
   }
 
   /** Drops this gateway's copy (the job's events said it changed). */

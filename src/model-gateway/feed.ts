@@ -4,6 +4,8 @@ import type { CallEntry, CallStore } from './calls.ts';
 /** Where a client reads its call: `next` gives the next entry, 'timeout' after `timeoutMs` without one, null at the end. */
 export interface EntrySource {
   next(timeoutMs: number): Promise<CallEntry | 'timeout' | null>;
+  /** The next entry if one is here already (the pieces of a burst go out in one write). */
+  poll(): CallEntry | undefined;
   close(): void;
 }
 
@@ -46,6 +48,7 @@ export class CallFeed {
         if (index < this.entries.length) return this.entries[index++]!;
         return this.closed ? null : 'timeout';
       },
+      poll: () => (index < this.entries.length ? this.entries[index++] : undefined),
       close: () => {},
     };
   }
@@ -114,6 +117,12 @@ export class RemoteSource implements EntrySource {
       }
       if (rows.length === 0 && deps.now() >= deadline) return 'timeout';
     }
+  }
+
+  poll(): CallEntry | undefined {
+    const entry = this.buffer.shift();
+    if (entry?.t === 'end') this.ended = true;
+    return entry;
   }
 
   close(): void {

@@ -111,6 +111,6 @@ export class JobHolds {
 
   private async changed(tenant: string, job: string): Promise<void> {
     this.cache.delete(jobRef(tenant, job));
-    await this.redis.publish(modelKeys.events, jobRef(tenant, job));
+    await this.redis.publish(modelKeys.events, `hold ${jobRef(tenant, job)}`);
   }
 }

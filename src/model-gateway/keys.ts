@@ -35,7 +35,7 @@ export const modelKeys = {
   /** Hash: limits (maxModelCalls, maxTokens, deadlineMs), use (calls, tokens, seq), hit. */
   usage: (rolloutId: string) => `${rollout(rolloutId)}:usage`,
 
-  /** Pub/sub: a job's hold state or binding changed, or a held call went up (`<tenant>/<job>` as the message). */
+  /** Pub/sub: `binding <tenant>/<job>` (its binding changed) or `hold <tenant>/<job>` (paused, resumed, its line moved). */
   events: 'rb:model-events',
   /** ZSET `<rolloutId> <bodyHash>` of calls in flight, scored by their lease's end: the sweeper's list. */
   running: 'rb:model-running',

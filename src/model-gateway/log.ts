@@ -64,24 +64,42 @@ export class RolloutLimits {
 
 const FIGURE_FIELDS = ['calls', 'failedCalls', 'upstreamMs', 'heldMs', 'tokens', 'retriesJoined', 'reissues'] as const;
 
-/** A job's model figures (ModelFigures), summed in Redis as its calls are recorded: the console reads them per job. */
+/**
+ * A job's model figures (ModelFigures), summed in Redis as its calls are recorded: the
+ * console reads them per job. Each gateway adds what it recorded once a second (`flush`),
+ * so a model call costs no Redis call for them.
+ */
 export class JobFigures {
+  private pending = new Map<string, { tenant: string; job: string; add: Record<(typeof FIGURE_FIELDS)[number], number> }>();
+
   constructor(private readonly redis: Redis) {}
 
-  async add(tenant: string, job: string, record: ModelCallRecord, reissues: number): Promise<void> {
-    const key = modelKeys.figures(tenant, job);
-    const add: Record<(typeof FIGURE_FIELDS)[number], number> = {
-      calls: 1,
-      failedCalls: record.outcome === 'ok' ? 0 : 1,
-      upstreamMs: Math.round(record.upstreamMs),
-      heldMs: Math.round(record.heldMs),
-      tokens: record.usage?.completionTokens ?? 0,
-      retriesJoined: record.retriesJoined,
-      reissues,
-    };
-    const multi = this.redis.multi();
-    for (const field of FIGURE_FIELDS) if (add[field]) multi.hincrby(key, field, add[field]);
-    await multi.exec();
+  add(tenant: string, job: string, record: ModelCallRecord, reissues: number): void {
+    const ref = `${tenant}/${job}`;
+    const entry = this.pending.get(ref) ?? { tenant, job, add: Object.fromEntries(FIGURE_FIELDS.map((f) => [f, 0])) as Record<(typeof FIGURE_FIELDS)[number], number> };
+    const add = entry.add;
+    add.calls += 1;
+    add.failedCalls += record.outcome === 'ok' ? 0 : 1;
+    add.upstreamMs += Math.round(record.upstreamMs);
+    add.heldMs += Math.round(record.heldMs);
+    add.tokens += record.usage?.completionTokens ?? 0;
+    add.retriesJoined += record.retriesJoined;
+    add.reissues += reissues;
+    this.pending.set(ref, entry);
+  }
+
+  /** Writes what was added since the last flush. */
+  async flush(): Promise<void> {
+    const batch = this.pending;
+    if (batch.size === 0) return;
+    this.pending = new Map();
+    await Promise.all(
+      [...batch.values()].map(({ tenant, job, add }) => {
+        const multi = this.redis.multi();
+        for (const field of FIGURE_FIELDS) if (add[field]) multi.hincrby(modelKeys.figures(tenant, job), field, add[field]);
+        return multi.exec();
+      }),
+    );
   }
 
   async read(tenant: string, job: string): Promise<ModelFigures> {

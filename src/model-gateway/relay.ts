@@ -77,24 +77,34 @@ function open(source: EntrySource, o: RelayOptions, start: { status: number; sse
       const loop = async () => {
         let lastWriteMs = o.now();
         for (;;) {
-          const entry: CallEntry | 'timeout' | null = await source.next(Math.max(1, o.keepaliveMs - (o.now() - lastWriteMs)));
+          const first: CallEntry | 'timeout' | null = await source.next(Math.max(1, o.keepaliveMs - (o.now() - lastWriteMs)));
           if (cancelled) return;
-          if (entry === null) return controller.error(new Error('the call moved to another gateway before it ended'));
-          if (entry === 'timeout') {
+          if (first === null) return controller.error(new Error('the call moved to another gateway before it ended'));
+          if (first === 'timeout') {
             write(keepalive(o));
-          } else if (entry.t === 'head') {
-            status = entry.status;
-          } else if (entry.t === 'data') {
-            if (start.sse && status >= 300) {
-              const error = errorOf(entry.d);
-              write(sseText(o.dialect.errorEvent(status, error.code, error.message, events)));
-            } else write(entry.d);
-            events++;
-          } else if (entry.t === 'end') {
+            lastWriteMs = o.now();
+            continue;
+          }
+          // A burst (the events of one upstream read) goes out as one write.
+          let text = '';
+          let ended = false;
+          for (let entry: CallEntry | undefined = first; entry && !ended; entry = source.poll()) {
+            if (entry.t === 'head') status = entry.status;
+            else if (entry.t === 'end') ended = true;
+            else if (entry.t === 'data') {
+              if (start.sse && status >= 300) {
+                const error = errorOf(entry.d);
+                text += sseText(o.dialect.errorEvent(status, error.code, error.message, events));
+              } else text += entry.d;
+              events++;
+            }
+          }
+          write(text);
+          if (text) lastWriteMs = o.now();
+          if (ended) {
             source.close();
             return controller.close();
-          } else continue;
-          lastWriteMs = o.now();
+          }
         }
       };
       loop().catch((err: unknown) => {

@@ -99,12 +99,14 @@ export class CallRunner {
     }
     try {
       for (;;) {
-        await this.hold();
-        const binding = await deps.bindings.get(spec.tenant, spec.job);
-        if (!binding) {
+        if (!(await deps.bindings.get(spec.tenant, spec.job))) {
           await this.wait('unbound', deps.config.probeMs);
           continue;
         }
+        // The line's answer is acted on at once (nothing awaited between it and the request), so a pause holds every call it did not already release.
+        await this.hold();
+        const binding = deps.bindings.peek(spec.tenant, spec.job);
+        if (!binding) continue;
         const end = await this.attempt(binding);
         if (this.lost) return this.abandon();
         if (end === 'unreachable') {

@@ -18,6 +18,9 @@ import { relay } from './relay.ts';
 import { CallRunner, type CallSpec, type RunnerDeps } from './runner.ts';
 import { UNAVAILABLE_STATUSES, Upstreams, forwardedHeaders, readAll } from './upstream.ts';
 
+/** How often a gateway adds the figures of the calls it recorded to its jobs' (the console's) figures. */
+const FIGURES_FLUSH_MS = 1000;
+
 export interface ModelGatewayDeps {
   redis: Redis;
   /** A connection for pub/sub alone (the job events). */
@@ -49,6 +52,7 @@ export class ModelGateway {
   private readonly metrics: ModelMetrics | undefined;
   private readonly runnerDeps: RunnerDeps;
   private renewTimer: NodeJS.Timeout | undefined;
+  private figuresTimer: NodeJS.Timeout | undefined;
   private runs = 0;
   private readonly now: () => number;
 
@@ -74,24 +78,33 @@ export class ModelGateway {
       now: this.now,
       recorded: (spec, record, reissues) => {
         this.metrics?.recorded(spec.tenant, record, reissues);
-        this.figures.add(spec.tenant, spec.job, record, reissues).catch((err: unknown) => deps.logger.warn({ err }, 'model figures not written'));
+        this.figures.add(spec.tenant, spec.job, record, reissues);
       },
     };
   }
 
   async start(): Promise<void> {
-    this.deps.subscriber.on('message', (channel: string, ref: string) => {
+    this.deps.subscriber.on('message', (channel: string, message: string) => {
       if (channel !== modelKeys.events) return;
-      this.bindings.invalidate(ref);
+      const [kind, ref = ''] = message.split(' ', 2);
+      // A new binding also wakes the job's held calls (a new upstream may answer).
+      if (kind === 'binding') this.bindings.invalidate(ref);
       this.holds.onEvent(ref);
     });
     await this.deps.subscriber.subscribe(modelKeys.events);
     this.renewTimer = setInterval(() => void this.renew(), Math.max(50, this.deps.config.leaseMs / 3)).unref();
+    this.figuresTimer = setInterval(() => void this.flushFigures(), FIGURES_FLUSH_MS).unref();
+  }
+
+  private flushFigures(): Promise<void> {
+    return this.figures.flush().catch((err: unknown) => this.deps.logger.warn({ err }, 'model figures not written'));
   }
 
   async stop(): Promise<void> {
     clearInterval(this.renewTimer);
+    clearInterval(this.figuresTimer);
     for (const runner of this.running.values()) runner.abandon();
+    await this.flushFigures();
     await this.deps.subscriber.quit().catch(() => {});
     this.upstreams.close();
   }
@@ -144,6 +157,7 @@ export class ModelGateway {
 
   async view(principal: Principal, job: string): Promise<ModelBindingView> {
     requireScope(principal, 'rollout:submit');
+    await this.flushFigures();
     const [binding, hold, figures] = await Promise.all([this.bindings.get(principal.tenant, job), this.holds.state(principal.tenant, job), this.figures.read(principal.tenant, job)]);
     return { job, binding: bindingView(binding), hold, figures };
   }

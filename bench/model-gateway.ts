@@ -1,0 +1,98 @@
+/**
+ * bench:model-gateway — the time the model gateway adds to a model call: an agent's chat
+ * completion (plain, and streamed to its last event) sent through a gateway (its own
+ * process, as in production) to a scripted upstream on loopback, against the same call
+ * sent to the upstream directly, the two arms interleaved in the same run. Also the
+ * Redis calls a model call costs. Prints progress on stderr, ends with one JSON line.
+ */
+import { readFileSync } from 'node:fs';
+import { Redis } from 'ioredis';
+import { RolloutKeyStore } from '../src/iam/index.ts';
+import { progressBar, summarize } from '../src/report/index.ts';
+import { api, startTestCluster } from '../test/support/cluster.ts';
+import { ScriptedUpstream } from '../test/support/model-upstream.ts';
+import { callsPerOperation } from './support/redis-calls.ts';
+
+const RUNS = Number(process.env.BENCH_RUNS ?? 400);
+const WARMUP = 50;
+/** A turn as an agent gets it: some text and a tool call, streamed in 4-character pieces (about 25 events). */
+const SCRIPT = [{ text: 'I will list the files first.', toolCalls: [{ name: 'bash', arguments: { cmd: 'ls -la /workspace' } }] }];
+
+const cluster = await startTestCluster({ env: { ROLLBOX_HEARTBEAT_MS: '1000', ROLLBOX_NODE_LOST_AFTER_MS: '5000' } });
+const redis = new Redis(cluster.redisUrl);
+const upstream = await ScriptedUpstream.start({ script: SCRIPT });
+process.once('SIGINT', () => void Promise.all([upstream.stop(), cluster.stop()]).finally(() => process.exit(130)));
+try {
+  // BENCH_IN_PROCESS=1: the test cluster's own gateway, in this process (for a CPU profile of one process).
+  const gateway = process.env.BENCH_IN_PROCESS === '1' ? { url: cluster.url, child: undefined } : await cluster.spawnGateway({ name: 'bench-gw' });
+  /** The gateway process's CPU time so far (user + system), ms: what a call costs it, whatever else loads the machine. */
+  const gatewayCpuMs = () => {
+    if (!gateway.child?.pid) return NaN;
+    const fields = readFileSync(`/proc/${gateway.child.pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
+    return ((Number(fields[11]) + Number(fields[12])) * 1000) / 100;
+  };
+  const trainer = await cluster.token('bench', ['rollout:submit']);
+  const bound = await api(cluster, trainer, 'PUT', '/v1/jobs/bench-job/model', { upstreams: [{ baseUrl: upstream.url }], headers: { authorization: 'Bearer sk-bench' } });
+  if (bound.status !== 200) throw new Error(`binding failed: ${bound.status} ${JSON.stringify(bound.body)}`);
+  const key = await new RolloutKeyStore(redis).issue({ tenant: 'bench', rolloutId: 'ro-bench', job: 'bench-job', ttlSeconds: 3600 });
+  const viaGateway = `${gateway.url}/v1/rollouts/ro-bench/model/v1`;
+
+  let n = 0;
+  /** One call to its last byte (a new body each time, as an agent's turns are). */
+  const call = async (base: string, stream: boolean) => {
+    const body = JSON.stringify({ model: 'm', stream, messages: [{ role: 'user', content: `turn ${++n}: fix the failing test` }] });
+    const started = performance.now();
+    const res = await fetch(`${base}/chat/completions`, { method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' }, body });
+    const text = await res.text();
+    const ms = performance.now() - started;
+    if (res.status !== 200 || !text.includes(stream ? '[DONE]' : 'ls -la')) throw new Error(`call failed: ${res.status} ${text.slice(0, 300)}`);
+    return ms;
+  };
+  const arms = { direct: [] as number[], gateway: [] as number[], directStream: [] as number[], gatewayStream: [] as number[] };
+  for (let i = 0; i < WARMUP; i++) for (const stream of [false, true]) for (const base of [upstream.url, viaGateway]) await call(base, stream);
+  const bar = progressBar('model calls, direct and through the gateway', { total: RUNS });
+  const cpuBefore = gatewayCpuMs();
+  for (let i = 0; i < RUNS; i++) {
+    // Interleaved, the order alternating, so both arms see the same machine.
+    const order = i % 2 ? [true, false] : [false, true];
+    for (const gw of order) {
+      (gw ? arms.gateway : arms.direct).push(await call(gw ? viaGateway : upstream.url, false));
+      (gw ? arms.gatewayStream : arms.directStream).push(await call(gw ? viaGateway : upstream.url, true));
+    }
+    bar.tick();
+  }
+  bar.done();
+  const cpuPerCallMs = Math.round(((gatewayCpuMs() - cpuBefore) / (2 * RUNS)) * 100) / 100;
+  process.stderr.write('redis calls per model call...\n');
+  const redisCallsPerCall = await callsPerOperation(redis, 100, () => call(viaGateway, false));
+  const redisCallsPerStreamedCall = await callsPerOperation(redis, 100, () => call(viaGateway, true));
+
+  const [d, g, ds, gs] = [arms.direct, arms.gateway, arms.directStream, arms.gatewayStream].map(summarize) as [ReturnType<typeof summarize>, ReturnType<typeof summarize>, ReturnType<typeof summarize>, ReturnType<typeof summarize>];
+  const round = (x: number) => Math.round(x * 100) / 100;
+  console.log(
+    JSON.stringify({
+      bench: 'model-gateway',
+      /** Time added per call: the gateway arm's percentile less the direct arm's. */
+      addedP50Ms: round(g.p50Ms - d.p50Ms),
+      addedP99Ms: round(g.p99Ms - d.p99Ms),
+      addedStreamP50Ms: round(gs.p50Ms - ds.p50Ms),
+      addedStreamP99Ms: round(gs.p99Ms - ds.p99Ms),
+      gatewayP50Ms: g.p50Ms,
+      gatewayP99Ms: g.p99Ms,
+      directP50Ms: d.p50Ms,
+      directP99Ms: d.p99Ms,
+      gatewayStreamP50Ms: gs.p50Ms,
+      directStreamP50Ms: ds.p50Ms,
+      /** The gateway's CPU per call (a plain and a streamed one, averaged), from /proc: independent of the machine's load. */
+      gatewayCpuMsPerCall: cpuPerCallMs,
+      redisCallsPerCall,
+      redisCallsPerStreamedCall,
+      n: g.n,
+      targets: { addedP50Ms: 2 },
+    }),
+  );
+} finally {
+  redis.disconnect();
+  await upstream.stop();
+  await cluster.stop();
+}
