@@ -10,7 +10,7 @@ const MAX_BODY_BYTES = 64 * 1024 * 1024;
 
 /** How one attempt's answer ended. */
 export type AttemptEnd =
-  | { kind: 'done'; body?: string; terminal?: string }
+  | { kind: 'done'; body?: string; json?: Json; terminal?: string }
   | { kind: 'cut'; error: string }
   | { kind: 'diverged' };
 
@@ -28,7 +28,7 @@ export function needsStrip(asked: Asked, injected: Json, body: Json): boolean {
  * A non-streaming answer: its body whole (cut: it ended early, is not JSON, or the
  * upstream aborted the generation), its token fields collected, then stripped.
  */
-export async function readBody(body: IncomingMessage, dialect: Dialect, asked: Asked, strip: boolean, tokens: TokenAcc): Promise<AttemptEnd & { json?: Json }> {
+export async function readBody(body: IncomingMessage, dialect: Dialect, asked: Asked, strip: boolean, tokens: TokenAcc): Promise<AttemptEnd> {
   let text: string;
   try {
     text = await readAll(body, MAX_BODY_BYTES);

@@ -5,6 +5,7 @@ import { scrub, secretsOf, type ModelBindings, type StoredBinding } from './bind
 import type { CallEntry, CallStore, HoldReason } from './calls.ts';
 import { TokenAcc, errorBody, errorOf, parsed, type Asked, type Dialect, type Json } from './dialects/index.ts';
 import { CallFeed } from './feed.ts';
+import { iso, recordOf, type Answer } from './record.ts';
 import type { JobHolds } from './holds.ts';
 import type { RolloutLimits } from './log.ts';
 import { Overlap } from './overlap.ts';
@@ -47,7 +48,6 @@ export interface RunnerDeps {
 
 /** Entries go to the call's Redis stream in batches this often (clients on other gateways read them there). */
 const FLUSH_MS = 20;
-const iso = (ms: number) => new Date(ms).toISOString();
 
 /**
  * Runs one model call to its record, whatever its clients do (a client that leaves does
@@ -79,7 +79,7 @@ export class CallRunner {
   private deadlineMs: number | undefined;
   private headSent = false;
   private secrets: string[] = [];
-  private answer: { status: number; body?: string; terminal?: string; outcome: ModelCallRecord['outcome']; error?: { code: string; message: string } } | undefined;
+  private answer: Answer | undefined;
   private upstreamUsed: string | null = null;
 
   constructor(
@@ -228,7 +228,7 @@ export class CallRunner {
       const end = spec.stream ? await this.consumeStream(answer.body, strip) : await readBody(answer.body, spec.dialect, prepared.asked, strip, this.tokens);
       const delivered = this.overlap.mode === 'continue' ? this.overlap.deliveredChars() : undefined;
       note(end.kind === 'done' ? 'ok' : 'cut', { status: answer.status, ...(end.kind === 'cut' ? { error: end.error } : {}), ...(delivered !== undefined ? { deliveredChars: delivered } : {}) });
-      if (end.kind === 'done') this.answer = { status: answer.status, outcome: 'ok', ...(end.body !== undefined ? { body: end.body } : {}), ...(end.terminal !== undefined ? { terminal: end.terminal } : {}) };
+      if (end.kind === 'done') this.answer = { status: answer.status, outcome: 'ok', ...(end.body !== undefined ? { body: end.body } : {}), ...(end.json ? { json: end.json } : {}), ...(end.terminal !== undefined ? { terminal: end.terminal } : {}) };
       return end;
     }
     return 'unreachable';
@@ -307,32 +307,9 @@ export class CallRunner {
     if (answer.body !== undefined && !this.headSent) tail.push({ t: 'data', d: answer.body });
     if (answer.terminal !== undefined) tail.push({ t: 'data', d: answer.terminal });
     tail.push({ t: 'end' });
-    const summary = spec.stream && this.headSent ? this.assembler.result() : answer.body && answer.outcome === 'ok' ? spec.dialect.summary(safeJson(answer.body) ?? {}) : { response: safeJson(answer.body ?? '') ?? null, finishReason: null, usage: null };
-    const usage = this.tokens.usage ?? summary.usage;
-    const record: Omit<ModelCallRecord, 'seq' | 'retriesJoined'> = {
-      id: spec.callId,
-      rolloutId: spec.rolloutId,
-      job: spec.job,
-      turn: spec.turn,
-      api: spec.dialect.api,
-      stream: spec.stream,
-      request: this.request ?? spec.body,
-      response: summary.response,
-      status: answer.status,
-      outcome: answer.outcome,
-      ...(answer.error ? { error: answer.error } : {}),
-      finishReason: summary.finishReason,
-      tokens: this.tokens.result(),
-      usage,
-      upstream: this.upstreamUsed,
-      attempts: this.attempts,
-      heldMs: this.heldMs,
-      upstreamMs: this.upstreamMs,
-      receivedAt: iso(spec.receivedAtMs),
-      endedAt: iso(deps.now()),
-    };
+    const record = recordOf(spec, { answer, streamed: spec.stream && this.headSent, assembler: this.assembler, tokens: this.tokens, request: this.request, upstream: this.upstreamUsed, attempts: this.attempts, heldMs: this.heldMs, upstreamMs: this.upstreamMs, endedAtMs: deps.now() });
     await this.flush();
-    const done = await deps.calls.finish(spec.rolloutId, spec.bodyHash, spec.callId, spec.owner, scrub(JSON.stringify(record), this.secrets), usage?.completionTokens ?? 0, tail);
+    const done = await deps.calls.finish(spec.rolloutId, spec.bodyHash, spec.callId, spec.owner, scrub(JSON.stringify(record), this.secrets), record.usage?.completionTokens ?? 0, tail);
     if (done === 'lost') {
       this.abandon();
       return;
@@ -340,13 +317,5 @@ export class CallRunner {
     for (const entry of tail) this.feed.push(entry);
     this.feed.end();
     deps.recorded(spec, { ...record, seq: done.seq, retriesJoined: done.retriesJoined }, this.reissues);
-  }
-}
-
-function safeJson(text: string): Json | undefined {
-  try {
-    return JSON.parse(text) as Json;
-  } catch {
-    return undefined;
   }
 }

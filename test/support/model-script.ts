@@ -1,6 +1,5 @@
 import type http from 'node:http';
 
-/* eslint-disable @typescript-eslint/no-explicit-any */
 type Json = Record<string, any>;
 
 /** One assistant turn of a script: text, tool calls, or an error answer. */

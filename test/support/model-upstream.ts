@@ -9,7 +9,7 @@ import type { ScriptTurn } from './model-script.ts';
 export interface Received {
   path: string;
   headers: http.IncomingHttpHeaders;
-  body: Record<string, any>; // eslint-disable-line @typescript-eslint/no-explicit-any
+  body: Record<string, any>;
   turn: number;
   atMs: number;
 }

@@ -144,8 +144,8 @@ function reconcileChoice(c: Json, overlap: Overlap, chat: boolean): boolean {
     if (typeof holder[field] !== 'string') return;
     const fresh = overlap.text(key, holder[field] as string);
     if (fresh !== holder[field]) trimmed = true;
-    // A completion choice's `text` stays (clients concatenate it); empty delta fields go.
-    if (fresh === '' && overlap.mode === 'continue' && field !== 'text') delete holder[field];
+    // A completion choice's `text` stays (clients concatenate it); a delta field emptied by the overlap goes.
+    if (fresh === '' && holder[field] !== '' && overlap.mode === 'continue' && field !== 'text') delete holder[field];
     else holder[field] = fresh;
   };
   if (!chat) text(c, 'text', `c${i}.text`);
@@ -174,7 +174,7 @@ function reconcileChoice(c: Json, overlap: Overlap, chat: boolean): boolean {
     if ('logprobs' in c) c.logprobs = null;
     delete c.token_ids;
   }
-  const hasText = chat ? Object.keys(delta).length > 0 : c.text !== '';
+  const hasText = chat ? Object.values(delta).some((v) => v !== '') : c.text !== '';
   return hasText || !!c.finish_reason || !!c.logprobs;
 }
 
