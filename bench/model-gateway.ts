@@ -24,7 +24,9 @@ const upstream = await ScriptedUpstream.start({ script: SCRIPT });
 process.once('SIGINT', () => void Promise.all([upstream.stop(), cluster.stop()]).finally(() => process.exit(130)));
 try {
   // BENCH_IN_PROCESS=1: the test cluster's own gateway, in this process (for a CPU profile of one process).
-  const gateway = process.env.BENCH_IN_PROCESS === '1' ? { url: cluster.url, child: undefined } : await cluster.spawnGateway({ name: 'bench-gw' });
+  // BENCH_PROFILE_DIR=dir: the spawned gateway writes a CPU profile there when the bench ends.
+  const profile = process.env.BENCH_PROFILE_DIR ? { NODE_OPTIONS: `--cpu-prof --cpu-prof-dir=${process.env.BENCH_PROFILE_DIR}` } : undefined;
+  const gateway = process.env.BENCH_IN_PROCESS === '1' ? { url: cluster.url, child: undefined } : await cluster.spawnGateway({ name: 'bench-gw', ...(profile ? { env: profile } : {}) });
   /** The gateway process's CPU time so far (user + system), ms: what a call costs it, whatever else loads the machine. */
   const gatewayCpuMs = () => {
     if (!gateway.child?.pid) return NaN;
@@ -63,6 +65,10 @@ try {
   }
   bar.done();
   const cpuPerCallMs = Math.round(((gatewayCpuMs() - cpuBefore) / (2 * RUNS)) * 100) / 100;
+  // What the gateway spends doing nothing (its timers, heartbeats read, janitor), for the same span: not the calls'.
+  const idleFrom = gatewayCpuMs();
+  await new Promise((r) => setTimeout(r, 3000));
+  const idleCpuMsPerSecond = Math.round(((gatewayCpuMs() - idleFrom) / 3) * 100) / 100;
   process.stderr.write('redis calls per model call...\n');
   const redisCallsPerCall = await callsPerOperation(redis, 100, () => call(viaGateway, false));
   const redisCallsPerStreamedCall = await callsPerOperation(redis, 100, () => call(viaGateway, true));
@@ -85,12 +91,17 @@ try {
       directStreamP50Ms: ds.p50Ms,
       /** The gateway's CPU per call (a plain and a streamed one, averaged), from /proc: independent of the machine's load. */
       gatewayCpuMsPerCall: cpuPerCallMs,
+      gatewayIdleCpuMsPerSecond: idleCpuMsPerSecond,
       redisCallsPerCall,
       redisCallsPerStreamedCall,
       n: g.n,
       targets: { addedP50Ms: 2 },
     }),
   );
+  if (profile && gateway.child) {
+    gateway.child.kill('SIGTERM');
+    await new Promise((r) => gateway.child!.once('exit', r));
+  }
 } finally {
   redis.disconnect();
   await upstream.stop();

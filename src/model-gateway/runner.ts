@@ -290,7 +290,7 @@ export class CallRunner {
   private flush(): Promise<unknown> {
     clearTimeout(this.flushTimer);
     this.flushTimer = undefined;
-    const batch = this.pending;
+    const batch = coalesce(this.pending);
     this.pending = [];
     const { rolloutId, callId } = this.spec;
     this.chain = this.chain.then(() => this.deps.calls.append(rolloutId, callId, batch)).catch((err: unknown) => this.deps.logger.warn({ err, callId }, 'model call stream not written'));
@@ -318,4 +318,15 @@ export class CallRunner {
     this.feed.end();
     deps.recorded(spec, { ...record, seq: done.seq, retriesJoined: done.retriesJoined }, this.reissues);
   }
+}
+
+/** Consecutive stream events as one entry (one XADD for a burst: their text joined is the same stream). */
+function coalesce(entries: CallEntry[]): CallEntry[] {
+  const out: CallEntry[] = [];
+  for (const entry of entries) {
+    const last = out.at(-1);
+    if (entry.t === 'data' && last?.t === 'data') out[out.length - 1] = { t: 'data', d: last.d + entry.d };
+    else out.push(entry);
+  }
+  return out;
 }
