@@ -84,4 +84,25 @@ describe('model calls across gateways', () => {
       await front.close();
     }
   });
+
+  it('answers and records a call whose Redis restarted while it was upstream (nothing acknowledged is lost)', async () => {
+    const key = await keys.issue({ tenant: 'team-fo', rolloutId: 'ro-redis', job: 'job-fo', ttlSeconds: 600 });
+    // The answer comes while Redis is down (a restart takes longer than this): its record waits for Redis.
+    upstream.delayMs = 300;
+    const before = upstream.count('/v1/chat/completions');
+    const answer = new OpenAI({ apiKey: key, baseURL: `${cluster.url}/v1`, timeout: 60_000, maxRetries: 0 }).chat.completions.create({ model: 'm', messages: [{ role: 'user', content: 'through a failover' }] });
+    await waitFor('the call upstream', async () => upstream.count('/v1/chat/completions') > before);
+    await cluster.restartRedis();
+    const result = await answer;
+    upstream.delayMs = 0;
+    expect(result.choices[0]!.message.content).toBe(SCRIPT[0]!.text);
+    const fresh = new Redis(cluster.redisUrl);
+    try {
+      const calls = (await new ModelCallLog(fresh).list('ro-redis')).calls;
+      expect(calls.map((c) => [c.turn, c.outcome])).toEqual([[1, 'ok']]);
+    } finally {
+      fresh.disconnect();
+    }
+    expect(upstream.count('/v1/chat/completions') - before).toBe(1);
+  });
 });

@@ -1,5 +1,5 @@
 import type { Redis } from 'ioredis';
-import { LuaScript } from '../redis/index.ts';
+import { LuaScript, isRedisUnavailable } from '../redis/index.ts';
 import { modelKeys } from './keys.ts';
 
 const joinScript = new LuaScript(import.meta.dirname, 'join');
@@ -124,5 +124,32 @@ export class CallStore {
   async follow(blocking: Redis, rolloutId: string, callId: string, afterId: string, blockMs: number): Promise<{ id: string; entry: CallEntry }[]> {
     const reply = (await blocking.xread('COUNT', 500, 'BLOCK', blockMs, 'STREAMS', modelKeys.output(rolloutId, callId), afterId)) as [string, [string, string[]][]][] | null;
     return (reply?.[0]?.[1] ?? []).map(([id, fields]) => ({ id, entry: entryOf(fields) }));
+  }
+}
+
+/** Consecutive stream events as one entry (one XADD for a burst: their text joined is the same stream). */
+export function coalesce(entries: readonly CallEntry[]): CallEntry[] {
+  const out: CallEntry[] = [];
+  for (const entry of entries) {
+    const last = out.at(-1);
+    if (entry.t === 'data' && last?.t === 'data') out[out.length - 1] = { t: 'data', d: last.d + entry.d };
+    else out.push(entry);
+  }
+  return out;
+}
+
+/**
+ * Runs `step` again while Redis is unavailable (a failover takes seconds, and nothing was
+ * acknowledged to the agent meanwhile), backing off to 2 s, until `untilMs`.
+ */
+export async function whileRedisAway<T>(step: () => Promise<T>, o: { untilMs: number; now: () => number; stopped: () => boolean; onWait: (err: Error) => void }): Promise<T> {
+  for (let waitMs = 100; ; waitMs = Math.min(2000, waitMs * 2)) {
+    try {
+      return await step();
+    } catch (err) {
+      if (!isRedisUnavailable(err) || o.stopped() || o.now() + waitMs > o.untilMs) throw err;
+      o.onWait(err as Error);
+      await new Promise((r) => setTimeout(r, waitMs));
+    }
   }
 }

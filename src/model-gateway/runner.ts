@@ -9,6 +9,8 @@ import { iso, recordOf, type Answer } from './record.ts';
 import type { JobHolds } from './holds.ts';
 import type { RolloutLimits } from './log.ts';
 import { Overlap } from './overlap.ts';
+import { isRedisUnavailable } from '../redis/index.ts';
+import { coalesce, whileRedisAway } from './calls.ts';
 import { sseDecoder, sseText } from './sse.ts';
 import { UNAVAILABLE_STATUSES, readAll, type Upstreams } from './upstream.ts';
 
@@ -99,19 +101,19 @@ export class CallRunner {
     }
     try {
       for (;;) {
-        if (!(await deps.bindings.get(spec.tenant, spec.job))) {
+        if (!(await this.redisBound(() => deps.bindings.get(spec.tenant, spec.job)))) {
           await this.wait('unbound', deps.config.probeMs);
           continue;
         }
         // The line's answer is acted on at once (nothing awaited between it and the request), so a pause holds every call it did not already release.
-        await this.hold();
+        await this.redisBound(() => this.hold());
         const binding = deps.bindings.peek(spec.tenant, spec.job);
         if (!binding) continue;
         const end = await this.attempt(binding);
         if (this.lost) return this.abandon();
         if (end === 'unreachable') {
           this.held('unreachable');
-          await deps.holds.markDown(spec.tenant, spec.job);
+          await this.redisBound(() => deps.holds.markDown(spec.tenant, spec.job));
           await this.wait('unreachable', this.probing ? deps.config.probeMs : 0);
           continue;
         }
@@ -121,7 +123,7 @@ export class CallRunner {
       }
     } catch (err) {
       if (this.lost) return this.abandon();
-      const e = err instanceof RollboxError ? err : new RollboxError('internal', (err as Error).message);
+      const e = err instanceof RollboxError ? err : isRedisUnavailable(err) ? new RollboxError('unavailable', `Redis is not available (${(err as Error).message})`) : new RollboxError('internal', (err as Error).message);
       if (e.code === 'internal') deps.logger.error({ err, callId: spec.callId }, 'model call failed');
       this.fail(e.code, e.message);
     } finally {
@@ -159,7 +161,7 @@ export class CallRunner {
   private async wait(reason: HoldReason, ms: number): Promise<void> {
     if (this.lost) throw new Error('the call was taken over or its gateway stopped');
     this.held(reason);
-    this.deadlineMs ??= Math.min(this.spec.receivedAtMs + this.deps.config.maxHoldMs, (await this.deps.limits.deadlineOf(this.spec.rolloutId)) ?? Infinity);
+    this.deadlineMs ??= Math.min(this.spec.receivedAtMs + this.deps.config.maxHoldMs, (await this.redisBound(() => this.deps.limits.deadlineOf(this.spec.rolloutId))) ?? Infinity);
     const left = this.deadlineMs - this.deps.now();
     if (left <= 0) throw new RollboxError('model_hold_expired', `the call was held (${reason}) past its bound of ${Math.round((this.deadlineMs - this.spec.receivedAtMs) / 1000)} s (ROLLBOX_MODEL_MAX_HOLD_MS or the rollout's wall time)`);
     await this.deps.holds.wait(this.spec.tenant, this.spec.job, Math.min(ms, left));
@@ -232,6 +234,11 @@ export class CallRunner {
       return end;
     }
     return 'unreachable';
+  }
+
+  /** A step that needs Redis, tried again while Redis is unavailable (a failover), within the call's longest hold. */
+  private redisBound<T>(step: () => Promise<T>): Promise<T> {
+    return whileRedisAway(step, { untilMs: this.deps.now() + this.deps.config.maxHoldMs, now: this.deps.now, stopped: () => this.lost, onWait: (err) => this.deps.logger.warn({ err: err.message, callId: this.spec.callId }, 'Redis unavailable; the model call waits') });
   }
 
   /** Out of the job's line: the next held call goes. */
@@ -309,7 +316,11 @@ export class CallRunner {
     tail.push({ t: 'end' });
     const record = recordOf(spec, { answer, streamed: spec.stream && this.headSent, assembler: this.assembler, tokens: this.tokens, request: this.request, upstream: this.upstreamUsed, attempts: this.attempts, heldMs: this.heldMs, upstreamMs: this.upstreamMs, endedAtMs: deps.now() });
     await this.flush();
-    const done = await deps.calls.finish(spec.rolloutId, spec.bodyHash, spec.callId, spec.owner, scrub(JSON.stringify(record), this.secrets), record.usage?.completionTokens ?? 0, tail);
+    const done = await this.redisBound(() => deps.calls.finish(spec.rolloutId, spec.bodyHash, spec.callId, spec.owner, scrub(JSON.stringify(record), this.secrets), record.usage?.completionTokens ?? 0, tail)).catch((err: unknown) => {
+      // Redis stayed away past the call's bound: its clients' answers end unfinished (their retries join it later), nothing is recorded.
+      deps.logger.error({ err, callId: spec.callId }, 'model call record not written');
+      return 'lost' as const;
+    });
     if (done === 'lost') {
       this.abandon();
       return;
@@ -318,15 +329,4 @@ export class CallRunner {
     this.feed.end();
     deps.recorded(spec, { ...record, seq: done.seq, retriesJoined: done.retriesJoined }, this.reissues);
   }
-}
-
-/** Consecutive stream events as one entry (one XADD for a burst: their text joined is the same stream). */
-function coalesce(entries: CallEntry[]): CallEntry[] {
-  const out: CallEntry[] = [];
-  for (const entry of entries) {
-    const last = out.at(-1);
-    if (entry.t === 'data' && last?.t === 'data') out[out.length - 1] = { t: 'data', d: last.d + entry.d };
-    else out.push(entry);
-  }
-  return out;
 }

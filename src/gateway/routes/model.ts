@@ -2,6 +2,7 @@ import { createRoute, z } from '@hono/zod-openapi';
 import type { Context, MiddlewareHandler } from 'hono';
 import { ModelBinding, ModelBindingView, RollboxError, httpStatusOf, type ModelApi } from '../../api/index.ts';
 import { errorBody, type ModelGateway } from '../../model-gateway/index.ts';
+import { isRedisUnavailable } from '../../redis/index.ts';
 import type { GatewayEnv } from '../auth.ts';
 import { errors, json, jsonBody, security, type GatewayApp } from './common.ts';
 
@@ -27,7 +28,7 @@ export function modelErrorFlavor(path: string): 'openai' | 'anthropic' | undefin
 
 /** An error on a model route, in the shape its SDK reads (the status from the one code table). */
 export function modelErrorResponse(flavor: 'openai' | 'anthropic', err: unknown): Response {
-  const e = err instanceof RollboxError ? err : new RollboxError('internal', 'internal error');
+  const e = err instanceof RollboxError ? err : isRedisUnavailable(err) ? new RollboxError('unavailable', 'Redis is not available now; retry', 2) : new RollboxError('internal', 'internal error');
   const status = httpStatusOf(e.code);
   return Response.json(errorBody(flavor, status, e.code, e.message), { status, headers: e.retryAfterSeconds !== undefined ? { 'retry-after': String(e.retryAfterSeconds) } : {} });
 }
