@@ -209,4 +209,19 @@ describe('model gateway', () => {
     const models = await openai(a, 'ro-wall-a').models.list();
     expect(models.data.map((m) => m.id)).toEqual(['scripted-model']);
   });
+
+  it('answers a retry of a call that already ended with the same answer, and a new request with the same body as a new turn', async () => {
+    const key = await rollout('ro-again');
+    const body = { model: 'm', messages: [{ role: 'user', content: 'same again' }] };
+    const before = upstream.count('/v1/chat/completions');
+    const first = await api({ url: `${cluster.url}/v1` }, key, 'POST', '/chat/completions', body);
+    const retried = await api({ url: `${cluster.url}/v1` }, key, 'POST', '/chat/completions', body, { 'x-stainless-retry-count': '1' });
+    expect(retried.body).toEqual(first.body);
+    expect(retried.headers.get('x-rollbox-model-call')).toBe(first.headers.get('x-rollbox-model-call'));
+    expect(upstream.count('/v1/chat/completions') - before).toBe(1);
+    const fresh = await api({ url: `${cluster.url}/v1` }, key, 'POST', '/chat/completions', body);
+    expect(fresh.headers.get('x-rollbox-turn')).toBe('2');
+    expect(upstream.count('/v1/chat/completions') - before).toBe(2);
+    expect((await records('ro-again')).map((c) => [c.turn, c.retriesJoined])).toEqual([[1, 0], [2, 0]]);
+  });
 });

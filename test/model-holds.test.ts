@@ -71,12 +71,13 @@ describe('model holds', () => {
     })();
     const raw = fetch(`${cluster.url}/v1/chat/completions`, { method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' }, body: JSON.stringify({ model: 'm', messages: messages('raw'), stream: true }) }).then((r) => r.text());
     const anthropic = new Anthropic({ apiKey: key, baseURL: `${cluster.url}/v1/rollouts/ro-pre/model`, timeout: sdkTimeoutMs, maxRetries: 2 }).messages.create({ model: 'm', max_tokens: 64, messages: [{ role: 'user', content: 'claude' }] });
-    await waitFor('4 calls held', async () => (await held('job-pre')).heldCalls === 4);
+    const rawClaude = fetch(`${cluster.url}/v1/messages`, { method: 'POST', headers: { 'x-api-key': key, 'anthropic-version': '2023-06-01', 'content-type': 'application/json' }, body: JSON.stringify({ model: 'm', max_tokens: 64, stream: true, messages: [{ role: 'user', content: 'raw claude' }] }) }).then((r) => r.text());
+    await waitFor('5 calls held', async () => (await held('job-pre')).heldCalls === 5);
 
     // The trainer is preempted: its upstream is gone for twice the agents' timeout, and it pauses its job.
     await sleep(2 * sdkTimeoutMs);
     const paused = await api(cluster, trainer, 'POST', '/v1/jobs/job-pre/pause', {});
-    expect(paused.body.model).toMatchObject({ paused: true, heldCalls: 4 });
+    expect(paused.body.model).toMatchObject({ paused: true, heldCalls: 5 });
     expect(paused.body.results).toEqual([expect.objectContaining({ id: sandbox, state: 'paused' })]);
     // It comes back: its upstream answers again, but no call goes up until it resumes the job
     // (a probe the line released before the pause has met the stopped upstream by now).
@@ -87,7 +88,7 @@ describe('model holds', () => {
     const resumed = await api(cluster, trainer, 'POST', '/v1/jobs/job-pre/resume', {});
     expect(resumed.body.model).toMatchObject({ paused: false });
 
-    const [answer, chunks, text, claude] = await Promise.all([plain, streamed, raw, anthropic]);
+    const [answer, chunks, text, claude, claudeText] = await Promise.all([plain, streamed, raw, anthropic, rawClaude]);
     expect(answer.choices[0]!.message.content).toBe(SCRIPT[0]!.text);
     expect(textOf(chunks)).toBe(SCRIPT[0]!.text);
     expect(JSON.parse(argsOf(chunks))).toEqual(SCRIPT[0]!.toolCalls![0]!.arguments);
@@ -96,13 +97,15 @@ describe('model holds', () => {
     expect(text.startsWith(': keepalive\n')).toBe(true);
     expect(text).not.toContain(': keepalive\n\n');
     expect(text.trim().endsWith('data: [DONE]')).toBe(true);
+    expect(claudeText.startsWith('event: ping\ndata: {"type": "ping"}\n\n')).toBe(true);
+    expect(claudeText.trim().endsWith('data: {"type":"message_stop"}')).toBe(true);
     expect(upstream.count('/v1/chat/completions') - before).toBe(3);
-    expect(upstream.count('/v1/messages')).toBe(1);
-    expect(statesOnArrival.length).toBe(4);
+    expect(upstream.count('/v1/messages')).toBe(2);
+    expect(statesOnArrival.length).toBe(5);
     expect(new Set(statesOnArrival)).toEqual(new Set(['running']));
 
     const calls = await records('ro-pre');
-    expect(calls).toHaveLength(4);
+    expect(calls).toHaveLength(5);
     for (const call of calls) {
       expect(call.outcome).toBe('ok');
       expect(call.retriesJoined).toBe(0);
@@ -111,8 +114,8 @@ describe('model holds', () => {
       expect(call.attempts.filter((a) => a.outcome === 'ok')).toHaveLength(1);
     }
     const figures = (await api(cluster, trainer, 'GET', '/v1/jobs/job-pre/model')).body.figures;
-    expect(figures).toMatchObject({ calls: 4, failedCalls: 0 });
-    expect(figures.heldMs).toBeGreaterThanOrEqual(4 * 2 * sdkTimeoutMs);
+    expect(figures).toMatchObject({ calls: 5, failedCalls: 0 });
+    expect(figures.heldMs).toBeGreaterThanOrEqual(5 * 2 * sdkTimeoutMs);
     upstream.onRequest = undefined;
     await api(cluster, trainer, 'DELETE', `/v1/sandboxes/${sandbox}`);
   });
