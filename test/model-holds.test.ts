@@ -150,7 +150,8 @@ describe('model holds', () => {
     const client = new OpenAI({ apiKey: key, baseURL: `${cluster.url}/v1/rollouts/ro-cut/model/v1`, maxRetries: 0 });
     const before = upstream.received.length;
 
-    upstream.cut = { afterEvents: 5, count: 1 };
+    // Cut twice: after 5 events, then (the re-issue) after 9 of its own.
+    upstream.cuts = [5, 9];
     const chunks: OpenAI.ChatCompletionChunk[] = [];
     for await (const chunk of await client.chat.completions.create({ model: 'm', messages: messages('cut chat'), stream: true })) chunks.push(chunk);
     expect(textOf(chunks)).toBe(SCRIPT[0]!.text);
@@ -161,11 +162,11 @@ describe('model holds', () => {
     expect(chunks.filter((c) => c.choices[0]?.finish_reason).length).toBe(1);
     expect(new Set(chunks.map((c) => c.id)).size).toBe(1);
 
-    upstream.cut = { afterEvents: 6, count: 1 };
+    upstream.cuts = [6];
     const claude = await new Anthropic({ apiKey: key, baseURL: `${cluster.url}/v1/rollouts/ro-cut/model`, maxRetries: 0 }).messages.stream({ model: 'm', max_tokens: 64, messages: [{ role: 'user', content: 'cut claude' }] }).finalMessage();
     expect(claude.content).toEqual([{ type: 'text', text: SCRIPT[0]!.text }, expect.objectContaining({ type: 'tool_use', name: 'bash', input: SCRIPT[0]!.toolCalls![0]!.arguments })]);
 
-    upstream.cut = { afterEvents: 7, count: 1 };
+    upstream.cuts = [7];
     const events: OpenAI.Responses.ResponseStreamEvent[] = [];
     const stream = client.responses.stream({ model: 'm', input: [{ role: 'user', content: 'cut responses' }] });
     for await (const event of stream) events.push(event);
@@ -174,19 +175,20 @@ describe('model holds', () => {
     expect(events.map((e) => e.sequence_number)).toEqual(events.map((_, i) => i));
     expect(new Set(events.filter((e) => e.type === 'response.output_item.added').map((e) => (e as { item: { id: string } }).item.id)).size).toBe(2);
 
-    upstream.cut = { afterEvents: 0, count: 1 };
+    upstream.cuts = [0];
     const plain = await client.chat.completions.create({ model: 'm', messages: messages('cut plain') });
     expect(plain.choices[0]!.message.content).toBe(SCRIPT[0]!.text);
 
-    expect(upstream.received.length - before).toBe(8);
+    expect(upstream.received.length - before).toBe(9);
     const calls = await records('ro-cut');
     expect(calls.map((c) => [c.api, c.attempts.map((a) => a.outcome)])).toEqual([
-      ['chat.completions', ['cut', 'ok']],
+      ['chat.completions', ['cut', 'cut', 'ok']],
       ['messages', ['cut', 'ok']],
       ['responses', ['cut', 'ok']],
       ['chat.completions', ['cut', 'ok']],
     ]);
-    for (const call of calls.slice(0, 3)) expect(call.attempts[1]!.deliveredChars).toBeGreaterThan(0);
+    for (const call of calls.slice(0, 3)) expect(call.attempts.at(-1)!.deliveredChars).toBeGreaterThan(0);
+    expect(calls[0]!.attempts[2]!.deliveredChars).toBeGreaterThan(calls[0]!.attempts[1]!.deliveredChars!);
     const chat = calls[0]!.response as { choices: { message: { content: string; tool_calls: { id: string }[] } }[] };
     expect(chat.choices[0]!.message.content).toBe(SCRIPT[0]!.text);
     expect(chat.choices[0]!.message.tool_calls[0]!.id).toBe(chunks.flatMap((c) => c.choices[0]?.delta.tool_calls ?? []).find((t) => t.id)!.id);

@@ -1,16 +1,15 @@
 import type { Logger } from 'pino';
+import { isRedisUnavailable } from '../redis/index.ts';
 import { RollboxError, httpStatusOf, type ErrorCode, type ModelAttempt, type ModelCallRecord, type ModelUpstream } from '../api/index.ts';
 import { needsStrip, readBody, readStream, type AttemptEnd } from './attempt.ts';
 import { scrub, secretsOf, type ModelBindings, type StoredBinding } from './bindings.ts';
-import type { CallEntry, CallStore, HoldReason } from './calls.ts';
+import { coalesce, whileRedisAway, type CallEntry, type CallStore, type HoldReason } from './calls.ts';
 import { TokenAcc, errorBody, errorOf, parsed, type Asked, type Dialect, type Json } from './dialects/index.ts';
 import { CallFeed } from './feed.ts';
 import { iso, recordOf, type Answer } from './record.ts';
 import type { JobHolds } from './holds.ts';
 import type { RolloutLimits } from './log.ts';
 import { Overlap } from './overlap.ts';
-import { isRedisUnavailable } from '../redis/index.ts';
-import { coalesce, whileRedisAway } from './calls.ts';
 import { sseDecoder, sseText } from './sse.ts';
 import { UNAVAILABLE_STATUSES, readAll, type Upstreams } from './upstream.ts';
 
@@ -66,7 +65,7 @@ export class CallRunner {
   private flushTimer: NodeJS.Timeout | undefined;
   private chain: Promise<unknown> = Promise.resolve();
   private readonly attempts: ModelAttempt[] = [];
-  private readonly overlap = new Overlap();
+  private overlap = new Overlap();
   private readonly assembler;
   private tokens = new TokenAcc();
   private request: Json | null = null;
@@ -261,7 +260,7 @@ export class CallRunner {
     }
     // A re-issue: what the agent has (every event it was sent) is what the new answer must continue.
     if (this.feed.entries.some((e) => e.t === 'data')) {
-      this.overlap.mode = 'deliver';
+      this.overlap = new Overlap();
       const learn = sseDecoder((raw) => this.spec.dialect.reconcile(parsed(raw), this.overlap));
       for (const entry of this.feed.entries) if (entry.t === 'data') learn(entry.d);
       this.overlap.beginContinue();

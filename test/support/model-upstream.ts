@@ -37,8 +37,8 @@ export class ScriptedUpstream {
   delayMs = 0;
   /** Between streamed events, ms. */
   chunkDelayMs = 0;
-  /** The next `count` answers end abruptly (socket destroyed) after `afterEvents` events (a non-streaming body: after half its bytes). */
-  cut: { afterEvents: number; count: number } | undefined;
+  /** The next answers end abruptly (socket destroyed), each after the events the next number says (a non-streaming body: after half its bytes). */
+  cuts: number[] = [];
   /** Called with each request before it is answered (a test looks at the world as the request arrives). */
   onRequest: ((received: Received) => Promise<void>) | undefined;
   /** The next `count` answers are this status (an unavailable upstream: 503). */
@@ -112,8 +112,7 @@ export class ScriptedUpstream {
       res.writeHead(this.fail.status, { 'content-type': 'application/json' }).end(JSON.stringify({ error: { message: 'scripted failure', type: 'server_error' } }));
       return;
     }
-    const cut = this.cut && this.cut.count > 0 ? (this.cut.count--, this.cut.afterEvents) : undefined;
-    await this.send(res, answer, cut);
+    await this.send(res, answer, this.cuts.shift());
   }
 
   private async send(res: http.ServerResponse, answer: Answer, cutAfter: number | undefined): Promise<void> {
