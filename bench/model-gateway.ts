@@ -25,8 +25,8 @@ process.once('SIGINT', () => void Promise.all([upstream.stop(), cluster.stop()])
 try {
   // BENCH_IN_PROCESS=1: the test cluster's own gateway, in this process (for a CPU profile of one process).
   // BENCH_PROFILE_DIR=dir: the spawned gateway writes a CPU profile there when the bench ends.
-  const profile = process.env.BENCH_PROFILE_DIR ? { NODE_OPTIONS: `--cpu-prof --cpu-prof-dir=${process.env.BENCH_PROFILE_DIR}` } : undefined;
-  const gateway = process.env.BENCH_IN_PROCESS === '1' ? { url: cluster.url, child: undefined } : await cluster.spawnGateway({ name: 'bench-gw', ...(profile ? { env: profile } : {}) });
+  const profile = process.env.BENCH_PROFILE_DIR ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_PROFILE_DIR}`] : undefined;
+  const gateway = process.env.BENCH_IN_PROCESS === '1' ? { url: cluster.url, child: undefined } : await cluster.spawnGateway({ name: 'bench-gw', ...(profile ? { nodeArgs: profile } : {}) });
   /** The gateway process's CPU time so far (user + system), ms: what a call costs it, whatever else loads the machine. */
   const gatewayCpuMs = () => {
     if (!gateway.child?.pid) return NaN;
