@@ -93,9 +93,9 @@ export class CallStore {
   async append(rolloutId: string, callId: string, entries: readonly CallEntry[]): Promise<void> {
     if (entries.length === 0) return;
     const key = modelKeys.output(rolloutId, callId);
-    const multi = this.redis.multi();
-    for (const entry of entries) multi.xadd(key, '*', ...entryFields(entry));
-    await multi.expire(key, this.ttl).exec();
+    const pipeline = this.redis.pipeline();
+    for (const entry of entries) pipeline.xadd(key, '*', ...entryFields(entry));
+    await pipeline.expire(key, this.ttl).exec();
   }
 
   /**

@@ -314,8 +314,13 @@ export class CallRunner {
     if (answer.terminal !== undefined) tail.push({ t: 'data', d: answer.terminal });
     tail.push({ t: 'end' });
     const record = recordOf(spec, { answer, streamed: spec.stream && this.headSent, assembler: this.assembler, tokens: this.tokens, request: this.request, upstream: this.upstreamUsed, attempts: this.attempts, heldMs: this.heldMs, upstreamMs: this.upstreamMs, endedAtMs: deps.now() });
-    await this.flush();
-    const done = await this.redisBound(() => deps.calls.finish(spec.rolloutId, spec.bodyHash, spec.callId, spec.owner, scrub(JSON.stringify(record), this.secrets), record.usage?.completionTokens ?? 0, tail)).catch((err: unknown) => {
+    // What is not in the call's stream yet goes with the record (one Redis call for a short answer), after what is on its way.
+    clearTimeout(this.flushTimer);
+    this.flushTimer = undefined;
+    const rest = coalesce([...this.pending, ...tail]);
+    this.pending = [];
+    await this.chain;
+    const done = await this.redisBound(() => deps.calls.finish(spec.rolloutId, spec.bodyHash, spec.callId, spec.owner, scrub(JSON.stringify(record), this.secrets), record.usage?.completionTokens ?? 0, rest)).catch((err: unknown) => {
       // Redis stayed away past the call's bound: its clients' answers end unfinished (their retries join it later), nothing is recorded.
       deps.logger.error({ err, callId: spec.callId }, 'model call record not written');
       return 'lost' as const;
