@@ -6,6 +6,7 @@
  * Redis calls a model call costs. Prints progress on stderr, ends with one JSON line.
  */
 import { readFileSync } from 'node:fs';
+import os from 'node:os';
 import { Redis } from 'ioredis';
 import { RolloutKeyStore } from '../src/iam/index.ts';
 import { progressBar, summarize } from '../src/report/index.ts';
@@ -50,7 +51,13 @@ try {
     if (res.status !== 200 || !text.includes(stream ? '[DONE]' : 'ls -la')) throw new Error(`call failed: ${res.status} ${text.slice(0, 300)}`);
     return ms;
   };
-  const arms = { direct: [] as number[], gateway: [] as number[], directStream: [] as number[], gatewayStream: [] as number[] };
+  const arms = { direct: [] as number[], gateway: [] as number[], directStream: [] as number[], gatewayStream: [] as number[], hop: [] as number[] };
+  /** A floor for the gateway arm: one round trip to the gateway process and back (`/healthz`: no auth, no Redis). */
+  const hop = async () => {
+    const started = performance.now();
+    await (await fetch(`${gateway.url}/healthz`)).text();
+    return performance.now() - started;
+  };
   for (let i = 0; i < WARMUP; i++) for (const stream of [false, true]) for (const base of [upstream.url, viaGateway]) await call(base, stream);
   const bar = progressBar('model calls, direct and through the gateway', { total: RUNS });
   const cpuBefore = gatewayCpuMs();
@@ -61,9 +68,11 @@ try {
       (gw ? arms.gateway : arms.direct).push(await call(gw ? viaGateway : upstream.url, false));
       (gw ? arms.gatewayStream : arms.directStream).push(await call(gw ? viaGateway : upstream.url, true));
     }
+    arms.hop.push(await hop());
     bar.tick();
   }
   bar.done();
+  // (The /healthz round trips' CPU is in it too; small beside a model call's.)
   const cpuPerCallMs = Math.round(((gatewayCpuMs() - cpuBefore) / (2 * RUNS)) * 100) / 100;
   // What the gateway spends doing nothing (its timers, heartbeats read, janitor), for the same span: not the calls'.
   const idleFrom = gatewayCpuMs();
@@ -73,7 +82,7 @@ try {
   const redisCallsPerCall = await callsPerOperation(redis, 100, () => call(viaGateway, false));
   const redisCallsPerStreamedCall = await callsPerOperation(redis, 100, () => call(viaGateway, true));
 
-  const [d, g, ds, gs] = [arms.direct, arms.gateway, arms.directStream, arms.gatewayStream].map(summarize) as [ReturnType<typeof summarize>, ReturnType<typeof summarize>, ReturnType<typeof summarize>, ReturnType<typeof summarize>];
+  const [d, g, ds, gs, h] = [summarize(arms.direct), summarize(arms.gateway), summarize(arms.directStream), summarize(arms.gatewayStream), summarize(arms.hop)];
   const round = (x: number) => Math.round(x * 100) / 100;
   console.log(
     JSON.stringify({
@@ -89,6 +98,10 @@ try {
       directP99Ms: d.p99Ms,
       gatewayStreamP50Ms: gs.p50Ms,
       directStreamP50Ms: ds.p50Ms,
+      /** A round trip to the gateway process alone (GET /healthz), in the same run: what any route through a second process costs here. */
+      gatewayHopP50Ms: h.p50Ms,
+      /** The machine's load average (1 min) when the bench ended: a loaded machine inflates every hop. */
+      loadAverage: Math.round(os.loadavg()[0]! * 10) / 10,
       /** The gateway's CPU per call (a plain and a streamed one, averaged), from /proc: independent of the machine's load. */
       gatewayCpuMsPerCall: cpuPerCallMs,
       gatewayIdleCpuMsPerSecond: idleCpuMsPerSecond,
