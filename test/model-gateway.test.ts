@@ -224,4 +224,28 @@ describe('model gateway', () => {
     expect(upstream.count('/v1/chat/completions') - before).toBe(2);
     expect((await records('ro-again')).map((c) => [c.turn, c.retriesJoined])).toEqual([[1, 0], [2, 0]]);
   });
+
+  it('spreads a job\'s calls over its upstreams, and fails over from one that stopped', async () => {
+    const [a, b] = await Promise.all([ScriptedUpstream.start({ script: SCRIPT }), ScriptedUpstream.start({ script: SCRIPT })]);
+    try {
+      expect((await api(cluster, trainer, 'PUT', '/v1/jobs/job-two/model', { upstreams: [{ baseUrl: a.url }, { baseUrl: b.url }] })).status).toBe(200);
+      const key = await rollout('ro-two', 'job-two');
+      const client = openai(key, 'ro-two');
+      for (let i = 0; i < 6; i++) await client.chat.completions.create({ model: 'm', messages: [{ role: 'user', content: `spread ${i}` }] });
+      expect([a.count('/v1/chat/completions'), b.count('/v1/chat/completions')]).toEqual([3, 3]);
+      await a.stop();
+      for (let i = 0; i < 4; i++) await client.chat.completions.create({ model: 'm', messages: [{ role: 'user', content: `failover ${i}` }] });
+      expect(b.count('/v1/chat/completions')).toBe(7);
+      const calls = await records('ro-two');
+      expect(calls).toHaveLength(10);
+      expect(calls.every((c) => c.outcome === 'ok')).toBe(true);
+      expect(calls.slice(6).map((c) => c.upstream)).toEqual(Array(4).fill(b.url));
+      // The stopped one was tried at most once (then passed over), never held a call.
+      const refused = calls.slice(6).flatMap((c) => c.attempts.filter((t) => t.outcome === 'unreachable').map((t) => t.upstream));
+      expect(refused.length).toBeLessThanOrEqual(1);
+      expect(new Set(refused)).toEqual(new Set(refused.length ? [a.url] : []));
+    } finally {
+      await Promise.all([a.stop(), b.stop()]);
+    }
+  });
 });
