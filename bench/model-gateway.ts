@@ -51,7 +51,18 @@ try {
     if (res.status !== 200 || !text.includes(stream ? '[DONE]' : 'ls -la')) throw new Error(`call failed: ${res.status} ${text.slice(0, 300)}`);
     return ms;
   };
-  const arms = { direct: [] as number[], gateway: [] as number[], directStream: [] as number[], gatewayStream: [] as number[], hop: [] as number[] };
+  const arms = { direct: [] as number[], gateway: [] as number[], directStream: [] as number[], gatewayStream: [] as number[], hop: [] as number[], redisWake: [] as number[] };
+  /**
+   * A Redis round trip after Redis sat idle for a few milliseconds, as it does between a
+   * call's two round trips (its join, and its record): on a busy machine, waking a process
+   * that slept costs more than the round trip itself.
+   */
+  const redisWake = async () => {
+    await new Promise((r) => setTimeout(r, 3));
+    const started = performance.now();
+    await redis.ping();
+    return performance.now() - started;
+  };
   /** A floor for the gateway arm: one round trip to the gateway process and back (`/healthz`: no auth, no Redis). */
   const hop = async () => {
     const started = performance.now();
@@ -69,6 +80,7 @@ try {
       (gw ? arms.gatewayStream : arms.directStream).push(await call(gw ? viaGateway : upstream.url, true));
     }
     arms.hop.push(await hop());
+    arms.redisWake.push(await redisWake());
     bar.tick();
   }
   bar.done();
@@ -82,7 +94,7 @@ try {
   const redisCallsPerCall = await callsPerOperation(redis, 100, () => call(viaGateway, false));
   const redisCallsPerStreamedCall = await callsPerOperation(redis, 100, () => call(viaGateway, true));
 
-  const [d, g, ds, gs, h] = [summarize(arms.direct), summarize(arms.gateway), summarize(arms.directStream), summarize(arms.gatewayStream), summarize(arms.hop)];
+  const [d, g, ds, gs, h, w] = [summarize(arms.direct), summarize(arms.gateway), summarize(arms.directStream), summarize(arms.gatewayStream), summarize(arms.hop), summarize(arms.redisWake)];
   const round = (x: number) => Math.round(x * 100) / 100;
   console.log(
     JSON.stringify({
@@ -100,6 +112,8 @@ try {
       directStreamP50Ms: ds.p50Ms,
       /** A round trip to the gateway process alone (GET /healthz), in the same run: what any route through a second process costs here. */
       gatewayHopP50Ms: h.p50Ms,
+      /** A Redis round trip after 3 ms idle, in the same run (a model call makes two: its join and its record). */
+      redisWakeP50Ms: w.p50Ms,
       /** The machine's load average (1 min) when the bench ended: a loaded machine inflates every hop. */
       loadAverage: Math.round(os.loadavg()[0]! * 10) / 10,
       /** The gateway's CPU per call (a plain and a streamed one, averaged), from /proc: independent of the machine's load. */
