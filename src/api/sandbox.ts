@@ -164,6 +164,12 @@ export const CreateSandboxRequest = z.strictObject({
    * `network.allowPublicTraffic`. Absent or false: the sandbox's access token is required.
    */
   publicTraffic: z.boolean().optional(),
+  /**
+   * Setuid programs (sudo) may raise a process's privileges inside the sandbox (Kubernetes'
+   * allowPrivilegeEscalation): its processes run without no_new_privs. Never beyond the
+   * sandbox's own root (its capability bounding set, seccomp and namespaces stay).
+   */
+  allowPrivilegeEscalation: z.boolean().optional(),
 });
 export type CreateSandboxRequest = z.infer<typeof CreateSandboxRequest>;
 

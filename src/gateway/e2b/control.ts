@@ -78,6 +78,8 @@ export function registerE2bControl(app: GatewayApp, deps: E2bControlDeps): void 
         ...(network ? { network } : {}),
         ...(body.autoPause ? { onTtl: { action: 'pause', mode: body.autoPauseMemory === false ? 'hibernate' : pause.mode, pausedTtlSeconds: pause.pausedTtlSeconds } } : {}),
         ...(body.network?.allowPublicTraffic ? { publicTraffic: true } : {}),
+        // E2B's templates give their user passwordless sudo: the base template's does.
+        ...(template === DEFAULT_TEMPLATE && image ? { allowPrivilegeEscalation: true } : {}),
       },
       'body',
     );

@@ -33,6 +33,8 @@ export interface SandboxRuntimeSpec {
    * children read it too).
    */
   restoreFork?: string;
+  /** Setuid programs may raise privileges (no no_new_privs); default false. */
+  allowPrivilegeEscalation?: boolean;
   /** Default: mode none (loopback only). */
   network?: NetworkPolicy;
   /**
