@@ -18,7 +18,7 @@ export class SandboxMetricsService {
   async sample(principal: Principal, id: string): Promise<SandboxMetrics> {
     requireScope(principal, 'sandbox:read');
     const sandbox = await this.deps.registry.getOwned(id, principal.tenant);
-    if (sandbox.state !== 'running' && sandbox.state !== 'paused') throw new RollboxError('invalid_state', `sandbox ${id} is ${sandbox.state}; metrics are read from a running or paused sandbox`);
+    if (sandbox.state !== 'running') throw new RollboxError('invalid_state', `sandbox ${id} is ${sandbox.state}; metrics are read from a running sandbox`);
     const reply = await this.deps.nodes.sendOp(sandbox.node!, { kind: 'metrics', sandboxId: id, requestId: newId('req') }, METRICS_REPLY_TIMEOUT_MS);
     if (reply.kind === 'error') throw toRollboxError(reply.error);
     if (reply.kind !== 'metrics') throw new RollboxError('internal', `unexpected reply ${reply.kind}`);

@@ -1,8 +1,10 @@
-import { readFile, statfs } from 'node:fs/promises';
+import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { RollboxError, type RuntimeMetrics } from '../../api/index.ts';
 import type { RuntimeContext } from './context.ts';
+import { SANDBOX_BUSYBOX } from './spec.ts';
+import type { RuntimeRawExecOutcome, RuntimeRawExecSpec } from './types.ts';
 
 /** A reading older than this is not a window's start: a fresh window is measured instead. */
 const MAX_WINDOW_MS = 60_000;
@@ -16,14 +18,18 @@ const readNumber = async (file: string): Promise<number> => Number((await readFi
 /**
  * A sandbox's resource use from what the host keeps of it: its CPU time (the cpuacct
  * cgroup's `cpuacct.usage`, nanoseconds, v1), its memory cgroup's usage and page cache
- * (`memory.usage_in_bytes`, `memory.stat`), and its own disk (statfs of the capped
- * filesystem its upper dir lives in). CPU is a rate: the window runs from this sandbox's
- * previous reading when that is recent, else over MIN_WINDOW_MS measured now.
+ * (`memory.usage_in_bytes`, `memory.stat`), and its own disk: statfs of its root, asked
+ * inside the sandbox (its overlay reports the capped filesystem its upper dir is on, which
+ * the host does not keep mounted while it runs). CPU is a rate: the window runs from this
+ * sandbox's previous reading when that is recent, else over MIN_WINDOW_MS measured now.
  */
 export class SandboxMetricsReader {
   private readonly last = new Map<string, { cpuNs: number; atMs: number }>();
 
-  constructor(private readonly ctx: Pick<RuntimeContext, 'cgroups' | 'cgroupRel' | 'layout'>) {}
+  constructor(
+    private readonly ctx: Pick<RuntimeContext, 'cgroups' | 'cgroupRel'>,
+    private readonly execRaw: (id: string, spec: RuntimeRawExecSpec) => Promise<RuntimeRawExecOutcome>,
+  ) {}
 
   async read(id: string): Promise<RuntimeMetrics> {
     const cg = await this.ctx.cgroups();
@@ -42,7 +48,7 @@ export class SandboxMetricsReader {
     }
     this.remember(id, end);
     const memoryDir = path.join(cg.memory, rel);
-    const [usage, stat, disk] = await Promise.all([readNumber(path.join(memoryDir, 'memory.usage_in_bytes')), readFile(path.join(memoryDir, 'memory.stat'), 'utf8'), statfs(this.ctx.layout.diskOf(id))]);
+    const [usage, stat, disk] = await Promise.all([readNumber(path.join(memoryDir, 'memory.usage_in_bytes')), readFile(path.join(memoryDir, 'memory.stat'), 'utf8'), this.disk(id)]);
     const cache = Number(/^total_cache (\d+)$/m.exec(stat)?.[1] ?? /^cache (\d+)$/m.exec(stat)?.[1] ?? 0);
     return {
       atMs: Date.now(),
@@ -53,6 +59,13 @@ export class SandboxMetricsReader {
       diskUsedBytes: (disk.blocks - disk.bfree) * disk.bsize,
       diskTotalBytes: disk.blocks * disk.bsize,
     };
+  }
+
+  private async disk(id: string): Promise<{ blocks: number; bfree: number; bsize: number }> {
+    const run = await this.execRaw(id, { argv: [SANDBOX_BUSYBOX, 'stat', '-f', '-c', '%b %f %S', '/'], timeoutMs: 10_000, maxStdoutBytes: 256 });
+    const [blocks, bfree, bsize] = run.stdout.toString().trim().split(' ').map(Number);
+    if (run.exitCode !== 0 || !Number.isFinite(blocks) || !Number.isFinite(bfree) || !bsize) throw new RollboxError('internal', `statfs in sandbox ${id} failed: ${run.stderr.trim() || `exit ${run.exitCode}`}`);
+    return { blocks: blocks!, bfree: bfree!, bsize };
   }
 
   private remember(id: string, reading: { cpuNs: number; atMs: number }): void {

@@ -43,7 +43,7 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     return readOomKills(path.join((await ctx.cgroups()).memory, ctx.cgroupRel(id)));
   };
   const forkPoints = new ForkPoints(ctx);
-  const metrics = new SandboxMetricsReader(ctx);
+  const metrics = new SandboxMetricsReader(ctx, (id, spec) => execRawCommand(ctx, id, spec));
   return {
     runcRoot: layout.runcRoot,
     sandboxesDir: layout.sandboxesDir,
