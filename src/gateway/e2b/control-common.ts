@@ -53,7 +53,10 @@ export async function liveSandbox(sandboxes: Pick<SandboxService, 'get'>, princi
   return sandbox;
 }
 
-export const templateOf = (s: Sandbox) => s.spec.image.base ?? s.spec.image.ref ?? DEFAULT_TEMPLATE;
+/** The label an E2B create records its template in (the image may be a snapshot's stack); not shown in E2B's metadata. */
+export const TEMPLATE_LABEL = 'e2b.template';
+
+export const templateOf = (s: Sandbox) => s.spec.labels[TEMPLATE_LABEL] ?? s.spec.image.base ?? s.spec.image.ref ?? DEFAULT_TEMPLATE;
 
 /** What create, connect and each fork child answer. */
 export async function sandboxBody(access: Pick<EnvdAccess, 'tokenFor'>, s: Sandbox) {

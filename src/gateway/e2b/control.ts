@@ -6,10 +6,10 @@ import type { E2bKeyStore, Principal } from '../../iam/index.ts';
 import type { SandboxService } from '../sandbox-service.ts';
 import type { TtlService } from '../ttl-service.ts';
 import type { EnvdAccess } from './access.ts';
-import { CLIENT_ID, DEFAULT_TEMPLATE, DEFAULT_TIMEOUT_SECONDS, ENVD_VERSION, jsonOf, liveSandbox, parse, routeOf, sandboxBody, type Handler } from './control-common.ts';
+import { CLIENT_ID, DEFAULT_TEMPLATE, DEFAULT_TIMEOUT_SECONDS, ENVD_VERSION, TEMPLATE_LABEL, jsonOf, liveSandbox, parse, routeOf, sandboxBody, templateOf, type Handler } from './control-common.ts';
 import { networkOf } from './network.ts';
 import { restError } from './rest-error.ts';
-import { TEMPLATE_LABEL, type E2bTemplates } from './templates.ts';
+import type { E2bTemplates } from './templates.ts';
 
 export interface E2bControlDeps {
   sandboxes: Pick<SandboxService, 'create' | 'get' | 'list' | 'delete' | 'setPaused'>;
@@ -25,7 +25,6 @@ export interface E2bControlDeps {
 const MAX_BODY_BYTES = 1024 * 1024;
 
 const e2bState = (s: Sandbox) => (s.state === 'paused' || s.state === 'hibernated' ? 'paused' : 'running');
-const templateOf = (s: Sandbox) => s.spec.labels[TEMPLATE_LABEL] ?? s.spec.image.base ?? s.spec.image.ref ?? DEFAULT_TEMPLATE;
 const metadataOf = (s: Sandbox) => Object.fromEntries(Object.entries(s.spec.labels).filter(([k]) => k !== TEMPLATE_LABEL));
 
 function listed(s: Sandbox) {

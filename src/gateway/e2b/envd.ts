@@ -79,9 +79,10 @@ export function registerE2bEnvd(app: GatewayApp, deps: E2bEnvdDeps): void {
     return undefined;
   };
   const sandboxIdOf = (c: Context) => c.req.header(SANDBOX_HEADER) ?? ENVD_HOST.exec(c.req.header('host') ?? '')?.[1];
-  const callOf = async (c: Context, principal?: Principal): Promise<EnvdCall> => {
-    const sandboxId = principal ? principal.subject!.slice('envd:'.length) : sandboxIdOf(c)!;
-    principal ??= await access.verify(sandboxId, c.req.header('x-access-token'));
+  /** The call's sandbox and principal: from its access token, or (a signed file URL) as verified already. */
+  const callOf = async (c: Context, verified?: { sandboxId: string; principal: Principal }): Promise<EnvdCall> => {
+    const sandboxId = verified?.sandboxId ?? sandboxIdOf(c)!;
+    const principal = verified?.principal ?? (await access.verify(sandboxId, c.req.header('x-access-token')));
     const explain = async (err: unknown): Promise<unknown> => {
       const codes = ['not_found', 'invalid_state', 'result_unknown', 'node_lost'];
       return (err instanceof RollboxError && codes.includes(err.code) && (await unreachable(sandboxId))) || err;
@@ -114,7 +115,7 @@ export function registerE2bEnvd(app: GatewayApp, deps: E2bEnvdDeps): void {
     if (expiration !== undefined && !/^\d{1,12}$/.test(expiration)) throw new ConnectError('invalid_argument', 'signature_expiration is unix seconds');
     const request = { path: c.req.query('path') ?? '', operation, username: c.req.query('username') ?? '', signature, expiration: expiration === undefined ? undefined : Number(expiration) };
     const { sandboxId, tenant } = await signed.verify(request, sandboxIdOf(c));
-    return callOf(c, principalOf(sandboxId, tenant));
+    return callOf(c, { sandboxId, principal: principalOf(sandboxId, tenant) });
   };
   // Connection: close, as the rest of the body may still be on its way (see withUploadBody).
   const rpcLimit = bodyLimit({ maxSize: MAX_MESSAGE_BYTES + 5, onError: (c) => (c.header('Connection', 'close'), connectErrorResponse(c, new ConnectError('resource_exhausted', `message larger than ${MAX_MESSAGE_BYTES} bytes`))) });

@@ -2,9 +2,6 @@ import { RollboxError, type ImageSpec } from '../../api/index.ts';
 import type { LayerRegistry } from '../../registry/index.ts';
 import { DEFAULT_TEMPLATE } from './control-common.ts';
 
-/** The label an E2B create records its template in (the image may be a snapshot's stack); not shown in E2B's metadata. */
-export const TEMPLATE_LABEL = 'e2b.template';
-
 /** The cluster's E2B-like `base` template (src/images/base-template.ts), or none (E2B's `base` is then busybox). */
 export interface BaseTemplateSource {
   /** The image's name once it is ready (waiting up to `waitMs` for a build under way); `template_not_ready` past that. */
