@@ -131,9 +131,11 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const buildLayer: LayerBuilder = (tar, { maxBytes }) => buildLayerFromTar(tar, { store, tmpDir, maxBytes, extract, build: config.layerBuild });
   const { batches, runner: batchRunner, jobs: batchJobs, stop: stopBatches } = batchesOf(config, redisUrl, redis, blocking, { sandboxes, files, execs, layers, buildLayer, now }, logger, now, (succeeded) => metrics.seen.taskEnded(succeeded));
   const verifier = createTokenVerifier(config.jwt);
+  const sandboxMetrics = new SandboxMetricsService({ registry, nodes });
   const { when: baseWhen, ...baseConfig } = config.e2b.baseTemplate;
   const baseTemplate = baseWhen === 'off' ? undefined : new BaseTemplate({ redis, images, layers, store, tmpDir, config: baseConfig, logger: logger.child({ template: 'base' }), now });
   const app = createGateway({
+    sandboxMetrics,
     config, redis, verifier, rolloutKeys: new RolloutKeyStore(redis, now), sandboxes, forks, ttls, execs, files, pools, runs, batches, layers, directory, metrics, logger, now, burst,
     jobQueues: () => [...directory.list().map((n) => createJobs.queue(n.nodeId)), ...batchJobs.openQueues()],
     console: consoleParts.service({ pools: () => pools.listAll(), burst, metricsRegistry: metrics.registry }),
@@ -142,7 +144,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     ...(config.http.layerBlobGzipLevel > 0 ? { gzippedChunks: new GzippedChunks(store, config.http.layerBlobGzipLevel) } : {}),
     e2b: {
       redis, registry, keys: new E2bKeyStore(redis, now), sandboxes, ttls, forks, execs, files, layers, filesMaxBytes: config.files.maxBytes,
-      metrics: new SandboxMetricsService({ registry, nodes }),
+      metrics: sandboxMetrics,
       baseTemplate,
       options: { pauseMode: config.e2b.pauseMode, pausedTtlSeconds: config.e2b.pausedTtlSeconds, baseTemplateWaitMs: config.e2b.baseTemplate.waitMs },
     },

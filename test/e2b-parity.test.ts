@@ -221,6 +221,12 @@ describe('control plane parity', () => {
     await sbx.commands.run('dd if=/dev/zero of=/big bs=1M count=20');
     const [after] = await OlderSandbox.getMetrics(sbx.sandboxId);
     expect(after!.diskUsed).toBeGreaterThan(idle!.diskUsed + 15 * 1024 * 1024);
+    // The same sample in rollbox's own API; another tenant's sandbox is not found.
+    const get = async (tenant: string) => fetch(`${cluster.url}/v1/sandboxes/${sbx.sandboxId}/metrics`, { headers: { authorization: `Bearer ${await cluster.token(tenant, ['sandbox:read'])}` } });
+    const native = await get('e2b-parity');
+    expect(native.status).toBe(200);
+    expect(await native.json()).toMatchObject({ cpuCount: 1, memTotal: 512 * 1024 * 1024, diskTotal: after!.diskTotal });
+    expect((await get('someone-else')).status).toBe(404);
   });
 
   it('updates the network as a stage change and keeps allowPublicTraffic for the port proxy', async () => {
