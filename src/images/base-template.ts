@@ -8,7 +8,7 @@ import { promisify } from 'node:util';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { RollboxError, type Image } from '../api/index.ts';
-import { splitFilesIn, storeTreeAsLayer, type LayerStore } from '../layers/index.ts';
+import { readMountInfo, splitFilesIn, storeTreeAsLayer, unmount, type LayerStore } from '../layers/index.ts';
 import { keys, type ImageRegistry, type LayerRegistry } from '../registry/index.ts';
 
 /** What E2B's `base` has that its SDK's examples use. */
@@ -161,34 +161,48 @@ export class BaseTemplate {
   }
 
   private async build(): Promise<{ digest: string; sizeBytes: number }> {
-    const { suite, mirror, cacheDir } = this.deps.config;
     await mkdir(this.deps.tmpDir, { recursive: true });
     const work = await mkdtemp(path.join(this.deps.tmpDir, 'e2b-base-'));
     const root = path.join(work, 'root');
     try {
-      const debs = path.join(cacheDir, 'debs');
-      await mkdir(debs, { recursive: true });
-      await this.debootstrap(['--variant=minbase', `--include=${BASE_TEMPLATE_PACKAGES.join(',')}`, `--cache-dir=${debs}`, suite, root, mirror]);
-      this.step('adding the user account');
-      await run('chroot', [root, 'useradd', '--create-home', '--shell', '/bin/bash', '--uid', '1000', '--user-group', '--groups', 'sudo', 'user']);
-      await writeFile(path.join(root, 'etc/sudoers.d/user'), 'user ALL=(ALL:ALL) NOPASSWD: ALL\n');
-      await chmod(path.join(root, 'etc/sudoers.d/user'), 0o440);
-      this.step('leaving out caches and docs');
-      for (const dir of ['var/cache/apt/archives', 'var/lib/apt/lists', 'usr/share/doc', 'usr/share/man', 'usr/share/info', 'usr/share/locale']) await run('find', [path.join(root, dir), '-mindepth', '1', '-not', '-name', 'partial', '-not', '-name', 'lock', '-delete']).catch(() => undefined);
-      // What the host put there while building is not the sandbox's; the runtime's mount target as in the busybox base.
-      for (const [file, content] of [['etc/resolv.conf', ''], ['etc/hostname', 'sandbox\n'], ['etc/hosts', '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n']] as const) {
-        await rm(path.join(root, file), { force: true });
-        await writeFile(path.join(root, file), content);
-      }
-      await mkdir(path.join(root, '.rollbox'), { recursive: true });
-      await writeFile(path.join(root, '.rollbox/busybox'), '', { mode: 0o755 });
-      this.step('making the EROFS layer');
-      const stored = await storeTreeAsLayer(root, await mkdtemp(path.join(work, 'layer-')), this.deps.store);
-      await this.keepInCache(stored.files);
-      return stored;
+      return await this.buildIn(work, root);
     } finally {
-      await rm(work, { recursive: true, force: true });
+      // debootstrap mounts /proc and /sys (and may bind /dev) in the tree while it configures,
+      // and a killed one leaves them: never remove a tree with the host's mounts in it.
+      for (const p of (await this.mountsUnder(root)).sort((a, b) => b.length - a.length)) await unmount(p, { lazyFallback: true }).catch((err: unknown) => this.deps.logger.warn({ err, mount: p }, 'could not unmount'));
+      if ((await this.mountsUnder(root)).length) this.deps.logger.error({ root }, 'the base template tree still has mounts in it; left in place');
+      else await rm(work, { recursive: true, force: true });
     }
+  }
+
+  private async buildIn(work: string, root: string): Promise<{ digest: string; sizeBytes: number }> {
+    const { suite, mirror, cacheDir } = this.deps.config;
+    const debs = path.join(cacheDir, 'debs');
+    await mkdir(debs, { recursive: true });
+    await this.debootstrap(['--variant=minbase', `--include=${BASE_TEMPLATE_PACKAGES.join(',')}`, `--cache-dir=${debs}`, suite, root, mirror]);
+    this.step('adding the user account');
+    await run('chroot', [root, 'useradd', '--create-home', '--shell', '/bin/bash', '--uid', '1000', '--user-group', '--groups', 'sudo', 'user']);
+    await writeFile(path.join(root, 'etc/sudoers.d/user'), 'user ALL=(ALL:ALL) NOPASSWD: ALL\n');
+    await chmod(path.join(root, 'etc/sudoers.d/user'), 0o440);
+    this.step('leaving out caches and docs');
+    for (const dir of ['var/cache/apt/archives', 'var/lib/apt/lists', 'usr/share/doc', 'usr/share/man', 'usr/share/info', 'usr/share/locale']) await run('find', [path.join(root, dir), '-mindepth', '1', '-not', '-name', 'partial', '-not', '-name', 'lock', '-delete']).catch(() => undefined);
+    // What the host put there while building is not the sandbox's; the runtime's mount target as in the busybox base.
+    for (const [file, content] of [['etc/resolv.conf', ''], ['etc/hostname', 'sandbox\n'], ['etc/hosts', '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n']] as const) {
+      await rm(path.join(root, file), { force: true });
+      await writeFile(path.join(root, file), content);
+    }
+    await mkdir(path.join(root, '.rollbox'), { recursive: true });
+    await writeFile(path.join(root, '.rollbox/busybox'), '', { mode: 0o755 });
+    // debootstrap unmounts what it mounted when it succeeds; a tree with the host's mounts in it never becomes a layer.
+    if (await this.mountsUnder(root).then((m) => m.length > 0)) throw new RollboxError('internal', `debootstrap left mounts under ${root}`);
+    this.step('making the EROFS layer');
+    const stored = await storeTreeAsLayer(root, await mkdtemp(path.join(work, 'layer-')), this.deps.store);
+    await this.keepInCache(stored.files);
+    return stored;
+  }
+
+  private async mountsUnder(root: string): Promise<string[]> {
+    return (await readMountInfo()).map((m) => m.mountPoint).filter((p) => p.startsWith(`${root}/`));
   }
 
   private async keepInCache(files: { imagePath: string; blobPath?: string }): Promise<void> {
