@@ -99,7 +99,7 @@ const deps: Omit<GatewayDeps, 'verifier'> = {
       yield { event: 'exit', id: 'exit', data: JSON.stringify({ exitCode: 0 }) };
     },
     startBackground: () => answer(STATUS),
-    commandLog: () => answer([STATUS]),
+    commandPage: () => answer({ commands: [STATUS] }),
     commandStatus: () => answer(STATUS),
     signalCommand: (_p, _id, commandId) => answer({ commandId, state: 'running' as const }),
     writeCommandStdin: (_p, _id, commandId) => answer({ commandId, state: 'running' as const }),
