@@ -51,9 +51,9 @@ async function serveFile(c: Context<GatewayEnv>, filePath: string, reads: LayerR
     c.header('Content-Range', `bytes */${sizeBytes}`);
     throw new RollboxError('range_not_satisfiable', `range ${header} is past the end of ${sizeBytes} bytes`);
   }
-  // A malformed header, another unit or several ranges: the whole file (RFC 9110 allows ignoring Range).
   // A HEAD takes no read slot: Hono answers it from the GET's headers and drops the body unread.
   const send = async (pieces: () => AsyncGenerator<Buffer>, status: 200 | 206): Promise<Response> => (c.req.method === 'HEAD' ? c.body(null, status) : c.body(await reads.body(c, pieces), status));
+  // A malformed header, another unit or several ranges: the whole file (RFC 9110 allows ignoring Range).
   if (ranges === undefined || ranges === -2 || ranges.type !== 'bytes' || ranges.length !== 1) {
     c.header('Content-Length', String(sizeBytes));
     return send(() => filePieces(filePath, 0, sizeBytes), 200);

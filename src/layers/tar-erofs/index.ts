@@ -30,8 +30,8 @@ const metaOf = (m: EntryMeta): NodeMetaInit => ({ mode: m.mode, uid: m.uid, gid:
 /**
  * A tar (plain, gzip or zstd) straight into a split EROFS layer: file contents go to the
  * data blob as they stream by, the tree is kept in memory (compactly: tree.ts) and written
- * last as the metadata image. Nothing is extracted on the host and every byte is written once, in
- * its final place. The files the layer shows are those `extractTarSafely` + mkfs.erofs
+ * last as the metadata image. Nothing is extracted on the host and every byte is written
+ * once, in its final place. The files the layer shows are those `extractTarSafely` + mkfs.erofs
  * would give (the same checks, the same replacement rules; compared in
  * test/tar-erofs.test.ts). Answers the chunk table's bytes (see LayerStore.putSplit).
  * The caller removes `files` when this fails.
