@@ -1,6 +1,6 @@
 import { closeSync, ftruncateSync, openSync, writeSync } from 'node:fs';
 import { ChunkHasher } from '../split.ts';
-import { BLOCK_BYTES } from './image.ts';
+import { BLOCK_BYTES } from './bytes.ts';
 
 const ZERO_BLOCK = Buffer.alloc(BLOCK_BYTES);
 

@@ -1,6 +1,7 @@
 import { closeSync, ftruncateSync, openSync, readSync, writeSync } from 'node:fs';
 import { RollboxError } from '../../api/index.ts';
 import { EROFS_MAGIC, FEATURE_COMPAT_SB_CHKSUM, SUPER_OFFSET, crc32c } from '../erofs.ts';
+import { BLOCK_BYTES, SeqWriter, XATTR_HEADER_BYTES, alignUp, splitBlocks, xattrArea, xattrAreaBytes } from './bytes.ts';
 import { DOTDOT_ENTRY, DOT_ENTRY, KIND, type LayerTree } from './tree.ts';
 
 /**
@@ -13,7 +14,6 @@ import { DOTDOT_ENTRY, DOT_ENTRY, KIND, type LayerTree } from './tree.ts';
  * symlink blocks in another), so only the tree and a few columns per node are in memory.
  */
 
-export const BLOCK_BYTES = 4096;
 const BLOCK_BITS = 12;
 const FEATURE_INCOMPAT_CHUNKED_FILE = 0x4;
 const FEATURE_INCOMPAT_DEVICE_TABLE = 0x8;
@@ -28,18 +28,9 @@ const LAYOUT = { flatPlain: 0, flatInline: 2, chunkBased: 4 };
 const CHUNK_FORMAT_INDEXES = 0x20;
 const CHUNK_INDEX_BYTES = 8;
 const DIRENT_BYTES = 12;
-const XATTR_HEADER_BYTES = 12;
 /** By node kind (tree.ts KIND): the dirent file type and the mode's type bits. */
 const FILE_TYPE = [0, 2, 1, 7, 5, 3];
 const S_IF = [0, 0o040000, 0o100000, 0o120000, 0o010000, 0o020000];
-/** Longest prefix first: the index EROFS stores for a name, and the rest of the name. */
-const XATTR_PREFIXES: [string, number][] = [
-  ['system.posix_acl_access', 2],
-  ['system.posix_acl_default', 3],
-  ['user.', 1],
-  ['trusted.', 4],
-  ['security.', 6],
-];
 
 /** Writes the image of `tree` to `path` (a new file); answers its size. */
 export function writeErofsMetaImage(tree: LayerTree, path: string, opts: { chunkSizeBytes: number }): number {
@@ -304,80 +295,4 @@ function writeSuperblock(fd: number, s: { rootNid: number; inodes: number; block
   sb.writeUInt16LE(DEVICE_TABLE_OFFSET / DEVICE_SLOT_BYTES, 0x58);
   sb.writeUInt32LE(crc32c(0xffffffff, sb), 0x04);
   writeSync(fd, sb, 0, sb.length, SUPER_OFFSET);
-}
-
-/**
- * Bytes written front to back at rising positions (gaps stay holes, read as zeros),
- * gathered into writes of about a MiB.
- */
-class SeqWriter {
-  private readonly buf = Buffer.alloc(1 << 20);
-  private used = 0;
-
-  constructor(
-    private readonly fd: number,
-    private start: number,
-  ) {}
-
-  write(position: number, bytes: Buffer): void {
-    const end = this.start + this.used;
-    if (position < end) throw new RollboxError('internal', `EROFS image writer went back from ${end} to ${position}`);
-    if (position - end + bytes.length > this.buf.length - this.used) {
-      this.flush();
-      this.start = position;
-    } else {
-      this.buf.fill(0, this.used, this.used + position - end);
-      this.used += position - end;
-    }
-    if (bytes.length > this.buf.length) {
-      writeAll(this.fd, bytes, position);
-      this.start = position + bytes.length;
-      return;
-    }
-    bytes.copy(this.buf, this.used);
-    this.used += bytes.length;
-  }
-
-  flush(): void {
-    writeAll(this.fd, this.buf.subarray(0, this.used), this.start);
-    this.start += this.used;
-    this.used = 0;
-  }
-}
-
-function writeAll(fd: number, bytes: Buffer, position: number): void {
-  for (let done = 0; done < bytes.length; ) done += writeSync(fd, bytes, done, bytes.length - done, position + done);
-}
-
-function splitBlocks(bytes: Buffer): Buffer[] {
-  const out: Buffer[] = [];
-  for (let at = 0; at < bytes.length; at += BLOCK_BYTES) out.push(bytes.subarray(at, at + BLOCK_BYTES));
-  return out;
-}
-
-function xattrAreaBytes(xattrs: Map<string, Buffer> | undefined): number {
-  return xattrs && xattrs.size > 0 ? xattrArea(xattrs).length : 0;
-}
-
-/** The inline xattr area: a header, then each entry (name index, the rest of the name, the value) padded to 4 bytes. */
-function xattrArea(xattrs: Map<string, Buffer> | undefined): Buffer {
-  if (!xattrs || xattrs.size === 0) return Buffer.alloc(0);
-  const parts: Buffer[] = [Buffer.alloc(XATTR_HEADER_BYTES)];
-  for (const [name, value] of xattrs) {
-    const prefix = XATTR_PREFIXES.find(([p]) => name.startsWith(p));
-    if (!prefix) throw new RollboxError('internal', `xattr ${name} has no EROFS name index`);
-    const suffix = Buffer.from(name.slice(prefix[0].length), 'utf8');
-    const entry = Buffer.alloc(alignUp(4 + suffix.length + value.length, 4));
-    entry.writeUInt8(suffix.length, 0);
-    entry.writeUInt8(prefix[1], 1);
-    entry.writeUInt16LE(value.length, 2);
-    suffix.copy(entry, 4);
-    value.copy(entry, 4 + suffix.length);
-    parts.push(entry);
-  }
-  return Buffer.concat(parts);
-}
-
-function alignUp(n: number, to: number): number {
-  return Math.ceil(n / to) * to;
 }
