@@ -9,6 +9,9 @@ export const ErrorBody = z.object({
 });
 export type ErrorBody = z.infer<typeof ErrorBody>;
 
-export const SCOPES = ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'sandbox:snapshot', 'sandbox:policy', 'sandbox:run', 'batch:submit', 'layer:write', 'layer:read', 'burst:admin', 'cluster:read', 'admin'] as const;
+export const SCOPES = ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'sandbox:snapshot', 'sandbox:policy', 'sandbox:run', 'batch:submit', 'rollout:submit', 'model:call', 'layer:write', 'layer:read', 'burst:admin', 'cluster:read', 'admin'] as const;
 export const Scope = z.enum(SCOPES);
 export type Scope = z.infer<typeof Scope>;
+
+/** A hosted rollout's key (src/iam/rollout-keys.ts): its agent's ROLLBOX_TOKEN, OPENAI_API_KEY and ANTHROPIC_API_KEY. */
+export const ROLLOUT_KEY_PATTERN = /^rbr_[0-9a-f]{40}$/;
