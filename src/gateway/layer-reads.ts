@@ -156,9 +156,11 @@ function busy(why: string): RollboxError {
   return new RollboxError('unavailable', `the gateway is serving as many layer reads as it allows (${why}); retry`, RETRY_AFTER_SECONDS);
 }
 
-/** Who a read counts against: its token (by id when it has one, else by its bytes' hash). */
+/** Who a read counts against: its token (by id when it has one, else by its bytes' hash, else its tenant and subject). */
 function readerOf(c: Context<GatewayEnv>): string {
   const principal = c.get('principal');
   if (principal.tokenId) return `${principal.tenant}/${principal.tokenId}`;
-  return createHash('sha256').update(c.req.header('authorization') ?? '').digest('base64');
+  const credential = c.req.header('authorization') ?? c.req.header('x-api-key');
+  if (credential) return createHash('sha256').update(credential).digest('base64');
+  return `${principal.tenant}/${principal.subject ?? ''}`;
 }
