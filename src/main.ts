@@ -118,7 +118,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     now,
     random: Math.random,
   });
-  const layerDeps = { store, layers, images, holds: importHolds, tmpDir, maxLayerBytes: config.http.layerUploadLimitBytes, now, extract, build: config.layerBuild };
+  const layerDeps = { store, layers, images, holds: importHolds, tmpDir, maxLayerBytes: config.http.layerUploadLimitBytes, maxLayerEntries: config.layerMaxEntries, now, extract, build: config.layerBuild };
   const { imagePulls, stop: stopImagePulls } = imagePullsOf(config, redis, images, layerDeps, logger, now);
   // A create's (or a pool's) image.ref: the image holding it, pulled first if none does.
   const resolveImage = resolveImageRef(imagePulls, config.imagePull.waitMs);
@@ -129,7 +129,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const files = new FilesService({ config, redis, registry, nodes });
   const ttls = new TtlService({ registry, nodes, now });
   const runs = new RunService({ sandboxes, redis, fetchMaxBytes: config.files.maxBytes, now });
-  const buildLayer: LayerBuilder = (tar, { maxBytes }) => buildLayerFromTar(tar, { store, tmpDir, maxBytes, extract, build: config.layerBuild });
+  const buildLayer: LayerBuilder = (tar, { maxBytes }) => buildLayerFromTar(tar, { store, tmpDir, maxBytes, maxEntries: config.layerMaxEntries, extract, build: config.layerBuild });
   const { batches, runner: batchRunner, jobs: batchJobs, stop: stopBatches } = batchesOf(config, redisUrl, redis, blocking, { sandboxes, files, execs, layers, buildLayer, now }, logger, now, (succeeded) => metrics.seen.taskEnded(succeeded));
   const verifier = createTokenVerifier(config.jwt);
   const e2bParts = e2bOf(config, { redis, registry, layers, images, store, nodes, tmpDir, sandboxes, ttls, forks, execs, files }, logger, now);

@@ -21,6 +21,7 @@ import { registerFilesRoutes, type FilesApi } from './routes/files.ts';
 import { registerForkRoutes, type ForkApi } from './routes/forks.ts';
 import { registerImageRoutes, type ImageRouteDeps } from './routes/images.ts';
 import { registerLayerRoutes, type LayerBuilder, type LayerRouteDeps } from './routes/layers.ts';
+import { LayerReads } from './layer-reads.ts';
 import { registerPoolRoutes, type PoolApi } from './routes/pools.ts';
 import { registerRunRoutes, type RunApi } from './routes/run.ts';
 import { registerSandboxRoutes, type SandboxApi, type TtlApi } from './routes/sandboxes.ts';
@@ -125,7 +126,7 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   registerBatchRoutes(app, deps.batches);
   registerBatchPage(app);
   if (deps.jobQueues) registerQueueBoard(app, { verifier: deps.verifier, queues: deps.jobQueues });
-  registerLayerRoutes(app, { layers: deps.layers, buildLayer: deps.buildLayer, store: deps.layerStore, uploadLimitBytes: deps.config.http.layerUploadLimitBytes, ...(deps.gzippedChunks ? { gzippedChunks: deps.gzippedChunks } : {}), now: deps.now });
+  registerLayerRoutes(app, { layers: deps.layers, buildLayer: deps.buildLayer, store: deps.layerStore, uploadLimitBytes: deps.config.http.layerUploadLimitBytes, reads: new LayerReads(deps.config.http.layerReads), ...(deps.gzippedChunks ? { gzippedChunks: deps.gzippedChunks } : {}), now: deps.now });
   registerImageRoutes(app, deps.images);
   registerClusterRoutes(app, { directory: deps.directory, burst: deps.burst, jsonLimit });
   if (deps.console) {
