@@ -11,7 +11,7 @@ import type { Redis } from 'ioredis';
 import pino, { type Logger } from 'pino';
 import type { Config } from './config/index.ts';
 import { startingAnswer, ExecService, ForkService, FilesService, TtlService, Janitor, LayerCollector, NodeRequests, PoolService, RunService, SandboxService, createGateway, createMetrics, newId, type LayerBuilder } from './gateway/index.ts';
-import { E2bKeyStore, RolloutKeyStore, createTokenIssuer, createTokenVerifier, loadOrCreateHsSecret } from './iam/index.ts';
+import { RolloutKeyStore, createTokenIssuer, createTokenVerifier, loadOrCreateHsSecret } from './iam/index.ts';
 import { BurstController, CommandProvider, LocalProvider, TraceRecorder, type CloudProvider } from './burst/index.ts';
 import { ExtractWorkers, GzippedChunks, LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar } from './layers/index.ts';
 import { LazyLayers } from './layers/lazy/index.ts';
@@ -28,6 +28,7 @@ import { microVmRuntimeOf } from './workers/microvm/index.ts';
 import { batchesOf } from './gateway-batches.ts';
 import { imagePullsOf } from './gateway-pulls.ts';
 import { gatewayConsoleOf } from './gateway-console.ts';
+import { e2bOf } from './gateway-e2b.ts';
 import { layerSourceOf, layerSyncOf } from './worker-layers.ts';
 
 export interface Stoppable {
@@ -131,6 +132,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const buildLayer: LayerBuilder = (tar, { maxBytes }) => buildLayerFromTar(tar, { store, tmpDir, maxBytes, maxEntries: config.layerMaxEntries, extract, build: config.layerBuild });
   const { batches, runner: batchRunner, jobs: batchJobs, stop: stopBatches } = batchesOf(config, redisUrl, redis, blocking, { sandboxes, files, execs, layers, buildLayer, now }, logger, now, (succeeded) => metrics.seen.taskEnded(succeeded));
   const verifier = createTokenVerifier(config.jwt);
+  const e2bParts = e2bOf(config, { redis, registry, layers, images, store, nodes, tmpDir, sandboxes, ttls, forks, execs, files }, logger, now);
   const app = createGateway({
     config, redis, verifier, rolloutKeys: new RolloutKeyStore(redis, now), sandboxes, forks, ttls, execs, files, pools, runs, batches, layers, directory, metrics, logger, now, burst,
     jobQueues: () => [...directory.list().map((n) => createJobs.queue(n.nodeId)), ...batchJobs.openQueues()],
@@ -138,7 +140,8 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     buildLayer,
     layerStore: store,
     ...(config.http.layerBlobGzipLevel > 0 ? { gzippedChunks: new GzippedChunks(store, config.http.layerBlobGzipLevel) } : {}),
-    e2b: { redis, registry, keys: new E2bKeyStore(redis, now), sandboxes, ttls, execs, files, filesMaxBytes: config.files.maxBytes },
+    e2b: e2bParts.e2b,
+    sandboxMetrics: e2bParts.sandboxMetrics,
     images: {
       records: imagePulls,
       importImage: (archive, query) => importImage(archive, query, layerDeps),
@@ -156,6 +159,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   handle = (request, env) => app.fetch(request, env as never);
   logger.info({ url, gatewayId }, 'gateway listening');
   await burst.start();
+  e2bParts.start();
   return {
     url,
     port,

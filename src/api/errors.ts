@@ -29,6 +29,8 @@ export const ERROR_CODES = {
   registry_unavailable: { status: 502, meaning: 'An image pull could not reach the registry or it stopped answering: connection refused or cut, TLS failure (a plain-HTTP registry not listed in `ROLLBOX_REGISTRY_INSECURE`), a timeout, a 5xx or 429 answer.' },
   snapshot_failed: { status: 502, meaning: 'A microVM\'s snapshot stream from its guest was refused (not a tar of its writable layer, an entry no layer may hold, cut short, or silent past `ROLLBOX_VM_SNAPSHOT_IDLE_MS`), or the guest could not pack its writable layer (a name that is not UTF-8); the message says which. Nothing was stored, and the sandbox runs on.' },
   tier_unsupported: { status: 501, meaning: 'The sandbox\'s tier cannot do this (yet), or no worker host runs that tier: the message names the tier and the feature (docs/microvm.md).' },
+  template_not_ready: { status: 503, meaning: 'The E2B `base` template is still being built on this cluster (its first use); the message says how far the build is (Retry-After).' },
+  not_implemented: { status: 501, meaning: 'An E2B route or option rollbox does not serve; the message names how rollbox differs (docs/e2b.md).' },
   image_pull_timeout: { status: 504, meaning: 'A create whose `image.ref` had to be pulled waited longer than `ROLLBOX_IMAGE_PULL_WAIT_MS`; the pull goes on (`GET /v1/images/:name`).' },
 } as const satisfies Record<string, { status: number; meaning: string }>;
 

@@ -25,6 +25,7 @@ export {
   ListSandboxesQuery,
   SandboxList,
   PauseRequest,
+  PauseMode,
   TtlRequest,
   PolicyPatch,
   JobActionResult,
@@ -87,7 +88,7 @@ export {
   E2bMoveRequest,
 } from './e2b.ts';
 export { ErrorBody, ROLLOUT_KEY_PATTERN, SCOPES, Scope } from './common.ts';
-export { CreateJob, NodeOp, Reply, RunOnce } from './internal.ts';
+export { CreateJob, NodeOp, Reply, RunOnce, RuntimeMetrics } from './internal.ts';
 export type { Ran } from './internal.ts';
 export { BurstPolicy, UtilizationBasis, TraceEvent, TraceHeader, TRACE_FORMAT, BurstDecisionReason, CloudHostState, BurstCloudHost, BurstStatus } from './burst.ts';
 export { newId } from './ids.ts';
@@ -95,3 +96,4 @@ export { RunRequest, RunStatus, RunResult } from './run.ts';
 export { RunCodeRequest, RunCodeResponse, CommandRunResult, RunCodeLanguage } from './run-code.ts';
 export { BatchStep, BatchGrade, BatchTask, BatchOptions, CreateBatchRequest, BatchSubmitQuery, BatchState, TERMINAL_BATCH_STATES, TaskStatus, BatchCounts, Batch, BatchList, StepResult, BatchResultLine, BatchResultsQuery, BatchTaskStatus } from './batch.ts';
 export { RefusalCounts, SignalFigures, SignalSeries, CapacityQuery, CapacityScenario, CapacityReport, ConsoleQuery, ConsoleSnapshot, RecentCreate, BurstSimulationRequest, BurstSimulation } from './console.ts';
+export { E2bSnapshotBody, E2bSnapshotsQuery, E2bSnapshotRecord, E2bForkBody, E2bMetricsQuery, E2bNetworkUpdate, SandboxMetrics } from './e2b-control.ts';

@@ -123,6 +123,10 @@ const LabelMap = z.record(z.string().regex(/^[A-Za-z0-9_./-]{1,63}$/, 'label key
 export const SandboxTier = z.enum(['container', 'microvm']);
 export type SandboxTier = z.infer<typeof SandboxTier>;
 
+/** freeze: cgroup freezer (memory stays); hibernate: pack the writable layer into a layer and free the host (resume starts it again). */
+export const PauseMode = z.enum(['freeze', 'hibernate']);
+export type PauseMode = z.infer<typeof PauseMode>;
+
 export const CreateSandboxRequest = z.strictObject({
   /** Absent: container (records made before tiers existed read the same). */
   tier: SandboxTier.optional(),
@@ -143,6 +147,29 @@ export const CreateSandboxRequest = z.strictObject({
   job: z.string().regex(/^[A-Za-z0-9_.:-]{1,128}$/).optional(),
   /** stayLocal: never divert this sandbox to the cloud pool (cloud burst). */
   placement: z.strictObject({ stayLocal: z.boolean().default(false) }).optional(),
+  /**
+   * What the TTL does (absent: `destroy`, the sandbox ends `failed(timeout)`). `pause`: it is
+   * paused in `mode` instead (E2B's auto-pause), then kept paused `pausedTtlSeconds` before it
+   * ends; a resume (E2B's connect) brings it back.
+   */
+  onTtl: z
+    .strictObject({
+      action: z.enum(['destroy', 'pause']),
+      mode: PauseMode.default('freeze'),
+      pausedTtlSeconds: z.number().int().min(1).max(7 * 24 * 3600).default(24 * 3600),
+    })
+    .optional(),
+  /**
+   * Traffic into the sandbox's ports (the port proxy, `getHost`) needs no access token: E2B's
+   * `network.allowPublicTraffic`. Absent or false: the sandbox's access token is required.
+   */
+  publicTraffic: z.boolean().optional(),
+  /**
+   * Setuid programs (sudo) may raise a process's privileges inside the sandbox (Kubernetes'
+   * allowPrivilegeEscalation): its processes run without no_new_privs. Never beyond the
+   * sandbox's own root (its capability bounding set, seccomp and namespaces stay).
+   */
+  allowPrivilegeEscalation: z.boolean().optional(),
 });
 export type CreateSandboxRequest = z.infer<typeof CreateSandboxRequest>;
 
@@ -248,8 +275,7 @@ export const TtlRequest = z.strictObject({ ttlSeconds: z.number().int().min(1).m
 export type TtlRequest = z.infer<typeof TtlRequest>;
 
 export const PauseRequest = z.strictObject({
-  /** freeze: cgroup freezer (memory stays); hibernate: pack the writable layer into a layer and free the host (resume starts it again). */
-  mode: z.enum(['freeze', 'hibernate']).default('freeze'),
+  mode: PauseMode.default('freeze'),
 });
 export type PauseRequest = z.infer<typeof PauseRequest>;
 

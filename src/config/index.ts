@@ -2,6 +2,7 @@ import { z } from 'zod';
 import os from 'node:os';
 import path from 'node:path';
 import { RunCodeLanguage } from '../api/run-code.ts';
+import { PauseMode } from '../api/sandbox.ts';
 import { registryHostOf } from '../oci-registry/index.ts';
 import { parseRedisTarget } from '../redis/connect.ts';
 
@@ -146,6 +147,13 @@ export const Env = z.object({
   ROLLBOX_BATCH_LEASE_MS: z.coerce.number().int().min(1000).default(10_000).describe('Gateway: the BullMQ lock of a running batch task\'s job, renewed every third of it; the stalled check runs as often, so a gateway that dies has its tasks waiting again about this long plus two checks later (BullMQ\'s default is 30 s).'),
   ROLLBOX_BATCH_MAX_BYTES: z.coerce.number().int().min(1024).default(512 * 1024 * 1024).describe('Gateway: the largest NDJSON batch body.'),
   ROLLBOX_BATCH_TENANT_WEIGHTS: z.string().default('').describe('Gateway: `tenant=weight,...`: relative shares of batch capacity (default 1 each).'),
+  ROLLBOX_E2B_PAUSE_MODE: PauseMode.default('freeze').describe('Gateway: how E2B\'s pause (memory kept) and auto-pause (`lifecycle.onTimeout: pause`) pause a sandbox: `freeze` (cgroup freezer: memory and processes stay on the host), or another pause mode of `POST /v1/sandboxes/:id/pause`. E2B\'s pause without memory hibernates.'),
+  ROLLBOX_E2B_PAUSED_TTL_SECONDS: z.coerce.number().int().min(1).max(7 * 24 * 3600).default(24 * 3600).describe('Gateway: how long an E2B sandbox is kept paused (paused by `pause()` or at its timeout) before it ends; `connect` resumes it meanwhile. E2B documents 30 days; a frozen sandbox holds its memory on its host all that time.'),
+  ROLLBOX_E2B_BASE_TEMPLATE: z.enum(['first-use', 'start', 'off']).default('first-use').describe('Gateway: E2B\'s `base` template, a Debian image with bash, git, python3, curl and sudo built by debootstrap once per cluster (docs/e2b.md): built at the first create that asks for it (`first-use`), as the gateway starts (`start`), or never (`off`: `base` is busybox).'),
+  ROLLBOX_E2B_BASE_TEMPLATE_WAIT_MS: z.coerce.number().int().min(0).max(10 * 60_000).default(45_000).describe('Gateway: how long a create of `base` waits for the template\'s build before it answers 503 `template_not_ready` with how far the build is (under the SDK\'s 60 s request timeout).'),
+  ROLLBOX_E2B_BASE_SUITE: z.string().regex(/^[a-z]+$/).default('bookworm').describe('Gateway: the Debian suite of the `base` template.'),
+  ROLLBOX_E2B_BASE_MIRROR: z.string().url().default('http://deb.debian.org/debian').describe('Gateway: the Debian mirror the `base` template is built from.'),
+  ROLLBOX_E2B_BASE_CACHE_DIR: z.string().optional().describe('Gateway: where the built `base` template (its layer files, by a digest of its recipe) and debootstrap\'s downloaded packages are kept, so a new cluster on the host (or a rebuilt Redis) reuses them. Default: `<data dir>/cache/e2b-base`.'),
   ROLLBOX_NET_STATIC_HOSTS: z.string().default('').describe('`name=ip|ip,name2=ip`: allowlisted hostnames resolved from this map instead of the host\'s resolver.'),
 });
 
@@ -265,6 +273,11 @@ export function loadConfig(env: NodeJS.ProcessEnv, overrides: Partial<Record<key
       leaseMs: e.ROLLBOX_IMAGE_PULL_LEASE_MS,
       memoryDir: e.ROLLBOX_IMAGE_PULL_MEMORY_DIR,
       memoryBytes: (e.ROLLBOX_IMAGE_PULL_MEMORY_MIB ?? Math.min(2048, Math.floor(hostMemoryMiB / 8))) * 1024 * 1024,
+    },
+    e2b: {
+      pauseMode: e.ROLLBOX_E2B_PAUSE_MODE,
+      pausedTtlSeconds: e.ROLLBOX_E2B_PAUSED_TTL_SECONDS,
+      baseTemplate: { when: e.ROLLBOX_E2B_BASE_TEMPLATE, waitMs: e.ROLLBOX_E2B_BASE_TEMPLATE_WAIT_MS, suite: e.ROLLBOX_E2B_BASE_SUITE, mirror: e.ROLLBOX_E2B_BASE_MIRROR, cacheDir: path.resolve(e.ROLLBOX_E2B_BASE_CACHE_DIR ?? path.join(dataDir, 'cache', 'e2b-base')) },
     },
     defaultRequests: { memoryMiB: e.ROLLBOX_DEFAULT_REQUEST_MEMORY_MIB, cpuMillis: e.ROLLBOX_DEFAULT_REQUEST_CPU_MILLIS },
     runCodeLanguages: z.record(z.string(), RunCodeLanguage).parse({ ...DEFAULT_RUN_CODE_LANGUAGES, ...(e.ROLLBOX_RUN_CODE_LANGUAGES ? (JSON.parse(e.ROLLBOX_RUN_CODE_LANGUAGES) as object) : {}) }),

@@ -9,6 +9,8 @@ import type { RolloutKeyStore, TokenVerifier } from '../iam/index.ts';
 import type { NodeDirectory } from '../queues/index.ts';
 import { authenticate, authenticateFromUrl, confineRolloutKeys, type GatewayEnv } from './auth.ts';
 import { registerE2b, type E2bDeps } from './e2b/index.ts';
+import { registerMetricsRoutes } from './routes/metrics.ts';
+import type { SandboxMetricsService } from './sandbox-metrics.ts';
 import { describeZodError, errorResponse, handleError } from './errors.ts';
 import type { GatewayMetrics } from './metrics.ts';
 import { NDJSON, registerBatchRoutes, type BatchApi } from './routes/batches.ts';
@@ -62,6 +64,8 @@ export interface GatewayDeps {
   console?: ConsoleApi;
   /** The E2B SDK's control plane and envd (src/gateway/e2b); absent: not served. */
   e2b?: E2bDeps;
+  /** `GET /v1/sandboxes/:id/metrics`; absent: not served. */
+  sandboxMetrics?: Pick<SandboxMetricsService, 'sample'>;
 }
 
 /**
@@ -129,6 +133,7 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
     registerConsoleRoutes(app, { console: deps.console, jsonLimit });
     registerConsolePage(app);
   }
+  if (deps.sandboxMetrics) registerMetricsRoutes(app, deps.sandboxMetrics);
   if (deps.e2b) registerE2b(app, deps.e2b);
   return app;
 }
