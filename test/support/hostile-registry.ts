@@ -22,8 +22,8 @@ export interface HostileRegistry {
   image(repo: string, tag: string, parts: { manifest: Buffer; mediaType?: string; blobs?: Buffer[] }): void;
   /** Serves a blob by its digest. */
   blob(repo: string, bytes: Buffer, contentType?: string): void;
-  /** Answers `path` (exact, without the query) with `handler` instead of anything else. */
-  on(path: string, handler: Handler): void;
+  /** Answers `path` (exact, without the query) with `handler` instead of anything else (undefined: as before). */
+  on(path: string, handler: Handler | undefined): void;
   stop(): Promise<void>;
 }
 
@@ -73,7 +73,8 @@ export async function startHostileRegistry(): Promise<HostileRegistry> {
       serve(`/v2/${repo}/blobs/${digestOf(bytes)}`, bytes, contentType);
     },
     on(path, handler) {
-      routes.set(path, handler);
+      if (handler) routes.set(path, handler);
+      else routes.delete(path);
     },
     async stop() {
       for (const s of sockets) s.destroy();
