@@ -248,6 +248,26 @@ describe('tokens and redirects are held to the egress policy', () => {
     }, 30_000);
   }
 
+  it('a redirect loop ends after 5 hops, and a manifest past its cap is not read on', async () => {
+    hostile.on('/v2/loop/a/manifests/1', redirectTo(`http://${hostile.host}/v2/loop/a/manifests/1`));
+    await failsCoded('redirect-loop', `${hostile.host}/loop/a:1`, 'registry_unavailable', /more than 5 redirects/);
+    let sent = 0;
+    hostile.on('/v2/huge/manifest/manifests/1', (_req, res) => {
+      res.writeHead(200, { 'content-type': MEDIA_TYPES.manifest });
+      const piece = Buffer.alloc(1 << 20, 0x20);
+      const pump = (): void => {
+        while (sent < 64 << 20) {
+          sent += piece.length;
+          if (!res.write(piece)) return void res.once('drain', pump);
+        }
+        res.end();
+      };
+      pump();
+    });
+    await failsCoded('huge-manifest', `${hostile.host}/huge/manifest:1`, 'invalid_image', /larger than 4 MiB, the cap of its kind/);
+    expect(sent).toBeLessThan(32 << 20); // cut off soon after the cap, not read to its end
+  }, 30_000);
+
   it('quotes no foreign body, only the distribution spec\'s error codes', async () => {
     hostile.on('/v2/f/json/manifests/1', (_req, res) => void res.writeHead(500, { 'content-type': 'application/json' }).end(JSON.stringify({ errors: [{ code: 'MANIFEST_UNKNOWN', message: 'FOREIGN-TEXT' }, { code: 'FOREIGN-CODE' }], error: { code: 'unauthenticated', message: 'FOREIGN-TEXT' } })));
     hostile.on('/v2/f/text/manifests/1', (_req, res) => void res.writeHead(403, { 'content-type': 'text/html' }).end('<html>FOREIGN-TEXT</html>'));
