@@ -11,7 +11,7 @@ import type { Redis } from 'ioredis';
 import pino, { type Logger } from 'pino';
 import type { Config } from './config/index.ts';
 import { startingAnswer, ExecService, ForkService, FilesService, TtlService, Janitor, LayerCollector, NodeRequests, PoolService, RunService, SandboxService, createGateway, createMetrics, newId, type LayerBuilder } from './gateway/index.ts';
-import { E2bKeyStore, createTokenIssuer, createTokenVerifier, loadOrCreateHsSecret } from './iam/index.ts';
+import { E2bKeyStore, RolloutKeyStore, createTokenIssuer, createTokenVerifier, loadOrCreateHsSecret } from './iam/index.ts';
 import { BurstController, CommandProvider, LocalProvider, TraceRecorder, type CloudProvider } from './burst/index.ts';
 import { ExtractWorkers, GzippedChunks, LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar } from './layers/index.ts';
 import { LazyLayers } from './layers/lazy/index.ts';
@@ -117,7 +117,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     now,
     random: Math.random,
   });
-  const layerDeps = { store, layers, images, holds: importHolds, tmpDir, maxLayerBytes: config.http.layerUploadLimitBytes, now, extract, build: config.layerBuild };
+  const layerDeps = { store, layers, images, holds: importHolds, tmpDir, maxLayerBytes: config.http.layerUploadLimitBytes, maxLayerEntries: config.layerMaxEntries, now, extract, build: config.layerBuild };
   const { imagePulls, stop: stopImagePulls } = imagePullsOf(config, redis, images, layerDeps, logger, now);
   // A create's (or a pool's) image.ref: the image holding it, pulled first if none does.
   const resolveImage = resolveImageRef(imagePulls, config.imagePull.waitMs);
@@ -128,11 +128,11 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const files = new FilesService({ config, redis, registry, nodes });
   const ttls = new TtlService({ registry, nodes, now });
   const runs = new RunService({ sandboxes, redis, fetchMaxBytes: config.files.maxBytes, now });
-  const buildLayer: LayerBuilder = (tar, { maxBytes }) => buildLayerFromTar(tar, { store, tmpDir, maxBytes, extract, build: config.layerBuild });
+  const buildLayer: LayerBuilder = (tar, { maxBytes }) => buildLayerFromTar(tar, { store, tmpDir, maxBytes, maxEntries: config.layerMaxEntries, extract, build: config.layerBuild });
   const { batches, runner: batchRunner, jobs: batchJobs, stop: stopBatches } = batchesOf(config, redisUrl, redis, blocking, { sandboxes, files, execs, layers, buildLayer, now }, logger, now, (succeeded) => metrics.seen.taskEnded(succeeded));
   const verifier = createTokenVerifier(config.jwt);
   const app = createGateway({
-    config, redis, verifier, sandboxes, forks, ttls, execs, files, pools, runs, batches, layers, directory, metrics, logger, now, burst,
+    config, redis, verifier, rolloutKeys: new RolloutKeyStore(redis, now), sandboxes, forks, ttls, execs, files, pools, runs, batches, layers, directory, metrics, logger, now, burst,
     jobQueues: () => [...directory.list().map((n) => createJobs.queue(n.nodeId)), ...batchJobs.openQueues()],
     console: consoleParts.service({ pools: () => pools.listAll(), burst, metricsRegistry: metrics.registry }),
     buildLayer,

@@ -61,6 +61,10 @@ export const Env = z.object({
   ROLLBOX_LAYER_BUILD: z.enum(['direct', 'extract']).default('direct').describe('Gateway: how a layer tar (an upload, an imported or pulled image layer) becomes an EROFS layer: `direct` writes the metadata image and data blob from the tar stream, nothing extracted, each byte written once; `extract` extracts the tree first and runs mkfs.erofs on it (every byte written twice, unless a pull extracts on ROLLBOX_IMAGE_PULL_MEMORY_DIR). Both give the same files.'),
   ROLLBOX_LAYER_UPLOAD_LIMIT_BYTES: z.coerce.number().int().min(1024).default(2 * 1024 * 1024 * 1024).describe('Largest layer tar `POST /v1/layers` takes (413 past it).'),
   ROLLBOX_LAYER_BLOB_GZIP_LEVEL: z.coerce.number().int().min(0).max(9).default(1).describe('Gateway: gzip level of the chunk ranges it serves to hosts reading lazy layers (`GET /v1/layers/:digest/blob` with `Range` and `Accept-Encoding: gzip`): fewer bytes on the link for some CPU. 0: sent as stored.'),
+  ROLLBOX_LAYER_MAX_ENTRIES: z.coerce.number().int().min(1000).max(16_000_000).default(2_000_000).describe('Gateway: most entries one layer tar may hold (an upload, an imported or pulled image layer): 413 `payload_too_large` past it. A build keeps about 110 bytes per entry plus its name in memory (docs/operations.md).'),
+  ROLLBOX_LAYER_READS_MAX: z.coerce.number().int().min(1).max(4096).default(64).describe('Gateway: layer file reads (`GET /v1/layers/:ref/blob` and `/meta`, ranged or whole: hosts\' lazy fetches, downloads) streaming at once; each holds about two 1 MiB pieces. Past it a read waits (ROLLBOX_LAYER_READS_QUEUE_MS), then 503 `unavailable` with Retry-After (hosts retry).'),
+  ROLLBOX_LAYER_READS_PER_TOKEN: z.coerce.number().int().min(1).max(4096).default(16).describe('Gateway: of those, at most this many for one token (a host fetches at most ROLLBOX_LAZY_FETCH_CONCURRENCY + 1 at once).'),
+  ROLLBOX_LAYER_READS_QUEUE_MS: z.coerce.number().int().min(0).max(600_000).default(5_000).describe('Gateway: how long a layer read past the caps waits for a slot before its 503.'),
   ROLLBOX_PLACEMENT_CHOICES: z.coerce.number().int().min(1).max(16).default(2).describe('Placement: d, the nodes sampled per create (the less loaded one is taken).'),
   ROLLBOX_PLACEMENT_MAX_REFUSALS: z.coerce.number().int().min(1).max(64).default(3).describe('Placement: node refusals before a create fails 503 `admission_exhausted` with Retry-After.'),
   ROLLBOX_CREATE_TIMEOUT_MS: z.coerce.number().int().min(100).default(60_000).describe('How long a create may wait for a node to start it.'),
@@ -152,6 +156,9 @@ export const Env = z.object({
 
 export type Config = ReturnType<typeof loadConfig>;
 
+/** A layer read whose body nobody pulls this long gives its slot back (a host's range request has 30 s). */
+const LAYER_READ_IDLE_MS = 60_000;
+
 export function loadConfig(env: NodeJS.ProcessEnv, overrides: Partial<Record<keyof z.infer<typeof Env>, string | undefined>> = {}) {
   const merged: Record<string, string | undefined> = { ...env };
   for (const [k, v] of Object.entries(overrides)) if (v !== undefined) merged[k] = v;
@@ -166,9 +173,10 @@ export function loadConfig(env: NodeJS.ProcessEnv, overrides: Partial<Record<key
   return {
     redisUrl: e.REDIS_URL,
     dataDir,
-    http: { host: e.ROLLBOX_HOST, port: e.ROLLBOX_PORT, bodyLimitBytes: e.ROLLBOX_BODY_LIMIT_BYTES, layerUploadLimitBytes: e.ROLLBOX_LAYER_UPLOAD_LIMIT_BYTES, layerBlobGzipLevel: e.ROLLBOX_LAYER_BLOB_GZIP_LEVEL },
+    http: { host: e.ROLLBOX_HOST, port: e.ROLLBOX_PORT, bodyLimitBytes: e.ROLLBOX_BODY_LIMIT_BYTES, layerUploadLimitBytes: e.ROLLBOX_LAYER_UPLOAD_LIMIT_BYTES, layerBlobGzipLevel: e.ROLLBOX_LAYER_BLOB_GZIP_LEVEL, layerReads: { total: e.ROLLBOX_LAYER_READS_MAX, perToken: e.ROLLBOX_LAYER_READS_PER_TOKEN, queueMs: e.ROLLBOX_LAYER_READS_QUEUE_MS, idleMs: LAYER_READ_IDLE_MS } },
     logLevel: e.ROLLBOX_LOG_LEVEL,
     layerBuild: e.ROLLBOX_LAYER_BUILD,
+    layerMaxEntries: e.ROLLBOX_LAYER_MAX_ENTRIES,
     layerStoreDir: path.resolve(e.ROLLBOX_LAYER_STORE ?? path.join(dataDir, 'layers')),
     jwt: {
       alg: e.ROLLBOX_JWT_ALG,

@@ -5,9 +5,9 @@ import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { RollboxError } from '../api/index.ts';
 import type { Config } from '../config/index.ts';
-import type { TokenVerifier } from '../iam/index.ts';
+import type { RolloutKeyStore, TokenVerifier } from '../iam/index.ts';
 import type { NodeDirectory } from '../queues/index.ts';
-import { authenticate, authenticateFromUrl, type GatewayEnv } from './auth.ts';
+import { authenticate, authenticateFromUrl, confineRolloutKeys, type GatewayEnv } from './auth.ts';
 import { registerE2b, type E2bDeps } from './e2b/index.ts';
 import { describeZodError, errorResponse, handleError } from './errors.ts';
 import type { GatewayMetrics } from './metrics.ts';
@@ -19,6 +19,7 @@ import { registerFilesRoutes, type FilesApi } from './routes/files.ts';
 import { registerForkRoutes, type ForkApi } from './routes/forks.ts';
 import { registerImageRoutes, type ImageRouteDeps } from './routes/images.ts';
 import { registerLayerRoutes, type LayerBuilder, type LayerRouteDeps } from './routes/layers.ts';
+import { LayerReads } from './layer-reads.ts';
 import { registerPoolRoutes, type PoolApi } from './routes/pools.ts';
 import { registerRunRoutes, type RunApi } from './routes/run.ts';
 import { registerSandboxRoutes, type SandboxApi, type TtlApi } from './routes/sandboxes.ts';
@@ -32,6 +33,8 @@ export interface GatewayDeps {
   config: Pick<Config, 'http' | 'files' | 'runCodeLanguages'>;
   redis: Pick<Redis, 'ping'>;
   verifier: TokenVerifier;
+  /** Hosted rollouts' keys (src/iam/rollout-keys.ts): accepted on /v1 and confined to their rollout. */
+  rolloutKeys?: Pick<RolloutKeyStore, 'verify' | 'allowsSandbox'>;
   sandboxes: SandboxApi;
   forks: ForkApi;
   ttls: TtlApi;
@@ -91,7 +94,8 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   // Each answer says where its milliseconds went (Server-Timing: auth, and for exec
   // claim, dispatch, worker, run, total), readable with curl -v or a browser's devtools.
   app.use('/v1/*', timing({ totalDescription: 'gateway' }));
-  app.use('/v1/*', authenticate(deps.verifier));
+  app.use('/v1/*', authenticate(deps.verifier, deps.rolloutKeys));
+  if (deps.rolloutKeys) app.use('/v1/*', confineRolloutKeys(deps.rolloutKeys));
   const limit = (maxSize: number, what: string) => bodyLimit({ maxSize, onError: () => { throw new RollboxError('payload_too_large', `body is larger than ${what} of ${maxSize} bytes`); } });
   const jsonLimit = limit(deps.config.http.bodyLimitBytes, 'the JSON limit');
   // File uploads have their own (larger) cap, layer uploads theirs (routes/layers.ts).
@@ -118,7 +122,7 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   registerBatchRoutes(app, deps.batches);
   registerBatchPage(app);
   if (deps.jobQueues) registerQueueBoard(app, { verifier: deps.verifier, queues: deps.jobQueues });
-  registerLayerRoutes(app, { layers: deps.layers, buildLayer: deps.buildLayer, store: deps.layerStore, uploadLimitBytes: deps.config.http.layerUploadLimitBytes, ...(deps.gzippedChunks ? { gzippedChunks: deps.gzippedChunks } : {}), now: deps.now });
+  registerLayerRoutes(app, { layers: deps.layers, buildLayer: deps.buildLayer, store: deps.layerStore, uploadLimitBytes: deps.config.http.layerUploadLimitBytes, reads: new LayerReads(deps.config.http.layerReads), ...(deps.gzippedChunks ? { gzippedChunks: deps.gzippedChunks } : {}), now: deps.now });
   registerImageRoutes(app, deps.images);
   registerClusterRoutes(app, { directory: deps.directory, burst: deps.burst, jsonLimit });
   if (deps.console) {

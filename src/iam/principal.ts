@@ -1,4 +1,5 @@
 import { RollboxError, SCOPES, type Scope } from '../api/index.ts';
+import type { RolloutGrant } from './rollout-keys.ts';
 
 /** Tenant ids go into Redis keys, paths and labels, so the alphabet is kept small. */
 export const TENANT_PATTERN = /^[A-Za-z0-9_.-]{1,64}$/;
@@ -9,6 +10,8 @@ export interface Principal {
   readonly scopes: ReadonlySet<Scope>;
   readonly subject?: string;
   readonly tokenId?: string;
+  /** Set when the caller is a hosted rollout's agent (a rollout key): confined to that rollout's sandboxes and model calls. */
+  readonly rollout?: RolloutGrant;
 }
 
 const KNOWN_SCOPES: ReadonlySet<string> = new Set(SCOPES);

@@ -24,11 +24,11 @@ export async function loadLayerMetadata(digest: string, cacheDir: string, origin
   if (tableBytes) {
     table = parseChunkTable(tableBytes, digest);
   } else {
-    const response = await getLayerFile(digest, 'chunks', { ...origin, signal: AbortSignal.timeout(origin.timeoutMs) }, { missingOk: true });
+    const response = await getLayerFile(digest, 'chunks', { ...origin, attemptTimeoutMs: origin.timeoutMs }, { missingOk: true });
     if (!response) return undefined;
     tableBytes = await readCapped(response, CHUNK_TABLE_MAX_BYTES, `layer ${digest}: its chunk table`, origin);
     table = parseChunkTable(tableBytes, digest);
-    const metaResponse = await getLayerFile(digest, 'meta', { ...origin, signal: AbortSignal.timeout(origin.timeoutMs) });
+    const metaResponse = await getLayerFile(digest, 'meta', { ...origin, attemptTimeoutMs: origin.timeoutMs });
     const meta = await readCapped(metaResponse!, table.meta.sizeBytes, `layer ${digest}: its metadata image`, origin);
     if (createHash('sha256').update(meta).digest('hex') !== table.meta.sha256) throw new RollboxError('invalid_layer', `layer ${digest}: its metadata image from the origin does not match its chunk table`);
     // The table last: a layer is in the cache once its table is.
