@@ -82,7 +82,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const registry = new SandboxRegistry(redis, now);
   const commands = new CommandLog(redis, now);
   const layers = new LayerRegistry(redis);
-  const images = new ImageRegistry(redis, layers);
+  const images = new ImageRegistry(redis, layers, logger);
   const store = layerStoreOf(config);
   const tmpDir = path.join(config.dataDir, 'tmp');
   const importHolds = new ImportHolds();

@@ -87,7 +87,7 @@ export {
   E2bListDirRequest,
   E2bMoveRequest,
 } from './e2b.ts';
-export { ErrorBody, ROLLOUT_KEY_PATTERN, SCOPES, Scope } from './common.ts';
+export { ErrorBody, ROLLOUT_KEY_PATTERN, SCOPES, Scope, issuesText } from './common.ts';
 export { CreateJob, NodeOp, Reply, RunOnce, RuntimeMetrics } from './internal.ts';
 export type { Ran } from './internal.ts';
 export { BurstPolicy, UtilizationBasis, TraceEvent, TraceHeader, TRACE_FORMAT, BurstDecisionReason, CloudHostState, BurstCloudHost, BurstStatus } from './burst.ts';

@@ -17,7 +17,7 @@ export const ImageRef = z.string().min(1).max(512).regex(/^[A-Za-z0-9][A-Za-z0-9
 export type ImageRef = z.infer<typeof ImageRef>;
 
 /** `os/architecture[/variant]`, as in an OCI index (`linux/amd64`, `linux/arm64/v8`). */
-export const Platform = z.string().regex(/^[a-z0-9]+\/[a-z0-9_]+(\/[a-z0-9]+)?$/, 'platform is os/architecture[/variant]');
+export const Platform = z.string().max(64).regex(/^[a-z0-9]+\/[a-z0-9_]+(\/[a-z0-9]+)?$/, 'platform is os/architecture[/variant]');
 
 /**
  * `base` (a layer or an imported image, default `busybox`) or `ref` (an image in a
@@ -110,7 +110,11 @@ export const NetworkPolicy = z.strictObject({
 });
 export type NetworkPolicy = z.infer<typeof NetworkPolicy>;
 
-const EnvMap = z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'env names are [A-Za-z_][A-Za-z0-9_]*').max(256), z.string().max(32_768));
+/** What one sandbox's env may hold in all (names and values, in characters): a process's environment must fit execve's limits with room to spare. */
+const ENV_MAX_CHARS = 256 * 1024;
+const EnvMap = z
+  .record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'env names are [A-Za-z_][A-Za-z0-9_]*').max(256), z.string().max(32_768).refine((v) => !v.includes('\0'), 'must not contain NUL'))
+  .refine((env) => Object.entries(env).reduce((n, [k, v]) => n + k.length + v.length + 2, 0) <= ENV_MAX_CHARS, `env holds more than ${ENV_MAX_CHARS} characters in all`);
 const AbsolutePath = z.string().startsWith('/', 'must be an absolute path').max(4096).refine((p) => !p.includes('\0'), 'must not contain NUL');
 /** A user as in an image config: `name`, `uid`, `name:group` or `uid:gid`, resolved against the sandbox's own /etc/passwd and /etc/group. */
 export const ExecUser = z.string().regex(/^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,63})?$/, 'user is name, uid, name:group or uid:gid');

@@ -86,11 +86,31 @@ export async function getLayerFile(digest: string, file: 'chunks' | 'meta' | 'bl
       return undefined;
     }
     if (!response.ok || !response.body) {
-      const text = await response.text().catch(() => '');
-      throw new RollboxError('unavailable', `layer ${digest}: GET ${url} answered ${response.status} ${text.slice(0, 200)}`);
+      // Not read: an origin's error body may be anything, of any size.
+      await response.body?.cancel().catch(() => undefined);
+      throw new RollboxError('unavailable', `layer ${digest}: GET ${url} answered ${response.status}`);
     }
     return response;
   }
+}
+
+/** A chunk table holds 65 bytes a chunk: this is half a million chunks (512 GiB of 1 MiB chunks). */
+export const CHUNK_TABLE_MAX_BYTES = 32 * 1024 * 1024;
+
+/** A layer file's body whole, refused past `maxBytes` without reading on (an origin answering more than the file can be). */
+export async function readCapped(response: Response, maxBytes: number, what: string, options: Pick<LayerFetchOptions, 'onBytes'>): Promise<Buffer> {
+  const pieces: Buffer[] = [];
+  let size = 0;
+  for await (const piece of response.body as WebReadableStream<Uint8Array>) {
+    size += piece.length;
+    options.onBytes?.(piece.length);
+    if (size > maxBytes) {
+      await response.body?.cancel().catch(() => undefined);
+      throw new RollboxError('invalid_layer', `${what}: the origin answered more than ${maxBytes} bytes`);
+    }
+    pieces.push(Buffer.from(piece.buffer, piece.byteOffset, piece.byteLength));
+  }
+  return Buffer.concat(pieces);
 }
 
 /**
@@ -109,12 +129,6 @@ export function decodedBody(response: Response): AsyncIterable<Uint8Array> {
   return gunzip;
 }
 
-async function readBody(response: Response, options: Pick<LayerFetchOptions, 'onBytes'>): Promise<Buffer> {
-  const body = Buffer.from(await response.arrayBuffer());
-  options.onBytes?.(body.length);
-  return body;
-}
-
 async function fetchOne(digest: string, options: LayerFetchOptions): Promise<void> {
   const tmpBase = path.join(options.tmpDir, `fetch-${hexOfDigest(digest).slice(0, 12)}-${randomBytes(4).toString('hex')}`);
   try {
@@ -128,10 +142,15 @@ async function fetchOne(digest: string, options: LayerFetchOptions): Promise<voi
       await options.store.put(`${tmpBase}.erofs`);
       return;
     }
-    const tableBytes = await readBody(tableResponse, options);
+    const tableBytes = await readCapped(tableResponse, CHUNK_TABLE_MAX_BYTES, `layer ${digest}: its chunk table`, options);
     const table = parseChunkTable(tableBytes, digest);
     const metaHash = createHash('sha256');
-    await download(await getLayerFile(digest, 'meta', options), `${tmpBase}.meta`, tap((c) => metaHash.update(c)), options);
+    let metaBytes = 0;
+    const metaCheck = tap((c) => {
+      if ((metaBytes += c.length) > table.meta.sizeBytes) throw new RollboxError('invalid_layer', `layer ${digest}: its metadata image is longer than its chunk table says`);
+      metaHash.update(c);
+    });
+    await download(await getLayerFile(digest, 'meta', options), `${tmpBase}.meta`, metaCheck, options);
     if (metaHash.digest('hex') !== table.meta.sha256) throw new RollboxError('invalid_layer', `layer ${digest}: its metadata image does not match its chunk table`);
     await download(await getLayerFile(digest, 'blob', options), `${tmpBase}.blob`, chunkChecker(digest, table), options);
     await options.store.putSplit({ metaPath: `${tmpBase}.meta`, blobPath: `${tmpBase}.blob`, chunkSizeBytes: table.chunkSizeBytes, table: tableBytes });

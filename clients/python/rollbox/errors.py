@@ -149,9 +149,15 @@ class RegistryUnavailable(RollboxError):
 
 
 class ImagePullTimeout(RollboxError):
-    """A create whose `image.ref` had to be pulled waited past the gateway's limit (the pull goes on), or `images.wait` ran out."""
+    """A create whose `image.ref` had to be pulled waited past the gateway's limit (the pull goes on), a pull ran past its own deadline (it failed), or `images.wait` ran out."""
 
     code = "image_pull_timeout"
+
+
+class RegistryNotAllowed(RollboxError):
+    """The gateway's egress policy refused a pull's registry, redirect or token realm (not allowed, not http(s), an internal address)."""
+
+    code = "registry_not_allowed"
 
 
 class ConnectionFailed(RollboxError):
@@ -192,7 +198,7 @@ ERRORS_BY_CODE: Dict[str, Type[RollboxError]] = {
     for cls in (
         InvalidRequest, InvalidLayer, InvalidImage, InvalidArchive, Unauthenticated, Forbidden, NotFound, Conflict, InvalidState,
         ResultUnknown, PayloadTooLarge, RangeNotSatisfiable, QuotaExceeded, Internal, AdmissionExhausted, NoCapacity, NetworkUnavailable,
-        Unavailable, Timeout, NodeLost, ImageNotFound, RegistryUnauthorized, RegistryUnavailable, ImagePullTimeout,
+        Unavailable, Timeout, NodeLost, ImageNotFound, RegistryUnauthorized, RegistryUnavailable, RegistryNotAllowed, ImagePullTimeout,
         TierUnsupported, SnapshotFailed,
     )
 }
