@@ -160,6 +160,18 @@ class RegistryNotAllowed(RollboxError):
     code = "registry_not_allowed"
 
 
+class TemplateNotReady(RollboxError):
+    """The E2B `base` template is still being built on this cluster (its first use); retry after `retry_after`."""
+
+    code = "template_not_ready"
+
+
+class NotImplementedByRollbox(RollboxError):
+    """An E2B route or option rollbox does not serve; the message names how rollbox differs."""
+
+    code = "not_implemented"
+
+
 class ConnectionFailed(RollboxError):
     """The gateway could not be reached, or the connection dropped before an answer."""
 
@@ -199,7 +211,7 @@ ERRORS_BY_CODE: Dict[str, Type[RollboxError]] = {
         InvalidRequest, InvalidLayer, InvalidImage, InvalidArchive, Unauthenticated, Forbidden, NotFound, Conflict, InvalidState,
         ResultUnknown, PayloadTooLarge, RangeNotSatisfiable, QuotaExceeded, Internal, AdmissionExhausted, NoCapacity, NetworkUnavailable,
         Unavailable, Timeout, NodeLost, ImageNotFound, RegistryUnauthorized, RegistryUnavailable, RegistryNotAllowed, ImagePullTimeout,
-        TierUnsupported, SnapshotFailed,
+        TierUnsupported, SnapshotFailed, TemplateNotReady, NotImplementedByRollbox,
     )
 }
 
