@@ -12,8 +12,9 @@ cd "$(dirname "$0")/.."
 # skopeo and openssl: the image pull tests run a real registry on loopback, push images into
 # it and make the token auth's certificate. xfsprogs: each worker host's scratch filesystem
 # is XFS, whose reflinks let a fork clone a sandbox's disk without copying its data.
+# debootstrap: the E2B `base` template is built from Debian packages (src/images/base-template.ts).
 missing=""
-for pkg in runc erofs-utils redis-server busybox-static nftables iptables iproute2 e2fsprogs xfsprogs attr zstd musl-tools gcc python3-minimal python3-pytest python3-httpx python3-venv python3-wheel chromium docker-registry skopeo openssl; do
+for pkg in runc erofs-utils redis-server busybox-static nftables iptables iproute2 e2fsprogs xfsprogs attr zstd musl-tools gcc debootstrap python3-minimal python3-pytest python3-httpx python3-venv python3-wheel chromium docker-registry skopeo openssl; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing="$missing $pkg"
 done
 

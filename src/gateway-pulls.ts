@@ -16,13 +16,15 @@ export function imagePullsOf(config: Config, redis: Redis, images: ImagePullsDep
   const memory = config.layerBuild === 'extract' ? MemoryScratch.at(config.imagePull.memoryDir, config.imagePull.memoryBytes) : undefined;
   const imagePulls = new ImagePulls({
     images,
-    pulls: new ImagePullRecords(redis),
+    pulls: new ImagePullRecords(redis, logger),
     layers: layerDeps.layers,
     leaseMs: config.imagePull.leaseMs,
+    deadlineMs: config.imagePull.deadlineMs,
+    egress: config.registries.egress,
     logger: logger.child({ name: 'image-pulls' }),
     now,
     pull: (target, listener, signal) =>
-      pullImage(target, { ...layerDeps, memory, layerConcurrency: config.imagePull.layerConcurrency, repository: async (ref) => new RegistryRepository(ref, { ...config.registries, credentials: await loadDockerConfig(config.registries.authFile) }) }, listener, signal),
+      pullImage(target, { ...layerDeps, memory, layerConcurrency: config.imagePull.layerConcurrency, repository: async (ref, signal) => new RegistryRepository(ref, { ...config.registries, credentials: await loadDockerConfig(config.registries.authFile), signal }) }, listener, signal),
   });
   return {
     imagePulls,

@@ -11,7 +11,7 @@ import type { Redis } from 'ioredis';
 import pino, { type Logger } from 'pino';
 import type { Config } from './config/index.ts';
 import { startingAnswer, ExecService, ForkService, FilesService, TtlService, Janitor, LayerCollector, NodeRequests, PoolService, RunService, SandboxService, createGateway, createMetrics, newId, type LayerBuilder } from './gateway/index.ts';
-import { E2bKeyStore, RolloutKeyStore, createTokenIssuer, createTokenVerifier, loadOrCreateHsSecret } from './iam/index.ts';
+import { RolloutKeyStore, createTokenIssuer, createTokenVerifier, loadOrCreateHsSecret } from './iam/index.ts';
 import { BurstController, CommandProvider, LocalProvider, TraceRecorder, type CloudProvider } from './burst/index.ts';
 import { ExtractWorkers, GzippedChunks, LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar } from './layers/index.ts';
 import { LazyLayers } from './layers/lazy/index.ts';
@@ -21,7 +21,6 @@ import { BlockingPool, connectRedis, parseRedisTarget, redactedRedisUrl, startRe
 import { CommandLog, ForkRecords, ImageRegistry, LayerRegistry, PoolRegistry, SandboxRegistry, keys, migrateKeyLayout } from './registry/index.ts';
 import { ImportHolds, importImage, resolveImageRef } from './images/index.ts';
 import { WorkerHost } from './workers/index.ts';
-import { ModelGateway } from './model-gateway/index.ts';
 import { NetworkSelfTest, SandboxNetworks } from './workers/network/index.ts';
 import { checkWorkerHostOrThrow } from './workers/host-checks/index.ts';
 import { besteffortGuardOf, createRuncRuntime, createTieredRuntime } from './workers/runtime/index.ts';
@@ -29,6 +28,8 @@ import { microVmRuntimeOf } from './workers/microvm/index.ts';
 import { batchesOf } from './gateway-batches.ts';
 import { imagePullsOf } from './gateway-pulls.ts';
 import { gatewayConsoleOf } from './gateway-console.ts';
+import { e2bOf } from './gateway-e2b.ts';
+import { modelGatewayOf } from './gateway-model.ts';
 import { layerSourceOf, layerSyncOf } from './worker-layers.ts';
 
 export interface Stoppable {
@@ -82,7 +83,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const registry = new SandboxRegistry(redis, now);
   const commands = new CommandLog(redis, now);
   const layers = new LayerRegistry(redis);
-  const images = new ImageRegistry(redis, layers);
+  const images = new ImageRegistry(redis, layers, logger);
   const store = layerStoreOf(config);
   const tmpDir = path.join(config.dataDir, 'tmp');
   const importHolds = new ImportHolds();
@@ -118,7 +119,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     now,
     random: Math.random,
   });
-  const layerDeps = { store, layers, images, holds: importHolds, tmpDir, maxLayerBytes: config.http.layerUploadLimitBytes, now, extract, build: config.layerBuild };
+  const layerDeps = { store, layers, images, holds: importHolds, tmpDir, maxLayerBytes: config.http.layerUploadLimitBytes, maxLayerEntries: config.layerMaxEntries, now, extract, build: config.layerBuild };
   const { imagePulls, stop: stopImagePulls } = imagePullsOf(config, redis, images, layerDeps, logger, now);
   // A create's (or a pool's) image.ref: the image holding it, pulled first if none does.
   const resolveImage = resolveImageRef(imagePulls, config.imagePull.waitMs);
@@ -129,12 +130,11 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const files = new FilesService({ config, redis, registry, nodes });
   const ttls = new TtlService({ registry, nodes, now });
   const runs = new RunService({ sandboxes, redis, fetchMaxBytes: config.files.maxBytes, now });
-  const buildLayer: LayerBuilder = (tar, { maxBytes }) => buildLayerFromTar(tar, { store, tmpDir, maxBytes, extract, build: config.layerBuild });
+  const buildLayer: LayerBuilder = (tar, { maxBytes }) => buildLayerFromTar(tar, { store, tmpDir, maxBytes, maxEntries: config.layerMaxEntries, extract, build: config.layerBuild });
   const { batches, runner: batchRunner, jobs: batchJobs, stop: stopBatches } = batchesOf(config, redisUrl, redis, blocking, { sandboxes, files, execs, layers, buildLayer, now }, logger, now, (succeeded) => metrics.seen.taskEnded(succeeded));
   const verifier = createTokenVerifier(config.jwt);
-  // The model gateway of hosted rollouts: its own pub/sub connection for the jobs' hold and binding events.
-  const model = new ModelGateway({ redis, subscriber: connectRedis(redisUrl), blocking, config: config.model, gatewayId, logger, now, metricsRegistry: metrics.registry });
-  await model.start();
+  const model = await modelGatewayOf(config, redisUrl, { redis, blocking, gatewayId, logger, now, metricsRegistry: metrics.registry });
+  const e2bParts = e2bOf(config, { redis, registry, layers, images, store, nodes, tmpDir, sandboxes, ttls, forks, execs, files }, logger, now);
   const app = createGateway({
     config, redis, verifier, rolloutKeys: new RolloutKeyStore(redis, now), sandboxes, forks, ttls, execs, files, pools, runs, batches, layers, directory, metrics, logger, now, burst,
     jobQueues: () => [...directory.list().map((n) => createJobs.queue(n.nodeId)), ...batchJobs.openQueues()],
@@ -142,8 +142,9 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     buildLayer,
     layerStore: store,
     ...(config.http.layerBlobGzipLevel > 0 ? { gzippedChunks: new GzippedChunks(store, config.http.layerBlobGzipLevel) } : {}),
-    e2b: { redis, registry, keys: new E2bKeyStore(redis, now), sandboxes, ttls, execs, files, filesMaxBytes: config.files.maxBytes },
     model,
+    e2b: e2bParts.e2b,
+    sandboxMetrics: e2bParts.sandboxMetrics,
     images: {
       records: imagePulls,
       importImage: (archive, query) => importImage(archive, query, layerDeps),
@@ -161,6 +162,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   handle = (request, env) => app.fetch(request, env as never);
   logger.info({ url, gatewayId }, 'gateway listening');
   await burst.start();
+  e2bParts.start();
   return {
     url,
     port,
@@ -173,8 +175,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
       await burst.stop();
       await provider?.close?.();
       directory.stop();
-      // Held and running model calls end here (their clients retry on another gateway, which takes them over).
-      await model.stop();
+      await model.stop(); // before the server: held model calls end, their clients retry on another gateway
       await new Promise<void>((resolve) => server.close(() => resolve()));
       await replies.stop();
       await extractWorkers.close();

@@ -33,7 +33,7 @@ export function layerSourceOf(config: Config, redis: Redis, store: LayerStore, w
   const lazy = new LazyLayers({
     cacheDir: path.join(workerDir, 'lazy'),
     gateDir: path.join(workerDir, 'gate'),
-    origin: { gatewayUrl, token: gatewayToken, timeoutMs: opts.fetchTimeoutMs },
+    origin: { gatewayUrl, token: gatewayToken, timeoutMs: opts.fetchTimeoutMs, busyRetryMs: opts.readTimeoutMs },
     limitBytes: (opts.cacheMaxMiB ?? defaultCacheMiB(config.dataDir)) * 1024 * 1024,
     graceMs: opts.graceMs,
     eventTimeoutMs: opts.readTimeoutMs,

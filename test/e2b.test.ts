@@ -19,7 +19,8 @@ const saved: NodeJS.ProcessEnv = { ...process.env };
 const rollbox = (...args: string[]) => run(process.execPath, [path.join(REPO_ROOT, 'bin/rollbox.js'), ...args], { env: { ...process.env, REDIS_URL: cluster.redisUrl } });
 
 beforeAll(async () => {
-  cluster = await startTestCluster({ workers: [{ nodeId: 'node-e2b' }] });
+  // E2B's `base` is busybox here (no base template): test/e2b-parity.test.ts covers the template.
+  cluster = await startTestCluster({ workers: [{ nodeId: 'node-e2b' }], env: { ROLLBOX_E2B_BASE_TEMPLATE: 'off' } });
   const issued = await rollbox('e2b-key', 'issue', '--tenant', 'e2b-team', '--name', 'test');
   apiKey = issued.stdout.trim();
   keyId = /key id ([0-9a-f]+)/.exec(issued.stderr)![1]!;
@@ -150,8 +151,8 @@ describe('E2B SDK (e2b 2.51) against rollbox', () => {
     const second = await Sandbox.connect(sbx.sandboxId);
     expect((await second.commands.run('echo from-second')).stdout).toBe('from-second\n');
     const before = await sbx.getInfo();
-    // The default template `base` is rollbox's default image.
-    expect(before).toMatchObject({ sandboxId: sbx.sandboxId, templateId: 'busybox', state: 'running', metadata: { run: 'e2b-test', stage: 'one' } });
+    // The default template `base` (busybox without the base template), as asked.
+    expect(before).toMatchObject({ sandboxId: sbx.sandboxId, templateId: 'base', state: 'running', metadata: { run: 'e2b-test', stage: 'one' } });
     await sbx.setTimeout(600_000);
     const after = await sbx.getInfo();
     // connect extended it to 300 s from then; setTimeout makes it 600 s from now.

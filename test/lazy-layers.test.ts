@@ -1,6 +1,7 @@
 import type { ChildProcess } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import fs from 'node:fs';
+import type http from 'node:http';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
@@ -89,13 +90,14 @@ const create = async (layers: string[] = ['big']) => {
 const sh = async (id: string, cmd: string) => (await api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, { cmd, timeoutMs: 60_000 })).body as { exitCode: number; stdout: string; stderr: string };
 const sumOf = async (id: string, i: number) => {
   const r = await sh(id, `sha256sum ${file(i)}`);
-  expect(r.exitCode, r.stderr).toBe(0);
+  expect(r.exitCode, JSON.stringify(r).slice(0, 500)).toBe(0);
   return r.stdout.split(' ')[0];
 };
 
 beforeEach(() => {
   // Whatever a failed test left: an origin that is up, sound and unthrottled.
   proxy.corrupt = undefined;
+  proxy.answer = undefined;
   proxy.link.bytesPerSecond = 0;
 });
 
@@ -186,6 +188,82 @@ describe('lazy layers on a host without the layer store', () => {
     expect(await sumOf(id, 10)).toBe(sums[10]);
     await api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`);
   });
+
+  it('gets a read EIO or right bytes, never a wrong one, from an origin that trickles, answers too much or answers huge errors; the host stays healthy, its memory bounded', async () => {
+    await stopLazyWorker();
+    await startLazyWorker({ ROLLBOX_LAZY_FETCH_TIMEOUT_MS: '3000' });
+    let id: string | undefined;
+    try {
+      id = await create();
+      // sha256sum (busybox, lazy too) read once while the origin is sound.
+      expect(await sumOf(id, 49)).toBe(sums[49]);
+      const pid = worker!.pid!;
+      const peakKiB = () => Number(/VmHWM:\s+(\d+)/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'))![1]);
+      const peakBefore = peakKiB();
+      const rangeOf = (req: http.IncomingMessage) => (/bytes=(\d+)-(\d+)/.exec(req.headers.range ?? '') ?? []).slice(1).map(Number) as [number, number];
+      const piece = Buffer.alloc(MiB, 0x5a);
+      /** Sends `total` bytes of `piece`, as fast as the client takes them, until it goes. */
+      const flood = (res: http.ServerResponse, total: number) => {
+        let sent = 0;
+        const pump = () => {
+          while (sent < total) {
+            sent += piece.length;
+            if (!res.write(piece)) return void res.once('drain', pump);
+          }
+          res.end();
+        };
+        res.once('close', () => void (sent = total));
+        pump();
+      };
+      const readOf = async (i: number) => {
+        const startedMs = Date.now();
+        const r = await sh(id!, `sha256sum ${file(i)}`);
+        return { ...r, ms: Date.now() - startedMs };
+      };
+      const cases: [string, number, NonNullable<OriginProxy['answer']>][] = [
+        [
+          'a byte every 200 ms',
+          50,
+          (kind, req, res) => {
+            if (kind !== 'blob') return false;
+            const [a, b] = rangeOf(req);
+            res.writeHead(206, { 'content-length': b - a + 1, 'content-range': `bytes ${a}-${b}/*` });
+            const timer = setInterval(() => res.write(Buffer.from([0x5a])), 200);
+            res.once('close', () => clearInterval(timer));
+            return true;
+          },
+        ],
+        ['a 256 MiB error body', 51, (kind, _req, res) => kind === 'blob' && (res.writeHead(500, { 'content-type': 'text/plain' }), flood(res, 256 * MiB), true)],
+        ['the whole of a 256 MiB body for a range', 52, (kind, _req, res) => kind === 'blob' && (res.writeHead(200, { 'content-length': 256 * MiB }), flood(res, 256 * MiB), true)],
+        ['64 MiB past the range asked', 53, (kind, req, res) => {
+          if (kind !== 'blob') return false;
+          const [a, b] = rangeOf(req);
+          res.writeHead(206, { 'content-range': `bytes ${a}-${b}/*` }); // no length: chunked, as long as it goes on
+          flood(res, 64 * MiB);
+          return true;
+        }],
+      ];
+      for (const [what, i, answer] of cases) {
+        proxy.answer = answer;
+        const r = await readOf(i);
+        // EIO, or (bytes the table vouches for, then more) the right bytes: never wrong ones.
+        if (r.exitCode === 0) expect(r.stdout.split(' ')[0], what).toBe(sums[i]);
+        else expect(r.stderr, what).toMatch(EIO_MESSAGE);
+        expect(r.ms, what).toBeLessThan(20_000);
+      }
+      // Nothing of those answers was held: the worker's peak memory barely moved.
+      expect(peakKiB() - peakBefore).toBeLessThan(64 * 1024);
+      proxy.answer = undefined;
+      for (const [, i] of cases) expect(await sumOf(id!, i)).toBe(sums[i]);
+      const node = ((await api(cluster, adminToken, 'GET', '/v1/nodes')).body.nodes as { nodeId: string; healthy: boolean }[]).find((n) => n.nodeId === NODE);
+      expect(node?.healthy).toBe(true);
+    } finally {
+      proxy.answer = undefined;
+      if (id) await api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`);
+      await stopLazyWorker();
+      await startLazyWorker();
+    }
+  }, 180_000);
 
   it('never reads zeros when the fetcher (the worker) is killed mid-read: the read errors after the grace, and reads work again after the restart', async () => {
     const id = await create();
@@ -307,7 +385,7 @@ describe('lazy layers on a host without the layer store', () => {
     await waitFor('the second lazy worker heartbeating', async () => (await api(cluster, adminToken, 'GET', '/v1/nodes')).body.nodes?.some((n: { nodeId: string; atMs: number }) => n.nodeId === other && n.atMs > 0), 60_000);
     proxy.reset();
     const r = await api(cluster, token, 'POST', '/v1/sandboxes', { image: { base: 'busybox', layers: ['big'] }, resources: { memoryMiB: 128 } });
-    expect([r.status, r.body.node]).toEqual([201, other]);
+    expect([r.status, r.body.node], JSON.stringify(r.body).slice(0, 500)).toEqual([201, other]);
     // What lazy-a's sandboxes read (f042 among it) arrives without any sandbox reading it here.
     const map = path.join(cluster.rootDir, other, 'worker', 'lazy', `${bigDigest.slice(7)}.map`);
     const filled = () => (fs.existsSync(map) ? fs.readFileSync(map).filter((b) => b === 1).length : 0);

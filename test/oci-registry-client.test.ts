@@ -76,7 +76,7 @@ afterAll(async () => {
 });
 
 function options(now: () => number): RegistryOptions {
-  return { credentials: new Map([[registryHost, { username: 'u', password: 'p' }]]), insecure: new Set([registryHost]), mirrors: new Map(), timeoutMs: 5000, now };
+  return { credentials: new Map([[registryHost, { username: 'u', password: 'p' }]]), insecure: new Set([registryHost]), mirrors: new Map(), timeoutMs: 5000, now, egress: { allowed: new Set(), internal: new Set([registryHost, storageHost]) }, rateFloor: { minBytesPerSecond: 0, windowMs: 1000 } };
 }
 
 describe('RegistryRepository', () => {

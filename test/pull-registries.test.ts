@@ -69,6 +69,8 @@ beforeAll(async () => {
   cluster = await startTestCluster({
     env: {
       ROLLBOX_REGISTRY_INSECURE: [anon, basic, tokenAuth, origin, flaky].map((r) => r.host).concat(flakyProxy.host).join(','),
+      // Loopback registries (and the token service's realm, the mirror, and a name for anon that resolves to loopback) are internal here.
+      ROLLBOX_REGISTRY_INTERNAL: [anon, basic, tokenAuth, origin, mirror, flaky].map((r) => r.host).concat(flakyProxy.host, tokenAuth.tokenHost!, `localhost:${anon.host.split(':')[1]}`).join(','),
       ROLLBOX_REGISTRY_MIRRORS: `${origin.host}=${mirror.url}`,
       ROLLBOX_REGISTRY_AUTH_FILE: authFile,
       ROLLBOX_REGISTRY_TIMEOUT_MS: '5000',

@@ -57,6 +57,7 @@ beforeAll(async () => {
     workers: [{ nodeId: 'node-pull' }],
     env: {
       ROLLBOX_REGISTRY_INSECURE: [registry.host, proxy.host].join(','),
+      ROLLBOX_REGISTRY_INTERNAL: [registry.host, proxy.host].join(','),
       ROLLBOX_IMAGE_PULL_LEASE_MS: '1500',
       ROLLBOX_REGISTRY_TIMEOUT_MS: '5000',
       // Layers nothing references go at once (the import-vs-pull comparison starts from an empty store).

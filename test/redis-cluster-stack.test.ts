@@ -38,6 +38,7 @@ beforeAll(async () => {
       ROLLBOX_LAYER_GC_GRACE_MS: '500',
       ROLLBOX_LAYER_GC_INTERVAL_MS: '300',
       ROLLBOX_REGISTRY_INSECURE: registry.host,
+      ROLLBOX_REGISTRY_INTERNAL: registry.host,
       ROLLBOX_BATCH_SLOTS: '4',
     },
   });

@@ -85,7 +85,7 @@ export async function pullArm(archive: string, work: string, log: (line: string)
     const ref = `${registry.host}/bench/a:1`;
     log(`pull arm (${compression}): pushing the image into a loopback registry (skopeo)`);
     await registry.push(archive, 'bench/a:1');
-    const repo = new RegistryRepository(parseReference(ref), { credentials: new Map(), insecure: new Set([registry.host]), mirrors: new Map(), timeoutMs: 60_000 });
+    const repo = new RegistryRepository(parseReference(ref), { credentials: new Map(), insecure: new Set([registry.host]), mirrors: new Map(), timeoutMs: 60_000, egress: { allowed: new Set(), internal: new Set([registry.host]) }, rateFloor: { minBytesPerSecond: 0, windowMs: 60_000 } });
     const manifest = JSON.parse((await repo.manifest()).bytes.toString('utf8')) as { layers: { digest: string; size: number }[] };
     const blobBytes = manifest.layers.reduce((s, l) => s + l.size, 0);
 
@@ -118,7 +118,7 @@ export async function pullArm(archive: string, work: string, log: (line: string)
 
     // Twice, each on a fresh cluster: written from the stream (the default), then built by extraction.
     const pullOnce = async (buildEnv: Record<string, string>, label: string): Promise<{ ms: number; serverMs: number; diskBytes: number; storeBytes: number }> => {
-      cluster = await startTestCluster({ env: { ROLLBOX_REGISTRY_INSECURE: registry!.host, ...buildEnv } });
+      cluster = await startTestCluster({ env: { ROLLBOX_REGISTRY_INSECURE: registry!.host, ROLLBOX_REGISTRY_INTERNAL: registry!.host, ...buildEnv } });
       const token = await cluster.token('bench-pull', ['layer:write']);
       let record: ImageRecord | undefined;
       const writtenBefore = processWriteBytes();

@@ -9,6 +9,15 @@ export const ErrorBody = z.object({
 });
 export type ErrorBody = z.infer<typeof ErrorBody>;
 
+/**
+ * A zod error as `field.path: message; ...` for an error message: the fields refused (path
+ * segments cut short: record keys are anyone's text) and the schema's own messages, never
+ * the values refused; at most 300 characters.
+ */
+export function issuesText(error: z.ZodError, under: readonly PropertyKey[] = []): string {
+  return error.issues.map((i) => `${[...under, ...i.path].map((p) => String(p).slice(0, 40)).join('.') || '(root)'}: ${i.message}`).join('; ').slice(0, 300);
+}
+
 export const SCOPES = ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'sandbox:snapshot', 'sandbox:policy', 'sandbox:run', 'batch:submit', 'rollout:submit', 'model:call', 'layer:write', 'layer:read', 'burst:admin', 'cluster:read', 'admin'] as const;
 export const Scope = z.enum(SCOPES);
 export type Scope = z.infer<typeof Scope>;

@@ -17,7 +17,17 @@ export const E2bNewSandbox = z.object({
   timeout: z.number().int().min(1).max(7 * 24 * 3600).optional(),
   metadata: z.record(z.string(), z.string()).optional(),
   envVars: z.record(z.string(), z.string()).optional(),
+  /** `lifecycle.onTimeout: 'pause'`: paused at its timeout, not killed; `autoPauseMemory: false` pauses without memory (rollbox: hibernate). */
   autoPause: z.boolean().optional(),
+  autoPauseMemory: z.boolean().optional(),
+  allow_internet_access: z.boolean().optional(),
+  network: z
+    .object({
+      allowPublicTraffic: z.boolean().optional(),
+      allowOut: z.array(z.string().max(253)).max(256).optional(),
+      denyOut: z.array(z.string().max(253)).max(256).optional(),
+    })
+    .optional(),
 });
 export type E2bNewSandbox = z.infer<typeof E2bNewSandbox>;
 
@@ -32,6 +42,12 @@ export const E2bListQuery = z.object({
   state: z.string().max(64).optional(),
   limit: z.coerce.number().int().min(1).max(1000).default(100),
   nextToken: z.string().max(64).optional(),
+  /** Only sandboxes started after this instant (RFC 3339). */
+  startedAfter: z.iso.datetime({ offset: true }).optional(),
+  /** Only sandboxes of this template. */
+  template: z.string().max(256).optional(),
+  /** By start time, over the whole result (not within a page); E2B's default is newest first. */
+  order: z.enum(['asc', 'desc']).optional(),
 });
 
 /** envd's `ProcessSelector`: a oneof of pid and tag. */

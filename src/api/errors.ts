@@ -5,8 +5,8 @@
  */
 export const ERROR_CODES = {
   invalid_request: { status: 400, meaning: 'The request does not match its schema or asks for something impossible (the message names the field).' },
-  invalid_layer: { status: 400, meaning: 'An uploaded layer is not a tar, or holds an entry no layer may hold (absolute or `..` names, links out, device nodes).' },
-  invalid_image: { status: 400, meaning: 'An image archive is not a `docker save` or OCI layout tar, lacks a blob its manifest names, fails a digest check, has no manifest for the platform asked, or has more layers than a sandbox can stack.' },
+  invalid_layer: { status: 400, meaning: 'An uploaded, imported or pulled layer is not a tar, its gzip or zstd stream is corrupt or cut, or it holds an entry no layer may hold (absolute or `..` names, links out, device nodes).' },
+  invalid_image: { status: 400, meaning: 'An image archive is not a `docker save` or OCI layout tar, lacks a blob its manifest names, fails a digest check, has no manifest for the platform asked, has more layers than a sandbox can stack, or has a manifest, index or config field a create would refuse or no record may hold (the message names the field: an Env entry, WorkingDir, User, a platform, a layer size).' },
   invalid_archive: { status: 400, meaning: 'A tar for the files API names paths outside its directory, or is malformed.' },
   unauthenticated: { status: 401, meaning: 'No token, or one that does not verify (signature, `iss`, `aud`, `exp`).' },
   forbidden: { status: 403, meaning: 'The token lacks the scope the route needs.' },
@@ -26,13 +26,16 @@ export const ERROR_CODES = {
   node_lost: { status: 502, meaning: 'The worker host stopped heartbeating while the request was on it.' },
   image_not_found: { status: 404, meaning: 'An image pull found no such repository, tag or digest in the registry (or a mirror).' },
   registry_unauthorized: { status: 502, meaning: 'The registry refused rollbox\'s credentials for an image pull (none configured for it, or wrong ones: see `ROLLBOX_REGISTRY_AUTH_FILE`).' },
-  registry_unavailable: { status: 502, meaning: 'An image pull could not reach the registry or it stopped answering: connection refused or cut, TLS failure (a plain-HTTP registry not listed in `ROLLBOX_REGISTRY_INSECURE`), a timeout, a 5xx or 429 answer.' },
+  registry_unavailable: { status: 502, meaning: 'An image pull could not reach the registry or it stopped answering: connection refused or cut, TLS failure (a plain-HTTP registry not listed in `ROLLBOX_REGISTRY_INSECURE`), a timeout, a body sent slower than `ROLLBOX_IMAGE_PULL_MIN_BYTES_PER_S`, an answer past its cap (a token answer), too many redirects, a 5xx or 429 answer.' },
   snapshot_failed: { status: 502, meaning: 'A microVM\'s snapshot stream from its guest was refused (not a tar of its writable layer, an entry no layer may hold, cut short, or silent past `ROLLBOX_VM_SNAPSHOT_IDLE_MS`), or the guest could not pack its writable layer (a name that is not UTF-8); the message says which. Nothing was stored, and the sandbox runs on.' },
   tier_unsupported: { status: 501, meaning: 'The sandbox\'s tier cannot do this (yet), or no worker host runs that tier: the message names the tier and the feature (docs/microvm.md).' },
   model_hold_expired: { status: 504, meaning: 'A model call was held (its job paused, its upstreams unreachable or unregistered) past `ROLLBOX_MODEL_MAX_HOLD_MS` or its rollout\'s wall time; answered in the SDK\'s error shape and recorded.' },
   model_limit_exceeded: { status: 403, meaning: 'The rollout used up its model calls or tokens (`maxModelCalls`, `maxTokens`): the call was not made.' },
   model_upstream_failed: { status: 502, meaning: 'A model call\'s answer was cut short more often than `ROLLBOX_MODEL_MAX_REISSUES` re-issues could mend, or its re-issue did not repeat what the agent had already received (an upstream that samples differently): recorded with its attempts.' },
-  image_pull_timeout: { status: 504, meaning: 'A create whose `image.ref` had to be pulled waited longer than `ROLLBOX_IMAGE_PULL_WAIT_MS`; the pull goes on (`GET /v1/images/:name`).' },
+  template_not_ready: { status: 503, meaning: 'The E2B `base` template is still being built on this cluster (its first use); the message says how far the build is (Retry-After).' },
+  not_implemented: { status: 501, meaning: 'An E2B route or option rollbox does not serve; the message names how rollbox differs (docs/e2b.md).' },
+  image_pull_timeout: { status: 504, meaning: 'A create whose `image.ref` had to be pulled waited longer than `ROLLBOX_IMAGE_PULL_WAIT_MS` (the pull goes on: `GET /v1/images/:name`), or a pull ran past its own deadline, `ROLLBOX_IMAGE_PULL_DEADLINE_MS` (it ended `failed`, nothing of it stored).' },
+  registry_not_allowed: { status: 403, meaning: 'The gateway\'s egress policy refused an image pull\'s destination: a registry not in `ROLLBOX_REGISTRY_ALLOW`, or a registry, redirect or token realm that is not http(s), names port 0, or reaches a loopback, link-local or private address without being listed in `ROLLBOX_REGISTRY_INTERNAL` (docs/images.md).' },
 } as const satisfies Record<string, { status: number; meaning: string }>;
 
 export type ErrorCode = keyof typeof ERROR_CODES;

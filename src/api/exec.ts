@@ -73,8 +73,13 @@ export type CommandRecord = z.infer<typeof CommandRecord>;
 
 export const ListCommandsQuery = z.strictObject({
   limit: z.coerce.number().int().min(1).max(1000).default(100),
+  after: z.string().max(1024).optional().describe('A `nextCursor` of an earlier page: the commands after it (default: from the first).'),
 });
-export const CommandList = z.object({ commands: z.array(CommandRecord) });
+export const CommandList = z.object({
+  commands: z.array(CommandRecord),
+  nextCursor: z.string().optional().describe('Present when more commands follow this page: ask again with `after` set to it.'),
+  cursor: z.string().optional().describe('Where this page ends (after its last command; `after` itself for an empty page): commands sent later come after it, for a reader following a running sandbox.'),
+});
 export type CommandList = z.infer<typeof CommandList>;
 
 /** A command's record plus the output it has produced so far (streamed from a background or streaming exec). */

@@ -18,6 +18,8 @@ export const FilesWriteQuery = z.strictObject({
   path: SandboxFilePath,
   /** Octal mode of a written file (not for tars, whose entries carry their own). */
   mode: z.string().regex(/^[0-7]{3,4}$/, 'mode is octal, e.g. 0644').optional(),
+  /** A user of the sandbox (its own /etc/passwd): the file, and the parent directories made for it, become that user's (default root). */
+  owner: z.string().regex(/^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$/, 'owner is a user name or uid').optional(),
 });
 export type FilesWriteQuery = z.infer<typeof FilesWriteQuery>;
 
@@ -42,6 +44,8 @@ export const FileEntry = z.object({
   group: z.string(),
   modifiedAt: z.string(),
   symlinkTarget: z.string().optional(),
+  /** A symlink that resolves: the absolute path it leads to (every link on the way followed), and what is there. */
+  resolved: z.object({ path: z.string(), type: z.enum(['file', 'directory', 'symlink', 'other']), mode: z.number().int() }).optional(),
 });
 export type FileEntry = z.infer<typeof FileEntry>;
 

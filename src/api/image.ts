@@ -1,7 +1,9 @@
 import { z } from 'zod';
 import { LayerName } from './layer.ts';
-import { ErrorBody } from './common.ts';
-import { ImageRef, LayerDigest, Platform, type CreateSandboxRequest } from './sandbox.ts';
+import { ErrorBody, issuesText } from './common.ts';
+import { RollboxError } from './errors.ts';
+import { ExecRequest } from './exec.ts';
+import { CreateSandboxRequest, ImageRef, LayerDigest, Platform } from './sandbox.ts';
 
 /**
  * Lower layers one sandbox may stack (an image's layers and the create's own together). The
@@ -21,13 +23,40 @@ export const ImportImageQuery = z.strictObject({
 });
 export type ImportImageQuery = z.infer<typeof ImportImageQuery>;
 
-/** The parts of an image's config a sandbox uses (names as in the OCI image config). */
+const CreateEnv = CreateSandboxRequest.shape.env.unwrap();
+
+/**
+ * An image config's `Env` (`NAME=value` entries) becomes a create's env (withImageDefaults),
+ * so it is held to the create's rules (names, no NUL, value and total sizes); each refusal
+ * names its entry by index, never by its (foreign) text.
+ */
+const ImageEnv = z.array(z.string()).superRefine((entries, ctx) => {
+  const env: Record<string, string> = {};
+  entries.forEach((kv, i) => {
+    const eq = kv.indexOf('=');
+    if (eq > 0) env[kv.slice(0, eq)] = kv.slice(eq + 1);
+    else ctx.addIssue({ code: 'custom', path: [i], message: 'an Env entry is NAME=value' });
+  });
+  const parsed = CreateEnv.safeParse(env);
+  for (const issue of parsed.error?.issues ?? []) {
+    const name = issue.path[0];
+    const at = typeof name === 'string' ? entries.map((kv) => kv.startsWith(`${name}=`)).lastIndexOf(true) : -1;
+    const message = issue.code === 'invalid_key' ? (issue.issues[0]?.message ?? issue.message) : issue.message;
+    ctx.addIssue({ code: 'custom', path: at >= 0 ? [at] : [], message });
+  }
+});
+
+/**
+ * The parts of an image's config a sandbox uses (names as in the OCI image config), bounded
+ * by the pieces of a create (env, workdir, user) and of an exec (argv) they stand for: a
+ * pull stores only what this accepts, and every reader parses with it.
+ */
 export const ImageConfig = z.object({
-  Env: z.array(z.string()).default([]),
-  WorkingDir: z.string().optional(),
-  User: z.string().optional(),
-  Entrypoint: z.array(z.string()).optional(),
-  Cmd: z.array(z.string()).optional(),
+  Env: ImageEnv.default([]),
+  WorkingDir: CreateSandboxRequest.shape.workdir.unwrap().optional(),
+  User: CreateSandboxRequest.shape.user.unwrap().optional(),
+  Entrypoint: ExecRequest.shape.argv.unwrap().optional(),
+  Cmd: ExecRequest.shape.argv.unwrap().optional(),
 });
 export type ImageConfig = z.infer<typeof ImageConfig>;
 
@@ -37,7 +66,7 @@ export const ImageLayer = z.object({
   /** sha256 of the uncompressed layer tar (the config's rootfs.diff_ids entry). */
   diffId: LayerDigest,
   /** Size of the EROFS image. */
-  sizeBytes: z.number().int(),
+  sizeBytes: z.number().int().min(0),
 });
 export type ImageLayer = z.infer<typeof ImageLayer>;
 
@@ -50,7 +79,7 @@ export const Image = z.object({
   layers: z.array(ImageLayer),
   config: ImageConfig,
   /** Sum of the layers' EROFS sizes (layers shared with other images counted here too). */
-  sizeBytes: z.number().int(),
+  sizeBytes: z.number().int().min(0),
   createdAt: z.string(),
   /** Every layer is in the cloud pool's pre-synced set (creates from it may burst). */
   synced: z.boolean().optional(),
@@ -137,7 +166,9 @@ export type ImageList = z.infer<typeof ImageList>;
 /**
  * An imported image's config gives a sandbox its defaults: Env under the request's env,
  * WorkingDir unless the request names one, User unless the request names one. The record
- * keeps the result, so the worker (and a claimed pool sandbox) sees one spec.
+ * keeps the result, so the worker (and a claimed pool sandbox) sees one spec; it is held to
+ * the create's own schema, so the record parses when read (the image's env with the
+ * request's may pass the create's bounds: `invalid_image`, coded at the gateway).
  */
 export function withImageDefaults(request: CreateSandboxRequest, config: ImageConfig | undefined): CreateSandboxRequest {
   const imageEnv = Object.fromEntries((config?.Env ?? []).flatMap((kv) => {
@@ -146,5 +177,8 @@ export function withImageDefaults(request: CreateSandboxRequest, config: ImageCo
   }));
   const workdir = request.workdir ?? (config?.WorkingDir?.startsWith('/') ? config.WorkingDir : undefined) ?? '/';
   const user = request.user ?? (config?.User || undefined);
-  return { ...request, env: { ...imageEnv, ...request.env }, workdir, ...(user ? { user } : {}) };
+  const resolved = { ...request, env: { ...imageEnv, ...request.env }, workdir, ...(user ? { user } : {}) };
+  const checked = CreateSandboxRequest.safeParse(resolved);
+  if (!checked.success) throw new RollboxError('invalid_image', `the image's config gives the sandbox ${issuesText(checked.error)}`);
+  return resolved;
 }

@@ -25,6 +25,7 @@ export {
   ListSandboxesQuery,
   SandboxList,
   PauseRequest,
+  PauseMode,
   TtlRequest,
   PolicyPatch,
   JobActionResult,
@@ -86,8 +87,8 @@ export {
   E2bListDirRequest,
   E2bMoveRequest,
 } from './e2b.ts';
-export { ErrorBody, ROLLOUT_KEY_PATTERN, SCOPES, Scope } from './common.ts';
-export { CreateJob, NodeOp, Reply, RunOnce } from './internal.ts';
+export { ErrorBody, ROLLOUT_KEY_PATTERN, SCOPES, Scope, issuesText } from './common.ts';
+export { CreateJob, NodeOp, Reply, RunOnce, RuntimeMetrics } from './internal.ts';
 export type { Ran } from './internal.ts';
 export { BurstPolicy, UtilizationBasis, TraceEvent, TraceHeader, TRACE_FORMAT, BurstDecisionReason, CloudHostState, BurstCloudHost, BurstStatus } from './burst.ts';
 export { newId } from './ids.ts';
@@ -97,3 +98,4 @@ export { BatchStep, BatchGrade, BatchTask, BatchOptions, CreateBatchRequest, Bat
 export { RefusalCounts, SignalFigures, SignalSeries, CapacityQuery, CapacityScenario, CapacityReport, ConsoleQuery, ConsoleSnapshot, RecentCreate, BurstSimulationRequest, BurstSimulation } from './console.ts';
 export { MODEL_APIS, ModelApi, ModelHeaders, ModelBaseUrl, ModelUpstream, ModelTokenFields, ModelBinding, ModelHoldState, ModelFigures, ModelBindingView, ModelLimits, ModelUsage, ModelAttempt, ModelTokens, ModelCallRecord, ModelCallList } from './model.ts';
 export type { ModelBindingParsed } from './model.ts';
+export { E2bSnapshotBody, E2bSnapshotsQuery, E2bSnapshotRecord, E2bForkBody, E2bMetricsQuery, E2bNetworkUpdate, SandboxMetrics } from './e2b-control.ts';

@@ -131,6 +131,8 @@ export const FilesWriteOp = z.object({
   /** A (checked) tar to extract into the directory at path, or the file's bytes. */
   tar: z.boolean(),
   mode: z.string().optional(),
+  /** The file (and the parents made for it) are then owned by this user of the sandbox (E2B writes as the user it names). */
+  owner: z.string().optional(),
   /** Where the gateway put the bytes. */
   bodyKey: z.string(),
 });
@@ -159,8 +161,28 @@ export const PolicyOp = z.object({
   network: NetworkPolicy.optional(),
   hiddenPaths: z.array(z.string()).optional(),
 });
-export const NodeOp = z.discriminatedUnion('kind', [ExecOp, DestroyOp, FreezeOp, SnapshotOp, ForkPointOp, FilesReadOp, FilesWriteOp, FilesMetaOp, TtlOp, PolicyOp, CommandSignalOp, CommandStdinOp]);
+/** One sample of the sandbox's resource use, read from its cgroups and its disk. */
+export const MetricsOp = z.object({
+  kind: z.literal('metrics'),
+  sandboxId: z.string(),
+  requestId: z.string(),
+  replyTo: z.string(),
+});
+export const NodeOp = z.discriminatedUnion('kind', [ExecOp, DestroyOp, FreezeOp, SnapshotOp, ForkPointOp, FilesReadOp, FilesWriteOp, FilesMetaOp, TtlOp, PolicyOp, CommandSignalOp, CommandStdinOp, MetricsOp]);
 export type NodeOp = z.infer<typeof NodeOp>;
+
+/** A sandbox's resource use as its host reads it: CPU over the window given, memory now, its disk now. */
+export const RuntimeMetrics = z.object({
+  atMs: z.number(),
+  /** CPU time the sandbox used over `windowMs` (all its cores together). */
+  cpuUsedMs: z.number(),
+  windowMs: z.number(),
+  memoryUsedBytes: z.number(),
+  memoryCacheBytes: z.number(),
+  diskUsedBytes: z.number(),
+  diskTotalBytes: z.number(),
+});
+export type RuntimeMetrics = z.infer<typeof RuntimeMetrics>;
 
 const ReplyError = z.object({ code: z.string(), message: z.string(), retryAfterSeconds: z.number().optional() });
 
@@ -185,6 +207,7 @@ export const Reply = z.discriminatedUnion('kind', [
   /** files_meta: the entries it found or made; `changed`: mkdir created, remove removed. */
   z.object({ kind: z.literal('files_meta'), requestId: z.string(), entries: z.array(FileEntry), changed: z.boolean() }),
   z.object({ kind: z.literal('error'), requestId: z.string(), error: ReplyError }),
+  z.object({ kind: z.literal('metrics'), requestId: z.string(), metrics: RuntimeMetrics }),
 ]);
 export type Reply = z.infer<typeof Reply>;
 /** What a create with `run` answers: the command's result and the fetched files. */

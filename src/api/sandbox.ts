@@ -18,7 +18,7 @@ export const ImageRef = z.string().min(1).max(512).regex(/^[A-Za-z0-9][A-Za-z0-9
 export type ImageRef = z.infer<typeof ImageRef>;
 
 /** `os/architecture[/variant]`, as in an OCI index (`linux/amd64`, `linux/arm64/v8`). */
-export const Platform = z.string().regex(/^[a-z0-9]+\/[a-z0-9_]+(\/[a-z0-9]+)?$/, 'platform is os/architecture[/variant]');
+export const Platform = z.string().max(64).regex(/^[a-z0-9]+\/[a-z0-9_]+(\/[a-z0-9]+)?$/, 'platform is os/architecture[/variant]');
 
 /**
  * `base` (a layer or an imported image, default `busybox`) or `ref` (an image in a
@@ -111,7 +111,11 @@ export const NetworkPolicy = z.strictObject({
 });
 export type NetworkPolicy = z.infer<typeof NetworkPolicy>;
 
-const EnvMap = z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'env names are [A-Za-z_][A-Za-z0-9_]*').max(256), z.string().max(32_768));
+/** What one sandbox's env may hold in all (names and values, in characters): a process's environment must fit execve's limits with room to spare. */
+const ENV_MAX_CHARS = 256 * 1024;
+const EnvMap = z
+  .record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'env names are [A-Za-z_][A-Za-z0-9_]*').max(256), z.string().max(32_768).refine((v) => !v.includes('\0'), 'must not contain NUL'))
+  .refine((env) => Object.entries(env).reduce((n, [k, v]) => n + k.length + v.length + 2, 0) <= ENV_MAX_CHARS, `env holds more than ${ENV_MAX_CHARS} characters in all`);
 const AbsolutePath = z.string().startsWith('/', 'must be an absolute path').max(4096).refine((p) => !p.includes('\0'), 'must not contain NUL');
 /** A user as in an image config: `name`, `uid`, `name:group` or `uid:gid`, resolved against the sandbox's own /etc/passwd and /etc/group. */
 export const ExecUser = z.string().regex(/^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,63})?$/, 'user is name, uid, name:group or uid:gid');
@@ -123,6 +127,10 @@ const LabelMap = z.record(z.string().regex(/^[A-Za-z0-9_./-]{1,63}$/, 'label key
  */
 export const SandboxTier = z.enum(['container', 'microvm']);
 export type SandboxTier = z.infer<typeof SandboxTier>;
+
+/** freeze: cgroup freezer (memory stays); hibernate: pack the writable layer into a layer and free the host (resume starts it again). */
+export const PauseMode = z.enum(['freeze', 'hibernate']);
+export type PauseMode = z.infer<typeof PauseMode>;
 
 export const CreateSandboxRequest = z.strictObject({
   /** Absent: container (records made before tiers existed read the same). */
@@ -144,6 +152,29 @@ export const CreateSandboxRequest = z.strictObject({
   job: z.string().regex(/^[A-Za-z0-9_.:-]{1,128}$/).optional(),
   /** stayLocal: never divert this sandbox to the cloud pool (cloud burst). */
   placement: z.strictObject({ stayLocal: z.boolean().default(false) }).optional(),
+  /**
+   * What the TTL does (absent: `destroy`, the sandbox ends `failed(timeout)`). `pause`: it is
+   * paused in `mode` instead (E2B's auto-pause), then kept paused `pausedTtlSeconds` before it
+   * ends; a resume (E2B's connect) brings it back.
+   */
+  onTtl: z
+    .strictObject({
+      action: z.enum(['destroy', 'pause']),
+      mode: PauseMode.default('freeze'),
+      pausedTtlSeconds: z.number().int().min(1).max(7 * 24 * 3600).default(24 * 3600),
+    })
+    .optional(),
+  /**
+   * Traffic into the sandbox's ports (the port proxy, `getHost`) needs no access token: E2B's
+   * `network.allowPublicTraffic`. Absent or false: the sandbox's access token is required.
+   */
+  publicTraffic: z.boolean().optional(),
+  /**
+   * Setuid programs (sudo) may raise a process's privileges inside the sandbox (Kubernetes'
+   * allowPrivilegeEscalation): its processes run without no_new_privs. Never beyond the
+   * sandbox's own root (its capability bounding set, seccomp and namespaces stay).
+   */
+  allowPrivilegeEscalation: z.boolean().optional(),
 });
 export type CreateSandboxRequest = z.infer<typeof CreateSandboxRequest>;
 
@@ -249,8 +280,7 @@ export const TtlRequest = z.strictObject({ ttlSeconds: z.number().int().min(1).m
 export type TtlRequest = z.infer<typeof TtlRequest>;
 
 export const PauseRequest = z.strictObject({
-  /** freeze: cgroup freezer (memory stays); hibernate: pack the writable layer into a layer and free the host (resume starts it again). */
-  mode: z.enum(['freeze', 'hibernate']).default('freeze'),
+  mode: PauseMode.default('freeze'),
 });
 export type PauseRequest = z.infer<typeof PauseRequest>;
 

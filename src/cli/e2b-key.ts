@@ -23,7 +23,7 @@ export function registerE2bKeyCommands(program: Command, redisUrl: () => string 
     .command('issue')
     .description('print a new key on stdout (its id on stderr)')
     .requiredOption('--tenant <tenant>', 'tenant id')
-    .option('--scopes <scopes>', 'comma-separated scopes', 'sandbox:create,sandbox:exec,sandbox:read,sandbox:delete')
+    .option('--scopes <scopes>', 'comma-separated scopes', 'sandbox:create,sandbox:exec,sandbox:read,sandbox:delete,sandbox:snapshot,sandbox:policy')
     .option('--name <name>', 'a note to tell keys apart')
     .action(async (flags: { tenant: string; scopes: string; name?: string }) => {
       const { key, record } = await withKeys(redisUrl(), (keys) => keys.issue({ tenant: flags.tenant, scopes: flags.scopes.split(','), name: flags.name }));

@@ -188,8 +188,24 @@ export class RollboxClient {
     return CommandInputResult.parse(await this.request('POST', `/v1/sandboxes/${encodeURIComponent(id)}/commands/${encodeURIComponent(commandId)}/stdin`, init, async (r) => JSON.parse(await r.text())));
   }
 
+  /** The first `limit` commands of the log (see commandPage and allCommands for the rest). */
   async commands(id: string, limit = 1000) {
-    return CommandList.parse(await this.call('GET', `/v1/sandboxes/${encodeURIComponent(id)}/commands?limit=${limit}`)).commands;
+    return (await this.commandPage(id, { limit })).commands;
+  }
+
+  /** One page of the command log: `after` a `nextCursor` of the page before (default: from the first). */
+  async commandPage(id: string, page: { after?: string; limit?: number } = {}): Promise<CommandList> {
+    const query = new URLSearchParams({ limit: String(page.limit ?? 1000), ...(page.after === undefined ? {} : { after: page.after }) });
+    return CommandList.parse(await this.call('GET', `/v1/sandboxes/${encodeURIComponent(id)}/commands?${query}`));
+  }
+
+  /** The whole command log (trajectory), oldest first, fetched a page at a time. */
+  async *allCommands(id: string, options: { pageSize?: number } = {}): AsyncGenerator<CommandList['commands'][number]> {
+    for (let after: string | undefined, first = true; first || after !== undefined; first = false) {
+      const page = await this.commandPage(id, { limit: options.pageSize ?? 1000, ...(after === undefined ? {} : { after }) });
+      yield* page.commands;
+      after = page.nextCursor;
+    }
   }
 
   /** A regular file of the sandbox, as bytes (paths resolve inside the sandbox). */

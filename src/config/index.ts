@@ -2,6 +2,7 @@ import { z } from 'zod';
 import os from 'node:os';
 import path from 'node:path';
 import { RunCodeLanguage } from '../api/run-code.ts';
+import { PauseMode } from '../api/sandbox.ts';
 import { registryHostOf } from '../oci-registry/index.ts';
 import { parseRedisTarget } from '../redis/connect.ts';
 
@@ -61,6 +62,10 @@ export const Env = z.object({
   ROLLBOX_LAYER_BUILD: z.enum(['direct', 'extract']).default('direct').describe('Gateway: how a layer tar (an upload, an imported or pulled image layer) becomes an EROFS layer: `direct` writes the metadata image and data blob from the tar stream, nothing extracted, each byte written once; `extract` extracts the tree first and runs mkfs.erofs on it (every byte written twice, unless a pull extracts on ROLLBOX_IMAGE_PULL_MEMORY_DIR). Both give the same files.'),
   ROLLBOX_LAYER_UPLOAD_LIMIT_BYTES: z.coerce.number().int().min(1024).default(2 * 1024 * 1024 * 1024).describe('Largest layer tar `POST /v1/layers` takes (413 past it).'),
   ROLLBOX_LAYER_BLOB_GZIP_LEVEL: z.coerce.number().int().min(0).max(9).default(1).describe('Gateway: gzip level of the chunk ranges it serves to hosts reading lazy layers (`GET /v1/layers/:digest/blob` with `Range` and `Accept-Encoding: gzip`): fewer bytes on the link for some CPU. 0: sent as stored.'),
+  ROLLBOX_LAYER_MAX_ENTRIES: z.coerce.number().int().min(1000).max(16_000_000).default(2_000_000).describe('Gateway: most entries one layer tar may hold (an upload, an imported or pulled image layer): 413 `payload_too_large` past it. A build keeps about 110 bytes per entry plus its name in memory (docs/operations.md).'),
+  ROLLBOX_LAYER_READS_MAX: z.coerce.number().int().min(1).max(4096).default(64).describe('Gateway: layer file reads (`GET /v1/layers/:ref/blob` and `/meta`, ranged or whole: hosts\' lazy fetches, downloads) streaming at once; each holds about two 1 MiB pieces. Past it a read waits (ROLLBOX_LAYER_READS_QUEUE_MS), then 503 `unavailable` with Retry-After (hosts retry).'),
+  ROLLBOX_LAYER_READS_PER_TOKEN: z.coerce.number().int().min(1).max(4096).default(16).describe('Gateway: of those, at most this many for one token (a host fetches at most ROLLBOX_LAZY_FETCH_CONCURRENCY + 1 at once).'),
+  ROLLBOX_LAYER_READS_QUEUE_MS: z.coerce.number().int().min(0).max(600_000).default(5_000).describe('Gateway: how long a layer read past the caps waits for a slot before its 503.'),
   ROLLBOX_PLACEMENT_CHOICES: z.coerce.number().int().min(1).max(16).default(2).describe('Placement: d, the nodes sampled per create (the less loaded one is taken).'),
   ROLLBOX_PLACEMENT_MAX_REFUSALS: z.coerce.number().int().min(1).max(64).default(3).describe('Placement: node refusals before a create fails 503 `admission_exhausted` with Retry-After.'),
   ROLLBOX_CREATE_TIMEOUT_MS: z.coerce.number().int().min(100).default(60_000).describe('How long a create may wait for a node to start it.'),
@@ -97,6 +102,11 @@ export const Env = z.object({
   ROLLBOX_REGISTRY_INSECURE: z.string().default('').describe('Gateway: registries (`host[:port]`, comma-separated) image pulls speak plain HTTP to; every other registry is HTTPS only.'),
   ROLLBOX_REGISTRY_MIRRORS: z.string().default('').describe('Gateway: `registry=URL|URL,...` mirrors image pulls try first, in order, before the registry itself (`docker.io=http://127.0.0.1:5000`: a pull-through cache of Docker Hub; the URL\'s scheme is used as written).'),
   ROLLBOX_REGISTRY_TIMEOUT_MS: z.coerce.number().int().min(100).default(30_000).describe('Gateway: longest wait for a registry during a pull (an answer, or the next bytes of a blob); past it the pull fails `registry_unavailable`.'),
+  ROLLBOX_REGISTRY_ALLOW: z.string().default('').describe('Gateway: the only registries (`host[:port]`, comma-separated; a bare host allows each of its ports) image pulls may name; others are refused at the request, `registry_not_allowed`. Mirrors and a registry\'s redirects are not held to it (a blob store\'s host is the registry\'s choice); they are held to ROLLBOX_REGISTRY_INTERNAL. Empty: any registry.'),
+  ROLLBOX_REGISTRY_INTERNAL: z.string().default('').describe('Gateway: hosts (`host[:port]`, comma-separated; a bare host allows each of its ports) image pulls may reach on loopback, link-local or private addresses: registries, mirrors, their redirect targets and token realms, each checked at every hop on the addresses it resolves to. Any other destination at such an address is refused (`registry_not_allowed`), so a registry cannot send the gateway to its own API, Redis or a cloud metadata service.'),
+  ROLLBOX_IMAGE_PULL_DEADLINE_MS: z.coerce.number().int().min(1000).default(2 * 3600_000).describe('Gateway: the longest an image pull may run, from its start (a pull taken over by another gateway keeps its start); past it the pull ends `failed`, `image_pull_timeout`, nothing of it stored.'),
+  ROLLBOX_IMAGE_PULL_MIN_BYTES_PER_S: z.coerce.number().int().min(0).default(1024).describe('Gateway: the slowest a registry may send a body a pull is waiting for (a manifest, config, token or layer blob), measured over each ROLLBOX_IMAGE_PULL_RATE_WINDOW_MS in which the pull waited for it throughout; slower fails the pull `registry_unavailable` (a registry trickling a byte every few seconds never trips ROLLBOX_REGISTRY_TIMEOUT_MS). 0: no floor.'),
+  ROLLBOX_IMAGE_PULL_RATE_WINDOW_MS: z.coerce.number().int().min(100).default(60_000).describe('Gateway: the window ROLLBOX_IMAGE_PULL_MIN_BYTES_PER_S is measured over.'),
   ROLLBOX_IMAGE_PULL_LAYERS: z.coerce.number().int().min(1).max(16).default(3).describe('Gateway: layer blobs one image pull fetches (and extracts) at once.'),
   ROLLBOX_IMAGE_PULL_WAIT_MS: z.coerce.number().int().min(100).default(15 * 60_000).describe('Gateway: how long a create whose `image.ref` is not held yet waits for its pull (then 504 `image_pull_timeout`; the pull goes on).'),
   ROLLBOX_IMAGE_PULL_MEMORY_MIB: z.coerce.number().int().min(0).optional().describe('Gateway, with ROLLBOX_LAYER_BUILD=extract: room on a tmpfs (ROLLBOX_IMAGE_PULL_MEMORY_DIR) for the extracted trees of layers being pulled, so each pulled layer reaches the disk once, as its EROFS image (0: every tree on disk, written twice). Default: an eighth of the host\'s memory, at most 2048. A layer whose tree outgrows its reservation (4x a compressed blob) is fetched again and built on disk.'),
@@ -110,7 +120,7 @@ export const Env = z.object({
   ROLLBOX_LAYER_CACHE_MAX_MIB: z.coerce.number().int().min(1).optional().describe('Worker: size of the chunk cache of lazy layers. Past it, the data of the least recently used layers no sandbox mounts is removed; a sandbox whose lazy layers could not fit (each mounted layer counted at its whole size) is refused. Default: a quarter of the data dir\'s filesystem, at most 64 GiB.'),
   ROLLBOX_LAZY_GRACE_MS: z.coerce.number().int().min(0).default(10_000).describe('Worker: how long reads of lazy layers wait for chunks while the worker (their fetcher) is gone, e.g. restarting, before they fail with EIO.'),
   ROLLBOX_LAZY_READ_TIMEOUT_MS: z.coerce.number().int().min(1000).default(120_000).describe('Worker: the longest one read of a lazy layer waits for its chunks before it fails with EIO.'),
-  ROLLBOX_LAZY_FETCH_TIMEOUT_MS: z.coerce.number().int().min(100).default(30_000).describe('Worker: deadline of one range request for chunks of a lazy layer.'),
+  ROLLBOX_LAZY_FETCH_TIMEOUT_MS: z.coerce.number().int().min(100).default(30_000).describe('Worker: deadline of one request for a lazy layer\'s files at the origin (a range of chunks, its chunk table, its metadata image); past it the reads waiting on it fail with EIO (a mount, its create).'),
   ROLLBOX_LAZY_FETCH_CONCURRENCY: z.coerce.number().int().min(1).max(64).default(8).describe('Worker: range requests for chunks at once.'),
   ROLLBOX_LAZY_PREFETCH: z.enum(['off', 'record', 'on']).default('on').describe('Worker: prefetch lists of lazy layers: `record` notes which chunks the first runs of a layer read (during `ROLLBOX_LAZY_PREFETCH_WINDOW_MS` from its first read on any lazy host), `on` also fills a layer\'s list in the background when it is mounted, and at a cloud host\'s pre-sync; `off` neither.'),
   ROLLBOX_LAZY_PREFETCH_WINDOW_MS: z.coerce.number().int().min(1000).default(120_000).describe('Worker: how long a host\'s first run of a lazy layer (mounted with none of it cached) records the chunks it reads, from the mount.'),
@@ -151,10 +161,20 @@ export const Env = z.object({
   ROLLBOX_MODEL_CONNECT_TIMEOUT_MS: z.coerce.number().int().min(50).default(5000).describe('Gateway: the longest a model upstream may take to accept a connection; past it the upstream counts as unreachable (the next one is tried, or the call held).'),
   ROLLBOX_MODEL_PROBE_MS: z.coerce.number().int().min(20).default(1000).describe('Gateway: while a job\'s upstreams are unreachable, how often the first held call tries them again.'),
   ROLLBOX_MODEL_MAX_REISSUES: z.coerce.number().int().min(0).max(100).default(5).describe('Gateway: re-issues of one model call whose answer was cut short before it fails `model_upstream_failed`.'),
+  ROLLBOX_E2B_PAUSE_MODE: PauseMode.default('freeze').describe('Gateway: how E2B\'s pause (memory kept) and auto-pause (`lifecycle.onTimeout: pause`) pause a sandbox: `freeze` (cgroup freezer: memory and processes stay on the host), or another pause mode of `POST /v1/sandboxes/:id/pause`. E2B\'s pause without memory hibernates.'),
+  ROLLBOX_E2B_PAUSED_TTL_SECONDS: z.coerce.number().int().min(1).max(7 * 24 * 3600).default(24 * 3600).describe('Gateway: how long an E2B sandbox is kept paused (paused by `pause()` or at its timeout) before it ends; `connect` resumes it meanwhile. E2B documents 30 days; a frozen sandbox holds its memory on its host all that time.'),
+  ROLLBOX_E2B_BASE_TEMPLATE: z.enum(['first-use', 'start', 'off']).default('first-use').describe('Gateway: E2B\'s `base` template, a Debian image with bash, git, python3, curl and sudo built by debootstrap once per cluster (docs/e2b.md): built at the first create that asks for it (`first-use`), as the gateway starts (`start`), or never (`off`: `base` is busybox).'),
+  ROLLBOX_E2B_BASE_TEMPLATE_WAIT_MS: z.coerce.number().int().min(0).max(10 * 60_000).default(45_000).describe('Gateway: how long a create of `base` waits for the template\'s build before it answers 503 `template_not_ready` with how far the build is (under the SDK\'s 60 s request timeout).'),
+  ROLLBOX_E2B_BASE_SUITE: z.string().regex(/^[a-z]+$/).default('bookworm').describe('Gateway: the Debian suite of the `base` template.'),
+  ROLLBOX_E2B_BASE_MIRROR: z.string().url().default('http://deb.debian.org/debian').describe('Gateway: the Debian mirror the `base` template is built from.'),
+  ROLLBOX_E2B_BASE_CACHE_DIR: z.string().optional().describe('Gateway: where the built `base` template (its layer files, by a digest of its recipe) and debootstrap\'s downloaded packages are kept, so a new cluster on the host (or a rebuilt Redis) reuses them. Default: `<data dir>/cache/e2b-base`.'),
   ROLLBOX_NET_STATIC_HOSTS: z.string().default('').describe('`name=ip|ip,name2=ip`: allowlisted hostnames resolved from this map instead of the host\'s resolver.'),
 });
 
 export type Config = ReturnType<typeof loadConfig>;
+
+/** A layer read whose body nobody pulls this long gives its slot back (a host's range request has 30 s). */
+const LAYER_READ_IDLE_MS = 60_000;
 
 export function loadConfig(env: NodeJS.ProcessEnv, overrides: Partial<Record<keyof z.infer<typeof Env>, string | undefined>> = {}) {
   const merged: Record<string, string | undefined> = { ...env };
@@ -170,9 +190,10 @@ export function loadConfig(env: NodeJS.ProcessEnv, overrides: Partial<Record<key
   return {
     redisUrl: e.REDIS_URL,
     dataDir,
-    http: { host: e.ROLLBOX_HOST, port: e.ROLLBOX_PORT, bodyLimitBytes: e.ROLLBOX_BODY_LIMIT_BYTES, layerUploadLimitBytes: e.ROLLBOX_LAYER_UPLOAD_LIMIT_BYTES, layerBlobGzipLevel: e.ROLLBOX_LAYER_BLOB_GZIP_LEVEL },
+    http: { host: e.ROLLBOX_HOST, port: e.ROLLBOX_PORT, bodyLimitBytes: e.ROLLBOX_BODY_LIMIT_BYTES, layerUploadLimitBytes: e.ROLLBOX_LAYER_UPLOAD_LIMIT_BYTES, layerBlobGzipLevel: e.ROLLBOX_LAYER_BLOB_GZIP_LEVEL, layerReads: { total: e.ROLLBOX_LAYER_READS_MAX, perToken: e.ROLLBOX_LAYER_READS_PER_TOKEN, queueMs: e.ROLLBOX_LAYER_READS_QUEUE_MS, idleMs: LAYER_READ_IDLE_MS } },
     logLevel: e.ROLLBOX_LOG_LEVEL,
     layerBuild: e.ROLLBOX_LAYER_BUILD,
+    layerMaxEntries: e.ROLLBOX_LAYER_MAX_ENTRIES,
     layerStoreDir: path.resolve(e.ROLLBOX_LAYER_STORE ?? path.join(dataDir, 'layers')),
     jwt: {
       alg: e.ROLLBOX_JWT_ALG,
@@ -259,13 +280,21 @@ export function loadConfig(env: NodeJS.ProcessEnv, overrides: Partial<Record<key
       insecure: new Set(parseList(e.ROLLBOX_REGISTRY_INSECURE).map((h) => h.toLowerCase())),
       mirrors: parseMirrors(e.ROLLBOX_REGISTRY_MIRRORS),
       timeoutMs: e.ROLLBOX_REGISTRY_TIMEOUT_MS,
+      egress: { allowed: new Set(parseList(e.ROLLBOX_REGISTRY_ALLOW).map((h) => registryHostOf(h))), internal: new Set(parseList(e.ROLLBOX_REGISTRY_INTERNAL).map((h) => h.toLowerCase())) },
+      rateFloor: { minBytesPerSecond: e.ROLLBOX_IMAGE_PULL_MIN_BYTES_PER_S, windowMs: e.ROLLBOX_IMAGE_PULL_RATE_WINDOW_MS },
     },
     imagePull: {
       layerConcurrency: e.ROLLBOX_IMAGE_PULL_LAYERS,
       waitMs: e.ROLLBOX_IMAGE_PULL_WAIT_MS,
       leaseMs: e.ROLLBOX_IMAGE_PULL_LEASE_MS,
+      deadlineMs: e.ROLLBOX_IMAGE_PULL_DEADLINE_MS,
       memoryDir: e.ROLLBOX_IMAGE_PULL_MEMORY_DIR,
       memoryBytes: (e.ROLLBOX_IMAGE_PULL_MEMORY_MIB ?? Math.min(2048, Math.floor(hostMemoryMiB / 8))) * 1024 * 1024,
+    },
+    e2b: {
+      pauseMode: e.ROLLBOX_E2B_PAUSE_MODE,
+      pausedTtlSeconds: e.ROLLBOX_E2B_PAUSED_TTL_SECONDS,
+      baseTemplate: { when: e.ROLLBOX_E2B_BASE_TEMPLATE, waitMs: e.ROLLBOX_E2B_BASE_TEMPLATE_WAIT_MS, suite: e.ROLLBOX_E2B_BASE_SUITE, mirror: e.ROLLBOX_E2B_BASE_MIRROR, cacheDir: path.resolve(e.ROLLBOX_E2B_BASE_CACHE_DIR ?? path.join(dataDir, 'cache', 'e2b-base')) },
     },
     defaultRequests: { memoryMiB: e.ROLLBOX_DEFAULT_REQUEST_MEMORY_MIB, cpuMillis: e.ROLLBOX_DEFAULT_REQUEST_CPU_MILLIS },
     runCodeLanguages: z.record(z.string(), RunCodeLanguage).parse({ ...DEFAULT_RUN_CODE_LANGUAGES, ...(e.ROLLBOX_RUN_CODE_LANGUAGES ? (JSON.parse(e.ROLLBOX_RUN_CODE_LANGUAGES) as object) : {}) }),

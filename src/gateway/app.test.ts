@@ -54,7 +54,7 @@ const FORK: ForkResult = {
 
 const entryAt = (path: string) => ({ name: path.split('/').pop()!, path, type: 'file' as const, sizeBytes: 1, mode: 0o644, permissions: '-rw-r--r--', owner: 'root', group: 'root', modifiedAt: '2026-01-01T00:00:00.000Z' });
 const deps: Omit<GatewayDeps, 'verifier'> = {
-  config: { http: { host: '127.0.0.1', port: 0, bodyLimitBytes: 4096, layerUploadLimitBytes: 1 << 20, layerBlobGzipLevel: 0 }, files: { maxBytes: 8192 }, runCodeLanguages: {} },
+  config: { http: { host: '127.0.0.1', port: 0, bodyLimitBytes: 4096, layerUploadLimitBytes: 1 << 20, layerBlobGzipLevel: 0, layerReads: { total: 4, perToken: 2, queueMs: 100, idleMs: 1000 } }, files: { maxBytes: 8192 }, runCodeLanguages: {} },
   redis: { ping: async () => 'PONG' },
   ttls: { setTtl: () => answer(SANDBOX) },
   sandboxes: {
@@ -99,7 +99,7 @@ const deps: Omit<GatewayDeps, 'verifier'> = {
       yield { event: 'exit', id: 'exit', data: JSON.stringify({ exitCode: 0 }) };
     },
     startBackground: () => answer(STATUS),
-    commandLog: () => answer([STATUS]),
+    commandPage: () => answer({ commands: [STATUS] }),
     commandStatus: () => answer(STATUS),
     signalCommand: (_p, _id, commandId) => answer({ commandId, state: 'running' as const }),
     writeCommandStdin: (_p, _id, commandId) => answer({ commandId, state: 'running' as const }),

@@ -10,6 +10,8 @@ import type { ModelGateway } from '../model-gateway/index.ts';
 import type { NodeDirectory } from '../queues/index.ts';
 import { authenticate, authenticateFromUrl, confineRolloutKeys, type GatewayEnv } from './auth.ts';
 import { registerE2b, type E2bDeps } from './e2b/index.ts';
+import { registerMetricsRoutes } from './routes/metrics.ts';
+import type { SandboxMetricsService } from './sandbox-metrics.ts';
 import { describeZodError, errorResponse, handleError } from './errors.ts';
 import type { GatewayMetrics } from './metrics.ts';
 import { NDJSON, registerBatchRoutes, type BatchApi } from './routes/batches.ts';
@@ -21,6 +23,7 @@ import { registerForkRoutes, type ForkApi } from './routes/forks.ts';
 import { registerImageRoutes, type ImageRouteDeps } from './routes/images.ts';
 import { registerLayerRoutes, type LayerBuilder, type LayerRouteDeps } from './routes/layers.ts';
 import { modelErrorFlavor, modelErrorResponse, registerModelRoutes, type ModelApiDeps } from './routes/model.ts';
+import { LayerReads } from './layer-reads.ts';
 import { registerPoolRoutes, type PoolApi } from './routes/pools.ts';
 import { registerRunRoutes, type RunApi } from './routes/run.ts';
 import { registerSandboxRoutes, type SandboxApi, type TtlApi } from './routes/sandboxes.ts';
@@ -65,6 +68,8 @@ export interface GatewayDeps {
   e2b?: E2bDeps;
   /** The model gateway (src/model-gateway): model calls of hosted rollouts, job upstreams, model holds; absent: not served. */
   model?: ModelApiDeps & Pick<ModelGateway, 'setJobPaused'>;
+  /** `GET /v1/sandboxes/:id/metrics`; absent: not served. */
+  sandboxMetrics?: Pick<SandboxMetricsService, 'sample'>;
 }
 
 /**
@@ -130,13 +135,14 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   registerBatchRoutes(app, deps.batches);
   registerBatchPage(app);
   if (deps.jobQueues) registerQueueBoard(app, { verifier: deps.verifier, queues: deps.jobQueues });
-  registerLayerRoutes(app, { layers: deps.layers, buildLayer: deps.buildLayer, store: deps.layerStore, uploadLimitBytes: deps.config.http.layerUploadLimitBytes, ...(deps.gzippedChunks ? { gzippedChunks: deps.gzippedChunks } : {}), now: deps.now });
+  registerLayerRoutes(app, { layers: deps.layers, buildLayer: deps.buildLayer, store: deps.layerStore, uploadLimitBytes: deps.config.http.layerUploadLimitBytes, reads: new LayerReads(deps.config.http.layerReads), ...(deps.gzippedChunks ? { gzippedChunks: deps.gzippedChunks } : {}), now: deps.now });
   registerImageRoutes(app, deps.images);
   registerClusterRoutes(app, { directory: deps.directory, burst: deps.burst, jsonLimit });
   if (deps.console) {
     registerConsoleRoutes(app, { console: deps.console, jsonLimit });
     registerConsolePage(app);
   }
+  if (deps.sandboxMetrics) registerMetricsRoutes(app, deps.sandboxMetrics);
   if (deps.e2b) registerE2b(app, deps.e2b);
   if (deps.model) registerModelRoutes(app, { model: deps.model, jsonLimit });
   return app;

@@ -39,8 +39,9 @@ export function describeZodError(error: ZodError, where: string): string {
   return error.issues
     .slice(0, 10)
     .map((issue) => {
-      const path = [where, ...issue.path.map(String)].filter(Boolean).join('.');
-      const keys = 'keys' in issue && Array.isArray(issue.keys) ? ` (${issue.keys.join(', ')})` : '';
+      // Record keys and unknown keys are the caller's text: cut short, so an answer never echoes a huge one.
+      const path = [where, ...issue.path.map((p) => String(p).slice(0, 64))].filter(Boolean).join('.');
+      const keys = 'keys' in issue && Array.isArray(issue.keys) ? ` (${issue.keys.slice(0, 10).map((k) => String(k).slice(0, 64)).join(', ')})` : '';
       return `${path || where}: ${issue.message}${keys}`;
     })
     .join('; ');

@@ -16,7 +16,7 @@ import {
   type Reply,
 } from '../api/index.ts';
 import { requireScope, type Principal } from '../iam/index.ts';
-import { followOutput, readOutput, type CommandLog, type SandboxRegistry } from '../registry/index.ts';
+import { followOutput, readOutput, type CommandLog, type CommandPage, type SandboxRegistry } from '../registry/index.ts';
 import type { BlockingPool } from '../redis/index.ts';
 import type { GatewayMetrics } from './metrics.ts';
 import { toRollboxError, type NodeRequests } from './node-requests.ts';
@@ -302,9 +302,14 @@ export class ExecService {
   }
 
   async commandLog(principal: Principal, id: string, limit: number): Promise<CommandRecord[]> {
+    return (await this.commandPage(principal, id, { limit })).commands;
+  }
+
+  /** A page of the command log (see CommandLog.page). */
+  async commandPage(principal: Principal, id: string, page: { after?: string; limit: number }): Promise<CommandPage> {
     requireScope(principal, 'sandbox:read');
     await this.deps.registry.getOwned(id, principal.tenant);
-    return this.deps.commands.list(id, limit);
+    return this.deps.commands.page(id, page);
   }
 }
 

@@ -67,14 +67,14 @@ export class FilesService {
     const { maxBytes } = this.deps.config.files;
     if (body.length > maxBytes) throw new RollboxError('payload_too_large', `body is larger than the files limit of ${maxBytes} bytes`);
     const tar = contentType?.split(';')[0]!.trim().toLowerCase() === FILES_TAR_TYPE;
-    if (tar && query.mode) throw new RollboxError('invalid_request', 'mode applies to a single file; tar entries carry their own modes');
+    if (tar && (query.mode || query.owner)) throw new RollboxError('invalid_request', 'mode and owner apply to a single file; tar entries carry their own');
     const sandbox = await this.runningSandbox(principal, id);
     const bytes = tar ? await checkFilesArchive(body, { maxEntries: MAX_ARCHIVE_ENTRIES }) : body;
     const requestId = newId('req');
     const bodyKey = keys.filesTransfer(requestId);
     try {
       await this.deps.redis.set(bodyKey, bytes, 'PX', TRANSFER_TTL_MS);
-      const reply = await this.deps.nodes.sendOp(sandbox.node!, { kind: 'files_write', sandboxId: id, requestId, path: query.path, tar, mode: query.mode, bodyKey }, FILES_REPLY_TIMEOUT_MS);
+      const reply = await this.deps.nodes.sendOp(sandbox.node!, { kind: 'files_write', sandboxId: id, requestId, path: query.path, tar, mode: query.mode, owner: query.owner, bodyKey }, FILES_REPLY_TIMEOUT_MS);
       filesReply(reply);
       return { path: query.path, kind: tar ? 'directory' : 'file', sizeBytes: body.length };
     } finally {

@@ -11,6 +11,7 @@ export { FilesService } from './files-service.ts';
 export { TtlService } from './ttl-service.ts';
 export { PoolService } from './pool-service.ts';
 export { RunService } from './run-service.ts';
+export { SandboxMetricsService } from './sandbox-metrics.ts';
 export type { FilesServiceDeps } from './files-service.ts';
 export { newId } from '../api/index.ts';
 export { FORK_IMAGE_MAX_AGE_MS, Janitor, LayerCollector } from './housekeeping/index.ts';

@@ -82,7 +82,7 @@ export class SandboxService {
     const local = { ...placementOf(request), pool: config.node.pool, exclude: new Set<string>(), ...(prepared.node !== undefined ? { only: prepared.node } : {}) };
     // A ready sandbox of a warm pool takes the place of a cold start: its id is the sandbox's.
     // Warm pools hold containers only.
-    const claimed = lineage || request.tier === 'microvm' ? undefined : await this.deps.pools?.claim(request, layerDigests, local);
+    const claimed = lineage || request.tier === 'microvm' || request.allowPrivilegeEscalation ? undefined : await this.deps.pools?.claim(request, layerDigests, local);
     const id = claimed?.sandboxId ?? newId('sbx');
     // A node that joined since the last snapshot refresh should not mean "no capacity".
     const placeFresh = async (p: PlacementRequest) => this.place(p) ?? (await directory.refresh().then(() => this.place(p)));

@@ -7,3 +7,5 @@ export { pullImage } from './pull.ts';
 export type { ImagePullDeps, PullListener, PullTarget } from './pull.ts';
 export { ImagePulls, imageNameOf, resolveImageRef } from './pulls.ts';
 export type { ImagePullsDeps } from './pulls.ts';
+export { BaseTemplate, BASE_TEMPLATE_IMAGE, BASE_TEMPLATE_PACKAGES } from './base-template.ts';
+export type { BaseTemplateConfig, BaseTemplateDeps } from './base-template.ts';

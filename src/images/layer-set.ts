@@ -1,4 +1,4 @@
-import type { Image } from '../api/index.ts';
+import { Image, RollboxError, issuesText } from '../api/index.ts';
 import type { ImageImportDeps } from './import.ts';
 import type { ImageLayerBlob } from './layer.ts';
 
@@ -47,7 +47,10 @@ export class ImageLayerSet {
     return held;
   }
 
+  /** Records the image: only one its readers can parse (checked with the schema they read it with), else `invalid_image` naming the field. */
   async commit(image: Image): Promise<void> {
+    const checked = Image.safeParse(image);
+    if (!checked.success) throw new RollboxError('invalid_image', `image ${image.name}: ${issuesText(checked.error)}`);
     const used = new Set(image.layers.map((l) => l.digest));
     // Layers of other platforms or images of an archive: built, but nothing uses them.
     await this.remove((await Promise.all(this.layers)).filter((l) => !used.has(l.digest)));

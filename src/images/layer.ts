@@ -15,6 +15,8 @@ export interface ImageLayerDeps {
   tmpDir: string;
   /** Cap on one layer's file contents. */
   maxLayerBytes: number;
+  /** Cap on one layer's tar entries (default 2,000,000). */
+  maxLayerEntries?: number;
   now: () => number;
   /** Default: in this thread (a gateway passes its ExtractWorkers). */
   extract?: TarExtractor;
@@ -87,7 +89,7 @@ export async function readImageLayer(blob: Readable, claimedDigest: string | und
 
   await mkdir(deps.tmpDir, { recursive: true });
   const work = await mkdtemp(path.join(deps.tmpDir, 'image-layer-'));
-  const limits = { maxBytes: memory ? Math.min(deps.maxLayerBytes, memory.bytes) : deps.maxLayerBytes, maxEntries: MAX_LAYER_ENTRIES };
+  const limits = { maxBytes: memory ? Math.min(deps.maxLayerBytes, memory.bytes) : deps.maxLayerBytes, maxEntries: deps.maxLayerEntries ?? MAX_LAYER_ENTRIES };
   const read = async (target: LayerTarget): Promise<TarRead> => {
     const got = await (deps.extract ?? extractInThread)(hashed, target, limits, { imageLayer: true }).catch((err: unknown) => {
       if (memory && outgrewReservation(err, memory.bytes, deps.maxLayerBytes)) throw new MemoryScratchFull(memory.bytes);

@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { z } from 'zod';
-import { RollboxError, type ImageConfig } from '../api/index.ts';
+import { ImageConfig, Platform, RollboxError, issuesText } from '../api/index.ts';
 
 /**
  * Which image of an archive to import, and what it is made of: an OCI layout's index.json
@@ -9,11 +9,13 @@ import { RollboxError, type ImageConfig } from '../api/index.ts';
  */
 
 const Digest = z.string().regex(/^sha256:[0-9a-f]{64}$/, 'only sha256 digests are supported');
-const PlatformSpec = z.object({ os: z.string(), architecture: z.string(), variant: z.string().optional() });
+/** An index's platforms are quoted in errors (no manifest for the platform asked): bounded. */
+const PlatformSpec = z.object({ os: z.string().max(64), architecture: z.string().max(64), variant: z.string().max(64).optional() });
 const Descriptor = z.object({
-  mediaType: z.string().optional(),
+  mediaType: z.string().max(256).optional(),
   digest: Digest,
-  size: z.number().optional(),
+  /** Summed into a pull's progress (which must stay a safe integer) and compared with what a registry sends: whole bytes, at most 16 TiB. */
+  size: z.number().int().min(0).max(2 ** 44).optional(),
   platform: PlatformSpec.optional(),
   annotations: z.record(z.string(), z.string()).optional(),
 });
@@ -71,7 +73,7 @@ function parseJson<T>(schema: z.ZodType<T>, buf: Buffer | undefined, what: strin
     invalid(`${what} is not JSON`);
   }
   const parsed = schema.safeParse(raw);
-  if (!parsed.success) invalid(`${what}: ${parsed.error.issues.map((i) => `${i.path.join('.') || '(root)'}: ${i.message}`).join('; ').slice(0, 300)}`);
+  if (!parsed.success) invalid(`${what}: ${issuesText(parsed.error)}`);
   return parsed.data;
 }
 
@@ -113,14 +115,21 @@ export function imageConfigOf(buf: Buffer, layerCount: number): { config: ImageC
   const blobConfig = parseJson(ImageConfigBlob, buf, 'image config');
   if (blobConfig.rootfs.diff_ids.length !== layerCount) invalid(`the image config lists ${blobConfig.rootfs.diff_ids.length} layer diff_ids, its manifest ${layerCount} layers`);
   const c = blobConfig.config ?? {};
-  const config: ImageConfig = {
+  // What the record keeps is what every reader parses it with (ImageConfig): checked here, before anything is fetched or stored.
+  const config = ImageConfig.safeParse({
     Env: c.Env ?? [],
-    ...(c.WorkingDir ? { WorkingDir: c.WorkingDir } : {}),
+    // A relative WorkingDir was never used (a sandbox's workdir is absolute): not kept.
+    ...(c.WorkingDir?.startsWith('/') ? { WorkingDir: c.WorkingDir } : {}),
     ...(c.User ? { User: c.User } : {}),
-    ...(c.Entrypoint ? { Entrypoint: c.Entrypoint } : {}),
-    ...(c.Cmd ? { Cmd: c.Cmd } : {}),
-  };
-  return { config, diffIds: blobConfig.rootfs.diff_ids, platform: platformOf(blobConfig) };
+    ...(c.Entrypoint?.length ? { Entrypoint: c.Entrypoint } : {}),
+    ...(c.Cmd?.length ? { Cmd: c.Cmd } : {}),
+  });
+  if (!config.success) invalid(`image config: ${issuesText(config.error, ['config'])}`);
+  const platform = platformOf(blobConfig);
+  if (!Platform.safeParse(platform).success) {
+    invalid(`image config: its platform (os, architecture, variant) ${platform.length <= 64 ? JSON.stringify(platform) : `of ${platform.length} characters`} is not os/architecture[/variant] in lowercase letters and digits`);
+  }
+  return { config: config.data, diffIds: blobConfig.rootfs.diff_ids, platform };
 }
 
 export function chooseImage(metadata: ReadonlyMap<string, Buffer>, want: { platform: string; ref?: string | undefined }): ChosenImage {
@@ -143,7 +152,7 @@ function chooseFromOciIndex(metadata: ReadonlyMap<string, Buffer>, want: { platf
   const manifest = nested ? manifestForPlatform(blob(metadata, top.digest, 'image index'), `image index ${top.digest}`, want.platform) : top;
   const parsed = parseImageManifest(blob(metadata, manifest.digest, 'manifest'), `manifest ${manifest.digest}`);
   const { config, diffIds, platform } = imageConfigOf(blob(metadata, parsed.config.digest, 'image config'), parsed.layers.length);
-  if (!nested) checkPlatform(platform, want.platform);
+  checkPlatform(platform, want.platform);
   return { digest: manifest.digest, platform, layerPaths: parsed.layers.map((l) => blobPath(l.digest)), diffIds, config };
 }
 
@@ -152,7 +161,7 @@ export function manifestForPlatform(indexBytes: Buffer, what: string, want: stri
   const index = parseJson(OciIndex, indexBytes, what);
   const forPlatform = index.manifests.filter((d) => d.platform && platformMatches(platformOf(d.platform), want));
   if (forPlatform.length === 0) {
-    invalid(`no manifest for platform ${want} (the image has: ${index.manifests.map((d) => (d.platform ? platformOf(d.platform) : 'unknown')).join(', ')}); choose one with platform=`);
+    invalid(`no manifest for platform ${want} (the image has: ${index.manifests.map((d) => (d.platform ? platformOf(d.platform) : 'unknown')).join(', ').slice(0, 300)}); choose one with platform=`);
   }
   return forPlatform[0]!;
 }

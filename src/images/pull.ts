@@ -8,8 +8,8 @@ import { ImageLayerSet } from './layer-set.ts';
 import { checkPlatform, imageConfigOf, manifestForPlatform, parseImageManifest, type Descriptor } from './manifest.ts';
 
 export interface ImagePullDeps extends ImageImportDeps {
-  /** A client for the reference's repository (the operator's credentials, mirrors and insecure list as they are now). */
-  repository: (ref: ImageReference) => Promise<Pick<RegistryRepository, 'manifest' | 'blob' | 'blobStream'>>;
+  /** A client for the reference's repository (the operator's credentials, mirrors and egress policy as they are now), whose every request ends with `signal`. */
+  repository: (ref: ImageReference, signal: AbortSignal) => Promise<Pick<RegistryRepository, 'manifest' | 'blob' | 'blobStream'>>;
   /** Layer blobs fetched (and extracted) at once. */
   layerConcurrency: number;
   /** Where extracted trees may go instead of the disk (so a layer is written once, as its EROFS image). */
@@ -53,7 +53,7 @@ function treeEstimateBytes(d: Descriptor & { size: number }): number {
 export async function pullImage(target: PullTarget, deps: ImagePullDeps, listener: PullListener, signal: AbortSignal): Promise<Image & { pull: ImportReport }> {
   const startedMs = performance.now();
   const { ref } = target;
-  const repo = await deps.repository(ref);
+  const repo = await deps.repository(ref, signal);
   const top = await repo.manifest();
   const manifestDigest = INDEX_MEDIA_TYPES.has(top.mediaType) ? manifestForPlatform(top.bytes, `image index ${ref.canonical}`, target.platform).digest : top.digest;
   const manifest = manifestDigest === top.digest ? top : await repo.manifest(manifestDigest);
@@ -61,7 +61,8 @@ export async function pullImage(target: PullTarget, deps: ImagePullDeps, listene
   const parsed = parseImageManifest(manifest.bytes, `manifest ${manifest.digest}`);
   if (parsed.layers.length > MAX_STACK_LAYERS) throw new RollboxError('invalid_image', `the image has ${parsed.layers.length} layers; a sandbox stacks at most ${MAX_STACK_LAYERS}`);
   const { config, diffIds, platform } = imageConfigOf(await repo.blob(parsed.config.digest, CONFIG_MAX_BYTES), parsed.layers.length);
-  if (manifest === top) checkPlatform(platform, target.platform);
+  // Through an index too: the config, not the index's word, is what the record keeps.
+  checkPlatform(platform, target.platform);
 
   const progress: PullProgress = { layersTotal: parsed.layers.length, layersDone: 0, layersReused: 0, bytesTotal: parsed.layers.reduce((s, l) => s + (l.size ?? 0), 0), bytesDone: 0, bytesFetched: 0 };
   listener.planned(manifest.digest, { ...progress });

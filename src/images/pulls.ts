@@ -1,7 +1,7 @@
 import { createHash, randomBytes } from 'node:crypto';
 import type { Logger } from 'pino';
 import { RollboxError, isErrorCode, newId, type Image, type ImagePull, type ImageSpec, type ImageRecord, type ImportReport, type PullImageRequest, type PullProgress } from '../api/index.ts';
-import { ReferenceError, familiarName, parseReference, type ImageReference } from '../oci-registry/index.ts';
+import { ReferenceError, checkDestination, checkRegistryAllowed, familiarName, parseReference, type EgressPolicy, type ImageReference } from '../oci-registry/index.ts';
 import type { ImagePullRecords, ImageRegistry, LayerRegistry } from '../registry/index.ts';
 import type { PullListener, PullTarget } from './pull.ts';
 
@@ -12,6 +12,10 @@ export interface ImagePullsDeps {
   /** `pullImage` with the gateway's layer store, registries and threads. */
   pull: (target: PullTarget, listener: PullListener, signal: AbortSignal) => Promise<Image & { pull: ImportReport }>;
   leaseMs: number;
+  /** A pull ends `image_pull_timeout` this long after it started (a resumed one keeps its start). */
+  deadlineMs: number;
+  /** Refs to registries it refuses are refused at the request. */
+  egress: EgressPolicy;
   logger: Logger;
   now: () => number;
 }
@@ -23,6 +27,8 @@ const STOP_WAIT_MS = 10_000;
 const PROGRESS_WRITE_MS = 1000;
 const DEFAULT_PLATFORM = 'linux/amd64';
 const NAME_MAX = 128;
+/** A failed pull's record says why in at most this much (a registry's text never grows it). */
+const ERROR_MESSAGE_MAX = 1000;
 
 /**
  * The image name a pull gets when it names none: the reference as Docker shows it
@@ -72,6 +78,9 @@ export class ImagePulls {
   /** `POST /v1/images/pull`: the record at once (state `pulling` for a new image). */
   async request(request: PullImageRequest): Promise<ImageRecord> {
     const ref = parseRef(request.ref);
+    // What can be told without a connection: a registry outside the allowlist, or an internal address literal.
+    checkRegistryAllowed(ref.registry, this.deps.egress);
+    checkDestination(new URL(`http://${ref.registry}`), this.deps.egress, `registry ${ref.registry}`);
     const name = request.name ?? imageNameOf(ref, request.platform);
     if (await this.deps.layers.resolve(name).then(() => true, () => false)) {
       throw new RollboxError('conflict', `${name} is a layer's name; an image needs a name of its own (give the pull a name)`);
@@ -124,13 +133,25 @@ export class ImagePulls {
     return names.flatMap((n) => recordOf(n, byName.get(n), pulls.get(n)) ?? []);
   }
 
-  /** Removes the image and its pull record; refused while its pull runs. */
+  /**
+   * Removes the image and its pull record; refused while its pull runs. Records that no
+   * longer parse (an older version's) are removed too: the answer then says so.
+   */
   async delete(name: string): Promise<ImageRecord> {
-    const record = await this.record(name);
-    if (record.pull?.state === 'pulling') throw new RollboxError('invalid_state', `image ${name} is being pulled; delete it once the pull has ended`);
-    if (record.state === 'ready') await this.deps.images.delete(name);
-    await this.deps.pulls.delete(name);
-    return record;
+    const record = await this.record(name).catch((err: unknown) => {
+      if (err instanceof RollboxError && (err.code === 'invalid_image' || err.code === 'not_found')) return undefined;
+      throw err;
+    });
+    if (record?.pull?.state === 'pulling') throw new RollboxError('invalid_state', `image ${name} is being pulled; delete it once the pull has ended`);
+    const image = await this.deps.images.delete(name).then(
+      () => true,
+      (err: unknown) => (err instanceof RollboxError && err.code === 'not_found' ? false : Promise.reject(err)),
+    );
+    const pull = await this.deps.pulls.delete(name);
+    if (record) return record;
+    if (!image && !pull) throw new RollboxError('not_found', `image ${name} not found`);
+    const message = 'its stored record was invalid (written under looser rules); removed';
+    return { name, state: 'failed', platform: DEFAULT_PLATFORM, layers: [], config: { Env: [] }, sizeBytes: 0, createdAt: new Date(this.deps.now()).toISOString(), error: { code: 'invalid_image', message } };
   }
 
   /** Pulls whose gateway stopped renewing their lease: taken over here. */
@@ -167,6 +188,11 @@ export class ImagePulls {
     };
     // Progress readers see it within a second; the lease is renewed well within its term.
     const ticker = setInterval(() => void write(), Math.max(100, Math.min(PROGRESS_WRITE_MS, Math.floor(leaseMs / 3))));
+    const { deadlineMs } = this.deps;
+    const deadline = setTimeout(
+      () => controller.abort(new RollboxError('image_pull_timeout', `the pull ran past its deadline of ${Math.round(deadlineMs / 1000)} s (ROLLBOX_IMAGE_PULL_DEADLINE_MS)`)),
+      Math.max(0, Date.parse(claimed.startedAt) + deadlineMs - this.deps.now()),
+    );
     const listener: PullListener = {
       planned: (digest, progress) => {
         pull = { ...pull, digest, progress };
@@ -196,11 +222,12 @@ export class ImagePulls {
           clearInterval(ticker);
           await write({ giveUp: true });
         } else if (!(controller.signal.reason instanceof RollboxError && controller.signal.reason.code === 'conflict')) {
-          const error = err instanceof RollboxError ? { code: err.code, message: err.message } : { code: 'internal' as const, message: err instanceof Error ? err.message : String(err) };
+          const error = err instanceof RollboxError ? { code: err.code, message: err.message.slice(0, ERROR_MESSAGE_MAX) } : { code: 'internal' as const, message: (err instanceof Error ? err.message : String(err)).slice(0, ERROR_MESSAGE_MAX) };
           logger.warn({ image: name, ref: pull.ref, pull: pull.id, code: error.code, reason: error.message }, 'image pull failed');
           await finish({ state: 'failed', error });
         } else clearInterval(ticker);
       } finally {
+        clearTimeout(deadline);
         this.running.delete(name);
       }
     })();

@@ -1,5 +1,5 @@
 import { spawn } from 'node:child_process';
-import { Duplex, Readable } from 'node:stream';
+import { Duplex, PassThrough, Readable } from 'node:stream';
 import { createGunzip } from 'node:zlib';
 
 const GZIP_MAGIC = [0x1f, 0x8b];
@@ -45,18 +45,30 @@ function asBuffer(chunk: Uint8Array): Buffer {
   return Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength);
 }
 
+/**
+ * The `zstd` tool as a stage. Its output ends only once zstd has exited 0: a garbage or cut
+ * frame makes zstd print what it could and exit non-zero after closing its output, and that
+ * output must fail (`ZSTD_FAILED`) rather than end as a short (or empty) tar.
+ */
 function zstdDecompressor(): Duplex {
   const child = spawn('zstd', ['-dcq'], { stdio: ['pipe', 'pipe', 'pipe'] });
   const stderr: Buffer[] = [];
   child.stderr.on('data', (b: Buffer) => stderr.push(b));
-  const duplex = Duplex.from({ writable: child.stdin, readable: child.stdout });
+  const output = new PassThrough();
+  child.stdout.pipe(output, { end: false });
+  const duplex = Duplex.from({ writable: child.stdin, readable: output });
+  let tornDown = false;
   child.on('error', (err) => duplex.destroy(err));
-  child.on('close', (code) => {
-    if (code === 0 || code === null) return;
-    const err = Object.assign(new Error(Buffer.concat(stderr).toString().trim().slice(0, 300) || `zstd exited ${code}`), { code: 'ZSTD_FAILED' });
-    duplex.destroy(err);
+  child.on('close', (code, signal) => {
+    if (code === 0) return void output.end();
+    if (tornDown) return;
+    const why = Buffer.concat(stderr).toString().trim().slice(0, 300) || `zstd exited ${code ?? signal}`;
+    duplex.destroy(Object.assign(new Error(why), { code: 'ZSTD_FAILED' }));
   });
   // A pipeline torn down early (a refused entry) must not leave zstd running.
-  duplex.on('close', () => child.kill('SIGKILL'));
+  duplex.on('close', () => {
+    tornDown = true;
+    child.kill('SIGKILL');
+  });
   return duplex;
 }

@@ -30,7 +30,11 @@ export async function sha256File(filePath: string): Promise<{ hex: string; sizeB
 export function tap(onChunk: (chunk: Buffer) => void): Transform {
   return new Transform({
     transform(chunk: Buffer, _encoding, done) {
-      onChunk(chunk);
+      try {
+        onChunk(chunk);
+      } catch (err) {
+        return done(err as Error); // fails the pipeline (a throw here would escape it)
+      }
       done(null, chunk);
     },
   });

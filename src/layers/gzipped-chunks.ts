@@ -30,19 +30,20 @@ export class GzippedChunks {
   ) {}
 
   /**
-   * Bytes [start, end] (inclusive) of a layer's file, gzipped: from the kept chunks when they
-   * are whole chunks of a split layer's blob, else gzipped now.
+   * Bytes [start, end] (inclusive) of a layer's file, gzipped, as gzip members one after
+   * another, made as they are taken: the kept chunks when they are whole chunks of a split
+   * layer's blob, else each piece of at most FILE_PIECE_BYTES gzipped now. A read holds
+   * one piece at a time, whatever its range.
    */
-  async range(digest: string, filePath: string, start: number, end: number): Promise<Buffer> {
+  async *range(digest: string, filePath: string, start: number, end: number): AsyncGenerator<Buffer> {
     const table = filePath === this.store.splitPathsOf(digest).blobPath ? await this.tableOf(digest) : undefined;
     const first = table ? Math.floor(start / table.chunkSizeBytes) : 0;
     const last = table ? Math.floor(end / table.chunkSizeBytes) : 0;
     if (!table || chunkRange(table, first).start !== start || chunkRange(table, last).end !== end + 1) {
-      return gzipOnPool(await readBlob(filePath, start, end - start + 1), { level: this.level });
+      for await (const piece of filePieces(filePath, start, end - start + 1)) yield await gzipOnPool(piece, { level: this.level });
+      return;
     }
-    const members: Buffer[] = [];
-    for (let i = first; i <= last; i++) members.push(await this.chunk(digest, table, i));
-    return Buffer.concat(members);
+    for (let i = first; i <= last; i++) yield await this.chunk(digest, table, i);
   }
 
   private async tableOf(digest: string): Promise<LayerChunkTable | undefined> {
@@ -76,18 +77,34 @@ export class GzippedChunks {
   }
 }
 
-/** `length` bytes of a layer's file from `start`, in one buffer. */
-export async function readBlob(blobPath: string, start: number, length: number): Promise<Buffer> {
-  const file = await open(blobPath, 'r');
+/** The pieces a layer file is read and sent in: a chunk (a host's unit) at a time. */
+export const FILE_PIECE_BYTES = 1 << 20;
+
+/**
+ * `length` bytes of a layer's file from `start`, in pieces of at most FILE_PIECE_BYTES,
+ * each read when it is asked for (the file is closed when the reader stops).
+ */
+export async function* filePieces(filePath: string, start: number, length: number): AsyncGenerator<Buffer> {
+  const file = await open(filePath, 'r');
   try {
-    const bytes = Buffer.allocUnsafe(length);
-    for (let got = 0; got < length; ) {
-      const { bytesRead } = await file.read(bytes, got, length - got, start + got);
-      if (bytesRead === 0) throw new RollboxError('not_found', 'the layer changed in the store meanwhile (shorter than its size)');
-      got += bytesRead;
+    for (let at = 0; at < length; ) {
+      const piece = Buffer.allocUnsafe(Math.min(FILE_PIECE_BYTES, length - at));
+      for (let got = 0; got < piece.length; ) {
+        const { bytesRead } = await file.read(piece, got, piece.length - got, start + at + got);
+        if (bytesRead === 0) throw new RollboxError('not_found', 'the layer changed in the store meanwhile (shorter than its size)');
+        got += bytesRead;
+      }
+      at += piece.length;
+      yield piece;
     }
-    return bytes;
   } finally {
     await file.close();
   }
+}
+
+/** `length` bytes of a layer's file from `start`, in one buffer (one chunk to gzip and keep). */
+async function readBlob(blobPath: string, start: number, length: number): Promise<Buffer> {
+  const pieces: Buffer[] = [];
+  for await (const piece of filePieces(blobPath, start, length)) pieces.push(piece);
+  return pieces.length === 1 ? pieces[0]! : Buffer.concat(pieces);
 }

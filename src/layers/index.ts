@@ -17,7 +17,7 @@ export { readMountInfo, isMountPoint, loopDeviceOf, listLoopDevices, loopsLeft, 
 export type { MountInfo, LoopDevice, UnmountOptions } from './hostmounts.ts';
 export { checkFilesArchive } from './archive.ts';
 export { CHUNK_ENCODING_HEADER, fetchLayers } from './sync.ts';
-export { GzippedChunks, readBlob } from './gzipped-chunks.ts';
+export { FILE_PIECE_BYTES, GzippedChunks, filePieces } from './gzipped-chunks.ts';
 export type { LayerFetchOptions } from './sync.ts';
 export { MemoryScratch, MemoryScratchFull, outgrewReservation } from './memory-scratch.ts';
 export type { MemoryReservation } from './memory-scratch.ts';

@@ -4,6 +4,7 @@ import { mkdir, rm } from 'node:fs/promises';
 import path from 'node:path';
 import { Readable, Transform } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { ReadableStream as WebReadableStream } from 'node:stream/web';
 import { createGunzip } from 'node:zlib';
 import { RollboxError, type LayerChunkTable } from '../api/index.ts';
@@ -41,27 +42,75 @@ export async function fetchLayers(digests: readonly string[], options: LayerFetc
   return [...digests];
 }
 
-/** GET of one of a layer's files: the response (404 as undefined when `missingOk`). */
-export async function getLayerFile(digest: string, file: 'chunks' | 'meta' | 'blob', options: Pick<LayerFetchOptions, 'gatewayUrl' | 'token' | 'fetchImpl' | 'signal'>, init: { range?: string; missingOk?: boolean } = {}): Promise<Response | undefined> {
+/** How a layer file GET is bounded: each attempt (`attemptTimeoutMs`, its body included), and how long a busy gateway is waited for. */
+export interface LayerGetBounds {
+  /** One attempt's deadline, its body's reading included (besides `signal`). */
+  attemptTimeoutMs?: number;
+  /** How long 503 answers (a gateway at its cap on layer reads, or starting) are retried after their Retry-After (default 120 s). */
+  busyRetryMs?: number;
+}
+
+const DEFAULT_BUSY_RETRY_MS = 120_000;
+const MAX_BUSY_WAIT_MS = 5_000;
+
+/**
+ * GET of one of a layer's files: the response (404 as undefined when `missingOk`). A 503 (the
+ * gateway serves as many layer reads as it allows) is asked again after its Retry-After,
+ * jittered, for up to `busyRetryMs`: a cap on the origin slows a host's reads, it does not
+ * fail them.
+ */
+export async function getLayerFile(digest: string, file: 'chunks' | 'meta' | 'blob', options: Pick<LayerFetchOptions, 'gatewayUrl' | 'token' | 'fetchImpl' | 'signal'> & LayerGetBounds, init: { range?: string; missingOk?: boolean } = {}): Promise<Response | undefined> {
   const url = `${options.gatewayUrl.replace(/\/$/, '')}/v1/layers/${digest}/${file}`;
   const headers: Record<string, string> = { authorization: `Bearer ${options.token}` };
   // A range of a blob may come gzipped (the gateway's ROLLBOX_LAYER_BLOB_GZIP_LEVEL): see decodedBody.
   if (init.range) Object.assign(headers, { range: init.range, [CHUNK_ENCODING_HEADER]: 'gzip' });
-  let response: Response;
-  try {
-    response = await (options.fetchImpl ?? fetch)(url, { headers, signal: options.signal });
-  } catch (err) {
-    throw new RollboxError('unavailable', `layer ${digest}: GET ${url} failed: ${err instanceof Error ? err.message : String(err)}`);
+  const busyUntil = Date.now() + (options.busyRetryMs ?? DEFAULT_BUSY_RETRY_MS);
+  for (let busy = 0; ; busy++) {
+    const bounds = [options.signal, options.attemptTimeoutMs === undefined ? undefined : AbortSignal.timeout(options.attemptTimeoutMs)].filter((s) => s !== undefined);
+    let response: Response;
+    try {
+      response = await (options.fetchImpl ?? fetch)(url, { headers, signal: bounds.length > 1 ? AbortSignal.any(bounds) : bounds[0] });
+    } catch (err) {
+      throw new RollboxError('unavailable', `layer ${digest}: GET ${url} failed: ${err instanceof Error ? err.message : String(err)}`);
+    }
+    if (response.status === 503) {
+      await response.body?.cancel().catch(() => undefined);
+      const retryAfterMs = Math.min(MAX_BUSY_WAIT_MS, Math.max(100, Number(response.headers.get('retry-after') ?? 1) * 1000 || 1000));
+      const waitMs = retryAfterMs * (0.5 + Math.random());
+      if (Date.now() + waitMs > busyUntil || options.signal?.aborted) throw new RollboxError('unavailable', `layer ${digest}: GET ${url} answered 503 (busy) ${busy + 1} times`);
+      await sleep(waitMs);
+      continue;
+    }
+    if (response.status === 404 && init.missingOk) {
+      await response.body?.cancel().catch(() => undefined);
+      return undefined;
+    }
+    if (!response.ok || !response.body) {
+      // Not read: an origin's error body may be anything, of any size.
+      await response.body?.cancel().catch(() => undefined);
+      throw new RollboxError('unavailable', `layer ${digest}: GET ${url} answered ${response.status}`);
+    }
+    return response;
   }
-  if (response.status === 404 && init.missingOk) {
-    await response.body?.cancel().catch(() => undefined);
-    return undefined;
+}
+
+/** A chunk table holds 65 bytes a chunk: this is half a million chunks (512 GiB of 1 MiB chunks). */
+export const CHUNK_TABLE_MAX_BYTES = 32 * 1024 * 1024;
+
+/** A layer file's body whole, refused past `maxBytes` without reading on (an origin answering more than the file can be). */
+export async function readCapped(response: Response, maxBytes: number, what: string, options: Pick<LayerFetchOptions, 'onBytes'>): Promise<Buffer> {
+  const pieces: Buffer[] = [];
+  let size = 0;
+  for await (const piece of response.body as WebReadableStream<Uint8Array>) {
+    size += piece.length;
+    options.onBytes?.(piece.length);
+    if (size > maxBytes) {
+      await response.body?.cancel().catch(() => undefined);
+      throw new RollboxError('invalid_layer', `${what}: the origin answered more than ${maxBytes} bytes`);
+    }
+    pieces.push(Buffer.from(piece.buffer, piece.byteOffset, piece.byteLength));
   }
-  if (!response.ok || !response.body) {
-    const text = await response.text().catch(() => '');
-    throw new RollboxError('unavailable', `layer ${digest}: GET ${url} answered ${response.status} ${text.slice(0, 200)}`);
-  }
-  return response;
+  return Buffer.concat(pieces);
 }
 
 /**
@@ -80,12 +129,6 @@ export function decodedBody(response: Response): AsyncIterable<Uint8Array> {
   return gunzip;
 }
 
-async function readBody(response: Response, options: Pick<LayerFetchOptions, 'onBytes'>): Promise<Buffer> {
-  const body = Buffer.from(await response.arrayBuffer());
-  options.onBytes?.(body.length);
-  return body;
-}
-
 async function fetchOne(digest: string, options: LayerFetchOptions): Promise<void> {
   const tmpBase = path.join(options.tmpDir, `fetch-${hexOfDigest(digest).slice(0, 12)}-${randomBytes(4).toString('hex')}`);
   try {
@@ -99,10 +142,15 @@ async function fetchOne(digest: string, options: LayerFetchOptions): Promise<voi
       await options.store.put(`${tmpBase}.erofs`);
       return;
     }
-    const tableBytes = await readBody(tableResponse, options);
+    const tableBytes = await readCapped(tableResponse, CHUNK_TABLE_MAX_BYTES, `layer ${digest}: its chunk table`, options);
     const table = parseChunkTable(tableBytes, digest);
     const metaHash = createHash('sha256');
-    await download(await getLayerFile(digest, 'meta', options), `${tmpBase}.meta`, tap((c) => metaHash.update(c)), options);
+    let metaBytes = 0;
+    const metaCheck = tap((c) => {
+      if ((metaBytes += c.length) > table.meta.sizeBytes) throw new RollboxError('invalid_layer', `layer ${digest}: its metadata image is longer than its chunk table says`);
+      metaHash.update(c);
+    });
+    await download(await getLayerFile(digest, 'meta', options), `${tmpBase}.meta`, metaCheck, options);
     if (metaHash.digest('hex') !== table.meta.sha256) throw new RollboxError('invalid_layer', `layer ${digest}: its metadata image does not match its chunk table`);
     await download(await getLayerFile(digest, 'blob', options), `${tmpBase}.blob`, chunkChecker(digest, table), options);
     await options.store.putSplit({ metaPath: `${tmpBase}.meta`, blobPath: `${tmpBase}.blob`, chunkSizeBytes: table.chunkSizeBytes, table: tableBytes });

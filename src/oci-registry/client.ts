@@ -1,23 +1,23 @@
 import { createHash } from 'node:crypto';
 import type { IncomingMessage } from 'node:http';
-import { Readable } from 'node:stream';
+import type { Readable } from 'node:stream';
 import { RollboxError } from '../api/index.ts';
+import { meteredBlob } from './blob-stream.ts';
 import { parseChallenges, type Challenge } from './challenge.ts';
 import type { Credentials } from './credentials.ts';
-import { get, header, readBody, registryErrorOf, unreachable } from './http.ts';
+import { checkRegistryAllowed } from './egress.ts';
+import { get, header, readBody, registryErrorOf, unreachable, type Transport } from './http.ts';
 import { INDEX_MEDIA_TYPES, MANIFEST_ACCEPT, MANIFEST_MEDIA_TYPES, SCHEMA1_MEDIA_TYPES } from './media-types.ts';
 import type { ImageReference } from './reference.ts';
 
-/** How a gateway reaches registries (operator config). */
-export interface RegistryOptions {
+/** How a gateway reaches registries (operator config), and the pull's end (`signal`). */
+export interface RegistryOptions extends Transport {
   /** Per registry host (`docker.io`, `127.0.0.1:5000`): from the Docker config.json. */
   credentials: ReadonlyMap<string, Credentials>;
   /** Registry hosts spoken to over plain HTTP; any other is HTTPS. */
   insecure: ReadonlySet<string>;
   /** Per registry host: mirror base URLs (`http://127.0.0.1:5000`), tried in order before the registry itself. */
   mirrors: ReadonlyMap<string, readonly string[]>;
-  /** Longest wait for a registry: its answer, each chunk of a body. */
-  timeoutMs: number;
   now?: () => number;
 }
 
@@ -79,6 +79,7 @@ export class RegistryRepository {
     private readonly options: RegistryOptions,
   ) {
     this.now = options.now ?? Date.now;
+    checkRegistryAllowed(ref.registry, options.egress);
     const origin = ref.registry === 'docker.io' ? 'https://registry-1.docker.io' : `${options.insecure.has(ref.registry) ? 'http' : 'https'}://${ref.registry}`;
     const bases = [...(options.mirrors.get(ref.registry) ?? []).map((m) => ({ url: m, mirror: true })), { url: origin, mirror: false }];
     this.endpoints = bases.map(({ url, mirror }) => {
@@ -91,7 +92,7 @@ export class RegistryRepository {
   async manifest(reference: string = this.ref.reference): Promise<FetchedManifest> {
     const what = `${this.ref.registry}/${this.ref.repository}:${reference}`.replace(/:sha256:/, '@sha256:');
     const { res, url } = await this.fromEndpoints(`manifests/${reference}`, { accept: MANIFEST_ACCEPT }, what);
-    const bytes = await readBody(res, url, MANIFEST_MAX_BYTES);
+    const bytes = await readBody(res, url, MANIFEST_MAX_BYTES, this.options, { code: 'invalid_image', what: `manifest ${what}` });
     const digest = sha256(bytes);
     if (reference.startsWith('sha256:') && digest !== reference) throw new RollboxError('invalid_image', `manifest ${what}: its bytes hash to ${digest}`);
     const claimed = header(res.headers, 'docker-content-digest');
@@ -102,14 +103,14 @@ export class RegistryRepository {
       mediaType = mediaTypeIn(bytes) ?? mediaType;
     }
     if (SCHEMA1_MEDIA_TYPES.has(mediaType)) throw new RollboxError('invalid_image', `${what} is a Docker schema 1 manifest (not supported: push it again with a current client)`);
-    if (!INDEX_MEDIA_TYPES.has(mediaType) && !MANIFEST_MEDIA_TYPES.has(mediaType)) throw new RollboxError('invalid_image', `${what}: not an image manifest or index (${mediaType || 'no media type'})`);
+    if (!INDEX_MEDIA_TYPES.has(mediaType) && !MANIFEST_MEDIA_TYPES.has(mediaType)) throw new RollboxError('invalid_image', `${what}: not an image manifest or index (${mediaType ? JSON.stringify(mediaType.slice(0, 80)) : 'no media type'})`);
     return { mediaType, digest, bytes };
   }
 
   /** A small blob (an image config), whole and checked against its digest. */
   async blob(digest: string, maxBytes: number): Promise<Buffer> {
     const { res, url } = await this.blobAnswer(digest);
-    const bytes = await readBody(res, url, maxBytes);
+    const bytes = await readBody(res, url, maxBytes, this.options, { code: 'invalid_image', what: `blob ${digest}` });
     if (sha256(bytes) !== digest) throw new RollboxError('invalid_image', `blob ${digest}: its bytes hash to ${sha256(bytes)}`);
     return bytes;
   }
@@ -125,7 +126,7 @@ export class RegistryRepository {
       res.resume();
       throw new RollboxError('invalid_image', `blob ${digest}: ${url.host} serves ${length} bytes, the manifest says ${sizeBytes}`);
     }
-    return meteredBlob(res, url, digest, sizeBytes, this.options.timeoutMs);
+    return meteredBlob(res, url, digest, sizeBytes, this.options);
   }
 
   private async blobAnswer(digest: string): Promise<{ res: IncomingMessage; url: URL }> {
@@ -152,7 +153,8 @@ export class RegistryRepository {
   }
 
   private async statusError(res: IncomingMessage, url: URL, what: string): Promise<RollboxError> {
-    const detail = registryErrorOf(await readBody(res, url, 64 * 1024).catch(() => Buffer.alloc(0)));
+    // Only the spec's error codes are quoted: the body may be anyone's (a redirect's target, a proxy).
+    const detail = registryErrorOf(await readBody(res, url, 64 * 1024, this.options, { code: 'registry_unavailable', what: 'an error body' }).catch(() => Buffer.alloc(0)));
     const status = res.statusCode ?? 0;
     const text = `${url.host} answered ${status} for ${what}${detail ? ` (${detail})` : ''}`;
     if (status === 404) return new RollboxError(what.startsWith('blob ') ? 'invalid_image' : 'image_not_found', text);
@@ -167,7 +169,7 @@ export class RegistryRepository {
     let authorization = await this.authorization(endpoint);
     let retried = false;
     for (let hops = 0; hops <= MAX_REDIRECTS; ) {
-      const res = await get(url, { ...headers, ...(authorization ? { authorization } : {}) }, this.options.timeoutMs);
+      const res = await get(url, { ...headers, ...(authorization ? { authorization } : {}) }, this.options, hops > 0 ? `a redirect of ${endpoint.base.host}` : endpoint.base.host);
       const status = res.statusCode ?? 0;
       if (status === 401 && !retried && url.origin === endpoint.base.origin) {
         res.resume();
@@ -178,6 +180,7 @@ export class RegistryRepository {
       const location = header(res.headers, 'location');
       if (REDIRECTS.has(status) && location) {
         res.resume();
+        if (!URL.canParse(location, url)) throw new RollboxError('registry_unavailable', `${endpoint.base.host} redirected ${path} to something that is not a URL`);
         url = new URL(location, url);
         // A blob store's signed URL: our credentials are not for it.
         if (url.origin !== endpoint.base.origin) authorization = undefined;
@@ -193,7 +196,7 @@ export class RegistryRepository {
   private async ping(endpoint: Endpoint): Promise<void> {
     if (endpoint.pinged) return;
     const url = new URL('/v2/', endpoint.base);
-    const res = await get(url, {}, this.options.timeoutMs);
+    const res = await get(url, {}, this.options, endpoint.base.host);
     res.resume();
     const status = res.statusCode ?? 0;
     if (status === 401) await this.answerChallenge(endpoint, header(res.headers, 'www-authenticate'), false);
@@ -237,7 +240,7 @@ export class RegistryRepository {
       endpoint.scheme = 'basic';
       return this.authorization(endpoint);
     }
-    throw afterRequest ? refused() : new RollboxError('registry_unavailable', `${endpoint.base.host} asks for authentication it does not name (WWW-Authenticate: ${(headerValue ?? '').slice(0, 100)})`);
+    throw afterRequest ? refused() : new RollboxError('registry_unavailable', `${endpoint.base.host} asks for authentication it does not name (no Bearer realm or Basic challenge in its WWW-Authenticate)`);
   }
 
   /** A pull token from the realm the registry named: `token` or `access_token`, valid `expires_in` seconds (60 when unsaid). */
@@ -252,13 +255,13 @@ export class RegistryRepository {
     if (params.service) url.searchParams.set('service', params.service);
     url.searchParams.set('scope', `repository:${this.ref.repository}:pull`);
     const c = this.credentialsOf(endpoint);
-    const res = await get(url, c ? { authorization: `Basic ${Buffer.from(`${c.username}:${c.password}`).toString('base64')}` } : {}, this.options.timeoutMs);
+    const res = await get(url, c ? { authorization: `Basic ${Buffer.from(`${c.username}:${c.password}`).toString('base64')}` } : {}, this.options, `the token realm of ${endpoint.base.host}`);
     const status = res.statusCode ?? 0;
     if (status === 401 || status === 403) {
       res.resume();
       throw new RollboxError('registry_unauthorized', `the token service of ${endpoint.base.host} (${url.host}) refused ${c ? 'the configured credentials' : 'an anonymous pull'} for ${this.ref.repository}`);
     }
-    const body = await readBody(res, url, TOKEN_MAX_BYTES);
+    const body = await readBody(res, url, TOKEN_MAX_BYTES, this.options, { code: 'registry_unavailable', what: `the token answer for ${endpoint.base.host}` });
     if (status !== 200) throw new RollboxError('registry_unavailable', `the token service of ${endpoint.base.host} (${url.host}) answered ${status}`);
     let parsed: { token?: unknown; access_token?: unknown; expires_in?: unknown };
     try {
@@ -271,52 +274,4 @@ export class RegistryRepository {
     const seconds = typeof parsed.expires_in === 'number' && parsed.expires_in > TOKEN_MIN_SECONDS ? parsed.expires_in : TOKEN_MIN_SECONDS;
     return { value, expiresAtMs: this.now() + seconds * 1000 };
   }
-}
-
-/**
- * A blob's body as a stream of exactly `sizeBytes` bytes. A registry that sends nothing for
- * `idleMs` while the reader waits for bytes fails it (`registry_unavailable`); a reader that
- * is busy (a layer waiting for an extraction thread) does not: the socket's own timeout is
- * off, this one runs only while bytes are wanted.
- */
-function meteredBlob(res: IncomingMessage, url: URL, digest: string, sizeBytes: number, idleMs: number): Readable {
-  res.socket?.setTimeout(0);
-  let seen = 0;
-  let timer: NodeJS.Timeout | undefined;
-  const disarm = (): void => {
-    clearTimeout(timer);
-    timer = undefined;
-  };
-  const arm = (): void => {
-    timer ??= setTimeout(() => out.destroy(new RollboxError('registry_unavailable', `blob ${digest}: ${url.host} sent nothing for ${idleMs / 1000} s (${seen} of ${sizeBytes} bytes)`)), idleMs);
-  };
-  const out = new Readable({
-    highWaterMark: 1 << 20,
-    read() {
-      res.resume();
-      arm();
-    },
-    destroy(err, done) {
-      disarm();
-      res.destroy();
-      done(err);
-    },
-  });
-  res.pause();
-  res.on('data', (chunk: Buffer) => {
-    disarm();
-    seen += chunk.length;
-    if (seen > sizeBytes) return void out.destroy(new RollboxError('invalid_image', `blob ${digest}: more than the ${sizeBytes} bytes the manifest says`));
-    if (out.push(chunk)) arm();
-    else res.pause();
-  });
-  res.once('end', () => {
-    disarm();
-    if (seen === sizeBytes) out.push(null);
-    else out.destroy(new RollboxError('registry_unavailable', `blob ${digest}: ${url.host} sent ${seen} of its ${sizeBytes} bytes`));
-  });
-  const cut = (err?: unknown): void => void out.destroy(err ? unreachable(url, err) : new RollboxError('registry_unavailable', `blob ${digest}: ${url.host} closed the connection after ${seen} of ${sizeBytes} bytes`));
-  res.once('error', cut);
-  res.once('aborted', () => cut());
-  return out;
 }

@@ -1,4 +1,6 @@
 export { RegistryRepository } from './client.ts';
+export { checkDestination, checkRegistryAllowed, isInternalAddress } from './egress.ts';
+export type { EgressPolicy } from './egress.ts';
 export type { FetchedManifest, RegistryOptions } from './client.ts';
 export { parseChallenges } from './challenge.ts';
 export type { Challenge } from './challenge.ts';

@@ -29,7 +29,7 @@ describe('parseReference (as docker reads references)', () => {
   });
 
   it('refuses what docker refuses', () => {
-    for (const bad of ['', 'Python:3', 'a//b', 'a/-b', 'x:', 'x:-tag', `x@sha256:${'a'.repeat(63)}`, 'x@md5:abc', 'reg.io/UPPER', `x:${'t'.repeat(129)}`, 'bad_host.:5000/x']) {
+    for (const bad of ['', 'Python:3', 'a//b', 'a/-b', 'x:', 'x:-tag', `x@sha256:${'a'.repeat(63)}`, 'x@md5:abc', 'reg.io/UPPER', `x:${'t'.repeat(129)}`, 'bad_host.:5000/x', 'localhost:0/x', '127.0.0.1:99999/x', 'reg.io:65536/x']) {
       expect(() => parseReference(bad), bad).toThrow(/is not an image reference/);
     }
   });

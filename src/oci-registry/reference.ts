@@ -57,6 +57,8 @@ export function parseReference(input: string): ImageReference {
   let registry = hasRegistry ? first : DOCKER_HUB;
   let repository = hasRegistry ? rest.slice(slash + 1) : rest;
   if (hasRegistry && !DOMAIN.test(registry)) fail(`${registry} is not a registry host[:port]`);
+  const port = /:(\d+)$/.exec(registry)?.[1];
+  if (port !== undefined && !(Number(port) >= 1 && Number(port) <= 65_535)) fail(`port ${port.slice(0, 10)} is outside 1-65535`);
   // Host names are case-blind: the lowercase form is what config and auth files are matched against.
   registry = registry.toLowerCase();
   if (registry === 'index.docker.io' || registry === 'registry-1.docker.io') registry = DOCKER_HUB;

@@ -1,5 +1,5 @@
 import type { Redis } from 'ioredis';
-import { CommandRecord, type ExecResult } from '../api/index.ts';
+import { CommandRecord, RollboxError, type CommandList, type ExecResult } from '../api/index.ts';
 import { keys } from './keys.ts';
 import { LuaScript } from '../redis/index.ts';
 
@@ -17,6 +17,29 @@ const START = new LuaScript(import.meta.dirname, 'start-command');
 const COMPLETE = new LuaScript(import.meta.dirname, 'complete-command');
 
 const UNKNOWN = new LuaScript(import.meta.dirname, 'mark-command-unknown');
+
+const PAGE = new LuaScript(import.meta.dirname, 'page-commands');
+
+/** One page of a command log (CommandList). */
+export type CommandPage = CommandList;
+
+/** A position in a command log: after the command queued at `score` (ms) with this id. Opaque to callers. */
+function encodeCursor(score: string, commandId: string): string {
+  return Buffer.from(JSON.stringify([score, commandId])).toString('base64url');
+}
+
+function decodeCursor(cursor: string): [string, string] {
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(Buffer.from(cursor, 'base64url').toString('utf8'));
+  } catch {
+    parsed = undefined;
+  }
+  if (!Array.isArray(parsed) || parsed.length !== 2 || typeof parsed[0] !== 'string' || !/^\d{1,16}$/.test(parsed[0]) || typeof parsed[1] !== 'string') {
+    throw new RollboxError('invalid_request', 'query.after: not a cursor of this command log (use a nextCursor it answered)');
+  }
+  return [parsed[0], parsed[1]];
+}
 
 function commandRef(sandboxId: string, commandId: string): string {
   return `${sandboxId}/${commandId}`;
@@ -107,13 +130,32 @@ export class CommandLog {
     return fromHash(await this.redis.hgetall(keys.command(sandboxId, commandId)));
   }
 
-  /** The sandbox's commands in the order they were sent. */
+  /** The sandbox's first `limit` commands in the order they were sent. */
   async list(sandboxId: string, limit: number): Promise<CommandRecord[]> {
-    const refs = await this.redis.zrange(keys.commandLog(sandboxId), '0', String(limit - 1));
+    return (await this.page(sandboxId, { limit })).commands;
+  }
+
+  /**
+   * The sandbox's commands in the order they were sent, `limit` at a time: after the
+   * position `after` names (a `nextCursor` of an earlier page), or from the first. A log
+   * read page by page while commands are sent sees each once (a command sent meanwhile
+   * lands after the cursor; across gateways, as far as their clocks agree).
+   */
+  async page(sandboxId: string, options: { after?: string; limit: number }): Promise<CommandPage> {
+    const [score, commandId] = options.after ? decodeCursor(options.after) : ['', ''];
+    // One more than asked: whether a next page exists.
+    const flat = (await PAGE.run(this.redis, [keys.commandLog(sandboxId)], [score, commandRef(sandboxId, commandId), options.limit + 1])) as string[];
+    const refs: { ref: string; score: string }[] = [];
+    for (let i = 0; i + 1 < flat.length; i += 2) refs.push({ ref: flat[i]!, score: flat[i + 1]! });
+    const page = refs.slice(0, options.limit);
     const pipeline = this.redis.pipeline();
-    for (const ref of refs) pipeline.hgetall(keys.command(...parseRef(ref)));
-    const rows = (await pipeline.exec()) ?? [];
-    return rows.flatMap(([, hash]) => fromHash((hash ?? {}) as Record<string, string>) ?? []);
+    for (const { ref } of page) pipeline.hgetall(keys.command(...parseRef(ref)));
+    const rows = page.length > 0 ? ((await pipeline.exec()) ?? []) : [];
+    // A command whose record expired before its log entry is left out; the cursor still moves past it.
+    const commands = rows.flatMap(([, hash]) => fromHash((hash ?? {}) as Record<string, string>) ?? []);
+    const last = page[page.length - 1];
+    const cursor = last ? encodeCursor(last.score, parseRef(last.ref)[1]) : options.after;
+    return { commands, ...(refs.length > options.limit ? { nextCursor: cursor } : {}), ...(cursor === undefined ? {} : { cursor }) };
   }
 
   /**

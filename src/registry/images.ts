@@ -1,22 +1,29 @@
 import type { Redis } from 'ioredis';
+import type { Logger } from 'pino';
 import { Image, MAX_STACK_LAYERS, RollboxError, baseOf, type ImageSpec, type LayerDigest } from '../api/index.ts';
 import { keys } from './keys.ts';
 import type { LayerRegistry } from './layers.ts';
+import { layerDigestsIn, parseRecord } from './record-check.ts';
 
 /** Imported images (name -> layers and config), and which EROFS layer each image layer became. */
 export class ImageRegistry {
   constructor(
     private readonly redis: Redis,
     private readonly layers: Pick<LayerRegistry, 'resolveAll' | 'get'>,
+    private readonly logger?: Pick<Logger, 'warn'>,
   ) {}
 
   async put(image: Image): Promise<void> {
     await this.redis.hset(keys.images, image.name, JSON.stringify(image));
   }
 
+  /** A record that does not parse (written by an older version under looser rules) is `invalid_image`, saying how to remove it. */
   async get(name: string): Promise<Image | undefined> {
     const json = await this.redis.hget(keys.images, name);
-    return json ? Image.parse(JSON.parse(json)) : undefined;
+    if (!json) return undefined;
+    const parsed = parseRecord(Image, json);
+    if (parsed.ok) return parsed.value;
+    throw new RollboxError('invalid_image', `image ${name}: its stored record is invalid (${parsed.issues}); DELETE /v1/images/${name} removes it`);
   }
 
   async getOrThrow(name: string): Promise<Image> {
@@ -25,21 +32,31 @@ export class ImageRegistry {
     return image;
   }
 
+  /** Every image whose record parses; one that does not is left out (and logged), not the listing's failure. */
   async list(): Promise<Image[]> {
-    const all = Object.values(await this.redis.hgetall(keys.images)).map((json) => Image.parse(JSON.parse(json)));
+    const all = Object.entries(await this.redis.hgetall(keys.images)).flatMap(([name, json]) => {
+      const parsed = parseRecord(Image, json);
+      if (!parsed.ok) this.logger?.warn({ image: name, issues: parsed.issues }, 'image record invalid: left out (DELETE /v1/images/:name removes it)');
+      return parsed.ok ? [parsed.value] : [];
+    });
     return all.sort((a, b) => a.name.localeCompare(b.name));
   }
 
-  /** Removes the record; its layers stay while anything else references them (layer garbage collection). */
-  async delete(name: string): Promise<Image> {
-    const image = await this.getOrThrow(name);
+  /** Removes the record, valid or not (undefined: it was invalid); its layers stay while anything else references them (layer garbage collection). */
+  async delete(name: string): Promise<Image | undefined> {
+    const json = await this.redis.hget(keys.images, name);
+    if (!json) throw new RollboxError('not_found', `image ${name} not found`);
     await this.redis.hdel(keys.images, name);
-    return image;
+    const parsed = parseRecord(Image, json);
+    return parsed.ok ? parsed.value : undefined;
   }
 
-  /** Every layer of every image (roots for layer garbage collection). */
+  /**
+   * Every layer of every image (roots for layer garbage collection), read from invalid
+   * records too: a record that does not parse still keeps the layers it names.
+   */
   async layerDigests(): Promise<string[]> {
-    return [...new Set((await this.list()).flatMap((i) => i.layers.map((l) => l.digest)))];
+    return [...new Set(Object.values(await this.redis.hgetall(keys.images)).flatMap(layerDigestsIn))];
   }
 
   /** The EROFS layer an image layer became, by diff_id, if it is still registered. */

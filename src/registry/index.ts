@@ -3,6 +3,7 @@ export type { AdmitOutcome, TransitionOutcome, TransitionOptions } from './store
 export { LayerRegistry } from './layers.ts';
 export { PoolRegistry } from './pools.ts';
 export { CommandLog } from './commands.ts';
+export type { CommandPage } from './commands.ts';
 export { OutputWriter, followOutput, readOutput } from './output.ts';
 export type { OutputChunk, OutputRead } from './output.ts';
 export { keys } from './keys.ts';

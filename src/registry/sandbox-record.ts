@@ -33,7 +33,7 @@ export function fromHash(hash: Record<string, string>): Sandbox | undefined {
     failureReason: hash.failureReason as FailureReason | undefined,
     detail: hash.detail,
     node: hash.node,
-    spec: CreateSandboxRequest.parse(JSON.parse(hash.spec!)),
+    spec: specOf(hash.spec!),
     layerDigests: JSON.parse(hash.layerDigests ?? '[]') as string[],
     hibernationLayer: hash.hibernationLayer || undefined,
     ...(hash.hibernatedWhole === '1' ? { hibernatedWhole: true } : {}),
@@ -45,4 +45,17 @@ export function fromHash(hash: Record<string, string>): Sandbox | undefined {
     ...(hash.pool ? { pool: hash.pool } : {}),
     ...(hash.lineage ? { lineage: Lineage.parse(JSON.parse(hash.lineage)) } : {}),
   };
+}
+
+/**
+ * A record's spec. One written under looser rules (an image config's env, workdir or user
+ * before they were checked: a NUL, an oversized env) is read without those fields, so the
+ * sandbox can still be read, listed, paused and deleted instead of failing every reader.
+ */
+function specOf(json: string): CreateSandboxRequest {
+  const raw = JSON.parse(json) as Record<string, unknown>;
+  const parsed = CreateSandboxRequest.safeParse(raw);
+  if (parsed.success) return parsed.data;
+  const { env: _env, workdir: _workdir, user: _user, ...rest } = raw;
+  return CreateSandboxRequest.parse(rest);
 }

@@ -82,6 +82,7 @@ export async function handleCreate(ctx: HostContext, job: CreateJob): Promise<vo
       ...(spec.user ? { user: spec.user } : {}),
       hiddenPaths: spec.hiddenPaths,
       network: spec.network,
+      ...(spec.allowPrivilegeEscalation ? { allowPrivilegeEscalation: true } : {}),
     });
     const startedAtMs = ctx.now();
     // A sandbox back from hibernation keeps the TTL it started with.

@@ -5,8 +5,10 @@ import type { SandboxRuntime } from './runtime/types.ts';
 /**
  * stat, list, mkdir, move and remove inside a sandbox, by the host's static busybox forked
  * by the sandbox's init (as the files API's reads and writes: see files.ts), so every path
- * resolves in the sandbox's own root. Each entry comes back as three NUL-terminated
- * fields: `rawmode size mtime owner group permissions`, the path, the symlink target.
+ * resolves in the sandbox's own root. Each entry comes back as four NUL-terminated
+ * fields: `rawmode size mtime owner group permissions`, the path, the symlink target, and
+ * for a symlink that resolves, `rawmode path` of what it resolves to (absolute, every link
+ * on the way followed).
  */
 
 type FilesMetaOp = Extract<NodeOp, { kind: 'files_meta' }>;
@@ -21,7 +23,9 @@ const META_EXEC_TIMEOUT_MS = 30_000;
 const MAX_LISTING_BYTES = 8 * 1024 * 1024;
 
 const B = SANDBOX_BUSYBOX;
-const EMIT = `emit() { S=$(${B} stat -c '%f %s %Y %U %G %A' -- "$1") || return 0; T=; [ -L "$1" ] && T=$(${B} readlink -- "$1"); printf '%s\\0%s\\0%s\\0' "$S" "$1" "$T"; }
+const EMIT = `emit() { S=$(${B} stat -c '%f %s %Y %U %G %A' -- "$1") || return 0; T=; R=
+if [ -L "$1" ]; then T=$(${B} readlink -- "$1"); R=$(${B} readlink -f -- "$1") && R="$(${B} stat -L -c '%f' -- "$1" 2>/dev/null) $R" || R=; fi
+printf '%s\\0%s\\0%s\\0%s\\0' "$S" "$1" "$T" "$R"; }
 missing() { [ -e "$1" ] || [ -L "$1" ] || { echo "$1: no such file or directory" >&2; exit ${EXIT_NOT_FOUND}; }; }`;
 
 /** $1 path (and $2 depth or destination). */
@@ -70,19 +74,23 @@ export async function sandboxFilesMeta(runtime: SandboxRuntime, op: FilesMetaOp)
 
 const TYPES: Record<number, FileEntry['type']> = { 0o100000: 'file', 0o040000: 'directory', 0o120000: 'symlink' };
 
-/** The NUL-separated triples the scripts print, as entries (see EMIT). Exported for its unit test. */
+/** The NUL-separated fields the scripts print, four per entry, as entries (see EMIT). Exported for its unit test. */
 export function parseEntries(stdout: Buffer): FileEntry[] {
   const fields = stdout.toString('utf8').split('\0');
   const entries: FileEntry[] = [];
-  for (let i = 0; i + 2 < fields.length; i += 3) {
+  const typeOf = (mode: number) => TYPES[mode & 0o170000] ?? 'other';
+  for (let i = 0; i + 3 < fields.length; i += 4) {
     const [rawMode = '0', size = '0', mtime = '0', owner = '', group = '', permissions = ''] = fields[i]!.split(' ');
     const path = fields[i + 1]!;
     const mode = Number.parseInt(rawMode, 16);
     const target = fields[i + 2]!;
+    const resolved = fields[i + 3]!;
+    const space = resolved.indexOf(' ');
+    const resolvedMode = Number.parseInt(resolved.slice(0, space), 16);
     entries.push({
       name: path.slice(path.lastIndexOf('/') + 1) || '/',
       path,
-      type: TYPES[mode & 0o170000] ?? 'other',
+      type: typeOf(mode),
       sizeBytes: Number(size),
       mode: mode & 0o7777,
       permissions,
@@ -90,6 +98,7 @@ export function parseEntries(stdout: Buffer): FileEntry[] {
       group,
       modifiedAt: new Date(Number(mtime) * 1000).toISOString(),
       ...(target ? { symlinkTarget: target } : {}),
+      ...(space > 0 ? { resolved: { path: resolved.slice(space + 1), type: typeOf(resolvedMode), mode: resolvedMode & 0o7777 } } : {}),
     });
   }
   return entries;

@@ -52,12 +52,25 @@ fi
 if [ "$2" = tar ]; then cd "$(${B} dirname "$p")" || exit ${EXIT_CANNOT}; printf t; exec ${B} tar -cf - "./$(${B} basename "$p")"; fi
 printf f; exec ${B} cat "$p"`;
 
-/** $1 path, $2 mode or ''. The file's bytes on stdin; parent directories are created. */
+/**
+ * $1 path, $2 mode or '', $3 owner or ''. The file's bytes on stdin; parent directories are
+ * created. With an owner (a user of the sandbox's own /etc/passwd), the file and the
+ * parents made for it become that user's, as E2B's envd writes them.
+ */
 const WRITE_FILE_SCRIPT = `p="$1"
 [ -d "$p" ] && { echo "$p is a directory" >&2; exit ${EXIT_NOT_FILE}; }
-${B} mkdir -p "$(${B} dirname "$p")" || exit ${EXIT_CANNOT}
+d="$(${B} dirname "$p")"
+if [ -n "$3" ]; then
+  ${B} id -u "$3" >/dev/null 2>&1 || { echo "unable to find user $3" >&2; exit ${EXIT_CANNOT}; }
+  top="$d"; while [ ! -e "$top" ]; do new="$top"; top="$(${B} dirname "$top")"; done
+fi
+${B} mkdir -p "$d" || exit ${EXIT_CANNOT}
 ${B} cat > "$p" || exit ${EXIT_CANNOT}
-[ -z "$2" ] || ${B} chmod "$2" "$p" || exit ${EXIT_CANNOT}`;
+[ -z "$2" ] || ${B} chmod "$2" "$p" || exit ${EXIT_CANNOT}
+if [ -n "$3" ]; then
+  ${B} chown "$3": "$p" || exit ${EXIT_CANNOT}
+  [ -z "$new" ] || ${B} chown -R "$3": "$new" || exit ${EXIT_CANNOT}
+fi`;
 
 /** $1 directory (created if missing). A tar on stdin, already checked by the gateway. */
 const WRITE_TAR_SCRIPT = `p="$1"
@@ -79,7 +92,7 @@ export async function readSandboxFiles(deps: FilesDeps, op: FilesReadOp): Promis
 export async function writeSandboxFiles(deps: FilesDeps, op: FilesWriteOp): Promise<Reply> {
   const body = await deps.redis.getBuffer(op.bodyKey);
   if (!body) throw new RollboxError('timeout', 'the upload expired before the worker host read it; send it again');
-  await writeInSandbox(deps.runtime, op.sandboxId, op.path, body, op.tar ? { tar: true } : { mode: op.mode });
+  await writeInSandbox(deps.runtime, op.sandboxId, op.path, body, op.tar ? { tar: true } : { mode: op.mode, owner: op.owner });
   return { kind: 'files', requestId: op.requestId, tar: op.tar, sizeBytes: body.length };
 }
 
@@ -93,8 +106,8 @@ export async function readInSandbox(runtime: SandboxRuntime, sandboxId: string, 
 }
 
 /** A file's bytes (parents created), or with `tar` a checked tar extracted into the directory. */
-export async function writeInSandbox(runtime: SandboxRuntime, sandboxId: string, path: string, body: Buffer, how: { tar: true } | { mode?: string | undefined }): Promise<void> {
-  const script = 'tar' in how ? shell(WRITE_TAR_SCRIPT, path) : shell(WRITE_FILE_SCRIPT, path, how.mode ?? '');
+export async function writeInSandbox(runtime: SandboxRuntime, sandboxId: string, path: string, body: Buffer, how: { tar: true } | { mode?: string | undefined; owner?: string | undefined }): Promise<void> {
+  const script = 'tar' in how ? shell(WRITE_TAR_SCRIPT, path) : shell(WRITE_FILE_SCRIPT, path, how.mode ?? '', how.owner ?? '');
   const run = await runtime.execRaw(sandboxId, { argv: script, stdin: body, timeoutMs: FILES_EXEC_TIMEOUT_MS, maxStdoutBytes: 64 * 1024 });
   checkExit(run, path);
 }

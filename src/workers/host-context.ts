@@ -1,6 +1,6 @@
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import { RollboxError, type NodeHeartbeat, type Reply } from '../api/index.ts';
+import { RollboxError, type NodeHeartbeat, type PauseMode, type Reply } from '../api/index.ts';
 import type { Config } from '../config/index.ts';
 import type { LayerFiles } from '../layers/index.ts';
 import { publishReply } from '../queues/index.ts';
@@ -68,6 +68,8 @@ export class HostContext {
   stopped = false;
   /** The last network self-test's verdict. */
   networkHealth: NetworkHealth | undefined;
+  /** Pauses a sandbox whose TTL says `pause` (the op handler's pause or hibernation), to be kept paused until `pausedUntilMs`. */
+  pauseAtTtl: ((id: string, mode: PauseMode, pausedUntilMs: number) => Promise<void>) | undefined;
   /** Free memory and pressure as last read (see hostReadings). */
   private readings: { atMs: number; freeMemoryMiB: number; pressure: ReturnType<typeof readPressure> } | undefined;
 
@@ -115,6 +117,18 @@ export class HostContext {
     const s = this.local.get(id);
     if (!s || s.starting || s.pool) return;
     if (s.expiresAtMs > this.now()) return this.ttls.set(id, s.expiresAtMs); // moved later meanwhile
+    // E2B's auto-pause: a running sandbox whose TTL says so is paused, not ended, and kept
+    // paused for its paused TTL; at that one (or at a TTL it reaches paused) it ends.
+    const record = this.pauseAtTtl && (await this.deps.registry.get(id));
+    const onTtl = record?.spec.onTtl;
+    if (onTtl?.action === 'pause' && record?.state === 'running') {
+      try {
+        await this.pauseAtTtl!(id, onTtl.mode, this.now() + onTtl.pausedTtlSeconds * 1000);
+        return this.log.info({ sandboxId: id, mode: onTtl.mode }, 'ttl reached: paused');
+      } catch (err) {
+        this.log.warn({ err, sandboxId: id }, 'pausing at the ttl failed; ending the sandbox');
+      }
+    }
     await this.removeLocal(id);
     await this.deps.registry.transition(id, 'failed', { node: this.nodeId, failureReason: 'timeout', detail: 'ttl expired' });
     this.log.info({ sandboxId: id }, 'ttl expired');

@@ -58,6 +58,7 @@ export class WorkerHost {
   constructor(private readonly deps: WorkerHostDeps) {
     this.ctx = new HostContext(deps);
     this.ops = new OpHandler(this.ctx);
+    this.ctx.pauseAtTtl = (id, mode, untilMs) => this.ops.pauseAtTtl(id, mode, untilMs);
     this.pools = new PoolKeeper(this.ctx, new PoolRegistry(deps.redis), deps.config.poolRefillConcurrency);
     this.audit = new Audit({
       intervalMs: deps.config.auditMs,

@@ -1,7 +1,7 @@
 import { mkdir, rm } from 'node:fs/promises';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { RollboxError, type NodeOp, type Reply } from '../api/index.ts';
+import { RollboxError, newId, type NodeOp, type PauseMode, type Reply } from '../api/index.ts';
 import type { InboxReceipt } from '../queues/index.ts';
 import { OutputWriter, keys } from '../registry/index.ts';
 import { sandboxFilesMeta } from './files-meta.ts';
@@ -82,6 +82,9 @@ export class OpHandler {
         case 'ttl':
           await ctx.moveExpiry(op.sandboxId, Date.parse(op.expiresAt));
           return await done();
+        case 'metrics':
+          ctx.requireLocal(op.sandboxId);
+          return await ctx.reply(op.replyTo, { kind: 'metrics', requestId: op.requestId, metrics: await ctx.deps.runtime.metrics(op.sandboxId) });
       }
     } catch (caught) {
       let err = caught;
@@ -266,6 +269,17 @@ export class OpHandler {
     } finally {
       if (this.policyChanges.get(op.sandboxId) === change) this.policyChanges.delete(op.sandboxId);
     }
+  }
+
+  /** The TTL of a sandbox that pauses at it: paused in `mode`, then ended at `pausedUntilMs` (see HostContext.expire). */
+  async pauseAtTtl(sandboxId: string, mode: PauseMode, pausedUntilMs: number): Promise<void> {
+    if (mode === 'hibernate') {
+      // Recorded first: hibernate() hands the janitor the TTL it finds on the record.
+      await this.ctx.deps.registry.setExpiresAt(sandboxId, new Date(pausedUntilMs).toISOString());
+      return this.hibernate(sandboxId, newId('req'));
+    }
+    await this.setPaused(sandboxId, true);
+    await this.ctx.moveExpiry(sandboxId, pausedUntilMs);
   }
 
   private async setPaused(sandboxId: string, paused: boolean): Promise<void> {

@@ -44,6 +44,8 @@ export class OriginProxy {
   requests: Record<LayerFileKind, number> = { blob: 0, meta: 0, chunks: 0, other: 0 };
   /** Changes a response body's bytes on the way (for blob responses: the byte offset in the body). */
   corrupt: ((kind: LayerFileKind, chunk: Buffer) => Buffer) | undefined;
+  /** Answers a request itself instead of forwarding it (a hostile origin): true when it did. */
+  answer: ((kind: LayerFileKind, req: http.IncomingMessage, res: http.ServerResponse) => boolean) | undefined;
 
   constructor(
     private readonly target: string,
@@ -103,6 +105,7 @@ export class OriginProxy {
   private async forward(req: http.IncomingMessage, res: http.ServerResponse, target: URL): Promise<void> {
     const kind: LayerFileKind = /\/v1\/layers\/[^/]+\/(blob|meta|chunks)$/.exec(req.url ?? '')?.[1] as LayerFileKind | undefined ?? 'other';
     this.requests[kind]++;
+    if (this.answer?.(kind, req, res)) return;
     if (this.options.delayMs) await sleep(this.options.delayMs);
     const upstream = http.request({ host: target.hostname, port: target.port, path: req.url, method: req.method, headers: req.headers, agent: this.agent }, (up) => {
       res.writeHead(up.statusCode ?? 502, up.headers);

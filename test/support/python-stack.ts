@@ -12,7 +12,7 @@ import { startTestRegistry } from './registry.ts';
 const registry = await startTestRegistry();
 const cluster = await startTestCluster({
   workers: [{ nodeId: 'py-node', env: { ROLLBOX_NODE_MAX_STARTING: '16' } }],
-  env: { ROLLBOX_HEARTBEAT_MS: '500', ROLLBOX_REGISTRY_INSECURE: registry.host },
+  env: { ROLLBOX_HEARTBEAT_MS: '500', ROLLBOX_REGISTRY_INSECURE: registry.host, ROLLBOX_REGISTRY_INTERNAL: registry.host },
 });
 let stopping: Promise<void> | undefined;
 const stop = () => (stopping ??= cluster.stop().then(() => registry.stop()).finally(() => process.exit(0)));

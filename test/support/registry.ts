@@ -36,6 +36,8 @@ export interface TestRegistry {
   auth: RegistryAuth;
   /** Requests the registry answered (from its access log), in order. */
   served: ServedRequest[];
+  /** Token auth: the token server's `host:port` (its realm's). */
+  tokenHost?: string;
   /** Token requests the token server answered (token auth): status and whether they carried credentials. */
   tokenRequests: { status: number; withCredentials: boolean }[];
   /** Pushes an OCI layout (a tar from ./oci.ts, or a path to one) as `repo:tag`; `all`: every image of an index (a multi-platform image). */
@@ -69,6 +71,7 @@ export async function startTestRegistry(auth: RegistryAuth = { kind: 'none' }): 
   const served: ServedRequest[] = [];
   const tokenRequests: TestRegistry['tokenRequests'] = [];
   let tokenServer: http.Server | undefined;
+  let tokenHost: string | undefined;
   let authYaml = '';
   if (auth.kind === 'htpasswd') {
     const lines = Object.entries(auth.users).map(([user, password]) => `${user}:${bcrypt.hashSync(password, 5)}`);
@@ -77,6 +80,7 @@ export async function startTestRegistry(auth: RegistryAuth = { kind: 'none' }): 
   } else if (auth.kind === 'token') {
     const started = await startTokenServer(dir, auth, tokenRequests);
     tokenServer = started.server;
+    tokenHost = new URL(started.realm).host;
     authYaml = `auth:\n  token:\n    realm: ${started.realm}\n    service: rollbox-test\n    issuer: rollbox-test-issuer\n    rootcertbundle: ${dir}/token.crt\n`;
   }
   const config = `version: 0.1
@@ -146,6 +150,7 @@ ${authYaml}`;
     dir,
     auth,
     served,
+    ...(tokenHost ? { tokenHost } : {}),
     tokenRequests,
     async push(layoutTar, repoTag, options = {}) {
       const file = typeof layoutTar === 'string' ? layoutTar : path.join(dir, `push-${randomBytes(4).toString('hex')}.tar`);

@@ -184,6 +184,16 @@ def exec_body(cmd: Union[str, Sequence[str]], *, stdin: Optional[str], env: Opti
     return body
 
 
+def commands_request(sandbox_id: str, limit: int, after: Optional[str]) -> Request:
+    """One page of the command log: `after` a `nextCursor` of the page before (None: from the first)."""
+    from urllib.parse import urlencode
+
+    query = {"limit": str(int(limit))}
+    if after is not None:
+        query["after"] = after
+    return Request("GET", sandbox_path(sandbox_id, f"/commands?{urlencode(query)}"))
+
+
 def command_path(sandbox_id: str, command_id: str, suffix: str) -> str:
     from urllib.parse import quote
 

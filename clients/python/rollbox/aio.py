@@ -242,7 +242,23 @@ class AsyncSandbox:
         return await self._client._call(core.stdin_request(self.id, command_id, data, eof))
 
     async def commands(self, limit: int = 1000) -> List[Dict[str, Any]]:
-        return (await self._client._call(core.Request("GET", core.sandbox_path(self.id, f"/commands?limit={int(limit)}"))))["commands"]
+        """The first `limit` commands of the log; `iter_commands` reads it all."""
+        return (await self.command_page(limit=limit))["commands"]
+
+    async def command_page(self, after: Optional[str] = None, limit: int = 1000) -> Dict[str, Any]:
+        """One page of the command log: `{"commands": [...], "nextCursor": ...}` (no nextCursor: nothing after it yet)."""
+        return await self._client._call(core.commands_request(self.id, limit, after))
+
+    async def iter_commands(self, page_size: int = 1000) -> AsyncIterator[Dict[str, Any]]:
+        """The whole command log, oldest first, fetched a page at a time (`async for`)."""
+        after: Optional[str] = None
+        while True:
+            page = await self.command_page(after, page_size)
+            for command in page["commands"]:
+                yield command
+            after = page.get("nextCursor")
+            if after is None:
+                return
 
     async def refresh(self) -> "AsyncSandbox":
         self.record = await self._client._call(core.Request("GET", core.sandbox_path(self.id)))

@@ -233,8 +233,22 @@ class Sandbox:
         return self._client._call(core.stdin_request(self.id, command_id, data, eof))
 
     def commands(self, limit: int = 1000) -> List[Dict[str, Any]]:
-        """The command log (trajectory): every exec with its argv, times, state and result."""
-        return self._client._call(core.Request("GET", core.sandbox_path(self.id, f"/commands?limit={int(limit)}")))["commands"]
+        """The first `limit` commands of the log (trajectory): argv, times, state and result; `iter_commands` reads it all."""
+        return self.command_page(limit=limit)["commands"]
+
+    def command_page(self, after: Optional[str] = None, limit: int = 1000) -> Dict[str, Any]:
+        """One page of the command log: `{"commands": [...], "nextCursor": ...}` (no nextCursor: nothing after it yet)."""
+        return self._client._call(core.commands_request(self.id, limit, after))
+
+    def iter_commands(self, page_size: int = 1000) -> Iterator[Dict[str, Any]]:
+        """The whole command log, oldest first, fetched a page at a time."""
+        after: Optional[str] = None
+        while True:
+            page = self.command_page(after, page_size)
+            yield from page["commands"]
+            after = page.get("nextCursor")
+            if after is None:
+                return
 
     def refresh(self) -> "Sandbox":
         self.record = self._client._call(core.Request("GET", core.sandbox_path(self.id)))

@@ -149,9 +149,27 @@ class RegistryUnavailable(RollboxError):
 
 
 class ImagePullTimeout(RollboxError):
-    """A create whose `image.ref` had to be pulled waited past the gateway's limit (the pull goes on), or `images.wait` ran out."""
+    """A create whose `image.ref` had to be pulled waited past the gateway's limit (the pull goes on), a pull ran past its own deadline (it failed), or `images.wait` ran out."""
 
     code = "image_pull_timeout"
+
+
+class RegistryNotAllowed(RollboxError):
+    """The gateway's egress policy refused a pull's registry, redirect or token realm (not allowed, not http(s), an internal address)."""
+
+    code = "registry_not_allowed"
+
+
+class TemplateNotReady(RollboxError):
+    """The E2B `base` template is still being built on this cluster (its first use); retry after `retry_after`."""
+
+    code = "template_not_ready"
+
+
+class NotImplementedByRollbox(RollboxError):
+    """An E2B route or option rollbox does not serve; the message names how rollbox differs."""
+
+    code = "not_implemented"
 
 
 class ConnectionFailed(RollboxError):
@@ -192,8 +210,8 @@ ERRORS_BY_CODE: Dict[str, Type[RollboxError]] = {
     for cls in (
         InvalidRequest, InvalidLayer, InvalidImage, InvalidArchive, Unauthenticated, Forbidden, NotFound, Conflict, InvalidState,
         ResultUnknown, PayloadTooLarge, RangeNotSatisfiable, QuotaExceeded, Internal, AdmissionExhausted, NoCapacity, NetworkUnavailable,
-        Unavailable, Timeout, NodeLost, ImageNotFound, RegistryUnauthorized, RegistryUnavailable, ImagePullTimeout,
-        TierUnsupported, SnapshotFailed,
+        Unavailable, Timeout, NodeLost, ImageNotFound, RegistryUnauthorized, RegistryUnavailable, RegistryNotAllowed, ImagePullTimeout,
+        TierUnsupported, SnapshotFailed, TemplateNotReady, NotImplementedByRollbox,
     )
 }
 

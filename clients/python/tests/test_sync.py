@@ -59,6 +59,24 @@ def test_command_id_replays_instead_of_running_twice(sandbox):
     assert [c["commandId"] for c in log].count("turn-1") == 1
 
 
+def test_command_log_is_read_whole_by_cursor(sandbox):
+    for i in range(23):
+        sandbox.exec(["echo", str(i)], command_id=f"page-{i}")
+    first = sandbox.command_page(limit=10)
+    assert [c["commandId"] for c in first["commands"]] == [f"page-{i}" for i in range(10)] and first["nextCursor"]
+    second = sandbox.command_page(first["nextCursor"], limit=10)
+    assert [c["commandId"] for c in second["commands"]] == [f"page-{i}" for i in range(10, 20)]
+    log = list(sandbox.iter_commands(page_size=10))
+    assert [c["commandId"] for c in log] == [f"page-{i}" for i in range(23)]
+    assert [c["result"]["stdout"] for c in log] == [f"{i}\n" for i in range(23)]
+    last = sandbox.command_page(second["nextCursor"], limit=10)
+    assert "nextCursor" not in last and len(last["commands"]) == 3
+    sandbox.exec("true", command_id="page-later")
+    assert [c["commandId"] for c in sandbox.command_page(last["cursor"])["commands"]] == ["page-later"]
+    with pytest.raises(InvalidRequest):
+        sandbox.command_page("not-a-cursor")
+
+
 def test_stream_gives_output_in_order_then_exit(sandbox):
     events = list(sandbox.stream("for i in 1 2 3; do echo out$i; echo err$i >&2; sleep 0.05; done; exit 2"))
     assert events[-1].type == "exit" and events[-1].result.exit_code == 2

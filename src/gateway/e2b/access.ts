@@ -7,6 +7,9 @@ import { ConnectError } from './connect.ts';
 const SECRET_KEY = 'rb:e2b:envd-secret';
 const ENVD_SCOPES: ReadonlySet<Scope> = new Set(['sandbox:exec', 'sandbox:read']);
 
+/** What the access token (or a URL signed with it) grants: commands and files in that one sandbox. */
+export const principalOf = (sandboxId: string, tenant: string): Principal => ({ tenant, scopes: ENVD_SCOPES, subject: `envd:${sandboxId}` });
+
 /**
  * The per-sandbox envd access token (`X-Access-Token`), which E2B hands out at create and
  * connect and the SDK sends on every envd call. It is an HMAC of the sandbox id and its
@@ -39,6 +42,6 @@ export class EnvdAccess {
     const expected = Buffer.from((await this.tokenFor(sandboxId, tenant)).split('.')[1]!);
     const given = Buffer.from(mac);
     if (given.length !== expected.length || !timingSafeEqual(given, expected)) throw new ConnectError('unauthenticated', `X-Access-Token is not the one of sandbox ${sandboxId}`);
-    return { tenant, scopes: ENVD_SCOPES, subject: `envd:${sandboxId}` };
+    return principalOf(sandboxId, tenant);
   }
 }

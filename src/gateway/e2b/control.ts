@@ -1,54 +1,31 @@
 import type { Context } from 'hono';
 import { bodyLimit } from 'hono/body-limit';
 import type { GatewayApp } from '../routes/common.ts';
-import type { z } from 'zod';
-import { CreateSandboxRequest, E2bListQuery, E2bNewSandbox, E2bPauseBody, E2bTimeoutBody, RollboxError, isTerminal, type Sandbox } from '../../api/index.ts';
+import { CreateSandboxRequest, E2bListQuery, E2bNewSandbox, E2bPauseBody, E2bTimeoutBody, RollboxError, type PauseMode, type Sandbox } from '../../api/index.ts';
 import type { E2bKeyStore, Principal } from '../../iam/index.ts';
-import { describeZodError } from '../errors.ts';
 import type { SandboxService } from '../sandbox-service.ts';
 import type { TtlService } from '../ttl-service.ts';
 import type { EnvdAccess } from './access.ts';
+import { CLIENT_ID, DEFAULT_TEMPLATE, DEFAULT_TIMEOUT_SECONDS, ENVD_VERSION, TEMPLATE_LABEL, jsonOf, liveSandbox, parse, routeOf, sandboxBody, templateOf, type Handler } from './control-common.ts';
+import { networkOf } from './network.ts';
 import { restError } from './rest-error.ts';
+import type { E2bTemplates } from './templates.ts';
 
 export interface E2bControlDeps {
   sandboxes: Pick<SandboxService, 'create' | 'get' | 'list' | 'delete' | 'setPaused'>;
   ttls: Pick<TtlService, 'setTtl'>;
   keys: Pick<E2bKeyStore, 'verify'>;
   access: Pick<EnvdAccess, 'tokenFor'>;
+  templates: Pick<E2bTemplates, 'imageOf'>;
+  /** How E2B's pause (and auto-pause) pauses when it keeps memory, and how long a paused sandbox is kept. */
+  pause: { mode: PauseMode; pausedTtlSeconds: number };
 }
 
-/**
- * The envd version reported: >= 0.4.0 (the SDK then sends no default user), >= 0.5.2
- * (closeStdin allowed), >= 0.5.7 (octet-stream uploads, served), < 0.6.2 (no file metadata
- * headers). Other self-hosted servers report the same.
- */
-export const ENVD_VERSION = '0.6.1';
-/** E2B's own API answers this "for backwards compatibility"; the Python SDK requires the field. */
-const CLIENT_ID = '00000000';
-const DEFAULT_TIMEOUT_SECONDS = 300;
 /** E2B's bodies are small: metadata, env and a template name. */
 const MAX_BODY_BYTES = 1024 * 1024;
-/** The SDK's default template: rollbox's default image. */
-const DEFAULT_TEMPLATE = 'base';
 
-function parse<T extends z.ZodType>(schema: T, value: unknown, where: string): z.infer<T> {
-  const parsed = schema.safeParse(value);
-  if (!parsed.success) throw new RollboxError('invalid_request', describeZodError(parsed.error, where));
-  return parsed.data;
-}
-
-async function jsonOf(c: Context): Promise<unknown> {
-  const text = await c.req.text();
-  if (!text.trim()) return {};
-  try {
-    return JSON.parse(text);
-  } catch {
-    throw new RollboxError('invalid_request', 'body: not JSON');
-  }
-}
-
-const templateOf = (s: Sandbox) => s.spec.image.base ?? s.spec.image.ref ?? DEFAULT_TEMPLATE;
 const e2bState = (s: Sandbox) => (s.state === 'paused' || s.state === 'hibernated' ? 'paused' : 'running');
+const metadataOf = (s: Sandbox) => Object.fromEntries(Object.entries(s.spec.labels).filter(([k]) => k !== TEMPLATE_LABEL));
 
 function listed(s: Sandbox) {
   return {
@@ -62,70 +39,70 @@ function listed(s: Sandbox) {
     diskSizeMB: s.spec.resources.diskMiB,
     state: e2bState(s),
     envdVersion: ENVD_VERSION,
-    metadata: s.spec.labels,
+    metadata: metadataOf(s),
+    allowInternetAccess: s.spec.network.mode === 'allowlist',
+    lifecycle: { onTimeout: s.spec.onTtl?.action === 'pause' ? 'pause' : 'kill', autoResume: false },
+    network: { allowPublicTraffic: s.spec.publicTraffic === true, allowOut: s.spec.network.allow.map((r) => r.cidr ?? r.host!) },
   };
 }
 
 /**
  * E2B's control plane (the REST API the SDK sends to E2B_API_URL) over rollbox's own
- * services: a template is an image or layer name (`base`: the default image), `timeout`
- * the TTL, `envVars` the sandbox env, `metadata` its labels; pause keeps memory (the
- * freezer) unless `memory: false` (hibernate). Ended sandboxes are not found, as on E2B.
+ * services: a template is an image or layer name (`base`: the cluster's base template),
+ * `timeout` the TTL, `envVars` the sandbox env, `metadata` its labels, auto-pause the TTL's
+ * `pause` action. Pause keeps memory (the configured mode) unless `memory: false`
+ * (hibernate); a paused sandbox is kept for the paused TTL, and connect resumes it.
+ * Ended sandboxes are not found, as on E2B.
  */
 export function registerE2bControl(app: GatewayApp, deps: E2bControlDeps): void {
-  const { sandboxes, ttls, keys, access } = deps;
+  const { sandboxes, ttls, access, templates, pause } = deps;
   // Connection: close, as the rest of the body may still be on its way (see withUploadBody).
   const limit = bodyLimit({ maxSize: MAX_BODY_BYTES, onError: (c) => (c.header('Connection', 'close'), restError(c, new RollboxError('payload_too_large', `body is larger than ${MAX_BODY_BYTES} bytes`))) });
   for (const path of ['/sandboxes', '/sandboxes/*', '/v2/sandboxes', '/v2/sandboxes/*']) app.use(path, limit);
-  type Handler = (c: Context, principal: Principal) => Promise<Response>;
-  const route = (handler: Handler) => async (c: Context) => {
-    try {
-      return await handler(c, await keys.verify(c.req.header('x-api-key')));
-    } catch (err) {
-      return restError(c, err);
-    }
-  };
-  const live = async (principal: Principal, id: string): Promise<Sandbox> => {
-    const sandbox = await sandboxes.get(principal, id);
-    if (isTerminal(sandbox.state) || sandbox.state === 'stopping') throw new RollboxError('not_found', `sandbox ${id} not found (it ended: ${sandbox.state})`);
-    return sandbox;
-  };
-  const sandboxBody = async (s: Sandbox) => ({
-    sandboxID: s.id,
-    templateID: templateOf(s),
-    clientID: CLIENT_ID,
-    envdVersion: ENVD_VERSION,
-    envdAccessToken: await access.tokenFor(s.id, s.tenant),
-    domain: null,
-  });
+  const route = routeOf(deps.keys);
+  const live = (principal: Principal, id: string) => liveSandbox(sandboxes, principal, id);
 
   const create: Handler = async (c, principal) => {
     const body = parse(E2bNewSandbox, await jsonOf(c), 'body');
     const template = body.templateID ?? DEFAULT_TEMPLATE;
+    const image = await templates.imageOf(template);
+    const network = networkOf({ allowOut: body.network?.allowOut, denyOut: body.network?.denyOut, allowInternetAccess: body.allow_internet_access });
     const request = parse(
       CreateSandboxRequest,
       {
-        ...(template === DEFAULT_TEMPLATE ? {} : { image: { base: template } }),
+        ...(image ? { image } : {}),
         ttlSeconds: body.timeout ?? DEFAULT_TIMEOUT_SECONDS,
         env: body.envVars ?? {},
-        labels: body.metadata ?? {},
+        labels: { ...body.metadata, [TEMPLATE_LABEL]: template },
+        ...(network ? { network } : {}),
+        ...(body.autoPause ? { onTtl: { action: 'pause', mode: body.autoPauseMemory === false ? 'hibernate' : pause.mode, pausedTtlSeconds: pause.pausedTtlSeconds } } : {}),
+        ...(body.network?.allowPublicTraffic ? { publicTraffic: true } : {}),
+        // E2B's templates give their user passwordless sudo: the base template's does.
+        ...(template === DEFAULT_TEMPLATE && image ? { allowPrivilegeEscalation: true } : {}),
       },
       'body',
     );
     const { sandbox } = await sandboxes.create(principal, request, undefined);
-    return c.json(await sandboxBody(sandbox), 201);
+    return c.json(await sandboxBody(access, sandbox), 201);
   };
   app.post('/sandboxes', route(create));
   app.post('/v2/sandboxes', route(create));
 
-  // Connect resumes a paused sandbox (201) and extends its TTL, never shortening it.
+  /**
+   * A paused sandbox is resumed (201) and runs `timeout` from now (its paused TTL was far
+   * longer); a running one has its TTL extended to `timeout`, never shortened (200).
+   */
+  const resume = async (principal: Principal, sandbox: Sandbox, timeout: number | undefined, mustBePaused: boolean) => {
+    const paused = sandbox.state !== 'running';
+    if (!paused && mustBePaused) throw new RollboxError('conflict', `sandbox ${sandbox.id} is already running`);
+    if (paused) await sandboxes.setPaused(principal, sandbox.id, false);
+    const after = await ttls.setTtl(principal, sandbox.id, timeout || DEFAULT_TIMEOUT_SECONDS, { extendOnly: !paused });
+    return { body: await sandboxBody(access, after), status: paused ? (201 as const) : (200 as const) };
+  };
   const connect: Handler = async (c, principal) => {
     const { timeout } = parse(E2bTimeoutBody, await jsonOf(c), 'body');
-    const id = c.req.param('id')!;
-    const resumed = (await live(principal, id)).state !== 'running';
-    if (resumed) await sandboxes.setPaused(principal, id, false);
-    const sandbox = await ttls.setTtl(principal, id, timeout || DEFAULT_TIMEOUT_SECONDS, { extendOnly: true });
-    return c.json(await sandboxBody(sandbox), resumed ? 201 : 200);
+    const { body, status } = await resume(principal, await live(principal, c.req.param('id')!), timeout, false);
+    return c.json(body, status);
   };
   app.post('/sandboxes/:id/connect', route(connect));
   app.post('/v2/sandboxes/:id/connect', route(connect));
@@ -133,10 +110,7 @@ export function registerE2bControl(app: GatewayApp, deps: E2bControlDeps): void 
     '/sandboxes/:id/resume',
     route(async (c, principal) => {
       const { timeout } = parse(E2bTimeoutBody, await jsonOf(c), 'body');
-      const id = c.req.param('id')!;
-      if ((await live(principal, id)).state === 'running') throw new RollboxError('conflict', `sandbox ${id} is already running`);
-      await sandboxes.setPaused(principal, id, false);
-      return c.json(await sandboxBody(await ttls.setTtl(principal, id, timeout || DEFAULT_TIMEOUT_SECONDS, { extendOnly: true })), 201);
+      return c.json((await resume(principal, await live(principal, c.req.param('id')!), timeout, true)).body, 201);
     }),
   );
 
@@ -152,9 +126,13 @@ export function registerE2bControl(app: GatewayApp, deps: E2bControlDeps): void 
     const query = parse(E2bListQuery, c.req.query(), 'query');
     const wanted = new Set((query.state ?? 'running,paused').split(',').map((s) => s.trim()));
     const metadata = [...new URLSearchParams(query.metadata ?? '')].map(([k, v]) => [decodeURIComponent(k), decodeURIComponent(v)] as const);
-    const all = (await sandboxes.list(principal, { limit: 1000 })).filter(
-      (s) => ['running', 'paused', 'hibernated'].includes(s.state) && wanted.has(e2bState(s)) && metadata.every(([k, v]) => s.spec.labels[k] === v),
-    );
+    const after = query.startedAfter ? Date.parse(query.startedAfter) : -Infinity;
+    const startOf = (s: Sandbox) => Date.parse(s.startedAt ?? s.createdAt);
+    const all = (await sandboxes.list(principal, { limit: 1000 }))
+      .filter((s) => ['running', 'paused', 'hibernated'].includes(s.state) && wanted.has(e2bState(s)) && metadata.every(([k, v]) => s.spec.labels[k] === v))
+      .filter((s) => startOf(s) > after && (query.template === undefined || templateOf(s) === query.template))
+      // Over the whole result, as E2B orders it (newest first unless asked).
+      .sort((a, b) => (query.order === 'asc' ? startOf(a) - startOf(b) : startOf(b) - startOf(a)) || a.id.localeCompare(b.id));
     const offset = paged ? Number(query.nextToken ?? 0) || 0 : 0;
     const page = paged ? all.slice(offset, offset + query.limit) : all;
     if (paged && offset + query.limit < all.length) c.header('X-Next-Token', String(offset + query.limit));
@@ -184,13 +162,15 @@ export function registerE2bControl(app: GatewayApp, deps: E2bControlDeps): void 
     }),
   );
 
+  // Paused, as on E2B, it no longer runs against its timeout: it is kept for the paused TTL.
   app.post(
     '/sandboxes/:id/pause',
     route(async (c, principal) => {
       const { memory } = parse(E2bPauseBody, await jsonOf(c), 'body');
       const id = c.req.param('id')!;
       if ((await live(principal, id)).state !== 'running') throw new RollboxError('conflict', `sandbox ${id} is already paused`);
-      await sandboxes.setPaused(principal, id, true, memory === false ? 'hibernate' : 'freeze');
+      await sandboxes.setPaused(principal, id, true, memory === false ? 'hibernate' : pause.mode);
+      await ttls.setTtl(principal, id, pause.pausedTtlSeconds);
       return c.body(null, 204);
     }),
   );

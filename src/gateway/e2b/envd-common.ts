@@ -1,4 +1,5 @@
 import path from 'node:path';
+import type { Sandbox } from '../../api/index.ts';
 import type { Principal } from '../../iam/index.ts';
 
 /** One envd call, authenticated: whose sandbox, as whom. */
@@ -9,17 +10,25 @@ export interface EnvdCall {
   user: string | undefined;
   /** A service call whose "not found" or "not running" means the sandbox is gone turns into E2B's answer for that (see envd.ts). */
   guard<T>(work: Promise<T>): Promise<T>;
+  /** An error that ended a command's stream, as E2B tells it when the sandbox is gone (see envd.ts). */
+  explain(err: unknown): Promise<unknown>;
+  /** The sandbox's record (read once per call). */
+  sandbox(): Promise<Sandbox>;
 }
 
+/** The home envd gives a user: `/root` for root, `/home/<name>` for another. */
+export const homeOf = (user: string) => (user === 'root' || user === '0' ? '/root' : `/home/${user.split(':')[0]}`);
+
 /**
- * Relative paths, as envd resolves them, against the user's home: `/root` for root,
- * `/home/<name>` for another named user; with no user (rollbox's default: the sandbox's
- * user, root unless set), against `/`.
+ * Relative paths as envd resolves them: `~` is the user's home; anything else relative is
+ * under the home of the user the call names, or, naming none, under the sandbox's working
+ * directory (its image's: `/home/user` in the base template, `/` in busybox).
  */
-export function resolvePath(p: string, user: string | undefined): string {
+export function resolvePath(p: string, user: string | undefined, sandbox: Pick<Sandbox, 'spec'>): string {
   if (p.startsWith('/')) return path.posix.normalize(p);
-  const home = user === undefined ? '/' : user === 'root' || user === '0' ? '/root' : `/home/${user.split(':')[0]}`;
-  return path.posix.join(home, p);
+  const self = user ?? sandbox.spec.user ?? 'root';
+  if (p === '~' || p.startsWith('~/')) return path.posix.join(homeOf(self), p.slice(1));
+  return path.posix.join(user !== undefined ? homeOf(user) : (sandbox.spec.workdir ?? '/'), p);
 }
 
 /** The user of `Authorization: Basic base64(<user>:)` (a selector, not a credential). */

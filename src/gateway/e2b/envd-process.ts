@@ -75,9 +75,13 @@ export function processService(deps: E2bProcessDeps) {
     return ms > 0 ? Math.min(ms, MAX_COMMAND_MS) : MAX_COMMAND_MS;
   };
 
-  async function* started(pid: number, events: AsyncGenerator<ExecEvent>): AsyncGenerator<unknown> {
+  async function* started(call: EnvdCall, pid: number, events: AsyncGenerator<ExecEvent>): AsyncGenerator<unknown> {
     yield { event: { start: { pid } } };
-    for await (const ev of events) yield eventOf(ev);
+    try {
+      for await (const ev of events) yield eventOf(ev);
+    } catch (err) {
+      throw await call.explain(err);
+    }
   }
 
   async function pidOf(sandboxId: string, selector: { pid: number } | { tag: string }): Promise<number> {
@@ -91,7 +95,7 @@ export function processService(deps: E2bProcessDeps) {
     async Start(c: Context, call: EnvdCall): Promise<Response> {
       const request = await readStreamRequest(c, E2bStartRequest);
       if (request.pty !== undefined) throw new ConnectError('unimplemented', 'pty commands are not supported by rollbox (run the command without pty)');
-      const cwd = request.process.cwd ? resolvePath(request.process.cwd, call.user) : undefined;
+      const cwd = request.process.cwd ? resolvePath(request.process.cwd, call.user, await call.sandbox()) : undefined;
       const timeoutMs = timeoutMsOf(c);
       const checked = ExecRequest.safeParse({ argv: argvOf(request.process), env: request.process.envs, cwd, user: call.user, timeoutMs, stdinOpen: request.stdin === true });
       if (!checked.success) throw new ConnectError('invalid_argument', describeZodError(checked.error, 'process'));
@@ -104,7 +108,7 @@ export function processService(deps: E2bProcessDeps) {
           continue;
         }
         if (request.tag) await redis.multi().hset(tagsKey(call.sandboxId), request.tag, pid).expire(tagsKey(call.sandboxId), TAG_KEYS_TTL_SEC).exec();
-        return streamResponse(c, started(pid, run.events), { message: { event: { keepalive: {} } }, everyMs: keepaliveMs(c) });
+        return streamResponse(c, started(call, pid, run.events), { message: { event: { keepalive: {} } }, everyMs: keepaliveMs(c) });
       }
       throw new ConnectError('internal', 'no free pid after 5 tries');
     },
@@ -114,7 +118,7 @@ export function processService(deps: E2bProcessDeps) {
       const pid = await pidOf(call.sandboxId, process);
       await call.guard(execs.commandStatus(call.principal, call.sandboxId, commandIdOf(pid)));
       const events = execs.followCommand(call.principal, call.sandboxId, commandIdOf(pid), { timeoutMs: timeoutMsOf(c) });
-      return streamResponse(c, started(pid, events), { message: { event: { keepalive: {} } }, everyMs: keepaliveMs(c) });
+      return streamResponse(c, started(call, pid, events), { message: { event: { keepalive: {} } }, everyMs: keepaliveMs(c) });
     },
 
     /** The signal to the command's process group (rollbox's signal by command id); one that is not running is `not_found`, as envd says. */

@@ -1,23 +1,36 @@
 import type { GatewayApp } from '../routes/common.ts';
 import type { Redis } from 'ioredis';
+import type { PauseMode } from '../../api/index.ts';
 import type { E2bKeyStore } from '../../iam/index.ts';
-import type { SandboxRegistry } from '../../registry/index.ts';
+import type { LayerRegistry, SandboxRegistry } from '../../registry/index.ts';
 import { EnvdAccess } from './access.ts';
 import { registerE2bControl, type E2bControlDeps } from './control.ts';
+import { registerE2bState, type E2bStateDeps } from './control-state.ts';
 import { registerE2bEnvd, type E2bEnvdDeps } from './envd.ts';
+import { E2bTemplates, type BaseTemplateSource } from './templates.ts';
+import { registerE2bUnserved } from './unserved.ts';
 
-export { ENVD_VERSION } from './control.ts';
+export { ENVD_VERSION } from './control-common.ts';
 export { ConnectError, envelope } from './connect.ts';
+export { signatureOf } from './signed-urls.ts';
+export type { BaseTemplateSource } from './templates.ts';
 
 export interface E2bDeps {
   redis: Redis;
   registry: Pick<SandboxRegistry, 'get'>;
   keys: Pick<E2bKeyStore, 'verify'>;
-  sandboxes: E2bControlDeps['sandboxes'];
+  sandboxes: E2bControlDeps['sandboxes'] & E2bStateDeps['sandboxes'];
   ttls: E2bControlDeps['ttls'];
+  forks: E2bStateDeps['forks'];
+  metrics: E2bStateDeps['metrics'];
+  layers: Pick<LayerRegistry, 'resolve' | 'unname'>;
   execs: E2bEnvdDeps['execs'];
   files: E2bEnvdDeps['files'];
   filesMaxBytes: number;
+  /** The cluster's base template (none: E2B's `base` is busybox). */
+  baseTemplate: BaseTemplateSource | undefined;
+  /** The E2B settings of the config (ROLLBOX_E2B_*). */
+  options: { pauseMode: PauseMode; pausedTtlSeconds: number; baseTemplateWaitMs: number };
 }
 
 /**
@@ -27,7 +40,12 @@ export interface E2bDeps {
  * origin, routed by the `E2b-Sandbox-Id` header.
  */
 export function registerE2b(app: GatewayApp, deps: E2bDeps): void {
-  const access = new EnvdAccess(deps.redis);
-  registerE2bControl(app, { sandboxes: deps.sandboxes, ttls: deps.ttls, keys: deps.keys, access });
-  registerE2bEnvd(app, { redis: deps.redis, registry: deps.registry, access, execs: deps.execs, files: deps.files, filesMaxBytes: deps.filesMaxBytes });
+  const { redis, keys, sandboxes, options } = deps;
+  const access = new EnvdAccess(redis);
+  const templates = new E2bTemplates({ layers: deps.layers, base: deps.baseTemplate, baseWaitMs: options.baseTemplateWaitMs });
+  registerE2bControl(app, { sandboxes, ttls: deps.ttls, keys, access, templates, pause: { mode: options.pauseMode, pausedTtlSeconds: options.pausedTtlSeconds } });
+  registerE2bState(app, { redis, sandboxes, forks: deps.forks, metrics: deps.metrics, layers: deps.layers, keys, access });
+  registerE2bEnvd(app, { redis, registry: deps.registry, access, execs: deps.execs, files: deps.files, filesMaxBytes: deps.filesMaxBytes });
+  // Last: what is left of E2B's paths answers in E2B's shape.
+  registerE2bUnserved(app, { keys });
 }

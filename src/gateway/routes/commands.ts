@@ -6,7 +6,7 @@ import type { ExecService } from '../exec-service.ts';
 import { IdParam, errors, json, jsonBody, security, type GatewayApp } from './common.ts';
 
 /** What the command routes need of the exec service. */
-export type ExecApi = Pick<ExecService, 'exec' | 'streamExec' | 'startBackground' | 'commandLog' | 'commandStatus' | 'signalCommand' | 'writeCommandStdin'>;
+export type ExecApi = Pick<ExecService, 'exec' | 'streamExec' | 'startBackground' | 'commandPage' | 'commandStatus' | 'signalCommand' | 'writeCommandStdin'>;
 
 /** Commands: exec (buffered, streamed as server-sent events, or in the background), the command log. */
 export function registerCommandRoutes(app: GatewayApp, execs: ExecApi): void {
@@ -47,9 +47,12 @@ export function registerCommandRoutes(app: GatewayApp, execs: ExecApi): void {
       path: '/v1/sandboxes/{id}/commands',
       security,
       request: { params: IdParam, query: ListCommandsQuery },
-      responses: { 200: json(CommandList, 'the command log (trajectory), oldest first'), ...errors('not_found') },
+      responses: { 200: json(CommandList, 'the command log (trajectory), oldest first, a page at a time (`nextCursor`)'), ...errors('not_found') },
     }),
-    async (c) => c.json({ commands: await execs.commandLog(c.get('principal'), c.req.valid('param').id, c.req.valid('query').limit) }, 200),
+    async (c) => {
+      const { limit, after } = c.req.valid('query');
+      return c.json(await execs.commandPage(c.get('principal'), c.req.valid('param').id, after === undefined ? { limit } : { limit, after }), 200);
+    },
   );
 
   app.openapi(

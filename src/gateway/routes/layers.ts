@@ -1,12 +1,11 @@
-import { createReadStream } from 'node:fs';
 import { stat } from 'node:fs/promises';
-import { Readable } from 'node:stream';
 import { createRoute, z } from '@hono/zod-openapi';
 import type { Context } from 'hono';
 import rangeParser from 'range-parser';
 import { Layer, LayerChunkTable, LayerList, LayerName, RollboxError, UploadLayerQuery } from '../../api/index.ts';
 import { requireScope } from '../../iam/index.ts';
-import { CHUNK_ENCODING_HEADER, readBlob, type GzippedChunks, type LayerBuilder, type LayerStore } from '../../layers/index.ts';
+import { CHUNK_ENCODING_HEADER, filePieces, type GzippedChunks, type LayerBuilder, type LayerStore } from '../../layers/index.ts';
+import type { LayerReads } from '../layer-reads.ts';
 import type { GatewayEnv } from '../auth.ts';
 import type { LayerRegistry } from '../../registry/index.ts';
 import { describeZodError } from '../errors.ts';
@@ -22,6 +21,8 @@ export interface LayerRouteDeps {
   uploadLimitBytes: number;
   /** Byte ranges of a blob gzipped, for a client that accepts gzip (none: always sent as stored). */
   gzippedChunks?: Pick<GzippedChunks, 'range'>;
+  /** Streams the files, within its caps on reads at once. */
+  reads: LayerReads;
   now: () => number;
 }
 
@@ -35,12 +36,11 @@ export interface LayerRouteDeps {
  * instead of failing it. A layer's data is mostly binaries and libraries, which gzip at
  * level 1 cuts to about a third (bench:lazy: 0.36).
  *
- * A range (a host's chunk run: at most 16 MiB) is read in one call and answered as one
- * buffer (through a stream of 64 KiB pieces and Web-stream adapters the same 600 MiB of
- * 1 MiB ranges cost 2.5x the CPU here); its gzipped bytes come from `gzipped` (the blob's
+ * Whole or ranged, the bytes go in pieces of a chunk, read as the socket takes them, within
+ * the caps of `reads` (layer-reads.ts); gzipped ones come from `gzipped` (the blob's
  * chunks are gzipped once and kept: gzipped-chunks.ts).
  */
-async function serveFile(c: Context<GatewayEnv>, filePath: string, gzipped?: (start: number, end: number) => Promise<Buffer>): Promise<Response> {
+async function serveFile(c: Context<GatewayEnv>, filePath: string, reads: LayerReads, gzipped?: (start: number, end: number) => AsyncGenerator<Buffer>): Promise<Response> {
   const sizeBytes = await stat(filePath).then((s) => s.size, () => undefined);
   if (sizeBytes === undefined) throw new RollboxError('not_found', 'the layer was removed from the store meanwhile');
   c.header('Content-Type', 'application/octet-stream');
@@ -51,33 +51,23 @@ async function serveFile(c: Context<GatewayEnv>, filePath: string, gzipped?: (st
     c.header('Content-Range', `bytes */${sizeBytes}`);
     throw new RollboxError('range_not_satisfiable', `range ${header} is past the end of ${sizeBytes} bytes`);
   }
+  // A HEAD takes no read slot: Hono answers it from the GET's headers and drops the body unread.
+  const send = async (pieces: () => AsyncGenerator<Buffer>, status: 200 | 206): Promise<Response> => (c.req.method === 'HEAD' ? c.body(null, status) : c.body(await reads.body(c, pieces), status));
   // A malformed header, another unit or several ranges: the whole file (RFC 9110 allows ignoring Range).
   if (ranges === undefined || ranges === -2 || ranges.type !== 'bytes' || ranges.length !== 1) {
     c.header('Content-Length', String(sizeBytes));
-    return c.body(Readable.toWeb(createReadStream(filePath, { highWaterMark: STREAM_PIECE_BYTES })) as ReadableStream);
+    return send(() => filePieces(filePath, 0, sizeBytes), 200);
   }
   const { start, end } = ranges[0]!;
   c.header('Content-Range', `bytes ${start}-${end}/${sizeBytes}`);
-  if (end - start + 1 > MAX_BUFFERED_RANGE_BYTES) {
-    c.header('Content-Length', String(end - start + 1));
-    return c.body(Readable.toWeb(createReadStream(filePath, { start, end, highWaterMark: STREAM_PIECE_BYTES })) as ReadableStream, 206);
-  }
   if (gzipped && c.req.header(CHUNK_ENCODING_HEADER) === 'gzip') {
     c.header(CHUNK_ENCODING_HEADER, 'gzip');
     c.header('Vary', CHUNK_ENCODING_HEADER);
-    return c.body(asBody(await gzipped(start, end)), 206);
+    return send(() => gzipped(start, end), 206);
   }
-  const bytes = await readBlob(filePath, start, end - start + 1);
-  c.header('Content-Length', String(bytes.length));
-  return c.body(asBody(bytes), 206);
+  c.header('Content-Length', String(end - start + 1));
+  return send(() => filePieces(filePath, start, end - start + 1), 206);
 }
-
-/** A host's chunk run is at most 16 MiB (lazy/filler.ts); larger ranges stream. */
-const MAX_BUFFERED_RANGE_BYTES = 16 * 1024 * 1024;
-const STREAM_PIECE_BYTES = 1024 * 1024;
-/** A Buffer as the body type Hono takes (a view, not a copy). */
-const asBody = (b: Buffer): Uint8Array<ArrayBuffer> => new Uint8Array(b.buffer as ArrayBuffer, b.byteOffset, b.byteLength);
-
 
 /**
  * Layers: a tar goes in, a content-addressed EROFS layer comes out; list, read, unname, and
@@ -138,11 +128,11 @@ export function registerLayerRoutes(app: GatewayApp, deps: LayerRouteDeps): void
     const files = await filesOf(c);
     const filePath = files.blobPath ?? files.imagePath;
     const { gzippedChunks } = deps;
-    return serveFile(c, filePath, gzippedChunks && ((start, end) => gzippedChunks.range(files.digest, filePath, start, end)));
+    return serveFile(c, filePath, deps.reads, gzippedChunks && ((start, end) => gzippedChunks.range(files.digest, filePath, start, end)));
   });
   app.get('/v1/layers/:ref/meta', async (c) => {
     const files = await filesOf(c);
-    return files.blobPath ? serveFile(c, files.imagePath) : splitOnly(files.digest);
+    return files.blobPath ? serveFile(c, files.imagePath, deps.reads) : splitOnly(files.digest);
   });
   app.openapi(
     createRoute({

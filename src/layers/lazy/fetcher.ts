@@ -11,6 +11,8 @@ export interface OriginOptions {
   fetchImpl?: typeof fetch;
   /** One range request's deadline. */
   timeoutMs: number;
+  /** How long an origin answering 503 (its cap on layer reads) is asked again (see getLayerFile; default 120 s). */
+  busyRetryMs?: number;
   /** Told the bytes of each body read (what this host fetched from the origin). */
   onBytes?: (bytes: number) => void;
 }
@@ -26,8 +28,7 @@ export interface OriginOptions {
 export async function fetchChunks(digest: string, table: LayerChunkTable, first: number, count: number, origin: OriginOptions, onChunk?: (index: number, bytes: Buffer) => void): Promise<Buffer[]> {
   const start = chunkRange(table, first).start;
   const end = chunkRange(table, first + count - 1).end;
-  const signal = AbortSignal.timeout(origin.timeoutMs);
-  const response = (await getLayerFile(digest, 'blob', { ...origin, signal }, { range: `bytes=${start}-${end - 1}` }))!;
+  const response = (await getLayerFile(digest, 'blob', { ...origin, attemptTimeoutMs: origin.timeoutMs }, { range: `bytes=${start}-${end - 1}` }))!;
   // A 200 is the whole blob (an origin that ignored the range): only usable when that is what was asked.
   const whole = response.status === 200 && start === 0 && end === table.blob.sizeBytes;
   if (response.status !== 206 && !whole) {

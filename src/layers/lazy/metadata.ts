@@ -4,7 +4,7 @@ import { createHash } from 'node:crypto';
 import { RollboxError, type LayerChunkTable } from '../../api/index.ts';
 import { hexOfDigest } from '../digest.ts';
 import { parseChunkTable } from '../split.ts';
-import { getLayerFile } from '../sync.ts';
+import { CHUNK_TABLE_MAX_BYTES, getLayerFile, readCapped } from '../sync.ts';
 import { layerPaths, readQuiet, writeAtomically } from './cache-files.ts';
 import type { OriginOptions } from './fetcher.ts';
 import type { CachedLayer } from './types.ts';
@@ -12,7 +12,9 @@ import type { CachedLayer } from './types.ts';
 /**
  * A layer with its metadata in the cache: read back, or fetched from the origin now (chunk
  * table and metadata image, the image checked against the table). Undefined: a single-image
- * layer, which has no chunk table.
+ * layer, which has no chunk table. Each request has the origin's deadline and each answer
+ * its cap (the table's, the size the table gives the image): a slow or endless origin fails
+ * the mount instead of holding it or the host's memory.
  */
 export async function loadLayerMetadata(digest: string, cacheDir: string, origin: OriginOptions): Promise<CachedLayer | undefined> {
   const hex = hexOfDigest(digest);
@@ -22,13 +24,12 @@ export async function loadLayerMetadata(digest: string, cacheDir: string, origin
   if (tableBytes) {
     table = parseChunkTable(tableBytes, digest);
   } else {
-    const response = await getLayerFile(digest, 'chunks', origin, { missingOk: true });
+    const response = await getLayerFile(digest, 'chunks', { ...origin, attemptTimeoutMs: origin.timeoutMs }, { missingOk: true });
     if (!response) return undefined;
-    tableBytes = Buffer.from(await response.arrayBuffer());
-    origin.onBytes?.(tableBytes.length);
+    tableBytes = await readCapped(response, CHUNK_TABLE_MAX_BYTES, `layer ${digest}: its chunk table`, origin);
     table = parseChunkTable(tableBytes, digest);
-    const meta = Buffer.from(await (await getLayerFile(digest, 'meta', origin))!.arrayBuffer());
-    origin.onBytes?.(meta.length);
+    const metaResponse = await getLayerFile(digest, 'meta', { ...origin, attemptTimeoutMs: origin.timeoutMs });
+    const meta = await readCapped(metaResponse!, table.meta.sizeBytes, `layer ${digest}: its metadata image`, origin);
     if (createHash('sha256').update(meta).digest('hex') !== table.meta.sha256) throw new RollboxError('invalid_layer', `layer ${digest}: its metadata image from the origin does not match its chunk table`);
     // The table last: a layer is in the cache once its table is.
     await writeAtomically(paths.metaPath, meta);

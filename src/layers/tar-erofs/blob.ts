@@ -1,6 +1,6 @@
 import { closeSync, ftruncateSync, openSync, writeSync } from 'node:fs';
 import { ChunkHasher } from '../split.ts';
-import { BLOCK_BYTES } from './image.ts';
+import { BLOCK_BYTES } from './bytes.ts';
 
 const ZERO_BLOCK = Buffer.alloc(BLOCK_BYTES);
 
@@ -13,6 +13,7 @@ export class BlobWriter {
   readonly chunks: ChunkHasher;
   private readonly fd: number;
   private offset = 0;
+  private closed = false;
 
   constructor(path: string, chunkSizeBytes: number) {
     this.chunks = new ChunkHasher(chunkSizeBytes);
@@ -36,12 +37,15 @@ export class BlobWriter {
   finish(): number {
     this.padToBlock();
     ftruncateSync(this.fd, this.offset);
+    this.closed = true;
     closeSync(this.fd);
     return this.offset;
   }
 
-  /** Closes the file of a build that failed (the caller removes it). */
+  /** Closes the file of a build that failed, if still open (the caller removes it). */
   abandon(): void {
+    if (this.closed) return;
+    this.closed = true;
     closeSync(this.fd);
   }
 

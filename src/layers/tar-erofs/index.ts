@@ -1,15 +1,12 @@
-import { createHash } from 'node:crypto';
-import { writeFileSync } from 'node:fs';
 import type { Readable } from 'node:stream';
+import { sha256File } from '../digest.ts';
 import { OPAQUE_XATTR } from '../image-entries.ts';
 import { layerEntryOf, notAnEarlierFile, type EntryMeta, type LayerTarKind } from '../layer-entry.ts';
 import { chunkTableBytes } from '../split.ts';
 import { readTarEntries, type ExtractLimits } from '../tar-entries.ts';
 import { BlobWriter } from './blob.ts';
-import { erofsMetaImage } from './image.ts';
-import { LayerTree, type NodeMetaInit } from './tree.ts';
-
-export { erofsMetaImage } from './image.ts';
+import { writeErofsMetaImage } from './image.ts';
+import { LayerTree, NONE, type NodeMetaInit } from './tree.ts';
 
 export interface TarErofsOptions {
   /** An OCI or Docker image layer: whiteouts, opaque markers, FIFOs and xattrs as the extractor keeps them. */
@@ -32,15 +29,15 @@ const metaOf = (m: EntryMeta): NodeMetaInit => ({ mode: m.mode, uid: m.uid, gid:
 
 /**
  * A tar (plain, gzip or zstd) straight into a split EROFS layer: file contents go to the
- * data blob as they stream by, the tree is kept in memory and written last as the
- * metadata image. Nothing is extracted on the host and every byte is written once, in
- * its final place. The files the layer shows are those `extractTarSafely` + mkfs.erofs
+ * data blob as they stream by, the tree is kept in memory (compactly: tree.ts) and written
+ * last as the metadata image. Nothing is extracted on the host and every byte is written
+ * once, in its final place. The files the layer shows are those `extractTarSafely` + mkfs.erofs
  * would give (the same checks, the same replacement rules; compared in
  * test/tar-erofs.test.ts). Answers the chunk table's bytes (see LayerStore.putSplit).
  * The caller removes `files` when this fails.
  */
 export async function writeErofsLayerFromTar(input: Readable, files: SplitLayerFiles, limits: ExtractLimits, options: TarErofsOptions = {}): Promise<Buffer> {
-  const tree = new LayerTree();
+  const tree = new LayerTree(`${files.metaPath}.targets`);
   const blob = new BlobWriter(files.blobPath, files.chunkSizeBytes);
   const xattrs: [string[], string, Buffer][] = [];
   const opaque: string[][] = [];
@@ -54,7 +51,7 @@ export async function writeErofsLayerFromTar(input: Readable, files: SplitLayerF
       if (e.kind === 'whiteout') {
         tree.ensureDir(e.comps.slice(0, -1));
         // It hides only what lies below this layer: an entry of the same name earlier in this layer stays.
-        if (!tree.lookup(e.comps)) tree.place(e.comps, { kind: 'whiteout', mode: 0, uid: 0, gid: 0, mtimeMs: 0, xattrs: new Map() });
+        if (tree.lookup(e.comps) === NONE) tree.place(e.comps, tree.addNode('whiteout', { mode: 0, uid: 0, gid: 0, mtimeMs: 0 }));
         entry.skip();
         return;
       }
@@ -78,34 +75,41 @@ export async function writeErofsLayerFromTar(input: Readable, files: SplitLayerF
             blob.write(chunk);
             sizeBytes += chunk.length;
           }
-          tree.place(e.comps, { kind: 'file', ...metaOf(e.meta), xattrs: new Map(), sizeBytes, blobOffset });
+          tree.place(e.comps, tree.addNode('file', metaOf(e.meta), sizeBytes, blobOffset));
           return;
         }
-        case 'symlink':
-          tree.place(e.comps, { kind: 'symlink', ...metaOf(e.meta), mode: 0o777, xattrs: new Map(), target: Buffer.from(e.target, 'utf8') });
+        case 'symlink': {
+          const target = tree.addTarget(e.target);
+          tree.place(e.comps, tree.addNode('symlink', { ...metaOf(e.meta), mode: 0o777 }, target.offset, target.length));
           break;
+        }
         case 'link': {
           tree.ensureDir(e.targetComps.slice(0, -1));
           const target = tree.lookup(e.targetComps);
-          if (target?.kind !== 'file') notAnEarlierFile(e);
+          if (target === NONE || tree.kindOf(target) !== 'file') notAnEarlierFile(e);
           tree.place(e.comps, target);
           break;
         }
         case 'fifo':
-          tree.place(e.comps, { kind: 'fifo', ...metaOf(e.meta), xattrs: new Map() });
+          tree.place(e.comps, tree.addNode('fifo', metaOf(e.meta)));
           break;
       }
       entry.skip();
     });
     // As the extractor: xattrs, then opaque marks, on whatever the paths hold at the end.
     for (const [comps, name, value] of xattrs) tree.setXattr(comps, name, value);
-    for (const comps of opaque) if (tree.lookup(comps)?.kind === 'dir') tree.setXattr(comps, OPAQUE_XATTR, Buffer.from('y'));
+    for (const comps of opaque) {
+      const node = tree.lookup(comps);
+      if (node !== NONE && tree.kindOf(node) === 'dir') tree.setXattr(comps, OPAQUE_XATTR, Buffer.from('y'));
+    }
+    blob.finish();
+    writeErofsMetaImage(tree, files.metaPath, { chunkSizeBytes: files.chunkSizeBytes });
   } catch (err) {
     blob.abandon();
     throw err;
+  } finally {
+    tree.dispose();
   }
-  blob.finish();
-  const meta = erofsMetaImage(tree.root, { chunkSizeBytes: files.chunkSizeBytes });
-  writeFileSync(files.metaPath, meta, { flag: 'wx', mode: 0o600 });
-  return chunkTableBytes({ sha256: createHash('sha256').update(meta).digest('hex'), sizeBytes: meta.length }, blob.chunks);
+  const meta = await sha256File(files.metaPath);
+  return chunkTableBytes({ sha256: meta.hex, sizeBytes: meta.sizeBytes }, blob.chunks);
 }

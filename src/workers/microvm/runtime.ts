@@ -291,5 +291,9 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     sandboxesUsingLayers: (digests) => [...vms.values()].filter((vm) => vm.layers.some((d) => digests.has(d))).map((vm) => vm.sandboxId),
     unmountUnused: async () => {},
     diskSpace: () => ({ sizeMiB: 0, freeMiB: 0, preallocated: false }),
+    // Its guest's use is inside the guest: the host sees one VMM process, not the sandbox's figures.
+    metrics: async (id) => {
+      throw new RollboxError('tier_unsupported', `sandbox ${id} is a microVM: its metrics (CPU, memory, disk inside the guest) are not read yet`);
+    },
   };
 }

@@ -18,6 +18,8 @@ export interface CgroupHierarchies {
   freezer: string;
   /** The v1 cpu controller, if mounted (for cpu.idle of besteffort sandboxes). */
   cpu?: string;
+  /** The v1 cpuacct controller, if mounted (a sandbox's CPU time, for its metrics). */
+  cpuacct?: string;
   /** memory.memsw.* exists (swap accounting on): only then can swap be limited. */
   memsw: boolean;
 }
@@ -40,6 +42,7 @@ export async function discoverCgroups(): Promise<CgroupHierarchies> {
     memory,
     pids: need('pids'),
     cpu: byController.get('cpu'),
+    cpuacct: byController.get('cpuacct'),
     freezer: need('freezer'),
     memsw: existsSync(path.join(memory, 'memory.memsw.limit_in_bytes')),
   };

@@ -78,6 +78,7 @@ export async function createSandbox(ctx: RuntimeContext, spec: SandboxRuntimeSpe
         oomScoreAdj: ctx.sandboxOomScoreAdj,
         limitSwap: cg.memsw,
         seccomp: ctx.seccomp,
+        allowPrivilegeEscalation: spec.allowPrivilegeEscalation === true,
         annotations: {
           'io.rollbox.sandbox': id,
           [LAYERS_ANNOTATION]: JSON.stringify(layers),

@@ -12,6 +12,7 @@ import { packUpperDir, upperDirOfBundle } from './snapshot.ts';
 import { teardown } from './teardown.ts';
 import { ForkPoints } from './fork-point.ts';
 import { withDiskOnHost } from './disk-on-host.ts';
+import { SandboxMetricsReader } from './metrics.ts';
 import type { SandboxRuntime } from './types.ts';
 
 export interface RuncRuntime extends SandboxRuntime {
@@ -42,6 +43,7 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     return readOomKills(path.join((await ctx.cgroups()).memory, ctx.cgroupRel(id)));
   };
   const forkPoints = new ForkPoints(ctx);
+  const metrics = new SandboxMetricsReader(ctx, (id, spec) => execRawCommand(ctx, id, spec));
   return {
     runcRoot: layout.runcRoot,
     sandboxesDir: layout.sandboxesDir,
@@ -132,6 +134,7 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     sandboxesUsingLayers: (digests) => [...ctx.sandboxes.values()].filter((r) => r.layers.some((l) => digests.has(l.digest))).map((r) => r.id),
     unmountUnused: (digests) => ctx.layerMounts.unmountUnused(digests),
     diskSpace: () => ({ ...ctx.scratch.space(), preallocated: deps.preallocateDisks ?? false }),
+    metrics: (id) => (checkSandboxId(id), metrics.read(id)),
   };
 }
 

@@ -93,6 +93,8 @@ export interface ContainerConfigInput {
   limitSwap: boolean;
   /** Apply seccompProfile() (default true). */
   seccomp?: boolean;
+  /** Setuid programs may raise privileges within the sandbox (no no_new_privs). */
+  allowPrivilegeEscalation?: boolean;
   /** oom_score_adj given to the init and every exec'd process. */
   oomScoreAdj: number;
   annotations: Record<string, string>;
@@ -125,7 +127,7 @@ export function containerConfig(input: ContainerConfigInput): object {
       capabilities: { bounding: caps, effective: caps, permitted: caps, inheritable: [], ambient: [] },
       // No rlimits: raising any above the worker's needs CAP_SYS_RESOURCE, which this
       // host withholds; processes inherit the worker's limits.
-      noNewPrivileges: true,
+      noNewPrivileges: input.allowPrivilegeEscalation !== true,
       // runc applies this to the init (create.ts lowers it to 0 again); the init sets it for
       // every command. Positive so a host OOM takes sandbox processes before the worker.
       oomScoreAdj: input.oomScoreAdj,

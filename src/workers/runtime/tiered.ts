@@ -54,6 +54,7 @@ export function createTieredRuntime(container: SandboxRuntime, microvm: TierRunt
     sandboxesUsingLayers: (digests) => both.flatMap((r) => r.sandboxesUsingLayers(digests)),
     unmountUnused: (digests) => container.unmountUnused(digests),
     diskSpace: () => container.diskSpace(),
+    metrics: (id) => of(id).metrics(id),
   };
 }
 

@@ -1,4 +1,4 @@
-import type { FailureReason, NetworkPolicy, Resources, SandboxClass, SandboxTier } from '../../api/index.ts';
+import type { FailureReason, NetworkPolicy, Resources, RuntimeMetrics, SandboxClass, SandboxTier } from '../../api/index.ts';
 import type { LayerFiles } from '../../layers/index.ts';
 
 /** What the runtime needs to start one sandbox on this host. */
@@ -33,6 +33,8 @@ export interface SandboxRuntimeSpec {
    * children read it too).
    */
   restoreFork?: string;
+  /** Setuid programs may raise privileges (no no_new_privs); default false. */
+  allowPrivilegeEscalation?: boolean;
   /** Default: mode none (loopback only). */
   network?: NetworkPolicy;
   /**
@@ -246,4 +248,6 @@ export interface SandboxRuntime {
    * whole size there (then it cannot be overcommitted).
    */
   diskSpace(): { sizeMiB: number; freeMiB: number; preallocated: boolean };
+  /** One sample of the sandbox's resource use (CPU over a window, memory and disk now), from its cgroups and disk. */
+  metrics(sandboxId: string): Promise<RuntimeMetrics>;
 }

@@ -1,0 +1,40 @@
+import type { Redis } from 'ioredis';
+import type { Logger } from 'pino';
+import type { Config } from './config/index.ts';
+import { SandboxMetricsService, type GatewayDeps } from './gateway/index.ts';
+import { E2bKeyStore } from './iam/index.ts';
+import { BaseTemplate } from './images/index.ts';
+import type { LayerStore } from './layers/index.ts';
+import type { ImageRegistry, LayerRegistry, SandboxRegistry } from './registry/index.ts';
+
+type E2bDeps = NonNullable<GatewayDeps['e2b']>;
+
+/**
+ * Part of the composition root (main.ts), built from config: the E2B surface's parts (its
+ * keys, the sandboxes' metrics, the `base` template when it is on) and `start`, which
+ * begins the template's build as the gateway starts when so configured.
+ */
+export function e2bOf(
+  config: Config,
+  parts: Pick<E2bDeps, 'sandboxes' | 'ttls' | 'forks' | 'execs' | 'files'> & { redis: Redis; registry: SandboxRegistry; layers: LayerRegistry; images: ImageRegistry; store: LayerStore; nodes: ConstructorParameters<typeof SandboxMetricsService>[0]['nodes']; tmpDir: string },
+  logger: Logger,
+  now: () => number,
+): { e2b: E2bDeps; sandboxMetrics: SandboxMetricsService; start: () => void } {
+  const { redis, registry, layers, images, store, nodes, tmpDir, ...services } = parts;
+  const { when, ...templateConfig } = config.e2b.baseTemplate;
+  const baseTemplate = when === 'off' ? undefined : new BaseTemplate({ redis, images, layers, store, tmpDir, config: templateConfig, logger: logger.child({ template: 'base' }), now });
+  const sandboxMetrics = new SandboxMetricsService({ registry, nodes });
+  const e2b: E2bDeps = {
+    ...services,
+    redis,
+    registry,
+    layers,
+    keys: new E2bKeyStore(redis, now),
+    metrics: sandboxMetrics,
+    filesMaxBytes: config.files.maxBytes,
+    baseTemplate,
+    options: { pauseMode: config.e2b.pauseMode, pausedTtlSeconds: config.e2b.pausedTtlSeconds, baseTemplateWaitMs: config.e2b.baseTemplate.waitMs },
+  };
+  // Progress and failures are logged; a create of `base` tries again after a failure.
+  return { e2b, sandboxMetrics, start: () => void (when === 'start' && baseTemplate?.start().catch(() => undefined)) };
+}
