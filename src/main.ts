@@ -29,6 +29,7 @@ import { batchesOf } from './gateway-batches.ts';
 import { imagePullsOf } from './gateway-pulls.ts';
 import { gatewayConsoleOf } from './gateway-console.ts';
 import { e2bOf } from './gateway-e2b.ts';
+import { modelGatewayOf } from './gateway-model.ts';
 import { layerSourceOf, layerSyncOf } from './worker-layers.ts';
 
 export interface Stoppable {
@@ -132,6 +133,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const buildLayer: LayerBuilder = (tar, { maxBytes }) => buildLayerFromTar(tar, { store, tmpDir, maxBytes, maxEntries: config.layerMaxEntries, extract, build: config.layerBuild });
   const { batches, runner: batchRunner, jobs: batchJobs, stop: stopBatches } = batchesOf(config, redisUrl, redis, blocking, { sandboxes, files, execs, layers, buildLayer, now }, logger, now, (succeeded) => metrics.seen.taskEnded(succeeded));
   const verifier = createTokenVerifier(config.jwt);
+  const model = await modelGatewayOf(config, redisUrl, { redis, blocking, gatewayId, logger, now, metricsRegistry: metrics.registry });
   const e2bParts = e2bOf(config, { redis, registry, layers, images, store, nodes, tmpDir, sandboxes, ttls, forks, execs, files }, logger, now);
   const app = createGateway({
     config, redis, verifier, rolloutKeys: new RolloutKeyStore(redis, now), sandboxes, forks, ttls, execs, files, pools, runs, batches, layers, directory, metrics, logger, now, burst,
@@ -140,6 +142,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     buildLayer,
     layerStore: store,
     ...(config.http.layerBlobGzipLevel > 0 ? { gzippedChunks: new GzippedChunks(store, config.http.layerBlobGzipLevel) } : {}),
+    model,
     e2b: e2bParts.e2b,
     sandboxMetrics: e2bParts.sandboxMetrics,
     images: {
@@ -172,6 +175,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
       await burst.stop();
       await provider?.close?.();
       directory.stop();
+      await model.stop(); // before the server: held model calls end, their clients retry on another gateway
       await new Promise<void>((resolve) => server.close(() => resolve()));
       await replies.stop();
       await extractWorkers.close();

@@ -96,4 +96,6 @@ export { RunRequest, RunStatus, RunResult } from './run.ts';
 export { RunCodeRequest, RunCodeResponse, CommandRunResult, RunCodeLanguage } from './run-code.ts';
 export { BatchStep, BatchGrade, BatchTask, BatchOptions, CreateBatchRequest, BatchSubmitQuery, BatchState, TERMINAL_BATCH_STATES, TaskStatus, BatchCounts, Batch, BatchList, StepResult, BatchResultLine, BatchResultsQuery, BatchTaskStatus } from './batch.ts';
 export { RefusalCounts, SignalFigures, SignalSeries, CapacityQuery, CapacityScenario, CapacityReport, ConsoleQuery, ConsoleSnapshot, RecentCreate, BurstSimulationRequest, BurstSimulation } from './console.ts';
+export { MODEL_APIS, ModelApi, ModelHeaders, ModelBaseUrl, ModelUpstream, ModelTokenFields, ModelBinding, ModelHoldState, ModelFigures, ModelBindingView, ModelLimits, ModelUsage, ModelAttempt, ModelTokens, ModelCallRecord, ModelCallList } from './model.ts';
+export type { ModelBindingParsed } from './model.ts';
 export { E2bSnapshotBody, E2bSnapshotsQuery, E2bSnapshotRecord, E2bForkBody, E2bMetricsQuery, E2bNetworkUpdate, SandboxMetrics } from './e2b-control.ts';

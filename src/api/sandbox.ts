@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { ModelHoldState } from './model.ts';
 
 /** sha256 of a layer's EROFS image, as `sha256:<64 hex>`. */
 export const LayerDigest = z.string().regex(/^sha256:[0-9a-f]{64}$/, 'must be sha256:<64 hex digits>');
@@ -294,6 +295,8 @@ export type PolicyPatch = z.infer<typeof PolicyPatch>;
 
 export const JobActionResult = z.object({
   job: z.string(),
+  /** The job's model calls (the model gateway): held by a pause, released by a resume. */
+  model: ModelHoldState.optional(),
   results: z.array(
     z.object({
       id: z.string(),

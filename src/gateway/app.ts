@@ -6,6 +6,7 @@ import type { Logger } from 'pino';
 import { RollboxError } from '../api/index.ts';
 import type { Config } from '../config/index.ts';
 import type { RolloutKeyStore, TokenVerifier } from '../iam/index.ts';
+import type { ModelGateway } from '../model-gateway/index.ts';
 import type { NodeDirectory } from '../queues/index.ts';
 import { authenticate, authenticateFromUrl, confineRolloutKeys, type GatewayEnv } from './auth.ts';
 import { registerE2b, type E2bDeps } from './e2b/index.ts';
@@ -21,6 +22,7 @@ import { registerFilesRoutes, type FilesApi } from './routes/files.ts';
 import { registerForkRoutes, type ForkApi } from './routes/forks.ts';
 import { registerImageRoutes, type ImageRouteDeps } from './routes/images.ts';
 import { registerLayerRoutes, type LayerBuilder, type LayerRouteDeps } from './routes/layers.ts';
+import { modelErrorFlavor, modelErrorResponse, registerModelRoutes, type ModelApiDeps } from './routes/model.ts';
 import { LayerReads } from './layer-reads.ts';
 import { registerPoolRoutes, type PoolApi } from './routes/pools.ts';
 import { registerRunRoutes, type RunApi } from './routes/run.ts';
@@ -64,6 +66,8 @@ export interface GatewayDeps {
   console?: ConsoleApi;
   /** The E2B SDK's control plane and envd (src/gateway/e2b); absent: not served. */
   e2b?: E2bDeps;
+  /** The model gateway (src/model-gateway): model calls of hosted rollouts, job upstreams, model holds; absent: not served. */
+  model?: ModelApiDeps & Pick<ModelGateway, 'setJobPaused'>;
   /** `GET /v1/sandboxes/:id/metrics`; absent: not served. */
   sandboxMetrics?: Pick<SandboxMetricsService, 'sample'>;
 }
@@ -79,7 +83,12 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
       if (!result.success) return errorResponse(c, 'invalid_request', describeZodError(result.error, result.target === 'json' ? 'body' : result.target));
     },
   });
-  app.onError(handleError(deps.logger));
+  const onError = handleError(deps.logger);
+  // Model routes answer in the shape their SDK parses (OpenAI's, or Anthropic's on /messages), auth errors included.
+  app.onError((err, c) => {
+    const flavor = deps.model && err instanceof RollboxError ? modelErrorFlavor(c.req.path) : undefined;
+    return flavor ? modelErrorResponse(flavor, err) : onError(err, c);
+  });
   app.notFound((c) => errorResponse(c, 'not_found', `no route ${c.req.method} ${c.req.path}`));
   app.openAPIRegistry.registerComponent('securitySchemes', 'bearer', { type: 'http', scheme: 'bearer', bearerFormat: 'JWT' });
 
@@ -117,7 +126,7 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   // SandboxFusion's path, outside /v1: its clients post to a configured URL ending in /run_code.
   app.use('/run_code', authenticateFromUrl(deps.verifier), jsonLimit);
 
-  registerSandboxRoutes(app, deps.sandboxes, deps.ttls);
+  registerSandboxRoutes(app, deps.sandboxes, deps.ttls, deps.model);
   registerForkRoutes(app, deps.forks);
   registerCommandRoutes(app, deps.execs);
   registerFilesRoutes(app, deps.files);
@@ -135,5 +144,6 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   }
   if (deps.sandboxMetrics) registerMetricsRoutes(app, deps.sandboxMetrics);
   if (deps.e2b) registerE2b(app, deps.e2b);
+  if (deps.model) registerModelRoutes(app, { model: deps.model, jsonLimit });
   return app;
 }

@@ -244,7 +244,8 @@ export class SandboxService {
 
   /** Pause or resume every live sandbox of a training job, across all worker hosts at once. */
   async setJobPaused(principal: Principal, job: string, paused: boolean, mode: PauseRequest['mode'] = 'freeze'): Promise<JobActionResult> {
-    requireScope(principal, 'sandbox:exec');
+    // A trainer of hosted rollouts (rollout:submit) pauses its job's sandboxes too.
+    if (!principal.scopes.has('rollout:submit')) requireScope(principal, 'sandbox:exec');
     const sandboxes = (await this.deps.registry.list(principal.tenant, { job, limit: 1000 })).filter((s) => !isTerminal(s.state));
     const results = await Promise.all(
       sandboxes.map(async (sandbox) => {

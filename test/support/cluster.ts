@@ -49,7 +49,7 @@ export interface TestCluster {
    */
   spawnWorker(options: SpawnedWorkerOptions): Promise<ChildProcess>;
   /** Starts a gateway as its own `rollbox gateway` process (so a test can SIGKILL it); resolves with it and its URL. */
-  spawnGateway(options: { name: string; env?: Record<string, string> }): Promise<{ child: ChildProcess; url: string }>;
+  spawnGateway(options: { name: string; env?: Record<string, string>; /** Node's own flags (`--cpu-prof`, ...). */ nodeArgs?: string[] }): Promise<{ child: ChildProcess; url: string }>;
   workerConfig(options: TestWorkerOptions): Config;
   /** Stops the gateway; `startGateway` brings it back on the same port. */
   stopGateway(): Promise<void>;
@@ -134,7 +134,7 @@ export async function startTestCluster(options: { workers?: TestWorkerOptions[];
         return child;
       },
       async spawnGateway(g) {
-        const child = spawn(process.execPath, [path.join(REPO_ROOT, 'bin/rollbox.js'), 'gateway', '--data-dir', path.join(rootDir, g.name)], {
+        const child = spawn(process.execPath, [...(g.nodeArgs ?? []), path.join(REPO_ROOT, 'bin/rollbox.js'), 'gateway', '--data-dir', path.join(rootDir, g.name)], {
           env: { ...process.env, ...env, REDIS_URL: redis!.url, ROLLBOX_LOG_LEVEL: 'info', ...g.env },
           stdio: ['ignore', 'inherit', 'pipe'],
         });

@@ -1,4 +1,5 @@
 import { createRoute, z } from '@hono/zod-openapi';
+import type { ModelGateway } from '../../model-gateway/index.ts';
 import { CreateSandboxRequest, JobActionResult, Layer, ListSandboxesQuery, PauseRequest, PolicyPatch, Sandbox, SandboxList, SnapshotRequest, TtlRequest } from '../../api/index.ts';
 import type { TtlService } from '../ttl-service.ts';
 import type { SandboxService } from '../sandbox-service.ts';
@@ -10,7 +11,12 @@ export type SandboxApi = Pick<SandboxService, 'create' | 'list' | 'get' | 'delet
 /** Sandboxes: create, read, list, release, pause/resume (one or a whole job), snapshot, stage policy. */
 export type TtlApi = Pick<TtlService, 'setTtl'>;
 
-export function registerSandboxRoutes(app: GatewayApp, sandboxes: SandboxApi, ttls: TtlApi): void {
+/**
+ * `modelHolds`: a job's pause also holds its model calls (taken before its sandboxes
+ * freeze), and its resume releases them (after its sandboxes thaw, so no agent times out
+ * on a reply that was there when it was thawed).
+ */
+export function registerSandboxRoutes(app: GatewayApp, sandboxes: SandboxApi, ttls: TtlApi, modelHolds?: Pick<ModelGateway, 'setJobPaused'>): void {
   app.openapi(
     createRoute({
       method: 'post',
@@ -65,7 +71,14 @@ export function registerSandboxRoutes(app: GatewayApp, sandboxes: SandboxApi, tt
         request: { params: z.object({ job: z.string().max(128) }), body },
         responses: { 200: json(JobActionResult, `every live sandbox of the job, with its outcome`), ...errors() },
       }),
-      async (c) => c.json(await sandboxes.setJobPaused(c.get('principal'), c.req.valid('param').job, paused, c.req.valid('json')?.mode), 200),
+      async (c) => {
+        const principal = c.get('principal');
+        const { job } = c.req.valid('param');
+        const held = paused ? await modelHolds?.setJobPaused(principal, job, true) : undefined;
+        const result = await sandboxes.setJobPaused(principal, job, paused, c.req.valid('json')?.mode);
+        const released = paused ? held : await modelHolds?.setJobPaused(principal, job, false);
+        return c.json({ ...result, ...(released ? { model: released } : {}) }, 200);
+      },
     );
   }
 
