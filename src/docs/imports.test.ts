@@ -3,6 +3,7 @@ import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 
 const SRC = path.resolve(import.meta.dirname, '..');
+const PYTHON_CLIENT = path.resolve(SRC, '../clients/python/rollbox');
 
 function sourceFiles(dir: string): string[] {
   return readdirSync(dir, { withFileTypes: true }).flatMap((e) => {
@@ -52,6 +53,18 @@ describe('module structure', () => {
 
   it('has no import cycles between the files of src/ either (type-only imports count)', () => {
     const edges = new Map(sourceFiles(SRC).map((file) => [path.relative(SRC, file), importsOf(file).map((target) => path.relative(SRC, target))]));
+    expect(cyclesIn(edges)).toEqual([]);
+  });
+
+  it('has no import cycles between the Python client\'s modules (imports under TYPE_CHECKING and inside functions count)', () => {
+    const modules = readdirSync(PYTHON_CLIENT).filter((f) => f.endsWith('.py')).map((f) => f.slice(0, -'.py'.length));
+    const edges = new Map(modules.filter((m) => m !== '__init__').map((m) => {
+      const text = readFileSync(path.join(PYTHON_CLIENT, `${m}.py`), 'utf8');
+      // `from .x import y` and `from . import x [as y], z`, at any indentation.
+      const named = [...text.matchAll(/^\s*from \.([A-Za-z_]\w*) import /gm)].map((i) => i[1]!);
+      const bare = [...text.matchAll(/^\s*from \. import ([^\n(]+)/gm)].flatMap((i) => i[1]!.split(',').map((part) => part.trim().split(/\s+/)[0]!));
+      return [m, [...named, ...bare].filter((target) => modules.includes(target))];
+    }));
     expect(cyclesIn(edges)).toEqual([]);
   });
 
