@@ -6,6 +6,7 @@ import { handleCreate } from './create-handler.ts';
 import { heartbeatOf } from './heartbeat.ts';
 import { Audit } from './audit.ts';
 import { HostContext, type WorkerHostDeps } from './host-context.ts';
+import { residentOf } from './local-sandboxes.ts';
 import { OpHandler } from './op-handler.ts';
 import { PoolKeeper } from './pool-keeper.ts';
 
@@ -229,7 +230,7 @@ export class WorkerHost {
     for (const s of records) {
       if (adopted.has(s.id)) {
         const { memoryMiB, cpuMillis, diskMiB } = reservationOf(s.spec.resources);
-        const local = { id: s.id, memoryMiB, cpuMillis, diskMiB, expiresAtMs: Infinity, starting: false };
+        const local = { id: s.id, memoryMiB, cpuMillis, diskMiB, expiresAtMs: Infinity, starting: false, ...residentOf(s) };
         ctx.local.set(local);
         ctx.setExpiry(local, Date.parse(s.expiresAt ?? '') || Infinity);
       } else if (s.state !== 'pending' && s.state !== 'hibernated') {

@@ -60,7 +60,8 @@ export class OpHandler {
           return await done();
         case 'pause':
         case 'resume':
-          await this.setPaused(op.sandboxId, op.kind === 'pause');
+          if (op.kind === 'pause' && op.mode === 'swap') await this.swapOut(op.sandboxId);
+          else await this.setPaused(op.sandboxId, op.kind === 'pause');
           return await done();
         case 'files_read':
           ctx.requireLocal(op.sandboxId);
@@ -242,11 +243,11 @@ export class OpHandler {
     if (ctx.deps.runtime.hibernatesWhole(sandboxId)) {
       await ctx.deps.runtime.hibernateWhole(sandboxId, ctx.deps.hibernatedImageDirOf(sandboxId));
       await ctx.removeLocal(sandboxId);
-      moved = await ctx.deps.registry.transition(sandboxId, 'hibernated', { from: ['running', 'paused'], node: ctx.nodeId, hibernatedWhole: true });
+      moved = await ctx.deps.registry.transition(sandboxId, 'hibernated', { from: ['running', 'paused'], node: ctx.nodeId, hibernatedWhole: true, swapped: null });
     } else {
       const stored = await this.packWritableLayer(sandboxId, requestId, []);
       await ctx.removeLocal(sandboxId);
-      moved = await ctx.deps.registry.transition(sandboxId, 'hibernated', { from: ['running', 'paused'], node: ctx.nodeId, hibernationLayer: stored.digest });
+      moved = await ctx.deps.registry.transition(sandboxId, 'hibernated', { from: ['running', 'paused'], node: ctx.nodeId, hibernationLayer: stored.digest, swapped: null });
       await ctx.layers.unpin(stored.digest);
     }
     if (moved.kind !== 'ok') throw new RollboxError('conflict', `sandbox ${sandboxId} changed state while hibernating`);
@@ -271,14 +272,26 @@ export class OpHandler {
     }
   }
 
-  /** The TTL of a sandbox that pauses at it: paused in `mode`, then ended at `pausedUntilMs` (see HostContext.expire). */
+  /**
+   * The TTL of a sandbox that pauses at it: paused in `mode`, then ended at `pausedUntilMs`
+   * (see HostContext.expire). A swap pause this host has no room for freezes instead: nobody
+   * waits on the answer, and a frozen sandbox is still whole.
+   */
   async pauseAtTtl(sandboxId: string, mode: PauseMode, pausedUntilMs: number): Promise<void> {
     if (mode === 'hibernate') {
       // Recorded first: hibernate() hands the janitor the TTL it finds on the record.
       await this.ctx.deps.registry.setExpiresAt(sandboxId, new Date(pausedUntilMs).toISOString());
       return this.hibernate(sandboxId, newId('req'));
     }
-    await this.setPaused(sandboxId, true);
+    if (mode === 'swap') {
+      await this.swapOut(sandboxId).catch(async (err: unknown) => {
+        if (!(err instanceof RollboxError && err.code === 'swap_unavailable')) throw err;
+        this.ctx.log.warn({ sandboxId, err: err.message }, 'auto-pause: no swap room; the sandbox is frozen with its memory');
+        await this.setPaused(sandboxId, true);
+      });
+    } else {
+      await this.setPaused(sandboxId, true);
+    }
     await this.ctx.moveExpiry(sandboxId, pausedUntilMs);
   }
 
@@ -286,7 +299,26 @@ export class OpHandler {
     const { ctx } = this;
     ctx.requireLocal(sandboxId);
     await (paused ? ctx.deps.runtime.pause(sandboxId) : ctx.deps.runtime.resume(sandboxId));
-    await ctx.deps.registry.transition(sandboxId, paused ? 'paused' : 'running', { from: [paused ? 'running' : 'paused'], node: ctx.nodeId });
+    await ctx.deps.registry.transition(sandboxId, paused ? 'paused' : 'running', { from: [paused ? 'running' : 'paused'], node: ctx.nodeId, ...(paused ? {} : { swapped: null }) });
+    const local = ctx.local.get(sandboxId);
+    if (!paused && local) delete local.residentMiB;
+  }
+
+  /**
+   * Pause mode `swap` (a running sandbox, or one frozen already): frozen, its memory paged
+   * out; from then on it counts in admission for what it still holds. Without room in the
+   * host's swap file the runtime refuses before anything changed.
+   */
+  private async swapOut(sandboxId: string): Promise<void> {
+    const { ctx } = this;
+    ctx.requireLocal(sandboxId);
+    const held = await ctx.deps.runtime.swapOut(sandboxId);
+    const local = ctx.local.get(sandboxId);
+    if (local) local.residentMiB = Math.ceil(held.residentBytes / (1024 * 1024));
+    const moved = await ctx.deps.registry.transition(sandboxId, 'paused', { from: ['running'], node: ctx.nodeId, swapped: held });
+    if (moved.kind !== 'ok' && !(await ctx.deps.registry.setSwapped(sandboxId, ctx.nodeId, held))) {
+      throw new RollboxError('conflict', `sandbox ${sandboxId} changed state while its memory was paged out`);
+    }
   }
 
   /** A fork's point in a sandbox of this host: made, packed into a layer (answered as a snapshot), removed, or saved whole. */

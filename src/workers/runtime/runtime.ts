@@ -13,6 +13,7 @@ import { teardown } from './teardown.ts';
 import { ForkPoints } from './fork-point.ts';
 import { withDiskOnHost } from './disk-on-host.ts';
 import { SandboxMetricsReader } from './metrics.ts';
+import { resumeSwapped, swapOut } from './swap-out.ts';
 import type { SandboxRuntime } from './types.ts';
 
 export interface RuncRuntime extends SandboxRuntime {
@@ -110,7 +111,8 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
       return applyPolicy(ctx, id, change);
     },
     pause: (id) => setFrozen(ctx, id, true),
-    resume: (id) => setFrozen(ctx, id, false),
+    swapOut: (id) => (checkSandboxId(id), swapOut(ctx, deps.swap, id)),
+    resume: (id) => (checkSandboxId(id), resumeSwapped(ctx, deps.memctlBinary, id)),
     async isRunning(id) {
       checkSandboxId(id);
       return ctx.isRunningNow(id);

@@ -25,6 +25,7 @@ export function createTieredRuntime(container: SandboxRuntime, microvm: TierRunt
     destroy: (id) => of(id).destroy(id),
     applyPolicy: (id, change) => of(id).applyPolicy(id, change),
     pause: (id) => of(id).pause(id),
+    swapOut: (id) => of(id).swapOut(id),
     resume: (id) => of(id).resume(id),
     snapshot: (id, options) => of(id).snapshot(id, options),
     makeForkPoint: (id, forkPointId) => of(id).makeForkPoint(id, forkPointId),
