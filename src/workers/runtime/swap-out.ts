@@ -2,7 +2,7 @@ import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { RollboxError } from '../../api/index.ts';
 import { closeSwap, memoryCgroupKindOf, prefetchSwapped, readMemoryHeld, reclaimAll, type MemoryCgroupKind, type MemoryHeld, type SwapSpace } from '../../swap/index.ts';
-import { readProcs } from './cgroups.ts';
+import { procsOfTree } from './cgroups.ts';
 import type { RuntimeContext } from './context.ts';
 import { freezerStateFile, setFrozen } from './policy.ts';
 
@@ -50,7 +50,8 @@ export async function swapOut(ctx: RuntimeContext, swap: SwapSpace | undefined, 
 export async function resumeSwapped(ctx: RuntimeContext, memctlBinary: string | undefined, id: string): Promise<void> {
   const cgroup = await memoryCgroupOf(ctx, id).catch(() => undefined);
   if (cgroup && (await readMemoryHeld(cgroup.dir, cgroup.kind)).swappedBytes > 0) {
-    await prefetchSwapped(readProcs(cgroup.dir), memctlBinary);
+    // Every process of the sandbox: commands run in cgroups of their own under its cgroup.
+    await prefetchSwapped(procsOfTree(cgroup.dir), memctlBinary);
     await closeSwap(cgroup.dir, cgroup.kind);
   }
   await setFrozen(ctx, id, false);
