@@ -4,7 +4,7 @@ from .batches import Batches
 from .client import Files, Jobs, Layers, Rollbox, Sandbox, Sandboxes
 from .errors import (
     AdmissionExhausted, CommandFailed, Conflict, ConnectionFailed, Forbidden, ImageNotFound, ImagePullTimeout, Internal, RangeNotSatisfiable, InvalidArchive,
-    InvalidImage, InvalidLayer, InvalidRequest, InvalidState, NetworkUnavailable, NoCapacity, NodeLost, NotFound, PayloadTooLarge,
+    InvalidImage, InvalidLayer, InvalidRequest, InvalidState, ModelHoldExpired, ModelLimitExceeded, ModelUpstreamFailed, NetworkUnavailable, NoCapacity, NodeLost, NotFound, PayloadTooLarge,
     QuotaExceeded, NotImplementedByRollbox, TemplateNotReady, RegistryNotAllowed, RegistryUnauthorized, RegistryUnavailable, ResultUnknown, RollboxError, SnapshotFailed, SwapUnavailable, TierUnsupported, Timeout, Unauthenticated,
     Unavailable,
 )
@@ -18,5 +18,5 @@ __all__ = [
     "InvalidArchive", "InvalidImage", "InvalidLayer", "InvalidRequest", "InvalidState", "NetworkUnavailable", "NoCapacity", "NodeLost",
     "NotFound", "PayloadTooLarge", "QuotaExceeded", "ResultUnknown", "Timeout", "Unauthenticated", "Unavailable",
     "ImageNotFound", "ImagePullTimeout", "RangeNotSatisfiable", "RegistryNotAllowed", "NotImplementedByRollbox", "TemplateNotReady", "SwapUnavailable", "RegistryUnauthorized", "RegistryUnavailable", "TierUnsupported",
-    "SnapshotFailed",
+    "SnapshotFailed", "ModelHoldExpired", "ModelLimitExceeded", "ModelUpstreamFailed",
 ]

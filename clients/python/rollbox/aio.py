@@ -17,10 +17,10 @@ except ImportError as err:  # pragma: no cover
     raise ImportError("rollbox.aio needs httpx: pip install 'rollbox[async]'") from err
 
 from . import _core as core
+from ._core import USER_AGENT, Command
 from ._tar import extract_tar, tar_of_dir
 from .aio_batches import AsyncBatches
 from .images import AsyncImages, layer_upload_request
-from .client import USER_AGENT, Command
 from .errors import CommandFailed, ConnectionFailed, RollboxError, Timeout, error_from_answer
 from .types import CommandStatus, ExecResult, RunResult, StreamEvent
 

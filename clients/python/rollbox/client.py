@@ -6,6 +6,7 @@ import time
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 from . import _core as core
+from ._core import USER_AGENT, Command
 from ._tar import extract_tar, tar_of_dir
 from ._transport import SyncTransport
 from .batches import Batches
@@ -13,8 +14,6 @@ from .images import Images, layer_upload_request
 from .errors import CommandFailed, ConnectionFailed, RollboxError
 from .types import CommandStatus, ExecResult, RunResult, StreamEvent
 
-Command = Union[str, Sequence[str]]
-USER_AGENT = "rollbox-python/0.1.0"
 
 
 class Rollbox:

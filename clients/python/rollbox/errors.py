@@ -178,6 +178,24 @@ class NotImplementedByRollbox(RollboxError):
     code = "not_implemented"
 
 
+class ModelHoldExpired(RollboxError):
+    """A model call was held (its job paused, its upstreams unreachable or unregistered) past the gateway's hold limit or its rollout's wall time."""
+
+    code = "model_hold_expired"
+
+
+class ModelLimitExceeded(RollboxError):
+    """The rollout used up its model calls or tokens: the call was not made."""
+
+    code = "model_limit_exceeded"
+
+
+class ModelUpstreamFailed(RollboxError):
+    """A model call's answer was cut short more often than the gateway's re-issues could mend, or a re-issue did not repeat what was already received."""
+
+    code = "model_upstream_failed"
+
+
 class ConnectionFailed(RollboxError):
     """The gateway could not be reached, or the connection dropped before an answer."""
 
@@ -218,6 +236,7 @@ ERRORS_BY_CODE: Dict[str, Type[RollboxError]] = {
         ResultUnknown, PayloadTooLarge, RangeNotSatisfiable, QuotaExceeded, Internal, AdmissionExhausted, NoCapacity, NetworkUnavailable,
         Unavailable, Timeout, NodeLost, ImageNotFound, RegistryUnauthorized, RegistryUnavailable, RegistryNotAllowed, ImagePullTimeout,
         TierUnsupported, SnapshotFailed, SwapUnavailable, TemplateNotReady, NotImplementedByRollbox,
+        ModelHoldExpired, ModelLimitExceeded, ModelUpstreamFailed,
     )
 }
 
