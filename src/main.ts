@@ -24,7 +24,6 @@ import { WorkerHost } from './workers/index.ts';
 import { NetworkSelfTest, SandboxNetworks } from './workers/network/index.ts';
 import { checkWorkerHostOrThrow } from './workers/host-checks/index.ts';
 import { besteffortGuardOf, createRuncRuntime, createTieredRuntime } from './workers/runtime/index.ts';
-import { SwapSpace } from './swap/index.ts';
 import { microVmRuntimeOf } from './workers/microvm/index.ts';
 import { batchesOf } from './gateway-batches.ts';
 import { imagePullsOf } from './gateway-pulls.ts';
@@ -249,8 +248,7 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
   });
   // One guard for both tiers: a latency command holds back besteffort containers and VMs alike.
   const besteffortGuard = besteffortGuardOf({ holdMs: config.node.besteffortHoldMs, heldCpuMillis: config.node.besteffortHeldCpuMillis, onError: (file, err) => logger.warn({ file, err: String(err) }, 'besteffort guard could not write a CPU quota') });
-  const swap = new SwapSpace(config.node.swap);
-  const containers = createRuncRuntime({ dataDir: workerDir, runtimeBinary: config.node.runtimeBinary, layerMounts, nodeId, logger, network, scratchSizeGiB: config.node.scratchSizeGiB, scratchFs: config.node.scratchFs, scratchIdleUnmountMs: config.node.idleUnmountMs, besteffortGuard, swap });
+  const containers = createRuncRuntime({ dataDir: workerDir, runtimeBinary: config.node.runtimeBinary, layerMounts, nodeId, logger, network, scratchSizeGiB: config.node.scratchSizeGiB, scratchFs: config.node.scratchFs, scratchIdleUnmountMs: config.node.idleUnmountMs, besteffortGuard, swap: config.node.swap });
   // A microVM's snapshot is read from its guest's tar stream on a thread of its own, off the event loop.
   const extractWorkers = new ExtractWorkers(1);
   const microvm = microVmRuntimeOf(config.node.microvm, path.join(workerDir, 'microvm'), nodeId, { logger, network, besteffortGuard, extract: extractWorkers.extract, ...(source.lazy ? { lazy: source.lazy } : {}) });
@@ -290,8 +288,6 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
     async stop(options = { destroySandboxes: false }) {
       clearInterval(housekeeping);
       await host.stop(options);
-      // Sandboxes left running keep their memory in the swap file; with none left it goes.
-      if (options.destroySandboxes) await swap.remove().catch((err: unknown) => logger.warn({ err, file: swap.filePath }, 'could not remove the swap file'));
       // Nothing is mounted any more after a destroying stop: the gate can end with it.
       await source.lazy?.stop({ shutdownGate: options.destroySandboxes });
       await extractWorkers.close();

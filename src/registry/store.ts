@@ -265,10 +265,8 @@ export class SandboxRegistry {
     return (await SET_EXPIRES_AT.run(this.redis, [keys.sandbox(id)], [expiresAt])) === 1;
   }
 
-  /** A sandbox already paused on `node` has its memory paged out (see set-sandbox-swapped.lua); false when it is not paused there. */
-  async setSwapped(id: string, node: string, swapped: NonNullable<Sandbox['swapped']>): Promise<boolean> {
-    return (await SET_SWAPPED.run(this.redis, [keys.sandbox(id)], [node, JSON.stringify(swapped)])) === 1;
-  }
+  /** A sandbox paused on `node` had its memory paged out; false when it is not paused there. */
+  setSwapped = async (id: string, node: string, swapped: NonNullable<Sandbox['swapped']>): Promise<boolean> => (await SET_SWAPPED.run(this.redis, [keys.sandbox(id)], [node, JSON.stringify(swapped)])) === 1;
 
   async addOomKills(id: string, count: number): Promise<void> {
     if (count > 0) await this.redis.hincrby(keys.sandbox(id), 'oomKills', count);

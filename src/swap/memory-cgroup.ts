@@ -1,4 +1,4 @@
-import { existsSync } from 'node:fs';
+import { readdirSync } from 'node:fs';
 import { readFile, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 
@@ -11,11 +11,20 @@ import path from 'node:path';
  */
 export type MemoryCgroupKind = 'v1' | 'v2';
 
-/** Chosen by the files the cgroup has: memory.reclaim (v2), else memory.force_empty (v1). */
-export function memoryCgroupKindOf(dir: string): MemoryCgroupKind | undefined {
-  if (existsSync(path.join(dir, 'memory.reclaim'))) return 'v2';
-  if (existsSync(path.join(dir, 'memory.force_empty'))) return 'v1';
+/** Chosen by the files a memory cgroup has: memory.reclaim (v2), else memory.force_empty (v1). */
+export function memoryCgroupKindFrom(files: ReadonlySet<string>): MemoryCgroupKind | undefined {
+  if (files.has('memory.reclaim')) return 'v2';
+  if (files.has('memory.force_empty')) return 'v1';
   return undefined;
+}
+
+/** The kind of the memory cgroup at `dir` (undefined: no such cgroup). */
+export function memoryCgroupKindOf(dir: string): MemoryCgroupKind | undefined {
+  try {
+    return memoryCgroupKindFrom(new Set(readdirSync(dir)));
+  } catch {
+    return undefined;
+  }
 }
 
 /** What a sandbox holds in memory and what it has in swap, bytes. */

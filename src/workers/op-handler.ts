@@ -8,6 +8,7 @@ import { sandboxFilesMeta } from './files-meta.ts';
 import { readSandboxFiles, writeSandboxFiles } from './files.ts';
 import type { HostContext } from './host-context.ts';
 import { InitLostError } from './init/index.ts';
+import { setPaused, swapOut } from './pausing.ts';
 import { CommandReleasedError, type RuntimeExecOutcome, type RuntimeSnapshot } from './runtime/index.ts';
 
 /** A packed layer is safe from garbage collection this long if its record is never written. */
@@ -60,8 +61,8 @@ export class OpHandler {
           return await done();
         case 'pause':
         case 'resume':
-          if (op.kind === 'pause' && op.mode === 'swap') await this.swapOut(op.sandboxId);
-          else await this.setPaused(op.sandboxId, op.kind === 'pause');
+          if (op.kind === 'pause' && op.mode === 'swap') await swapOut(ctx, op.sandboxId);
+          else await setPaused(ctx, op.sandboxId, op.kind === 'pause');
           return await done();
         case 'files_read':
           ctx.requireLocal(op.sandboxId);
@@ -284,41 +285,15 @@ export class OpHandler {
       return this.hibernate(sandboxId, newId('req'));
     }
     if (mode === 'swap') {
-      await this.swapOut(sandboxId).catch(async (err: unknown) => {
+      await swapOut(this.ctx, sandboxId).catch(async (err: unknown) => {
         if (!(err instanceof RollboxError && err.code === 'swap_unavailable')) throw err;
         this.ctx.log.warn({ sandboxId, err: err.message }, 'auto-pause: no swap room; the sandbox is frozen with its memory');
-        await this.setPaused(sandboxId, true);
+        await setPaused(this.ctx, sandboxId, true);
       });
     } else {
-      await this.setPaused(sandboxId, true);
+      await setPaused(this.ctx, sandboxId, true);
     }
     await this.ctx.moveExpiry(sandboxId, pausedUntilMs);
-  }
-
-  private async setPaused(sandboxId: string, paused: boolean): Promise<void> {
-    const { ctx } = this;
-    ctx.requireLocal(sandboxId);
-    await (paused ? ctx.deps.runtime.pause(sandboxId) : ctx.deps.runtime.resume(sandboxId));
-    await ctx.deps.registry.transition(sandboxId, paused ? 'paused' : 'running', { from: [paused ? 'running' : 'paused'], node: ctx.nodeId, ...(paused ? {} : { swapped: null }) });
-    const local = ctx.local.get(sandboxId);
-    if (!paused && local) delete local.residentMiB;
-  }
-
-  /**
-   * Pause mode `swap` (a running sandbox, or one frozen already): frozen, its memory paged
-   * out; from then on it counts in admission for what it still holds. Without room in the
-   * host's swap file the runtime refuses before anything changed.
-   */
-  private async swapOut(sandboxId: string): Promise<void> {
-    const { ctx } = this;
-    ctx.requireLocal(sandboxId);
-    const held = await ctx.deps.runtime.swapOut(sandboxId);
-    const local = ctx.local.get(sandboxId);
-    if (local) local.residentMiB = Math.ceil(held.residentBytes / (1024 * 1024));
-    const moved = await ctx.deps.registry.transition(sandboxId, 'paused', { from: ['running'], node: ctx.nodeId, swapped: held });
-    if (moved.kind !== 'ok' && !(await ctx.deps.registry.setSwapped(sandboxId, ctx.nodeId, held))) {
-      throw new RollboxError('conflict', `sandbox ${sandboxId} changed state while its memory was paged out`);
-    }
   }
 
   /** A fork's point in a sandbox of this host: made, packed into a layer (answered as a snapshot), removed, or saved whole. */
