@@ -32,6 +32,12 @@ export function parseProcSwaps(text: string): SwapArea[] {
     .map((f) => ({ filename: f[0]!.replace(/\\040/g, ' '), sizeBytes: Number(f[2]) * KIB, usedBytes: Number(f[3]) * KIB }));
 }
 
+/** Pages in memory that still hold a swap slot (host-wide; this file is the host's only swap area in practice). */
+async function swapCachedBytes(): Promise<number> {
+  const meminfo = await readFile('/proc/meminfo', 'utf8').catch(() => '');
+  return Number(/^SwapCached:\s+(\d+) kB$/m.exec(meminfo)?.[1] ?? 0) * KIB;
+}
+
 /**
  * The swap file a worker host pages paused sandboxes out to: made and enabled at the first
  * swap pause (fallocate, mkswap, swapon), sized from config, and removed (swapoff, unlink)
@@ -39,9 +45,11 @@ export function parseProcSwaps(text: string): SwapArea[] {
  * running keeps it: they still have memory in it, and the next start on the same data dir
  * finds it enabled and goes on with it.
  *
- * Room is counted against the file's own free space as /proc/swaps reports it, less what
- * swap-outs in flight have claimed (`reserve`), so concurrent pauses cannot together promise
- * more than the file holds.
+ * Room is counted against the file's own free space as /proc/swaps reports it, plus the
+ * slots of pages read back but still in the swap cache (/proc/meminfo SwapCached: a resumed
+ * sandbox's pages keep their slots, and paging them out again reuses them without a write),
+ * less what swap-outs in flight have claimed (`reserve`), so concurrent pauses cannot
+ * together promise more than the file holds.
  */
 export class SwapSpace {
   private enabling?: Promise<void>;
@@ -73,7 +81,7 @@ export class SwapSpace {
     await this.enable();
     const area = await this.area();
     if (!area) throw new RollboxError('swap_unavailable', `the swap file ${this.options.filePath} is no longer enabled on this worker host`);
-    const freeBytes = area.sizeBytes - area.usedBytes - this.claimedBytes;
+    const freeBytes = area.sizeBytes - area.usedBytes + Math.min(await swapCachedBytes(), area.usedBytes) - this.claimedBytes;
     if (bytes > freeBytes) {
       throw new RollboxError(
         'swap_unavailable',
