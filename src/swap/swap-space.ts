@@ -7,6 +7,8 @@ import { RollboxError } from '../api/index.ts';
 const run = promisify(execFile);
 const KIB = 1024;
 const MIB = 1024 * 1024;
+/** Memory moves (page-out, prefetch) at once per host; see SwapSpace.oneAtATime. */
+const MOVES_AT_ONCE = 2;
 
 export interface SwapSpaceOptions {
   /** The swap file (on a filesystem that takes swap files: ext4, XFS; not tmpfs or overlayfs). */
@@ -54,6 +56,8 @@ async function swapCachedBytes(): Promise<number> {
 export class SwapSpace {
   private enabling?: Promise<void>;
   private claimedBytes = 0;
+  private running = 0;
+  private readonly waiting: (() => void)[] = [];
 
   constructor(private readonly options: SwapSpaceOptions) {}
 
@@ -94,6 +98,22 @@ export class SwapSpace {
       if (!released) this.claimedBytes -= bytes;
       released = true;
     };
+  }
+
+  /**
+   * Page-outs and prefetches run MOVES_AT_ONCE at a time on a host: each keeps a core busy
+   * in the kernel (and a libuv thread: the worker's own file reads, its heartbeat's among
+   * them, must not queue behind a job's 32 page-outs), and the disk reads them in order.
+   */
+  async oneAtATime<T>(fn: () => Promise<T>): Promise<T> {
+    if (this.running >= MOVES_AT_ONCE) await new Promise<void>((resolve) => this.waiting.push(resolve));
+    this.running++;
+    try {
+      return await fn();
+    } finally {
+      this.running--;
+      this.waiting.shift()?.();
+    }
   }
 
   /** Made and enabled once; a failed attempt is tried again by the next swap pause. */

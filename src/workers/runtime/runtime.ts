@@ -114,7 +114,7 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     },
     pause: (id) => setFrozen(ctx, id, true),
     swapOut: (id) => (checkSandboxId(id), swapOut(ctx, swap, id)),
-    resume: (id) => (checkSandboxId(id), resumeSwapped(ctx, deps.memctlBinary, id)),
+    resume: (id) => (checkSandboxId(id), resumeSwapped(ctx, swap, deps.memctlBinary, id)),
     async isRunning(id) {
       checkSandboxId(id);
       return ctx.isRunningNow(id);

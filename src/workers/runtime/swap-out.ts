@@ -29,7 +29,7 @@ export async function swapOut(ctx: RuntimeContext, swap: SwapSpace | undefined, 
     try {
       await setFrozen(ctx, id, true);
       try {
-        await reclaimAll(cgroup.dir, cgroup.kind);
+        await swap.oneAtATime(() => reclaimAll(cgroup.dir, cgroup.kind));
       } catch (err) {
         // As it was: whatever went to swap comes back as it is touched.
         if (!wasFrozen) await setFrozen(ctx, id, false);
@@ -47,11 +47,12 @@ export async function swapOut(ctx: RuntimeContext, swap: SwapSpace | undefined, 
  * swap only thaws): every process's swapped memory is prefetched (rollbox-memctl), so the
  * sandbox's first instructions do not each wait for the disk.
  */
-export async function resumeSwapped(ctx: RuntimeContext, memctlBinary: string | undefined, id: string): Promise<void> {
+export async function resumeSwapped(ctx: RuntimeContext, swap: SwapSpace | undefined, memctlBinary: string | undefined, id: string): Promise<void> {
   const cgroup = await memoryCgroupOf(ctx, id).catch(() => undefined);
   if (cgroup && (await readMemoryHeld(cgroup.dir, cgroup.kind)).swappedBytes > 0) {
     // Every process of the sandbox: commands run in cgroups of their own under its cgroup.
-    await prefetchSwapped(procsOfTree(cgroup.dir), memctlBinary);
+    const prefetch = () => prefetchSwapped(procsOfTree(cgroup.dir), memctlBinary);
+    await (swap ? swap.oneAtATime(prefetch) : prefetch());
     await closeSwap(cgroup.dir, cgroup.kind);
   }
   await setFrozen(ctx, id, false);
