@@ -27,7 +27,9 @@ const TOUCHED_MIB = Number(process.env.BENCH_PAUSE_TOUCHED_MIB ?? 128);
 
 // Swap room for the whole job, with a margin for what its sandboxes hold beside memhold's buffer.
 const swapFileMiB = SANDBOXES * (TOUCHED_MIB + 32) + 256;
-const cluster = await startTestCluster({ workers: [{ nodeId: 'bench-node', env: { ROLLBOX_SWAP_FILE_MIB: String(swapFileMiB) } }] });
+// The production node-lost delay (tests use 1.5 s): a job's gigabytes going to swap on the disk
+// Redis appends to delay its writes, heartbeats among them, by seconds (docs/operations.md).
+const cluster = await startTestCluster({ env: { ROLLBOX_NODE_LOST_AFTER_MS: '30000' }, workers: [{ nodeId: 'bench-node', env: { ROLLBOX_SWAP_FILE_MIB: String(swapFileMiB) } }] });
 process.once('SIGINT', () => void cluster.stop().finally(() => process.exit(130)));
 try {
   const token = await cluster.token('bench', ['sandbox:create', 'sandbox:delete', 'sandbox:exec']);
