@@ -107,6 +107,11 @@ describe('pause mode swap', () => {
       const node = (await api(cluster, token, 'GET', '/v1/nodes')).body.nodes.find((n: { nodeId: string }) => n.nodeId === a.node);
       return node.used.memoryMiB <= 0.1 * HELD_MIB;
     });
+    // The node reports it: in its heartbeat and in the gateway's metrics.
+    const metric = async (name: string) => Number(new RegExp(`^${name}\\{node="${a.node}"[^}]*\\} (\\S+)$`, 'm').exec((await api(cluster, undefined, 'GET', '/metrics')).body)?.[1]);
+    await waitFor('the node to report the swapped memory', async () => (await metric('rollbox_node_memory_swapped_bytes')) >= HELD_MIB * MIB);
+    expect(await metric('rollbox_node_memory_given_back_bytes')).toBeGreaterThanOrEqual((320 - 0.1 * HELD_MIB) * MIB);
+    expect(await metric('rollbox_node_memory_resident_bytes')).toBeLessThan(0.1 * HELD_MIB * MIB + 64 * MIB);
     const b = await holdingSandbox({});
     expect(residentBytes(b.node, b.id)).toBeGreaterThan(HELD_MIB * MIB);
 

@@ -53,6 +53,8 @@ export class WorkerHost {
   /** False until the host has started (adopted, tested, synced): placement skips it. */
   private ready = false;
   private syncedLayers: string[] | undefined;
+  /** Its sandboxes' memory (resident, swapped), read after each heartbeat for the next. */
+  private memoryHeld: { residentBytes: number; swappedBytes: number } | undefined;
   private readonly stopping = new AbortController();
   private networkTick: Promise<void> | undefined;
 
@@ -265,7 +267,10 @@ export class WorkerHost {
       network: ctx.networkHealth,
       pools: this.pools.status(),
       tiers: this.deps.tiers,
+      memoryHeld: this.memoryHeld,
     });
+    // Read for the next beat: cgroup files, off the beat's own path.
+    void this.deps.runtime.memoryHeld().then((held) => (this.memoryHeld = held), () => undefined);
     const added = await this.deps.redis.hset(keys.nodes, this.nodeId, JSON.stringify(heartbeat));
     // Our entry was gone: a janitor declared this host lost (a long stall) and failed its
     // sandboxes. Those must go here too, now rather than at the audit's next round.

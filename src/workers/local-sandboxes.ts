@@ -101,6 +101,18 @@ export class LocalSandboxes {
     return { memoryMiB, cpuMillis, diskMiB };
   }
 
+  /** Swap pauses' gift to admission: what swapped sandboxes reserved less what they still hold, MiB, and how many. */
+  givenBack(): { givenBackMiB: number; swappedSandboxes: number } {
+    let givenBackMiB = 0;
+    let swappedSandboxes = 0;
+    for (const s of this.byId.values()) {
+      if (s.residentMiB === undefined) continue;
+      givenBackMiB += s.memoryMiB - Math.min(s.memoryMiB, s.residentMiB);
+      swappedSandboxes++;
+    }
+    return { givenBackMiB, swappedSandboxes };
+  }
+
   /** A create request this host answered (admitted or refused). */
   noteHandled(sandboxId: string, atMs: number): void {
     this.handled.push({ sandboxId, atMs });

@@ -13,7 +13,7 @@ import { teardown } from './teardown.ts';
 import { ForkPoints } from './fork-point.ts';
 import { withDiskOnHost } from './disk-on-host.ts';
 import { SandboxMetricsReader } from './metrics.ts';
-import { resumeSwapped, swapOut } from './swap-out.ts';
+import { memoryHeldUnder, resumeSwapped, swapOut } from './swap-out.ts';
 import { SwapSpace } from '../../swap/index.ts';
 import type { SandboxRuntime } from './types.ts';
 
@@ -114,6 +114,7 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     },
     pause: (id) => setFrozen(ctx, id, true),
     swapOut: (id) => (checkSandboxId(id), swapOut(ctx, swap, id)),
+    memoryHeld: () => memoryHeldUnder(ctx, layout.cgroupParents),
     resume: (id) => (checkSandboxId(id), resumeSwapped(ctx, swap, deps.memctlBinary, id)),
     async isRunning(id) {
       checkSandboxId(id);

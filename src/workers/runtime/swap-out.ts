@@ -42,6 +42,19 @@ export async function swapOut(ctx: RuntimeContext, swap: SwapSpace | undefined, 
   });
 }
 
+/** The memory of every sandbox under these cgroup parents (each tree's hierarchical totals). */
+export async function memoryHeldUnder(ctx: RuntimeContext, parents: readonly string[]): Promise<MemoryHeld> {
+  const root = (await ctx.cgroups()).memory;
+  const held = await Promise.all(
+    parents.map(async (parent) => {
+      const dir = path.join(root, parent);
+      const kind = memoryCgroupKindOf(dir);
+      return kind ? readMemoryHeld(dir, kind) : { residentBytes: 0, swappedBytes: 0 };
+    }),
+  );
+  return { residentBytes: held.reduce((sum, h) => sum + h.residentBytes, 0), swappedBytes: held.reduce((sum, h) => sum + h.swappedBytes, 0) };
+}
+
 /**
  * Thaw, after reading back what a swap pause paged out (a frozen sandbox with nothing in
  * swap only thaws): every process's swapped memory is prefetched (rollbox-memctl), so the

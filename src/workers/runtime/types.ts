@@ -176,6 +176,8 @@ export interface SandboxRuntime {
    * there. Answers what it holds afterwards.
    */
   swapOut(sandboxId: string): Promise<{ residentBytes: number; swappedBytes: number }>;
+  /** What this runtime's sandboxes hold together in the host's memory and in swap (their cgroups' totals). */
+  memoryHeld(): Promise<{ residentBytes: number; swappedBytes: number }>;
   /** Thaw; memory a swap pause paged out is read back first. */
   resume(sandboxId: string): Promise<void>;
   /**
