@@ -1,4 +1,8 @@
+import fs from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { runRollbox } from './support/cli.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { tarOf, type TarEntry } from './support/tar.ts';
 
@@ -173,5 +177,34 @@ describe('image build refusals', () => {
     const again = await build({ name: 'broken', steps: ['FROM busybox', 'RUN echo made > /made', 'RUN echo about to fail; echo oops >&2; exit 3'] });
     expect(again.state).toBe('failed');
     expect(again.steps[1].state).toBe('cached');
+  });
+});
+
+describe('rollbox image build', () => {
+  it('packs the context (what .dockerignore excludes left out), shows the steps on a progress bar, and exits non-zero with the output of a failed RUN', async () => {
+    const dir = await fs.mkdtemp(path.join(os.tmpdir(), 'rollbox-build-cli-'));
+    try {
+      await fs.mkdir(path.join(dir, 'site'));
+      await fs.writeFile(path.join(dir, 'site/index.html'), '<h1>hi</h1>\n');
+      await fs.writeFile(path.join(dir, 'site/draft.tmp'), 'draft\n');
+      await fs.symlink('index.html', path.join(dir, 'site/home.html'));
+      await fs.writeFile(path.join(dir, '.dockerignore'), '**/*.tmp\n');
+      await fs.writeFile(path.join(dir, 'build.Dockerfile'), 'FROM busybox\nARG WHO\nCOPY site /www\nRUN echo "built by $WHO" > /www/by.txt\nWORKDIR /www\n');
+      const built = await runRollbox(['image', 'build', '-f', path.join(dir, 'build.Dockerfile'), dir, '--name', 'cli-site', '--build-arg', 'WHO=cli', '--progress'], { url: cluster.url, token: builder });
+      expect(built.code, built.stderr).toBe(0);
+      expect(built.stdout).toMatch(/state\s+ready/);
+      expect(built.stdout).toMatch(/steps\s+5 \(3 run, 0 cached\)/);
+      expect(built.stderr).toMatch(/cli-site\s+\[#+\]\s+100%/);
+      expect((await run('cli-site', 'pwd; ls; cat by.txt; readlink home.html')).stdout).toBe('/www\nby.txt\nhome.html\nindex.html\nbuilt by cli\nindex.html\n');
+
+      await fs.writeFile(path.join(dir, 'Dockerfile'), 'FROM busybox\nRUN echo compiling; echo "error: no compiler" >&2; exit 2\n');
+      const failed = await runRollbox(['image', 'build', dir, '--name', 'cli-broken'], { url: cluster.url, token: builder });
+      expect(failed.code).not.toBe(0);
+      expect(failed.stdout).toMatch(/state\s+failed/);
+      expect(failed.stderr).toContain('error: no compiler');
+      expect(failed.stderr).toContain('build_step_failed');
+    } finally {
+      await fs.rm(dir, { recursive: true, force: true });
+    }
   });
 });

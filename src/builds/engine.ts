@@ -123,6 +123,7 @@ export async function runBuild(deps: BuildEngineDeps, run: BuildRun): Promise<{ 
       case 'WORKDIR': {
         const [dir] = words();
         state.workdir = path.posix.resolve(state.workdir, dir ?? '/');
+        if (state.workdir === '/') return 'config';
         // Docker makes the directory: a step of its own, cached like any other.
         return layerStep(i, state, `WORKDIR ${state.workdir}`, '', async (sandboxId) => {
           await mustSucceed(i, await deps.execs.exec(acting, sandboxId, { argv: ['/.rollbox/busybox', 'mkdir', '-p', state.workdir], env: {}, user: '0', timeoutMs: 60_000, background: false }));
