@@ -1,8 +1,13 @@
 import { RollboxError, SCOPES, type Scope } from '../api/index.ts';
-import type { RolloutGrant } from './rollout-keys.ts';
 
 /** Tenant ids go into Redis keys, paths and labels, so the alphabet is kept small. */
 export const TENANT_PATTERN = /^[A-Za-z0-9_.-]{1,64}$/;
+
+/** The rollout a principal acts for, when it authenticated with a rollout key. */
+export interface RolloutGrant {
+  readonly id: string;
+  readonly job: string;
+}
 
 /** Who is calling. Cached and shared between requests, hence read-only. */
 export interface Principal {

@@ -1,5 +1,6 @@
 import { Image, RollboxError, issuesText } from '../api/index.ts';
-import type { ImageImportDeps } from './import.ts';
+import type { LayerStore } from '../layers/index.ts';
+import type { ImageRegistry, LayerRegistry } from '../registry/index.ts';
 import type { ImageLayerBlob } from './layer.ts';
 
 /**
@@ -25,6 +26,15 @@ export class ImportHolds {
   }
 }
 
+/** What an import's or pull's layer set works with. */
+export interface ImageLayerSetDeps {
+  store: Pick<LayerStore, 'has' | 'putSplit' | 'remove'>;
+  layers: Pick<LayerRegistry, 'register' | 'get' | 'pin' | 'unpin' | 'forget' | 'resolve'>;
+  images: Pick<ImageRegistry, 'diffIdOfBlob' | 'layerOfDiffId' | 'remember' | 'put' | 'layerDigests'>;
+  /** Layers the imports running in this process hold (one instance per gateway). */
+  holds: ImportHolds;
+}
+
 /**
  * The layers one import or pull builds or finds stored, and what becomes of them: the one
  * place where "a layer blob became a stored layer" turns into an image record or is undone.
@@ -34,7 +44,7 @@ export class ImportHolds {
 export class ImageLayerSet {
   private readonly layers: Promise<ImageLayerBlob>[] = [];
 
-  constructor(private readonly deps: Pick<ImageImportDeps, 'store' | 'layers' | 'images' | 'holds'>) {}
+  constructor(private readonly deps: ImageLayerSetDeps) {}
 
   /** A layer being built (or found stored): held by this import from when it is. */
   add(layer: Promise<ImageLayerBlob>): Promise<ImageLayerBlob> {

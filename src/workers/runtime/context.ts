@@ -14,11 +14,7 @@ import { ScratchDisks } from './scratch.ts';
 import type { ScratchFsType } from './scratch-image.ts';
 import { DEFAULT_INIT_BINARY } from '../init/index.ts';
 import { InitWatch } from './init-watch.ts';
-
-export interface RuntimeLogger {
-  warn(obj: object, msg?: string): void;
-  info(obj: object, msg?: string): void;
-}
+import type { RuntimeLogger } from './logger.ts';
 
 export interface RuncRuntimeDeps {
   /** Everything of this runtime lives here (see layout.ts). */
