@@ -41,7 +41,7 @@ function listed(s: Sandbox) {
     envdVersion: ENVD_VERSION,
     metadata: metadataOf(s),
     allowInternetAccess: s.spec.network.mode === 'allowlist',
-    lifecycle: { onTimeout: s.spec.onTtl?.action === 'pause' ? 'pause' : 'kill', autoResume: false },
+    lifecycle: { onTimeout: s.spec.onTtl?.action === 'pause' ? 'pause' : 'kill', autoResume: s.spec.onTtl?.autoResume === true },
     network: { allowPublicTraffic: s.spec.publicTraffic === true, allowOut: s.spec.network.allow.map((r) => r.cidr ?? r.host!) },
   };
 }
@@ -75,7 +75,7 @@ export function registerE2bControl(app: GatewayApp, deps: E2bControlDeps): void 
         env: body.envVars ?? {},
         labels: { ...body.metadata, [TEMPLATE_LABEL]: template },
         ...(network ? { network } : {}),
-        ...(body.autoPause ? { onTtl: { action: 'pause', mode: body.autoPauseMemory === false ? 'hibernate' : pause.mode, pausedTtlSeconds: pause.pausedTtlSeconds } } : {}),
+        ...(body.autoPause ? { onTtl: { action: 'pause', mode: body.autoPauseMemory === false ? 'hibernate' : pause.mode, pausedTtlSeconds: pause.pausedTtlSeconds, ...(body.autoResume?.enabled ? { autoResume: true } : {}) } } : {}),
         ...(body.network?.allowPublicTraffic ? { publicTraffic: true } : {}),
         // E2B's templates give their user passwordless sudo: the base template's does.
         ...(template === DEFAULT_TEMPLATE && image ? { allowPrivilegeEscalation: true } : {}),
