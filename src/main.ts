@@ -27,6 +27,7 @@ import { besteffortGuardOf, createRuncRuntime, createTieredRuntime } from './wor
 import { microVmRuntimeOf } from './workers/microvm/index.ts';
 import { batchesOf } from './gateway-batches.ts';
 import { imagePullsOf } from './gateway-pulls.ts';
+import { buildsOf } from './gateway-builds.ts';
 import { gatewayConsoleOf } from './gateway-console.ts';
 import { e2bOf } from './gateway-e2b.ts';
 import { modelGatewayOf } from './gateway-model.ts';
@@ -86,7 +87,6 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const images = new ImageRegistry(redis, layers, logger);
   const store = layerStoreOf(config);
   const tmpDir = path.join(config.dataDir, 'tmp');
-  const importHolds = new ImportHolds();
   // Uploaded layers and image layers are extracted on worker threads, off the event loop.
   const extractWorkers = new ExtractWorkers();
   const extract = extractWorkers.extract;
@@ -119,7 +119,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     now,
     random: Math.random,
   });
-  const layerDeps = { store, layers, images, holds: importHolds, tmpDir, maxLayerBytes: config.http.layerUploadLimitBytes, maxLayerEntries: config.layerMaxEntries, now, extract, build: config.layerBuild };
+  const layerDeps = { store, layers, images, holds: new ImportHolds(), tmpDir, maxLayerBytes: config.http.layerUploadLimitBytes, maxLayerEntries: config.layerMaxEntries, now, extract, build: config.layerBuild };
   const { imagePulls, stop: stopImagePulls } = imagePullsOf(config, redis, images, layerDeps, logger, now);
   // A create's (or a pool's) image.ref: the image holding it, pulled first if none does.
   const resolveImage = resolveImageRef(imagePulls, config.imagePull.waitMs);
@@ -132,11 +132,11 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const runs = new RunService({ sandboxes, redis, fetchMaxBytes: config.files.maxBytes, now });
   const buildLayer: LayerBuilder = (tar, { maxBytes }) => buildLayerFromTar(tar, { store, tmpDir, maxBytes, maxEntries: config.layerMaxEntries, extract, build: config.layerBuild });
   const { batches, runner: batchRunner, jobs: batchJobs, stop: stopBatches } = batchesOf(config, redisUrl, redis, blocking, { sandboxes, files, execs, layers, buildLayer, now }, logger, now, (succeeded) => metrics.seen.taskEnded(succeeded));
-  const verifier = createTokenVerifier(config.jwt);
+  const { builds, stop: stopBuilds } = buildsOf(config, redisUrl, { redis, sandboxes, files, execs, images, layers, imagePulls, buildLayer }, logger, now);
   const model = await modelGatewayOf(config, redisUrl, { redis, blocking, gatewayId, logger, now, metricsRegistry: metrics.registry });
   const e2bParts = e2bOf(config, { redis, registry, layers, images, store, nodes, tmpDir, sandboxes, ttls, forks, execs, files }, logger, now);
   const app = createGateway({
-    config, redis, verifier, rolloutKeys: new RolloutKeyStore(redis, now), sandboxes, forks, ttls, execs, files, pools, runs, batches, layers, directory, metrics, logger, now, burst,
+    config, redis, verifier: createTokenVerifier(config.jwt), rolloutKeys: new RolloutKeyStore(redis, now), sandboxes, forks, ttls, execs, files, pools, runs, batches, layers, directory, metrics, logger, now, burst,
     jobQueues: () => [...directory.list().map((n) => createJobs.queue(n.nodeId)), ...batchJobs.openQueues()],
     console: consoleParts.service({ pools: () => pools.listAll(), burst, metricsRegistry: metrics.registry }),
     buildLayer,
@@ -145,6 +145,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     model,
     e2b: e2bParts.e2b,
     sandboxMetrics: e2bParts.sandboxMetrics,
+    builds: { api: builds, contextMaxBytes: config.build.contextMaxBytes },
     images: {
       records: imagePulls,
       importImage: (archive, query) => importImage(archive, query, layerDeps),
@@ -152,8 +153,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     },
   });
   const collector = new LayerCollector({ redis, layers, sandboxes: registry, images, store, graceMs: config.layerGc.graceMs, logger, now });
-  const layerGc = { collector, intervalMs: config.layerGc.intervalMs };
-  const janitor = new Janitor({ redis, registry, commands, directory, lostAfterMs: config.node.lostAfterMs, intervalMs: 500, logger, now, layerGc, createJobs });
+  const janitor = new Janitor({ redis, registry, commands, directory, lostAfterMs: config.node.lostAfterMs, intervalMs: 500, logger, now, layerGc: { collector, intervalMs: config.layerGc.intervalMs }, createJobs });
   janitor.start();
   batchRunner.start();
   imagePulls.start();
@@ -169,7 +169,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     gatewayId,
     async stop() {
       janitor.stop();
-      await stopImagePulls();
+      await Promise.all([stopBuilds(), stopImagePulls()]);
       await stopBatches();
       await consoleParts.signals.stop();
       await burst.stop();

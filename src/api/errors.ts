@@ -37,6 +37,9 @@ export const ERROR_CODES = {
   not_implemented: { status: 501, meaning: 'An E2B route or option rollbox does not serve; the message names how rollbox differs (docs/e2b.md).' },
   image_pull_timeout: { status: 504, meaning: 'A create whose `image.ref` had to be pulled waited longer than `ROLLBOX_IMAGE_PULL_WAIT_MS` (the pull goes on: `GET /v1/images/:name`), or a pull ran past its own deadline, `ROLLBOX_IMAGE_PULL_DEADLINE_MS` (it ended `failed`, nothing of it stored).' },
   registry_not_allowed: { status: 403, meaning: 'The gateway\'s egress policy refused an image pull\'s destination: a registry not in `ROLLBOX_REGISTRY_ALLOW`, or a registry, redirect or token realm that is not http(s), names port 0, or reaches a loopback, link-local or private address without being listed in `ROLLBOX_REGISTRY_INTERNAL` (docs/images.md).' },
+  invalid_dockerfile: { status: 400, meaning: 'An image build\'s Dockerfile (or steps) does not parse: an unknown instruction, one without arguments, a bad flag value, quote or substitution, an instruction before FROM, a COPY source not in the context; the message names the line.' },
+  build_unsupported: { status: 400, meaning: 'An image build asks for what the builder cannot honour (RUN --mount, HEALTHCHECK, ONBUILD, VOLUME, STOPSIGNAL, heredocs, ADD from a URL or of an archive, COPY --link): refused at the request, naming the line, never skipped.' },
+  build_step_failed: { status: 422, meaning: 'An image build\'s RUN step exited non-zero or ran past the build\'s `stepTimeoutMs`: the build ended `failed` with the step\'s line, exit code and output; nothing of it was stored as the image.' },
 } as const satisfies Record<string, { status: number; meaning: string }>;
 
 export type ErrorCode = keyof typeof ERROR_CODES;

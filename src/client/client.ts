@@ -12,6 +12,7 @@ import {
   LayerList,
   Sandbox,
   SandboxList,
+  SandboxMetrics,
   type CreateSandboxRequest,
   type ErrorCode,
   type ExecRequest,
@@ -101,6 +102,11 @@ export class RollboxClient {
   /** The sandbox ends `ttlSeconds` from now (sooner or later than it would have). */
   async setTtl(id: string, ttlSeconds: number): Promise<Sandbox> {
     return Sandbox.parse(await this.call('POST', `/v1/sandboxes/${encodeURIComponent(id)}/ttl`, { ttlSeconds }));
+  }
+
+  /** One sample of the sandbox's CPU, memory and disk use, read from its cgroups by its host (CPU: since the previous sample). */
+  async metrics(id: string): Promise<SandboxMetrics> {
+    return SandboxMetrics.parse(await this.call('GET', `/v1/sandboxes/${encodeURIComponent(id)}/metrics`));
   }
 
   /** Runs a command; give `commandId` to make re-sending it (e.g. after a preemption) safe. */

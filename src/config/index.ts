@@ -2,7 +2,7 @@ import { z } from 'zod';
 import os from 'node:os';
 import path from 'node:path';
 import { RunCodeLanguage } from '../api/run-code.ts';
-import { PauseMode } from '../api/sandbox.ts';
+import { NetworkAllowRule, PauseMode } from '../api/sandbox.ts';
 import { registryHostOf } from '../oci-registry/index.ts';
 import { parseRedisTarget } from '../redis/connect.ts';
 
@@ -22,6 +22,9 @@ function checkRedisUrl(value: string, ctx: z.RefinementCtx): void {
 }
 
 /**
+ * Longer than most: the one environment schema (every variable, its default and its
+ * meaning in one place) and the one function that turns it into Config.
+ *
  * The one environment schema. `loadConfig` is called once by the composition root
  * (the CLI); everything else receives the parsed `Config` (or the slice it needs).
  */
@@ -150,6 +153,12 @@ export const Env = z.object({
     .string()
     .default('')
     .describe('Gateway: JSON `{"language": {"image": {"base": "...", "layers": [...]}, "argv": ["python3"], "file": "main.py", "memoryMiB": 512}}` for `POST /run_code`, over the defaults (python: layer `python`, `python3 main.py`; bash: `busybox`, `sh main.sh`).'),
+  ROLLBOX_BUILD_SLOTS: z.coerce.number().int().min(0).default(2).describe('Gateway: image builds this gateway runs at once (0: it runs none; other gateways do).'),
+  ROLLBOX_BUILD_LEASE_MS: z.coerce.number().int().min(1000).default(30_000).describe('Gateway: the BullMQ lock of a running image build, renewed while it runs; a build whose gateway died is taken over about this long later and runs again from its cached steps.'),
+  ROLLBOX_BUILD_NETWORK_ALLOW: z.string().default('').describe('Gateway: destinations every image build\'s RUN steps may reach, with those of the request (`network.allow`): comma-separated `host`, `address` or `cidr`, each optionally `:port`. Empty, and none in the request: RUN steps have no network.'),
+  ROLLBOX_BUILD_CONTEXT_MAX_BYTES: z.coerce.number().int().min(1024).default(256 * 1024 * 1024).describe('Gateway: the largest build context tar (`POST /v1/images/builds/contexts`); it is held in Redis until ROLLBOX_BUILD_CONTEXT_TTL_MS. What one COPY writes is also held to ROLLBOX_FILES_MAX_BYTES.'),
+  ROLLBOX_BUILD_CONTEXT_TTL_MS: z.coerce.number().int().min(1000).default(3600_000).describe('Gateway: how long an uploaded build context is kept for builds to name.'),
+  ROLLBOX_BUILD_CACHE_TTL_MS: z.coerce.number().int().min(1000).default(7 * 24 * 3600_000).describe('Gateway: a cached build step\'s layer is kept (safe from layer garbage collection) this long after a build last used it.'),
   ROLLBOX_BATCH_SLOTS: z.coerce.number().int().min(0).default(8).describe('Gateway: batch tasks this gateway runs at once (over every batch; 0: it runs none).'),
   ROLLBOX_BATCH_LEASE_MS: z.coerce.number().int().min(1000).default(10_000).describe('Gateway: the BullMQ lock of a running batch task\'s job, renewed every third of it; the stalled check runs as often, so a gateway that dies has its tasks waiting again about this long plus two checks later (BullMQ\'s default is 30 s).'),
   ROLLBOX_BATCH_MAX_BYTES: z.coerce.number().int().min(1024).default(512 * 1024 * 1024).describe('Gateway: the largest NDJSON batch body.'),
@@ -266,6 +275,19 @@ export function loadConfig(env: NodeJS.ProcessEnv, overrides: Partial<Record<key
       headroom: e.ROLLBOX_CAPACITY_HEADROOM,
       windowSeconds: e.ROLLBOX_CAPACITY_WINDOW_SECONDS,
       signalsFlushMs: e.ROLLBOX_SIGNALS_FLUSH_MS,
+    },
+    build: {
+      slots: e.ROLLBOX_BUILD_SLOTS,
+      lockMs: e.ROLLBOX_BUILD_LEASE_MS,
+      networkAllow: parseList(e.ROLLBOX_BUILD_NETWORK_ALLOW).map((item) => {
+        const m = /^(.*?)(?::(\d+))?$/.exec(item)!;
+        const target = m[1]!;
+        const rule = /^[\d.]+(\/\d+)?$/.test(target) ? { cidr: target } : { host: target };
+        return NetworkAllowRule.parse({ ...rule, ...(m[2] ? { ports: [Number(m[2])] } : {}) });
+      }),
+      contextMaxBytes: e.ROLLBOX_BUILD_CONTEXT_MAX_BYTES,
+      contextTtlMs: e.ROLLBOX_BUILD_CONTEXT_TTL_MS,
+      cacheTtlMs: e.ROLLBOX_BUILD_CACHE_TTL_MS,
     },
     batch: {
       slots: e.ROLLBOX_BATCH_SLOTS,

@@ -63,6 +63,16 @@ export const keys = {
   imagePullsActive: 'rb:{image-pulls}:active',
   /** Held (and renewed) by the gateway running a name's pull; lapsed: another gateway takes the pull over. */
   imagePullLease: (name: string) => `rb:{image-pulls}:lease:${name}`,
+  /** An image build (Build JSON), with a TTL. */
+  build: (id: string) => `rb:{build:${id}}`,
+  /** Its log (BuildLogEvent JSON, a list), kept as long. */
+  buildLog: (id: string) => `rb:{build:${id}}:log`,
+  /** An uploaded build context (its tar), by digest, with a TTL. */
+  buildContext: (digest: string) => `rb:build-context:${digest}`,
+  /** A build step's layer by its cache key, per tenant. */
+  buildCache: (tenant: string, key: string) => `rb:{tenant:${tenant}}:build-cache:${key}`,
+  /** Held by the build running that step (see src/builds/cache.ts). */
+  buildCacheLock: (tenant: string, key: string) => `rb:{tenant:${tenant}}:build-lock:${key}`,
   /** The warm pools' names (a set; before the hash tags: a hash of their definitions). */
   pools: 'rb:pools',
   /** A warm pool's definition (PoolRecord JSON), in its slot: a host's offer is checked against its version. */

@@ -264,6 +264,10 @@ class AsyncSandbox:
         self.record = await self._client._call(core.Request("GET", core.sandbox_path(self.id)))
         return self
 
+    async def metrics(self) -> Dict[str, Any]:
+        """One sample of CPU, memory and disk use from the sandbox's cgroups (`cpuUsedPct` since the previous sample)."""
+        return await self._client._call(core.Request("GET", core.sandbox_path(self.id, "/metrics")))
+
     async def pause(self, mode: str = "freeze") -> "AsyncSandbox":
         self.record = await self._client._call(core.Request("POST", core.sandbox_path(self.id, "/pause"), {"mode": mode}, replayable=False))
         return self

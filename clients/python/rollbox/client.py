@@ -253,6 +253,10 @@ class Sandbox:
         self.record = self._client._call(core.Request("GET", core.sandbox_path(self.id)))
         return self
 
+    def metrics(self) -> Dict[str, Any]:
+        """One sample of CPU, memory and disk use from the sandbox's cgroups (`cpuUsedPct` since the previous sample)."""
+        return self._client._call(core.Request("GET", core.sandbox_path(self.id, "/metrics")))
+
     def pause(self, mode: str = "freeze") -> "Sandbox":
         """`freeze` (CPU stopped, memory kept), `swap` (frozen, memory paged out to the host's swap, processes kept) or `hibernate` (writable layer packed, memory freed, processes end)."""
         self.record = self._client._call(core.Request("POST", core.sandbox_path(self.id, "/pause"), {"mode": mode}, replayable=False))

@@ -229,6 +229,24 @@ class CommandFailed(RollboxError):
         return (CommandFailed, (self.result,))
 
 
+class InvalidDockerfile(RollboxError):
+    """An image build's Dockerfile (or steps) does not parse; the message names the line."""
+
+    code = "invalid_dockerfile"
+
+
+class BuildUnsupported(RollboxError):
+    """An image build asks for what the builder cannot honour (RUN --mount, HEALTHCHECK, ONBUILD...); the message names the line."""
+
+    code = "build_unsupported"
+
+
+class BuildStepFailed(RollboxError):
+    """An image build's RUN step exited non-zero or ran out of time; the build record holds its output."""
+
+    code = "build_step_failed"
+
+
 ERRORS_BY_CODE: Dict[str, Type[RollboxError]] = {
     cls.code: cls
     for cls in (
@@ -236,7 +254,7 @@ ERRORS_BY_CODE: Dict[str, Type[RollboxError]] = {
         ResultUnknown, PayloadTooLarge, RangeNotSatisfiable, QuotaExceeded, Internal, AdmissionExhausted, NoCapacity, NetworkUnavailable,
         Unavailable, Timeout, NodeLost, ImageNotFound, RegistryUnauthorized, RegistryUnavailable, RegistryNotAllowed, ImagePullTimeout,
         TierUnsupported, SnapshotFailed, SwapUnavailable, TemplateNotReady, NotImplementedByRollbox,
-        ModelHoldExpired, ModelLimitExceeded, ModelUpstreamFailed,
+        ModelHoldExpired, ModelLimitExceeded, ModelUpstreamFailed, InvalidDockerfile, BuildUnsupported, BuildStepFailed,
     )
 }
 
@@ -259,3 +277,4 @@ def error_from_answer(status: int, body: bytes, retry_after: Optional[str]) -> R
         except ValueError:
             seconds = None
     return ERRORS_BY_CODE.get(code, RollboxError)(message, status=status, code=code, retry_after=seconds)
+
