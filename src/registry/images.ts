@@ -105,10 +105,20 @@ export class ImageRegistry {
     await multi.exec();
   }
 
-  /** What a name stands for in a synced layer set (the operator's config): an image's layers, else the one layer (a name or digest). */
+  /**
+   * What a name stands for in a synced layer set (the operator's config, which names images
+   * across tenants): the cluster's image of that name, an owner-qualified `<tenant>/<name>`,
+   * else every tenant's image of that name, else the one layer (a name or digest).
+   */
   async layersOf(ref: string): Promise<LayerDigest[]> {
-    const image = await this.get(OPERATOR, ref);
-    return image ? image.layers.map((l) => l.digest) : this.layers.resolveAll([ref], OPERATOR);
+    const image = (await this.get(OPERATOR, ref)) ?? (ref.includes('/') ? await this.getAt(ref) : undefined);
+    if (image) return image.layers.map((l) => l.digest);
+    const tenants = Object.entries(await this.redis.hgetall(keys.images)).filter(([key]) => splitKey(key).name === ref);
+    const digests = tenants.flatMap(([, json]) => {
+      const parsed = parseRecord(Image, json);
+      return parsed.ok ? parsed.value.layers.map((l) => l.digest) : [];
+    });
+    return digests.length > 0 ? [...new Set(digests)] : this.layers.resolveAll([ref], OPERATOR);
   }
 
   /**
