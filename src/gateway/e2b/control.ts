@@ -2,7 +2,7 @@ import type { Context } from 'hono';
 import { bodyLimit } from 'hono/body-limit';
 import type { GatewayApp } from '../routes/common.ts';
 import { CreateSandboxRequest, E2bListQuery, E2bNewSandbox, E2bPauseBody, E2bTimeoutBody, RollboxError, type PauseMode, type Sandbox } from '../../api/index.ts';
-import type { E2bKeyStore, Principal } from '../../iam/index.ts';
+import { readerOf, type E2bKeyStore, type Principal } from '../../iam/index.ts';
 import type { SandboxService } from '../sandbox-service.ts';
 import type { TtlService } from '../ttl-service.ts';
 import type { EnvdAccess } from './access.ts';
@@ -65,7 +65,7 @@ export function registerE2bControl(app: GatewayApp, deps: E2bControlDeps): void 
   const create: Handler = async (c, principal) => {
     const body = parse(E2bNewSandbox, await jsonOf(c), 'body');
     const template = body.templateID ?? DEFAULT_TEMPLATE;
-    const image = await templates.imageOf(template);
+    const image = await templates.imageOf(template, readerOf(principal));
     const network = networkOf({ allowOut: body.network?.allowOut, denyOut: body.network?.denyOut, allowInternetAccess: body.allow_internet_access });
     const request = parse(
       CreateSandboxRequest,
