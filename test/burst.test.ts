@@ -7,7 +7,7 @@ import { BurstPolicy, type Scope } from '../src/api/index.ts';
 import { SimModel, simulate } from '../src/burst/sim/index.ts';
 import { readTraceFile } from '../src/burst/trace/index.ts';
 import { loadConfig } from '../src/config/index.ts';
-import { startWorkerRole } from '../src/main.ts';
+import { startWorkerRole } from '../src/roles/index.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { gatesUnder, hostTraces } from './support/host.ts';
 import pino from 'pino';

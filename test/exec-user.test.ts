@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ExecResult } from '../src/api/index.ts';
-import type { WorkerHandle } from '../src/main.ts';
+import type { WorkerHandle } from '../src/roles/index.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { tarOf } from './support/tar.ts';
 

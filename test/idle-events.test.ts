@@ -7,7 +7,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { WorkerHandle } from '../src/main.ts';
+import type { WorkerHandle } from '../src/roles/index.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 
 const NODE = 'idle-node';

@@ -3,7 +3,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Scope } from '../src/api/index.ts';
-import type { WorkerHandle } from '../src/main.ts';
+import type { WorkerHandle } from '../src/roles/index.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { gatesUnder, hostTraces } from './support/host.ts';
 import { tarOf } from './support/tar.ts';

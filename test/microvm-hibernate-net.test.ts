@@ -1,7 +1,7 @@
 import { execFileSync } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { NodeHeartbeat } from '../src/api/index.ts';
-import type { WorkerHandle } from '../src/main.ts';
+import type { WorkerHandle } from '../src/roles/index.ts';
 import { vmNetnsOf } from '../src/workers/microvm/net.ts';
 import { vethOf } from '../src/workers/network/index.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';

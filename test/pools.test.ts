@@ -6,7 +6,7 @@ import type { NodeHeartbeat, Pool, Scope } from '../src/api/index.ts';
 import { connectRedis } from '../src/redis/index.ts';
 import { PoolRegistry } from '../src/registry/index.ts';
 import { loadConfig } from '../src/config/index.ts';
-import { startGatewayRole, type GatewayHandle, type WorkerHandle } from '../src/main.ts';
+import { startGatewayRole, type GatewayHandle, type WorkerHandle } from '../src/roles/index.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 
 /** Warm pools against a real cluster: claims bind everything of the create, refill, races, restarts, deletes. */

@@ -5,7 +5,7 @@ import path from 'node:path';
 import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ImageRecord, Layer } from '../src/api/index.ts';
-import { startGatewayRole } from '../src/main.ts';
+import { startGatewayRole } from '../src/roles/index.ts';
 import { runRollbox } from './support/cli.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { busyboxEntries } from './support/image-fixture.ts';

@@ -8,7 +8,7 @@ import { registerBurstCommands } from './burst.ts';
 import { registerE2bKeyCommands } from './e2b-key.ts';
 import { registerImageCommands } from './image.ts';
 import { registerSandboxCommands } from './sandbox.ts';
-import { createLogger, ensureBaseLayer, startEmbedded, startGatewayRole, startWorkerRole } from '../main.ts';
+import { createLogger, ensureBaseLayer, startEmbedded, startGatewayRole, startWorkerRole } from '../roles/index.ts';
 
 /** Flags override the environment; the result is parsed once into a Config. */
 function configFrom(flags: { port?: string; dataDir?: string; nodeId?: string; pool?: string }): Config {

@@ -1,6 +1,5 @@
 import { createHash } from 'node:crypto';
-import { RollboxError, isTerminal, newId, withImageDefaults, type CreateSandboxRequest, type ImageSpec, type JobActionResult, type Layer, type Lineage, type ListSandboxesQuery } from '../api/index.ts';
-import type { PauseRequest, PolicyPatch, Ran, Reply, RunOnce, Sandbox, SnapshotRequest } from '../api/index.ts';
+import { RollboxError, isTerminal, newId, withImageDefaults, type CreateSandboxRequest, type ImageSpec, type JobActionResult, type Layer, type Lineage, type ListSandboxesQuery, type PauseRequest, type PolicyPatch, type Ran, type Reply, type RunOnce, type Sandbox, type SnapshotRequest } from '../api/index.ts';
 import type { Config } from '../config/index.ts';
 import { readerOf, requireScope, type Principal } from '../iam/index.ts';
 import { chooseNode, type NodeDirectory, type PlacementRequest } from '../queues/index.ts';

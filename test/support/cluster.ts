@@ -6,7 +6,7 @@ import pino from 'pino';
 import { loadConfig, type Config } from '../../src/config/index.ts';
 import { createTokenIssuer } from '../../src/iam/index.ts';
 import type { Scope } from '../../src/api/index.ts';
-import { ensureBaseLayer, startGatewayRole, startWorkerRole, type GatewayHandle, type WorkerHandle } from '../../src/main.ts';
+import { ensureBaseLayer, startGatewayRole, startWorkerRole, type GatewayHandle, type WorkerHandle } from '../../src/roles/index.ts';
 import { startRedisCluster, startRedisServer, type RedisClusterHandle, type RedisServerHandle } from '../../src/redis/index.ts';
 
 const REPO_ROOT = path.resolve(import.meta.dirname, '../..');

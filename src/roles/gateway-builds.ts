@@ -2,19 +2,19 @@ import { Readable } from 'node:stream';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import tar from 'tar-stream';
-import type { LayerDigest } from './api/index.ts';
-import { BuildService, StepCache } from './builds/index.ts';
-import type { Config } from './config/index.ts';
-import type { ExecService, FilesService, LayerBuilder, SandboxService } from './gateway/index.ts';
-import type { ImagePulls } from './images/index.ts';
-import { connectJobRedis } from './queues/jobs/index.ts';
-import { CLUSTER_OWNER, type ImageRegistry, type LayerRegistry } from './registry/index.ts';
+import type { LayerDigest } from '../api/index.ts';
+import { BuildService, StepCache } from '../builds/index.ts';
+import type { Config } from '../config/index.ts';
+import type { ExecService, FilesService, LayerBuilder, SandboxService } from '../gateway/index.ts';
+import type { ImagePulls } from '../images/index.ts';
+import { connectJobRedis } from '../queues/jobs/index.ts';
+import { CLUSTER_OWNER, type ImageRegistry, type LayerRegistry } from '../registry/index.ts';
 
 /** The image a FROM's registry reference is pulled into is waited for this long. */
 const FROM_PULL_WAIT_MS = 30 * 60_000;
 
 /**
- * Part of the composition root (main.ts), built from config: a gateway's image builds,
+ * Part of the composition root (roles/index.ts), built from config: a gateway's image builds,
  * their BullMQ queue and worker (started here) on BullMQ's own connection, and the step cache.
  */
 export function buildsOf(

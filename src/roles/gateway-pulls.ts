@@ -1,13 +1,13 @@
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import type { Config } from './config/index.ts';
-import { ImagePulls, pullImage, type ImageImportDeps, type ImagePullsDeps } from './images/index.ts';
-import { MemoryScratch } from './layers/index.ts';
-import { RegistryRepository, loadDockerConfig } from './oci-registry/index.ts';
-import { ImagePullRecords } from './registry/index.ts';
+import type { Config } from '../config/index.ts';
+import { ImagePulls, pullImage, type ImageImportDeps, type ImagePullsDeps } from '../images/index.ts';
+import { MemoryScratch } from '../layers/index.ts';
+import { RegistryRepository, loadDockerConfig } from '../oci-registry/index.ts';
+import { ImagePullRecords } from '../registry/index.ts';
 
 /**
- * Part of the composition root (main.ts), built from config: a gateway's image pulls, their
+ * Part of the composition root (roles/index.ts), built from config: a gateway's image pulls, their
  * registry clients (the operator's credentials read at each pull) and, when layers are built
  * by extraction, the tmpfs room their trees are extracted in. `stop` ends the pulls and lets
  * go of that room.

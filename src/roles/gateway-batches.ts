@@ -1,16 +1,16 @@
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import type { Config } from './config/index.ts';
-import { BatchJobs, BatchRunner, BatchService, runTask, type TaskDeps } from './gateway/index.ts';
-import { connectJobRedis } from './queues/jobs/index.ts';
-import type { BlockingPool } from './redis/index.ts';
-import { BatchStore } from './registry/index.ts';
+import type { Config } from '../config/index.ts';
+import { BatchJobs, BatchRunner, BatchService, runTask, type TaskDeps } from '../gateway/index.ts';
+import { connectJobRedis } from '../queues/jobs/index.ts';
+import type { BlockingPool } from '../redis/index.ts';
+import { BatchStore } from '../registry/index.ts';
 
 /** How often each batch Worker's watchdog looks (one LLEN per look, and only after a fetch found nothing). */
 const JOB_WATCHDOG_INTERVAL_MS = 10_000;
 
 /**
- * Part of the composition root (main.ts), built from config: a gateway's evaluation batches.
+ * Part of the composition root (roles/index.ts), built from config: a gateway's evaluation batches.
  * Their tasks are BullMQ jobs (one queue per batch) on BullMQ's own connection (no
  * auto-pipelining; commands wait out a Redis restart); the runner fetches them in fair order.
  * `stop` hands back what runs here and closes that connection.

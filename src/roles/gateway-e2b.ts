@@ -1,16 +1,16 @@
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import type { Config } from './config/index.ts';
-import { SandboxMetricsService, type GatewayDeps } from './gateway/index.ts';
-import { E2bKeyStore } from './iam/index.ts';
-import { BaseTemplate } from './images/index.ts';
-import type { LayerStore } from './layers/index.ts';
-import type { ImageRegistry, LayerRegistry, SandboxRegistry } from './registry/index.ts';
+import type { Config } from '../config/index.ts';
+import { SandboxMetricsService, type GatewayDeps } from '../gateway/index.ts';
+import { E2bKeyStore } from '../iam/index.ts';
+import { BaseTemplate } from '../images/index.ts';
+import type { LayerStore } from '../layers/index.ts';
+import type { ImageRegistry, LayerRegistry, SandboxRegistry } from '../registry/index.ts';
 
 type E2bDeps = NonNullable<GatewayDeps['e2b']>;
 
 /**
- * Part of the composition root (main.ts), built from config: the E2B surface's parts (its
+ * Part of the composition root (roles/index.ts), built from config: the E2B surface's parts (its
  * keys, the sandboxes' metrics, the `base` template when it is on) and `start`, which
  * begins the template's build as the gateway starts when so configured.
  */

@@ -1,14 +1,14 @@
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { Registry } from 'prom-client';
-import type { BurstStatus, Pool } from './api/index.ts';
-import type { Config } from './config/index.ts';
-import { ConsoleService, SignalRecorder, recentCreates, registerCapacityMetrics } from './gateway/console/index.ts';
-import type { NodeDirectory } from './queues/index.ts';
-import { SignalStore, type SandboxRegistry } from './registry/index.ts';
+import type { BurstStatus, Pool } from '../api/index.ts';
+import type { Config } from '../config/index.ts';
+import { ConsoleService, SignalRecorder, recentCreates, registerCapacityMetrics } from '../gateway/console/index.ts';
+import type { NodeDirectory } from '../queues/index.ts';
+import { SignalStore, type SandboxRegistry } from '../registry/index.ts';
 
 /**
- * Part of the composition root (main.ts): the operator console's pieces. The signal
+ * Part of the composition root (roles/index.ts): the operator console's pieces. The signal
  * recorder comes first (the gateway's metrics feed it); the console service once the
  * pools and the burst controller exist, with its capacity gauges in the gateway's registry.
  */

@@ -2,13 +2,14 @@ import { statfsSync } from 'node:fs';
 import path from 'node:path';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
-import type { Config } from './config/index.ts';
-import { fetchLayers, type LayerFiles, type LayerStore } from './layers/index.ts';
-import { LazyLayers } from './layers/lazy/index.ts';
-import { ImageRegistry, LayerRegistry, PrefetchLists, keys } from './registry/index.ts';
+import type { Config } from '../config/index.ts';
+import { fetchLayers, type LayerFiles, type LayerStore } from '../layers/index.ts';
+import { LazyLayers } from '../layers/lazy/index.ts';
+import { ImageRegistry, LayerRegistry, PrefetchLists, keys } from '../registry/index.ts';
 
 /**
- * Part of the composition root (main.ts), built from config. Where this host's layers come from: its store, and for what the store lacks (a host that
+ * Part of the composition root (roles/index.ts), built from config.
+ * Where this host's layers come from: its store, and for what the store lacks (a host that
  * shares no layer store with the cluster), its gateway: a lazy layer's metadata (data
  * chunks fetched as they are read) or, with ROLLBOX_LAYER_FETCH=full and for single-image
  * layers, the whole layer copied into the store first.
