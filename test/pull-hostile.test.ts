@@ -343,11 +343,12 @@ describe('records an older version stored under looser rules', () => {
   };
   const gone = (digest: string) => waitFor(`layer ${digest} collected`, async () => (await api(cluster, token, 'GET', `/v1/layers/${digest}`)).status === 404, 20_000);
 
+  // Stored under the tenant's own names (`<tenant>/<name>`), as this version keys them: what is old is the record's content.
   it('are left out of GET /v1/images, named coded, keep their layers from the janitor (which goes on), and can be deleted', async () => {
     const kept = await upload();
     const now = new Date().toISOString();
-    await redis.hset(keys.images, 'legacy-v8', JSON.stringify({ name: 'legacy-v8', digest: kept, platform: 'linux/amd64/V8', layers: [{ digest: kept, diffId: kept, sizeBytes: 1.5 }], config: { Env: [] }, sizeBytes: 1e300, createdAt: now }));
-    await redis.hset(keys.imagePulls, 'legacy-pull', JSON.stringify({ id: 'pull_x', ref: 'x/y:1', platform: 'linux/amd64', state: 'failed', startedAt: now, progress: { layersTotal: 1, layersDone: 0, layersReused: 0, bytesTotal: 1.5, bytesDone: 0, bytesFetched: 0 }, resumed: 0 }));
+    await redis.hset(keys.images, 'hostile/legacy-v8', JSON.stringify({ name: 'legacy-v8', digest: kept, platform: 'linux/amd64/V8', layers: [{ digest: kept, diffId: kept, sizeBytes: 1.5 }], config: { Env: [] }, sizeBytes: 1e300, createdAt: now }));
+    await redis.hset(keys.imagePulls, 'hostile/legacy-pull', JSON.stringify({ id: 'pull_x', ref: 'x/y:1', platform: 'linux/amd64', state: 'failed', startedAt: now, progress: { layersTotal: 1, layersDone: 0, layersReused: 0, bytesTotal: 1.5, bytesDone: 0, bytesFetched: 0 }, resumed: 0 }));
     const list = await api<{ images: ImageRecord[] }>(cluster, token, 'GET', '/v1/images');
     expect(list.status).toBe(200);
     expect(list.body.images.map((i) => i.name)).not.toContain('legacy-v8');
@@ -364,8 +365,8 @@ describe('records an older version stored under looser rules', () => {
     expect(deleted.status, JSON.stringify(deleted.body)).toBe(200);
     expect(deleted.body).toMatchObject({ name: 'legacy-v8', error: { code: 'invalid_image' } });
     expect((await api(cluster, token, 'DELETE', '/v1/images/legacy-pull')).status).toBe(200);
-    expect(await redis.hexists(keys.images, 'legacy-v8')).toBe(0);
-    expect(await redis.hexists(keys.imagePulls, 'legacy-pull')).toBe(0);
+    expect(await redis.hexists(keys.images, 'hostile/legacy-v8')).toBe(0);
+    expect(await redis.hexists(keys.imagePulls, 'hostile/legacy-pull')).toBe(0);
     await gone(kept);
   }, 60_000);
 

@@ -99,6 +99,9 @@ describe('POST /run_code (SandboxFusion)', () => {
     const tar = execFileSync('tar', ['-C', '/', '-chf', '-', '--exclude=__pycache__', '--exclude=dist-packages', '--exclude=site-packages', '--exclude=test', 'usr/bin/python3.11', 'usr/lib/python3.11', 'lib64/ld-linux-x86-64.so.2', ...['libc.so.6', 'libm.so.6', 'libz.so.1', 'libexpat.so.1'].map((l) => `lib/x86_64-linux-gnu/${l}`)], { maxBuffer: 512 * 1024 * 1024 });
     const layer = await api(cluster, await cluster.token('ops', ['layer:write']), 'POST', '/v1/layers?name=test-python', new Uint8Array(tar), { 'content-type': 'application/x-tar' });
     expect(layer.status, JSON.stringify(layer.body)).toBe(201);
+    // The operator publishes what its language table names, so every tenant's run reads it.
+    const published = await api(cluster, admin, 'PUT', '/v1/layers/test-python/published');
+    expect(published.status, JSON.stringify(published.body)).toBe(200);
   }, 120_000);
 
   it("answers in SandboxFusion's shape: Success, Failed (exit or time limit), with stdin, files and fetched files", async () => {

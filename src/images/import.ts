@@ -6,6 +6,7 @@ import { MAX_STACK_LAYERS, RollboxError, type Image, type ImportedImage, type Im
 import { tap } from '../layers/index.ts';
 import { readImageLayer, type ImageLayerBlob, type ImageLayerDeps, type Owned } from './layer.ts';
 import { ImageLayerSet, type ImageLayerSetDeps } from './layer-set.ts';
+import { CLUSTER_OWNER } from '../registry/index.ts';
 import { chooseImage } from './manifest.ts';
 
 export type ImageImportDeps = ImageLayerDeps & ImageLayerSetDeps;
@@ -140,6 +141,7 @@ export async function importImage(input: Readable, query: ImportImageQuery, deps
     const distinct = [...new Map(layers.map((l) => [l.digest, l])).values()];
     return {
       ...image,
+      published: deps.owner === CLUSTER_OWNER,
       state: 'ready',
       import: {
         layersBuilt: distinct.filter((l) => !l.reused).length,

@@ -7,7 +7,7 @@ import type { PullListener, PullTarget } from './pull.ts';
 
 export interface ImagePullsDeps {
   images: Pick<ImageRegistry, 'get' | 'getAt' | 'has' | 'list' | 'put' | 'deleteAt'>;
-  pulls: Pick<ImagePullRecords, 'get' | 'all' | 'active' | 'claim' | 'update' | 'delete'>;
+  pulls: Pick<ImagePullRecords, 'get' | 'has' | 'all' | 'active' | 'claim' | 'update' | 'delete'>;
   layers: Pick<LayerRegistry, 'resolve' | 'publish'>;
   /** `pullImage` with the gateway's layer store, registries and threads. */
   pull: (target: PullTarget, listener: PullListener, signal: AbortSignal) => Promise<Image & { pull: ImportReport }>;
@@ -161,7 +161,7 @@ export class ImagePulls {
    */
   async delete(name: string, reader: Reader): Promise<ImageRecord> {
     let key: string | undefined;
-    for (const k of removableKeys(reader, name)) if (!key && ((await this.deps.images.has(k)) || (await this.deps.pulls.get(k)))) key = k;
+    for (const k of removableKeys(reader, name)) if (!key && ((await this.deps.images.has(k)) || (await this.deps.pulls.has(k)))) key = k;
     if (!key) throw new RollboxError('not_found', `image ${name} not found`);
     const record = await this.recordAt(key).catch((err: unknown) => {
       if (err instanceof RollboxError && err.code === 'invalid_image') return undefined;

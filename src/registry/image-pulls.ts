@@ -27,6 +27,11 @@ export class ImagePullRecords {
     return json ? this.parsed(name, json) : undefined;
   }
 
+  /** Whether a record (valid or not) is stored under the name. */
+  async has(name: string): Promise<boolean> {
+    return (await this.redis.hexists(keys.imagePulls, name)) === 1;
+  }
+
   async all(): Promise<Map<string, ImagePull>> {
     const raw = await this.redis.hgetall(keys.imagePulls);
     return new Map(Object.entries(raw).flatMap(([name, json]) => {
