@@ -160,6 +160,12 @@ class RegistryNotAllowed(RollboxError):
     code = "registry_not_allowed"
 
 
+class SwapUnavailable(RollboxError):
+    """A swap pause found no room on the sandbox's worker host (no swap space, or too full); the sandbox stays as it was."""
+
+    code = "swap_unavailable"
+
+
 class TemplateNotReady(RollboxError):
     """The E2B `base` template is still being built on this cluster (its first use); retry after `retry_after`."""
 
@@ -223,14 +229,32 @@ class CommandFailed(RollboxError):
         return (CommandFailed, (self.result,))
 
 
+class InvalidDockerfile(RollboxError):
+    """An image build's Dockerfile (or steps) does not parse; the message names the line."""
+
+    code = "invalid_dockerfile"
+
+
+class BuildUnsupported(RollboxError):
+    """An image build asks for what the builder cannot honour (RUN --mount, HEALTHCHECK, ONBUILD...); the message names the line."""
+
+    code = "build_unsupported"
+
+
+class BuildStepFailed(RollboxError):
+    """An image build's RUN step exited non-zero or ran out of time; the build record holds its output."""
+
+    code = "build_step_failed"
+
+
 ERRORS_BY_CODE: Dict[str, Type[RollboxError]] = {
     cls.code: cls
     for cls in (
         InvalidRequest, InvalidLayer, InvalidImage, InvalidArchive, Unauthenticated, Forbidden, NotFound, Conflict, InvalidState,
         ResultUnknown, PayloadTooLarge, RangeNotSatisfiable, QuotaExceeded, Internal, AdmissionExhausted, NoCapacity, NetworkUnavailable,
         Unavailable, Timeout, NodeLost, ImageNotFound, RegistryUnauthorized, RegistryUnavailable, RegistryNotAllowed, ImagePullTimeout,
-        TierUnsupported, SnapshotFailed, TemplateNotReady, NotImplementedByRollbox,
-        ModelHoldExpired, ModelLimitExceeded, ModelUpstreamFailed,
+        TierUnsupported, SnapshotFailed, SwapUnavailable, TemplateNotReady, NotImplementedByRollbox,
+        ModelHoldExpired, ModelLimitExceeded, ModelUpstreamFailed, InvalidDockerfile, BuildUnsupported, BuildStepFailed,
     )
 }
 
@@ -253,3 +277,4 @@ def error_from_answer(status: int, body: bytes, retry_after: Optional[str]) -> R
         except ValueError:
             seconds = None
     return ERRORS_BY_CODE.get(code, RollboxError)(message, status=status, code=code, retry_after=seconds)
+
