@@ -2,6 +2,9 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
+import { Sandbox, Template } from 'e2b';
 import { runRollbox } from './support/cli.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { tarOf, type TarEntry } from './support/tar.ts';
@@ -203,6 +206,47 @@ describe('rollbox image build', () => {
       expect(failed.stdout).toMatch(/state\s+failed/);
       expect(failed.stderr).toContain('error: no compiler');
       expect(failed.stderr).toContain('build_step_failed');
+    } finally {
+      await fs.rm(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe("E2B's Template.build through the same engine", () => {
+  it('builds a template from its steps and files with the real SDK; a sandbox of it has them, and failures come back as BuildError', async () => {
+    const issue = async (scopes: string) => (await promisify(execFile)(process.execPath, [path.resolve(import.meta.dirname, '../bin/rollbox.js'), 'e2b-key', 'issue', '--tenant', 'lab', '--scopes', scopes], { env: { ...process.env, REDIS_URL: cluster.redisUrl } })).stdout.trim();
+    // A builder key and a runtime key: the builder's cannot create sandboxes, the runtime's cannot build.
+    const builderKey = await issue('image:build');
+    const runtimeKey = await issue('sandbox:create,sandbox:exec,sandbox:read,sandbox:delete');
+    const dir = await fs.mkdtemp(path.join(os.tmpdir(), 'rollbox-e2b-template-'));
+    const opts = { apiUrl: cluster.url, sandboxUrl: cluster.url };
+    try {
+      await fs.mkdir(path.join(dir, 'app'));
+      await fs.writeFile(path.join(dir, 'app/main.sh'), 'echo "main says $GREETING"\n');
+      const template = Template({ fileContextPath: dir })
+        .fromImage('busybox')
+        .setEnvs({ GREETING: 'hi $there' })
+        .copy('app', '/srv/app/')
+        .runCmd('echo "app:x:1500:1500::/srv/app:/bin/sh" >> /etc/passwd && echo built > /srv/app/built.txt')
+        .setWorkdir('/srv/app')
+        .runCmd('id -u > /tmp/uid.txt', { user: 'app' })
+        .setStartCmd('sleep infinity', 'true');
+      const logs: string[] = [];
+      await expect(Template.build(template, 'e2b-app', { ...opts, apiKey: runtimeKey })).rejects.toThrow();
+      const built = await Template.build(template, 'e2b-app', { ...opts, apiKey: builderKey, onBuildLogs: (l) => void logs.push(l.message) });
+      expect(built.templateId).toBe('e2b-app');
+      expect(logs.join('\n')).toMatch(/build ready/);
+
+      const sbx = await Sandbox.create('e2b-app', { ...opts, apiKey: runtimeKey });
+      try {
+        const r = await sbx.commands.run('pwd; sh main.sh; cat built.txt /tmp/uid.txt; stat -c %u /tmp/uid.txt; id -u');
+        expect(r.stdout).toBe('/srv/app\nmain says hi $there\nbuilt\n1500\n1500\n0\n');
+      } finally {
+        await sbx.kill();
+      }
+
+      const failing = Template({ fileContextPath: dir }).fromImage('busybox').runCmd('echo "no such package" >&2; exit 7');
+      await expect(Template.build(failing, 'e2b-broken', { ...opts, apiKey: builderKey })).rejects.toThrow(/exited 7[\s\S]*no such package/);
     } finally {
       await fs.rm(dir, { recursive: true, force: true });
     }

@@ -9,6 +9,7 @@ import { registerE2bState, type E2bStateDeps } from './control-state.ts';
 import { registerE2bEnvd, type E2bEnvdDeps } from './envd.ts';
 import { E2bTemplates, type BaseTemplateSource } from './templates.ts';
 import { registerE2bUnserved } from './unserved.ts';
+import { registerE2bTemplateBuilds, type E2bBuildsDeps } from './template-builds.ts';
 
 export { ENVD_VERSION } from './control-common.ts';
 export { ConnectError, envelope } from './connect.ts';
@@ -31,6 +32,8 @@ export interface E2bDeps {
   baseTemplate: BaseTemplateSource | undefined;
   /** The E2B settings of the config (ROLLBOX_E2B_*). */
   options: { pauseMode: PauseMode; pausedTtlSeconds: number; baseTemplateWaitMs: number };
+  /** E2B's template builds through rollbox's image builds (none: not served). */
+  builds?: Omit<E2bBuildsDeps, 'redis' | 'keys'>;
 }
 
 /**
@@ -46,6 +49,7 @@ export function registerE2b(app: GatewayApp, deps: E2bDeps): void {
   registerE2bControl(app, { sandboxes, ttls: deps.ttls, keys, access, templates, pause: { mode: options.pauseMode, pausedTtlSeconds: options.pausedTtlSeconds } });
   registerE2bState(app, { redis, sandboxes, forks: deps.forks, metrics: deps.metrics, layers: deps.layers, keys, access });
   registerE2bEnvd(app, { redis, registry: deps.registry, access, execs: deps.execs, files: deps.files, filesMaxBytes: deps.filesMaxBytes });
+  if (deps.builds) registerE2bTemplateBuilds(app, { ...deps.builds, redis, keys });
   // Last: what is left of E2B's paths answers in E2B's shape.
   registerE2bUnserved(app, { keys });
 }
