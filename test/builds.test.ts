@@ -6,6 +6,7 @@ import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import { Sandbox, Template } from 'e2b';
 import { runRollbox } from './support/cli.ts';
+import { startTargetNetns, type TargetNetns } from './support/target-netns.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { tarOf, type TarEntry } from './support/tar.ts';
 
@@ -15,12 +16,22 @@ let builder: string;
 /** Runs what was built: a runtime agent's scopes, no `image:build`. */
 let agent: string;
 
+/** "The outside" for RUN steps: a namespace of the test's own with listeners that answer `hello <port>`. */
+let target: TargetNetns;
+const OPEN_PORT = 7301;
+const ASKED_PORT = 7302;
+
 beforeAll(async () => {
-  cluster = await startTestCluster({ workers: [{ nodeId: 'node-build' }] });
+  target = await startTargetNetns({ subnet: 83, holdPort: 7309, ports: [OPEN_PORT, ASKED_PORT] });
+  // Every build's RUN steps may reach OPEN_PORT there; ASKED_PORT only when a build asks.
+  cluster = await startTestCluster({ workers: [{ nodeId: 'node-build' }], env: { ROLLBOX_BUILD_NETWORK_ALLOW: `${target.address}:${OPEN_PORT}` } });
   builder = await cluster.token('lab', ['image:build', 'layer:read']);
   agent = await cluster.token('lab', ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete']);
 });
-afterAll(async () => cluster?.stop());
+afterAll(async () => {
+  await cluster?.stop();
+  await target?.stop();
+});
 
 const TAR = { 'content-type': 'application/x-tar' };
 
@@ -250,5 +261,25 @@ describe("E2B's Template.build through the same engine", () => {
     } finally {
       await fs.rm(dir, { recursive: true, force: true });
     }
+  });
+});
+
+describe('the network of RUN steps', () => {
+  it('reaches what the config and the request allow, and nothing else', async () => {
+    const nc = (port: number) => `echo | nc -w 3 ${target.address} ${port}`;
+    const open = await build({ name: 'net-open', steps: ['FROM busybox', `RUN ${nc(OPEN_PORT)} > /open.txt && grep -q hello /open.txt`] });
+    expect(open.state, JSON.stringify(open.error)).toBe('ready');
+    expect((await run('net-open', 'cat /open.txt')).stdout).toBe(`hello ${OPEN_PORT}\n`);
+
+    const before = target.connections(ASKED_PORT).length;
+    const refused = await build({ name: 'net-refused', steps: ['FROM busybox', `RUN ${nc(ASKED_PORT)} | grep hello || { echo "cannot reach ${ASKED_PORT}"; exit 4; }`] });
+    expect(refused.state).toBe('failed');
+    expect(refused.failedStep).toMatchObject({ exitCode: 4 });
+    expect(refused.failedStep.output).toContain(`cannot reach ${ASKED_PORT}`);
+    expect(target.connections(ASKED_PORT).length).toBe(before);
+
+    const asked = await build({ name: 'net-asked', steps: ['FROM busybox', `RUN ${nc(ASKED_PORT)} | grep hello || { echo "cannot reach ${ASKED_PORT}"; exit 4; }`], network: { allow: [{ cidr: `${target.address}/32`, ports: [ASKED_PORT] }] } });
+    expect(asked.state, JSON.stringify(asked.failedStep)).toBe('ready');
+    expect(target.connections(ASKED_PORT).length).toBeGreaterThan(before);
   });
 });
