@@ -248,7 +248,7 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
   });
   // One guard for both tiers: a latency command holds back besteffort containers and VMs alike.
   const besteffortGuard = besteffortGuardOf({ holdMs: config.node.besteffortHoldMs, heldCpuMillis: config.node.besteffortHeldCpuMillis, onError: (file, err) => logger.warn({ file, err: String(err) }, 'besteffort guard could not write a CPU quota') });
-  const containers = createRuncRuntime({ dataDir: workerDir, runtimeBinary: config.node.runtimeBinary, layerMounts, nodeId, logger, network, scratchSizeGiB: config.node.scratchSizeGiB, scratchFs: config.node.scratchFs, scratchIdleUnmountMs: config.node.idleUnmountMs, besteffortGuard });
+  const containers = createRuncRuntime({ dataDir: workerDir, runtimeBinary: config.node.runtimeBinary, layerMounts, nodeId, logger, network, scratchSizeGiB: config.node.scratchSizeGiB, scratchFs: config.node.scratchFs, scratchIdleUnmountMs: config.node.idleUnmountMs, besteffortGuard, swap: config.node.swap });
   // A microVM's snapshot is read from its guest's tar stream on a thread of its own, off the event loop.
   const extractWorkers = new ExtractWorkers(1);
   const microvm = microVmRuntimeOf(config.node.microvm, path.join(workerDir, 'microvm'), nodeId, { logger, network, besteffortGuard, extract: extractWorkers.extract, ...(source.lazy ? { lazy: source.lazy } : {}) });

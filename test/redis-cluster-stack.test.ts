@@ -36,7 +36,7 @@ beforeAll(async () => {
   upstream = await ScriptedUpstream.start({ script: [{ text: 'On the cluster.' }] });
   cluster = await startTestCluster({
     redisCluster: true,
-    workers: [{ nodeId: 'node-a' }, { nodeId: 'node-full', env: REFUSING_NODE_ENV }],
+    workers: [{ nodeId: 'node-a', env: { ROLLBOX_SWAP_FILE_MIB: '64' } }, { nodeId: 'node-full', env: REFUSING_NODE_ENV }],
     env: {
       ROLLBOX_BURST_PROVIDER: 'local',
       ROLLBOX_BURST_TICK_MS: '200',
@@ -106,6 +106,12 @@ describe('rollbox on a Redis Cluster', () => {
     expect((await exec(first.id, { cmd: 'cat /root/put' })).body.stdout).toBe('put\n');
     expect((await api(cluster, token, 'PATCH', `/v1/sandboxes/${first.id}/policy`, { network: { mode: 'none' } })).status).toBe(200);
     expect((await api(cluster, token, 'POST', `/v1/sandboxes/${first.id}/ttl`, { ttlSeconds: 3600 })).status).toBe(200);
+
+    // Frozen, then paged out to swap (recorded on the paused record), resumed.
+    expect((await api(cluster, token, 'POST', `/v1/sandboxes/${first.id}/pause`, { mode: 'freeze' })).body.state).toBe('paused');
+    const swapped = await api(cluster, token, 'POST', `/v1/sandboxes/${first.id}/pause`, { mode: 'swap' });
+    expect(swapped.body.swapped, JSON.stringify(swapped.body)).toBeDefined();
+    expect((await api(cluster, token, 'POST', `/v1/sandboxes/${first.id}/resume`, {})).body.state).toBe('running');
 
     // Hibernate and wake (the hibernation layer is referenced, then released), a snapshot.
     expect((await api(cluster, token, 'POST', `/v1/sandboxes/${first.id}/pause`, { mode: 'hibernate' })).body.state).toBe('hibernated');

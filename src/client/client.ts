@@ -17,6 +17,7 @@ import {
   type ErrorCode,
   type ExecRequest,
   type ListSandboxesQuery,
+  type PauseMode,
   type PolicyPatch,
   type SignalName,
   type SnapshotRequest,
@@ -150,8 +151,8 @@ export class RollboxClient {
     }
   }
 
-  /** mode freeze (cgroup freezer, memory kept) or hibernate (writable layer packed, memory freed). */
-  async pause(id: string, mode: 'freeze' | 'hibernate' = 'freeze'): Promise<Sandbox> {
+  /** mode freeze (cgroup freezer, memory kept), swap (frozen, memory paged out, processes kept) or hibernate (writable layer packed, memory freed). */
+  async pause(id: string, mode: PauseMode = 'freeze'): Promise<Sandbox> {
     return Sandbox.parse(await this.call('POST', `/v1/sandboxes/${encodeURIComponent(id)}/pause`, { mode }));
   }
 
@@ -160,7 +161,7 @@ export class RollboxClient {
   }
 
   /** Every live sandbox labelled with the training job, on every worker host; each one's outcome. */
-  async pauseJob(job: string, mode: 'freeze' | 'hibernate' = 'freeze'): Promise<JobActionResult> {
+  async pauseJob(job: string, mode: PauseMode = 'freeze'): Promise<JobActionResult> {
     return JobActionResult.parse(await this.call('POST', `/v1/jobs/${encodeURIComponent(job)}/pause`, { mode }));
   }
 

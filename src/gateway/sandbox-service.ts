@@ -244,8 +244,7 @@ export class SandboxService {
 
   /** Pause or resume every live sandbox of a training job, across all worker hosts at once. */
   async setJobPaused(principal: Principal, job: string, paused: boolean, mode: PauseRequest['mode'] = 'freeze'): Promise<JobActionResult> {
-    // A trainer of hosted rollouts (rollout:submit) pauses its job's sandboxes too.
-    if (!principal.scopes.has('rollout:submit')) requireScope(principal, 'sandbox:exec');
+    if (!principal.scopes.has('rollout:submit')) requireScope(principal, 'sandbox:exec'); // a hosted rollout's trainer pauses its job too
     const sandboxes = (await this.deps.registry.list(principal.tenant, { job, limit: 1000 })).filter((s) => !isTerminal(s.state));
     const results = await Promise.all(
       sandboxes.map(async (sandbox) => {
@@ -264,13 +263,14 @@ export class SandboxService {
   private async freezeOne(sandbox: Sandbox, paused: boolean, mode: PauseRequest['mode']): Promise<{ sandbox: Sandbox; changed: boolean }> {
     if (!paused && sandbox.state === 'hibernated') return { sandbox: await this.wake(sandbox), changed: true };
     const target = paused ? (mode === 'hibernate' ? 'hibernated' : 'paused') : 'running';
-    if (sandbox.state === target || (paused && sandbox.state === 'hibernated')) return { sandbox, changed: false };
-    const allowed = paused ? (mode === 'hibernate' ? ['running', 'paused'] : ['running']) : ['paused'];
+    const swapFurther = paused && mode === 'swap' && sandbox.state === 'paused' && !sandbox.swapped; // a frozen sandbox may still page out
+    if ((sandbox.state === target && !swapFurther) || (paused && sandbox.state === 'hibernated')) return { sandbox, changed: false };
+    const allowed = paused ? (mode === 'freeze' ? ['running'] : ['running', 'paused']) : ['paused'];
     if (!allowed.includes(sandbox.state)) throw new RollboxError('invalid_state', `sandbox ${sandbox.id} is ${sandbox.state}; it cannot become ${target}`);
     const requestId = newId('req');
-    const kind = paused ? (mode === 'hibernate' ? 'hibernate' : 'pause') : 'resume';
-    const timeoutMs = kind === 'hibernate' ? SNAPSHOT_REPLY_TIMEOUT_MS : LIFECYCLE_REPLY_TIMEOUT_MS;
-    const reply = await this.deps.nodes.sendOp(sandbox.node!, { kind, sandboxId: sandbox.id, requestId }, timeoutMs);
+    const kind: 'pause' | 'resume' | 'hibernate' = paused ? (mode === 'hibernate' ? 'hibernate' : 'pause') : 'resume';
+    const timeoutMs = kind === 'hibernate' || mode === 'swap' || sandbox.swapped ? SNAPSHOT_REPLY_TIMEOUT_MS : LIFECYCLE_REPLY_TIMEOUT_MS;
+    const reply = await this.deps.nodes.sendOp(sandbox.node!, { kind, sandboxId: sandbox.id, requestId, ...(kind === 'pause' && mode === 'swap' ? { mode } : {}) }, timeoutMs);
     if (reply.kind === 'error') throw toRollboxError(reply.error);
     return { sandbox: await this.deps.registry.getOwned(sandbox.id, sandbox.tenant), changed: true };
   }

@@ -160,6 +160,12 @@ class RegistryNotAllowed(RollboxError):
     code = "registry_not_allowed"
 
 
+class SwapUnavailable(RollboxError):
+    """A swap pause found no room on the sandbox's worker host (no swap space, or too full); the sandbox stays as it was."""
+
+    code = "swap_unavailable"
+
+
 class TemplateNotReady(RollboxError):
     """The E2B `base` template is still being built on this cluster (its first use); retry after `retry_after`."""
 
@@ -247,7 +253,7 @@ ERRORS_BY_CODE: Dict[str, Type[RollboxError]] = {
         InvalidRequest, InvalidLayer, InvalidImage, InvalidArchive, Unauthenticated, Forbidden, NotFound, Conflict, InvalidState,
         ResultUnknown, PayloadTooLarge, RangeNotSatisfiable, QuotaExceeded, Internal, AdmissionExhausted, NoCapacity, NetworkUnavailable,
         Unavailable, Timeout, NodeLost, ImageNotFound, RegistryUnauthorized, RegistryUnavailable, RegistryNotAllowed, ImagePullTimeout,
-        TierUnsupported, SnapshotFailed, TemplateNotReady, NotImplementedByRollbox,
+        TierUnsupported, SnapshotFailed, SwapUnavailable, TemplateNotReady, NotImplementedByRollbox,
         ModelHoldExpired, ModelLimitExceeded, ModelUpstreamFailed, InvalidDockerfile, BuildUnsupported, BuildStepFailed,
     )
 }

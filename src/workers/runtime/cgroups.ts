@@ -182,6 +182,11 @@ function childCgroups(dir: string): string[] {
   }
 }
 
+/** Processes of a cgroup and of every cgroup under it. */
+export function procsOfTree(dir: string): number[] {
+  return walk(dir).flatMap(readProcs);
+}
+
 function walk(dir: string): string[] {
   return [...childCgroups(dir).flatMap((child) => walk(path.join(dir, child))), dir];
 }
