@@ -154,3 +154,8 @@ export async function mergeContexts(parts: readonly { prefix: string; tar: Buffe
   }
   return packTar(entries);
 }
+
+/** A context entry's tar header under a new name: owned by root, as COPY makes it unless --chown says otherwise. */
+export function headerOf(entry: ContextEntry, target: string): TarHeader {
+  return { name: target, type: entry.type, mode: entry.mode, mtime: entry.mtime, uid: 0, gid: 0, ...(entry.linkname !== undefined ? { linkname: entry.linkname } : {}) };
+}
