@@ -104,8 +104,8 @@ export function registerE2bTemplateBuilds(app: GatewayApp, deps: E2bBuildsDeps):
         }),
       );
       const context = uploads.length ? (await deps.builds.putContext(principal, await deps.mergeUploads(uploads))).context : undefined;
-      const started_ = await deps.builds.request(principal, { name: build.templateID, steps, ...(context ? { context } : {}), buildArgs: {}, network: { allow: [] }, stepTimeoutMs: 600_000 });
-      await deps.redis.set(keyOf.build(c.req.param('buildID')!), JSON.stringify({ ...build, rollboxBuild: started_.id }), 'PX', deps.uploadTtlMs * 24);
+      const queued = await deps.builds.request(principal, { name: build.templateID, steps, ...(context ? { context } : {}), buildArgs: {}, network: { allow: [] }, stepTimeoutMs: 600_000 });
+      await deps.redis.set(keyOf.build(c.req.param('buildID')!), JSON.stringify({ ...build, rollboxBuild: queued.id }), 'PX', deps.uploadTtlMs * 24);
       await deps.redis.set(keyOf.commands(build.templateID), JSON.stringify({ startCmd: body.startCmd ?? null, readyCmd: body.readyCmd ?? null }));
       return c.body('', 202, { 'content-length': '0' });
     }),
