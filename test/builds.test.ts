@@ -241,7 +241,8 @@ describe("E2B's Template.build through the same engine", () => {
         .runCmd('echo "app:x:1500:1500::/srv/app:/bin/sh" >> /etc/passwd && echo built > /srv/app/built.txt')
         .setWorkdir('/srv/app')
         .runCmd('id -u > /tmp/uid.txt', { user: 'app' })
-        .setStartCmd('sleep infinity', 'true');
+        // Ready only once the start command has run a while: a create answers after that.
+        .setStartCmd('sleep 1; echo started > /tmp/started; exec sleep 600', 'test -f /tmp/started');
       const logs: string[] = [];
       await expect(Template.build(template, 'e2b-app', { ...opts, apiKey: runtimeKey })).rejects.toThrow();
       const built = await Template.build(template, 'e2b-app', { ...opts, apiKey: builderKey, onBuildLogs: (l) => void logs.push(l.message) });
@@ -250,8 +251,8 @@ describe("E2B's Template.build through the same engine", () => {
 
       const sbx = await Sandbox.create('e2b-app', { ...opts, apiKey: runtimeKey });
       try {
-        const r = await sbx.commands.run('pwd; sh main.sh; cat built.txt /tmp/uid.txt; stat -c %u /tmp/uid.txt; id -u');
-        expect(r.stdout).toBe('/srv/app\nmain says hi $there\nbuilt\n1500\n1500\n0\n');
+        const r = await sbx.commands.run('pwd; sh main.sh; cat built.txt /tmp/uid.txt; stat -c %u /tmp/uid.txt; id -u; cat /tmp/started; ps -o args | grep -q "^sleep 60[0]" && echo serving');
+        expect(r.stdout).toBe('/srv/app\nmain says hi $there\nbuilt\n1500\n1500\n0\nstarted\nserving\n');
       } finally {
         await sbx.kill();
       }

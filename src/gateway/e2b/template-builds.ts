@@ -3,10 +3,12 @@ import { gunzipSync } from 'node:zlib';
 import { bodyLimit } from 'hono/body-limit';
 import type { Redis } from 'ioredis';
 import { z } from 'zod';
-import { RollboxError, type Build, type BuildContext, type BuildLogEvent, type BuildRequest } from '../../api/index.ts';
+import { ExecRequest, RollboxError, type Build, type BuildContext, type BuildLogEvent, type BuildRequest } from '../../api/index.ts';
 import { ImageName } from '../../api/image.ts';
 import type { E2bKeyStore, Principal } from '../../iam/index.ts';
 import type { GatewayApp } from '../routes/common.ts';
+import type { ExecService } from '../exec-service.ts';
+import type { SandboxService } from '../sandbox-service.ts';
 import { jsonOf, parse, routeOf } from './control-common.ts';
 import { restError } from './rest-error.ts';
 
@@ -187,4 +189,37 @@ export function dockerfileSteps(body: z.infer<typeof TriggerBody>): { steps: str
     }
   }
   return { steps, hashes };
+}
+
+/** How long a create waits for a template's ready command to succeed (E2B waits for it at build time; its create timeout is 60 s). */
+const READY_WAIT_MS = 45_000;
+const READY_POLL_MS = 250;
+
+/**
+ * A sandbox of a template built with start and ready commands: the start command runs in
+ * the background, then the ready command until it exits 0 (as E2B runs them before its
+ * snapshot; rollbox keeps no process memory in an image, so a create runs them). Not ready
+ * in time: the sandbox is deleted and the create answers `timeout`.
+ */
+export async function startTemplate(
+  deps: { redis: Redis; execs: Pick<ExecService, 'exec' | 'startBackground'>; sandboxes: Pick<SandboxService, 'delete'> },
+  principal: Principal,
+  sandboxId: string,
+  template: string,
+): Promise<void> {
+  const json = await deps.redis.get(keyOf.commands(template));
+  const commands = json ? (JSON.parse(json) as { startCmd: string | null; readyCmd: string | null }) : undefined;
+  if (!commands?.startCmd) return;
+  const sh = (cmd: string, background: boolean) => ExecRequest.parse({ argv: ['/bin/sh', '-c', cmd], background, ...(background ? {} : { timeoutMs: 10_000 }) });
+  await deps.execs.startBackground(principal, sandboxId, sh(commands.startCmd, true));
+  if (!commands.readyCmd) return;
+  for (const deadline = Date.now() + READY_WAIT_MS; ; ) {
+    const ready = await deps.execs.exec(principal, sandboxId, sh(commands.readyCmd, false));
+    if (ready.exitCode === 0 && !ready.timedOut) return;
+    if (Date.now() >= deadline) {
+      await deps.sandboxes.delete(principal, sandboxId).catch(() => undefined);
+      throw new RollboxError('timeout', `template ${template}: its ready command did not succeed within ${READY_WAIT_MS / 1000} s (last exit ${ready.exitCode}: ${ready.stderr.slice(-200)})`);
+    }
+    await new Promise((r) => setTimeout(r, READY_POLL_MS));
+  }
 }
