@@ -8,7 +8,7 @@ import type { Config } from './config/index.ts';
 import type { ExecService, FilesService, LayerBuilder, SandboxService } from './gateway/index.ts';
 import type { ImagePulls } from './images/index.ts';
 import { connectJobRedis } from './queues/jobs/index.ts';
-import type { ImageRegistry, LayerRegistry } from './registry/index.ts';
+import { CLUSTER_OWNER, type ImageRegistry, type LayerRegistry } from './registry/index.ts';
 
 /** The image a FROM's registry reference is pulled into is waited for this long. */
 const FROM_PULL_WAIT_MS = 30 * 60_000;
@@ -32,7 +32,7 @@ export function buildsOf(
       const pack = tar.pack();
       pack.finalize();
       const built = await parts.buildLayer(Readable.from(pack), { maxBytes: 1024 * 1024 });
-      await parts.layers.register({ digest: built.digest, sizeBytes: built.sizeBytes, parents: [], createdAt: new Date(now()).toISOString() });
+      await parts.layers.register({ digest: built.digest, sizeBytes: built.sizeBytes, parents: [], createdAt: new Date(now()).toISOString() }, CLUSTER_OWNER);
       return built.digest as LayerDigest;
     })().catch((err: unknown) => {
       empty = undefined;
@@ -49,7 +49,7 @@ export function buildsOf(
       execs: parts.execs,
       images: parts.images,
       layers: parts.layers,
-      pull: (ref) => parts.imagePulls.imageFor(ref, 'linux/amd64', FROM_PULL_WAIT_MS),
+      pull: (ref, tenant) => parts.imagePulls.imageFor(ref, 'linux/amd64', FROM_PULL_WAIT_MS, tenant),
       emptyLayer,
       cache: new StepCache({ redis: parts.redis, layers: parts.layers, ttlMs: config.build.cacheTtlMs, now }),
       networkAllow: config.build.networkAllow,

@@ -18,7 +18,7 @@ import { LazyLayers } from './layers/lazy/index.ts';
 import { NodeDirectory, ReplyHub } from './queues/index.ts';
 import { CreateJobQueues, connectJobRedis } from './queues/jobs/index.ts';
 import { BlockingPool, connectRedis, parseRedisTarget, redactedRedisUrl, startRedisServer, waitForRedis, type RedisServerHandle, type RedisWaitState } from './redis/index.ts';
-import { CommandLog, ForkRecords, ImageRegistry, LayerRegistry, PoolRegistry, SandboxRegistry, keys, migrateKeyLayout } from './registry/index.ts';
+import { CLUSTER_OWNER, CommandLog, ForkRecords, ImageRegistry, LayerRegistry, OPERATOR, PoolRegistry, SandboxRegistry, keys, migrateKeyLayout } from './registry/index.ts';
 import { ImportHolds, importImage, resolveImageRef } from './images/index.ts';
 import { WorkerHost } from './workers/index.ts';
 import { NetworkSelfTest, SandboxNetworks } from './workers/network/index.ts';
@@ -112,7 +112,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     config: { ...config.burst, localPool: config.node.pool, lostAfterMs: config.node.staleAfterMs, redisUrl },
     gatewayId,
     gatewayUrl: () => config.burst.gatewayUrl ?? url,
-    issueHostToken: () => tokens.issue({ tenant: 'burst', scopes: ['layer:read'], ttlSeconds: 7 * 24 * 3600, subject: 'cloud-host' }),
+    issueHostToken: () => tokens.issue({ tenant: 'burst', scopes: ['layer:host'], ttlSeconds: 7 * 24 * 3600, subject: 'cloud-host' }),
     recorder: new TraceRecorder(redis, config.burst.traceMaxEvents),
     metricsRegistry: metrics.registry,
     logger,
@@ -148,7 +148,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     builds: { api: builds, contextMaxBytes: config.build.contextMaxBytes },
     images: {
       records: imagePulls,
-      importImage: (archive, query) => importImage(archive, query, layerDeps),
+      importImage: (archive, query, owner) => importImage(archive, query, { ...layerDeps, owner }),
       syncedLayers: async () => new Set(await redis.smembers(keys.burstSyncedLayers)),
     },
   });
@@ -308,11 +308,12 @@ export async function ensureBaseLayer(config: Config, redisUrl: string): Promise
   const redis = connectRedis(redisUrl);
   try {
     const layers = new LayerRegistry(redis);
-    const existing = await layers.resolve('busybox').catch(() => undefined);
+    const existing = await layers.resolve('busybox', OPERATOR).catch(() => undefined);
     const store = layerStoreOf(config);
-    if (existing && (await store.has(existing.digest))) return existing.digest;
+    // Published for every tenant (one stored before owners existed too).
+    if (existing && (await store.has(existing.digest))) return (await layers.publish(existing.digest, 'busybox')).digest;
     const built = await buildBusyboxBase({ store, tmpDir: path.join(config.dataDir, 'tmp'), build: config.layerBuild });
-    await layers.register({ digest: built.digest, sizeBytes: built.sizeBytes, name: 'busybox', parents: [], createdAt: new Date().toISOString() });
+    await layers.register({ digest: built.digest, sizeBytes: built.sizeBytes, name: 'busybox', parents: [], createdAt: new Date().toISOString() }, CLUSTER_OWNER);
     return built.digest;
   } finally {
     await redis.quit().catch(() => {});

@@ -147,6 +147,21 @@ describe('pause mode swap', () => {
     await api(cluster, token, 'DELETE', `/v1/sandboxes/${a.id}`);
   }, 240_000);
 
+  it('pauses at its TTL in mode swap (E2B auto-pause), kept paused, then resumed whole', async () => {
+    const created = await api(cluster, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64 }, ttlSeconds: 2, onTtl: { action: 'pause', mode: 'swap', pausedTtlSeconds: 600 } });
+    expect(created.status, JSON.stringify(created.body)).toBe(201);
+    const id = created.body.id as string;
+    await exec(id, 'echo kept > /root/file; sleep 3600 </dev/null >/dev/null 2>&1 & echo $! > /root/sleep.pid');
+    await waitFor('the auto-pause', async () => (await api(cluster, token, 'GET', `/v1/sandboxes/${id}`)).body.state === 'paused', 30_000);
+    const record = (await api(cluster, token, 'GET', `/v1/sandboxes/${id}`)).body;
+    expect(record.swapped, JSON.stringify(record)).toBeDefined();
+    expect(Date.parse(record.expiresAt) - Date.now()).toBeGreaterThan(500_000);
+    expect(freezerState(record.node, id)).toBe('FROZEN');
+    expect((await api(cluster, token, 'POST', `/v1/sandboxes/${id}/resume`, {})).body.state).toBe('running');
+    expect(await exec(id, 'cat /root/file; kill -0 $(cat /root/sleep.pid) && echo alive')).toBe('kept\nalive\n');
+    await api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`);
+  }, 60_000);
+
   it('removes the swap file with its worker, and refuses a swap pause on a host without swap space, the sandbox running on', async () => {
     const file = swapFile('node-swap');
     expect(swapEnabled(file)).toBe(true);

@@ -167,6 +167,8 @@ export const CreateSandboxRequest = z.strictObject({
       action: z.enum(['destroy', 'pause']),
       mode: PauseMode.default('freeze'),
       pausedTtlSeconds: z.number().int().min(1).max(7 * 24 * 3600).default(24 * 3600),
+      /** E2B's `autoResume`: a call into the paused sandbox through the E2B surface (commands, files) resumes it, for its `ttlSeconds` again. */
+      autoResume: z.boolean().optional(),
     })
     .optional(),
   /**

@@ -74,7 +74,7 @@ export async function runBuild(deps: BuildEngineDeps, run: BuildRun): Promise<{ 
   for (const stage of plan.stages) {
     const started = Date.now();
     await run.report(index, 'running');
-    const state = await fromOf(deps, stage, plan, done);
+    const state = await fromOf(deps, run.tenant, stage, plan, done);
     await run.report(index++, 'done', { durationMs: Date.now() - started });
     for (const i of stage.instructions) {
       if (run.signal.aborted) throw run.signal.reason;
@@ -283,7 +283,7 @@ export async function runBuild(deps: BuildEngineDeps, run: BuildRun): Promise<{ 
   async function stackOf(from: string, line: number): Promise<{ layers: LayerDigest[] }> {
     const stage = done.get(from.toLowerCase()) ?? (/^\d+$/.test(from) ? done.get(plan.parsed.stages[Number(from)]?.name ?? '') : undefined);
     if (stage) return stage;
-    const base = await baseOf(deps, from, line);
+    const base = await baseOf(deps, run.tenant, from, line);
     return base;
   }
 

@@ -3,7 +3,7 @@ import { Queue, Worker, type Job } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { Build, BuildRequest, RollboxError, newId, type ErrorCode, type BuildContext, type BuildLogEvent, type BuildStepState, type Image, type LayerDigest } from '../api/index.ts';
-import { requireScope, type Principal } from '../iam/index.ts';
+import { readerOf, requireScope, type Principal } from '../iam/index.ts';
 import { JOB_KEY_PREFIX, jobQueueName } from '../queues/jobs/index.ts';
 import { keys, type ImageRegistry, type LayerRegistry } from '../registry/index.ts';
 import { readContext, type BuildContextFiles } from './context.ts';
@@ -96,7 +96,7 @@ export class BuildService {
     requireScope(principal, 'image:build');
     const context = request.context ? await this.context(request.context) : new Map<string, never>();
     const plan = planBuild(dockerfileOf(request, (name) => context.get(name)?.data?.toString('utf8')), request);
-    if (await this.deps.layers.resolve(request.name).then(() => true, () => false)) throw new RollboxError('conflict', `${request.name} is a layer's name; an image needs a name of its own`);
+    if (await this.deps.layers.resolve(request.name, readerOf(principal)).then(() => true, () => false)) throw new RollboxError('conflict', `${request.name} is a layer's name; an image needs a name of its own`);
     const build: Build = { id: newId('bld'), tenant: principal.tenant, name: request.name, state: 'queued', createdAt: new Date(this.deps.now()).toISOString(), steps: plan.steps, stepsRun: 0, stepsCached: 0 };
     await this.deps.redis.set(keys.build(build.id), JSON.stringify({ build, request }), 'PX', this.deps.recordTtlMs);
     await this.queue.add('build', { buildId: build.id }, { jobId: build.id, attempts: 1, removeOnComplete: { count: 1000 }, removeOnFail: { count: 1000 } });
@@ -173,7 +173,7 @@ export class BuildService {
       );
       const digest = `sha256:${createHash('sha256').update(JSON.stringify({ layers: layers.map((l) => l.digest), config: made.config })).digest('hex')}`;
       const image: Image = { name: request.name, digest, platform: 'linux/amd64', layers, config: made.config, sizeBytes: layers.reduce((n, l) => n + l.sizeBytes, 0), createdAt: new Date(this.deps.now()).toISOString() };
-      await this.deps.images.put(image);
+      await this.deps.images.put(build.tenant, image);
       build = { ...build, state: 'ready', finishedAt: new Date(this.deps.now()).toISOString(), digest, stepsRun: made.stepsRun, stepsCached: made.stepsCached };
       await this.save(build, request);
       await this.append(id, { kind: 'end', state: 'ready', text: `image ${request.name} ${digest}` });

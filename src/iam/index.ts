@@ -1,5 +1,5 @@
 export type { JwtAlg, JwtConfig } from './config.ts';
-export { TENANT_PATTERN, isScope, isValidTenant, requireScope, scopesFromClaim } from './principal.ts';
+export { TENANT_PATTERN, isScope, isValidTenant, readerOf, requireScope, scopesFromClaim } from './principal.ts';
 export type { Principal } from './principal.ts';
 export { createTokenVerifier } from './verifier.ts';
 export type { JwtTokenVerifier, TokenVerifier, TokenVerifierDeps } from './verifier.ts';

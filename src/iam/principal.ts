@@ -51,3 +51,12 @@ export function requireScope(principal: Principal, scope: Scope): void {
   if (principal.scopes.has(scope) || principal.scopes.has('admin')) return;
   throw new RollboxError('forbidden', `missing scope ${scope}`);
 }
+
+/**
+ * Whose layers and images the principal reads (src/registry/owners.ts): its tenant's own and
+ * the published ones; admin tokens and worker hosts' `layer:host` tokens (their lazy fetches
+ * read whatever their sandboxes mount) every one.
+ */
+export function readerOf(principal: Principal): { tenant: string; all: boolean } {
+  return { tenant: principal.tenant, all: principal.scopes.has('admin') || principal.scopes.has('layer:host') };
+}

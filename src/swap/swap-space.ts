@@ -84,7 +84,10 @@ export class SwapSpace {
     if (!this.configured) throw new RollboxError('swap_unavailable', 'this worker host has no swap space for sandboxes (ROLLBOX_SWAP_FILE_MIB is 0)');
     await this.enable();
     const area = await this.area();
-    if (!area) throw new RollboxError('swap_unavailable', `the swap file ${this.options.filePath} is no longer enabled on this worker host`);
+    if (!area) {
+      this.enabling = undefined; // swapped off from outside: the next swap pause enables it again
+      throw new RollboxError('swap_unavailable', `the swap file ${this.options.filePath} is no longer enabled on this worker host`);
+    }
     const freeBytes = area.sizeBytes - area.usedBytes + Math.min(await swapCachedBytes(), area.usedBytes) - this.claimedBytes;
     if (bytes > freeBytes) {
       throw new RollboxError(

@@ -94,7 +94,7 @@ export class OpHandler {
         await ctx.checkAlive(op.sandboxId);
         err = new RollboxError('invalid_state', `sandbox ${op.sandboxId}: ${err.message}`);
       }
-      const error = err instanceof RollboxError ? { code: err.code, message: err.message } : { code: 'internal', message: err instanceof Error ? err.message : String(err) };
+      const error = err instanceof RollboxError ? { code: err.code, message: err.message, ...(err.retryAfterSeconds !== undefined ? { retryAfterSeconds: err.retryAfterSeconds } : {}) } : { code: 'internal', message: err instanceof Error ? err.message : String(err) };
       await ctx.reply(op.replyTo, { kind: 'error', requestId: op.requestId, error });
     }
   }

@@ -258,7 +258,7 @@ class Sandbox:
         return self._client._call(core.Request("GET", core.sandbox_path(self.id, "/metrics")))
 
     def pause(self, mode: str = "freeze") -> "Sandbox":
-        """`freeze` (CPU stopped, memory kept) or `hibernate` (writable layer packed, memory freed)."""
+        """`freeze` (CPU stopped, memory kept), `swap` (frozen, memory paged out to the host's swap, processes kept) or `hibernate` (writable layer packed, memory freed, processes end)."""
         self.record = self._client._call(core.Request("POST", core.sandbox_path(self.id, "/pause"), {"mode": mode}, replayable=False))
         return self
 

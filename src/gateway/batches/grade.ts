@@ -66,7 +66,7 @@ export async function gradeInFreshSandbox(
     else pack.entry(header);
     pack.finalize();
     const { digest, sizeBytes } = await built;
-    await deps.layers.register({ digest, sizeBytes, parents: [], createdAt: new Date(deps.now()).toISOString() });
+    await deps.layers.register({ digest, sizeBytes, parents: [], createdAt: new Date(deps.now()).toISOString() }, acting.tenant);
     layers.push(digest);
   }
   const sandboxId = await create({ ...task.image, layers: [...layers, ...grade.layers] });

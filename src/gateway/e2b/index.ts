@@ -50,7 +50,7 @@ export function registerE2b(app: GatewayApp, deps: E2bDeps): void {
   const starts = deps.builds ? { startTemplate: (principal: Principal, sandboxId: string, template: string) => startTemplate({ redis, execs: deps.execs, sandboxes }, principal, sandboxId, template) } : {};
   registerE2bControl(app, { sandboxes, ttls: deps.ttls, keys, access, templates, pause: { mode: options.pauseMode, pausedTtlSeconds: options.pausedTtlSeconds }, ...starts });
   registerE2bState(app, { redis, sandboxes, forks: deps.forks, metrics: deps.metrics, layers: deps.layers, keys, access });
-  registerE2bEnvd(app, { redis, registry: deps.registry, access, execs: deps.execs, files: deps.files, filesMaxBytes: deps.filesMaxBytes });
+  registerE2bEnvd(app, { redis, registry: deps.registry, access, execs: deps.execs, files: deps.files, filesMaxBytes: deps.filesMaxBytes, sandboxes, ttls: deps.ttls });
   if (deps.builds) registerE2bTemplateBuilds(app, { ...deps.builds, redis, keys });
   // Last: what is left of E2B's paths answers in E2B's shape.
   registerE2bUnserved(app, { keys });
