@@ -2,7 +2,11 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
+import { Sandbox, Template } from 'e2b';
 import { runRollbox } from './support/cli.ts';
+import { startTargetNetns, type TargetNetns } from './support/target-netns.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { tarOf, type TarEntry } from './support/tar.ts';
 
@@ -12,12 +16,22 @@ let builder: string;
 /** Runs what was built: a runtime agent's scopes, no `image:build`. */
 let agent: string;
 
+/** "The outside" for RUN steps: a namespace of the test's own with listeners that answer `hello <port>`. */
+let target: TargetNetns;
+const OPEN_PORT = 7301;
+const ASKED_PORT = 7302;
+
 beforeAll(async () => {
-  cluster = await startTestCluster({ workers: [{ nodeId: 'node-build' }] });
+  target = await startTargetNetns({ subnet: 83, holdPort: 7309, ports: [OPEN_PORT, ASKED_PORT] });
+  // Every build's RUN steps may reach OPEN_PORT there; ASKED_PORT only when a build asks.
+  cluster = await startTestCluster({ workers: [{ nodeId: 'node-build' }], env: { ROLLBOX_BUILD_NETWORK_ALLOW: `${target.address}:${OPEN_PORT}` } });
   builder = await cluster.token('lab', ['image:build', 'layer:read']);
   agent = await cluster.token('lab', ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete']);
 });
-afterAll(async () => cluster?.stop());
+afterAll(async () => {
+  await cluster?.stop();
+  await target?.stop();
+});
 
 const TAR = { 'content-type': 'application/x-tar' };
 
@@ -206,5 +220,67 @@ describe('rollbox image build', () => {
     } finally {
       await fs.rm(dir, { recursive: true, force: true });
     }
+  });
+});
+
+describe("E2B's Template.build through the same engine", () => {
+  it('builds a template from its steps and files with the real SDK; a sandbox of it has them, and failures come back as BuildError', async () => {
+    const issue = async (scopes: string) => (await promisify(execFile)(process.execPath, [path.resolve(import.meta.dirname, '../bin/rollbox.js'), 'e2b-key', 'issue', '--tenant', 'lab', '--scopes', scopes], { env: { ...process.env, REDIS_URL: cluster.redisUrl } })).stdout.trim();
+    // A builder key and a runtime key: the builder's cannot create sandboxes, the runtime's cannot build.
+    const builderKey = await issue('image:build');
+    const runtimeKey = await issue('sandbox:create,sandbox:exec,sandbox:read,sandbox:delete');
+    const dir = await fs.mkdtemp(path.join(os.tmpdir(), 'rollbox-e2b-template-'));
+    const opts = { apiUrl: cluster.url, sandboxUrl: cluster.url };
+    try {
+      await fs.mkdir(path.join(dir, 'app'));
+      await fs.writeFile(path.join(dir, 'app/main.sh'), 'echo "main says $GREETING"\n');
+      const template = Template({ fileContextPath: dir })
+        .fromImage('busybox')
+        .setEnvs({ GREETING: 'hi $there' })
+        .copy('app', '/srv/app/')
+        .runCmd('echo "app:x:1500:1500::/srv/app:/bin/sh" >> /etc/passwd && echo built > /srv/app/built.txt')
+        .setWorkdir('/srv/app')
+        .runCmd('id -u > /tmp/uid.txt', { user: 'app' })
+        // Ready only once the start command has run a while: a create answers after that.
+        .setStartCmd('sleep 1; echo started > /tmp/started; exec sleep 600', 'test -f /tmp/started');
+      const logs: string[] = [];
+      await expect(Template.build(template, 'e2b-app', { ...opts, apiKey: runtimeKey })).rejects.toThrow();
+      const built = await Template.build(template, 'e2b-app', { ...opts, apiKey: builderKey, onBuildLogs: (l) => void logs.push(l.message) });
+      expect(built.templateId).toBe('e2b-app');
+      expect(logs.join('\n')).toMatch(/build ready/);
+
+      const sbx = await Sandbox.create('e2b-app', { ...opts, apiKey: runtimeKey });
+      try {
+        const r = await sbx.commands.run('pwd; sh main.sh; cat built.txt /tmp/uid.txt; stat -c %u /tmp/uid.txt; id -u; cat /tmp/started; ps -o args | grep -q "^sleep 60[0]" && echo serving');
+        expect(r.stdout).toBe('/srv/app\nmain says hi $there\nbuilt\n1500\n1500\n0\nstarted\nserving\n');
+      } finally {
+        await sbx.kill();
+      }
+
+      const failing = Template({ fileContextPath: dir }).fromImage('busybox').runCmd('echo "no such package" >&2; exit 7');
+      await expect(Template.build(failing, 'e2b-broken', { ...opts, apiKey: builderKey })).rejects.toThrow(/exited 7[\s\S]*no such package/);
+    } finally {
+      await fs.rm(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('the network of RUN steps', () => {
+  it('reaches what the config and the request allow, and nothing else', async () => {
+    const nc = (port: number) => `echo | nc -w 3 ${target.address} ${port}`;
+    const open = await build({ name: 'net-open', steps: ['FROM busybox', `RUN ${nc(OPEN_PORT)} > /open.txt && grep -q hello /open.txt`] });
+    expect(open.state, JSON.stringify(open.error)).toBe('ready');
+    expect((await run('net-open', 'cat /open.txt')).stdout).toBe(`hello ${OPEN_PORT}\n`);
+
+    const before = target.connections(ASKED_PORT).length;
+    const refused = await build({ name: 'net-refused', steps: ['FROM busybox', `RUN ${nc(ASKED_PORT)} | grep hello || { echo "cannot reach ${ASKED_PORT}"; exit 4; }`] });
+    expect(refused.state).toBe('failed');
+    expect(refused.failedStep).toMatchObject({ exitCode: 4 });
+    expect(refused.failedStep.output).toContain(`cannot reach ${ASKED_PORT}`);
+    expect(target.connections(ASKED_PORT).length).toBe(before);
+
+    const asked = await build({ name: 'net-asked', steps: ['FROM busybox', `RUN ${nc(ASKED_PORT)} | grep hello || { echo "cannot reach ${ASKED_PORT}"; exit 4; }`], network: { allow: [{ cidr: `${target.address}/32`, ports: [ASKED_PORT] }] } });
+    expect(asked.state, JSON.stringify(asked.failedStep)).toBe('ready');
+    expect(target.connections(ASKED_PORT).length).toBeGreaterThan(before);
   });
 });

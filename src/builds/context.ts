@@ -3,6 +3,7 @@ import path from 'node:path';
 import { Readable } from 'node:stream';
 import tar from 'tar-stream';
 import { RollboxError } from '../api/index.ts';
+import { packTar, type TarHeader } from './tar.ts';
 
 /** One entry of a build context, named relative to its root (`dir/file`, no `./`). */
 export interface ContextEntry {
@@ -140,4 +141,21 @@ export function selectSources(files: BuildContextFiles, sources: readonly string
     }
   }
   return out;
+}
+
+/** Several context tars as one, each one's entries under its own prefix (checked as readContext checks them). */
+export async function mergeContexts(parts: readonly { prefix: string; tar: Buffer }[], limits: { maxEntries: number }): Promise<Buffer> {
+  const entries: { header: TarHeader; data?: Buffer }[] = [];
+  for (const { prefix, tar: archive } of parts) {
+    entries.push({ header: { name: `${prefix}/`, type: 'directory', mode: 0o755 } });
+    for (const e of (await readContext(archive, limits)).values()) {
+      entries.push({ header: { name: `${prefix}/${e.name}${e.type === 'directory' ? '/' : ''}`, type: e.type, mode: e.mode, mtime: e.mtime, ...(e.linkname !== undefined ? { linkname: e.linkname } : {}) }, ...(e.data ? { data: e.data } : {}) });
+    }
+  }
+  return packTar(entries);
+}
+
+/** A context entry's tar header under a new name: owned by root, as COPY makes it unless --chown says otherwise. */
+export function headerOf(entry: ContextEntry, target: string): TarHeader {
+  return { name: target, type: entry.type, mode: entry.mode, mtime: entry.mtime, uid: 0, gid: 0, ...(entry.linkname !== undefined ? { linkname: entry.linkname } : {}) };
 }

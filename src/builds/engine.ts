@@ -4,11 +4,11 @@ import { CreateSandboxRequest, FILES_TAR_TYPE, MAX_STACK_LAYERS, RollboxError, t
 import type { Principal } from '../iam/index.ts';
 import type { ExecService, FilesService, SandboxService } from '../gateway/index.ts';
 import type { StepCache } from './cache.ts';
-import { dockerignore, selectSources, type BuildContextFiles } from './context.ts';
+import { dockerignore, headerOf, selectSources, type BuildContextFiles } from './context.ts';
 import { expand, jsonArray, splitPairs, splitWords, type Instruction } from './dockerfile.ts';
 import { argOf, type BuildPlan } from './plan.ts';
 import { baseOf, fromOf, type FromDeps, type StageState } from './from.ts';
-import { headerOf, packTar, untar, type TarHeader } from './tar.ts';
+import { packTar, untar, type TarHeader } from './tar.ts';
 
 
 export interface BuildEngineDeps extends FromDeps {

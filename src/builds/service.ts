@@ -45,6 +45,8 @@ const ERROR_MESSAGE_MAX = 2000;
 export class BuildService {
   private readonly queue: Queue;
   private worker: Worker | undefined;
+  private stopping = false;
+  private readonly running = new Set<AbortController>();
 
   constructor(private readonly deps: BuildServiceDeps) {
     this.queue = new Queue(QUEUE, { connection: deps.jobConnection, prefix: JOB_KEY_PREFIX });
@@ -68,8 +70,14 @@ export class BuildService {
     });
   }
 
+  /**
+   * Stops taking builds and stops those running here between two steps, without ending
+   * them: their jobs' locks lapse and another gateway takes them over (from the cache).
+   */
   async stop(): Promise<void> {
-    await this.worker?.close().catch(() => undefined);
+    this.stopping = true;
+    for (const c of this.running) c.abort(new RollboxError('unavailable', 'the gateway running the build is stopping'));
+    await this.worker?.close(true).catch(() => undefined);
     await this.queue.close().catch(() => undefined);
   }
 
@@ -150,6 +158,7 @@ export class BuildService {
     await this.save(build, request);
     const log = this.deps.logger.child({ build: id, image: request.name, tenant: build.tenant });
     const controller = new AbortController();
+    this.running.add(controller);
     try {
       const context = request.context ? await this.context(request.context) : new Map();
       const plan = planBuild(dockerfileOf(request, (name) => context.get(name)?.data?.toString('utf8')), request);
@@ -170,7 +179,9 @@ export class BuildService {
       await this.append(id, { kind: 'end', state: 'ready', text: `image ${request.name} ${digest}` });
       log.info({ stepsRun: made.stepsRun, stepsCached: made.stepsCached }, 'image built');
     } catch (err) {
-      if (err instanceof StepFailed) {
+      if (this.stopping) {
+        log.info({ err: String(err) }, 'image build left for another gateway (this one is stopping)');
+      } else if (err instanceof StepFailed) {
         log.info({ line: err.line, exitCode: err.exitCode }, 'image build failed at a step');
         await this.finishFailed(id, { code: 'build_step_failed', message: err.message }, { line: err.line, text: err.text, exitCode: err.exitCode, output: err.output });
       } else {
@@ -178,6 +189,8 @@ export class BuildService {
         log.warn({ code: error.code, reason: error.message }, 'image build failed');
         await this.finishFailed(id, error);
       }
+    } finally {
+      this.running.delete(controller);
     }
   }
 }

@@ -1,13 +1,9 @@
 import tar from 'tar-stream';
-import type { ContextEntry } from './context.ts';
 
 /** A tar entry's header as tar-stream takes it (fields it fills in left out). */
 export type TarHeader = Partial<tar.Header> & { name: string };
 
-export function headerOf(entry: ContextEntry, target: string): TarHeader {
-  return { name: target, type: entry.type, mode: entry.mode, mtime: entry.mtime, uid: 0, gid: 0, ...(entry.linkname !== undefined ? { linkname: entry.linkname } : {}) };
-}
-
+/** A tar in memory as its entries (data read whole). */
 export async function untar(body: Buffer): Promise<{ header: TarHeader; data?: Buffer }[]> {
   const out: { header: TarHeader; data?: Buffer }[] = [];
   const extract = tar.extract();

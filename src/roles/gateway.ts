@@ -107,7 +107,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const { batches, runner: batchRunner, jobs: batchJobs, stop: stopBatches } = batchesOf(config, redisUrl, redis, blocking, { sandboxes, files, execs, layers, buildLayer, now }, logger, now, (succeeded) => metrics.seen.taskEnded(succeeded));
   const { builds, stop: stopBuilds } = buildsOf(config, redisUrl, { redis, sandboxes, files, execs, images, layers, imagePulls, buildLayer }, logger, now);
   const model = await modelGatewayOf(config, redisUrl, { redis, blocking, gatewayId, logger, now, metricsRegistry: metrics.registry });
-  const e2bParts = e2bOf(config, { redis, registry, layers, images, store, nodes, tmpDir, sandboxes, ttls, forks, execs, files }, logger, now);
+  const e2bParts = e2bOf(config, { redis, registry, layers, images, store, nodes, tmpDir, sandboxes, ttls, forks, execs, files, builds }, logger, now);
   const app = createGateway({
     config, redis, verifier: createTokenVerifier(config.jwt), rolloutKeys: new RolloutKeyStore(redis, now), sandboxes, forks, ttls, execs, files, pools, runs, batches, layers, directory, metrics, logger, now, burst,
     jobQueues: () => [...directory.list().map((n) => createJobs.queue(n.nodeId)), ...batchJobs.openQueues()],

@@ -19,6 +19,8 @@ export interface E2bControlDeps {
   templates: Pick<E2bTemplates, 'imageOf'>;
   /** How E2B's pause (and auto-pause) pauses when it keeps memory, and how long a paused sandbox is kept. */
   pause: { mode: PauseMode; pausedTtlSeconds: number };
+  /** Runs a built template's start and ready commands in a new sandbox of it (none: templates have none). */
+  startTemplate?: (principal: Principal, sandboxId: string, template: string) => Promise<void>;
 }
 
 /** E2B's bodies are small: metadata, env and a template name. */
@@ -83,6 +85,7 @@ export function registerE2bControl(app: GatewayApp, deps: E2bControlDeps): void 
       'body',
     );
     const { sandbox } = await sandboxes.create(principal, request, undefined);
+    await deps.startTemplate?.(principal, sandbox.id, template);
     return c.json(await sandboxBody(access, sandbox), 201);
   };
   app.post('/sandboxes', route(create));

@@ -5,7 +5,7 @@ import { routeOf } from './control-common.ts';
 
 /** E2B's API areas rollbox does not serve, each with how rollbox differs (docs/e2b.md). */
 const AREAS: [paths: string[], why: string][] = [
-  [['/templates', '/templates/*', '/v2/templates/*', '/v3/templates', '/v3/templates/*'], "E2B's template build API is not served by rollbox: import or pull an image (docs/images.md) and give its name as the template (`base` is rollbox's E2B-like base template); Sandbox.createSnapshot's snapshots are served"],
+  [['/templates', '/templates/*', '/v2/templates/*', '/v3/templates', '/v3/templates/*'], "this call of E2B's template API is not served by rollbox: Template.build is (its files, build and status calls); a template is an image name, `base` rollbox's E2B-like base template (docs/images.md)"],
   [['/volumes', '/volumes/*', '/volumecontent/*'], 'volumes are not supported by rollbox: a sandbox has its own disk; carry files with the files API, snapshots or forks'],
   [['/secrets', '/secrets/*'], 'secrets are not supported by rollbox: pass values in envs'],
   [['/sandboxes/*', '/v2/sandboxes/*', '/v3/sandboxes', '/v3/sandboxes/*'], 'this sandbox call is not served by rollbox (docs/e2b.md lists what is)'],
