@@ -36,7 +36,7 @@ import { Redis } from 'ioredis';
 import { mulberry32 } from '../src/burst/index.ts';
 import { LayerStore, mkfsErofs, storeTreeAsLayer } from '../src/layers/index.ts';
 import { runToolOk } from '../src/proc/index.ts';
-import { LayerRegistry } from '../src/registry/index.ts';
+import { CLUSTER_OWNER, LayerRegistry } from '../src/registry/index.ts';
 import { barChartsSvg, percentile, progressBar, writeSvg } from '../src/report/index.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from '../test/support/cluster.ts';
 import { OriginProxy, ThrottledLink } from '../test/support/origin-proxy.ts';
@@ -188,7 +188,7 @@ async function storeLayer(cluster: TestCluster, redis: Redis, name: string, tar:
           return store.putSplit({ metaPath: path.join(dir, 'meta'), blobPath: path.join(dir, 'blob'), chunkSizeBytes });
         })()
       : await storeTreeAsLayer(root, dir, store);
-    await new LayerRegistry(redis).register({ digest: stored.digest, sizeBytes: stored.sizeBytes, name, parents: [], createdAt: new Date().toISOString() });
+    await new LayerRegistry(redis).register({ digest: stored.digest, sizeBytes: stored.sizeBytes, name, parents: [], createdAt: new Date().toISOString() }, CLUSTER_OWNER);
     return stored;
   } finally {
     await fs.rm(dir, { recursive: true, force: true });

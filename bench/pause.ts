@@ -1,7 +1,11 @@
 /**
- * bench:pause — freeze and resume through the HTTP API next to raw `runc pause` /
- * `runc resume` of the same container in the same run, then hibernate and wake against the
- * size of the writable layer.
+ * bench:pause — first a job of BENCH_PAUSE_SANDBOXES (32) sandboxes with BENCH_PAUSE_TOUCHED_MIB
+ * (128) MiB touched each, paused and resumed by job in each mode (freeze, swap, hibernate):
+ * memory freed, pause and resume-to-first-command p50/p95, processes kept, against two
+ * targets: swap frees >= 90% of what freeze holds, and its resume p50 is <= 2x reading the
+ * paged-out bytes back sequentially from the same disk (measured in the same run). Then
+ * freeze and resume through the HTTP API next to raw `runc pause` / `runc resume` of the
+ * same container, then hibernate and wake against the size of the writable layer.
  * Ends with one JSON line.
  */
 import { execFile } from 'node:child_process';
@@ -9,6 +13,7 @@ import path from 'node:path';
 import { promisify } from 'node:util';
 import { api, startTestCluster } from '../test/support/cluster.ts';
 import { sandboxPaths, timed } from './support/runc-floor.ts';
+import { benchPauseModes } from './support/pause-modes.ts';
 import { progressBar, summarize, writeCdfChart } from '../src/report/index.ts';
 
 const run = promisify(execFile);
@@ -17,11 +22,27 @@ function assertOk(response: { status: number; body: unknown }): void {
   if (response.status !== 200) throw new Error(`HTTP ${response.status}: ${JSON.stringify(response.body)}`);
 }
 const RUNS = Number(process.env.BENCH_RUNS ?? 100);
+const SANDBOXES = Number(process.env.BENCH_PAUSE_SANDBOXES ?? 32);
+const TOUCHED_MIB = Number(process.env.BENCH_PAUSE_TOUCHED_MIB ?? 128);
 
-const cluster = await startTestCluster({ workers: [{ nodeId: 'bench-node' }] });
+// Swap room for the whole job, with a margin for what its sandboxes hold beside memhold's buffer.
+const swapFileMiB = SANDBOXES * (TOUCHED_MIB + 32) + 256;
+// The production node-lost delay (tests use 1.5 s): a job's gigabytes going to swap on the disk
+// Redis appends to delay its writes, heartbeats among them, by seconds (docs/operations.md).
+const cluster = await startTestCluster({ env: { ROLLBOX_NODE_LOST_AFTER_MS: '30000' }, workers: [{ nodeId: 'bench-node', env: { ROLLBOX_SWAP_FILE_MIB: String(swapFileMiB) } }] });
 process.once('SIGINT', () => void cluster.stop().finally(() => process.exit(130)));
 try {
   const token = await cluster.token('bench', ['sandbox:create', 'sandbox:delete', 'sandbox:exec']);
+  const modes = await benchPauseModes(cluster, token, { node: 'bench-node', sandboxes: SANDBOXES, touchedMiB: TOUCHED_MIB, rounds: Number(process.env.BENCH_PAUSE_ROUNDS ?? 3) });
+  const byMode = Object.fromEntries(modes.figures.map((f) => [f.mode, f]));
+  const ratio = (a: number, b: number) => Math.round((a / b) * 100) / 100;
+  const swapTargets = {
+    /** >= 0.9: what swap frees, over what freeze holds. */
+    swapFreedOverFreezeHeld: ratio(byMode.swap!.freedMiB, byMode.freeze!.pausedMiB),
+    /** <= 2: swap's resume-to-first-command p50 over reading its paged-out bytes back sequentially. */
+    swapResumeP50OverSequentialRead: modes.floor ? ratio(byMode.swap!.resumeToFirstCommandP50Ms, modes.floor.readMs) : undefined,
+  };
+  process.stderr.write(`${JSON.stringify({ ...modes, swapTargets }, null, 1)}\n`);
   const { body: sandbox } = await api(cluster, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64 } });
   const call = async (action: 'pause' | 'resume') => {
     const r = await api(cluster, token, 'POST', `/v1/sandboxes/${sandbox.id}/${action}`, {});
@@ -96,6 +117,7 @@ try {
       perSecond: Math.round((1000 / (p.meanMs + r.meanMs)) * 10) / 10,
       n: RUNS,
       hibernation,
+      pauseModes: { ...modes, targets: swapTargets },
       reference: { cubeSandboxSnapshotMs: 46, cubeSandboxResumeMs: 42 },
       chart,
     }),

@@ -51,6 +51,8 @@ fi
 sh scripts/build-init.sh
 # The lazy layers' gate and the split layers' mount helper (src/layers/gate/rollbox-gate.c).
 sh scripts/build-gate.sh
+# The swap pause's prefetch helper (src/swap/rollbox-memctl.c).
+sh scripts/build-memctl.sh
 # The microVM tier: QEMU, the guest kernel (unpacked from Debian's cloud kernel package, not
 # installed) and the guest initramfs (docs/microvm.md).
 sh scripts/install-microvm.sh

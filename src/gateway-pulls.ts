@@ -12,7 +12,7 @@ import { ImagePullRecords } from './registry/index.ts';
  * by extraction, the tmpfs room their trees are extracted in. `stop` ends the pulls and lets
  * go of that room.
  */
-export function imagePullsOf(config: Config, redis: Redis, images: ImagePullsDeps['images'], layerDeps: ImageImportDeps, logger: Logger, now: () => number): { imagePulls: ImagePulls; stop: () => Promise<void> } {
+export function imagePullsOf(config: Config, redis: Redis, images: ImagePullsDeps['images'], layerDeps: ImageImportDeps & { layers: ImagePullsDeps['layers'] }, logger: Logger, now: () => number): { imagePulls: ImagePulls; stop: () => Promise<void> } {
   const memory = config.layerBuild === 'extract' ? MemoryScratch.at(config.imagePull.memoryDir, config.imagePull.memoryBytes) : undefined;
   const imagePulls = new ImagePulls({
     images,

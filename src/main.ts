@@ -18,7 +18,7 @@ import { LazyLayers } from './layers/lazy/index.ts';
 import { NodeDirectory, ReplyHub } from './queues/index.ts';
 import { CreateJobQueues, connectJobRedis } from './queues/jobs/index.ts';
 import { BlockingPool, connectRedis, parseRedisTarget, redactedRedisUrl, startRedisServer, waitForRedis, type RedisServerHandle, type RedisWaitState } from './redis/index.ts';
-import { CommandLog, ForkRecords, ImageRegistry, LayerRegistry, PoolRegistry, SandboxRegistry, keys, migrateKeyLayout } from './registry/index.ts';
+import { CLUSTER_OWNER, CommandLog, ForkRecords, ImageRegistry, LayerRegistry, OPERATOR, PoolRegistry, SandboxRegistry, keys, migrateKeyLayout } from './registry/index.ts';
 import { ImportHolds, importImage, resolveImageRef } from './images/index.ts';
 import { WorkerHost } from './workers/index.ts';
 import { NetworkSelfTest, SandboxNetworks } from './workers/network/index.ts';
@@ -27,6 +27,7 @@ import { besteffortGuardOf, createRuncRuntime, createTieredRuntime } from './wor
 import { microVmRuntimeOf } from './workers/microvm/index.ts';
 import { batchesOf } from './gateway-batches.ts';
 import { imagePullsOf } from './gateway-pulls.ts';
+import { buildsOf } from './gateway-builds.ts';
 import { gatewayConsoleOf } from './gateway-console.ts';
 import { e2bOf } from './gateway-e2b.ts';
 import { modelGatewayOf } from './gateway-model.ts';
@@ -86,7 +87,6 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const images = new ImageRegistry(redis, layers, logger);
   const store = layerStoreOf(config);
   const tmpDir = path.join(config.dataDir, 'tmp');
-  const importHolds = new ImportHolds();
   // Uploaded layers and image layers are extracted on worker threads, off the event loop.
   const extractWorkers = new ExtractWorkers();
   const extract = extractWorkers.extract;
@@ -112,14 +112,14 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     config: { ...config.burst, localPool: config.node.pool, lostAfterMs: config.node.staleAfterMs, redisUrl },
     gatewayId,
     gatewayUrl: () => config.burst.gatewayUrl ?? url,
-    issueHostToken: () => tokens.issue({ tenant: 'burst', scopes: ['layer:read'], ttlSeconds: 7 * 24 * 3600, subject: 'cloud-host' }),
+    issueHostToken: () => tokens.issue({ tenant: 'burst', scopes: ['layer:host'], ttlSeconds: 7 * 24 * 3600, subject: 'cloud-host' }),
     recorder: new TraceRecorder(redis, config.burst.traceMaxEvents),
     metricsRegistry: metrics.registry,
     logger,
     now,
     random: Math.random,
   });
-  const layerDeps = { store, layers, images, holds: importHolds, tmpDir, maxLayerBytes: config.http.layerUploadLimitBytes, maxLayerEntries: config.layerMaxEntries, now, extract, build: config.layerBuild };
+  const layerDeps = { store, layers, images, holds: new ImportHolds(), tmpDir, maxLayerBytes: config.http.layerUploadLimitBytes, maxLayerEntries: config.layerMaxEntries, now, extract, build: config.layerBuild };
   const { imagePulls, stop: stopImagePulls } = imagePullsOf(config, redis, images, layerDeps, logger, now);
   // A create's (or a pool's) image.ref: the image holding it, pulled first if none does.
   const resolveImage = resolveImageRef(imagePulls, config.imagePull.waitMs);
@@ -132,11 +132,11 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const runs = new RunService({ sandboxes, redis, fetchMaxBytes: config.files.maxBytes, now });
   const buildLayer: LayerBuilder = (tar, { maxBytes }) => buildLayerFromTar(tar, { store, tmpDir, maxBytes, maxEntries: config.layerMaxEntries, extract, build: config.layerBuild });
   const { batches, runner: batchRunner, jobs: batchJobs, stop: stopBatches } = batchesOf(config, redisUrl, redis, blocking, { sandboxes, files, execs, layers, buildLayer, now }, logger, now, (succeeded) => metrics.seen.taskEnded(succeeded));
-  const verifier = createTokenVerifier(config.jwt);
+  const { builds, stop: stopBuilds } = buildsOf(config, redisUrl, { redis, sandboxes, files, execs, images, layers, imagePulls, buildLayer }, logger, now);
   const model = await modelGatewayOf(config, redisUrl, { redis, blocking, gatewayId, logger, now, metricsRegistry: metrics.registry });
   const e2bParts = e2bOf(config, { redis, registry, layers, images, store, nodes, tmpDir, sandboxes, ttls, forks, execs, files }, logger, now);
   const app = createGateway({
-    config, redis, verifier, rolloutKeys: new RolloutKeyStore(redis, now), sandboxes, forks, ttls, execs, files, pools, runs, batches, layers, directory, metrics, logger, now, burst,
+    config, redis, verifier: createTokenVerifier(config.jwt), rolloutKeys: new RolloutKeyStore(redis, now), sandboxes, forks, ttls, execs, files, pools, runs, batches, layers, directory, metrics, logger, now, burst,
     jobQueues: () => [...directory.list().map((n) => createJobs.queue(n.nodeId)), ...batchJobs.openQueues()],
     console: consoleParts.service({ pools: () => pools.listAll(), burst, metricsRegistry: metrics.registry }),
     buildLayer,
@@ -145,15 +145,15 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     model,
     e2b: e2bParts.e2b,
     sandboxMetrics: e2bParts.sandboxMetrics,
+    builds: { api: builds, contextMaxBytes: config.build.contextMaxBytes },
     images: {
       records: imagePulls,
-      importImage: (archive, query) => importImage(archive, query, layerDeps),
+      importImage: (archive, query, owner) => importImage(archive, query, { ...layerDeps, owner }),
       syncedLayers: async () => new Set(await redis.smembers(keys.burstSyncedLayers)),
     },
   });
   const collector = new LayerCollector({ redis, layers, sandboxes: registry, images, store, graceMs: config.layerGc.graceMs, logger, now });
-  const layerGc = { collector, intervalMs: config.layerGc.intervalMs };
-  const janitor = new Janitor({ redis, registry, commands, directory, lostAfterMs: config.node.lostAfterMs, intervalMs: 500, logger, now, layerGc, createJobs });
+  const janitor = new Janitor({ redis, registry, commands, directory, lostAfterMs: config.node.lostAfterMs, intervalMs: 500, logger, now, layerGc: { collector, intervalMs: config.layerGc.intervalMs }, createJobs });
   janitor.start();
   batchRunner.start();
   imagePulls.start();
@@ -169,7 +169,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     gatewayId,
     async stop() {
       janitor.stop();
-      await stopImagePulls();
+      await Promise.all([stopBuilds(), stopImagePulls()]);
       await stopBatches();
       await consoleParts.signals.stop();
       await burst.stop();
@@ -248,7 +248,7 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
   });
   // One guard for both tiers: a latency command holds back besteffort containers and VMs alike.
   const besteffortGuard = besteffortGuardOf({ holdMs: config.node.besteffortHoldMs, heldCpuMillis: config.node.besteffortHeldCpuMillis, onError: (file, err) => logger.warn({ file, err: String(err) }, 'besteffort guard could not write a CPU quota') });
-  const containers = createRuncRuntime({ dataDir: workerDir, runtimeBinary: config.node.runtimeBinary, layerMounts, nodeId, logger, network, scratchSizeGiB: config.node.scratchSizeGiB, scratchFs: config.node.scratchFs, scratchIdleUnmountMs: config.node.idleUnmountMs, besteffortGuard });
+  const containers = createRuncRuntime({ dataDir: workerDir, runtimeBinary: config.node.runtimeBinary, layerMounts, nodeId, logger, network, scratchSizeGiB: config.node.scratchSizeGiB, scratchFs: config.node.scratchFs, scratchIdleUnmountMs: config.node.idleUnmountMs, besteffortGuard, swap: config.node.swap });
   // A microVM's snapshot is read from its guest's tar stream on a thread of its own, off the event loop.
   const extractWorkers = new ExtractWorkers(1);
   const microvm = microVmRuntimeOf(config.node.microvm, path.join(workerDir, 'microvm'), nodeId, { logger, network, besteffortGuard, extract: extractWorkers.extract, ...(source.lazy ? { lazy: source.lazy } : {}) });
@@ -308,11 +308,12 @@ export async function ensureBaseLayer(config: Config, redisUrl: string): Promise
   const redis = connectRedis(redisUrl);
   try {
     const layers = new LayerRegistry(redis);
-    const existing = await layers.resolve('busybox').catch(() => undefined);
+    const existing = await layers.resolve('busybox', OPERATOR).catch(() => undefined);
     const store = layerStoreOf(config);
-    if (existing && (await store.has(existing.digest))) return existing.digest;
+    // Published for every tenant (one stored before owners existed too).
+    if (existing && (await store.has(existing.digest))) return (await layers.publish(existing.digest, 'busybox')).digest;
     const built = await buildBusyboxBase({ store, tmpDir: path.join(config.dataDir, 'tmp'), build: config.layerBuild });
-    await layers.register({ digest: built.digest, sizeBytes: built.sizeBytes, name: 'busybox', parents: [], createdAt: new Date().toISOString() });
+    await layers.register({ digest: built.digest, sizeBytes: built.sizeBytes, name: 'busybox', parents: [], createdAt: new Date().toISOString() }, CLUSTER_OWNER);
     return built.digest;
   } finally {
     await redis.quit().catch(() => {});

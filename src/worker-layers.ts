@@ -68,7 +68,7 @@ function defaultCacheMiB(dataDir: string): number {
  */
 export function layerSyncOf(config: Config, redis: Redis, store: LayerStore, tmpDir: string, lazy: LazyLayers | undefined): (signal: AbortSignal) => Promise<string[]> {
   const { gatewayUrl, gatewayToken, syncLayers } = config.node;
-  if (!gatewayUrl || !gatewayToken) throw new Error('ROLLBOX_SYNC_LAYERS needs ROLLBOX_GATEWAY_URL and ROLLBOX_GATEWAY_TOKEN (a token with layer read scope)');
+  if (!gatewayUrl || !gatewayToken) throw new Error('ROLLBOX_SYNC_LAYERS needs ROLLBOX_GATEWAY_URL and ROLLBOX_GATEWAY_TOKEN (a token with scope layer:host: it reads every layer its host mounts)');
   const images = new ImageRegistry(redis, new LayerRegistry(redis));
   return async (signal) => {
     const digests = new Set<string>();

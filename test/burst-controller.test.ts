@@ -7,7 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CreateSandboxRequest, type NodeHeartbeat } from '../src/api/index.ts';
 import { BurstController, CommandProvider, TraceRecorder } from '../src/burst/index.ts';
 import { NodeDirectory, idleHeartbeat, type PlacementRequest } from '../src/queues/index.ts';
-import { ImageRegistry, LayerRegistry, SandboxRegistry, keys } from '../src/registry/index.ts';
+import { CLUSTER_OWNER, ImageRegistry, LayerRegistry, SandboxRegistry, keys } from '../src/registry/index.ts';
 import { useScratchRedis } from './support/scratch-redis.ts';
 
 const DIGEST = `sha256:${'ab'.repeat(32)}`;
@@ -57,7 +57,7 @@ describe('burst controller across two gateways (real Redis, command provider)', 
     const directory = new NodeDirectory(scratch.redis, { refreshMs: 100, now });
     const layers = new LayerRegistry(scratch.redis);
     const registry = new SandboxRegistry(scratch.redis);
-    await layers.register({ digest: DIGEST, sizeBytes: 1, name: 'base', parents: [], createdAt: new Date().toISOString() });
+    await layers.register({ digest: DIGEST, sizeBytes: 1, name: 'base', parents: [], createdAt: new Date().toISOString() }, CLUSTER_OWNER);
     const provider = new CommandProvider({ ...(await scripts()), timeoutMs: 10_000 });
     const controller = (gatewayId: string) =>
       new BurstController({

@@ -170,7 +170,7 @@ describe('live cloud burst (local provider, real runc)', () => {
 async function reapKilledHost(hostId: string): Promise<void> {
   const dataDir = path.join(burstHostsDir, hostId);
   // As the host itself was configured (its gateway: the gate of its lazy layers ends with it too).
-  const hostEnv = { ROLLBOX_GATEWAY_URL: cluster.url, ROLLBOX_GATEWAY_TOKEN: await cluster.token('reaper', ['layer:read']) };
+  const hostEnv = { ROLLBOX_GATEWAY_URL: cluster.url, ROLLBOX_GATEWAY_TOKEN: await cluster.token('reaper', ['layer:host']) };
   const config = loadConfig({}, { ROLLBOX_DATA_DIR: dataDir, ROLLBOX_NODE_ID: hostId, ROLLBOX_POOL: 'reap', ROLLBOX_LAYER_STORE: path.join(dataDir, 'layers'), ROLLBOX_LOG_LEVEL: 'silent', ...hostEnv });
   const reaper = await startWorkerRole(config, cluster.redisUrl, pino({ level: 'silent' }));
   await reaper.stop({ destroySandboxes: true });

@@ -55,6 +55,10 @@ describe('TypeScript client', () => {
     expect([text('stdout'), text('stderr')]).toEqual(['one\nthree\n', 'two\n']);
     expect(events.at(-1)).toMatchObject({ type: 'exit', result: { exitCode: 0 } });
 
+    await client.exec(sandbox.id, { cmd: 'head -c 8000000 /dev/urandom > /root/noise' });
+    const sample = await client.metrics(sandbox.id);
+    expect(sample.memUsed).toBeGreaterThan(0);
+    expect(sample.diskUsed).toBeGreaterThanOrEqual(8_000_000);
     expect((await client.pause(sandbox.id)).state).toBe('paused');
     expect((await client.resume(sandbox.id)).state).toBe('running');
     const job = await client.pauseJob('job-c');

@@ -85,6 +85,7 @@ describe('the operator console', () => {
         figures,
         nodes: Object.fromEntries([...document.querySelectorAll('#nodes tr[data-node-id]')].map((r) => [r.dataset.nodeId, Number(r.dataset.sandboxes)])),
         pool: document.querySelector('#pools tr[data-pool="console-pool"] [data-col=ready]')?.textContent,
+        memoryHeld: document.querySelector('#nodes tr[data-node-id="${LOCAL_NODE.nodeId}"] [data-col=memory-held]')?.textContent,
         cloudHosts: [...document.querySelectorAll('#burst tr[data-cloud-host]')].map((r) => r.dataset.cloudHost),
         labels: [...document.querySelectorAll('#recent td.small')].map((td) => [td.textContent, td.children.length]),
         charts: [...document.querySelectorAll('#signal-charts [data-chart]')].length,
@@ -127,6 +128,8 @@ describe('the operator console', () => {
     expect(shown.nodes).toEqual(Object.fromEntries(snapshot.nodes.map((n: { nodeId: string; sandboxes: number }) => [n.nodeId, n.sandboxes])));
     expect(Object.keys(shown.nodes).sort()).toEqual([LOCAL_NODE.nodeId, hostId].sort());
     expect(shown.pool).toBe('1 / 1');
+    // Its sandboxes' memory, in RAM, in swap and given back by swap pauses (none here).
+    expect(shown.memoryHeld).toMatch(/ in RAM.* in swap · 0 MiB given back \(0 swapped\)/);
     // Capacity: the same inputs, stated with them.
     expect(figure('capacity-section:liveSandboxes')).toBe(snapshot.capacity.liveSandboxes);
     expect(figure('capacity-section:residentPool')).toBe(snapshot.capacity.residentPool);

@@ -101,6 +101,19 @@ describe('pause, auto-pause and connect', () => {
     await back.kill();
   }, 60_000);
 
+  it('resumes a paused autoResume sandbox when a command or a file call reaches it', async () => {
+    const sbx = await create('busybox', { lifecycle: { onTimeout: 'pause', autoResume: true }, timeoutMs: 60_000 });
+    expect((await sbx.getInfo()).lifecycle).toEqual({ onTimeout: 'pause', autoResume: true });
+    await sbx.files.write('/root/kept.txt', 'state');
+    expect(await sbx.pause()).toBe(true);
+    expect(await sbx.isRunning()).toBe(false);
+    expect((await sbx.commands.run('cat /root/kept.txt')).stdout).toBe('state');
+    expect(await sbx.isRunning()).toBe(true);
+    expect(await sbx.pause()).toBe(true);
+    expect(await sbx.files.read('/root/kept.txt')).toBe('state');
+    expect((await sbx.getInfo()).state).toBe('running');
+  }, 60_000);
+
   it('isRunning() is false after pause(); connect resumes; a sandbox paused past the paused TTL ends', async () => {
     const sbx = await create('busybox');
     expect(await sbx.pause()).toBe(true);

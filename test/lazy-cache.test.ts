@@ -39,7 +39,7 @@ beforeAll(async () => {
     env: {
       ROLLBOX_LAYER_STORE: path.join(cluster.rootDir, NODE, 'own-layers'),
       ROLLBOX_GATEWAY_URL: cluster.url,
-      ROLLBOX_GATEWAY_TOKEN: await cluster.token('host', ['layer:read']),
+      ROLLBOX_GATEWAY_TOKEN: await cluster.token('host', ['layer:host']),
       ROLLBOX_LAYER_CACHE_MAX_MIB: '10',
       ROLLBOX_LAZY_PREFETCH: 'off',
     },

@@ -105,7 +105,7 @@ beforeAll(async () => {
   // Heartbeats may stop for a few seconds (a killed worker) before the host counts as lost.
   cluster = await startTestCluster({ env: { ROLLBOX_NODE_LOST_AFTER_MS: '15000', ROLLBOX_LAYER_GC_GRACE_MS: '500', ROLLBOX_LAYER_GC_INTERVAL_MS: '300', ROLLBOX_NODE_IDLE_UNMOUNT_MS: '200' } });
   token = await cluster.token('lazy', SCOPES);
-  hostToken = await cluster.token('host', ['layer:read']);
+  hostToken = await cluster.token('host', ['layer:host']);
   adminToken = await cluster.token('admin', ['admin']);
   proxy = await new OriginProxy(cluster.url).start();
   const entries = [{ name: 'data/', type: 'directory' as const, mode: 0o755 }];

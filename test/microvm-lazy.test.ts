@@ -40,7 +40,7 @@ const cacheDir = () => path.join(cluster.rootDir, NODE, 'worker', 'lazy');
 beforeAll(async () => {
   cluster = await startTestCluster({ env: { ROLLBOX_NODE_LOST_AFTER_MS: '15000', ROLLBOX_NODE_IDLE_UNMOUNT_MS: '200' } });
   token = await cluster.token('vmlazy', ['sandbox:create', 'sandbox:read', 'sandbox:delete', 'sandbox:exec', 'layer:write']);
-  const hostToken = await cluster.token('host', ['layer:read']);
+  const hostToken = await cluster.token('host', ['layer:host']);
   const adminToken = await cluster.token('admin', ['admin']);
   proxy = await new OriginProxy(cluster.url).start();
   const data = Array.from({ length: FILES }, () => randomBytes(FILE_BYTES));

@@ -3,10 +3,13 @@ import path from 'node:path';
 import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Batch, Scope } from '../src/api/index.ts';
-import { LuaScript } from '../src/redis/index.ts';
+import { RolloutKeyStore } from '../src/iam/index.ts';
+import { ModelCallLog } from '../src/model-gateway/index.ts';
+import { LuaScript, connectRedis } from '../src/redis/index.ts';
 import { REFUSING_NODE_ENV, api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { allBatchResults } from './support/batches.ts';
 import { hostTraces } from './support/host.ts';
+import { ScriptedUpstream } from './support/model-upstream.ts';
 import { layerTar, ociLayout } from './support/oci.ts';
 import { pulled } from './support/pulls.ts';
 import { startTestRegistry, type TestRegistry } from './support/registry.ts';
@@ -24,14 +27,16 @@ const REPO_ROOT = path.resolve(import.meta.dirname, '..');
 
 let cluster: TestCluster;
 let registry: TestRegistry;
+let upstream: ScriptedUpstream;
 let token: string;
 let admin: string;
 
 beforeAll(async () => {
   registry = await startTestRegistry();
+  upstream = await ScriptedUpstream.start({ script: [{ text: 'On the cluster.' }] });
   cluster = await startTestCluster({
     redisCluster: true,
-    workers: [{ nodeId: 'node-a' }, { nodeId: 'node-full', env: REFUSING_NODE_ENV }],
+    workers: [{ nodeId: 'node-a', env: { ROLLBOX_SWAP_FILE_MIB: '64' } }, { nodeId: 'node-full', env: REFUSING_NODE_ENV }],
     env: {
       ROLLBOX_BURST_PROVIDER: 'local',
       ROLLBOX_BURST_TICK_MS: '200',
@@ -40,6 +45,7 @@ beforeAll(async () => {
       ROLLBOX_REGISTRY_INSECURE: registry.host,
       ROLLBOX_REGISTRY_INTERNAL: registry.host,
       ROLLBOX_BATCH_SLOTS: '4',
+      ROLLBOX_MODEL_LEASE_MS: '1000',
     },
   });
   token = await cluster.token('cluster-tenant', SCOPES);
@@ -49,6 +55,7 @@ beforeAll(async () => {
 afterAll(async () => {
   await cluster?.stop();
   await registry?.stop();
+  await upstream?.stop();
   expect(hostTraces(cluster.rootDir)).toEqual({ mounts: [], loops: [], containers: [] });
 });
 
@@ -100,6 +107,12 @@ describe('rollbox on a Redis Cluster', () => {
     expect((await api(cluster, token, 'PATCH', `/v1/sandboxes/${first.id}/policy`, { network: { mode: 'none' } })).status).toBe(200);
     expect((await api(cluster, token, 'POST', `/v1/sandboxes/${first.id}/ttl`, { ttlSeconds: 3600 })).status).toBe(200);
 
+    // Frozen, then paged out to swap (recorded on the paused record), resumed.
+    expect((await api(cluster, token, 'POST', `/v1/sandboxes/${first.id}/pause`, { mode: 'freeze' })).body.state).toBe('paused');
+    const swapped = await api(cluster, token, 'POST', `/v1/sandboxes/${first.id}/pause`, { mode: 'swap' });
+    expect(swapped.body.swapped, JSON.stringify(swapped.body)).toBeDefined();
+    expect((await api(cluster, token, 'POST', `/v1/sandboxes/${first.id}/resume`, {})).body.state).toBe('running');
+
     // Hibernate and wake (the hibernation layer is referenced, then released), a snapshot.
     expect((await api(cluster, token, 'POST', `/v1/sandboxes/${first.id}/pause`, { mode: 'hibernate' })).body.state).toBe('hibernated');
     expect((await api(cluster, token, 'POST', `/v1/sandboxes/${first.id}/resume`, {})).body.state).toBe('running');
@@ -138,6 +151,35 @@ describe('rollbox on a Redis Cluster', () => {
     const { lines, batch } = await allBatchResults(cluster, token, submitted.body.id);
     expect(batch.state).toBe('completed');
     expect(lines.map((l) => [l.customId, l.status]).sort()).toEqual([['bad', 'failed'], ['ok', 'succeeded']]);
+
+    // A model call through a gateway SIGKILLed while it was upstream: the retry on the
+    // stack's gateway takes it over (gate, join, renew, takeover, finish), recorded once.
+    const trainer = await cluster.token('cluster-trainer', ['rollout:submit']);
+    expect((await api(cluster, trainer, 'PUT', '/v1/jobs/job-cluster/model', { upstreams: [{ baseUrl: upstream.url }] })).status).toBe(200);
+    const redis = connectRedis(cluster.redisUrl);
+    try {
+      const key = await new RolloutKeyStore(redis).issue({ tenant: 'cluster-trainer', rolloutId: 'ro-cluster', job: 'job-cluster', ttlSeconds: 600 });
+      const doomedGateway = await cluster.spawnGateway({ name: 'gw-doomed' });
+      const call = (base: string, headers: Record<string, string> = {}) => fetch(`${base}/v1/chat/completions`, { method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json', ...headers }, body: JSON.stringify({ model: 'm', messages: [{ role: 'user', content: 'cluster' }] }) });
+      upstream.delayMs = 2000;
+      const lost = call(doomedGateway.url).catch(() => undefined);
+      await waitFor('the call upstream', async () => upstream.count('/v1/chat/completions') > 0);
+      doomedGateway.child.kill('SIGKILL');
+      await lost;
+      const retried = await call(cluster.url, { 'x-stainless-retry-count': '1' });
+      upstream.delayMs = 0;
+      expect(retried.status).toBe(200);
+      expect((await retried.json()).choices[0].message.content).toBe('On the cluster.');
+      expect((await new ModelCallLog(redis).list('ro-cluster')).calls.map((c) => c.attempts.map((a) => a.outcome))).toEqual([['owner_lost', 'ok']]);
+      // The trainer pauses its job: the next call waits in the job's line until it resumes.
+      expect((await api(cluster, trainer, 'POST', '/v1/jobs/job-cluster/pause', {})).body.model.paused).toBe(true);
+      const held = fetch(`${cluster.url}/v1/chat/completions`, { method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' }, body: JSON.stringify({ model: 'm', messages: [{ role: 'user', content: 'held' }] }) });
+      await waitFor('the call held', async () => (await api(cluster, trainer, 'GET', '/v1/jobs/job-cluster/model')).body.hold.heldCalls === 1);
+      expect((await api(cluster, trainer, 'POST', '/v1/jobs/job-cluster/resume', {})).body.model.paused).toBe(false);
+      expect((await held).status).toBe(200);
+    } finally {
+      redis.disconnect();
+    }
 
     // The console's signals (counters and maxima across gateways).
     expect((await api(cluster, token, 'GET', '/v1/cluster/console')).status).toBe(200);

@@ -18,7 +18,7 @@ export function issuesText(error: z.ZodError, under: readonly PropertyKey[] = []
   return error.issues.map((i) => `${[...under, ...i.path].map((p) => String(p).slice(0, 40)).join('.') || '(root)'}: ${i.message}`).join('; ').slice(0, 300);
 }
 
-export const SCOPES = ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'sandbox:snapshot', 'sandbox:policy', 'sandbox:run', 'batch:submit', 'rollout:submit', 'model:call', 'layer:write', 'layer:read', 'burst:admin', 'cluster:read', 'admin'] as const;
+export const SCOPES = ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'sandbox:snapshot', 'sandbox:policy', 'sandbox:run', 'batch:submit', 'rollout:submit', 'model:call', 'layer:write', 'layer:read', 'layer:host', 'image:build', 'burst:admin', 'cluster:read', 'admin'] as const;
 export const Scope = z.enum(SCOPES);
 export type Scope = z.infer<typeof Scope>;
 

@@ -20,6 +20,8 @@ export const E2bNewSandbox = z.object({
   /** `lifecycle.onTimeout: 'pause'`: paused at its timeout, not killed; `autoPauseMemory: false` pauses without memory (rollbox: hibernate). */
   autoPause: z.boolean().optional(),
   autoPauseMemory: z.boolean().optional(),
+  /** `lifecycle.autoResume`: a call into the paused sandbox (commands, files) resumes it first. */
+  autoResume: z.object({ enabled: z.boolean() }).optional(),
   allow_internet_access: z.boolean().optional(),
   network: z
     .object({

@@ -83,6 +83,8 @@ export const Image = z.object({
   createdAt: z.string(),
   /** Every layer is in the cloud pool's pre-synced set (creates from it may burst). */
   synced: z.boolean().optional(),
+  /** Published cluster-wide by an operator (every tenant sees it under this name unless it has one of its own); otherwise the tenant's own. */
+  published: z.boolean().optional(),
   /** Pulled from this registry reference (canonical: `docker.io/library/python:3.12`, or with `@sha256:...`); absent for an import. */
   ref: z.string().optional(),
 });

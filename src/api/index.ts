@@ -100,3 +100,4 @@ export { MODEL_APIS, ModelApi, ModelHeaders, ModelBaseUrl, ModelUpstream, ModelT
 export type { ModelBindingParsed } from './model.ts';
 export { TrajectoryEntry, Trajectory } from './rollout.ts';
 export { E2bSnapshotBody, E2bSnapshotsQuery, E2bSnapshotRecord, E2bForkBody, E2bMetricsQuery, E2bNetworkUpdate, SandboxMetrics } from './e2b-control.ts';
+export { BuildContext, BuildRequest, BuildStepState, BuildStep, BuildState, Build, BuildLogEvent, BUILD_STEP_TIMEOUT_MAX_MS } from './build.ts';

@@ -83,6 +83,8 @@ export const DestroyOp = z.object({
 export const FreezeOp = z.object({
   /** hibernate: pack the writable layer into a layer, then stop the container (memory freed). */
   kind: z.enum(['pause', 'resume', 'hibernate']),
+  /** A pause's mode: `swap` also pages the frozen sandbox's memory out (absent: freeze). */
+  mode: z.enum(['freeze', 'swap']).optional(),
   sandboxId: z.string(),
   requestId: z.string(),
   replyTo: z.string(),

@@ -5,7 +5,10 @@ export const LayerName = z.string().regex(/^[a-z0-9][a-z0-9._-]{0,127}$/, 'layer
 
 export const Layer = z.object({
   digest: LayerDigest,
+  /** The caller's name for it (its own, else the cluster's). */
   name: z.string().optional(),
+  /** Published cluster-wide by an operator: every tenant sees, forks and reads it. Otherwise only its owners (the tenants that stored it) do. */
+  published: z.boolean().optional(),
   sizeBytes: z.number().int(),
   /** Layers this one was built on (lineage), base first. */
   parents: z.array(LayerDigest).default([]),

@@ -45,6 +45,12 @@ export const NodeHeartbeat = z.object({
   tiers: z.object({ microvm: z.object({ accelerator: z.enum(['kvm', 'tcg']) }).optional() }).optional(),
   /** The warm pools this host keeps: ready and starting sandboxes of each (by pool name). */
   pools: z.record(z.string(), NodePoolStatus).optional(),
+  /**
+   * Its sandboxes' memory: what their cgroups hold in the host's memory and in swap, and the
+   * reservations swap pauses gave back to admission (MiB: what swapped sandboxes reserved
+   * less what they still hold). Absent: an older host, or no reading yet.
+   */
+  memory: z.object({ residentBytes: z.number(), swappedBytes: z.number(), givenBackMiB: z.number(), swappedSandboxes: z.number().int() }).optional(),
   /** Create requests this node has handled (admitted or refused) recently; lets gateways drop assumed load. */
   handledCreates: z.array(z.string()),
 });

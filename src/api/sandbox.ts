@@ -128,8 +128,13 @@ const LabelMap = z.record(z.string().regex(/^[A-Za-z0-9_./-]{1,63}$/, 'label key
 export const SandboxTier = z.enum(['container', 'microvm']);
 export type SandboxTier = z.infer<typeof SandboxTier>;
 
-/** freeze: cgroup freezer (memory stays); hibernate: pack the writable layer into a layer and free the host (resume starts it again). */
-export const PauseMode = z.enum(['freeze', 'hibernate']);
+/**
+ * freeze: cgroup freezer (memory stays); swap: frozen, then its memory paged out to its
+ * host's swap file (page cache dropped), processes kept; resume reads it back, then thaws
+ * (containers; docs/operations.md "Pausing"); hibernate: pack the writable layer into a
+ * layer and free the host (resume starts it again).
+ */
+export const PauseMode = z.enum(['freeze', 'swap', 'hibernate']);
 export type PauseMode = z.infer<typeof PauseMode>;
 
 export const CreateSandboxRequest = z.strictObject({
@@ -162,6 +167,8 @@ export const CreateSandboxRequest = z.strictObject({
       action: z.enum(['destroy', 'pause']),
       mode: PauseMode.default('freeze'),
       pausedTtlSeconds: z.number().int().min(1).max(7 * 24 * 3600).default(24 * 3600),
+      /** E2B's `autoResume`: a call into the paused sandbox through the E2B surface (commands, files) resumes it, for its `ttlSeconds` again. */
+      autoResume: z.boolean().optional(),
     })
     .optional(),
   /**
@@ -250,6 +257,8 @@ export const Sandbox = z.object({
   hibernationLayer: LayerDigest.optional(),
   /** While hibernated whole, processes and all (a microVM): its image is in the layer store (`hibernated/<id>`), restored on wake. */
   hibernatedWhole: z.boolean().optional(),
+  /** While paused with `swap`: what it still held in its host's memory and what was in swap, as of the pause. */
+  swapped: z.object({ residentBytes: z.number().int(), swappedBytes: z.number().int() }).optional(),
   createdAt: z.string(),
   startedAt: z.string().optional(),
   endedAt: z.string().optional(),

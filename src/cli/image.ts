@@ -1,5 +1,5 @@
 /**
- * `rollbox image import | pull | list | show | delete`: images on a gateway (--url / ROLLBOX_URL,
+ * `rollbox image import | pull | build | list | show | delete`: images on a gateway (--url / ROLLBOX_URL,
  * --token / ROLLBOX_TOKEN; import and delete need scope layer:write, reads layer:read).
  * An import streams a `docker save` archive or an OCI image layout (a tar) from a file or
  * stdin, never read whole; a pull asks the gateway to pull a registry reference and follows
@@ -12,6 +12,7 @@ import type { ImageRecord, ImportedImage } from '../api/index.ts';
 import { ImagesClient } from '../client/index.ts';
 import { progressBar, type ProgressBar } from '../report/index.ts';
 import { CliError, connect, out, reported, table, withConnection, type ConnectionFlags } from './common.ts';
+import { registerImageBuildCommand } from './image-build.ts';
 
 const READ_CHUNK_BYTES = 256 * 1024;
 const MIB = 1024 * 1024;
@@ -147,7 +148,8 @@ function pullSummary(image: ImageRecord, wallMs: number): string {
 }
 
 export function registerImageCommands(program: Command): void {
-  const image = program.command('image').description('images: import a docker save archive or an OCI layout, pull from a registry, list, show, delete');
+  const image = program.command('image').description('images: import a docker save archive or an OCI layout, pull from a registry, build from a Dockerfile, list, show, delete');
+  registerImageBuildCommand(image);
 
   withConnection(
     image

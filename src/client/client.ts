@@ -12,10 +12,12 @@ import {
   LayerList,
   Sandbox,
   SandboxList,
+  SandboxMetrics,
   type CreateSandboxRequest,
   type ErrorCode,
   type ExecRequest,
   type ListSandboxesQuery,
+  type PauseMode,
   type PolicyPatch,
   type SignalName,
   type SnapshotRequest,
@@ -102,6 +104,11 @@ export class RollboxClient {
     return Sandbox.parse(await this.call('POST', `/v1/sandboxes/${encodeURIComponent(id)}/ttl`, { ttlSeconds }));
   }
 
+  /** One sample of the sandbox's CPU, memory and disk use, read from its cgroups by its host (CPU: since the previous sample). */
+  async metrics(id: string): Promise<SandboxMetrics> {
+    return SandboxMetrics.parse(await this.call('GET', `/v1/sandboxes/${encodeURIComponent(id)}/metrics`));
+  }
+
   /** Runs a command; give `commandId` to make re-sending it (e.g. after a preemption) safe. */
   async exec(id: string, request: z.input<typeof ExecRequest>): Promise<ExecResult> {
     const withId: ExecRequest | z.input<typeof ExecRequest> = { ...request, commandId: request.commandId ?? `c-${randomUUID()}` };
@@ -144,8 +151,8 @@ export class RollboxClient {
     }
   }
 
-  /** mode freeze (cgroup freezer, memory kept) or hibernate (writable layer packed, memory freed). */
-  async pause(id: string, mode: 'freeze' | 'hibernate' = 'freeze'): Promise<Sandbox> {
+  /** mode freeze (cgroup freezer, memory kept), swap (frozen, memory paged out, processes kept) or hibernate (writable layer packed, memory freed). */
+  async pause(id: string, mode: PauseMode = 'freeze'): Promise<Sandbox> {
     return Sandbox.parse(await this.call('POST', `/v1/sandboxes/${encodeURIComponent(id)}/pause`, { mode }));
   }
 
@@ -154,7 +161,7 @@ export class RollboxClient {
   }
 
   /** Every live sandbox labelled with the training job, on every worker host; each one's outcome. */
-  async pauseJob(job: string, mode: 'freeze' | 'hibernate' = 'freeze'): Promise<JobActionResult> {
+  async pauseJob(job: string, mode: PauseMode = 'freeze'): Promise<JobActionResult> {
     return JobActionResult.parse(await this.call('POST', `/v1/jobs/${encodeURIComponent(job)}/pause`, { mode }));
   }
 

@@ -7,3 +7,5 @@ export { ImagesClient } from './images.ts';
 export type { ImportImageOptions } from './images.ts';
 export { ForksClient } from './forks.ts';
 export { SandboxFilesClient } from './files.ts';
+export { BuildsClient } from './builds.ts';
+export type { BuildStreamEvent } from './builds.ts';

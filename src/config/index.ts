@@ -2,7 +2,7 @@ import { z } from 'zod';
 import os from 'node:os';
 import path from 'node:path';
 import { RunCodeLanguage } from '../api/run-code.ts';
-import { PauseMode } from '../api/sandbox.ts';
+import { NetworkAllowRule, PauseMode } from '../api/sandbox.ts';
 import { registryHostOf } from '../oci-registry/index.ts';
 import { parseRedisTarget } from '../redis/connect.ts';
 
@@ -22,6 +22,9 @@ function checkRedisUrl(value: string, ctx: z.RefinementCtx): void {
 }
 
 /**
+ * Longer than most: the one environment schema (every variable, its default and its
+ * meaning in one place) and the one function that turns it into Config.
+ *
  * The one environment schema. `loadConfig` is called once by the composition root
  * (the CLI); everything else receives the parsed `Config` (or the slice it needs).
  */
@@ -81,6 +84,8 @@ export const Env = z.object({
   ROLLBOX_NODE_MAX_SANDBOXES: z.coerce.number().int().min(1).default(2000).describe('Worker: sandboxes at most.'),
   ROLLBOX_NODE_DISK_OVERCOMMIT: z.coerce.number().min(1).max(1000).default(8).describe('Worker: sum of `diskMiB` promised, as a multiple of the scratch space (disks are sparse; 1 with preallocated disks).'),
   ROLLBOX_NODE_SCRATCH_FS: z.enum(['xfs', 'ext4']).default('xfs').describe('Worker: filesystem of the scratch image holding sandbox disks. xfs clones disks (forks start children without copying or packing the files of the parent); ext4 cannot (forks pack a layer first). Sandbox disks are ext4 either way; a host changes type when its scratch filesystem is next made (no disk in it).'),
+  ROLLBOX_SWAP_FILE_MIB: z.coerce.number().int().min(0).default(0).describe('Worker: size of the swap file paused sandboxes are paged out to (pause mode `swap`), made and enabled at the first swap pause, removed when the worker stops and destroys its sandboxes (kept across a restart that leaves them running). 0: no swap pauses here (refused `swap_unavailable`). Each sandbox\'s swap is capped at its memoryMiB.'),
+  ROLLBOX_SWAP_FILE: z.string().optional().describe('Worker: where that swap file lives, on a filesystem that takes swap files (ext4, XFS; not tmpfs or overlayfs). Default: `<data dir>/worker/swapfile`.'),
   ROLLBOX_NODE_SCRATCH_GIB: z.coerce.number().positive().optional().describe('Worker: size of the scratch filesystem holding sandbox disks. Default: half the free space under the data dir, at most 64.'),
   ROLLBOX_NODE_IDLE_UNMOUNT_MS: z.coerce.number().int().min(0).default(10_000).describe('Worker: how long the scratch filesystem and a layer stay mounted after the last sandbox using them goes (mounting them again costs one-shot sandboxes ~100 ms each).'),
   ROLLBOX_NODE_MAX_STARTING: z.coerce.number().int().min(1).default(16).describe('Worker: creates at once (the concurrency of its BullMQ Worker); the rest wait in its create queue.'),
@@ -148,6 +153,12 @@ export const Env = z.object({
     .string()
     .default('')
     .describe('Gateway: JSON `{"language": {"image": {"base": "...", "layers": [...]}, "argv": ["python3"], "file": "main.py", "memoryMiB": 512}}` for `POST /run_code`, over the defaults (python: layer `python`, `python3 main.py`; bash: `busybox`, `sh main.sh`).'),
+  ROLLBOX_BUILD_SLOTS: z.coerce.number().int().min(0).default(2).describe('Gateway: image builds this gateway runs at once (0: it runs none; other gateways do).'),
+  ROLLBOX_BUILD_LEASE_MS: z.coerce.number().int().min(1000).default(30_000).describe('Gateway: the BullMQ lock of a running image build, renewed while it runs; a build whose gateway died is taken over about this long later and runs again from its cached steps.'),
+  ROLLBOX_BUILD_NETWORK_ALLOW: z.string().default('').describe('Gateway: destinations every image build\'s RUN steps may reach, with those of the request (`network.allow`): comma-separated `host`, `address` or `cidr`, each optionally `:port`. Empty, and none in the request: RUN steps have no network.'),
+  ROLLBOX_BUILD_CONTEXT_MAX_BYTES: z.coerce.number().int().min(1024).default(256 * 1024 * 1024).describe('Gateway: the largest build context tar (`POST /v1/images/builds/contexts`); it is held in Redis until ROLLBOX_BUILD_CONTEXT_TTL_MS. What one COPY writes is also held to ROLLBOX_FILES_MAX_BYTES.'),
+  ROLLBOX_BUILD_CONTEXT_TTL_MS: z.coerce.number().int().min(1000).default(3600_000).describe('Gateway: how long an uploaded build context is kept for builds to name.'),
+  ROLLBOX_BUILD_CACHE_TTL_MS: z.coerce.number().int().min(1000).default(7 * 24 * 3600_000).describe('Gateway: a cached build step\'s layer is kept (safe from layer garbage collection) this long after a build last used it.'),
   ROLLBOX_BATCH_SLOTS: z.coerce.number().int().min(0).default(8).describe('Gateway: batch tasks this gateway runs at once (over every batch; 0: it runs none).'),
   ROLLBOX_BATCH_LEASE_MS: z.coerce.number().int().min(1000).default(10_000).describe('Gateway: the BullMQ lock of a running batch task\'s job, renewed every third of it; the stalled check runs as often, so a gateway that dies has its tasks waiting again about this long plus two checks later (BullMQ\'s default is 30 s).'),
   ROLLBOX_BATCH_MAX_BYTES: z.coerce.number().int().min(1024).default(512 * 1024 * 1024).describe('Gateway: the largest NDJSON batch body.'),
@@ -221,6 +232,7 @@ export function loadConfig(env: NodeJS.ProcessEnv, overrides: Partial<Record<key
       maxSandboxes: e.ROLLBOX_NODE_MAX_SANDBOXES,
       diskOvercommit: e.ROLLBOX_NODE_DISK_OVERCOMMIT,
       scratchSizeGiB: e.ROLLBOX_NODE_SCRATCH_GIB,
+      swap: { sizeMiB: e.ROLLBOX_SWAP_FILE_MIB, filePath: path.resolve(e.ROLLBOX_SWAP_FILE ?? path.join(dataDir, 'worker', 'swapfile')) },
       scratchFs: e.ROLLBOX_NODE_SCRATCH_FS,
       idleUnmountMs: e.ROLLBOX_NODE_IDLE_UNMOUNT_MS,
       maxStarting: e.ROLLBOX_NODE_MAX_STARTING,
@@ -263,6 +275,19 @@ export function loadConfig(env: NodeJS.ProcessEnv, overrides: Partial<Record<key
       headroom: e.ROLLBOX_CAPACITY_HEADROOM,
       windowSeconds: e.ROLLBOX_CAPACITY_WINDOW_SECONDS,
       signalsFlushMs: e.ROLLBOX_SIGNALS_FLUSH_MS,
+    },
+    build: {
+      slots: e.ROLLBOX_BUILD_SLOTS,
+      lockMs: e.ROLLBOX_BUILD_LEASE_MS,
+      networkAllow: parseList(e.ROLLBOX_BUILD_NETWORK_ALLOW).map((item) => {
+        const m = /^(.*?)(?::(\d+))?$/.exec(item)!;
+        const target = m[1]!;
+        const rule = /^[\d.]+(\/\d+)?$/.test(target) ? { cidr: target } : { host: target };
+        return NetworkAllowRule.parse({ ...rule, ...(m[2] ? { ports: [Number(m[2])] } : {}) });
+      }),
+      contextMaxBytes: e.ROLLBOX_BUILD_CONTEXT_MAX_BYTES,
+      contextTtlMs: e.ROLLBOX_BUILD_CONTEXT_TTL_MS,
+      cacheTtlMs: e.ROLLBOX_BUILD_CACHE_TTL_MS,
     },
     batch: {
       slots: e.ROLLBOX_BATCH_SLOTS,

@@ -3,6 +3,7 @@ import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 
 const SRC = path.resolve(import.meta.dirname, '..');
+const PYTHON_CLIENT = path.resolve(SRC, '../clients/python/rollbox');
 
 function sourceFiles(dir: string): string[] {
   return readdirSync(dir, { withFileTypes: true }).flatMap((e) => {
@@ -18,6 +19,22 @@ function importsOf(file: string): string[] {
   return [...text.matchAll(/^(?:import|export)\s[^;]*?from\s+'(\.[^']+)'/gms)].map((m) => path.resolve(path.dirname(file), m[1]!));
 }
 
+/** Every cycle of a directed graph (one per strongly connected component of two or more), as `a -> b -> a`. */
+function cyclesIn(edges: ReadonlyMap<string, readonly string[]>): string[] {
+  const cycles: string[] = [];
+  const state = new Map<string, 'visiting' | 'done'>();
+  const visit = (node: string, trail: string[]): void => {
+    state.set(node, 'visiting');
+    for (const next of edges.get(node) ?? []) {
+      if (state.get(next) === 'visiting') cycles.push([...trail.slice(trail.indexOf(next)), node, next].join(' -> '));
+      else if (!state.has(next)) visit(next, [...trail, node]);
+    }
+    state.set(node, 'done');
+  };
+  for (const node of edges.keys()) if (!state.has(node)) visit(node, []);
+  return cycles;
+}
+
 describe('module structure', () => {
   it('has no import cycles between the modules (folders) of src/; a folder and its subfolders count as one', () => {
     const moduleOf = (file: string) => path.relative(SRC, path.dirname(file));
@@ -31,19 +48,24 @@ describe('module structure', () => {
         if (!related && !to.startsWith('..')) edges.set(from, (edges.get(from) ?? new Set()).add(to));
       }
     }
-    // Depth-first search for a back edge; report the cycle it closes.
-    const cycles: string[] = [];
-    const state = new Map<string, 'visiting' | 'done'>();
-    const visit = (node: string, trail: string[]): void => {
-      state.set(node, 'visiting');
-      for (const next of edges.get(node) ?? []) {
-        if (state.get(next) === 'visiting') cycles.push([...trail.slice(trail.indexOf(next)), node, next].join(' -> '));
-        else if (!state.has(next)) visit(next, [...trail, node]);
-      }
-      state.set(node, 'done');
-    };
-    for (const node of edges.keys()) if (!state.has(node)) visit(node, []);
-    expect(cycles).toEqual([]);
+    expect(cyclesIn(new Map([...edges].map(([from, to]) => [from, [...to]])))).toEqual([]);
+  });
+
+  it('has no import cycles between the files of src/ either (type-only imports count)', () => {
+    const edges = new Map(sourceFiles(SRC).map((file) => [path.relative(SRC, file), importsOf(file).map((target) => path.relative(SRC, target))]));
+    expect(cyclesIn(edges)).toEqual([]);
+  });
+
+  it('has no import cycles between the Python client\'s modules (imports under TYPE_CHECKING and inside functions count)', () => {
+    const modules = readdirSync(PYTHON_CLIENT).filter((f) => f.endsWith('.py')).map((f) => f.slice(0, -'.py'.length));
+    const edges = new Map(modules.filter((m) => m !== '__init__').map((m) => {
+      const text = readFileSync(path.join(PYTHON_CLIENT, `${m}.py`), 'utf8');
+      // `from .x import y` and `from . import x [as y], z`, at any indentation.
+      const named = [...text.matchAll(/^\s*from \.([A-Za-z_]\w*) import /gm)].map((i) => i[1]!);
+      const bare = [...text.matchAll(/^\s*from \. import ([^\n(]+)/gm)].flatMap((i) => i[1]!.split(',').map((part) => part.trim().split(/\s+/)[0]!));
+      return [m, [...named, ...bare].filter((target) => modules.includes(target))];
+    }));
+    expect(cyclesIn(edges)).toEqual([]);
   });
 
   it('keeps every file in src/ under ~350 lines, or says at its top why not', () => {

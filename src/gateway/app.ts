@@ -21,6 +21,7 @@ import { registerConsoleRoutes, type ConsoleApi } from './routes/console.ts';
 import { registerFilesRoutes, type FilesApi } from './routes/files.ts';
 import { registerForkRoutes, type ForkApi } from './routes/forks.ts';
 import { registerImageRoutes, type ImageRouteDeps } from './routes/images.ts';
+import { registerBuildRoutes, type BuildApi } from './routes/builds.ts';
 import { registerLayerRoutes, type LayerBuilder, type LayerRouteDeps } from './routes/layers.ts';
 import { modelErrorFlavor, modelErrorResponse, registerModelRoutes, type ModelApiDeps } from './routes/model.ts';
 import { LayerReads } from './layer-reads.ts';
@@ -54,6 +55,8 @@ export interface GatewayDeps {
   /** Blob ranges gzipped for the hosts that read layers on demand (none: ROLLBOX_LAYER_BLOB_GZIP_LEVEL 0). */
   gzippedChunks?: LayerRouteDeps['gzippedChunks'];
   images: ImageRouteDeps;
+  /** Image builds (src/builds); absent: not served. */
+  builds?: { api: BuildApi; contextMaxBytes: number };
   directory: Pick<NodeDirectory, 'list'>;
   metrics: Pick<GatewayMetrics, 'registry' | 'middleware'>;
   logger: Logger;
@@ -136,6 +139,7 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   registerBatchPage(app);
   if (deps.jobQueues) registerQueueBoard(app, { verifier: deps.verifier, queues: deps.jobQueues });
   registerLayerRoutes(app, { layers: deps.layers, buildLayer: deps.buildLayer, store: deps.layerStore, uploadLimitBytes: deps.config.http.layerUploadLimitBytes, reads: new LayerReads(deps.config.http.layerReads), ...(deps.gzippedChunks ? { gzippedChunks: deps.gzippedChunks } : {}), now: deps.now });
+  if (deps.builds) registerBuildRoutes(app, deps.builds.api, { contextMaxBytes: deps.builds.contextMaxBytes, jsonLimit });
   registerImageRoutes(app, deps.images);
   registerClusterRoutes(app, { directory: deps.directory, burst: deps.burst, jsonLimit });
   if (deps.console) {

@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { MAX_STACK_LAYERS, Resources, RollboxError, newId, type CreateSandboxRequest, type Reply, type ForkChild, type ForkRequest, type ForkResult, type Lineage, type Sandbox, type SnapshotForkRequest } from '../api/index.ts';
-import { requireScope, type Principal } from '../iam/index.ts';
+import { readerOf, requireScope, type Principal } from '../iam/index.ts';
 import type { LayerStore } from '../layers/index.ts';
 import type { ForkRecords, LayerRegistry, SandboxRegistry } from '../registry/index.ts';
 import { toRollboxError, type NodeRequests } from './node-requests.ts';
@@ -10,7 +10,7 @@ import type { PreparedCreate, SandboxService } from './sandbox-service.ts';
 
 export interface ForkServiceDeps {
   registry: Pick<SandboxRegistry, 'getOwned'>;
-  layers: Pick<LayerRegistry, 'register' | 'get' | 'pin' | 'unpin'>;
+  layers: Pick<LayerRegistry, 'register' | 'get' | 'visible' | 'pin' | 'unpin'>;
   forks: Pick<ForkRecords, 'claim' | 'read' | 'complete' | 'release'>;
   nodes: Pick<NodeRequests, 'sendOp'>;
   sandboxes: Pick<SandboxService, 'createPrepared'>;
@@ -83,7 +83,8 @@ export class ForkService {
   async forkSnapshot(principal: Principal, digest: string, request: SnapshotForkRequest, idempotencyKey: string | undefined): Promise<{ result: ForkResult; replayed: boolean }> {
     requireScope(principal, 'sandbox:create');
     return this.idempotent(principal, idempotencyKey, { snapshot: digest, request }, async () => {
-      const layer = await this.deps.layers.get(digest);
+      // Another tenant's snapshot is not found, as one that does not exist.
+      const layer = (await this.deps.layers.visible(readerOf(principal), digest)) ? await this.deps.layers.get(digest) : undefined;
       if (!layer) throw new RollboxError('not_found', `snapshot ${digest} not found`);
       const layerDigests = [...layer.parents, layer.digest];
       if (layerDigests.length > MAX_STACK_LAYERS) throw new RollboxError('invalid_request', `snapshot ${digest} stacks ${layerDigests.length} layers; a sandbox stacks at most ${MAX_STACK_LAYERS}`);
@@ -138,7 +139,7 @@ export class ForkService {
     const reply = await pack;
     if (reply.kind === 'error') throw toRollboxError(reply.error);
     if (reply.kind !== 'snapshot') throw new RollboxError('internal', `unexpected reply ${reply.kind}`);
-    await this.deps.layers.register({ digest: reply.digest, sizeBytes: reply.sizeBytes, parents: parent.layerDigests, createdAt: new Date(this.deps.now()).toISOString() });
+    await this.deps.layers.register({ digest: reply.digest, sizeBytes: reply.sizeBytes, parents: parent.layerDigests, createdAt: new Date(this.deps.now()).toISOString() }, parent.tenant);
     return { digest: reply.digest, ...(reply.frozenMs !== undefined ? { frozenMs: reply.frozenMs } : {}) };
   }
 
@@ -179,7 +180,7 @@ export class ForkService {
     if (kept) await kept; // its failure is the fork's: the caller asked for it
     // The children (live ones count as references) or the snapshot's name hold the layer now; if none does, garbage collection takes it.
     if (forkLayer) {
-      if (snapshot?.name) await this.deps.layers.register({ ...(await this.deps.layers.get(forkLayer))!, name: snapshot.name });
+      if (snapshot?.name) await this.deps.layers.register({ ...(await this.deps.layers.get(forkLayer))!, name: snapshot.name }, principal.tenant);
       if (point.parentKind === 'sandbox') await this.deps.layers.unpin(forkLayer);
     }
     const created = children.filter((c) => c.state === 'running').length;

@@ -1,5 +1,6 @@
 import type { MiddlewareHandler } from 'hono';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+import type { NodeHeartbeat } from '../api/index.ts';
 import type { NodeDirectory } from '../queues/index.ts';
 import { REFUSAL_CAUSES } from './console/figures.ts';
 import type { SignalRecorder } from './console/recorder.ts';
@@ -44,6 +45,25 @@ export function createMetrics(directory: Pick<NodeDirectory, 'list'>, options: {
       for (const node of directory.list()) this.set({ node: node.nodeId, pool: node.pool }, node.used.memoryMiB / Math.max(1, node.capacity.memoryMiB));
     },
   });
+
+  // Per worker host, from its heartbeat: its sandboxes' memory in RAM and in swap, and what swap pauses gave back to admission.
+  const memoryFigures = [
+    ['rollbox_node_memory_resident_bytes', 'memory its sandboxes hold in the host\'s RAM (their cgroups)', (m: NonNullable<NodeHeartbeat['memory']>) => m.residentBytes],
+    ['rollbox_node_memory_swapped_bytes', 'memory of its sandboxes in swap (paused with mode swap)', (m: NonNullable<NodeHeartbeat['memory']>) => m.swappedBytes],
+    ['rollbox_node_memory_given_back_bytes', 'reservations swap pauses gave back to admission: what swapped sandboxes reserved less what they hold', (m: NonNullable<NodeHeartbeat['memory']>) => m.givenBackMiB * 1024 * 1024],
+  ] as const;
+  for (const [name, help, value] of memoryFigures) {
+    new Gauge({
+      name,
+      help: `${help}, per worker host`,
+      labelNames: ['node', 'pool'] as const,
+      registers: [registry],
+      collect() {
+        this.reset();
+        for (const node of directory.list()) if (node.memory) this.set({ node: node.nodeId, pool: node.pool }, value(node.memory));
+      },
+    });
+  }
 
   const createWait = new Histogram({ name: 'rollbox_sandbox_create_wait_seconds', help: 'environment-creation wait: a create request\'s arrival to its sandbox running (admitted creates)', buckets: WAIT_BUCKETS_SECONDS, registers: [registry] });
   const execDuration = new Histogram({ name: 'rollbox_exec_duration_seconds', help: 'tool execution time: exec durations as the worker measured them', buckets: WAIT_BUCKETS_SECONDS, registers: [registry] });

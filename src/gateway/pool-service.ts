@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { RollboxError, type CreateSandboxRequest, type ImageSpec, type Pool, type PoolRecord, type PutPoolRequest } from '../api/index.ts';
-import { requireScope, type Principal } from '../iam/index.ts';
+import { readerOf, requireScope, type Principal } from '../iam/index.ts';
 import { chooseNode, type NodeDirectory, type PlacementRequest } from '../queues/index.ts';
 import type { ImageRegistry, PoolRegistry } from '../registry/index.ts';
 import { withDefaultRequests } from './placement-of.ts';
@@ -10,7 +10,8 @@ export interface PoolServiceDeps {
   /** A pool's image may be an imported one: its layers, then the pool's own. */
   images: Pick<ImageRegistry, 'resolveStack'>;
   /** A pool's `image.ref`: the image holding it (pulled first). */
-  resolveImage: (spec: ImageSpec) => Promise<ImageSpec>;
+  /** Into the owner's images (a pull names them for the tenant that asked). */
+  resolveImage: (spec: ImageSpec, owner: string) => Promise<ImageSpec>;
   directory: Pick<NodeDirectory, 'candidates' | 'list'>;
   placement: { choices: number; staleAfterMs: number };
   /** Requests a pool's definition leaves out (what its ready sandboxes reserve). */
@@ -42,8 +43,8 @@ export class PoolService {
 
   async put(principal: Principal, name: string, request: PutPoolRequest): Promise<Pool> {
     requireScope(principal, 'admin');
-    if (request.image.ref !== undefined) request = { ...request, image: await this.deps.resolveImage(request.image) };
-    const { layerDigests } = await this.deps.images.resolveStack(request.image);
+    if (request.image.ref !== undefined) request = { ...request, image: await this.deps.resolveImage(request.image, principal.tenant) };
+    const { layerDigests } = await this.deps.images.resolveStack(request.image, readerOf(principal));
     const existing = await this.deps.pools.get(name);
     const nowIso = new Date(this.deps.now()).toISOString();
     const spec = { ...request, resources: withDefaultRequests(request.resources, this.deps.defaultRequests), layerDigests };

@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto';
 import { RollboxError, isTerminal, newId, withImageDefaults, type CreateSandboxRequest, type ImageSpec, type JobActionResult, type Layer, type Lineage, type ListSandboxesQuery } from '../api/index.ts';
 import type { PauseRequest, PolicyPatch, Ran, Reply, RunOnce, Sandbox, SnapshotRequest } from '../api/index.ts';
 import type { Config } from '../config/index.ts';
-import { requireScope, type Principal } from '../iam/index.ts';
+import { readerOf, requireScope, type Principal } from '../iam/index.ts';
 import { chooseNode, type NodeDirectory, type PlacementRequest } from '../queues/index.ts';
 import type { ImageRegistry, LayerRegistry, SandboxRegistry } from '../registry/index.ts';
 import type { GatewayMetrics } from './metrics.ts';
@@ -18,7 +18,8 @@ export interface SandboxServiceDeps {
   layers: Pick<LayerRegistry, 'register' | 'unpin'>;
   images: Pick<ImageRegistry, 'resolveStack'>;
   /** An `image.ref` becomes the `base` of the image holding it (pulled first, waited for). */
-  resolveImage: (spec: ImageSpec) => Promise<ImageSpec>;
+  /** Into the owner's images (a pull names them for the tenant that asked). */
+  resolveImage: (spec: ImageSpec, owner: string) => Promise<ImageSpec>;
   directory: NodeDirectory;
   nodes: NodeRequests;
   metrics: Pick<GatewayMetrics, 'creates' | 'refusals' | 'seen'>;
@@ -58,8 +59,8 @@ export class SandboxService {
   async create(principal: Principal, request: CreateSandboxRequest, idempotencyKey: string | undefined, run?: RunOnce): Promise<{ sandbox: Sandbox; replayed: boolean; ran?: Ran }> {
     return countedCreate(this.deps, principal.tenant, request, async () => {
       requireScope(principal, 'sandbox:create');
-      if (request.image.ref !== undefined) request = { ...request, image: await this.deps.resolveImage(request.image) };
-      const { layerDigests, image } = await this.deps.images.resolveStack(request.image);
+      if (request.image.ref !== undefined) request = { ...request, image: await this.deps.resolveImage(request.image, principal.tenant) };
+      const { layerDigests, image } = await this.deps.images.resolveStack(request.image, readerOf(principal));
       const resolved = { ...withImageDefaults(request, image?.config), resources: withDefaultRequests(request.resources, this.deps.config.defaultRequests) };
       return this.launch(principal, { request: resolved, layerDigests }, idempotencyKey, run);
     });
@@ -244,8 +245,7 @@ export class SandboxService {
 
   /** Pause or resume every live sandbox of a training job, across all worker hosts at once. */
   async setJobPaused(principal: Principal, job: string, paused: boolean, mode: PauseRequest['mode'] = 'freeze'): Promise<JobActionResult> {
-    // A trainer of hosted rollouts (rollout:submit) pauses its job's sandboxes too.
-    if (!principal.scopes.has('rollout:submit')) requireScope(principal, 'sandbox:exec');
+    if (!principal.scopes.has('rollout:submit')) requireScope(principal, 'sandbox:exec'); // a hosted rollout's trainer pauses its job too
     const sandboxes = (await this.deps.registry.list(principal.tenant, { job, limit: 1000 })).filter((s) => !isTerminal(s.state));
     const results = await Promise.all(
       sandboxes.map(async (sandbox) => {
@@ -264,13 +264,14 @@ export class SandboxService {
   private async freezeOne(sandbox: Sandbox, paused: boolean, mode: PauseRequest['mode']): Promise<{ sandbox: Sandbox; changed: boolean }> {
     if (!paused && sandbox.state === 'hibernated') return { sandbox: await this.wake(sandbox), changed: true };
     const target = paused ? (mode === 'hibernate' ? 'hibernated' : 'paused') : 'running';
-    if (sandbox.state === target || (paused && sandbox.state === 'hibernated')) return { sandbox, changed: false };
-    const allowed = paused ? (mode === 'hibernate' ? ['running', 'paused'] : ['running']) : ['paused'];
+    const swapFurther = paused && mode === 'swap' && sandbox.state === 'paused' && !sandbox.swapped; // a frozen sandbox may still page out
+    if ((sandbox.state === target && !swapFurther) || (paused && sandbox.state === 'hibernated')) return { sandbox, changed: false };
+    const allowed = paused ? (mode === 'freeze' ? ['running'] : ['running', 'paused']) : ['paused'];
     if (!allowed.includes(sandbox.state)) throw new RollboxError('invalid_state', `sandbox ${sandbox.id} is ${sandbox.state}; it cannot become ${target}`);
     const requestId = newId('req');
-    const kind = paused ? (mode === 'hibernate' ? 'hibernate' : 'pause') : 'resume';
-    const timeoutMs = kind === 'hibernate' ? SNAPSHOT_REPLY_TIMEOUT_MS : LIFECYCLE_REPLY_TIMEOUT_MS;
-    const reply = await this.deps.nodes.sendOp(sandbox.node!, { kind, sandboxId: sandbox.id, requestId }, timeoutMs);
+    const kind: 'pause' | 'resume' | 'hibernate' = paused ? (mode === 'hibernate' ? 'hibernate' : 'pause') : 'resume';
+    const timeoutMs = kind === 'hibernate' || mode === 'swap' || sandbox.swapped ? SNAPSHOT_REPLY_TIMEOUT_MS : LIFECYCLE_REPLY_TIMEOUT_MS;
+    const reply = await this.deps.nodes.sendOp(sandbox.node!, { kind, sandboxId: sandbox.id, requestId, ...(kind === 'pause' && mode === 'swap' ? { mode } : {}) }, timeoutMs);
     if (reply.kind === 'error') throw toRollboxError(reply.error);
     return { sandbox: await this.deps.registry.getOwned(sandbox.id, sandbox.tenant), changed: true };
   }
@@ -304,7 +305,7 @@ export class SandboxService {
     const reply = await this.deps.nodes.sendOp(sandbox.node!, { kind: 'snapshot', sandboxId: id, requestId, exclude }, SNAPSHOT_REPLY_TIMEOUT_MS);
     if (reply.kind === 'error') throw toRollboxError(reply.error);
     if (reply.kind !== 'snapshot') throw new RollboxError('internal', `unexpected reply ${reply.kind}`);
-    const layer = await this.deps.layers.register({ digest: reply.digest, sizeBytes: reply.sizeBytes, name: request.name, parents: sandbox.layerDigests, createdAt: new Date(this.deps.now()).toISOString() });
+    const layer = await this.deps.layers.register({ digest: reply.digest, sizeBytes: reply.sizeBytes, name: request.name, parents: sandbox.layerDigests, createdAt: new Date(this.deps.now()).toISOString() }, sandbox.tenant);
     await this.deps.layers.unpin(layer.digest); // recorded: garbage collection may judge it now
     return layer;
   }

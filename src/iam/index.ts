@@ -1,5 +1,5 @@
 export type { JwtAlg, JwtConfig } from './config.ts';
-export { TENANT_PATTERN, isScope, isValidTenant, requireScope, scopesFromClaim } from './principal.ts';
+export { TENANT_PATTERN, isScope, isValidTenant, readerOf, requireScope, scopesFromClaim } from './principal.ts';
 export type { Principal } from './principal.ts';
 export { createTokenVerifier } from './verifier.ts';
 export type { JwtTokenVerifier, TokenVerifier, TokenVerifierDeps } from './verifier.ts';
@@ -10,4 +10,4 @@ export { parseTtl } from './ttl.ts';
 export { E2bKeyStore, E2B_KEY_CACHE_MS } from './e2b-keys.ts';
 export type { E2bKeyRecord } from './e2b-keys.ts';
 export { RolloutKeyStore, ROLLOUT_KEY_CACHE_MS, ROLLOUT_KEY_SCOPES } from './rollout-keys.ts';
-export type { RolloutGrant } from './rollout-keys.ts';
+export type { RolloutGrant } from './principal.ts';

@@ -1,8 +1,13 @@
 import { RollboxError, SCOPES, type Scope } from '../api/index.ts';
-import type { RolloutGrant } from './rollout-keys.ts';
 
 /** Tenant ids go into Redis keys, paths and labels, so the alphabet is kept small. */
 export const TENANT_PATTERN = /^[A-Za-z0-9_.-]{1,64}$/;
+
+/** The rollout a principal acts for, when it authenticated with a rollout key. */
+export interface RolloutGrant {
+  readonly id: string;
+  readonly job: string;
+}
 
 /** Who is calling. Cached and shared between requests, hence read-only. */
 export interface Principal {
@@ -45,4 +50,13 @@ export function scopesFromClaim(claim: unknown): Set<Scope> | undefined {
 export function requireScope(principal: Principal, scope: Scope): void {
   if (principal.scopes.has(scope) || principal.scopes.has('admin')) return;
   throw new RollboxError('forbidden', `missing scope ${scope}`);
+}
+
+/**
+ * Whose layers and images the principal reads (src/registry/owners.ts): its tenant's own and
+ * the published ones; admin tokens and worker hosts' `layer:host` tokens (their lazy fetches
+ * read whatever their sandboxes mount) every one.
+ */
+export function readerOf(principal: Principal): { tenant: string; all: boolean } {
+  return { tenant: principal.tenant, all: principal.scopes.has('admin') || principal.scopes.has('layer:host') };
 }

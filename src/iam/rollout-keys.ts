@@ -1,7 +1,7 @@
 import { createHash, randomBytes } from 'node:crypto';
 import type { Redis } from 'ioredis';
 import { ROLLOUT_KEY_PATTERN, RollboxError, type Scope } from '../api/index.ts';
-import { isValidTenant, type Principal } from './principal.ts';
+import { isValidTenant, type Principal, type RolloutGrant } from './principal.ts';
 
 /**
  * What a hosted rollout's key may do: run commands and move files in the rollout's own
@@ -9,12 +9,6 @@ import { isValidTenant, type Principal } from './principal.ts';
  * gateway's confinement middleware refuses every other route for such a principal).
  */
 export const ROLLOUT_KEY_SCOPES: readonly Scope[] = ['sandbox:exec', 'sandbox:read', 'model:call'];
-
-/** The rollout a principal acts for, when it authenticated with a rollout key. */
-export interface RolloutGrant {
-  readonly id: string;
-  readonly job: string;
-}
 
 /** What is kept of a key: never the key itself, only its sha256. */
 interface RolloutKeyRecord {

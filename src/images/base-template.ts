@@ -9,7 +9,7 @@ import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { RollboxError, type Image } from '../api/index.ts';
 import { readMountInfo, splitFilesIn, storeTreeAsLayer, unmount, type LayerStore } from '../layers/index.ts';
-import { keys, type ImageRegistry, type LayerRegistry } from '../registry/index.ts';
+import { CLUSTER_OWNER, OPERATOR, keys, type ImageRegistry, type LayerRegistry } from '../registry/index.ts';
 
 /** What E2B's `base` has that its SDK's examples use. */
 export const BASE_TEMPLATE_PACKAGES = ['bash', 'coreutils', 'git', 'python3', 'curl', 'sudo', 'ca-certificates'];
@@ -35,7 +35,7 @@ export interface BaseTemplateConfig {
 export interface BaseTemplateDeps {
   redis: Redis;
   images: Pick<ImageRegistry, 'get' | 'put'>;
-  layers: Pick<LayerRegistry, 'register'>;
+  layers: Pick<LayerRegistry, 'register' | 'publish'>;
   store: Pick<LayerStore, 'has' | 'putSplit'>;
   tmpDir: string;
   config: BaseTemplateConfig;
@@ -92,12 +92,22 @@ export class BaseTemplate {
     return this.building;
   }
 
-  /** Ours with this recipe and its layer in the store, or an operator's own image named `base`. */
+  /**
+   * Ours with this recipe and its layer in the store, or an operator's own image named
+   * `base`, published cluster-wide (one stored before owners existed is published now: the
+   * template is every tenant's).
+   */
   private async ready(): Promise<boolean> {
-    const image = await this.deps.images.get(BASE_TEMPLATE_IMAGE);
+    const image = await this.deps.images.get(OPERATOR, BASE_TEMPLATE_IMAGE);
     if (!image) return false;
+    if (!image.published) await this.publish(image);
     if (!image.ref?.startsWith(REF_PREFIX)) return true;
     return image.digest === this.recipe && (await Promise.all(image.layers.map((l) => this.deps.store.has(l.digest)))).every(Boolean);
+  }
+
+  private async publish(image: Image): Promise<void> {
+    for (const l of image.layers) await this.deps.layers.publish(l.digest, undefined);
+    await this.deps.images.put(CLUSTER_OWNER, image);
   }
 
   private step(step: string): void {
@@ -129,8 +139,8 @@ export class BaseTemplate {
         createdAt: new Date(this.now()).toISOString(),
         ref: `${REF_PREFIX}${this.deps.config.suite}`,
       };
-      await this.deps.layers.register({ digest: stored.digest, sizeBytes: stored.sizeBytes, parents: [], createdAt: image.createdAt });
-      await this.deps.images.put(image);
+      await this.deps.layers.register({ digest: stored.digest, sizeBytes: stored.sizeBytes, parents: [], createdAt: image.createdAt }, CLUSTER_OWNER);
+      await this.publish(image);
       this.deps.logger.info({ digest: stored.digest, sizeBytes: stored.sizeBytes, ms: this.now() - startedMs }, 'E2B base template ready');
       return BASE_TEMPLATE_IMAGE;
     } finally {

@@ -3,19 +3,12 @@ import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import tar from 'tar-stream';
 import { MAX_STACK_LAYERS, RollboxError, type Image, type ImportedImage, type ImportImageQuery } from '../api/index.ts';
-import { tap, type LayerStore } from '../layers/index.ts';
-import type { ImageRegistry, LayerRegistry } from '../registry/index.ts';
-import { readImageLayer, type ImageLayerBlob, type ImageLayerDeps } from './layer.ts';
-import { ImageLayerSet, type ImportHolds } from './layer-set.ts';
+import { tap } from '../layers/index.ts';
+import { readImageLayer, type ImageLayerBlob, type ImageLayerDeps, type Owned } from './layer.ts';
+import { ImageLayerSet, type ImageLayerSetDeps } from './layer-set.ts';
 import { chooseImage } from './manifest.ts';
 
-export interface ImageImportDeps extends ImageLayerDeps {
-  store: Pick<LayerStore, 'has' | 'putSplit' | 'remove'>;
-  layers: Pick<LayerRegistry, 'register' | 'get' | 'pin' | 'unpin' | 'forget' | 'resolve'>;
-  images: Pick<ImageRegistry, 'diffIdOfBlob' | 'layerOfDiffId' | 'remember' | 'put' | 'layerDigests'>;
-  /** Layers the imports running in this process hold (one instance per gateway). */
-  holds: ImportHolds;
-}
+export type ImageImportDeps = ImageLayerDeps & ImageLayerSetDeps;
 
 /** JSON files (manifests, configs, indexes) are small; anything past this is a layer or not ours. */
 const METADATA_MAX_BYTES = 4 * 1024 * 1024;
@@ -50,9 +43,9 @@ const looksLikeJson = (buf: Buffer): boolean => /^\s*[[{]/.test(buf.subarray(0, 
  * never stored), then the manifest picks the image, every digest is checked, and the image
  * record is written. Nothing of a failed import stays: the layers it added are removed.
  */
-export async function importImage(input: Readable, query: ImportImageQuery, deps: ImageImportDeps): Promise<ImportedImage> {
+export async function importImage(input: Readable, query: ImportImageQuery, deps: ImageImportDeps & Owned): Promise<ImportedImage> {
   const startedMs = performance.now();
-  if (await deps.layers.resolve(query.name).then(() => true, () => false)) {
+  if (await deps.layers.resolve(query.name, { tenant: deps.owner, all: false }).then(() => true, () => false)) {
     throw new RollboxError('conflict', `${query.name} is a layer's name; an image needs a name of its own (image.base takes either)`);
   }
   const metadata = new Map<string, Buffer>();

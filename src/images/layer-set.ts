@@ -1,6 +1,7 @@
 import { Image, RollboxError, issuesText } from '../api/index.ts';
-import type { ImageImportDeps } from './import.ts';
-import type { ImageLayerBlob } from './layer.ts';
+import type { LayerStore } from '../layers/index.ts';
+import type { ImageRegistry, LayerRegistry } from '../registry/index.ts';
+import type { ImageLayerBlob, Owned } from './layer.ts';
 
 /**
  * Which layers running imports and pulls hold: a failed one removes the layers it added
@@ -25,6 +26,15 @@ export class ImportHolds {
   }
 }
 
+/** What an import's or pull's layer set works with. */
+export interface ImageLayerSetDeps {
+  store: Pick<LayerStore, 'has' | 'putSplit' | 'remove'>;
+  layers: Pick<LayerRegistry, 'register' | 'get' | 'visible' | 'pin' | 'unpin' | 'forget' | 'resolve'>;
+  images: Pick<ImageRegistry, 'diffIdOfBlob' | 'layerOfDiffId' | 'remember' | 'put' | 'layerDigests'>;
+  /** Layers the imports running in this process hold (one instance per gateway). */
+  holds: ImportHolds;
+}
+
 /**
  * The layers one import or pull builds or finds stored, and what becomes of them: the one
  * place where "a layer blob became a stored layer" turns into an image record or is undone.
@@ -34,7 +44,7 @@ export class ImportHolds {
 export class ImageLayerSet {
   private readonly layers: Promise<ImageLayerBlob>[] = [];
 
-  constructor(private readonly deps: Pick<ImageImportDeps, 'store' | 'layers' | 'images' | 'holds'>) {}
+  constructor(private readonly deps: ImageLayerSetDeps & Owned) {}
 
   /** A layer being built (or found stored): held by this import from when it is. */
   add(layer: Promise<ImageLayerBlob>): Promise<ImageLayerBlob> {
@@ -54,7 +64,7 @@ export class ImageLayerSet {
     const used = new Set(image.layers.map((l) => l.digest));
     // Layers of other platforms or images of an archive: built, but nothing uses them.
     await this.remove((await Promise.all(this.layers)).filter((l) => !used.has(l.digest)));
-    await this.deps.images.put(image);
+    await this.deps.images.put(this.deps.owner, image);
     // The image record references them now.
     await Promise.all([...used].map((d) => this.deps.layers.unpin(d)));
   }

@@ -10,7 +10,7 @@ import type { ImageRegistry, LayerRegistry } from '../registry/index.ts';
 
 export interface ImageLayerDeps {
   store: Pick<LayerStore, 'has' | 'putSplit'>;
-  layers: Pick<LayerRegistry, 'register' | 'get' | 'pin'>;
+  layers: Pick<LayerRegistry, 'register' | 'get' | 'visible' | 'pin'>;
   images: Pick<ImageRegistry, 'diffIdOfBlob' | 'layerOfDiffId' | 'remember'>;
   tmpDir: string;
   /** Cap on one layer's file contents. */
@@ -22,6 +22,11 @@ export interface ImageLayerDeps {
   extract?: TarExtractor;
   /** Default `direct` (see LayerBuildMode). */
   build?: LayerBuildMode;
+}
+
+/** Whose import or pull it is: the layers it stores or reuses become the owner's (src/registry/owners.ts). */
+export interface Owned {
+  owner: string;
 }
 
 export interface ImageLayerBlob {
@@ -39,13 +44,20 @@ const MAX_LAYER_ENTRIES = 2_000_000;
 /** A layer stays out of garbage collection this long while its image's import runs. */
 const IMPORT_PIN_MS = 6 * 3600 * 1000;
 
-/** The EROFS layer an image layer (by diff_id) became, if it is stored still: pinned for the import using it. */
-async function storedLayer(diffId: string, deps: ImageLayerDeps): Promise<ImageLayerBlob | undefined> {
+/**
+ * The EROFS layer an image layer (by diff_id) became, if it is stored still and the owner
+ * sees it: pinned for the import using it. Another tenant's layer is reused only once this
+ * import has read the content itself (`proven`: its tar hashed to the diff_id), and then it
+ * becomes this owner's too; a digest named in a manifest or archive proves nothing (a
+ * hostile registry could name another tenant's blob), so that layer is fetched and built.
+ */
+async function storedLayer(diffId: string, deps: ImageLayerDeps & Owned, proven: boolean): Promise<ImageLayerBlob | undefined> {
   const digest = await deps.images.layerOfDiffId(diffId);
-  if (!digest) return undefined;
+  if (!digest || (!proven && !(await deps.layers.visible({ tenant: deps.owner, all: false }, digest)))) return undefined;
   // Pinned first: every garbage collection pass from now on keeps it (one already past its pin check could still take it; then it is built again next time).
   await deps.layers.pin(digest, deps.now() + IMPORT_PIN_MS);
   const layer = (await deps.store.has(digest)) ? await deps.layers.get(digest) : undefined;
+  if (layer && proven) await deps.layers.register(layer, deps.owner);
   return layer && { diffId, digest: layer.digest, sizeBytes: layer.sizeBytes, reused: true, added: false };
 }
 
@@ -54,11 +66,11 @@ async function storedLayer(diffId: string, deps: ImageLayerDeps): Promise<ImageL
  * earlier import or pull of that blob): found, it need not be read (a pull) or only read
  * through and checked (an archive).
  */
-export async function heldLayer(key: { diffId?: string; blobDigest?: string }, deps: ImageLayerDeps): Promise<ImageLayerBlob | undefined> {
-  const byContent = key.diffId ? await storedLayer(key.diffId, deps) : undefined;
+export async function heldLayer(key: { diffId?: string; blobDigest?: string }, deps: ImageLayerDeps & Owned): Promise<ImageLayerBlob | undefined> {
+  const byContent = key.diffId ? await storedLayer(key.diffId, deps, false) : undefined;
   if (byContent) return byContent;
   const diffId = key.blobDigest ? await deps.images.diffIdOfBlob(key.blobDigest) : undefined;
-  return diffId ? storedLayer(diffId, deps) : undefined;
+  return diffId ? storedLayer(diffId, deps, false) : undefined;
 }
 
 /**
@@ -70,7 +82,7 @@ export async function heldLayer(key: { diffId?: string; blobDigest?: string }, d
  * With `memory` (a pull's reservation on a tmpfs) the tree is extracted there and only the
  * EROFS image reaches the disk; a tree that outgrows it fails `MemoryScratchFull`.
  */
-export async function readImageLayer(blob: Readable, claimedDigest: string | undefined, archivePath: string, deps: ImageLayerDeps, memory?: MemoryReservation): Promise<{ build: () => Promise<ImageLayerBlob> }> {
+export async function readImageLayer(blob: Readable, claimedDigest: string | undefined, archivePath: string, deps: ImageLayerDeps & Owned, memory?: MemoryReservation): Promise<{ build: () => Promise<ImageLayerBlob> }> {
   const blobHash = createHash('sha256');
   // Joined before anything awaits: an error of the blob, now or later, reaches whoever reads `hashed`.
   const hashed = tap((c) => blobHash.update(c));
@@ -101,11 +113,11 @@ export async function readImageLayer(blob: Readable, claimedDigest: string | und
   };
   const stored = async (diffId: string, put: () => Promise<StoredLayer & { added: boolean }>): Promise<ImageLayerBlob> => {
     // The same content compressed another way, or an older docker save naming layers by id.
-    const again = await storedLayer(diffId, deps);
+    const again = await storedLayer(diffId, deps, true);
     if (again) return again;
     const layer = await put();
     await deps.layers.pin(layer.digest, deps.now() + IMPORT_PIN_MS);
-    await deps.layers.register({ digest: layer.digest, sizeBytes: layer.sizeBytes, parents: [], createdAt: new Date(deps.now()).toISOString() });
+    await deps.layers.register({ digest: layer.digest, sizeBytes: layer.sizeBytes, parents: [], createdAt: new Date(deps.now()).toISOString() }, deps.owner);
     await deps.images.remember(diffId, layer.digest, claimedDigest);
     return { diffId, digest: layer.digest, sizeBytes: layer.sizeBytes, reused: false, added: layer.added };
   };

@@ -17,6 +17,8 @@ export interface ImagePullDeps extends ImageImportDeps {
 }
 
 export interface PullTarget {
+  /** The tenant the image and its layers become (CLUSTER_OWNER: published). */
+  owner: string;
   name: string;
   ref: ImageReference;
   platform: string;
@@ -53,6 +55,7 @@ function treeEstimateBytes(d: Descriptor & { size: number }): number {
 export async function pullImage(target: PullTarget, deps: ImagePullDeps, listener: PullListener, signal: AbortSignal): Promise<Image & { pull: ImportReport }> {
   const startedMs = performance.now();
   const { ref } = target;
+  const owned = { ...deps, owner: target.owner };
   const repo = await deps.repository(ref, signal);
   const top = await repo.manifest();
   const manifestDigest = INDEX_MEDIA_TYPES.has(top.mediaType) ? manifestForPlatform(top.bytes, `image index ${ref.canonical}`, target.platform).digest : top.digest;
@@ -66,7 +69,7 @@ export async function pullImage(target: PullTarget, deps: ImagePullDeps, listene
 
   const progress: PullProgress = { layersTotal: parsed.layers.length, layersDone: 0, layersReused: 0, bytesTotal: parsed.layers.reduce((s, l) => s + (l.size ?? 0), 0), bytesDone: 0, bytesFetched: 0 };
   listener.planned(manifest.digest, { ...progress });
-  const set = new ImageLayerSet(deps);
+  const set = new ImageLayerSet(owned);
   // The first failure ends the pull: the other layers' blobs are cut off too.
   const failed = new AbortController();
   const stopped = AbortSignal.any([signal, failed.signal]);
@@ -74,7 +77,7 @@ export async function pullImage(target: PullTarget, deps: ImagePullDeps, listene
   const byBlob = new Map<string, Promise<ImageLayerBlob>>();
   const fetchLayer = async (d: Descriptor, diffId: string): Promise<ImageLayerBlob> => {
     stopped.throwIfAborted();
-    const held = await heldLayer({ diffId, blobDigest: d.digest }, deps);
+    const held = await heldLayer({ diffId, blobDigest: d.digest }, owned);
     if (held) {
       progress.layersReused++;
       progress.bytesDone += d.size ?? 0;
@@ -105,7 +108,7 @@ export async function pullImage(target: PullTarget, deps: ImagePullDeps, listene
         listener.advanced({ ...progress });
       });
       pipeline(blob, counted).catch(() => undefined); // its error reaches the layer's reader through `counted`
-      const { build } = await readImageLayer(counted, d.digest, `${ref.canonical} ${d.digest}`, deps, memory);
+      const { build } = await readImageLayer(counted, d.digest, `${ref.canonical} ${d.digest}`, owned, memory);
       return await build();
     } catch (err) {
       if (err instanceof MemoryScratchFull) progress.bytesDone -= doneBytes; // counted again by the next try

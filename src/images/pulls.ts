@@ -2,13 +2,13 @@ import { createHash, randomBytes } from 'node:crypto';
 import type { Logger } from 'pino';
 import { RollboxError, isErrorCode, newId, type Image, type ImagePull, type ImageSpec, type ImageRecord, type ImportReport, type PullImageRequest, type PullProgress } from '../api/index.ts';
 import { ReferenceError, checkDestination, checkRegistryAllowed, familiarName, parseReference, type EgressPolicy, type ImageReference } from '../oci-registry/index.ts';
-import type { ImagePullRecords, ImageRegistry, LayerRegistry } from '../registry/index.ts';
+import { CLUSTER_OWNER, lookupKeys, ownedKey, rankOf, removableKeys, splitKey, type ImagePullRecords, type ImageRegistry, type LayerRegistry, type Reader } from '../registry/index.ts';
 import type { PullListener, PullTarget } from './pull.ts';
 
 export interface ImagePullsDeps {
-  images: Pick<ImageRegistry, 'get' | 'list' | 'delete'>;
+  images: Pick<ImageRegistry, 'get' | 'getAt' | 'has' | 'list' | 'put' | 'deleteAt'>;
   pulls: Pick<ImagePullRecords, 'get' | 'all' | 'active' | 'claim' | 'update' | 'delete'>;
-  layers: Pick<LayerRegistry, 'resolve'>;
+  layers: Pick<LayerRegistry, 'resolve' | 'publish'>;
   /** `pullImage` with the gateway's layer store, registries and threads. */
   pull: (target: PullTarget, listener: PullListener, signal: AbortSignal) => Promise<Image & { pull: ImportReport }>;
   leaseMs: number;
@@ -51,6 +51,10 @@ const emptyProgress = (): PullProgress => ({ layersTotal: 0, layersDone: 0, laye
  * background under a lease it renews while writing progress; a gateway finding a lapsed
  * lease (its gateway died) takes the pull over and runs it again from the start, reusing
  * every layer stored meanwhile. Creates whose image is a ref wait here.
+ *
+ * Names are per owner (src/registry/owners.ts): records and pulls live under
+ * `<owner>/<name>`, a tenant reads its own names and then the cluster's (published by an
+ * admin), never another tenant's.
  */
 export class ImagePulls {
   private readonly running = new Map<string, AbortController>();
@@ -75,42 +79,45 @@ export class ImagePulls {
     while (this.running.size > 0 && this.deps.now() < deadline) await new Promise((r) => setTimeout(r, 20));
   }
 
-  /** `POST /v1/images/pull`: the record at once (state `pulling` for a new image). */
-  async request(request: PullImageRequest): Promise<ImageRecord> {
+  /** `POST /v1/images/pull` into the owner's names: the record at once (state `pulling` for a new image). */
+  async request(request: PullImageRequest, owner: string): Promise<ImageRecord> {
     const ref = parseRef(request.ref);
     // What can be told without a connection: a registry outside the allowlist, or an internal address literal.
     checkRegistryAllowed(ref.registry, this.deps.egress);
     checkDestination(new URL(`http://${ref.registry}`), this.deps.egress, `registry ${ref.registry}`);
     const name = request.name ?? imageNameOf(ref, request.platform);
-    if (await this.deps.layers.resolve(name).then(() => true, () => false)) {
+    const reader = { tenant: owner, all: false };
+    if (await this.deps.layers.resolve(name, reader).then(() => true, () => false)) {
       throw new RollboxError('conflict', `${name} is a layer's name; an image needs a name of its own (give the pull a name)`);
     }
-    const existing = await this.deps.images.get(name);
+    const key = ownedKey(owner, name);
+    const existing = await this.deps.images.getAt(key);
     if (!request.name && existing && (existing.ref !== ref.canonical || existing.platform.split('/').slice(0, 2).join('/') !== request.platform.split('/').slice(0, 2).join('/'))) {
       throw new RollboxError('conflict', `image ${name} holds ${existing.ref ?? 'an imported image'}, not ${ref.canonical}: give the pull a name`);
     }
     const pull: ImagePull = { id: newId('pull'), ref: ref.canonical, platform: request.platform, state: 'pulling', startedAt: new Date(this.deps.now()).toISOString(), progress: emptyProgress(), resumed: 0 };
     const token = randomBytes(12).toString('hex');
-    const claim = await this.deps.pulls.claim(name, pull, token, this.deps.leaseMs);
+    const claim = await this.deps.pulls.claim(key, pull, token, this.deps.leaseMs);
     if (claim.outcome === 'conflict') throw new RollboxError('conflict', `a pull of ${claim.pull.ref} (${claim.pull.platform}) into ${name} is running; wait for it or give this pull another name`);
-    if (claim.outcome === 'started' || claim.outcome === 'resumable') this.run(name, claim.pull, token, claim.outcome === 'resumable');
-    return this.record(name);
+    if (claim.outcome === 'started' || claim.outcome === 'resumable') this.run(key, claim.pull, token, claim.outcome === 'resumable');
+    return (await this.recordAt(key))!;
   }
 
   /**
    * The image a create's `image.ref` names: one holding it already (no pull, as
-   * `docker run` does), else its pull, waited for up to `waitMs`. Answers the image's name.
+   * `docker run` does): the owner's own, else a published one; else its pull into the
+   * owner's names, waited for up to `waitMs`. Answers the image's name.
    */
-  async imageFor(refText: string, platform: string = DEFAULT_PLATFORM, waitMs: number): Promise<string> {
+  async imageFor(refText: string, platform: string = DEFAULT_PLATFORM, waitMs: number, owner: string): Promise<string> {
     const ref = parseRef(refText);
     const name = imageNameOf(ref, platform);
-    const held = await this.deps.images.get(name);
+    const held = await this.deps.images.get({ tenant: owner, all: false }, name);
     if (held?.ref === ref.canonical) return name;
-    const started = await this.request({ ref: refText, platform });
+    const started = await this.request({ ref: refText, platform }, owner);
     const id = started.pull!.id;
     const deadline = this.deps.now() + waitMs;
     for (;;) {
-      const pull = await this.deps.pulls.get(name);
+      const pull = await this.deps.pulls.get(ownedKey(owner, name));
       if (!pull || pull.id !== id) throw new RollboxError('conflict', `the pull of ${ref.canonical} into ${name} was replaced by another`);
       if (pull.state === 'ready') return name;
       if (pull.state === 'failed') throw new RollboxError(pull.error && isErrorCode(pull.error.code) ? pull.error.code : 'internal', `pulling ${ref.canonical}: ${pull.error?.message ?? 'failed'}`);
@@ -119,46 +126,73 @@ export class ImagePulls {
     }
   }
 
-  async record(name: string): Promise<ImageRecord> {
-    const [image, pull] = await Promise.all([this.deps.images.get(name), this.deps.pulls.get(name)]);
-    const record = recordOf(name, image, pull);
-    if (!record) throw new RollboxError('not_found', `image ${name} not found`);
-    return record;
+  /** The record of a name as the reader sees it: its own, else the cluster's (another tenant's is not found). */
+  async record(name: string, reader: Reader): Promise<ImageRecord> {
+    for (const key of lookupKeys(reader, name)) {
+      const record = await this.recordAt(key);
+      if (record) return record;
+    }
+    throw new RollboxError('not_found', `image ${name} not found`);
   }
 
-  async list(): Promise<ImageRecord[]> {
-    const [images, pulls] = await Promise.all([this.deps.images.list(), this.deps.pulls.all()]);
+  private async recordAt(key: string): Promise<ImageRecord | undefined> {
+    const [image, pull] = await Promise.all([this.deps.images.getAt(key), this.deps.pulls.get(key)]);
+    return recordOf(splitKey(key).name, image, pull);
+  }
+
+  /** The images (and pulls) a reader sees, by name: its own shadow the cluster's. */
+  async list(reader: Reader): Promise<ImageRecord[]> {
+    const [images, pulls] = await Promise.all([this.deps.images.list(reader), this.deps.pulls.all()]);
     const byName = new Map(images.map((i) => [i.name, i]));
-    const names = [...new Set([...byName.keys(), ...pulls.keys()])].sort();
-    return names.flatMap((n) => recordOf(n, byName.get(n), pulls.get(n)) ?? []);
+    const pullOf = new Map<string, { rank: number; pull: ImagePull }>();
+    for (const [key, pull] of pulls) {
+      const { owner, name } = splitKey(key);
+      const rank = rankOf(reader, owner);
+      if (rank >= 0 && (pullOf.get(name)?.rank ?? 3) > rank) pullOf.set(name, { rank, pull });
+    }
+    const names = [...new Set([...byName.keys(), ...pullOf.keys()])].sort();
+    return names.flatMap((n) => recordOf(n, byName.get(n), pullOf.get(n)?.pull) ?? []);
   }
 
   /**
-   * Removes the image and its pull record; refused while its pull runs. Records that no
-   * longer parse (an older version's) are removed too: the answer then says so.
+   * Removes the reader's image of that name (an admin's: also a published or owner-less
+   * one) and its pull record; refused while its pull runs. Records that no longer parse
+   * (an older version's) are removed too: the answer then says so.
    */
-  async delete(name: string): Promise<ImageRecord> {
-    const record = await this.record(name).catch((err: unknown) => {
-      if (err instanceof RollboxError && (err.code === 'invalid_image' || err.code === 'not_found')) return undefined;
+  async delete(name: string, reader: Reader): Promise<ImageRecord> {
+    let key: string | undefined;
+    for (const k of removableKeys(reader, name)) if (!key && ((await this.deps.images.has(k)) || (await this.deps.pulls.get(k)))) key = k;
+    if (!key) throw new RollboxError('not_found', `image ${name} not found`);
+    const record = await this.recordAt(key).catch((err: unknown) => {
+      if (err instanceof RollboxError && err.code === 'invalid_image') return undefined;
       throw err;
     });
     if (record?.pull?.state === 'pulling') throw new RollboxError('invalid_state', `image ${name} is being pulled; delete it once the pull has ended`);
-    const image = await this.deps.images.delete(name).then(
-      () => true,
-      (err: unknown) => (err instanceof RollboxError && err.code === 'not_found' ? false : Promise.reject(err)),
-    );
-    const pull = await this.deps.pulls.delete(name);
+    const image = await this.deps.images.deleteAt(key);
+    const pull = await this.deps.pulls.delete(key);
     if (record) return record;
     if (!image && !pull) throw new RollboxError('not_found', `image ${name} not found`);
     const message = 'its stored record was invalid (written under looser rules); removed';
     return { name, state: 'failed', platform: DEFAULT_PLATFORM, layers: [], config: { Env: [] }, sizeBytes: 0, createdAt: new Date(this.deps.now()).toISOString(), error: { code: 'invalid_image', message } };
   }
 
-  /** Pulls whose gateway stopped renewing their lease: taken over here. */
+  /**
+   * Publishes the reader's image of that name cluster-wide (an admin's call): a copy under
+   * the cluster's names, its layers published, so every tenant creates from it.
+   */
+  async publish(name: string, reader: Reader): Promise<ImageRecord> {
+    const image = await this.deps.images.get(reader, name);
+    if (!image) throw new RollboxError('not_found', `image ${name} not found`);
+    for (const l of image.layers) await this.deps.layers.publish(l.digest, undefined);
+    await this.deps.images.put(CLUSTER_OWNER, image);
+    return (await this.recordAt(ownedKey(CLUSTER_OWNER, name)))!;
+  }
+
+  /** Pulls whose gateway stopped renewing their lease: taken over here (one of older data, with no owner, is left). */
   private async resumeOrphans(): Promise<void> {
     if (this.stopping) return;
     for (const { name, leased } of await this.deps.pulls.active()) {
-      if (leased || this.running.has(name)) continue;
+      if (leased || this.running.has(name) || splitKey(name).owner === undefined) continue;
       const pull = await this.deps.pulls.get(name);
       if (!pull || pull.state !== 'pulling') continue;
       const token = randomBytes(12).toString('hex');
@@ -167,10 +201,11 @@ export class ImagePulls {
     }
   }
 
-  /** Runs a pull this gateway holds the lease of, writing its progress (and renewing the lease) as it goes, to its one end. */
-  private run(name: string, claimed: ImagePull, token: string, resumed: boolean): void {
+  /** Runs a pull this gateway holds the lease of (`key`: `<owner>/<name>`), writing its progress (and renewing the lease) as it goes, to its one end. */
+  private run(key: string, claimed: ImagePull, token: string, resumed: boolean): void {
+    const { owner, name } = splitKey(key) as { owner: string; name: string };
     const controller = new AbortController();
-    this.running.set(name, controller);
+    this.running.set(key, controller);
     let pull: ImagePull = resumed ? { ...claimed, resumed: claimed.resumed + 1, progress: emptyProgress() } : claimed;
     const { leaseMs, logger } = this.deps;
     // Writes in order, each renewing the lease; a lost lease (another gateway took the pull) stops this one.
@@ -178,7 +213,7 @@ export class ImagePulls {
     const write = (options: { ended?: boolean; giveUp?: boolean } = {}): Promise<void> => {
       const snapshot = pull;
       writes = writes.then(async () => {
-        const held = await this.deps.pulls.update(name, snapshot, token, leaseMs, options).catch((err: unknown) => {
+        const held = await this.deps.pulls.update(key, snapshot, token, leaseMs, options).catch((err: unknown) => {
           logger.warn({ err, image: name }, 'image pull progress not written');
           return true;
         });
@@ -211,7 +246,7 @@ export class ImagePulls {
       try {
         if (pull.resumed > MAX_RESUMES) throw new RollboxError('internal', `the pull was interrupted ${pull.resumed - 1} times (the gateways running it stopped)`);
         await write();
-        const target = { name, ref: parseRef(pull.ref), platform: pull.platform };
+        const target = { owner, name, ref: parseRef(pull.ref), platform: pull.platform };
         logger.info({ image: name, ref: pull.ref, pull: pull.id, resumed: pull.resumed }, 'image pull started');
         const image = await this.deps.pull(target, listener, controller.signal);
         await finish({ state: 'ready', digest: image.digest });
@@ -228,15 +263,15 @@ export class ImagePulls {
         } else clearInterval(ticker);
       } finally {
         clearTimeout(deadline);
-        this.running.delete(name);
+        this.running.delete(key);
       }
     })();
   }
 }
 
 /** What creates and pools call with their image spec: a `ref` becomes the `base` of the image holding it (pulled first if none does). */
-export function resolveImageRef(pulls: Pick<ImagePulls, 'imageFor'>, waitMs: number): (spec: ImageSpec) => Promise<ImageSpec> {
-  return async (spec) => (spec.ref === undefined ? spec : { base: await pulls.imageFor(spec.ref, spec.platform, waitMs), layers: spec.layers });
+export function resolveImageRef(pulls: Pick<ImagePulls, 'imageFor'>, waitMs: number): (spec: ImageSpec, owner: string) => Promise<ImageSpec> {
+  return async (spec, owner) => (spec.ref === undefined ? spec : { base: await pulls.imageFor(spec.ref, spec.platform, waitMs, owner), layers: spec.layers });
 }
 
 function parseRef(text: string): ImageReference {

@@ -1,6 +1,6 @@
 import type { ModelAttempt, ModelCallRecord } from '../api/index.ts';
 import type { Assembler, Json, TokenAcc } from './dialects/index.ts';
-import type { CallSpec } from './runner.ts';
+import type { CallSpec } from './call-spec.ts';
 
 export const iso = (ms: number) => new Date(ms).toISOString();
 

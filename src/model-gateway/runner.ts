@@ -4,7 +4,7 @@ import { RollboxError, httpStatusOf, type ErrorCode, type ModelAttempt, type Mod
 import { needsStrip, readBody, readStream, type AttemptEnd } from './attempt.ts';
 import { scrub, secretsOf, type ModelBindings, type StoredBinding } from './bindings.ts';
 import { coalesce, whileRedisAway, type CallEntry, type CallStore, type HoldReason } from './calls.ts';
-import { TokenAcc, errorBody, errorOf, parsed, type Asked, type Dialect, type Json } from './dialects/index.ts';
+import { TokenAcc, errorBody, errorOf, parsed, type Asked, type Json } from './dialects/index.ts';
 import { CallFeed } from './feed.ts';
 import { iso, recordOf, type Answer } from './record.ts';
 import type { JobHolds } from './holds.ts';
@@ -12,27 +12,7 @@ import type { RolloutLimits } from './log.ts';
 import { Overlap } from './overlap.ts';
 import { sseDecoder, sseText } from './sse.ts';
 import { UNAVAILABLE_STATUSES, readAll, type Upstreams } from './upstream.ts';
-
-/** What a call is: who made it, what it asks, where it stands. */
-export interface CallSpec {
-  tenant: string;
-  job: string;
-  rolloutId: string;
-  callId: string;
-  bodyHash: string;
-  /** This run's owner token (the call's lease and its record are fenced by it). */
-  owner: string;
-  turn: number;
-  receivedAtMs: number;
-  dialect: Dialect;
-  stream: boolean;
-  /** The agent's body. */
-  body: Json;
-  /** The agent's headers that go upstream (API version, betas). */
-  forward: Record<string, string>;
-  /** This gateway took the call over from one that died running it: it is re-issued. */
-  takeover?: boolean;
-}
+import type { CallSpec } from './call-spec.ts';
 
 export interface RunnerDeps {
   calls: CallStore;

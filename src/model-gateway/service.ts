@@ -15,7 +15,8 @@ import { modelKeys } from './keys.ts';
 import { JobFigures, ModelCallLog, RolloutLimits } from './log.ts';
 import { createModelMetrics, type ModelMetrics } from './metrics.ts';
 import { relay } from './relay.ts';
-import { CallRunner, type CallSpec, type RunnerDeps } from './runner.ts';
+import type { CallSpec } from './call-spec.ts';
+import { CallRunner, type RunnerDeps } from './runner.ts';
 import { UNAVAILABLE_STATUSES, Upstreams, forwardedHeaders, readAll } from './upstream.ts';
 
 /** How often a gateway adds the figures of the calls it recorded to its jobs' (the console's) figures. */

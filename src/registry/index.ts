@@ -18,3 +18,5 @@ export { SIGNAL_BUCKET_SECONDS, SIGNAL_HISTOGRAMS, SIGNAL_RETENTION_SECONDS, Sig
 export type { SignalBucket, SignalHistogram } from './signals.ts';
 export type { ForkClaim } from './forks.ts';
 export { migrateKeyLayout, renamedKey } from './migrate.ts';
+export { CLUSTER_OWNER, OPERATOR, lookupKeys, ownedKey, rankOf, removableKeys, sees, splitKey } from './owners.ts';
+export type { Reader } from './owners.ts';

@@ -32,7 +32,10 @@ export const keys = {
   hibernatedExpiry: 'rb:hibernated-expiry',
   layer: (digest: string) => `rb:{layers}:layer:${digest}`,
   layers: 'rb:{layers}:all',
+  /** `<owner>/<name>` -> digest: owner a tenant, or `*` for the cluster's names (published); a bare `<name>` is older data (owner-less). */
   layerNames: 'rb:{layers}:names',
+  /** Who owns a layer (a set of tenants; `*`: published cluster-wide). Content-addressed: each tenant that stored the bytes owns them. */
+  layerOwners: (digest: string) => `rb:{layers}:owners:${digest}`,
   /**
    * digest -> how many live sandboxes refer to the layer (their layers and hibernation
    * layers), kept by the sandbox scripts so garbage collection reads no sandbox record.
@@ -51,18 +54,28 @@ export const keys = {
   /** Layers stored but not yet recorded where they are used (snapshot, hibernation), scored by when the pin lapses. */
   layerPins: 'rb:layer-pins',
   lock: (name: string) => `rb:lock:${name}`,
-  /** Imported images (name -> Image JSON). */
+  /** Imported and pulled images (`<owner>/<name>` -> Image JSON; owner `*`: published; a bare `<name>`: older data, owner-less). */
   images: 'rb:{images}:records',
   /** An image layer's diff_id (sha256 of its uncompressed tar) -> the EROFS layer it became. */
   imageDiffIds: 'rb:{images}:diffids',
   /** An image layer blob's digest (compressed, as in a manifest) -> its diff_id. */
   imageBlobs: 'rb:{images}:blobs',
-  /** The latest pull of each image name (name -> ImagePull JSON); `{image-pulls}`: its scripts' keys share a slot. */
+  /** The latest pull of each image (`<owner>/<name>` -> ImagePull JSON); `{image-pulls}`: its scripts' keys share a slot. */
   imagePulls: 'rb:{image-pulls}',
   /** Names whose pull runs. */
   imagePullsActive: 'rb:{image-pulls}:active',
   /** Held (and renewed) by the gateway running a name's pull; lapsed: another gateway takes the pull over. */
   imagePullLease: (name: string) => `rb:{image-pulls}:lease:${name}`,
+  /** An image build (Build JSON), with a TTL. */
+  build: (id: string) => `rb:{build:${id}}`,
+  /** Its log (BuildLogEvent JSON, a list), kept as long. */
+  buildLog: (id: string) => `rb:{build:${id}}:log`,
+  /** An uploaded build context (its tar), by digest, with a TTL. */
+  buildContext: (digest: string) => `rb:build-context:${digest}`,
+  /** A build step's layer by its cache key, per tenant. */
+  buildCache: (tenant: string, key: string) => `rb:{tenant:${tenant}}:build-cache:${key}`,
+  /** Held by the build running that step (see src/builds/cache.ts). */
+  buildCacheLock: (tenant: string, key: string) => `rb:{tenant:${tenant}}:build-lock:${key}`,
   /** The warm pools' names (a set; before the hash tags: a hash of their definitions). */
   pools: 'rb:pools',
   /** A warm pool's definition (PoolRecord JSON), in its slot: a host's offer is checked against its version. */

@@ -22,6 +22,7 @@ const TRANSITION = new LuaScript(import.meta.dirname, 'transition-sandbox');
 const REASSIGN = new LuaScript(import.meta.dirname, 'reassign-sandbox');
 const SET_SPEC = new LuaScript(import.meta.dirname, 'set-sandbox-spec');
 const SET_EXPIRES_AT = new LuaScript(import.meta.dirname, 'set-sandbox-expiry');
+const SET_SWAPPED = new LuaScript(import.meta.dirname, 'set-sandbox-swapped');
 const LAYER_REFS = new LuaScript(import.meta.dirname, 'layer-refs');
 const SETTLE_FELL_BACK = new LuaScript(import.meta.dirname, 'settle-fell-back');
 
@@ -58,6 +59,8 @@ export interface TransitionOptions {
   hibernationLayer?: string;
   /** Hibernated whole (its image in the layer store); false clears it (woken). */
   hibernatedWhole?: boolean;
+  /** Paged out while paused (pause mode `swap`); null clears it (resumed). */
+  swapped?: Sandbox['swapped'] | null;
 }
 
 /** States from which `to` may be entered. */
@@ -167,6 +170,7 @@ export class SandboxRegistry {
     if (options.expiresAt) patch.push('expiresAt', options.expiresAt);
     if (options.hibernationLayer !== undefined) patch.push('hibernationLayer', options.hibernationLayer);
     if (options.hibernatedWhole !== undefined) patch.push('hibernatedWhole', options.hibernatedWhole ? '1' : '');
+    if (options.swapped !== undefined) patch.push('swapped', options.swapped ? JSON.stringify(options.swapped) : '');
     const endedMs = this.now();
     if (terminal) patch.push('endedAt', new Date(endedMs).toISOString());
     // Entries the new state needs, before the record (see the class comment).
@@ -260,6 +264,9 @@ export class SandboxRegistry {
   async setExpiresAt(id: string, expiresAt: string): Promise<boolean> {
     return (await SET_EXPIRES_AT.run(this.redis, [keys.sandbox(id)], [expiresAt])) === 1;
   }
+
+  /** A sandbox paused on `node` had its memory paged out; false when it is not paused there. */
+  setSwapped = async (id: string, node: string, swapped: NonNullable<Sandbox['swapped']>): Promise<boolean> => (await SET_SWAPPED.run(this.redis, [keys.sandbox(id)], [node, JSON.stringify(swapped)])) === 1;
 
   async addOomKills(id: string, count: number): Promise<void> {
     if (count > 0) await this.redis.hincrby(keys.sandbox(id), 'oomKills', count);

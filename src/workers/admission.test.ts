@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { reservationOf } from '../api/index.ts';
 import { withDefaultRequests } from '../gateway/placement-of.ts';
 import { decideAdmission, diskCapacityMiB, type AdmissionState } from './admission.ts';
+import { LocalSandboxes } from './local-sandboxes.ts';
 
 const base: AdmissionState = {
   capacity: { memoryMiB: 1000, cpuMillis: 4000, maxSandboxes: 3 },
@@ -73,5 +74,22 @@ describe('diskCapacityMiB', () => {
   it('overcommits sparse disks and never preallocated ones', () => {
     expect(diskCapacityMiB({ sizeMiB: 1000, preallocated: false }, 8)).toBe(8000);
     expect(diskCapacityMiB({ sizeMiB: 1000, preallocated: true }, 8)).toBe(1000);
+  });
+});
+
+describe('a sandbox paged out to swap in admission', () => {
+  it('counts what it still holds, not its request, until it resumes', () => {
+    const local = new LocalSandboxes();
+    const base = { cpuMillis: 100, diskMiB: 10, expiresAtMs: Infinity, starting: false };
+    local.set({ id: 'a', memoryMiB: 320, ...base });
+    local.set({ id: 'b', memoryMiB: 64, ...base });
+    expect(local.reserved().memoryMiB).toBe(384);
+    local.get('a')!.residentMiB = 2;
+    expect(local.reserved()).toEqual({ memoryMiB: 66, cpuMillis: 200, diskMiB: 20 });
+    // Never more than it reserved, however much it holds.
+    local.get('b')!.residentMiB = 100;
+    expect(local.reserved().memoryMiB).toBe(66);
+    delete local.get('a')!.residentMiB;
+    expect(local.reserved().memoryMiB).toBe(384);
   });
 });

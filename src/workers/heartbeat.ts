@@ -19,6 +19,8 @@ export interface HeartbeatInput {
   network?: NodeHeartbeat['network'];
   pools?: NodeHeartbeat['pools'];
   tiers?: NodeHeartbeat['tiers'];
+  /** The sandboxes' memory as last read from their cgroups (absent: not read yet). */
+  memoryHeld?: { residentBytes: number; swappedBytes: number };
 }
 
 /** What a worker host tells the cluster about itself, about every second. */
@@ -38,6 +40,7 @@ export function heartbeatOf(input: HeartbeatInput): NodeHeartbeat {
     starting: local.startingCount(),
     cachedLayers: input.cachedLayers,
     handledCreates: local.recentlyHandled(input.atMs),
+    ...(input.memoryHeld ? { memory: { ...input.memoryHeld, ...local.givenBack() } } : {}),
     ...(input.network ? { network: input.network } : {}),
     ...(input.tiers ? { tiers: input.tiers } : {}),
     ...(input.pools && Object.keys(input.pools).length ? { pools: input.pools } : {}),

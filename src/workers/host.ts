@@ -6,6 +6,7 @@ import { handleCreate } from './create-handler.ts';
 import { heartbeatOf } from './heartbeat.ts';
 import { Audit } from './audit.ts';
 import { HostContext, type WorkerHostDeps } from './host-context.ts';
+import { residentOf } from './local-sandboxes.ts';
 import { OpHandler } from './op-handler.ts';
 import { PoolKeeper } from './pool-keeper.ts';
 
@@ -52,6 +53,8 @@ export class WorkerHost {
   /** False until the host has started (adopted, tested, synced): placement skips it. */
   private ready = false;
   private syncedLayers: string[] | undefined;
+  /** Its sandboxes' memory (resident, swapped), read after each heartbeat for the next. */
+  private memoryHeld: { residentBytes: number; swappedBytes: number } | undefined;
   private readonly stopping = new AbortController();
   private networkTick: Promise<void> | undefined;
 
@@ -229,7 +232,7 @@ export class WorkerHost {
     for (const s of records) {
       if (adopted.has(s.id)) {
         const { memoryMiB, cpuMillis, diskMiB } = reservationOf(s.spec.resources);
-        const local = { id: s.id, memoryMiB, cpuMillis, diskMiB, expiresAtMs: Infinity, starting: false };
+        const local = { id: s.id, memoryMiB, cpuMillis, diskMiB, expiresAtMs: Infinity, starting: false, ...residentOf(s) };
         ctx.local.set(local);
         ctx.setExpiry(local, Date.parse(s.expiresAt ?? '') || Infinity);
       } else if (s.state !== 'pending' && s.state !== 'hibernated') {
@@ -264,7 +267,10 @@ export class WorkerHost {
       network: ctx.networkHealth,
       pools: this.pools.status(),
       tiers: this.deps.tiers,
+      memoryHeld: this.memoryHeld,
     });
+    // Read for the next beat: cgroup files, off the beat's own path.
+    void this.deps.runtime.memoryHeld().then((held) => (this.memoryHeld = held), () => undefined);
     const added = await this.deps.redis.hset(keys.nodes, this.nodeId, JSON.stringify(heartbeat));
     // Our entry was gone: a janitor declared this host lost (a long stall) and failed its
     // sandboxes. Those must go here too, now rather than at the audit's next round.

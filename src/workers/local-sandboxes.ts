@@ -1,3 +1,10 @@
+import type { Sandbox } from '../api/index.ts';
+
+/** An adopted sandbox paused with its memory paged out counts what it still holds (see LocalSandboxes.reserved). */
+export function residentOf(record: Sandbox): { residentMiB?: number } {
+  return record.state === 'paused' && record.swapped ? { residentMiB: Math.ceil(record.swapped.residentBytes / (1024 * 1024)) } : {};
+}
+
 /** A sandbox this worker host runs (or is starting), with what it reserved here. */
 export interface LocalSandbox {
   id: string;
@@ -9,6 +16,8 @@ export interface LocalSandbox {
   starting: boolean;
   /** While starting: the chunk cache its lazy layers may take (see AdmissionState.layerCache). */
   layerCacheBytes?: number;
+  /** Paused with its memory paged out (pause mode `swap`): what it still holds in memory, counted instead of memoryMiB. */
+  residentMiB?: number;
   /** A ready sandbox of a warm pool (no tenant yet, no registry record) and the pool version it was made for. */
   pool?: { name: string; version: string };
 }
@@ -76,17 +85,32 @@ export class LocalSandboxes {
     return n;
   }
 
-  /** Resources requested by every sandbox here, starting ones included. */
+  /**
+   * Resources requested by every sandbox here, starting ones included. A sandbox paged out
+   * (pause mode `swap`) counts the memory it still holds: what it gave back serves others.
+   */
   reserved(): { memoryMiB: number; cpuMillis: number; diskMiB: number } {
     let memoryMiB = 0;
     let cpuMillis = 0;
     let diskMiB = 0;
     for (const s of this.byId.values()) {
-      memoryMiB += s.memoryMiB;
+      memoryMiB += s.residentMiB === undefined ? s.memoryMiB : Math.min(s.memoryMiB, s.residentMiB);
       cpuMillis += s.cpuMillis;
       diskMiB += s.diskMiB;
     }
     return { memoryMiB, cpuMillis, diskMiB };
+  }
+
+  /** Swap pauses' gift to admission: what swapped sandboxes reserved less what they still hold, MiB, and how many. */
+  givenBack(): { givenBackMiB: number; swappedSandboxes: number } {
+    let givenBackMiB = 0;
+    let swappedSandboxes = 0;
+    for (const s of this.byId.values()) {
+      if (s.residentMiB === undefined) continue;
+      givenBackMiB += s.memoryMiB - Math.min(s.memoryMiB, s.residentMiB);
+      swappedSandboxes++;
+    }
+    return { givenBackMiB, swappedSandboxes };
   }
 
   /** A create request this host answered (admitted or refused). */

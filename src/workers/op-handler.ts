@@ -8,6 +8,7 @@ import { sandboxFilesMeta } from './files-meta.ts';
 import { readSandboxFiles, writeSandboxFiles } from './files.ts';
 import type { HostContext } from './host-context.ts';
 import { InitLostError } from './init/index.ts';
+import { setPaused, swapOut } from './pausing.ts';
 import { CommandReleasedError, type RuntimeExecOutcome, type RuntimeSnapshot } from './runtime/index.ts';
 
 /** A packed layer is safe from garbage collection this long if its record is never written. */
@@ -60,7 +61,8 @@ export class OpHandler {
           return await done();
         case 'pause':
         case 'resume':
-          await this.setPaused(op.sandboxId, op.kind === 'pause');
+          if (op.kind === 'pause' && op.mode === 'swap') await swapOut(ctx, op.sandboxId);
+          else await setPaused(ctx, op.sandboxId, op.kind === 'pause');
           return await done();
         case 'files_read':
           ctx.requireLocal(op.sandboxId);
@@ -92,7 +94,7 @@ export class OpHandler {
         await ctx.checkAlive(op.sandboxId);
         err = new RollboxError('invalid_state', `sandbox ${op.sandboxId}: ${err.message}`);
       }
-      const error = err instanceof RollboxError ? { code: err.code, message: err.message } : { code: 'internal', message: err instanceof Error ? err.message : String(err) };
+      const error = err instanceof RollboxError ? { code: err.code, message: err.message, ...(err.retryAfterSeconds !== undefined ? { retryAfterSeconds: err.retryAfterSeconds } : {}) } : { code: 'internal', message: err instanceof Error ? err.message : String(err) };
       await ctx.reply(op.replyTo, { kind: 'error', requestId: op.requestId, error });
     }
   }
@@ -242,11 +244,11 @@ export class OpHandler {
     if (ctx.deps.runtime.hibernatesWhole(sandboxId)) {
       await ctx.deps.runtime.hibernateWhole(sandboxId, ctx.deps.hibernatedImageDirOf(sandboxId));
       await ctx.removeLocal(sandboxId);
-      moved = await ctx.deps.registry.transition(sandboxId, 'hibernated', { from: ['running', 'paused'], node: ctx.nodeId, hibernatedWhole: true });
+      moved = await ctx.deps.registry.transition(sandboxId, 'hibernated', { from: ['running', 'paused'], node: ctx.nodeId, hibernatedWhole: true, swapped: null });
     } else {
       const stored = await this.packWritableLayer(sandboxId, requestId, []);
       await ctx.removeLocal(sandboxId);
-      moved = await ctx.deps.registry.transition(sandboxId, 'hibernated', { from: ['running', 'paused'], node: ctx.nodeId, hibernationLayer: stored.digest });
+      moved = await ctx.deps.registry.transition(sandboxId, 'hibernated', { from: ['running', 'paused'], node: ctx.nodeId, hibernationLayer: stored.digest, swapped: null });
       await ctx.layers.unpin(stored.digest);
     }
     if (moved.kind !== 'ok') throw new RollboxError('conflict', `sandbox ${sandboxId} changed state while hibernating`);
@@ -271,22 +273,27 @@ export class OpHandler {
     }
   }
 
-  /** The TTL of a sandbox that pauses at it: paused in `mode`, then ended at `pausedUntilMs` (see HostContext.expire). */
+  /**
+   * The TTL of a sandbox that pauses at it: paused in `mode`, then ended at `pausedUntilMs`
+   * (see HostContext.expire). A swap pause this host has no room for freezes instead: nobody
+   * waits on the answer, and a frozen sandbox is still whole.
+   */
   async pauseAtTtl(sandboxId: string, mode: PauseMode, pausedUntilMs: number): Promise<void> {
     if (mode === 'hibernate') {
       // Recorded first: hibernate() hands the janitor the TTL it finds on the record.
       await this.ctx.deps.registry.setExpiresAt(sandboxId, new Date(pausedUntilMs).toISOString());
       return this.hibernate(sandboxId, newId('req'));
     }
-    await this.setPaused(sandboxId, true);
+    if (mode === 'swap') {
+      await swapOut(this.ctx, sandboxId).catch(async (err: unknown) => {
+        if (!(err instanceof RollboxError && err.code === 'swap_unavailable')) throw err;
+        this.ctx.log.warn({ sandboxId, err: err.message }, 'auto-pause: no swap room; the sandbox is frozen with its memory');
+        await setPaused(this.ctx, sandboxId, true);
+      });
+    } else {
+      await setPaused(this.ctx, sandboxId, true);
+    }
     await this.ctx.moveExpiry(sandboxId, pausedUntilMs);
-  }
-
-  private async setPaused(sandboxId: string, paused: boolean): Promise<void> {
-    const { ctx } = this;
-    ctx.requireLocal(sandboxId);
-    await (paused ? ctx.deps.runtime.pause(sandboxId) : ctx.deps.runtime.resume(sandboxId));
-    await ctx.deps.registry.transition(sandboxId, paused ? 'paused' : 'running', { from: [paused ? 'running' : 'paused'], node: ctx.nodeId });
   }
 
   /** A fork's point in a sandbox of this host: made, packed into a layer (answered as a snapshot), removed, or saved whole. */

@@ -4,9 +4,9 @@ from .batches import Batches
 from .client import Files, Jobs, Layers, Rollbox, Sandbox, Sandboxes
 from .errors import (
     AdmissionExhausted, CommandFailed, Conflict, ConnectionFailed, Forbidden, ImageNotFound, ImagePullTimeout, Internal, RangeNotSatisfiable, InvalidArchive,
-    InvalidImage, InvalidLayer, InvalidRequest, InvalidState, NetworkUnavailable, NoCapacity, NodeLost, NotFound, PayloadTooLarge,
-    QuotaExceeded, NotImplementedByRollbox, TemplateNotReady, RegistryNotAllowed, RegistryUnauthorized, RegistryUnavailable, ResultUnknown, RollboxError, SnapshotFailed, TierUnsupported, Timeout, Unauthenticated,
-    Unavailable,
+    InvalidImage, InvalidLayer, InvalidRequest, InvalidState, ModelHoldExpired, ModelLimitExceeded, ModelUpstreamFailed, NetworkUnavailable, NoCapacity, NodeLost, NotFound, PayloadTooLarge,
+    QuotaExceeded, NotImplementedByRollbox, TemplateNotReady, RegistryNotAllowed, RegistryUnauthorized, RegistryUnavailable, ResultUnknown, RollboxError, SnapshotFailed, SwapUnavailable, TierUnsupported, Timeout, Unauthenticated,
+    Unavailable, InvalidDockerfile, BuildUnsupported, BuildStepFailed,
 )
 from .types import Batch, BatchResult, BatchTaskStatus, CommandStatus, ExecResult, GradeResult, RunResult, StepResult, StreamEvent
 
@@ -17,6 +17,7 @@ __all__ = [
     "RollboxError", "CommandFailed", "ConnectionFailed", "AdmissionExhausted", "Conflict", "Forbidden", "Internal",
     "InvalidArchive", "InvalidImage", "InvalidLayer", "InvalidRequest", "InvalidState", "NetworkUnavailable", "NoCapacity", "NodeLost",
     "NotFound", "PayloadTooLarge", "QuotaExceeded", "ResultUnknown", "Timeout", "Unauthenticated", "Unavailable",
-    "ImageNotFound", "ImagePullTimeout", "RangeNotSatisfiable", "RegistryNotAllowed", "NotImplementedByRollbox", "TemplateNotReady", "RegistryUnauthorized", "RegistryUnavailable", "TierUnsupported",
-    "SnapshotFailed",
+    "ImageNotFound", "ImagePullTimeout", "RangeNotSatisfiable", "RegistryNotAllowed", "NotImplementedByRollbox", "TemplateNotReady", "SwapUnavailable", "RegistryUnauthorized", "RegistryUnavailable", "TierUnsupported",
+    "SnapshotFailed", "ModelHoldExpired", "ModelLimitExceeded", "ModelUpstreamFailed",
+    "InvalidDockerfile", "BuildUnsupported", "BuildStepFailed",
 ]

@@ -153,7 +153,7 @@ class ResultsFollower:
         if self.wait_seconds:
             query["waitSeconds"] = f"{self.wait_seconds:g}"
         return Request("GET", batch_path(self.batch_id, f"/results?{urlencode(query)}"), headers={"accept": "application/x-ndjson"},
-                       expect="results", read_timeout=self.wait_seconds + self.timeouts.read)
+                       parse=results_page, read_timeout=self.wait_seconds + self.timeouts.read)
 
     def take(self, page: ResultsPage) -> List[BatchResult]:
         if page.lines:

@@ -6,11 +6,15 @@ import random
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Iterator, List, Mapping, Optional, Protocol, Sequence, Union
 from urllib.parse import quote, urlencode
 
 from .errors import ConnectionFailed, RollboxError
 from .types import ExecResult, StreamEvent
+
+#: A command: a shell line (run by `sh -c`) or an argv list.
+Command = Union[str, Sequence[str]]
+USER_AGENT = "rollbox-python/0.1.0"
 
 #: Statuses retried (with Retry-After honoured): the request was not served, and may be later.
 RETRY_STATUSES = frozenset({429, 503})
@@ -68,8 +72,10 @@ class Request:
     read_timeout: Optional[float] = None
     #: Keep retrying 429/503 until this many seconds have passed (a create's queue wait), not just `attempts` times.
     retry_for: Optional[float] = None
-    #: "json", "bytes", "results" (a page of batch results) or "none".
+    #: "json", "bytes" or "none".
     expect: str = "json"
+    #: An answer read its own way (a page of batch results): called with the headers and body instead.
+    parse: Optional[Callable[[Mapping[str, str], bytes], Any]] = None
 
     def encoded(self) -> Optional[bytes]:
         if self.content is not None:
@@ -293,12 +299,10 @@ def parse_json(body: bytes) -> Any:
 
 def decode(request: Request, headers: Mapping[str, str], body: bytes) -> Any:
     """What a call answers, as its request expects it (headers lower-case, or httpx's)."""
+    if request.parse is not None:
+        return request.parse(headers, body)
     if request.expect == "json":
         return parse_json(body)
-    if request.expect == "results":
-        from ._batch_core import results_page  # batches build on this module
-
-        return results_page(headers, body)
     return body
 
 
@@ -316,3 +320,19 @@ def lines_of(chunks: Iterator[bytes]) -> Iterator[str]:
 
 
 Parse = Callable[[Any], Any]
+
+
+class Caller(Protocol):
+    """What a sub-client of the sync client (batches, images) calls through."""
+
+    timeouts: Timeouts
+
+    def _call(self, request: Request) -> Any: ...
+
+
+class AsyncCaller(Protocol):
+    """What a sub-client of the asyncio client calls through."""
+
+    timeouts: Timeouts
+
+    def _call(self, request: Request) -> Awaitable[Any]: ...

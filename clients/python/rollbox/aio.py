@@ -17,10 +17,10 @@ except ImportError as err:  # pragma: no cover
     raise ImportError("rollbox.aio needs httpx: pip install 'rollbox[async]'") from err
 
 from . import _core as core
+from ._core import USER_AGENT, Command
 from ._tar import extract_tar, tar_of_dir
 from .aio_batches import AsyncBatches
 from .images import AsyncImages, layer_upload_request
-from .client import USER_AGENT, Command
 from .errors import CommandFailed, ConnectionFailed, RollboxError, Timeout, error_from_answer
 from .types import CommandStatus, ExecResult, RunResult, StreamEvent
 
@@ -263,6 +263,10 @@ class AsyncSandbox:
     async def refresh(self) -> "AsyncSandbox":
         self.record = await self._client._call(core.Request("GET", core.sandbox_path(self.id)))
         return self
+
+    async def metrics(self) -> Dict[str, Any]:
+        """One sample of CPU, memory and disk use from the sandbox's cgroups (`cpuUsedPct` since the previous sample)."""
+        return await self._client._call(core.Request("GET", core.sandbox_path(self.id, "/metrics")))
 
     async def pause(self, mode: str = "freeze") -> "AsyncSandbox":
         self.record = await self._client._call(core.Request("POST", core.sandbox_path(self.id, "/pause"), {"mode": mode}, replayable=False))

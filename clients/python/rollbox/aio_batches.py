@@ -1,19 +1,17 @@
 """Evaluation batches for the asyncio client (`client.batches`): `rollbox.batches`' names and semantics, awaited."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, AsyncIterable, AsyncIterator, Iterable, List, Mapping, Optional, Union
+from typing import Any, AsyncIterable, AsyncIterator, Iterable, List, Mapping, Optional, Union
 from urllib.parse import quote
 
 from . import _batch_core as bcore
 from . import _core as core
 from .types import Batch, BatchResult, BatchTaskStatus
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .aio import AsyncRollbox
 
 
 class AsyncBatches:
-    def __init__(self, client: "AsyncRollbox"):
+    def __init__(self, client: core.AsyncCaller):
         self._client = client
 
     async def submit(self, tasks: Union[List[Mapping[str, Any]], Iterable[Mapping[str, Any]], AsyncIterable[Mapping[str, Any]]], *,

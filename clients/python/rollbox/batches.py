@@ -1,15 +1,13 @@
 """Evaluation batches for the synchronous client (`client.batches`); `rollbox.aio_batches` is the async twin."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Mapping, Optional, Union
+from typing import Any, Iterable, Iterator, List, Mapping, Optional, Union
 from urllib.parse import quote
 
 from . import _batch_core as bcore
 from . import _core as core
 from .types import Batch, BatchResult, BatchTaskStatus
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .client import Rollbox
 
 
 class Batches:
@@ -19,7 +17,7 @@ class Batches:
     (`{"customId", "steps": [{"cmd"|"argv", "timeoutMs", ...}], "image", "files", "grade", ...}`).
     """
 
-    def __init__(self, client: "Rollbox"):
+    def __init__(self, client: core.Caller):
         self._client = client
 
     def submit(self, tasks: Union[List[Mapping[str, Any]], Iterable[Mapping[str, Any]]], *, max_concurrency: Optional[int] = None,

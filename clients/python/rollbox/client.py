@@ -6,6 +6,7 @@ import time
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 from . import _core as core
+from ._core import USER_AGENT, Command
 from ._tar import extract_tar, tar_of_dir
 from ._transport import SyncTransport
 from .batches import Batches
@@ -13,8 +14,6 @@ from .images import Images, layer_upload_request
 from .errors import CommandFailed, ConnectionFailed, RollboxError
 from .types import CommandStatus, ExecResult, RunResult, StreamEvent
 
-Command = Union[str, Sequence[str]]
-USER_AGENT = "rollbox-python/0.1.0"
 
 
 class Rollbox:
@@ -254,8 +253,12 @@ class Sandbox:
         self.record = self._client._call(core.Request("GET", core.sandbox_path(self.id)))
         return self
 
+    def metrics(self) -> Dict[str, Any]:
+        """One sample of CPU, memory and disk use from the sandbox's cgroups (`cpuUsedPct` since the previous sample)."""
+        return self._client._call(core.Request("GET", core.sandbox_path(self.id, "/metrics")))
+
     def pause(self, mode: str = "freeze") -> "Sandbox":
-        """`freeze` (CPU stopped, memory kept) or `hibernate` (writable layer packed, memory freed)."""
+        """`freeze` (CPU stopped, memory kept), `swap` (frozen, memory paged out to the host's swap, processes kept) or `hibernate` (writable layer packed, memory freed, processes end)."""
         self.record = self._client._call(core.Request("POST", core.sandbox_path(self.id, "/pause"), {"mode": mode}, replayable=False))
         return self
 

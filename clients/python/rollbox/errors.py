@@ -160,6 +160,12 @@ class RegistryNotAllowed(RollboxError):
     code = "registry_not_allowed"
 
 
+class SwapUnavailable(RollboxError):
+    """A swap pause found no room on the sandbox's worker host (no swap space, or too full); the sandbox stays as it was."""
+
+    code = "swap_unavailable"
+
+
 class TemplateNotReady(RollboxError):
     """The E2B `base` template is still being built on this cluster (its first use); retry after `retry_after`."""
 
@@ -170,6 +176,24 @@ class NotImplementedByRollbox(RollboxError):
     """An E2B route or option rollbox does not serve; the message names how rollbox differs."""
 
     code = "not_implemented"
+
+
+class ModelHoldExpired(RollboxError):
+    """A model call was held (its job paused, its upstreams unreachable or unregistered) past the gateway's hold limit or its rollout's wall time."""
+
+    code = "model_hold_expired"
+
+
+class ModelLimitExceeded(RollboxError):
+    """The rollout used up its model calls or tokens: the call was not made."""
+
+    code = "model_limit_exceeded"
+
+
+class ModelUpstreamFailed(RollboxError):
+    """A model call's answer was cut short more often than the gateway's re-issues could mend, or a re-issue did not repeat what was already received."""
+
+    code = "model_upstream_failed"
 
 
 class ConnectionFailed(RollboxError):
@@ -205,13 +229,32 @@ class CommandFailed(RollboxError):
         return (CommandFailed, (self.result,))
 
 
+class InvalidDockerfile(RollboxError):
+    """An image build's Dockerfile (or steps) does not parse; the message names the line."""
+
+    code = "invalid_dockerfile"
+
+
+class BuildUnsupported(RollboxError):
+    """An image build asks for what the builder cannot honour (RUN --mount, HEALTHCHECK, ONBUILD...); the message names the line."""
+
+    code = "build_unsupported"
+
+
+class BuildStepFailed(RollboxError):
+    """An image build's RUN step exited non-zero or ran out of time; the build record holds its output."""
+
+    code = "build_step_failed"
+
+
 ERRORS_BY_CODE: Dict[str, Type[RollboxError]] = {
     cls.code: cls
     for cls in (
         InvalidRequest, InvalidLayer, InvalidImage, InvalidArchive, Unauthenticated, Forbidden, NotFound, Conflict, InvalidState,
         ResultUnknown, PayloadTooLarge, RangeNotSatisfiable, QuotaExceeded, Internal, AdmissionExhausted, NoCapacity, NetworkUnavailable,
         Unavailable, Timeout, NodeLost, ImageNotFound, RegistryUnauthorized, RegistryUnavailable, RegistryNotAllowed, ImagePullTimeout,
-        TierUnsupported, SnapshotFailed, TemplateNotReady, NotImplementedByRollbox,
+        TierUnsupported, SnapshotFailed, SwapUnavailable, TemplateNotReady, NotImplementedByRollbox,
+        ModelHoldExpired, ModelLimitExceeded, ModelUpstreamFailed, InvalidDockerfile, BuildUnsupported, BuildStepFailed,
     )
 }
 
@@ -234,3 +277,4 @@ def error_from_answer(status: int, body: bytes, retry_after: Optional[str]) -> R
         except ValueError:
             seconds = None
     return ERRORS_BY_CODE.get(code, RollboxError)(message, status=status, code=code, retry_after=seconds)
+

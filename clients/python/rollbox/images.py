@@ -9,15 +9,11 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import IO, TYPE_CHECKING, Any, AsyncIterator, Callable, Dict, Iterator, List, Optional, Union
+from typing import IO, Any, AsyncIterator, Callable, Dict, Iterator, List, Optional, Union
 from urllib.parse import quote, urlencode
 
 from . import _core as core
 from .errors import ERRORS_BY_CODE, Conflict, ImagePullTimeout, RollboxError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .aio import AsyncRollbox
-    from .client import Rollbox
 
 CHUNK_BYTES = 1 << 20
 #: An import answers once every layer is built: minutes for an image of several GB.
@@ -124,7 +120,7 @@ class _PullWait:
 
 
 class Images:
-    def __init__(self, client: "Rollbox"):
+    def __init__(self, client: core.Caller):
         self._client = client
 
     def import_archive(self, source: Source, *, name: str, platform: Optional[str] = None, ref: Optional[str] = None,
@@ -178,7 +174,7 @@ class Images:
 
 
 class AsyncImages:
-    def __init__(self, client: "AsyncRollbox"):
+    def __init__(self, client: core.AsyncCaller):
         self._client = client
 
     async def import_archive(self, source: Source, *, name: str, platform: Optional[str] = None, ref: Optional[str] = None,

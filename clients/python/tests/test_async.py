@@ -34,6 +34,7 @@ def test_async_client_covers_the_same_surface(stack, tmp_path):
                 followed = [e async for e in sb.stream("x", command_id="a-bg")]
                 assert followed[-1].result.exit_code == 0 and (await sb.command("a-bg")).stdout == "bg\n"
                 assert len(await sb.commands()) >= 4
+                assert (await sb.metrics())["memUsed"] > 0
                 paged = [c["commandId"] async for c in sb.iter_commands(page_size=2)]
                 assert paged == [c["commandId"] for c in await sb.commands()] and len(paged) >= 4
                 assert (await sb.command_page(limit=2))["nextCursor"]

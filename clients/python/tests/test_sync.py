@@ -144,6 +144,8 @@ def test_files_read_write_and_directories_as_tar(sandbox, tmp_path):
 
 def test_pause_resume_and_set_policy(sandbox):
     sandbox.exec("mkdir -p /srv/answers && echo 42 > /srv/answers/key")
+    sample = sandbox.metrics()
+    assert sample["memUsed"] > 0 and sample["cpuCount"] >= 1
     assert sandbox.pause().state == "paused"
     with pytest.raises(rollbox.InvalidState):
         sandbox.exec("true")

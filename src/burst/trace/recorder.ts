@@ -1,7 +1,7 @@
 import type { Redis } from 'ioredis';
 import { z } from 'zod';
 import { TRACE_FORMAT, baseOf, type CreateSandboxRequest, type Sandbox, type TraceEvent, type TraceHeader } from '../../api/index.ts';
-import { keys, type LayerRegistry, type SandboxRegistry } from '../../registry/index.ts';
+import { OPERATOR, keys, type LayerRegistry, type SandboxRegistry } from '../../registry/index.ts';
 
 /** One create as the gateway saw it; the sandbox id lets the export find its lifetime. */
 const RecordedCreate = z.object({
@@ -71,7 +71,7 @@ export async function exportTrace(deps: { redis: Redis; registry: SandboxRegistr
   const digestOf = new Map<string, string>();
   const resolve = async (ref: string) => {
     if (ref.startsWith('sha256:')) return ref;
-    if (!digestOf.has(ref)) digestOf.set(ref, (await deps.layers.resolve(ref).catch(() => undefined))?.digest ?? ref);
+    if (!digestOf.has(ref)) digestOf.set(ref, (await deps.layers.resolve(ref, OPERATOR).catch(() => undefined))?.digest ?? ref);
     return digestOf.get(ref)!;
   };
   const startMs = recorded[0]?.atEpochMs ?? sinceEpochMs;

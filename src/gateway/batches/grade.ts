@@ -3,7 +3,23 @@ import { Readable } from 'node:stream';
 import tar from 'tar-stream';
 import { RollboxError, type BatchTask, type ExecResult } from '../../api/index.ts';
 import type { Principal } from '../../iam/index.ts';
-import type { TaskDeps } from './task.ts';
+import type { LayerBuilder } from '../../layers/index.ts';
+import type { LayerRegistry } from '../../registry/index.ts';
+import type { ExecService } from '../exec-service.ts';
+import type { FilesService } from '../files-service.ts';
+import type { SandboxService } from '../sandbox-service.ts';
+
+/** What a task's steps and its grade work with (a task's deps add its batch's store). */
+export interface GradeDeps {
+  sandboxes: Pick<SandboxService, 'create' | 'delete' | 'setPolicy' | 'get'>;
+  files: Pick<FilesService, 'write' | 'read'>;
+  execs: Pick<ExecService, 'exec' | 'commandLog'>;
+  layers: Pick<LayerRegistry, 'register'>;
+  buildLayer: LayerBuilder;
+  /** Cap of what a fresh-sandbox grade collects from the steps' sandbox. */
+  collectMaxBytes: number;
+  now: () => number;
+}
 
 export type Grade = NonNullable<BatchTask['grade']>;
 
@@ -19,7 +35,7 @@ const KILL_LEFTOVERS = ['/.rollbox/busybox', 'sh', '-c', 'for r in 1 2 3; do for
  * then the grade's hidden paths and network replace the task's (revealing the grader's
  * files), then the grade runs. It runs the image's binaries as the steps left them.
  */
-export async function gradeInPlace(deps: TaskDeps, acting: Principal, sandboxId: string, grade: Grade): Promise<ExecResult> {
+export async function gradeInPlace(deps: GradeDeps, acting: Principal, sandboxId: string, grade: Grade): Promise<ExecResult> {
   // As root: whatever user the steps ran as (the image's, or another an exec named), their processes go.
   await deps.execs.exec(acting, sandboxId, { argv: KILL_LEFTOVERS, env: {}, user: '0', timeoutMs: 30_000, background: false });
   await deps.sandboxes.setPolicy(acting, sandboxId, { hiddenPaths: grade.hiddenPaths, network: grade.network });
@@ -34,7 +50,7 @@ export async function gradeInPlace(deps: TaskDeps, acting: Principal, sandboxId:
  * (the caller deletes it).
  */
 export async function gradeInFreshSandbox(
-  deps: TaskDeps,
+  deps: GradeDeps,
   acting: Principal,
   stepsSandboxId: string,
   task: BatchTask,
@@ -50,7 +66,7 @@ export async function gradeInFreshSandbox(
     else pack.entry(header);
     pack.finalize();
     const { digest, sizeBytes } = await built;
-    await deps.layers.register({ digest, sizeBytes, parents: [], createdAt: new Date(deps.now()).toISOString() });
+    await deps.layers.register({ digest, sizeBytes, parents: [], createdAt: new Date(deps.now()).toISOString() }, acting.tenant);
     layers.push(digest);
   }
   const sandboxId = await create({ ...task.image, layers: [...layers, ...grade.layers] });
@@ -66,7 +82,7 @@ type Entry = { header: tar.Header; data?: Buffer };
  * regular files, directories and symlinks are kept (a link stays a link, resolved inside
  * the grade sandbox's own root). A path that does not exist adds nothing.
  */
-async function collect(deps: TaskDeps, acting: Principal, sandboxId: string, paths: readonly string[]): Promise<Entry[]> {
+async function collect(deps: GradeDeps, acting: Principal, sandboxId: string, paths: readonly string[]): Promise<Entry[]> {
   const out: Entry[] = [];
   for (const wanted of paths) {
     const read = await deps.files.read(acting, sandboxId, { path: wanted, format: 'tar' }).catch((err: unknown) => {

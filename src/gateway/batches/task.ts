@@ -1,23 +1,11 @@
 import path from 'node:path';
 import { FILES_BYTES_TYPE, RollboxError, type BatchOptions, type BatchTask, type ErrorCode, type ExecResult, type StepResult } from '../../api/index.ts';
 import type { Principal } from '../../iam/index.ts';
-import type { BatchStore, LayerRegistry, ResultLineInput } from '../../registry/index.ts';
-import type { ExecService } from '../exec-service.ts';
-import type { FilesService } from '../files-service.ts';
-import type { LayerBuilder } from '../../layers/index.ts';
-import type { SandboxService } from '../sandbox-service.ts';
-import { gradeInFreshSandbox, gradeInPlace } from './grade.ts';
+import type { BatchStore, ResultLineInput } from '../../registry/index.ts';
+import { gradeInFreshSandbox, gradeInPlace, type GradeDeps } from './grade.ts';
 
-export interface TaskDeps {
-  sandboxes: Pick<SandboxService, 'create' | 'delete' | 'setPolicy' | 'get'>;
-  files: Pick<FilesService, 'write' | 'read'>;
-  execs: Pick<ExecService, 'exec' | 'commandLog'>;
-  layers: Pick<LayerRegistry, 'register'>;
-  buildLayer: LayerBuilder;
+export interface TaskDeps extends GradeDeps {
   store: Pick<BatchStore, 'attemptSandbox' | 'recordAttemptSandbox'>;
-  /** Cap of what a fresh-sandbox grade collects from the steps' sandbox. */
-  collectMaxBytes: number;
-  now: () => number;
 }
 
 /** What running one task came to: a result to record, or a reason to queue it again. */

@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import type { Redis } from 'ioredis';
 import type { GatewayApp } from '../routes/common.ts';
 import { E2bForkBody, E2bMetricsQuery, E2bNetworkUpdate, E2bSnapshotBody, E2bSnapshotRecord, E2bSnapshotsQuery, RollboxError, httpStatusOf, isErrorCode } from '../../api/index.ts';
-import type { E2bKeyStore } from '../../iam/index.ts';
+import { readerOf, type E2bKeyStore } from '../../iam/index.ts';
 import type { LayerRegistry } from '../../registry/index.ts';
 import type { ForkService } from '../fork-service.ts';
 import type { SandboxMetricsService } from '../sandbox-metrics.ts';
@@ -69,7 +69,7 @@ export function registerE2bState(app: GatewayApp, deps: E2bStateDeps): void {
     route(async (c, principal) => {
       const id = c.req.param('id')!;
       if (!(await redis.hexists(snapshotsKey(principal.tenant), id))) throw new RollboxError('not_found', `snapshot ${id} not found (rollbox has no template API: only snapshots are deleted here)`);
-      await deps.layers.unname(id).catch((err: unknown) => {
+      await deps.layers.unname(id, readerOf(principal)).catch((err: unknown) => {
         if (!(err instanceof RollboxError && err.code === 'not_found')) throw err;
       });
       await redis.hdel(snapshotsKey(principal.tenant), id);

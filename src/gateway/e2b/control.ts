@@ -2,7 +2,7 @@ import type { Context } from 'hono';
 import { bodyLimit } from 'hono/body-limit';
 import type { GatewayApp } from '../routes/common.ts';
 import { CreateSandboxRequest, E2bListQuery, E2bNewSandbox, E2bPauseBody, E2bTimeoutBody, RollboxError, type PauseMode, type Sandbox } from '../../api/index.ts';
-import type { E2bKeyStore, Principal } from '../../iam/index.ts';
+import { readerOf, type E2bKeyStore, type Principal } from '../../iam/index.ts';
 import type { SandboxService } from '../sandbox-service.ts';
 import type { TtlService } from '../ttl-service.ts';
 import type { EnvdAccess } from './access.ts';
@@ -41,7 +41,7 @@ function listed(s: Sandbox) {
     envdVersion: ENVD_VERSION,
     metadata: metadataOf(s),
     allowInternetAccess: s.spec.network.mode === 'allowlist',
-    lifecycle: { onTimeout: s.spec.onTtl?.action === 'pause' ? 'pause' : 'kill', autoResume: false },
+    lifecycle: { onTimeout: s.spec.onTtl?.action === 'pause' ? 'pause' : 'kill', autoResume: s.spec.onTtl?.autoResume === true },
     network: { allowPublicTraffic: s.spec.publicTraffic === true, allowOut: s.spec.network.allow.map((r) => r.cidr ?? r.host!) },
   };
 }
@@ -65,7 +65,7 @@ export function registerE2bControl(app: GatewayApp, deps: E2bControlDeps): void 
   const create: Handler = async (c, principal) => {
     const body = parse(E2bNewSandbox, await jsonOf(c), 'body');
     const template = body.templateID ?? DEFAULT_TEMPLATE;
-    const image = await templates.imageOf(template);
+    const image = await templates.imageOf(template, readerOf(principal));
     const network = networkOf({ allowOut: body.network?.allowOut, denyOut: body.network?.denyOut, allowInternetAccess: body.allow_internet_access });
     const request = parse(
       CreateSandboxRequest,
@@ -75,7 +75,7 @@ export function registerE2bControl(app: GatewayApp, deps: E2bControlDeps): void 
         env: body.envVars ?? {},
         labels: { ...body.metadata, [TEMPLATE_LABEL]: template },
         ...(network ? { network } : {}),
-        ...(body.autoPause ? { onTtl: { action: 'pause', mode: body.autoPauseMemory === false ? 'hibernate' : pause.mode, pausedTtlSeconds: pause.pausedTtlSeconds } } : {}),
+        ...(body.autoPause ? { onTtl: { action: 'pause', mode: body.autoPauseMemory === false ? 'hibernate' : pause.mode, pausedTtlSeconds: pause.pausedTtlSeconds, ...(body.autoResume?.enabled ? { autoResume: true } : {}) } } : {}),
         ...(body.network?.allowPublicTraffic ? { publicTraffic: true } : {}),
         // E2B's templates give their user passwordless sudo: the base template's does.
         ...(template === DEFAULT_TEMPLATE && image ? { allowPrivilegeEscalation: true } : {}),

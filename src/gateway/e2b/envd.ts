@@ -5,6 +5,8 @@ import type { Redis } from 'ioredis';
 import { RollboxError, isTerminal, type Sandbox } from '../../api/index.ts';
 import type { Principal } from '../../iam/index.ts';
 import type { SandboxRegistry } from '../../registry/index.ts';
+import type { SandboxService } from '../sandbox-service.ts';
+import type { TtlService } from '../ttl-service.ts';
 import { principalOf, type EnvdAccess } from './access.ts';
 import { ConnectError, MAX_MESSAGE_BYTES, connectErrorResponse } from './connect.ts';
 import { userOf, type EnvdCall } from './envd-common.ts';
@@ -23,6 +25,9 @@ export interface E2bEnvdDeps {
   files: E2bFilesApi;
   /** The files API's cap; an upload's body may carry multipart framing on top. */
   filesMaxBytes: number;
+  /** For `autoResume` sandboxes: a call into one that is paused resumes it first. */
+  sandboxes: Pick<SandboxService, 'setPaused'>;
+  ttls: Pick<TtlService, 'setTtl'>;
 }
 
 const SANDBOX_HEADER = 'e2b-sandbox-id';
@@ -78,6 +83,15 @@ export function registerE2bEnvd(app: GatewayApp, deps: E2bEnvdDeps): void {
     if (isPaused(sandbox)) return new ConnectError('unavailable', `sandbox ${sandboxId} is paused: Sandbox.connect resumes it`, GONE_STATUS);
     return undefined;
   };
+  /** E2B's autoResume: the paused sandbox runs again, for its whole TTL, before the call goes on (two calls at once: one resumes it). */
+  const wake = async (principal: Principal, sandbox: Sandbox) => {
+    try {
+      await deps.sandboxes.setPaused(principal, sandbox.id, false);
+    } catch (err) {
+      if ((await registry.get(sandbox.id))?.state !== 'running') throw err;
+    }
+    await deps.ttls.setTtl(principal, sandbox.id, sandbox.spec.ttlSeconds, { extendOnly: true });
+  };
   const sandboxIdOf = (c: Context) => c.req.header(SANDBOX_HEADER) ?? ENVD_HOST.exec(c.req.header('host') ?? '')?.[1];
   /** The call's sandbox and principal: from its access token, or (a signed file URL) as verified already. */
   const callOf = async (c: Context, verified?: { sandboxId: string; principal: Principal }): Promise<EnvdCall> => {
@@ -100,6 +114,11 @@ export function registerE2bEnvd(app: GatewayApp, deps: E2bEnvdDeps): void {
         if (!s || s.tenant !== principal.tenant) throw new ConnectError('unavailable', `sandbox ${sandboxId} is not running: it was killed or reached its timeout`, GONE_STATUS);
         return s;
       }));
+    const current = await sandbox().catch(() => undefined);
+    if (current && isPaused(current) && current.spec.onTtl?.autoResume) {
+      await wake(principal, current);
+      record = undefined;
+    }
     return { sandboxId, principal, user: userOf(c.req.header('authorization')), guard, explain, sandbox };
   };
   const needsSandbox: MiddlewareHandler = async (c, next) => {

@@ -45,7 +45,7 @@ export function registerE2b(app: GatewayApp, deps: E2bDeps): void {
   const templates = new E2bTemplates({ layers: deps.layers, base: deps.baseTemplate, baseWaitMs: options.baseTemplateWaitMs });
   registerE2bControl(app, { sandboxes, ttls: deps.ttls, keys, access, templates, pause: { mode: options.pauseMode, pausedTtlSeconds: options.pausedTtlSeconds } });
   registerE2bState(app, { redis, sandboxes, forks: deps.forks, metrics: deps.metrics, layers: deps.layers, keys, access });
-  registerE2bEnvd(app, { redis, registry: deps.registry, access, execs: deps.execs, files: deps.files, filesMaxBytes: deps.filesMaxBytes });
+  registerE2bEnvd(app, { redis, registry: deps.registry, access, execs: deps.execs, files: deps.files, filesMaxBytes: deps.filesMaxBytes, sandboxes, ttls: deps.ttls });
   // Last: what is left of E2B's paths answers in E2B's shape.
   registerE2bUnserved(app, { keys });
 }

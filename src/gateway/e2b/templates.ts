@@ -1,5 +1,5 @@
 import { RollboxError, type ImageSpec } from '../../api/index.ts';
-import type { LayerRegistry } from '../../registry/index.ts';
+import type { LayerRegistry, Reader } from '../../registry/index.ts';
 import { DEFAULT_TEMPLATE } from './control-common.ts';
 
 /** The cluster's E2B-like `base` template (src/images/base-template.ts), or none (E2B's `base` is then busybox). */
@@ -23,9 +23,10 @@ export class E2bTemplates {
     },
   ) {}
 
-  async imageOf(templateID: string): Promise<ImageSpec | undefined> {
+  /** As `reader` sees it: its own snapshots (`e2b-snapshot-*` names are the tenant's), published layers and images. */
+  async imageOf(templateID: string, reader: Reader): Promise<ImageSpec | undefined> {
     if (templateID === DEFAULT_TEMPLATE) return this.deps.base ? { base: await this.deps.base.imageName(this.deps.baseWaitMs), layers: [] } : undefined;
-    const layer = await this.deps.layers.resolve(templateID).catch((err: unknown) => {
+    const layer = await this.deps.layers.resolve(templateID, reader).catch((err: unknown) => {
       if (err instanceof RollboxError && err.code === 'not_found') return undefined;
       throw err;
     });

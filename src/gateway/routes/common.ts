@@ -31,9 +31,9 @@ export function errors(...codes: ErrorCode[]): ErrorResponses {
   return Object.fromEntries([...byStatus].map(([status, list]) => [status, { description: list.join(', '), content: { 'application/json': { schema: ErrorBody } } }]));
 }
 
-/** Layers are readable by whoever may create sandboxes from them or write them. */
+/** Layers are readable by whoever may create sandboxes from them or write them, and by worker hosts (`layer:host`); which ones, readerOf says. */
 export function requireLayerRead(principal: Principal): void {
-  if (principal.scopes.has('sandbox:create') || principal.scopes.has('layer:write')) return;
+  if (principal.scopes.has('sandbox:create') || principal.scopes.has('layer:write') || principal.scopes.has('layer:host')) return;
   requireScope(principal, 'layer:read');
 }
 

@@ -1,19 +1,22 @@
 import type { Readable } from 'node:stream';
 import { createRoute, z } from '@hono/zod-openapi';
 import { ImageList, ImageName, ImageRecord, ImportImageQuery, PullImageRequest, RollboxError, type ImportedImage } from '../../api/index.ts';
-import { requireScope } from '../../iam/index.ts';
+import { readerOf, requireScope } from '../../iam/index.ts';
+import type { Reader } from '../../registry/index.ts';
 import { describeZodError } from '../errors.ts';
 import { errors, json, jsonBody, requireLayerRead, security, withUploadBody, type GatewayApp } from './common.ts';
 
 export interface ImageRouteDeps {
   /** Image records (an image and its latest pull) and pulls: src/images ImagePulls. */
   records: {
-    list(): Promise<ImageRecord[]>;
-    record(name: string): Promise<ImageRecord>;
-    delete(name: string): Promise<ImageRecord>;
-    request(request: PullImageRequest): Promise<ImageRecord>;
+    list(reader: Reader): Promise<ImageRecord[]>;
+    record(name: string, reader: Reader): Promise<ImageRecord>;
+    delete(name: string, reader: Reader): Promise<ImageRecord>;
+    request(request: PullImageRequest, owner: string): Promise<ImageRecord>;
+    publish(name: string, reader: Reader): Promise<ImageRecord>;
   };
-  importImage: (archive: Readable, query: ImportImageQuery) => Promise<ImportedImage>;
+  /** Into the owner's images. */
+  importImage: (archive: Readable, query: ImportImageQuery, owner: string) => Promise<ImportedImage>;
   /** Digests of the cloud pool's pre-synced layers: an image all of whose layers are in it may burst. */
   syncedLayers: () => Promise<ReadonlySet<string>>;
 }
@@ -29,7 +32,7 @@ export function registerImageRoutes(app: GatewayApp, deps: ImageRouteDeps): void
     requireScope(c.get('principal'), 'layer:write');
     const query = ImportImageQuery.safeParse(c.req.query());
     if (!query.success) throw new RollboxError('invalid_request', describeZodError(query.error, 'query'));
-    const imported = await withUploadBody(c, 'a docker save archive or an OCI image layout (tar)', (body) => deps.importImage(body, query.data));
+    const imported = await withUploadBody(c, 'a docker save archive or an OCI image layout (tar)', (body) => deps.importImage(body, query.data, c.get('principal').tenant));
     const [withState] = await withSynced([imported]);
     return c.json(withState!, 201);
   });
@@ -43,12 +46,12 @@ export function registerImageRoutes(app: GatewayApp, deps: ImageRouteDeps): void
     }),
     async (c) => {
       requireScope(c.get('principal'), 'layer:write');
-      return c.json(await deps.records.request(c.req.valid('json')), 202);
+      return c.json(await deps.records.request(c.req.valid('json'), c.get('principal').tenant), 202);
     },
   );
   app.openapi(createRoute({ method: 'get', path: '/v1/images', security, responses: { 200: json(ImageList, 'images: imported, pulled, and pulls under way or failed'), ...errors() } }), async (c) => {
     requireLayerRead(c.get('principal'));
-    return c.json({ images: await withSynced(await deps.records.list()) }, 200);
+    return c.json({ images: await withSynced(await deps.records.list(readerOf(c.get('principal')))) }, 200);
   });
   app.openapi(
     createRoute({
@@ -60,7 +63,7 @@ export function registerImageRoutes(app: GatewayApp, deps: ImageRouteDeps): void
     }),
     async (c) => {
       requireLayerRead(c.get('principal'));
-      const [image] = await withSynced([await deps.records.record(c.req.valid('param').name)]);
+      const [image] = await withSynced([await deps.records.record(c.req.valid('param').name, readerOf(c.get('principal')))]);
       return c.json(image!, 200);
     },
   );
@@ -74,7 +77,20 @@ export function registerImageRoutes(app: GatewayApp, deps: ImageRouteDeps): void
     }),
     async (c) => {
       requireScope(c.get('principal'), 'layer:write');
-      return c.json(await deps.records.delete(c.req.valid('param').name), 200);
+      return c.json(await deps.records.delete(c.req.valid('param').name, readerOf(c.get('principal'))), 200);
+    },
+  );
+  app.openapi(
+    createRoute({
+      method: 'put',
+      path: '/v1/images/{name}/published',
+      security,
+      request: { params: z.object({ name: ImageName }) },
+      responses: { 200: json(ImageRecord, "the image published cluster-wide (admin): a copy under the cluster's names, its layers published; every tenant without an image of that name creates from it. DELETE /v1/images/{name} by an admin with no image of that name of its own removes it"), ...errors('not_found') },
+    }),
+    async (c) => {
+      requireScope(c.get('principal'), 'admin');
+      return c.json(await deps.records.publish(c.req.valid('param').name, readerOf(c.get('principal'))), 200);
     },
   );
 }

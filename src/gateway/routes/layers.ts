@@ -3,7 +3,7 @@ import { createRoute, z } from '@hono/zod-openapi';
 import type { Context } from 'hono';
 import rangeParser from 'range-parser';
 import { Layer, LayerChunkTable, LayerList, LayerName, RollboxError, UploadLayerQuery } from '../../api/index.ts';
-import { requireScope } from '../../iam/index.ts';
+import { readerOf, requireScope } from '../../iam/index.ts';
 import { CHUNK_ENCODING_HEADER, filePieces, type GzippedChunks, type LayerBuilder, type LayerStore } from '../../layers/index.ts';
 import type { LayerReads } from '../layer-reads.ts';
 import type { GatewayEnv } from '../auth.ts';
@@ -14,7 +14,7 @@ import { errors, json, requireLayerRead, security, withUploadBody, type GatewayA
 export type { LayerBuilder };
 
 export interface LayerRouteDeps {
-  layers: Pick<LayerRegistry, 'register' | 'list' | 'resolve' | 'unname'>;
+  layers: Pick<LayerRegistry, 'register' | 'list' | 'resolve' | 'unname' | 'publish' | 'unpublish'>;
   buildLayer: LayerBuilder;
   /** The layer store this gateway serves layers from (the origin of hosts without it). */
   store: Pick<LayerStore, 'locate' | 'chunkTable'>;
@@ -72,7 +72,9 @@ async function serveFile(c: Context<GatewayEnv>, filePath: string, reads: LayerR
 /**
  * Layers: a tar goes in, a content-addressed EROFS layer comes out; list, read, unname, and
  * the layer's files for hosts without the layer store: the data blob (`Range` answered),
- * and of a split layer its metadata image and chunk table.
+ * and of a split layer its metadata image and chunk table. Each route sees the caller's
+ * own layers and the published ones (readerOf): another tenant's answer 404. An admin
+ * publishes a layer cluster-wide (`PUT /v1/layers/:ref/published`) and takes it back.
  */
 export function registerLayerRoutes(app: GatewayApp, deps: LayerRouteDeps): void {
   // A streamed body (not JSON): outside the OpenAPI routes, validated here.
@@ -85,18 +87,18 @@ export function registerLayerRoutes(app: GatewayApp, deps: LayerRouteDeps): void
       if (declared > deps.uploadLimitBytes) throw new RollboxError('payload_too_large', `layer tar is larger than ${deps.uploadLimitBytes} bytes`);
       return deps.buildLayer(body, { maxBytes: deps.uploadLimitBytes });
     });
-    const layer = await deps.layers.register({ digest: built.digest, sizeBytes: built.sizeBytes, name: query.data.name, parents: [], createdAt: new Date(deps.now()).toISOString() });
+    const layer = await deps.layers.register({ digest: built.digest, sizeBytes: built.sizeBytes, name: query.data.name, parents: [], createdAt: new Date(deps.now()).toISOString() }, c.get('principal').tenant);
     return c.json(layer, 201);
   });
   app.openapi(createRoute({ method: 'get', path: '/v1/layers', security, responses: { 200: json(LayerList, 'registered layers'), ...errors() } }), async (c) => {
     requireLayerRead(c.get('principal'));
-    return c.json({ layers: await deps.layers.list() }, 200);
+    return c.json({ layers: await deps.layers.list(readerOf(c.get('principal'))) }, 200);
   });
   app.openapi(
     createRoute({ method: 'get', path: '/v1/layers/{ref}', security, request: { params: z.object({ ref: z.string().max(140) }) }, responses: { 200: json(Layer, 'a layer by digest or name'), ...errors('not_found') } }),
     async (c) => {
       requireLayerRead(c.get('principal'));
-      return c.json(await deps.layers.resolve(c.req.valid('param').ref), 200);
+      return c.json(await deps.layers.resolve(c.req.valid('param').ref, readerOf(c.get('principal'))), 200);
     },
   );
   app.openapi(
@@ -109,12 +111,44 @@ export function registerLayerRoutes(app: GatewayApp, deps: LayerRouteDeps): void
     }),
     async (c) => {
       requireScope(c.get('principal'), 'layer:write');
-      return c.json(await deps.layers.unname(c.req.valid('param').name), 200);
+      return c.json(await deps.layers.unname(c.req.valid('param').name, readerOf(c.get('principal'))), 200);
+    },
+  );
+  const PublishParams = z.object({ ref: z.string().max(140) });
+  app.openapi(
+    createRoute({
+      method: 'put',
+      path: '/v1/layers/{ref}/published',
+      security,
+      request: { params: PublishParams },
+      responses: { 200: json(Layer, 'the layer, published cluster-wide: every tenant sees, forks and reads it (by digest, and by the name given as ref)'), ...errors('not_found') },
+    }),
+    async (c) => {
+      const principal = c.get('principal');
+      requireScope(principal, 'admin');
+      const { ref } = c.req.valid('param');
+      const layer = await deps.layers.resolve(ref, readerOf(principal));
+      return c.json(await deps.layers.publish(layer.digest, ref === layer.digest ? undefined : ref), 200);
+    },
+  );
+  app.openapi(
+    createRoute({
+      method: 'delete',
+      path: '/v1/layers/{ref}/published',
+      security,
+      request: { params: PublishParams },
+      responses: { 200: json(Layer, 'the layer, no longer published: its cluster names go, and only the tenants that stored it see it'), ...errors('not_found') },
+    }),
+    async (c) => {
+      const principal = c.get('principal');
+      requireScope(principal, 'admin');
+      const layer = await deps.layers.resolve(c.req.valid('param').ref, readerOf(principal));
+      return c.json(await deps.layers.unpublish(layer.digest), 200);
     },
   );
   const filesOf = async (c: Context<GatewayEnv>) => {
     requireLayerRead(c.get('principal'));
-    const layer = await deps.layers.resolve(c.req.param('ref') ?? '');
+    const layer = await deps.layers.resolve(c.req.param('ref') ?? '', readerOf(c.get('principal')));
     const files = await deps.store.locate(layer.digest);
     if (!files) throw new RollboxError('not_found', `layer ${layer.digest} has no files in this gateway's store`);
     return files;

@@ -71,11 +71,12 @@ function renderNodes(s) {
       el('td', { class: 'num', 'data-col': 'sandboxes' }, n.sandboxes, n.starting ? el('div', { class: 'muted small' }, n.starting + ' starting') : null),
       el('td', { class: 'num' }, num(n.used.cpuMillis / 1000, 2) + ' / ' + num(n.capacity.cpuMillis / 1000, 1) + ' cores', el('div', { class: 'muted small' }, 'load ' + pct(n.measured.cpuLoad))),
       el('td', { class: 'num' }, mib(n.used.memoryMiB) + ' / ' + mib(n.capacity.memoryMiB), el('div', { class: 'muted small' }, 'host ' + pct(n.measured.memoryUsedFraction) + ' used')),
+      el('td', { class: 'num', 'data-col': 'memory-held' }, n.memory ? [mib(n.memory.residentBytes / 1048576) + ' in RAM', el('div', { class: 'muted small' }, mib(n.memory.swappedBytes / 1048576) + ' in swap · ' + mib(n.memory.givenBackMiB) + ' given back (' + n.memory.swappedSandboxes + ' swapped)')] : dash),
       el('td', { class: 'num' }, p ? 'mem ' + num(p.memoryFullPct, 1) + '% · cpu ' + num(p.cpuSomePct, 1) + '%' : dash),
       el('td', {}, net ? el('span', { class: net.allowlist === 'ok' ? 'ok' : 'bad', title: net.detail || '' }, net.allowlist) : dash),
       el('td', {}, pools.length ? pools.map(([name, v]) => el('div', { class: 'small' }, el('code', {}, name), ' ' + v.ready + ' ready, ' + v.starting + ' starting')) : dash));
   });
-  $('nodes').replaceChildren(rows.length ? table(['node', 'pool', 'state', 'sandboxes', 'CPU requested / capacity', 'memory requested / capacity', 'PSI (avg10)', 'network self-test', 'warm pools here'], rows) : el('p', { class: 'muted' }, 'No worker host is heartbeating.'));
+  $('nodes').replaceChildren(rows.length ? table(['node', 'pool', 'state', 'sandboxes', 'CPU requested / capacity', 'memory requested / capacity', 'sandbox memory', 'PSI (avg10)', 'network self-test', 'warm pools here'], rows) : el('p', { class: 'muted' }, 'No worker host is heartbeating.'));
   $('pools').replaceChildren(s.pools.length ? table(['pool', 'ready / target', 'claims / min', 'misses / min', 'hosts'], s.pools.map((p) => el('tr', { 'data-pool': p.name },
     el('td', {}, el('code', {}, p.name)), el('td', { class: 'num', 'data-col': 'ready' }, p.status.ready + ' / ' + p.status.target),
     el('td', { class: 'num', 'data-col': 'claims' }, p.status.claimsPerMinute), el('td', { class: 'num', 'data-col': 'misses' }, p.status.missesPerMinute), el('td', { class: 'num' }, p.status.hosts.length)))) : el('p', { class: 'muted small' }, 'No warm pools.'));

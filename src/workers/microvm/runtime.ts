@@ -201,6 +201,12 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     applyPolicy: (id, change) => applyVmPolicy(vmOf(id), change, ops),
     // The sandbox frozen in the guest, then the whole VM stopped (every vCPU; QEMU keeps its memory): vm-ops.ts.
     pause: (id) => pauseVm(vmOf(id), ops),
+    // Reported by the container runtime: a VM's memory is its QEMU process's (metrics of its own).
+    memoryHeld: async () => ({ residentBytes: 0, swappedBytes: 0 }),
+    // A VM's memory is QEMU's: its guest would need to page it out (or the host swap QEMU's process).
+    swapOut: async () => {
+      throw new RollboxError('tier_unsupported', 'pause mode swap is for containers; a microVM pauses with freeze or hibernates whole');
+    },
     resume: (id) => resumeVm(vmOf(id)),
     snapshot: (id, options) => snapshotOfVm(vmOf(id), options, ops),
     // A VM's disk is not on the scratch filesystem: a fork packs its writable layer (snapshot) instead.

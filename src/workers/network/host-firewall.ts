@@ -1,7 +1,11 @@
 import { mkdir, readFile, unlink, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { runTool } from '../../proc/index.ts';
-import type { NetworkLogger } from './index.ts';
+
+export interface NetworkLogger {
+  warn(obj: object, msg?: string): void;
+  info(obj: object, msg?: string): void;
+}
 
 /**
  * rollbox beside the host's other firewalls. A packet passes a netfilter hook only if

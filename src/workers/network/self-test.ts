@@ -4,7 +4,7 @@ import { readFile, readdir, unlink } from 'node:fs/promises';
 import path from 'node:path';
 import { createInterface } from 'node:readline';
 import { runTool, runToolOk } from '../../proc/index.ts';
-import type { SandboxNetworks } from './index.ts';
+import type { SandboxNetworks } from './sandbox-networks.ts';
 import { claimLeaseFile } from './leases.ts';
 import { formatIpv4, ipv4Range } from './rules.ts';
 

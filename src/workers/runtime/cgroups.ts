@@ -182,17 +182,37 @@ function childCgroups(dir: string): string[] {
   }
 }
 
+/** Processes of a cgroup and of every cgroup under it. */
+export function procsOfTree(dir: string): number[] {
+  return walk(dir).flatMap(readProcs);
+}
+
 function walk(dir: string): string[] {
   return [...childCgroups(dir).flatMap((child) => walk(path.join(dir, child))), dir];
 }
 
+/** How often a freeze still FREEZING is asked again: the kernel retries the tasks it could not stop yet (busy in the kernel, in I/O) only when told again. */
+const FREEZE_REWRITE_MS = 50;
+
 /**
  * Sets a v1 freezer cgroup to FROZEN or THAWED and waits until it is there: freezing is
- * asynchronous (the state reads FREEZING until every task has stopped).
+ * asynchronous (the state reads FREEZING until every task has stopped). A freeze that does
+ * not complete in time (a host so busy that a task cannot be stopped) is undone, so the
+ * sandbox runs on as it was, and answered `unavailable` with a Retry-After: never a
+ * sandbox left half frozen, never a 500.
  */
 export async function setFreezerState(stateFile: string, target: 'FROZEN' | 'THAWED', timeoutMs = 5000): Promise<void> {
   await writeFile(stateFile, target);
+  let rewrittenAt = Date.now();
   for (const deadline = Date.now() + timeoutMs; (await readFile(stateFile, 'utf8')).trim() !== target; await sleep(1)) {
-    if (Date.now() > deadline) throw new RollboxError('internal', `${stateFile} did not reach ${target} within ${timeoutMs} ms`);
+    if (Date.now() > deadline) {
+      if (target === 'THAWED') throw new RollboxError('internal', `${stateFile} did not reach THAWED within ${timeoutMs} ms`);
+      await setFreezerState(stateFile, 'THAWED', timeoutMs);
+      throw new RollboxError('unavailable', `the sandbox's processes could not all be stopped within ${timeoutMs} ms (the host is busy); it runs on as it was: pause it again`, 2);
+    }
+    if (target === 'FROZEN' && Date.now() - rewrittenAt >= FREEZE_REWRITE_MS) {
+      await writeFile(stateFile, target);
+      rewrittenAt = Date.now();
+    }
   }
 }

@@ -14,11 +14,8 @@ import { ScratchDisks } from './scratch.ts';
 import type { ScratchFsType } from './scratch-image.ts';
 import { DEFAULT_INIT_BINARY } from '../init/index.ts';
 import { InitWatch } from './init-watch.ts';
-
-export interface RuntimeLogger {
-  warn(obj: object, msg?: string): void;
-  info(obj: object, msg?: string): void;
-}
+import type { SwapSpaceOptions } from '../../swap/index.ts';
+import type { RuntimeLogger } from './logger.ts';
 
 export interface RuncRuntimeDeps {
   /** Everything of this runtime lives here (see layout.ts). */
@@ -66,6 +63,10 @@ export interface RuncRuntimeDeps {
   besteffortHeldCpuMillis?: number;
   /** A guard shared with the host's other runtime (its microVMs), instead of one of its own from the two above. */
   besteffortGuard?: BesteffortGuard;
+  /** The host's swap file for pause mode `swap` (see SwapSpace); absent: every swap pause is refused `swap_unavailable`. */
+  swap?: SwapSpaceOptions;
+  /** Prefetches a swapped sandbox's memory on resume (default build/rollbox-memctl). */
+  memctlBinary?: string;
 }
 
 /** What this runtime process knows of one sandbox it runs. */

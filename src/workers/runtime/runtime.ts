@@ -13,6 +13,8 @@ import { teardown } from './teardown.ts';
 import { ForkPoints } from './fork-point.ts';
 import { withDiskOnHost } from './disk-on-host.ts';
 import { SandboxMetricsReader } from './metrics.ts';
+import { memoryHeldUnder, resumeSwapped, swapOut } from './swap-out.ts';
+import { SwapSpace } from '../../swap/index.ts';
 import type { SandboxRuntime } from './types.ts';
 
 export interface RuncRuntime extends SandboxRuntime {
@@ -43,6 +45,7 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     return readOomKills(path.join((await ctx.cgroups()).memory, ctx.cgroupRel(id)));
   };
   const forkPoints = new ForkPoints(ctx);
+  const swap = deps.swap && new SwapSpace(deps.swap);
   const metrics = new SandboxMetricsReader(ctx, (id, spec) => execRawCommand(ctx, id, spec));
   return {
     runcRoot: layout.runcRoot,
@@ -110,7 +113,9 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
       return applyPolicy(ctx, id, change);
     },
     pause: (id) => setFrozen(ctx, id, true),
-    resume: (id) => setFrozen(ctx, id, false),
+    swapOut: (id) => (checkSandboxId(id), swapOut(ctx, swap, id)),
+    memoryHeld: () => memoryHeldUnder(ctx, layout.cgroupParents),
+    resume: (id) => (checkSandboxId(id), resumeSwapped(ctx, swap, deps.memctlBinary, id)),
     async isRunning(id) {
       checkSandboxId(id);
       return ctx.isRunningNow(id);
@@ -121,7 +126,13 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
         ? { reason: 'oom', detail: 'the sandbox init was killed by the OOM killer' }
         : { reason: 'init_lost', detail: 'the sandbox init process died' };
     },
-    reconcile: (keep) => reconcile(ctx, keep),
+    async reconcile(keep) {
+      const result = await reconcile(ctx, keep);
+      // No sandbox left here (a start on an empty host, a stop that destroyed them): neither is
+      // anything in the swap file, which goes. Sandboxes adopted keep it, paged out or not.
+      if (result.adopted.length === 0) await swap?.remove().catch((err: unknown) => ctx.log?.warn({ err: String(err), file: swap.filePath }, 'could not remove the swap file'));
+      return result;
+    },
     onExit(listener) {
       ctx.exitListener = listener;
     },

@@ -7,7 +7,7 @@ import { DiskOpError, MNT_DETACH, MS_NODEV, MS_NOEXEC, MS_NOSUID, type DiskHelpe
 import { DiskTemplates, EXT4_OPTIONS } from './disk-templates.ts';
 import { formatScratch, scratchReusable, type ScratchFsType, type ScratchImage } from './scratch-image.ts';
 import { runTool } from '../../proc/index.ts';
-import type { RuntimeLogger } from './context.ts';
+import type { RuntimeLogger } from './logger.ts';
 
 const MIB = 1024 * 1024;
 const GIB = 1024 * MIB;

@@ -25,6 +25,11 @@ export function createTieredRuntime(container: SandboxRuntime, microvm: TierRunt
     destroy: (id) => of(id).destroy(id),
     applyPolicy: (id, change) => of(id).applyPolicy(id, change),
     pause: (id) => of(id).pause(id),
+    swapOut: (id) => of(id).swapOut(id),
+    async memoryHeld() {
+      const held = await Promise.all(both.map((r) => r.memoryHeld()));
+      return { residentBytes: held.reduce((sum, h) => sum + h.residentBytes, 0), swappedBytes: held.reduce((sum, h) => sum + h.swappedBytes, 0) };
+    },
     resume: (id) => of(id).resume(id),
     snapshot: (id, options) => of(id).snapshot(id, options),
     makeForkPoint: (id, forkPointId) => of(id).makeForkPoint(id, forkPointId),

@@ -170,6 +170,15 @@ export interface SandboxRuntime {
   applyPolicy(sandboxId: string, change: Partial<SandboxPolicy>): Promise<SandboxPolicy>;
   /** Freeze every process of the sandbox (cgroup freezer): CPU stops, memory and processes stay. */
   pause(sandboxId: string): Promise<void>;
+  /**
+   * Pause mode `swap`: frozen (if it was not), then its memory paged out to the host's swap
+   * file, processes kept; refused `swap_unavailable` (the sandbox as it was) without room
+   * there. Answers what it holds afterwards.
+   */
+  swapOut(sandboxId: string): Promise<{ residentBytes: number; swappedBytes: number }>;
+  /** What this runtime's sandboxes hold together in the host's memory and in swap (their cgroups' totals). */
+  memoryHeld(): Promise<{ residentBytes: number; swappedBytes: number }>;
+  /** Thaw; memory a swap pause paged out is read back first. */
   resume(sandboxId: string): Promise<void>;
   /**
    * pack_diff: write the sandbox's writable layer (its overlay upper dir, whiteouts and
