@@ -1,0 +1,1 @@
+export { interleave } from './trajectory.ts';
