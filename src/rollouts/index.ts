@@ -1,0 +1,1 @@
+export { agentEnv, type AgentEnvInput } from './agent-env.ts';
