@@ -51,6 +51,8 @@ export const NodeHeartbeat = z.object({
    * less what they still hold). Absent: an older host, or no reading yet.
    */
   memory: z.object({ residentBytes: z.number(), swappedBytes: z.number(), givenBackMiB: z.number(), swappedSandboxes: z.number().int() }).optional(),
+  /** Where gateways reach this host's port relay (`host:port`, src/ports), for traffic into its sandboxes' ports. */
+  portRelay: z.string().optional(),
   /** Create requests this node has handled (admitted or refused) recently; lets gateways drop assumed load. */
   handledCreates: z.array(z.string()),
 });

@@ -144,6 +144,9 @@ export const Env = z.object({
   ROLLBOX_CAPACITY_HEADROOM: z.coerce.number().min(1).max(10).default(1.25).describe('Gateway: capacity kept above the estimated concurrency when the console computes nodes needed.'),
   ROLLBOX_CAPACITY_WINDOW_SECONDS: z.coerce.number().int().min(10).max(10_800).default(300).describe('Gateway: the window of the capacity gauges in /metrics (`rollbox_capacity_*`).'),
   ROLLBOX_SIGNALS_FLUSH_MS: z.coerce.number().int().min(100).max(60_000).default(1000).describe('Gateway: how often it writes what it counted for the console (creates, waits, exec times, batch tasks) to Redis; nothing is written while there is nothing new.'),
+  ROLLBOX_PORT_RELAY_LISTEN: z.string().regex(/^(\[[0-9a-fA-F:.]+\]|[^:\s]+):\d{1,5}$/, 'host:port').default('127.0.0.1:0').describe('Worker: where its port relay listens (`host:port`; port 0: any free one), the door gateways dial for traffic into its sandboxes\' ports (`/v1/sandboxes/:id/ports/:port/...`, E2B `getHost`). Each connection needs a ticket only a gateway can sign. On a cluster of several machines, an address the gateways reach.'),
+  ROLLBOX_PORT_RELAY_ADDRESS: z.string().regex(/^(\[[0-9a-fA-F:.]+\]|[^:\s]+):\d{1,5}$/, 'host:port').optional().describe('Worker: the address gateways dial for its port relay (behind NAT, or listening on 0.0.0.0). Default: the listen address with its port.'),
+  ROLLBOX_E2B_DOMAIN: z.string().regex(/^[a-z0-9.-]+(:\d{1,5})?$/).optional().describe('Gateway: the domain E2B sandboxes answer with, so `getHost(port)` is `<port>-<sandbox id>.<domain>` (a name that resolves to the gateway, a wildcard DNS entry; it may carry a `:port`). The gateway routes a request by such a Host header into that port of the sandbox. Default: `localhost:<gateway port>` (names under `localhost` reach the machine itself in browsers and curl).'),
   ROLLBOX_NET_POOL: z.string().default('10.200.0.0/16').describe('Veth addresses of allowlist sandboxes, one /30 each; shared by the workers of a host.'),
   ROLLBOX_NET_LEASE_DIR: z.string().default('/run/rollbox/net').describe('Host-wide address leases of that pool (one file per /30).'),
   ROLLBOX_NET_BLOCK: z.string().default('').describe('More CIDRs no sandbox may reach (comma-separated), on top of the built-in list.'),
@@ -319,6 +322,8 @@ export function loadConfig(env: NodeJS.ProcessEnv, overrides: Partial<Record<key
     e2b: {
       pauseMode: e.ROLLBOX_E2B_PAUSE_MODE,
       pausedTtlSeconds: e.ROLLBOX_E2B_PAUSED_TTL_SECONDS,
+      /** Unset: `localhost:<the gateway's port>`, known once it listens. */
+      domain: e.ROLLBOX_E2B_DOMAIN,
       baseTemplate: { when: e.ROLLBOX_E2B_BASE_TEMPLATE, waitMs: e.ROLLBOX_E2B_BASE_TEMPLATE_WAIT_MS, suite: e.ROLLBOX_E2B_BASE_SUITE, mirror: e.ROLLBOX_E2B_BASE_MIRROR, cacheDir: path.resolve(e.ROLLBOX_E2B_BASE_CACHE_DIR ?? path.join(dataDir, 'cache', 'e2b-base')) },
     },
     defaultRequests: { memoryMiB: e.ROLLBOX_DEFAULT_REQUEST_MEMORY_MIB, cpuMillis: e.ROLLBOX_DEFAULT_REQUEST_CPU_MILLIS },
@@ -334,6 +339,7 @@ export function loadConfig(env: NodeJS.ProcessEnv, overrides: Partial<Record<key
       probeMs: e.ROLLBOX_MODEL_PROBE_MS,
       maxReissues: e.ROLLBOX_MODEL_MAX_REISSUES,
     },
+    portRelay: { listen: e.ROLLBOX_PORT_RELAY_LISTEN, address: e.ROLLBOX_PORT_RELAY_ADDRESS },
     network: {
       poolCidr: e.ROLLBOX_NET_POOL,
       leaseDir: e.ROLLBOX_NET_LEASE_DIR,

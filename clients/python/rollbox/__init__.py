@@ -6,7 +6,7 @@ from .errors import (
     AdmissionExhausted, CommandFailed, Conflict, ConnectionFailed, Forbidden, ImageNotFound, ImagePullTimeout, Internal, RangeNotSatisfiable, InvalidArchive,
     InvalidImage, InvalidLayer, InvalidRequest, InvalidState, ModelHoldExpired, ModelLimitExceeded, ModelUpstreamFailed, NetworkUnavailable, NoCapacity, NodeLost, NotFound, PayloadTooLarge,
     QuotaExceeded, NotImplementedByRollbox, TemplateNotReady, RegistryNotAllowed, RegistryUnauthorized, RegistryUnavailable, ResultUnknown, RollboxError, SnapshotFailed, SwapUnavailable, TierUnsupported, Timeout, Unauthenticated,
-    Unavailable, InvalidDockerfile, BuildUnsupported, BuildStepFailed,
+    Unavailable, InvalidDockerfile, BuildUnsupported, BuildStepFailed, PortClosed,
 )
 from .types import Batch, BatchResult, BatchTaskStatus, CommandStatus, ExecResult, GradeResult, RunResult, StepResult, StreamEvent
 
@@ -19,5 +19,5 @@ __all__ = [
     "NotFound", "PayloadTooLarge", "QuotaExceeded", "ResultUnknown", "Timeout", "Unauthenticated", "Unavailable",
     "ImageNotFound", "ImagePullTimeout", "RangeNotSatisfiable", "RegistryNotAllowed", "NotImplementedByRollbox", "TemplateNotReady", "SwapUnavailable", "RegistryUnauthorized", "RegistryUnavailable", "TierUnsupported",
     "SnapshotFailed", "ModelHoldExpired", "ModelLimitExceeded", "ModelUpstreamFailed",
-    "InvalidDockerfile", "BuildUnsupported", "BuildStepFailed",
+    "InvalidDockerfile", "BuildUnsupported", "BuildStepFailed", "PortClosed",
 ]

@@ -301,5 +301,9 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     metrics: async (id) => {
       throw new RollboxError('tier_unsupported', `sandbox ${id} is a microVM: its metrics (CPU, memory, disk inside the guest) are not read yet`);
     },
+    // Its ports are the guest kernel's: the host cannot connect to them from a namespace.
+    netnsPidOf: async (id) => {
+      throw new RollboxError('tier_unsupported', `sandbox ${id} is a microVM: traffic into its ports is not proxied yet`);
+    },
   };
 }

@@ -146,6 +146,7 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     unmountUnused: (digests) => ctx.layerMounts.unmountUnused(digests),
     diskSpace: () => ({ ...ctx.scratch.space(), preallocated: deps.preallocateDisks ?? false }),
     metrics: (id) => (checkSandboxId(id), metrics.read(id)),
+    netnsPidOf: (id) => (checkSandboxId(id), ctx.initPidOf(id)),
   };
 }
 

@@ -60,6 +60,7 @@ export function createTieredRuntime(container: SandboxRuntime, microvm: TierRunt
     unmountUnused: (digests) => container.unmountUnused(digests),
     diskSpace: () => container.diskSpace(),
     metrics: (id) => of(id).metrics(id),
+    netnsPidOf: (id) => of(id).netnsPidOf(id),
   };
 }
 

@@ -259,4 +259,6 @@ export interface SandboxRuntime {
   diskSpace(): { sizeMiB: number; freeMiB: number; preallocated: boolean };
   /** One sample of the sandbox's resource use (CPU over a window, memory and disk now), from its cgroups and disk. */
   metrics(sandboxId: string): Promise<RuntimeMetrics>;
+  /** A process in the sandbox's network namespace (its init), for connections into its ports (src/ports). */
+  netnsPidOf(sandboxId: string): Promise<number>;
 }

@@ -1,0 +1,251 @@
+import { execFile } from 'node:child_process';
+import { createHash, randomBytes } from 'node:crypto';
+import http from 'node:http';
+import type { LookupFunction } from 'node:net';
+import path from 'node:path';
+import { promisify } from 'node:util';
+import { Sandbox } from 'e2b';
+import { Agent, WebSocket } from 'undici';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
+
+/**
+ * Traffic into ports of sandboxes (issue 41, point 4) on a real stack: busybox httpd (files,
+ * a CGI that reads a streamed body) and a WebSocket echo (Python's standard library, from a
+ * layer of this host's python3) in runc sandboxes, reached through rollbox's
+ * `/v1/sandboxes/:id/ports/:port/...` and through the real E2B SDK's `getHost(port)`; and
+ * the walls: another tenant, a missing or wrong traffic token, a sandbox that does not exist.
+ */
+const run = promisify(execFile);
+const REPO_ROOT = path.resolve(import.meta.dirname, '..');
+const HTTP_PORT = 8080;
+const WS_PORT = 8081;
+const RAW_PORT = 8082;
+let cluster: TestCluster;
+let owner: string;
+let stranger: string;
+let apiKey: string;
+let sandboxId: string;
+const saved: NodeJS.ProcessEnv = { ...process.env };
+const opened: { kill(): Promise<unknown> }[] = [];
+
+/** A WebSocket echo server, RFC 6455 by hand: handshake, unmasked echo of each frame, close. */
+const WS_ECHO = `
+import base64, hashlib, socket, struct, threading
+def serve(c):
+    f = c.makefile('rb')
+    key = ''
+    while True:
+        line = f.readline()
+        if line in (b'\\r\\n', b''): break
+        name, _, value = line.decode().partition(':')
+        if name.strip().lower() == 'sec-websocket-key': key = value.strip()
+    accept = base64.b64encode(hashlib.sha1((key + '258EAFA5-E914-47DA-95CA-C5AB0DC85B11').encode()).digest()).decode()
+    c.sendall(('HTTP/1.1 101 Switching Protocols\\r\\nUpgrade: websocket\\r\\nConnection: Upgrade\\r\\nSec-WebSocket-Accept: ' + accept + '\\r\\n\\r\\n').encode())
+    while True:
+        head = f.read(2)
+        if len(head) < 2: break
+        op, n = head[0] & 15, head[1] & 127
+        if n == 126: n = struct.unpack('>H', f.read(2))[0]
+        elif n == 127: n = struct.unpack('>Q', f.read(8))[0]
+        mask = f.read(4)
+        data = bytes(b ^ mask[i % 4] for i, b in enumerate(f.read(n)))
+        if op == 8:
+            c.sendall(b'\\x88\\x00')
+            break
+        size = bytes([n]) if n < 126 else bytes([126]) + struct.pack('>H', n) if n < 65536 else bytes([127]) + struct.pack('>Q', n)
+        c.sendall(bytes([0x80 | op]) + size + data)
+    c.close()
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('0.0.0.0', ${WS_PORT}))
+s.listen(16)
+while True:
+    conn, _ = s.accept()
+    threading.Thread(target=serve, args=(conn,), daemon=True).start()
+`;
+/** A CGI of busybox httpd: the method, the query and the sha1 of the body it was sent. */
+const CGI = '#!/bin/sh\nprintf "Content-Type: text/plain\\r\\n\\r\\n"\necho "$REQUEST_METHOD $QUERY_STRING"\nhead -c "${CONTENT_LENGTH:-0}" | sha1sum | cut -c1-40\n';
+
+const sha1 = (data: Buffer) => createHash('sha1').update(data).digest('hex');
+
+beforeAll(async () => {
+  cluster = await startTestCluster({ workers: [{ nodeId: 'node-ports' }] });
+  owner = await cluster.token('ports-a', ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'layer:write']);
+  stranger = await cluster.token('ports-b', ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete']);
+  // Python as Debian ships it, for the WebSocket echo: the interpreter, what it links, its standard library.
+  // Not execFileSync: the worker host runs in this process and must keep its heartbeats.
+  const { stdout: tar } = await run('tar', ['-C', '/', '-chf', '-', '--exclude=__pycache__', '--exclude=dist-packages', '--exclude=site-packages', '--exclude=test', '--exclude=idlelib', '--exclude=tkinter', '--exclude=ensurepip', '--exclude=pydoc_data', '--exclude=lib2to3', 'usr/bin/python3.11', 'usr/lib/python3.11', 'lib64/ld-linux-x86-64.so.2', ...['libc.so.6', 'libm.so.6', 'libz.so.1', 'libexpat.so.1'].map((l) => `lib/x86_64-linux-gnu/${l}`)], { maxBuffer: 512 * 1024 * 1024, encoding: 'buffer' });
+  const layer = await api(cluster, owner, 'POST', '/v1/layers?name=ports-python', new Uint8Array(tar), { 'content-type': 'application/x-tar' });
+  expect(layer.status, JSON.stringify(layer.body)).toBe(201);
+  const created = await api(cluster, owner, 'POST', '/v1/sandboxes', { image: { base: 'busybox', layers: ['ports-python'] }, resources: { memoryMiB: 128 }, ttlSeconds: 300 });
+  expect(created.status, JSON.stringify(created.body)).toBe(201);
+  sandboxId = created.body.id;
+  const big = randomBytes(3 * 1024 * 1024);
+  await put(`/www/big.bin`, big);
+  await put('/www/index.html', 'hello from the sandbox\n');
+  await put('/www/cgi-bin/echo', CGI, '0755');
+  await put('/srv/ws.py', WS_ECHO);
+  await sh(`httpd -p ${HTTP_PORT} -h /www; /usr/bin/python3.11 -I /srv/ws.py >/tmp/ws.log 2>&1 &`);
+  const listening = () => sh(`netstat -ltn | grep -cE ':(${HTTP_PORT}|${WS_PORT}) '`);
+  await waitFor('the servers to listen', async () => (await listening()).trim() === '2', 20_000).catch(async (err: Error) => {
+    throw new Error(`${err.message}: ${await listening()} ${await sh('cat /tmp/ws.log')}`);
+  });
+  const issued = await run(process.execPath, [path.join(REPO_ROOT, 'bin/rollbox.js'), 'e2b-key', 'issue', '--tenant', 'ports-a'], { env: { ...process.env, REDIS_URL: cluster.redisUrl } });
+  apiKey = issued.stdout.trim();
+  Object.assign(process.env, { E2B_API_URL: cluster.url, E2B_SANDBOX_URL: cluster.url, E2B_API_KEY: apiKey });
+}, 120_000);
+
+afterAll(async () => {
+  await Promise.allSettled(opened.map((s) => s.kill()));
+  process.env = saved;
+  await cluster?.stop();
+}, 60_000);
+
+async function put(file: string, body: string | Buffer, mode?: string): Promise<void> {
+  const r = await api(cluster, owner, 'PUT', `/v1/sandboxes/${sandboxId}/files?path=${encodeURIComponent(file)}${mode ? `&mode=${mode}` : ''}`, new Uint8Array(Buffer.from(body)), { 'content-type': 'application/octet-stream' });
+  expect(r.status, JSON.stringify(r.body)).toBe(200);
+}
+
+async function sh(cmd: string): Promise<string> {
+  const r = await api(cluster, owner, 'POST', `/v1/sandboxes/${sandboxId}/exec`, { cmd });
+  expect(r.status, JSON.stringify(r.body)).toBe(200);
+  return r.body.stdout as string;
+}
+
+/** Names under the E2B domain (`localhost:<port>`) resolve to the gateway's loopback, as a wildcard DNS entry would. */
+const lookup: LookupFunction = (_hostname, options, callback) => {
+  if ((options as { all?: boolean }).all) (callback as unknown as (err: null, addresses: { address: string; family: number }[]) => void)(null, [{ address: '127.0.0.1', family: 4 }]);
+  else callback(null, '127.0.0.1', 4);
+};
+
+/** One HTTP request, its answer read whole. */
+function request(url: string, options: { method?: string; headers?: Record<string, string>; body?: Buffer } = {}): Promise<{ status: number; headers: http.IncomingHttpHeaders; body: Buffer }> {
+  return new Promise((resolve, reject) => {
+    const req = http.request(url, { method: options.method ?? 'GET', headers: options.headers, lookup }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('end', () => resolve({ status: res.statusCode!, headers: res.headers, body: Buffer.concat(chunks) }));
+      res.on('error', reject);
+    });
+    req.on('error', reject);
+    req.end(options.body);
+  });
+}
+
+const errorCode = (body: Buffer) => (JSON.parse(body.toString()) as { error: { code: string } }).error.code;
+
+/** Sends each message over a WebSocket and collects the echoes. */
+async function echoes(url: string, headers: Record<string, string>, messages: (string | Buffer)[]): Promise<(string | Buffer)[]> {
+  const ws = new WebSocket(url, { headers, dispatcher: new Agent({ connect: { lookup } }) } as never);
+  ws.binaryType = 'arraybuffer';
+  const got: (string | Buffer)[] = [];
+  await new Promise<void>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`no echo within 10 s (got ${got.length})`)), 10_000);
+    ws.onerror = (e) => (clearTimeout(timer), reject(new Error(`websocket error: ${String((e as { message?: string }).message ?? e.type)}`)));
+    ws.onopen = () => messages.forEach((m) => ws.send(m));
+    ws.onmessage = (e) => {
+      got.push(typeof e.data === 'string' ? e.data : Buffer.from(e.data as ArrayBuffer));
+      if (got.length < messages.length) return;
+      clearTimeout(timer);
+      ws.close();
+      resolve();
+    };
+  });
+  return got;
+}
+
+describe("rollbox's /v1/sandboxes/:id/ports/:port/...", () => {
+  const portUrl = (port: number, rest: string, id = sandboxId) => `${cluster.url}/v1/sandboxes/${id}/ports/${port}${rest}`;
+
+  it('passes requests of any method to the server in the sandbox, bodies streamed both ways', async () => {
+    const page = await request(portUrl(HTTP_PORT, '/index.html'), { headers: { authorization: `Bearer ${owner}` } });
+    expect(page.status).toBe(200);
+    expect(page.body.toString()).toBe('hello from the sandbox\n');
+    const big = await request(portUrl(HTTP_PORT, '/big.bin'), { headers: { authorization: `Bearer ${owner}` } });
+    expect(big.status).toBe(200);
+    expect(big.body.length).toBe(3 * 1024 * 1024);
+    expect(sha1(big.body)).toBe((await sh('sha1sum /www/big.bin')).slice(0, 40));
+    const upload = randomBytes(4 * 1024 * 1024 + 7);
+    const posted = await request(portUrl(HTTP_PORT, '/cgi-bin/echo?a=1&b=two'), { method: 'POST', headers: { authorization: `Bearer ${owner}`, 'content-type': 'application/octet-stream' }, body: upload });
+    expect(posted.status, posted.body.toString()).toBe(200);
+    expect(posted.body.toString()).toBe(`POST a=1&b=two\n${sha1(upload)}\n`);
+    // The server's own answers come back as they are.
+    expect((await request(portUrl(HTTP_PORT, '/missing'), { headers: { authorization: `Bearer ${owner}` } })).status).toBe(404);
+  }, 60_000);
+
+  it('keeps the caller\'s token at the gateway and tells the server the port\'s own host', async () => {
+    // A one-shot server that records the request it gets.
+    await sh(`(printf 'HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\n\\r\\nok'; sleep 2) | nc -l -p ${RAW_PORT} > /tmp/raw.req 2>/dev/null &`);
+    await waitFor('nc to listen', async () => (await sh(`netstat -ltn | grep -c ':${RAW_PORT} '`)).trim() === '1');
+    const r = await request(portUrl(RAW_PORT, '/x/y?z=1'), { method: 'PUT', headers: { authorization: `Bearer ${owner}`, 'x-custom': 'kept' }, body: Buffer.from('body!') });
+    expect(r.body.toString()).toBe('ok');
+    const seen = await sh('cat /tmp/raw.req');
+    expect(seen).toMatch(/^PUT \/x\/y\?z=1 HTTP\/1\.1\r\n/);
+    expect(seen).toMatch(/\r\nHost: localhost:8082\r\n/i);
+    expect(seen).toMatch(/\r\nx-custom: kept\r\n/i);
+    expect(seen).toMatch(/body!$/);
+    expect(seen.toLowerCase()).not.toContain('authorization');
+  });
+
+  it('passes a WebSocket through', async () => {
+    const binary = randomBytes(70_000);
+    const got = await echoes(portUrl(WS_PORT, '/echo').replace(/^http/, 'ws'), { authorization: `Bearer ${owner}` }, ['hello', binary]);
+    expect(got[0]).toBe('hello');
+    expect(Buffer.compare(got[1] as Buffer, binary)).toBe(0);
+  });
+
+  it("refuses, coded: another tenant's sandbox, no token, a port with nothing on it, no port, a sandbox that does not exist", async () => {
+    const other = await request(portUrl(HTTP_PORT, '/index.html'), { headers: { authorization: `Bearer ${stranger}` } });
+    expect([other.status, errorCode(other.body)]).toEqual([404, 'not_found']);
+    const anonymous = await request(portUrl(HTTP_PORT, '/index.html'));
+    expect([anonymous.status, errorCode(anonymous.body)]).toEqual([401, 'unauthenticated']);
+    const closed = await request(portUrl(9, '/'), { headers: { authorization: `Bearer ${owner}` } });
+    expect([closed.status, errorCode(closed.body)]).toEqual([502, 'port_closed']);
+    const bad = await request(portUrl(70000, '/'), { headers: { authorization: `Bearer ${owner}` } });
+    expect([bad.status, errorCode(bad.body)]).toEqual([400, 'invalid_request']);
+    const missing = await request(portUrl(HTTP_PORT, '/', 'sbx_doesnotexist'), { headers: { authorization: `Bearer ${owner}` } });
+    expect([missing.status, errorCode(missing.body)]).toEqual([404, 'not_found']);
+    // Another tenant's WebSocket: refused before any byte reaches the sandbox.
+    await expect(echoes(portUrl(WS_PORT, '/').replace(/^http/, 'ws'), { authorization: `Bearer ${stranger}` }, ['x'])).rejects.toThrow(/websocket error/);
+  });
+});
+
+describe("E2B's getHost(port)", () => {
+  it('names <port>-<id>.<domain>, which the gateway routes into the port under the traffic token', async () => {
+    // The sandbox of the tests above, as the E2B SDK of the same tenant sees it.
+    const sbx = await Sandbox.connect(sandboxId);
+    const domain = `localhost:${new URL(cluster.url).port}`;
+    expect(sbx.getHost(HTTP_PORT)).toBe(`${HTTP_PORT}-${sandboxId}.${domain}`);
+    expect(sbx.trafficAccessToken).toBeTruthy();
+    const token = { 'e2b-traffic-access-token': sbx.trafficAccessToken! };
+    const page = await request(`http://${sbx.getHost(HTTP_PORT)}/index.html`, { headers: token });
+    expect([page.status, page.body.toString()]).toEqual([200, 'hello from the sandbox\n']);
+    const upload = randomBytes(1024 * 1024);
+    const posted = await request(`http://${sbx.getHost(HTTP_PORT)}/cgi-bin/echo?q`, { method: 'POST', headers: { ...token, 'content-type': 'application/octet-stream' }, body: upload });
+    expect(posted.body.toString()).toBe(`POST q\n${sha1(upload)}\n`);
+    const got = await echoes(`ws://${sbx.getHost(WS_PORT)}/`, token, ['through getHost']);
+    expect(got).toEqual(['through getHost']);
+  }, 60_000);
+
+  it('refuses, coded: no token, a wrong one, another sandbox\'s, a host naming no sandbox; a public sandbox takes traffic without one', async () => {
+    const sbx = await Sandbox.connect(sandboxId);
+    const url = `http://${sbx.getHost(HTTP_PORT)}/index.html`;
+    const none = await request(url);
+    expect([none.status, errorCode(none.body)]).toEqual([403, 'forbidden']);
+    const wrong = await request(url, { headers: { 'e2b-traffic-access-token': `${sbx.trafficAccessToken!.slice(0, -4)}0000` } });
+    expect([wrong.status, errorCode(wrong.body)]).toEqual([403, 'forbidden']);
+    const publicOne = await Sandbox.create('busybox', { network: { allowPublicTraffic: true } });
+    opened.push(publicOne);
+    expect(publicOne.trafficAccessToken).toBeUndefined();
+    const privateOne = await Sandbox.create('busybox');
+    opened.push(privateOne);
+    const borrowed = await request(url, { headers: { 'e2b-traffic-access-token': privateOne.trafficAccessToken! } });
+    expect([borrowed.status, errorCode(borrowed.body)]).toEqual([403, 'forbidden']);
+    const nowhere = await request(`http://${HTTP_PORT}-sbx_doesnotexist.localhost:${new URL(cluster.url).port}/`, { headers: { 'e2b-traffic-access-token': sbx.trafficAccessToken! } });
+    expect([nowhere.status, errorCode(nowhere.body)]).toEqual([404, 'not_found']);
+    await publicOne.commands.run(`mkdir -p /www && echo public > /www/index.html && httpd -p ${HTTP_PORT} -h /www`);
+    const open = await request(`http://${publicOne.getHost(HTTP_PORT)}/index.html`);
+    expect([open.status, open.body.toString()]).toEqual([200, 'public\n']);
+  }, 60_000);
+});
