@@ -1,12 +1,13 @@
 import { execFile } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import http from 'node:http';
-import type { LookupFunction } from 'node:net';
+import net, { type LookupFunction } from 'node:net';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { Sandbox } from 'e2b';
 import { Agent, WebSocket } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { NodeHeartbeat } from '../src/api/index.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 
 /**
@@ -70,7 +71,8 @@ const CGI = '#!/bin/sh\nprintf "Content-Type: text/plain\\r\\n\\r\\n"\necho "$RE
 const sha1 = (data: Buffer) => createHash('sha1').update(data).digest('hex');
 
 beforeAll(async () => {
-  cluster = await startTestCluster({ workers: [{ nodeId: 'node-ports' }] });
+  // The relay on every address of the host, as on a cluster of several machines: the wall test below shows sandboxes still cannot reach it.
+  cluster = await startTestCluster({ workers: [{ nodeId: 'node-ports', env: { ROLLBOX_PORT_RELAY_LISTEN: '0.0.0.0:0' } }] });
   owner = await cluster.token('ports-a', ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'layer:write']);
   stranger = await cluster.token('ports-b', ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete']);
   // Python as Debian ships it, for the WebSocket echo: the interpreter, what it links, its standard library.
@@ -247,5 +249,82 @@ describe("E2B's getHost(port)", () => {
     await publicOne.commands.run(`mkdir -p /www && echo public > /www/index.html && httpd -p ${HTTP_PORT} -h /www`);
     const open = await request(`http://${publicOne.getHost(HTTP_PORT)}/index.html`);
     expect([open.status, open.body.toString()]).toEqual([200, 'public\n']);
+  }, 60_000);
+});
+
+describe('a sandbox that does not run', () => {
+  it('answers invalid_state while paused (both ways in), takes traffic again once resumed, and, deleted, not_found by its E2B name (invalid_state by the rollbox path)', async () => {
+    const sbx = await Sandbox.connect(sandboxId);
+    const token = { 'e2b-traffic-access-token': sbx.trafficAccessToken! };
+    const viaRollbox = `${cluster.url}/v1/sandboxes/${sandboxId}/ports/${HTTP_PORT}/index.html`;
+    const viaE2b = `http://${sbx.getHost(HTTP_PORT)}/index.html`;
+    const paused = await api(cluster, owner, 'POST', `/v1/sandboxes/${sandboxId}/pause`);
+    expect(paused.status, JSON.stringify(paused.body)).toBe(200);
+    const rollboxAnswer = await request(viaRollbox, { headers: { authorization: `Bearer ${owner}` } });
+    expect([rollboxAnswer.status, errorCode(rollboxAnswer.body)]).toEqual([409, 'invalid_state']);
+    expect(JSON.parse(rollboxAnswer.body.toString()).error.message).toMatch(/paused/);
+    const e2bAnswer = await request(viaE2b, { headers: token });
+    expect([e2bAnswer.status, errorCode(e2bAnswer.body)]).toEqual([409, 'invalid_state']);
+    const resumed = await api(cluster, owner, 'POST', `/v1/sandboxes/${sandboxId}/resume`);
+    expect(resumed.status, JSON.stringify(resumed.body)).toBe(200);
+    const again = await request(viaE2b, { headers: token });
+    expect([again.status, again.body.toString()]).toEqual([200, 'hello from the sandbox\n']);
+
+    // A sandbox that ran a server and was deleted: its name leads nowhere.
+    const gone = await Sandbox.create('busybox');
+    await gone.commands.run(`mkdir -p /www && echo bye > /www/index.html && httpd -p ${HTTP_PORT} -h /www`);
+    const goneHost = `http://${gone.getHost(HTTP_PORT)}/index.html`;
+    const goneToken = { 'e2b-traffic-access-token': gone.trafficAccessToken! };
+    expect((await request(goneHost, { headers: goneToken })).body.toString()).toBe('bye\n');
+    await gone.kill();
+    const afterKill = await request(goneHost, { headers: goneToken });
+    expect([afterKill.status, errorCode(afterKill.body)]).toEqual([404, 'not_found']);
+    const afterKillRollbox = await request(`${cluster.url}/v1/sandboxes/${gone.sandboxId}/ports/${HTTP_PORT}/index.html`, { headers: { authorization: `Bearer ${owner}` } });
+    // rollbox keeps an ended sandbox's record (GET answers it): its ports are not running.
+    expect([afterKillRollbox.status, errorCode(afterKillRollbox.body)]).toEqual([409, 'invalid_state']);
+  }, 60_000);
+});
+
+describe('the port relay of a worker host', () => {
+  /** The first line a relay answers to `line`. */
+  const relayAnswer = (port: number, line: string) =>
+    new Promise<string>((resolve, reject) => {
+      const socket = net.connect({ host: '127.0.0.1', port }, () => socket.write(`${line}\n`));
+      let got = '';
+      socket.on('data', (chunk: Buffer) => (got += chunk.toString()));
+      socket.once('close', () => resolve(got));
+      socket.once('error', reject);
+      socket.setTimeout(10_000, () => socket.destroy(new Error('no answer')));
+    });
+
+  it('opens nothing without a ticket a gateway signed, and sandboxes cannot reach it (nor the gateway) on their host', async () => {
+    const admin = await cluster.token('ports-admin', ['admin']);
+    const nodes = await api<{ nodes: NodeHeartbeat[] }>(cluster, admin, 'GET', '/v1/nodes');
+    const relay = nodes.body.nodes.find((n) => n.nodeId === 'node-ports')?.portRelay;
+    expect(relay).toMatch(/^0\.0\.0\.0:\d+$/);
+    const relayPort = Number(relay!.split(':')[1]);
+    const forged = await relayAnswer(relayPort, `v1 ${sandboxId} ${HTTP_PORT} ${Date.now() + 30_000} ${'0'.repeat(64)}`);
+    expect(JSON.parse(forged.replace(/^err /, ''))).toMatchObject({ code: 'unauthenticated' });
+    expect(JSON.parse((await relayAnswer(relayPort, `${sandboxId} ${HTTP_PORT}`)).replace(/^err /, ''))).toMatchObject({ code: 'unauthenticated' });
+
+    // A sandbox with a network: its host's addresses (the veth's host end included) are walled off.
+    const created = await api(cluster, owner, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64 }, ttlSeconds: 120, network: { mode: 'allowlist', allow: [{ cidr: '192.0.2.0/24' }] } });
+    expect(created.status, JSON.stringify(created.body)).toBe(201);
+    const id = created.body.id as string;
+    try {
+      const gatewayPort = new URL(cluster.url).port;
+      const tried = await api(cluster, owner, 'POST', `/v1/sandboxes/${id}/exec`, {
+        cmd: `gw=$(route -n | awk '$1=="0.0.0.0"{print $2}'); echo "gw=$gw"; for p in ${relayPort} ${gatewayPort}; do if echo | nc -w 3 "$gw" $p; then echo "reached $p"; else echo "refused $p"; fi; done`,
+        timeoutMs: 30_000,
+      });
+      expect(tried.status, JSON.stringify(tried.body)).toBe(200);
+      const out = tried.body.stdout as string;
+      expect(out).toMatch(/^gw=\d+\.\d+\.\d+\.\d+$/m);
+      expect(out).toContain(`refused ${relayPort}`);
+      expect(out).toContain(`refused ${gatewayPort}`);
+      expect(out).not.toContain('reached');
+    } finally {
+      await api(cluster, owner, 'DELETE', `/v1/sandboxes/${id}`);
+    }
   }, 60_000);
 });
