@@ -3,22 +3,61 @@
  * stream to envd at the gateway) beside rollbox's own TypeScript client's exec of the same
  * command in the same sandbox, interleaved one by one in the same run, so both see the
  * same host. The native client is the floor; the target is at most 1.5x. Also the SDK's
- * create beside the native create. Prints progress on stderr, writes a CDF chart to
- * bench/out/, ends with one JSON line.
+ * create beside the native create, and the port arm: a GET through `getHost(port)` (the
+ * gateway, the worker's port relay, into the sandbox's namespace) to busybox httpd in the
+ * sandbox, beside the same GET to the same server program (the host's busybox httpd) on the
+ * host's loopback (the floor), interleaved; each on a new connection, as busybox httpd
+ * closes each. (A sandbox's own address is no floor: its firewall drops connections from
+ * the host.) For context, the same GET straight into the sandbox's namespace through the
+ * worker's helper (rollbox-portfwd) without gateway or relay: the sandbox's own part.
+ * Prints progress on stderr, writes CDF charts to bench/out/, ends with one JSON line.
  */
+import { spawn } from 'node:child_process';
+import fs from 'node:fs/promises';
+import http from 'node:http';
+import net from 'node:net';
 import path from 'node:path';
 import { Redis } from 'ioredis';
 import { Sandbox } from 'e2b';
 import { RollboxClient } from '../src/client/index.ts';
+import { PortForwarder } from '../src/ports/index.ts';
+import { runTool } from '../src/proc/index.ts';
 import { E2bKeyStore } from '../src/iam/index.ts';
 import { progressBar, summarize, writeCdfChart } from '../src/report/index.ts';
 import { startTestCluster } from '../test/support/cluster.ts';
-import { timed } from './support/runc-floor.ts';
+import { sandboxPaths, timed } from './support/runc-floor.ts';
 
 const RUNS = Number(process.env.BENCH_RUNS ?? 300);
 const CREATES = Number(process.env.BENCH_CREATES ?? 10);
+const PORT_RUNS = Number(process.env.BENCH_PORT_RUNS ?? RUNS);
+const HTTPD_PORT = 8080;
+const PAGE = 'hello from a port\n';
 
-const cluster = await startTestCluster({ workers: [{ nodeId: 'bench-node' }], env: { ROLLBOX_HEARTBEAT_MS: '1000', ROLLBOX_NODE_LOST_AFTER_MS: '5000' } });
+/** One GET on a new connection (to `port` on the loopback, or `socket`) with this Host; its body must be PAGE. */
+function get(to: number | net.Socket, host: string, headers: Record<string, string> = {}): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const where = typeof to === 'number' ? { host: '127.0.0.1', port: to, agent: false as const } : { createConnection: () => to };
+    const req = http.request({ ...where, path: '/index.html', headers: { host, ...headers } }, (res) => {
+      let body = '';
+      res.setEncoding('utf8');
+      res.on('data', (chunk: string) => (body += chunk));
+      res.on('end', () => (res.statusCode === 200 && body === PAGE ? resolve() : reject(new Error(`${res.statusCode}: ${body.slice(0, 200)}`))));
+      res.on('error', reject);
+    });
+    req.on('error', reject);
+    req.end();
+  });
+}
+
+async function freePort(): Promise<number> {
+  const server = net.createServer();
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address() as net.AddressInfo;
+  await new Promise((resolve) => server.close(resolve));
+  return port;
+}
+
+const cluster = await startTestCluster({ workers: [{ nodeId: 'bench-node' }], env: { ROLLBOX_HEARTBEAT_MS: '1000', ROLLBOX_NODE_LOST_AFTER_MS: '5000', ...(process.env.ROLLBOX_E2B_BASE_TEMPLATE ? { ROLLBOX_E2B_BASE_TEMPLATE: process.env.ROLLBOX_E2B_BASE_TEMPLATE } : {}) } });
 process.once('SIGINT', () => void cluster.stop().finally(() => process.exit(130)));
 const redis = new Redis(cluster.redisUrl);
 try {
@@ -63,6 +102,39 @@ try {
     bar.tick();
   }
   bar.done();
+
+  // The port arm: the same busybox httpd page in a busybox sandbox (through getHost) and on the host.
+  const web = await Sandbox.create('busybox', { timeoutMs: 600_000 });
+  created.push(web.sandboxId);
+  await web.commands.run(`mkdir -p /www && printf '${PAGE.replace('\n', '\\n')}' > /www/index.html && httpd -p ${HTTPD_PORT} -h /www`);
+  const hostWww = await fs.mkdtemp(path.join(cluster.rootDir, 'www-'));
+  await fs.writeFile(path.join(hostWww, 'index.html'), PAGE);
+  const hostPort = await freePort();
+  const hostHttpd = spawn('busybox', ['httpd', '-f', '-p', `127.0.0.1:${hostPort}`, '-h', hostWww], { stdio: 'ignore' });
+  const portSamples = { getHost: [] as number[], floor: [] as number[], netns: [] as number[] };
+  const { runcRoot, containerId } = sandboxPaths(path.join(cluster.rootDir, 'bench-node', 'worker'), web.sandboxId);
+  const state = await runTool('runc', ['--root', runcRoot, 'state', containerId], { output: 'collect' });
+  const initPid = (JSON.parse(state.stdout) as { pid: number }).pid;
+  const forwarder = new PortForwarder({ dir: await fs.mkdtemp(path.join(cluster.rootDir, 'portfwd-')) });
+  try {
+    const gatewayPort = Number(new URL(cluster.url).port);
+    const viaGetHost = () => get(gatewayPort, web.getHost(HTTPD_PORT), { 'e2b-traffic-access-token': web.trafficAccessToken! });
+    const direct = () => get(hostPort, `127.0.0.1:${hostPort}`);
+    const intoNetns = async () => get(await forwarder.open(initPid, HTTPD_PORT), `localhost:${HTTPD_PORT}`);
+    for (let i = 0; i < 50; i++) await Promise.all([viaGetHost(), intoNetns(), direct().catch(() => undefined)]);
+    await direct();
+    const portBar = progressBar('GET through getHost, on the host, into the netns', { total: PORT_RUNS });
+    for (let i = 0; i < PORT_RUNS; i++) {
+      portSamples.getHost.push(await timed(viaGetHost));
+      portSamples.floor.push(await timed(direct));
+      portSamples.netns.push(await timed(intoNetns));
+      portBar.tick();
+    }
+    portBar.done();
+  } finally {
+    hostHttpd.kill('SIGKILL');
+    forwarder.stop();
+  }
   await Promise.all(created.map((id) => native.deleteSandbox(id)));
 
   const s = summarize(e2b);
@@ -74,7 +146,14 @@ try {
     { label: 'rollbox TS client exec (floor)', samplesMs: floor },
     { label: 'rollbox TS client streaming exec (SSE)', samplesMs: nativeStream },
   ]);
-  process.stderr.write(`chart: ${chart}\n`);
+  const portChart = writeCdfChart(path.resolve(import.meta.dirname, 'out', 'e2b-port-latency.svg'), 'GET of a page from busybox httpd, new connection each', [
+    { label: 'through getHost (gateway, port relay, sandbox netns)', samplesMs: portSamples.getHost },
+    { label: 'the same on the host loopback (floor)', samplesMs: portSamples.floor },
+    { label: 'straight into the sandbox namespace (rollbox-portfwd, context)', samplesMs: portSamples.netns },
+  ]);
+  process.stderr.write(`charts: ${chart} ${portChart}\n`);
+  const ps = summarize(portSamples.getHost);
+  const pf = summarize(portSamples.floor);
   const ratio = (a: number, b: number) => Math.round((a / b) * 100) / 100;
   console.log(
     JSON.stringify({
@@ -89,10 +168,12 @@ try {
       createP50Ms: cs.p50Ms,
       nativeCreateP50Ms: cf.p50Ms,
       createRatioP50: ratio(cs.p50Ms, cf.p50Ms),
+      port: { p50Ms: ps.p50Ms, p99Ms: ps.p99Ms, floorP50Ms: pf.p50Ms, floorP99Ms: pf.p99Ms, ratioP50: ratio(ps.p50Ms, pf.p50Ms), ratioP99: ratio(ps.p99Ms, pf.p99Ms), intoNetnsP50Ms: summarize(portSamples.netns).p50Ms, n: ps.n },
       n: s.n,
       sdk: 'e2b@2.51.0',
-      targets: { ratioP50: 1.5 },
+      targets: { ratioP50: 1.5, port: { ratioP50: 1.5 } },
       chart,
+      portChart,
     }),
   );
 } finally {
