@@ -5,6 +5,7 @@ import net, { type LookupFunction } from 'node:net';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { Sandbox } from 'e2b';
+import { Sandbox as OlderSandbox } from 'e2b-2-45';
 import { Agent, WebSocket } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { NodeHeartbeat } from '../src/api/index.ts';
@@ -14,8 +15,9 @@ import { api, startTestCluster, waitFor, type TestCluster } from './support/clus
  * Traffic into ports of sandboxes (issue 41, point 4) on a real stack: busybox httpd (files,
  * a CGI that reads a streamed body) and a WebSocket echo (Python's standard library, from a
  * layer of this host's python3) in runc sandboxes, reached through rollbox's
- * `/v1/sandboxes/:id/ports/:port/...` and through the real E2B SDK's `getHost(port)`; and
- * the walls: another tenant, a missing or wrong traffic token, a sandbox that does not exist.
+ * `/v1/sandboxes/:id/ports/:port/...` and through the real E2B SDK's `getHost(port)` (2.51
+ * and 2.45); and the walls: another tenant, a missing or wrong traffic token, a sandbox that
+ * does not exist or does not run, a relay without a ticket, a sandbox dialling its host.
  */
 const run = promisify(execFile);
 const REPO_ROOT = path.resolve(import.meta.dirname, '..');
@@ -228,6 +230,11 @@ describe("E2B's getHost(port)", () => {
     expect(posted.body.toString()).toBe(`POST q\n${sha1(upload)}\n`);
     const got = await echoes(`ws://${sbx.getHost(WS_PORT)}/`, token, ['through getHost']);
     expect(got).toEqual(['through getHost']);
+    // The oldest SDK still in use names the same host (from connect's domain) and takes the same token.
+    const older = await OlderSandbox.connect(sandboxId);
+    expect(older.getHost(HTTP_PORT)).toBe(sbx.getHost(HTTP_PORT));
+    const viaOlder = await request(`http://${older.getHost(HTTP_PORT)}/index.html`, { headers: { 'e2b-traffic-access-token': older.trafficAccessToken! } });
+    expect([viaOlder.status, viaOlder.body.toString()]).toEqual([200, 'hello from the sandbox\n']);
   }, 60_000);
 
   it('refuses, coded: no token, a wrong one, another sandbox\'s, a host naming no sandbox; a public sandbox takes traffic without one', async () => {
