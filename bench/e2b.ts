@@ -4,12 +4,13 @@
  * command in the same sandbox, interleaved one by one in the same run, so both see the
  * same host. The native client is the floor; the target is at most 1.5x. Also the SDK's
  * create beside the native create, and the port arm: a GET through `getHost(port)` (the
- * gateway, the worker's port relay, into the sandbox's namespace) to busybox httpd in the
- * sandbox, beside the same GET to the same server program (the host's busybox httpd) on the
- * host's loopback (the floor), interleaved; each on a new connection, as busybox httpd
- * closes each. (A sandbox's own address is no floor: its firewall drops connections from
- * the host.) For context, the same GET straight into the sandbox's namespace through the
- * worker's helper (rollbox-portfwd) without gateway or relay: the sandbox's own part.
+ * gateway, the worker's port relay, into the sandbox's namespace) to busybox httpd in a
+ * sandbox, beside the same GET to the same server reached from the host straight into the
+ * sandbox's network namespace through the worker's helper (rollbox-portfwd: one fork and
+ * setns per connection, no gateway, no relay), the floor, since a sandbox's own address
+ * is unreachable from the host (its firewall drops connections from it); and, for context,
+ * the same server program (the host's busybox httpd) on the host's loopback, outside any
+ * sandbox's cgroup. Interleaved; each GET on a new connection, as busybox httpd closes each.
  * Prints progress on stderr, writes CDF charts to bench/out/, ends with one JSON line.
  */
 import { spawn } from 'node:child_process';
@@ -111,7 +112,7 @@ try {
   await fs.writeFile(path.join(hostWww, 'index.html'), PAGE);
   const hostPort = await freePort();
   const hostHttpd = spawn('busybox', ['httpd', '-f', '-p', `127.0.0.1:${hostPort}`, '-h', hostWww], { stdio: 'ignore' });
-  const portSamples = { getHost: [] as number[], floor: [] as number[], netns: [] as number[] };
+  const portSamples = { getHost: [] as number[], floor: [] as number[], hostLoopback: [] as number[] };
   const { runcRoot, containerId } = sandboxPaths(path.join(cluster.rootDir, 'bench-node', 'worker'), web.sandboxId);
   const state = await runTool('runc', ['--root', runcRoot, 'state', containerId], { output: 'collect' });
   const initPid = (JSON.parse(state.stdout) as { pid: number }).pid;
@@ -119,15 +120,15 @@ try {
   try {
     const gatewayPort = Number(new URL(cluster.url).port);
     const viaGetHost = () => get(gatewayPort, web.getHost(HTTPD_PORT), { 'e2b-traffic-access-token': web.trafficAccessToken! });
-    const direct = () => get(hostPort, `127.0.0.1:${hostPort}`);
     const intoNetns = async () => get(await forwarder.open(initPid, HTTPD_PORT), `localhost:${HTTPD_PORT}`);
-    for (let i = 0; i < 50; i++) await Promise.all([viaGetHost(), intoNetns(), direct().catch(() => undefined)]);
-    await direct();
-    const portBar = progressBar('GET through getHost, on the host, into the netns', { total: PORT_RUNS });
+    const onHost = () => get(hostPort, `127.0.0.1:${hostPort}`);
+    for (let i = 0; i < 50; i++) await Promise.all([viaGetHost(), intoNetns(), onHost().catch(() => undefined)]);
+    await onHost();
+    const portBar = progressBar('GET through getHost, into the netns, on the host', { total: PORT_RUNS });
     for (let i = 0; i < PORT_RUNS; i++) {
       portSamples.getHost.push(await timed(viaGetHost));
-      portSamples.floor.push(await timed(direct));
-      portSamples.netns.push(await timed(intoNetns));
+      portSamples.floor.push(await timed(intoNetns));
+      portSamples.hostLoopback.push(await timed(onHost));
       portBar.tick();
     }
     portBar.done();
@@ -148,8 +149,8 @@ try {
   ]);
   const portChart = writeCdfChart(path.resolve(import.meta.dirname, 'out', 'e2b-port-latency.svg'), 'GET of a page from busybox httpd, new connection each', [
     { label: 'through getHost (gateway, port relay, sandbox netns)', samplesMs: portSamples.getHost },
-    { label: 'the same on the host loopback (floor)', samplesMs: portSamples.floor },
-    { label: 'straight into the sandbox namespace (rollbox-portfwd, context)', samplesMs: portSamples.netns },
+    { label: 'straight into the sandbox namespace (rollbox-portfwd, floor)', samplesMs: portSamples.floor },
+    { label: "the host's busybox httpd on its loopback (context)", samplesMs: portSamples.hostLoopback },
   ]);
   process.stderr.write(`charts: ${chart} ${portChart}\n`);
   const ps = summarize(portSamples.getHost);
@@ -168,7 +169,7 @@ try {
       createP50Ms: cs.p50Ms,
       nativeCreateP50Ms: cf.p50Ms,
       createRatioP50: ratio(cs.p50Ms, cf.p50Ms),
-      port: { p50Ms: ps.p50Ms, p99Ms: ps.p99Ms, floorP50Ms: pf.p50Ms, floorP99Ms: pf.p99Ms, ratioP50: ratio(ps.p50Ms, pf.p50Ms), ratioP99: ratio(ps.p99Ms, pf.p99Ms), intoNetnsP50Ms: summarize(portSamples.netns).p50Ms, n: ps.n },
+      port: { p50Ms: ps.p50Ms, p99Ms: ps.p99Ms, floorP50Ms: pf.p50Ms, floorP99Ms: pf.p99Ms, ratioP50: ratio(ps.p50Ms, pf.p50Ms), ratioP99: ratio(ps.p99Ms, pf.p99Ms), hostLoopbackP50Ms: summarize(portSamples.hostLoopback).p50Ms, n: ps.n },
       n: s.n,
       sdk: 'e2b@2.51.0',
       targets: { ratioP50: 1.5, port: { ratioP50: 1.5 } },
