@@ -8,7 +8,9 @@ import { Sandbox } from 'e2b';
 import { Sandbox as OlderSandbox } from 'e2b-2-45';
 import { Agent, WebSocket } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Redis } from 'ioredis';
 import type { NodeHeartbeat } from '../src/api/index.ts';
+import { PortTickets } from '../src/ports/index.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 
 /**
@@ -293,12 +295,15 @@ describe('a sandbox that does not run', () => {
 });
 
 describe('the port relay of a worker host', () => {
-  /** The first line a relay answers to `line`. */
+  /** What a relay answers to `line`, up to its first line's end. */
   const relayAnswer = (port: number, line: string) =>
     new Promise<string>((resolve, reject) => {
       const socket = net.connect({ host: '127.0.0.1', port }, () => socket.write(`${line}\n`));
       let got = '';
-      socket.on('data', (chunk: Buffer) => (got += chunk.toString()));
+      socket.on('data', (chunk: Buffer) => {
+        got += chunk.toString();
+        if (got.includes('\n')) socket.destroy();
+      });
       socket.once('close', () => resolve(got));
       socket.once('error', reject);
       socket.setTimeout(10_000, () => socket.destroy(new Error('no answer')));
@@ -313,6 +318,15 @@ describe('the port relay of a worker host', () => {
     const forged = await relayAnswer(relayPort, `v1 ${sandboxId} ${HTTP_PORT} ${Date.now() + 30_000} ${'0'.repeat(64)}`);
     expect(JSON.parse(forged.replace(/^err /, ''))).toMatchObject({ code: 'unauthenticated' });
     expect(JSON.parse((await relayAnswer(relayPort, `${sandboxId} ${HTTP_PORT}`)).replace(/^err /, ''))).toMatchObject({ code: 'unauthenticated' });
+    // A ticket signed under the cluster's secret opens the port; the same, minted two minutes ago, has expired.
+    const redis = new Redis(cluster.redisUrl);
+    try {
+      expect(await relayAnswer(relayPort, await new PortTickets(redis).mint({ sandboxId, port: HTTP_PORT }))).toMatch(/^ok\n/);
+      const stale = await new PortTickets(redis, () => Date.now() - 120_000).mint({ sandboxId, port: HTTP_PORT });
+      expect(JSON.parse((await relayAnswer(relayPort, stale)).replace(/^err /, ''))).toMatchObject({ code: 'unauthenticated', message: expect.stringMatching(/expired/) });
+    } finally {
+      redis.disconnect();
+    }
 
     // A sandbox with a network: its host's addresses (the veth's host end included) are walled off.
     const created = await api(cluster, owner, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64 }, ttlSeconds: 120, network: { mode: 'allowlist', allow: [{ cidr: '192.0.2.0/24' }] } });
