@@ -73,6 +73,7 @@ const deps: Omit<GatewayDeps, 'verifier'> = {
   },
   batches: {
     submit: () => answer(undefined as never),
+    submitRollout: () => answer(undefined as never),
     submitNdjson: () => answer(undefined as never),
     get: () => answer(undefined as never),
     list: () => answer([]),
