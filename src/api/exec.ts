@@ -35,6 +35,45 @@ export const ExecRequest = z
   .refine((r) => (r.argv === undefined) !== (r.cmd === undefined), { message: 'give exactly one of argv or cmd', path: ['argv'] });
 export type ExecRequest = z.infer<typeof ExecRequest>;
 
+/** A terminal's size in character cells. */
+export const PtySize = z.strictObject({
+  cols: z.number().int().min(1).max(1000),
+  rows: z.number().int().min(1).max(1000),
+});
+export type PtySize = z.infer<typeof PtySize>;
+
+/**
+ * POST /v1/sandboxes/:id/pty: a command on a terminal the sandbox's init allocates (its
+ * controlling terminal, `TERM=xterm-256color` unless `env` says otherwise). A command like
+ * the others (command log, signal, stdin, wait); its output is one stream, `stdout`.
+ */
+export const PtyRequest = z
+  .strictObject({
+    /** Default: the image's shell, interactive and login (bash if the image has it, else /bin/sh). */
+    argv: z.array(z.string().max(131_072)).min(1).max(4096).optional(),
+    /** Run with the image's `/bin/sh -c` on the terminal. */
+    cmd: z.string().min(1).max(262_144).optional(),
+    cols: PtySize.shape.cols.default(80),
+    rows: PtySize.shape.rows.default(24),
+    env: z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/), z.string().max(32_768)).default({}),
+    cwd: z
+      .string()
+      .startsWith('/')
+      .max(4096)
+      .refine((p) => !/^\/proc(\/|$)/.test(path.posix.normalize(p)), 'must not be under /proc')
+      .optional(),
+    user: ExecUser.optional(),
+    /** Default 24 h, as a background command's. */
+    timeoutMs: z.number().int().min(1).max(24 * 3600 * 1000).optional(),
+    commandId: z.string().regex(/^[A-Za-z0-9_.:-]{1,128}$/).optional(),
+  })
+  .refine((r) => r.argv === undefined || r.cmd === undefined, { message: 'give at most one of argv or cmd', path: ['argv'] });
+export type PtyRequest = z.infer<typeof PtyRequest>;
+
+/** POST /v1/sandboxes/:id/commands/:commandId/resize: a pty command's new size (its foreground process group gets SIGWINCH). */
+export const CommandResizeRequest = PtySize;
+export type CommandResizeRequest = PtySize;
+
 export const ExecResult = z.object({
   commandId: z.string(),
   exitCode: z.number().int(),
@@ -68,6 +107,8 @@ export const CommandRecord = z.object({
   startedAt: z.string().optional(),
   endedAt: z.string().optional(),
   result: ExecResult.omit({ replayed: true }).optional(),
+  /** A pty command: the size it started with. Its result's stdout is the tail of its output. */
+  pty: PtySize.optional(),
 });
 export type CommandRecord = z.infer<typeof CommandRecord>;
 

@@ -71,13 +71,26 @@ export class OutputWriter {
     else this.timer ??= setTimeout(() => void this.flush(), FLUSH_MS);
   }
 
-  /** Resolves once everything written so far is in Redis. */
-  flush(): Promise<unknown> {
+  /**
+   * Resolves once everything written so far is in Redis. Entries are UTF-8 text: a
+   * character cut at the end of a chunk (a terminal's output comes in any pieces) waits
+   * for the next write, unless this is the last flush (`end`).
+   */
+  flush(final = false): Promise<unknown> {
     clearTimeout(this.timer);
     this.timer = undefined;
     const batch = this.pending;
     this.pending = [];
     this.pendingBytes = 0;
+    const last = batch.at(-1);
+    const cut = last && !final ? incompleteUtf8Tail(last.data) : 0;
+    if (last && cut > 0) {
+      this.pending.push({ stream: last.stream, data: last.data.subarray(last.data.length - cut) });
+      this.pendingBytes = cut;
+      last.data = last.data.subarray(0, last.data.length - cut);
+      if (last.data.length === 0) batch.pop();
+      this.timer = setTimeout(() => void this.flush(true), FLUSH_MS);
+    }
     if (batch.length > 0) {
       this.chain = this.chain.then(() => {
         const multi = this.redis.multi();
@@ -91,9 +104,20 @@ export class OutputWriter {
 
   /** The end marker, written once the result is recorded: it wakes readers blocked on the stream. */
   async end(): Promise<void> {
-    await this.flush();
+    await this.flush(true);
     await this.redis.multi().xadd(this.key, '*', 'end', '1').expire(this.key, OUTPUT_TTL_SEC).exec();
   }
+}
+
+/** How many bytes at the end of `data` start a UTF-8 character they do not finish (0-3). */
+export function incompleteUtf8Tail(data: Buffer): number {
+  for (let back = 1; back <= Math.min(3, data.length); back++) {
+    const b = data[data.length - back]!;
+    if ((b & 0xc0) === 0x80) continue; // a continuation byte: look further back
+    const need = b >= 0xf0 ? 4 : b >= 0xe0 ? 3 : b >= 0xc0 ? 2 : 1;
+    return need > back ? back : 0;
+  }
+  return 0;
 }
 
 function parse(rows: [string, string[]][]): OutputRead {

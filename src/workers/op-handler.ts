@@ -78,6 +78,10 @@ export class OpHandler {
           ctx.requireLocal(op.sandboxId);
           if (!(await ctx.deps.runtime.writeCommandStdin(op.sandboxId, op.commandId, Buffer.from(op.data, 'utf8'), op.eof))) throw notRunning(op);
           return await done();
+        case 'resize':
+          ctx.requireLocal(op.sandboxId);
+          if (!(await ctx.deps.runtime.resizeCommand(op.sandboxId, op.commandId, op.size))) throw new RollboxError('invalid_state', `command ${op.commandId} is not a running pty command in sandbox ${op.sandboxId}`);
+          return await done();
         case 'files_meta':
           ctx.requireLocal(op.sandboxId);
           return await ctx.reply(op.replyTo, await sandboxFilesMeta(ctx.deps.runtime, op));
@@ -138,6 +142,7 @@ export class OpHandler {
       holdBackBesteffort: !op.background,
       keepStdinOpen: op.stdinOpen,
       durable: { commandId: op.commandId, graceMs: config.commandGraceMs },
+      ...(op.pty ? { pty: op.pty } : {}),
       record,
     });
   }
@@ -202,7 +207,7 @@ export class OpHandler {
       const { oomKills, ...reported } = outcome;
       if (oomKills > 0) await ctx.deps.registry.addOomKills(op.sandboxId, oomKills);
       const result = { ...reported, commandId: op.commandId };
-      await output?.flush();
+      await output?.flush(true); // all of it: the command has ended
       const reply: Reply = { kind: 'exec', requestId: op.requestId, result: { ...result, replayed: false }, workerMs: performance.now() - takenAt };
       await commands.complete(op.sandboxId, result, { receipt, replyChannel: keys.replyChannel(op.replyTo), reply: JSON.stringify(reply) });
       receipt.acked = true;
