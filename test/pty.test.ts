@@ -5,6 +5,7 @@ import { Sandbox } from 'e2b';
 import { createParser } from 'eventsource-parser';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Scope } from '../src/api/index.ts';
+import { RollboxClient, type ExecStreamEvent } from '../src/client/index.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 
 /**
@@ -149,6 +150,36 @@ describe("rollbox's pty API", () => {
     const bad = await api(cluster, token, 'POST', `${base}/pty`, { argv: ['sh'], cmd: 'sh' });
     expect(bad).toMatchObject({ status: 400, body: { error: { code: 'invalid_request' } } });
     await api(cluster, token, 'DELETE', base);
+  });
+});
+
+describe('the TypeScript client', () => {
+  it('opens a terminal, follows it, types, resizes and kills it', async () => {
+    const client = new RollboxClient({ baseUrl: cluster.url, token });
+    const sandbox = await client.createSandbox();
+    try {
+      const started = await client.createPty(sandbox.id, { cols: 50, rows: 20, env: { PS1: 'ts$ ' } });
+      expect(started.pty).toEqual({ cols: 50, rows: 20 });
+      let text = '';
+      let exit: Extract<ExecStreamEvent, { type: 'exit' }> | undefined;
+      const following = (async () => {
+        for await (const ev of client.followCommand(sandbox.id, started.commandId)) {
+          if (ev.type === 'pty') text += ev.data;
+          else if (ev.type === 'exit') exit = ev;
+        }
+      })();
+      await waitFor('the prompt', async () => text.includes('ts$ '));
+      await client.writeStdin(sandbox.id, started.commandId, 'stty size\n');
+      await waitFor('the first size', async () => text.includes('\r\n20 50\r\n'));
+      await client.resizePty(sandbox.id, started.commandId, { cols: 70, rows: 25 });
+      await client.writeStdin(sandbox.id, started.commandId, 'stty size\n');
+      await waitFor('the new size', async () => text.includes('\r\n25 70\r\n'));
+      await client.signalCommand(sandbox.id, started.commandId, 'KILL');
+      await following;
+      expect(exit?.result.exitCode).toBe(137);
+    } finally {
+      await client.deleteSandbox(sandbox.id);
+    }
   });
 });
 
