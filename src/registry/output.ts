@@ -5,6 +5,8 @@ import { keys } from './keys.ts';
 const OUTPUT_TTL_SEC = 3600;
 /** Chunks are coalesced for this long before one XADD, so a chatty command costs few calls. */
 const FLUSH_MS = 20;
+/** A terminal's: a typed key's echo waits for this flush, so it is short. */
+export const INTERACTIVE_FLUSH_MS = 2;
 const FLUSH_BYTES = 64 * 1024;
 
 export interface OutputChunk {
@@ -37,12 +39,13 @@ export class OutputWriter {
     sandboxId: string,
     commandId: string,
     private readonly skipBytes: Record<'stdout' | 'stderr', number> = { stdout: 0, stderr: 0 },
+    private readonly flushMs = FLUSH_MS,
   ) {
     this.key = keys.commandOutput(sandboxId, commandId);
   }
 
   /** A writer that goes on where the command's stream stops (its earlier writer's host died). */
-  static async resume(redis: Redis, sandboxId: string, commandId: string): Promise<OutputWriter> {
+  static async resume(redis: Redis, sandboxId: string, commandId: string, flushMs = FLUSH_MS): Promise<OutputWriter> {
     const skip = { stdout: 0, stderr: 0 };
     for (let after = '-'; ; ) {
       const rows = (await redis.xrange(keys.commandOutput(sandboxId, commandId), after === '-' ? '-' : `(${after}`, '+', 'COUNT', 1000)) as [string, string[]][];
@@ -52,7 +55,7 @@ export class OutputWriter {
         for (let i = 0; i + 1 < fields.length; i += 2) map[fields[i]!] = fields[i + 1]!;
         if (map.d !== undefined) skip[map.s === 'stderr' ? 'stderr' : 'stdout'] += map.n ? Number(map.n) : Buffer.byteLength(map.d);
       }
-      if (rows.length < 1000) return new OutputWriter(redis, sandboxId, commandId, skip);
+      if (rows.length < 1000) return new OutputWriter(redis, sandboxId, commandId, skip, flushMs);
     }
   }
 
@@ -68,7 +71,7 @@ export class OutputWriter {
     else this.pending.push({ stream, data });
     this.pendingBytes += data.length;
     if (this.pendingBytes >= FLUSH_BYTES) void this.flush();
-    else this.timer ??= setTimeout(() => void this.flush(), FLUSH_MS);
+    else this.timer ??= setTimeout(() => void this.flush(), this.flushMs);
   }
 
   /**
@@ -89,7 +92,7 @@ export class OutputWriter {
       this.pendingBytes = cut;
       last.data = last.data.subarray(0, last.data.length - cut);
       if (last.data.length === 0) batch.pop();
-      this.timer = setTimeout(() => void this.flush(true), FLUSH_MS);
+      this.timer = setTimeout(() => void this.flush(true), this.flushMs);
     }
     if (batch.length > 0) {
       this.chain = this.chain.then(() => {
