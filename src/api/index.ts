@@ -50,6 +50,9 @@ export {
   CommandSignalRequest,
   CommandStdinRequest,
   CommandInputResult,
+  PtySize,
+  PtyRequest,
+  CommandResizeRequest,
 } from './exec.ts';
 export { Layer, LayerName, LayerList, UploadLayerQuery, SnapshotRequest, LayerChunkTable, CHUNK_TABLE_FORMAT } from './layer.ts';
 export { ImageName, ImportImageQuery, ImageConfig, ImageLayer, Image, ImageState, PullImageRequest, PullProgress, ImagePull, ImageRecord, ImportReport, ImportedImage, ImageList, MAX_STACK_LAYERS, withImageDefaults } from './image.ts';
@@ -84,6 +87,7 @@ export {
   E2bListRequest,
   E2bSendSignalRequest,
   E2bSendInputRequest,
+  E2bUpdateRequest,
   E2bStreamInputRequest,
   E2bCloseStdinRequest,
   E2bPathRequest,

@@ -4,7 +4,7 @@ export { LayerRegistry } from './layers.ts';
 export { PoolRegistry } from './pools.ts';
 export { CommandLog } from './commands.ts';
 export type { CommandPage } from './commands.ts';
-export { OutputWriter, followOutput, readOutput } from './output.ts';
+export { INTERACTIVE_FLUSH_MS, OutputWriter, followOutput, readOutput } from './output.ts';
 export type { OutputChunk, OutputRead } from './output.ts';
 export { keys } from './keys.ts';
 export { BatchStore, type AttemptSandboxes } from './batches.ts';
