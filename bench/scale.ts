@@ -13,8 +13,8 @@
  * latency against Kubernetes' SLOs; placement quality under the burst; Redis memory per
  * live sandbox. Figures per operation do not depend on the counts: scale them with the flags.
  *
- *   npm run bench:scale -- [--hosts 50] [--live 2000] [--burst 1000] [--execs 2000] [--concurrency 32] [--cluster]
- *   (or BENCH_HOSTS, BENCH_LIVE, BENCH_BURST, BENCH_EXECS, BENCH_CONCURRENCY, BENCH_REDIS_CLUSTER=1)
+ *   npm run bench:scale -- [--hosts 50] [--hosts-per-process 100] [--live 2000] [--burst 1000] [--execs 2000] [--concurrency 32] [--cluster]
+ *   (or BENCH_HOSTS, BENCH_HOSTS_PER_PROCESS, BENCH_LIVE, BENCH_BURST, BENCH_EXECS, BENCH_CONCURRENCY, BENCH_REDIS_CLUSTER=1)
  *
  * Progress on stderr; one JSON line last on stdout.
  */
@@ -35,10 +35,12 @@ import { processCpuSeconds } from './support/proc-cpu.ts';
 import { redisCallsByCommand } from './support/redis-calls.ts';
 
 const { values: flags } = parseArgs({
-  options: { hosts: { type: 'string' }, live: { type: 'string' }, burst: { type: 'string' }, execs: { type: 'string' }, concurrency: { type: 'string' }, cluster: { type: 'boolean' } },
+  options: { hosts: { type: 'string' }, 'hosts-per-process': { type: 'string' }, live: { type: 'string' }, burst: { type: 'string' }, execs: { type: 'string' }, concurrency: { type: 'string' }, cluster: { type: 'boolean' } },
 });
 const numberOf = (flag: string | undefined, env: string, fallback: number) => Number(flag ?? process.env[env] ?? fallback);
 const HOSTS = numberOf(flags.hosts, 'BENCH_HOSTS', 50);
+/** Hollow hosts share a process (one event loop) this many at most: more processes spread them over the cores. */
+const HOSTS_PER_PROCESS = numberOf(flags['hosts-per-process'], 'BENCH_HOSTS_PER_PROCESS', 100);
 const LIVE = numberOf(flags.live, 'BENCH_LIVE', 2000);
 const BURST = numberOf(flags.burst, 'BENCH_BURST', 1000);
 const EXECS = numberOf(flags.execs, 'BENCH_EXECS', 2000);
@@ -141,13 +143,18 @@ try {
     stdio: ['ignore', 'inherit', 'inherit'],
   });
   children.push(gateway);
-  // The hosts' process: its entry script is under bench/, the only place hollow hosts start.
-  const hollow = spawn(process.execPath, ['--import', 'tsx', path.join(REPO, 'bench/support/hollow-hosts.ts')], {
-    env: { ...process.env, ...env, ROLLBOX_DATA_DIR: path.join(rootDir, 'hollow'), HOLLOW_COUNT: String(HOSTS), HOLLOW_CAPACITY: JSON.stringify(capacity) },
-    stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+  // The hosts' processes: their entry script is under bench/, the only place hollow hosts start.
+  const processes = Math.ceil(HOSTS / HOSTS_PER_PROCESS);
+  const hollows = Array.from({ length: processes }, (_, k) => {
+    const count = Math.floor(HOSTS / processes) + (k < HOSTS % processes ? 1 : 0);
+    const child = spawn(process.execPath, ['--import', 'tsx', path.join(REPO, 'bench/support/hollow-hosts.ts')], {
+      env: { ...process.env, ...env, ROLLBOX_DATA_DIR: path.join(rootDir, `hollow-${k}`), HOLLOW_COUNT: String(count), HOLLOW_ID_PREFIX: `p${k}-`, HOLLOW_CAPACITY: JSON.stringify(capacity) },
+      stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+    });
+    children.push(child);
+    return child;
   });
-  children.push(hollow);
-  const fromHollow = (kind: string) =>
+  const fromHollow = (hollow: ChildProcess, kind: string) =>
     new Promise<any>((resolve, reject) => {
       const onMessage = (m: any) => {
         if (m.kind !== kind) return;
@@ -155,17 +162,18 @@ try {
         hollow.off('exit', onExit);
         resolve(m);
       };
-      const onExit = (code: number | null) => reject(new Error(`the hollow hosts' process exited (${code})`));
+      const onExit = (code: number | null) => reject(new Error(`a hollow hosts' process exited (${code})`));
       hollow.on('message', onMessage);
       hollow.once('exit', onExit);
     });
-  const loads = async (): Promise<Map<string, number>> => {
-    const answer = fromHollow('loads');
-    hollow.send({ kind: 'loads' });
-    return new Map(Object.entries((await answer).loads as Record<string, number>));
+  /** The sandboxes each hollow host holds, by node id. */
+  const loads = async (): Promise<Map<string, string[]>> => {
+    const answers = hollows.map((h) => fromHollow(h, 'loads'));
+    for (const h of hollows) h.send({ kind: 'loads' });
+    return new Map((await Promise.all(answers)).flatMap((a) => Object.entries(a.loads as Record<string, string[]>)));
   };
   const startedAt = performance.now();
-  await fromHollow('ready');
+  await Promise.all(hollows.map((h) => fromHollow(h, 'ready')));
   const url = `http://127.0.0.1:${port}`;
   const issuer = createTokenIssuer(config.jwt);
   const admin = jsonClient(url, await issuer.issue({ tenant: 'bench-admin', scopes: ['admin'], ttlSeconds: 3600 }), 4);
@@ -174,7 +182,10 @@ try {
     return r.status === 200 && r.body.nodes.filter((n: any) => n.pool === 'hollow' && n.healthy && n.ready).length >= HOSTS;
   }, 120_000);
   log(`up in ${Math.round(performance.now() - startedAt)} ms; each host admits ${maxSandboxes} sandboxes`);
-  const client = jsonClient(url, await issuer.issue({ tenant: 'bench', scopes: ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete'], ttlSeconds: 3600 }), Math.max(CONCURRENCY, BURST));
+  const benchToken = await issuer.issue({ tenant: 'bench', scopes: ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete'], ttlSeconds: 3600 });
+  // A fresh client (its own keep-alive sockets) per phase: a socket left idle past the
+  // gateway's keep-alive timeout between phases would be closed under a new request.
+  let client = jsonClient(url, benchToken, CONCURRENCY);
 
   // --- Meters
   const sumInfo = async (redises: Redis[], section: string, fields: string[]) => {
@@ -194,7 +205,7 @@ try {
       byCommand,
       redisCpuS: await sumInfo(servers.all, 'cpu', ['used_cpu_sys', 'used_cpu_user']),
       gatewayCpuS: processCpuSeconds(gateway.pid!),
-      workerCpuS: processCpuSeconds(hollow.pid!),
+      workerCpuS: hollows.reduce((sum, h) => sum + processCpuSeconds(h.pid!), 0),
     };
   };
   const rates = (before: Meter, after: Meter) => {
@@ -294,15 +305,18 @@ try {
   // --- Burst: one job asks for BURST sandboxes at once
   const loadsBefore = await loads();
   const refusalsBefore = await refusalsSoFar();
+  client = jsonClient(url, benchToken, BURST);
   const burst = await phase(`burst (${BURST} creates of one job at once)`, BURST, BURST, idleFull, create('burst-job'));
   const refusals = (await refusalsSoFar()) - refusalsBefore;
   const loadsAfter = await loads();
-  const burstLoads = [...loadsAfter].map(([node, n]) => n - (loadsBefore.get(node) ?? 0));
-  const totalLoads = [...loadsAfter.values()];
+  const burstLoads = [...loadsAfter].map(([node, held]) => held.length - (loadsBefore.get(node)?.length ?? 0));
+  const totalLoads = [...loadsAfter.values()].map((held) => held.length);
   const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length);
   const burstRunning = created.filter((c) => c.job === 'burst-job').length;
-  const ids = new Set(created.map((c) => c.id));
-  const held = totalLoads.reduce((a, b) => a + b, 0);
+  // Each sandbox on one host at most; every acknowledged one still on its host (a host declared lost would drop them).
+  const hostsOf = new Map<string, number>();
+  for (const held of loadsAfter.values()) for (const id of held) hostsOf.set(id, (hostsOf.get(id) ?? 0) + 1);
+  const acknowledged = new Set(created.map((c) => c.id));
   const placement = {
     hosts: loadsAfter.size,
     admissionLimit: maxSandboxes,
@@ -313,12 +327,14 @@ try {
     maxHostLoad: Math.max(...totalLoads),
     /** Creates a host handed back (each one placed again elsewhere, or failed after the limit). */
     refusals,
-    hostPastLimit: totalLoads.some((n) => n > maxSandboxes),
+    onTwoHosts: [...hostsOf.values()].filter((n) => n > 1).length,
+    acknowledgedNotHeld: [...acknowledged].filter((id) => !hostsOf.has(id)).length,
+    heldNotAcknowledged: [...hostsOf.keys()].filter((id) => !acknowledged.has(id)).length,
   };
   const burstChecks = {
     everyOneRunningOrCoded: Object.keys(burst.outcomes).every((o) => o === 'running' || o === 'no_capacity' || o === 'admission_exhausted'),
-    noneTwice: ids.size === created.length && held === created.length,
-    noHostPastLimit: !placement.hostPastLimit,
+    noneTwice: acknowledged.size === created.length && placement.onTwoHosts === 0,
+    noHostPastLimit: placement.maxHostLoad <= maxSandboxes,
     // Placement balances each host's whole load (what it held before the burst counts), so the check is on that.
     maxLoadWithin1_25xMean: placement.totalMaxOverMean <= 1.25,
   };
@@ -326,6 +342,7 @@ try {
 
   // --- Steady execs over the live sandboxes
   const live = created.map((c) => c.id);
+  client = jsonClient(url, benchToken, CONCURRENCY);
   const exec = await phase(`execs (${EXECS}, ${CONCURRENCY} at once, over ${live.length} sandboxes)`, EXECS, CONCURRENCY, idleFull, async (i) => {
     const r = await client('POST', `/v1/sandboxes/${live[i % live.length]}/exec`, { argv: ['echo', String(i)] });
     if (r.status === 200 && r.body.stdout === `${i}\n`) return 'ok';

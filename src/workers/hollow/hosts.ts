@@ -25,8 +25,8 @@ export interface HollowHostsOptions {
 
 export interface HollowHosts {
   nodeIds: string[];
-  /** Sandboxes the hosts hold now, per node id (from their runtimes, not from Redis). */
-  sandboxesByNode(): Map<string, number>;
+  /** The sandboxes each host holds now, by node id (from their runtimes, not from Redis). */
+  sandboxesByNode(): Map<string, string[]>;
   stop(): Promise<void>;
 }
 
@@ -86,7 +86,7 @@ export async function startHollowHosts(options: HollowHostsOptions): Promise<Hol
 
   return {
     nodeIds: hosts.map(({ host }) => host.nodeId),
-    sandboxesByNode: () => new Map(hosts.map(({ host, runtime }) => [host.nodeId, runtime.size])),
+    sandboxesByNode: () => new Map(hosts.map(({ host, runtime }) => [host.nodeId, runtime.ids()])),
     stop: stopAll,
   };
 }

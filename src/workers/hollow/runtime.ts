@@ -16,9 +16,9 @@ function hollowRefuses(what: string): never {
  */
 export class HollowRuntime implements SandboxRuntime {
   private readonly live = new Set<string>();
-  /** Sandboxes this host's process holds (across hosts of one process, each its own). */
-  get size(): number {
-    return this.live.size;
+  /** The sandboxes this host holds now. */
+  ids(): string[] {
+    return [...this.live];
   }
 
   async create(spec: SandboxRuntimeSpec): Promise<void> {
