@@ -138,9 +138,10 @@ try {
   };
   const config = loadConfig({}, { ...env, ROLLBOX_DATA_DIR: path.join(rootDir, 'bench') });
   await ensureBaseLayer(config, redisUrl);
+  // Children log to stderr: stdout carries the one JSON line.
   const gateway = spawn(process.execPath, [path.join(REPO, 'bin/rollbox.js'), 'gateway', '--data-dir', path.join(rootDir, 'gateway')], {
     env: { ...process.env, ...env, ROLLBOX_PORT: String(port) },
-    stdio: ['ignore', 'inherit', 'inherit'],
+    stdio: ['ignore', 2, 'inherit'],
   });
   children.push(gateway);
   // The hosts' processes: their entry script is under bench/, the only place hollow hosts start.
@@ -149,7 +150,7 @@ try {
     const count = Math.floor(HOSTS / processes) + (k < HOSTS % processes ? 1 : 0);
     const child = spawn(process.execPath, ['--import', 'tsx', path.join(REPO, 'bench/support/hollow-hosts.ts')], {
       env: { ...process.env, ...env, ROLLBOX_DATA_DIR: path.join(rootDir, `hollow-${k}`), HOLLOW_COUNT: String(count), HOLLOW_ID_PREFIX: `p${k}-`, HOLLOW_CAPACITY: JSON.stringify(capacity) },
-      stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+      stdio: ['ignore', 2, 'inherit', 'ipc'],
     });
     children.push(child);
     return child;
@@ -294,7 +295,8 @@ try {
     return r.body?.error?.code ?? `http_${r.status}`;
   };
 
-  // --- Background, fill, background again
+  // --- Background (once the hosts' start-up has settled), fill, background again
+  await new Promise((r) => setTimeout(r, BACKGROUND_WINDOW_MS));
   const idleEmpty = await background('no sandboxes');
   const memoryBefore = await redisMemoryBytes();
   const fill = await phase(`fill (${LIVE} creates, ${CONCURRENCY} at once)`, LIVE, CONCURRENCY, idleEmpty, create('fill'));
