@@ -3,15 +3,18 @@
  * stream to envd at the gateway) beside rollbox's own TypeScript client's exec of the same
  * command in the same sandbox, interleaved one by one in the same run, so both see the
  * same host. The native client is the floor; the target is at most 1.5x. Also the SDK's
- * create beside the native create, and the port arm: a GET through `getHost(port)` (the
- * gateway, the worker's port relay, into the sandbox's namespace) to busybox httpd in a
- * sandbox, beside the same GET to the same server reached from the host straight into the
- * sandbox's network namespace through the worker's helper (rollbox-portfwd: one fork and
- * setns per connection, no gateway, no relay), the floor, since a sandbox's own address
- * is unreachable from the host (its firewall drops connections from it); and, for context,
- * the same server program (the host's busybox httpd) on the host's loopback, outside any
- * sandbox's cgroup. Interleaved; each GET on a new connection, as busybox httpd closes each.
- * Prints progress on stderr, writes CDF charts to bench/out/, ends with one JSON line.
+ * create beside the native create, and a pty arm: keystroke to echo on a terminal through
+ * the SDK's `pty` (sendInput, then its Connect stream) and through rollbox's own pty API
+ * (stdin, then the command's event stream), each as a ratio to the exec floor of the same
+ * run; and a port arm: a GET through `getHost(port)` (the gateway, the worker's port relay,
+ * into the sandbox's namespace) to busybox httpd in a sandbox, beside the same GET to the
+ * same server reached from the host straight into the sandbox's network namespace through
+ * the worker's helper (rollbox-portfwd: one fork and setns per connection, no gateway, no
+ * relay), the floor, since a sandbox's own address is unreachable from the host (its
+ * firewall drops connections from it); and, for context, the same server program (the
+ * host's busybox httpd) on the host's loopback, outside any sandbox's cgroup. Interleaved;
+ * each GET on a new connection, as busybox httpd closes each. Prints progress on stderr,
+ * writes CDF charts to bench/out/, ends with one JSON line.
  */
 import { spawn } from 'node:child_process';
 import fs from 'node:fs/promises';
@@ -58,7 +61,8 @@ async function freePort(): Promise<number> {
   return port;
 }
 
-const cluster = await startTestCluster({ workers: [{ nodeId: 'bench-node' }], env: { ROLLBOX_HEARTBEAT_MS: '1000', ROLLBOX_NODE_LOST_AFTER_MS: '5000', ...(process.env.ROLLBOX_E2B_BASE_TEMPLATE ? { ROLLBOX_E2B_BASE_TEMPLATE: process.env.ROLLBOX_E2B_BASE_TEMPLATE } : {}) } });
+// E2B's `base` is busybox here: the bench times the RPC path, not a first build of the base template.
+const cluster = await startTestCluster({ workers: [{ nodeId: 'bench-node' }], env: { ROLLBOX_HEARTBEAT_MS: '1000', ROLLBOX_NODE_LOST_AFTER_MS: '5000', ROLLBOX_E2B_BASE_TEMPLATE: 'off' } });
 process.once('SIGINT', () => void cluster.stop().finally(() => process.exit(130)));
 const redis = new Redis(cluster.redisUrl);
 try {
@@ -104,7 +108,68 @@ try {
   }
   bar.done();
 
-  // The port arm: the same busybox httpd page in a busybox sandbox (through getHost) and on the host.
+  // Keystroke to echo: one key typed at the shell's prompt, timed until the terminal shows
+  // it. Both terminals in the same sandbox.
+  const PTY_RUNS = Number(process.env.BENCH_PTY_RUNS ?? Math.min(RUNS, 150));
+  const echoTimer = () => {
+    let seen = '';
+    let waiting: { key: string; from: number; resolve: () => void } | undefined;
+    return {
+      output(text: string) {
+        seen += text;
+        if (waiting && seen.indexOf(waiting.key, waiting.from) >= 0) waiting.resolve();
+      },
+      async type(key: string, send: (key: string) => Promise<unknown>) {
+        const from = seen.length;
+        const echoed = new Promise<void>((resolve) => (waiting = { key, from, resolve }));
+        await send(key);
+        await echoed;
+      },
+      async ready(what: string) {
+        const deadline = Date.now() + 15_000;
+        while (!seen.includes(what)) {
+          if (Date.now() > deadline) throw new Error(`no ${JSON.stringify(what)} on the terminal: ${JSON.stringify(seen.slice(-200))}`);
+          await new Promise((r) => setTimeout(r, 20));
+        }
+      },
+    };
+  };
+  const sdkTerm = echoTimer();
+  const decoder = new TextDecoder();
+  const terminal = await sbx.pty.create({ cols: 80, rows: 24, envs: { PS1: 'p$ ' }, onData: (d) => sdkTerm.output(decoder.decode(d, { stream: true })) });
+  const sdkKey = (key: string) => sbx.pty.sendInput(terminal.pid, new TextEncoder().encode(key));
+  const nativeTerm = echoTimer();
+  const nativePty = await native.createPty(sbx.sandboxId, { cols: 80, rows: 24, env: { PS1: 'p$ ' } });
+  const following = (async () => {
+    for await (const ev of native.followCommand(sbx.sandboxId, nativePty.commandId)) if (ev.type === 'pty') nativeTerm.output(ev.data);
+  })();
+  const nativeKey = (key: string) => native.writeStdin(sbx.sandboxId, nativePty.commandId, key);
+  await sdkTerm.ready('p$ ');
+  await nativeTerm.ready('p$ ');
+  const ptySdk: number[] = [];
+  const ptyNative: number[] = [];
+  const ptyFloor: number[] = [];
+  const ptyBar = progressBar('pty keystroke to echo, SDK then native', { total: PTY_RUNS });
+  for (let i = 0; i < PTY_RUNS; i++) {
+    // Digits: the prompt has none, so the echo is the key itself.
+    const key = String(i % 10);
+    ptySdk.push(await timed(() => sdkTerm.type(key, sdkKey)));
+    ptyNative.push(await timed(() => nativeTerm.type(key, nativeKey)));
+    ptyFloor.push(await timed(viaNative));
+    if (i % 40 === 39) {
+      // ^U clears the typed line (untimed), so it never wraps.
+      await Promise.all([sdkKey('\x15'), nativeKey('\x15')]);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    ptyBar.tick();
+  }
+  ptyBar.done();
+  await sbx.pty.kill(terminal.pid);
+  await native.signalCommand(sbx.sandboxId, nativePty.commandId, 'KILL');
+  await following;
+
+  // The port arm: the same busybox httpd page in a busybox sandbox (through getHost, and
+  // straight into its namespace) and on the host.
   const web = await Sandbox.create('busybox', { timeoutMs: 600_000 });
   created.push(web.sandboxId);
   await web.commands.run(`mkdir -p /www && printf '${PAGE.replace('\n', '\\n')}' > /www/index.html && httpd -p ${HTTPD_PORT} -h /www`);
@@ -153,8 +218,11 @@ try {
     { label: "the host's busybox httpd on its loopback (context)", samplesMs: portSamples.hostLoopback },
   ]);
   process.stderr.write(`charts: ${chart} ${portChart}\n`);
-  const ps = summarize(portSamples.getHost);
-  const pf = summarize(portSamples.floor);
+  const gs = summarize(portSamples.getHost);
+  const gf = summarize(portSamples.floor);
+  const ps = summarize(ptySdk);
+  const pn = summarize(ptyNative);
+  const pf = summarize(ptyFloor);
   const ratio = (a: number, b: number) => Math.round((a / b) * 100) / 100;
   console.log(
     JSON.stringify({
@@ -169,7 +237,8 @@ try {
       createP50Ms: cs.p50Ms,
       nativeCreateP50Ms: cf.p50Ms,
       createRatioP50: ratio(cs.p50Ms, cf.p50Ms),
-      port: { p50Ms: ps.p50Ms, p99Ms: ps.p99Ms, floorP50Ms: pf.p50Ms, floorP99Ms: pf.p99Ms, ratioP50: ratio(ps.p50Ms, pf.p50Ms), ratioP99: ratio(ps.p99Ms, pf.p99Ms), hostLoopbackP50Ms: summarize(portSamples.hostLoopback).p50Ms, n: ps.n },
+      pty: { sdkEchoP50Ms: ps.p50Ms, nativeEchoP50Ms: pn.p50Ms, floorP50Ms: pf.p50Ms, sdkRatioP50: ratio(ps.p50Ms, pf.p50Ms), nativeRatioP50: ratio(pn.p50Ms, pf.p50Ms), sdkEchoP99Ms: ps.p99Ms, n: ps.n },
+      port: { p50Ms: gs.p50Ms, p99Ms: gs.p99Ms, floorP50Ms: gf.p50Ms, floorP99Ms: gf.p99Ms, ratioP50: ratio(gs.p50Ms, gf.p50Ms), ratioP99: ratio(gs.p99Ms, gf.p99Ms), hostLoopbackP50Ms: summarize(portSamples.hostLoopback).p50Ms, n: gs.n },
       n: s.n,
       sdk: 'e2b@2.51.0',
       targets: { ratioP50: 1.5, port: { ratioP50: 1.5 } },
