@@ -348,4 +348,27 @@ describe('the port relay of a worker host', () => {
       await api(cluster, owner, 'DELETE', `/v1/sandboxes/${id}`);
     }
   }, 60_000);
+
+  it("lets a sandbox that reaches the gateway (network.gateway) into another sandbox's port only with its credentials", async () => {
+    const gatewayPort = new URL(cluster.url).port;
+    const token = (await Sandbox.connect(sandboxId)).trafficAccessToken!;
+    const created = await api(cluster, stranger, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64 }, ttlSeconds: 120, network: { gateway: true } });
+    expect(created.status, JSON.stringify(created.body)).toBe(201);
+    const id = created.body.id as string;
+    try {
+      const fetchFrom = async (args: string) => {
+        const r = await api(cluster, stranger, 'POST', `/v1/sandboxes/${id}/exec`, { cmd: `wget -q -O- ${args} 2>&1; echo " rc=$?"`, timeoutMs: 30_000 });
+        expect(r.status, JSON.stringify(r.body)).toBe(200);
+        return r.body.stdout as string;
+      };
+      const byName = `--header 'Host: ${HTTP_PORT}-${sandboxId}.localhost:${gatewayPort}' http://gateway.rollbox.internal:9180/index.html`;
+      // Through the gateway, the E2B name without the traffic token, and rollbox's path without a token: refused.
+      expect(await fetchFrom(byName)).toMatch(/403 Forbidden.* rc=1/s);
+      expect(await fetchFrom(`http://gateway.rollbox.internal:9180/v1/sandboxes/${sandboxId}/ports/${HTTP_PORT}/index.html`)).toMatch(/401 Unauthorized.* rc=1/s);
+      // With the token, the same request passes: the wall above is the gateway's, not the network's.
+      expect(await fetchFrom(`--header 'e2b-traffic-access-token: ${token}' ${byName}`)).toBe('hello from the sandbox\n rc=0\n');
+    } finally {
+      await api(cluster, stranger, 'DELETE', `/v1/sandboxes/${id}`);
+    }
+  }, 60_000);
 });
