@@ -47,6 +47,10 @@ export class HollowRuntime implements SandboxRuntime {
     return false;
   }
 
+  async resizeCommand(): Promise<boolean> {
+    return false;
+  }
+
   async execRaw(): Promise<RuntimeRawExecOutcome> {
     return hollowRefuses('files');
   }
