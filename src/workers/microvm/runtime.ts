@@ -35,6 +35,8 @@ export interface MicroVmRuntimeDeps {
   tscKhz?: number;
   /** From QEMU's start until the guest's init answers. */
   bootTimeoutMs: number;
+  /** Guest memory handed back to the host: free page reporting, and the guest's cold page cache reclaimed this often (qemu.ts); undefined: off. */
+  returnMemory?: { cacheReclaimSeconds: number };
   /** Sandbox networking, shared with the container runtime (one pool, one host table); without it only mode none. */
   network?: SandboxNetworks;
   /** Reads a snapshot's tar into its EROFS layer (the worker's extraction threads); default: this thread. */
