@@ -181,19 +181,18 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     execRaw: (id, spec) => execRawInVm(vmOf(id), spec),
     attach: (id, spec) => attachInVm(vmOf(id), spec),
     async signalCommand(id, commandId, signo) {
-      const live = vms.get(id)?.live.get(commandId);
-      if (!live) return false;
-      live.channel.signal(signo);
-      return true;
+      const channel = await vms.get(id)?.live.get(commandId)?.opened;
+      channel?.signal(signo);
+      return channel !== undefined;
     },
     async writeCommandStdin(id, commandId, data, eof) {
       const live = vms.get(id)?.live.get(commandId);
       if (!live?.stdinOpen) return false;
-      if (data.length) await live.channel.writeStdin(data);
-      if (eof) {
-        live.stdinOpen = false;
-        live.channel.closeStdin();
-      }
+      if (eof) live.stdinOpen = false;
+      const channel = await live.opened;
+      if (!channel) return false;
+      if (data.length) await channel.writeStdin(data);
+      if (eof) channel.closeStdin();
       return true;
     },
     claim: async () => {
@@ -223,10 +222,18 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
       if (!vm.file.started) throw unsupported('hibernate a VM started by an older worker (its RAM is not a shared file)');
       // Its guest could not take a new lease at the wake (its multiplexer predates MUX_NET, kind 12 since the guest's requests took 8 to 11).
       if (vm.file.nic && !(vm.file.started.nic && vm.file.started.guestRequests)) throw unsupported('hibernate a VM with a network device started by an older worker');
-      // A command's caller waits on this host's connection, which the save ends; its processes would be kept, its result not.
-      if (vm.live.size) throw new RollboxError('invalid_state', `sandbox ${id} has ${vm.live.size} command(s) running (${[...vm.live.keys()].slice(0, 3).join(', ')}); a microVM hibernates whole between commands (processes they left running in the background are kept)`);
-      await saveVm({ qmpSocket: path.join(vm.dir, 'qmp.sock'), ramFile: ramFileOf(id), diskImage: path.join(vm.dir, 'disk.ext4'), startedWith: vm.file.started }, imageDir);
+      // Its running commands are let go of, not ended: they run on in the saved guest, whose
+      // init keeps their output and result for the host that wakes it (the caller carries them there).
+      const carried = [...vm.live.entries()];
+      for (const [, live] of carried) live.released = true;
+      try {
+        await saveVm({ qmpSocket: path.join(vm.dir, 'qmp.sock'), ramFile: ramFileOf(id), diskImage: path.join(vm.dir, 'disk.ext4'), startedWith: vm.file.started }, imageDir);
+      } catch (err) {
+        for (const [, live] of carried) live.released = false;
+        throw err;
+      }
       await remove(id);
+      return { carriedCommands: carried.map(([commandId]) => commandId) };
     }),
     // A fork's image: the VM saved as a hibernation saves it, and running on (fork-image.ts).
     forkWhole: (id, imageDir, children) => serially(vmOf(id), async () => {
