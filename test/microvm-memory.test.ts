@@ -15,6 +15,7 @@ import { qemuPidsUnder } from './support/qemu.ts';
  */
 const RAM_DIR = '/dev/shm';
 const GUEST_MIB = 384;
+const MIB = 1024 * 1024;
 let cluster: TestCluster;
 let token: string;
 const vms: Record<'on' | 'off', string> = { on: '', off: '' };
@@ -103,4 +104,27 @@ describe('microVM guest memory back to the host', () => {
     expect(await sh(vms.on, 'md5sum /root/cold | cut -d" " -f1')).toBe(sums.on);
     expect(sums.on).toBe(sums.off);
   }, 180_000);
+
+  it('each node reports it: its VMs\' memory resident, and the guest RAM handed back (heartbeat, /metrics)', async () => {
+    const admin = await cluster.token('ops', ['admin']);
+    const memoryOf = async (nodeId: string) => ((await api<{ nodes: NodeHeartbeat[] }>(cluster, admin, 'GET', '/v1/nodes')).body.nodes ?? []).find((n) => n.nodeId === nodeId)?.memory;
+    const unbackedMiB = () => GUEST_MIB - residentMiB('on');
+    // The heartbeat carries the reading of the beat before: within a few MiB of the file's own figure once both settle.
+    await waitFor('vmmem-on reports its guest\'s unbacked RAM', async () => Math.abs(((await memoryOf('vmmem-on'))?.guestUnbackedBytes ?? 0) / MIB - unbackedMiB()) < 16, 30_000);
+    const on = (await memoryOf('vmmem-on'))!;
+    const off = (await memoryOf('vmmem-off'))!;
+    console.log(`heartbeats: on resident ${(on.residentBytes / MIB).toFixed(1)} MiB, unbacked ${((on.guestUnbackedBytes ?? 0) / MIB).toFixed(1)} MiB; off resident ${(off.residentBytes / MIB).toFixed(1)} MiB, unbacked ${((off.guestUnbackedBytes ?? 0) / MIB).toFixed(1)} MiB`);
+    expect(on.guestUnbackedBytes! / MIB).toBeGreaterThan(GUEST_MIB / 2);
+    // A VM without the device hands nothing back, whatever its guest leaves untouched.
+    expect(off.guestUnbackedBytes).toBe(0);
+    // Resident: each VM's QEMU cgroup (its RAM file's pages are charged there, with QEMU's own memory).
+    expect(on.residentBytes / MIB).toBeGreaterThan(residentMiB('on'));
+    expect(off.residentBytes / MIB).toBeGreaterThan(residentMiB('off'));
+    expect(off.residentBytes).toBeGreaterThan(on.residentBytes);
+    const metrics = (await api(cluster, undefined, 'GET', '/metrics')).body as string;
+    const metric = (name: string, node: string) => Number(new RegExp(`^${name}\\{node="${node}"[^}]*\\} (\\S+)$`, 'm').exec(metrics)?.[1]);
+    expect(metric('rollbox_node_memory_vm_guest_unbacked_bytes', 'vmmem-on') / MIB).toBeGreaterThan(GUEST_MIB / 2);
+    expect(metric('rollbox_node_memory_vm_guest_unbacked_bytes', 'vmmem-off')).toBe(0);
+    expect(metric('rollbox_node_memory_resident_bytes', 'vmmem-off') / MIB).toBeGreaterThan(residentMiB('off'));
+  }, 60_000);
 });

@@ -7,7 +7,7 @@ import type { BesteffortGuard, RuntimeLogger, SandboxRuntime, SandboxRuntimeSpec
 import type { Accelerator } from './accelerator.ts';
 import { openVmChannel } from './channel.ts';
 import { attachInVm, execInVm, execRawInVm } from './exec.ts';
-import { removeVmCgroup, removeVmCgroupParents, vmCpuQuotaFile } from './cgroup.ts';
+import { removeVmCgroup, removeVmCgroupParents, vmCpuQuotaFile, vmMemoryHeld } from './cgroup.ts';
 import { netnsPathOf, nicPolicy, releaseVmNetwork, VM_BRIDGE, vmNetnsOf } from './net.ts';
 import { saveVm } from './hibernation.ts';
 import { saveForkImage } from './fork-image.ts';
@@ -202,8 +202,19 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     applyPolicy: (id, change) => applyVmPolicy(vmOf(id), change, ops),
     // The sandbox frozen in the guest, then the whole VM stopped (every vCPU; QEMU keeps its memory): vm-ops.ts.
     pause: (id) => pauseVm(vmOf(id), ops),
-    // Reported by the container runtime: a VM's memory is its QEMU process's (metrics of its own).
-    memoryHeld: async () => ({ residentBytes: 0, swappedBytes: 0 }),
+    // A VM's memory is its QEMU's (its cgroup); of its guest's RAM, what the RAM file does not hold is not backed by the host.
+    memoryHeld: async () => {
+      const held = await vmMemoryHeld(deps.nodeId);
+      const unbacked = await Promise.all(
+        [...vms.values()].map(async (vm) => {
+          const started = vm.file.started;
+          if (!started?.freePageReporting) return 0;
+          const ram = await fs.stat(ramFileOf(vm.sandboxId)).catch(() => undefined);
+          return ram ? Math.max(0, started.memoryMiB * 1024 * 1024 - ram.blocks * 512) : 0;
+        }),
+      );
+      return { ...held, guestUnbackedBytes: unbacked.reduce((sum, b) => sum + b, 0) };
+    },
     // A VM's memory is QEMU's: its guest would need to page it out (or the host swap QEMU's process).
     swapOut: async () => {
       throw new RollboxError('tier_unsupported', 'pause mode swap is for containers; a microVM pauses with freeze or hibernates whole');

@@ -176,8 +176,12 @@ export interface SandboxRuntime {
    * there. Answers what it holds afterwards.
    */
   swapOut(sandboxId: string): Promise<{ residentBytes: number; swappedBytes: number }>;
-  /** What this runtime's sandboxes hold together in the host's memory and in swap (their cgroups' totals). */
-  memoryHeld(): Promise<{ residentBytes: number; swappedBytes: number }>;
+  /**
+   * What this runtime's sandboxes hold together in the host's memory and in swap (their
+   * cgroups' totals); a microVM runtime also answers the guest RAM the host does not back
+   * for its VMs that hand memory back (`guestUnbackedBytes`, docs/microvm.md).
+   */
+  memoryHeld(): Promise<{ residentBytes: number; swappedBytes: number; guestUnbackedBytes?: number }>;
   /** Thaw; memory a swap pause paged out is read back first. */
   resume(sandboxId: string): Promise<void>;
   /**
