@@ -1,7 +1,7 @@
 import { existsSync, mkdirSync, rmdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import type { Resources, SandboxClass } from '../../api/index.ts';
-import { memoryCgroupKindOf, readMemoryHeld, type MemoryHeld } from '../../swap/index.ts';
+import { memoryHeldUnderParents, type MemoryHeld } from '../../swap/index.ts';
 import { discoverCgroups, killCgroup, removeCgroupTree, type CgroupHierarchies } from '../runtime/cgroups.ts';
 import { CPU_PERIOD_US, cpuShares } from '../runtime/spec.ts';
 
@@ -103,15 +103,7 @@ export async function removeVmCgroup(nodeId: string, sandboxId: string): Promise
 
 /** What this node's VMMs hold in the host's memory and in swap together (their node parents' hierarchical totals). */
 export async function vmMemoryHeld(nodeId: string): Promise<MemoryHeld> {
-  const h = await cgroups();
-  const held = await Promise.all(
-    [VM_CGROUP_ROOT, VM_BESTEFFORT_CGROUP_ROOT].map((tree) => {
-      const dir = path.join(h.memory, tree, nodeId);
-      const kind = memoryCgroupKindOf(dir);
-      return kind ? readMemoryHeld(dir, kind).catch(() => ({ residentBytes: 0, swappedBytes: 0 })) : { residentBytes: 0, swappedBytes: 0 };
-    }),
-  );
-  return { residentBytes: held.reduce((sum, m) => sum + m.residentBytes, 0), swappedBytes: held.reduce((sum, m) => sum + m.swappedBytes, 0) };
+  return memoryHeldUnderParents((await cgroups()).memory, [VM_CGROUP_ROOT, VM_BESTEFFORT_CGROUP_ROOT].map((tree) => `${tree}/${nodeId}`));
 }
 
 /** With no VM left on this worker (reconcile): its node's parents, and the trees when no other worker has VMs in them. */
