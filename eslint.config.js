@@ -18,6 +18,13 @@ export default tseslint.config(
     },
   },
   {
+    // Hollow worker hosts (src/workers/hollow) run nothing: only benchmarks may start them
+    // (their guard refuses any other entry script at run time too); no test relies on them.
+    files: ['src/**/*.ts', 'test/**/*.ts'],
+    ignores: ['src/workers/hollow/**'],
+    rules: { 'no-restricted-imports': ['error', { patterns: [{ group: ['**/workers/hollow', '**/workers/hollow/**', '**/hollow/index.ts'], message: 'hollow worker hosts are for bench/ only' }] }] },
+  },
+  {
     // Tests and benchmarks read arbitrary JSON answers; `any` there is the honest type.
     files: ['test/**/*.ts', 'bench/**/*.ts'],
     rules: { '@typescript-eslint/no-explicit-any': 'off' },

@@ -3,8 +3,10 @@
  * stream to envd at the gateway) beside rollbox's own TypeScript client's exec of the same
  * command in the same sandbox, interleaved one by one in the same run, so both see the
  * same host. The native client is the floor; the target is at most 1.5x. Also the SDK's
- * create beside the native create. Prints progress on stderr, writes a CDF chart to
- * bench/out/, ends with one JSON line.
+ * create beside the native create, and a pty arm: keystroke to echo on a terminal through
+ * the SDK's `pty` (sendInput, then its Connect stream) and through rollbox's own pty API
+ * (stdin, then the command's event stream), each as a ratio to the exec floor of the same
+ * run. Prints progress on stderr, writes a CDF chart to bench/out/, ends with one JSON line.
  */
 import path from 'node:path';
 import { Redis } from 'ioredis';
@@ -18,7 +20,8 @@ import { timed } from './support/runc-floor.ts';
 const RUNS = Number(process.env.BENCH_RUNS ?? 300);
 const CREATES = Number(process.env.BENCH_CREATES ?? 10);
 
-const cluster = await startTestCluster({ workers: [{ nodeId: 'bench-node' }], env: { ROLLBOX_HEARTBEAT_MS: '1000', ROLLBOX_NODE_LOST_AFTER_MS: '5000' } });
+// E2B's `base` is busybox here: the bench times the RPC path, not a first build of the base template.
+const cluster = await startTestCluster({ workers: [{ nodeId: 'bench-node' }], env: { ROLLBOX_HEARTBEAT_MS: '1000', ROLLBOX_NODE_LOST_AFTER_MS: '5000', ROLLBOX_E2B_BASE_TEMPLATE: 'off' } });
 process.once('SIGINT', () => void cluster.stop().finally(() => process.exit(130)));
 const redis = new Redis(cluster.redisUrl);
 try {
@@ -63,6 +66,66 @@ try {
     bar.tick();
   }
   bar.done();
+
+  // Keystroke to echo: one key typed at the shell's prompt, timed until the terminal shows
+  // it. Both terminals in the same sandbox.
+  const PTY_RUNS = Number(process.env.BENCH_PTY_RUNS ?? Math.min(RUNS, 150));
+  const echoTimer = () => {
+    let seen = '';
+    let waiting: { key: string; from: number; resolve: () => void } | undefined;
+    return {
+      output(text: string) {
+        seen += text;
+        if (waiting && seen.indexOf(waiting.key, waiting.from) >= 0) waiting.resolve();
+      },
+      async type(key: string, send: (key: string) => Promise<unknown>) {
+        const from = seen.length;
+        const echoed = new Promise<void>((resolve) => (waiting = { key, from, resolve }));
+        await send(key);
+        await echoed;
+      },
+      async ready(what: string) {
+        const deadline = Date.now() + 15_000;
+        while (!seen.includes(what)) {
+          if (Date.now() > deadline) throw new Error(`no ${JSON.stringify(what)} on the terminal: ${JSON.stringify(seen.slice(-200))}`);
+          await new Promise((r) => setTimeout(r, 20));
+        }
+      },
+    };
+  };
+  const sdkTerm = echoTimer();
+  const decoder = new TextDecoder();
+  const terminal = await sbx.pty.create({ cols: 80, rows: 24, envs: { PS1: 'p$ ' }, onData: (d) => sdkTerm.output(decoder.decode(d, { stream: true })) });
+  const sdkKey = (key: string) => sbx.pty.sendInput(terminal.pid, new TextEncoder().encode(key));
+  const nativeTerm = echoTimer();
+  const nativePty = await native.createPty(sbx.sandboxId, { cols: 80, rows: 24, env: { PS1: 'p$ ' } });
+  const following = (async () => {
+    for await (const ev of native.followCommand(sbx.sandboxId, nativePty.commandId)) if (ev.type === 'pty') nativeTerm.output(ev.data);
+  })();
+  const nativeKey = (key: string) => native.writeStdin(sbx.sandboxId, nativePty.commandId, key);
+  await sdkTerm.ready('p$ ');
+  await nativeTerm.ready('p$ ');
+  const ptySdk: number[] = [];
+  const ptyNative: number[] = [];
+  const ptyFloor: number[] = [];
+  const ptyBar = progressBar('pty keystroke to echo, SDK then native', { total: PTY_RUNS });
+  for (let i = 0; i < PTY_RUNS; i++) {
+    // Digits: the prompt has none, so the echo is the key itself.
+    const key = String(i % 10);
+    ptySdk.push(await timed(() => sdkTerm.type(key, sdkKey)));
+    ptyNative.push(await timed(() => nativeTerm.type(key, nativeKey)));
+    ptyFloor.push(await timed(viaNative));
+    if (i % 40 === 39) {
+      // ^U clears the typed line (untimed), so it never wraps.
+      await Promise.all([sdkKey('\x15'), nativeKey('\x15')]);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    ptyBar.tick();
+  }
+  ptyBar.done();
+  await sbx.pty.kill(terminal.pid);
+  await native.signalCommand(sbx.sandboxId, nativePty.commandId, 'KILL');
+  await following;
   await Promise.all(created.map((id) => native.deleteSandbox(id)));
 
   const s = summarize(e2b);
@@ -75,6 +138,9 @@ try {
     { label: 'rollbox TS client streaming exec (SSE)', samplesMs: nativeStream },
   ]);
   process.stderr.write(`chart: ${chart}\n`);
+  const ps = summarize(ptySdk);
+  const pn = summarize(ptyNative);
+  const pf = summarize(ptyFloor);
   const ratio = (a: number, b: number) => Math.round((a / b) * 100) / 100;
   console.log(
     JSON.stringify({
@@ -89,6 +155,7 @@ try {
       createP50Ms: cs.p50Ms,
       nativeCreateP50Ms: cf.p50Ms,
       createRatioP50: ratio(cs.p50Ms, cf.p50Ms),
+      pty: { sdkEchoP50Ms: ps.p50Ms, nativeEchoP50Ms: pn.p50Ms, floorP50Ms: pf.p50Ms, sdkRatioP50: ratio(ps.p50Ms, pf.p50Ms), nativeRatioP50: ratio(pn.p50Ms, pf.p50Ms), sdkEchoP99Ms: ps.p99Ms, n: ps.n },
       n: s.n,
       sdk: 'e2b@2.51.0',
       targets: { ratioP50: 1.5 },

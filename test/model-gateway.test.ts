@@ -2,11 +2,10 @@ import Anthropic from '@anthropic-ai/sdk';
 import { Redis } from 'ioredis';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { ModelCallRecord } from '../src/api/index.ts';
 import { RolloutKeyStore } from '../src/iam/index.ts';
 import { ModelCallLog } from '../src/model-gateway/index.ts';
 import { api, startTestCluster, type TestCluster } from './support/cluster.ts';
-import { idsOf } from './support/model-script.ts';
+import { chatTurn, idsOf } from './support/model-script.ts';
 import { ScriptedUpstream, type ScriptTurn } from './support/model-upstream.ts';
 
 // The model gateway with the official SDKs: calls relayed and recorded as the script says,
@@ -48,11 +47,6 @@ const openai = (key: string, id: string) => new OpenAI({ apiKey: key, baseURL: `
 const anthropic = (key: string, id: string) => new Anthropic({ apiKey: key, baseURL: `${cluster.url}/v1/rollouts/${id}/model`, maxRetries: 0 });
 const records = async (id: string) => (await log.list(id)).calls.sort((a, b) => a.turn - b.turn);
 
-/** The text and tool calls of a recorded chat answer, to compare with the script. */
-function chatTurn(record: ModelCallRecord): ScriptTurn {
-  const message = (record.response as { choices: { message: { content: string | null; tool_calls?: { function: { name: string; arguments: string } }[] } }[] }).choices[0]!.message;
-  return { ...(message.content ? { text: message.content } : {}), ...(message.tool_calls ? { toolCalls: message.tool_calls.map((t) => ({ name: t.function.name, arguments: JSON.parse(t.function.arguments) })) } : {}) };
-}
 
 describe('model gateway', () => {
   it('relays an OpenAI chat agent (plain and streamed turns) and records each call as the script says, token fields for the trainer only', async () => {

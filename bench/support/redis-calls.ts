@@ -29,3 +29,11 @@ export async function callsPerOperation(redis: Redis, n: number, op: () => Promi
   const calls = (await redisCallsSoFar(redis)) - before - background * seconds;
   return Math.round((calls / n) * 10) / 10;
 }
+
+/** Commands Redis has executed so far, by command name (INFO commandstats; `evalsha`, and the commands scripts ran, each under its own name). */
+export async function redisCallsByCommand(redis: Redis): Promise<Map<string, number>> {
+  const text = await redis.info('commandstats');
+  const calls = new Map<string, number>();
+  for (const m of text.matchAll(/^cmdstat_([a-z|_-]+):calls=(\d+)/gm)) if (m[1] !== 'info') calls.set(m[1]!, Number(m[2]));
+  return calls;
+}

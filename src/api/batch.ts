@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { ExecRequest, ExecResult } from './exec.ts';
+import { RolloutAgent, RolloutLimits, RolloutModel, RolloutOutcome, RolloutRecord } from './rollout.ts';
 import { CreateSandboxRequest, LayerRef, NetworkPolicy } from './sandbox.ts';
 
 const AbsolutePath = CreateSandboxRequest.shape.workdir.unwrap();
@@ -53,7 +54,8 @@ export const BatchGrade = z
   .refine(oneCommand, 'give exactly one of argv and cmd');
 export type BatchGrade = z.infer<typeof BatchGrade>;
 
-export const BatchTask = z.strictObject({
+export const BatchTask = z
+  .strictObject({
   /** The task's name, unique in its batch: results are keyed by it. */
   customId: z.string().regex(/^[A-Za-z0-9_.:-]{1,128}$/, 'customId is [A-Za-z0-9_.:-]{1,128}'),
   image: CreateSandboxRequest.shape.image,
@@ -64,9 +66,17 @@ export const BatchTask = z.strictObject({
   workdir: CreateSandboxRequest.shape.workdir,
   /** Written before the first step: path (absolute, or under workdir) -> base64 content. */
   files: z.record(TaskFilePath, z.base64()).default({}),
-  steps: z.array(BatchStep).min(1).max(100),
+  /** Fixed commands, run first (the first non-zero exit or timeout ends the task). */
+  steps: z.array(BatchStep).max(100).default([]),
+  /** A hosted rollout: the agent, run after the steps in its own sandbox, driving the task's sandbox and its model through the gateway. */
+  agent: RolloutAgent.optional(),
+  /** The agent's model: the job whose upstreams its calls go to. Needed with `agent`. */
+  model: RolloutModel.optional(),
+  limits: RolloutLimits.optional(),
   grade: BatchGrade.optional(),
-});
+})
+  .refine((t) => t.steps.length > 0 || t.agent !== undefined, { message: 'a task needs steps, an agent, or both', path: ['steps'] })
+  .refine((t) => (t.agent === undefined) === (t.model === undefined), { message: 'agent and model go together', path: ['model'] });
 export type BatchTask = z.infer<typeof BatchTask>;
 
 export const BatchOptions = z.strictObject({
@@ -83,6 +93,15 @@ export const BatchOptions = z.strictObject({
 export type BatchOptions = z.infer<typeof BatchOptions>;
 
 export const CreateBatchRequest = BatchOptions.extend({ tasks: z.array(BatchTask).min(1).max(50_000) });
+
+/**
+ * `POST /v1/rollouts`: one hosted rollout (a task with `agent`), run as a batch of one: its
+ * queueing, attempts, results and grading are a batch's; the answer is that batch.
+ */
+export const CreateRolloutRequest = BatchOptions.extend({
+  task: BatchTask.refine((t) => t.agent !== undefined, { message: 'a rollout needs an agent', path: ['agent'] }),
+});
+export type CreateRolloutRequest = z.infer<typeof CreateRolloutRequest>;
 export type CreateBatchRequest = z.infer<typeof CreateBatchRequest>;
 
 /** Options of an NDJSON submit (the body is the tasks, one per line). */
@@ -134,6 +153,9 @@ export const BatchResultLine = z.object({
   customId: z.string(),
   status: TaskStatus,
   steps: z.array(StepResult),
+  /** The agent's command (a hosted rollout), when it ran. */
+  agent: StepResult.optional(),
+  rollout: RolloutOutcome.optional(),
   grade: StepResult.extend({ mode: BatchGrade.shape.mode, passed: z.boolean() }).optional(),
   attempts: z.number().int(),
   sandboxId: z.string().optional(),
@@ -162,3 +184,10 @@ export const BatchTaskStatus = z.object({
   status: TaskStatus.optional(),
 });
 export type BatchTaskStatus = z.infer<typeof BatchTaskStatus>;
+
+/**
+ * `GET /v1/rollouts/:id`: where a hosted rollout attempt runs, its task's state in its batch
+ * (`done` with the attempt that ended it), and what its model calls came to so far.
+ */
+export const Rollout = RolloutRecord.extend({ task: BatchTaskStatus, usage: RolloutOutcome.omit({ id: true }) });
+export type Rollout = z.infer<typeof Rollout>;

@@ -62,7 +62,8 @@ export const E2bStartRequest = z.object({
     envs: z.record(z.string(), z.string()).default({}),
     cwd: z.string().max(4096).optional(),
   }),
-  pty: z.unknown().optional(),
+  /** Run on a terminal of this size (envd's `PTY`); its output comes as `pty` data. */
+  pty: z.object({ size: z.object({ cols: z.number().int().min(1).max(1000), rows: z.number().int().min(1).max(1000) }) }).optional(),
   tag: z.string().max(256).optional(),
   stdin: z.boolean().optional(),
 });
@@ -71,12 +72,14 @@ export type E2bStartRequest = z.infer<typeof E2bStartRequest>;
 export const E2bConnectRequest = z.object({ process: E2bProcessSelector });
 /** `signal`: by name (SIGNAL_SIGKILL, SIGNAL_SIGTERM) or number, as proto3 JSON allows. */
 export const E2bSendSignalRequest = z.object({ process: E2bProcessSelector, signal: z.union([z.enum(['SIGNAL_SIGKILL', 'SIGNAL_SIGTERM']), z.literal(9), z.literal(15)]) });
-/** `process.Process/SendInput`: stdin bytes (proto3 JSON: base64); a pty's input is not served. */
-export const E2bSendInputRequest = z.object({ process: E2bProcessSelector, input: z.object({ stdin: z.string().max(1_400_000).optional(), pty: z.string().optional() }) });
+/** `process.Process/SendInput`: stdin or pty input bytes (proto3 JSON: base64). */
+export const E2bSendInputRequest = z.object({ process: E2bProcessSelector, input: z.object({ stdin: z.string().max(1_400_000).optional(), pty: z.string().max(1_400_000).optional() }) });
+/** `process.Process/Update`: a pty's new size (without one, nothing changes). */
+export const E2bUpdateRequest = z.object({ process: E2bProcessSelector, pty: E2bStartRequest.shape.pty });
 /** `process.Process/StreamInput`'s messages: start (which process), then data, with keepalives between. */
 export const E2bStreamInputRequest = z.object({
   start: z.object({ process: E2bProcessSelector }).optional(),
-  data: z.object({ input: z.object({ stdin: z.string().max(1_400_000).optional(), pty: z.string().optional() }) }).optional(),
+  data: z.object({ input: z.object({ stdin: z.string().max(1_400_000).optional(), pty: z.string().max(1_400_000).optional() }) }).optional(),
   keepalive: z.object({}).optional(),
 });
 /** `process.Process/CloseStdin`. */

@@ -2,38 +2,81 @@ import path from 'node:path';
 import { z } from 'zod';
 import { ExecUser } from './sandbox.ts';
 
+/** A command's words, without a shell. */
+const CommandArgv = z.array(z.string().max(131_072)).min(1).max(4096);
+/** A command line for the image's `/bin/sh -c`. */
+const CommandLine = z.string().min(1).max(262_144);
+const CommandEnv = z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/), z.string().max(32_768)).default({});
+/**
+ * Not under /proc: a working directory there (/proc/self/fd/N) is how runc's fd leaks
+ * reached the host (CVE-2024-21626). runc itself refuses it too; a symlink made inside
+ * the sandbox gets past this check and meets that second wall.
+ */
+const CommandCwd = z
+  .string()
+  .startsWith('/')
+  .max(4096)
+  .refine((p) => !/^\/proc(\/|$)/.test(path.posix.normalize(p)), 'must not be under /proc');
+const CommandTimeoutMs = z.number().int().min(1).max(24 * 3600 * 1000);
+/** Idempotency id of a command within its sandbox. */
+const CommandId = z.string().regex(/^[A-Za-z0-9_.:-]{1,128}$/);
+
 export const ExecRequest = z
   .strictObject({
     /** Run without a shell. */
-    argv: z.array(z.string().max(131_072)).min(1).max(4096).optional(),
+    argv: CommandArgv.optional(),
     /** Run with the image's `/bin/sh -c`. */
-    cmd: z.string().min(1).max(262_144).optional(),
+    cmd: CommandLine.optional(),
     stdin: z.string().max(8 * 1024 * 1024).optional(),
-    env: z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/), z.string().max(32_768)).default({}),
-    /**
-     * Not under /proc: a working directory there (/proc/self/fd/N) is how runc's fd leaks
-     * reached the host (CVE-2024-21626). runc itself refuses it too; a symlink made inside
-     * the sandbox gets past this check and meets that second wall.
-     */
-    cwd: z
-      .string()
-      .startsWith('/')
-      .max(4096)
-      .refine((p) => !/^\/proc(\/|$)/.test(path.posix.normalize(p)), 'must not be under /proc')
-      .optional(),
+    env: CommandEnv,
+    cwd: CommandCwd.optional(),
     /** Who the command runs as: `name`, `uid`, `name:group` or `uid:gid` (the sandbox's /etc/passwd and /etc/group). Default: the sandbox's user, else root. */
     user: ExecUser.optional(),
     /** Default 60 s; for `background` commands, 24 h. */
-    timeoutMs: z.number().int().min(1).max(24 * 3600 * 1000).optional(),
+    timeoutMs: CommandTimeoutMs.optional(),
     /** Return at once with the command's id; read its status and output later (GET .../commands/:commandId). */
     background: z.boolean().default(false),
     /** Idempotency id of this command within the sandbox. */
-    commandId: z.string().regex(/^[A-Za-z0-9_.:-]{1,128}$/).optional(),
+    commandId: CommandId.optional(),
     /** Keep stdin open (after `stdin`, if given) for POST .../commands/:commandId/stdin; it ends with `eof`. */
     stdinOpen: z.boolean().optional(),
   })
   .refine((r) => (r.argv === undefined) !== (r.cmd === undefined), { message: 'give exactly one of argv or cmd', path: ['argv'] });
 export type ExecRequest = z.infer<typeof ExecRequest>;
+
+/** A terminal's size in character cells. */
+export const PtySize = z.strictObject({
+  cols: z.number().int().min(1).max(1000),
+  rows: z.number().int().min(1).max(1000),
+});
+export type PtySize = z.infer<typeof PtySize>;
+
+/**
+ * POST /v1/sandboxes/:id/pty: a command on a terminal the sandbox's init allocates (its
+ * controlling terminal, `TERM=xterm-256color` unless `env` says otherwise). A command like
+ * the others (command log, signal, stdin, wait); its output is one stream, `stdout`.
+ */
+export const PtyRequest = z
+  .strictObject({
+    /** Default: the image's shell, interactive and login (bash if the image has it, else /bin/sh). */
+    argv: CommandArgv.optional(),
+    /** Run with the image's `/bin/sh -c` on the terminal. */
+    cmd: CommandLine.optional(),
+    cols: PtySize.shape.cols.default(80),
+    rows: PtySize.shape.rows.default(24),
+    env: CommandEnv,
+    cwd: CommandCwd.optional(),
+    user: ExecUser.optional(),
+    /** Default 24 h, as a background command's. */
+    timeoutMs: CommandTimeoutMs.optional(),
+    commandId: CommandId.optional(),
+  })
+  .refine((r) => r.argv === undefined || r.cmd === undefined, { message: 'give at most one of argv or cmd', path: ['argv'] });
+export type PtyRequest = z.infer<typeof PtyRequest>;
+
+/** POST /v1/sandboxes/:id/commands/:commandId/resize: a pty command's new size (its foreground process group gets SIGWINCH). */
+export const CommandResizeRequest = PtySize;
+export type CommandResizeRequest = PtySize;
 
 export const ExecResult = z.object({
   commandId: z.string(),
@@ -68,6 +111,8 @@ export const CommandRecord = z.object({
   startedAt: z.string().optional(),
   endedAt: z.string().optional(),
   result: ExecResult.omit({ replayed: true }).optional(),
+  /** A pty command: the size it started with. Its result's stdout is the tail of its output. */
+  pty: PtySize.optional(),
 });
 export type CommandRecord = z.infer<typeof CommandRecord>;
 

@@ -13,6 +13,9 @@ export {
   SandboxTier,
   NetworkAllowRule,
   NetworkPolicy,
+  SANDBOX_GATEWAY,
+  SANDBOX_GATEWAY_URL,
+  hasNetwork,
   CreateSandboxRequest,
   ExecUser,
   Platform,
@@ -47,6 +50,9 @@ export {
   CommandSignalRequest,
   CommandStdinRequest,
   CommandInputResult,
+  PtySize,
+  PtyRequest,
+  CommandResizeRequest,
 } from './exec.ts';
 export { Layer, LayerName, LayerList, UploadLayerQuery, SnapshotRequest, LayerChunkTable, CHUNK_TABLE_FORMAT } from './layer.ts';
 export { ImageName, ImportImageQuery, ImageConfig, ImageLayer, Image, ImageState, PullImageRequest, PullProgress, ImagePull, ImageRecord, ImportReport, ImportedImage, ImageList, MAX_STACK_LAYERS, withImageDefaults } from './image.ts';
@@ -81,6 +87,7 @@ export {
   E2bListRequest,
   E2bSendSignalRequest,
   E2bSendInputRequest,
+  E2bUpdateRequest,
   E2bStreamInputRequest,
   E2bCloseStdinRequest,
   E2bPathRequest,
@@ -94,10 +101,10 @@ export { BurstPolicy, UtilizationBasis, TraceEvent, TraceHeader, TRACE_FORMAT, B
 export { newId } from './ids.ts';
 export { RunRequest, RunStatus, RunResult } from './run.ts';
 export { RunCodeRequest, RunCodeResponse, CommandRunResult, RunCodeLanguage } from './run-code.ts';
-export { BatchStep, BatchGrade, BatchTask, BatchOptions, CreateBatchRequest, BatchSubmitQuery, BatchState, TERMINAL_BATCH_STATES, TaskStatus, BatchCounts, Batch, BatchList, StepResult, BatchResultLine, BatchResultsQuery, BatchTaskStatus } from './batch.ts';
+export { BatchStep, BatchGrade, BatchTask, BatchOptions, CreateBatchRequest, CreateRolloutRequest, BatchSubmitQuery, BatchState, TERMINAL_BATCH_STATES, TaskStatus, BatchCounts, Batch, BatchList, StepResult, BatchResultLine, BatchResultsQuery, BatchTaskStatus, Rollout } from './batch.ts';
 export { RefusalCounts, SignalFigures, SignalSeries, CapacityQuery, CapacityScenario, CapacityReport, ConsoleQuery, ConsoleSnapshot, RecentCreate, BurstSimulationRequest, BurstSimulation } from './console.ts';
 export { MODEL_APIS, ModelApi, ModelHeaders, ModelBaseUrl, ModelUpstream, ModelTokenFields, ModelBinding, ModelHoldState, ModelFigures, ModelBindingView, ModelLimits, ModelUsage, ModelAttempt, ModelTokens, ModelCallRecord, ModelCallList } from './model.ts';
 export type { ModelBindingParsed } from './model.ts';
-export { TrajectoryEntry, Trajectory, RolloutAgent, RolloutModel } from './rollout.ts';
+export { TrajectoryEntry, Trajectory, RolloutAgent, RolloutModel, RolloutLimits, RolloutOutcome, RolloutRecord } from './rollout.ts';
 export { E2bSnapshotBody, E2bSnapshotsQuery, E2bSnapshotRecord, E2bForkBody, E2bMetricsQuery, E2bNetworkUpdate, SandboxMetrics } from './e2b-control.ts';
 export { BuildContext, BuildRequest, BuildStepState, BuildStep, BuildState, Build, BuildLogEvent, BUILD_STEP_TIMEOUT_MAX_MS } from './build.ts';

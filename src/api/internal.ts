@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { ExecResult } from './exec.ts';
+import { ExecResult, PtySize } from './exec.ts';
 import { FileEntry, FilesMetaAction } from './files.ts';
 import { NetworkPolicy } from './sandbox.ts';
 
@@ -54,6 +54,8 @@ export const ExecOp = z.object({
   background: z.boolean().default(false),
   /** Stdin stays open after `stdin` for CommandStdinOp. */
   stdinOpen: z.boolean().optional(),
+  /** Run on a terminal of this size (CommandResizeOp changes it). */
+  pty: PtySize.optional(),
 });
 /** A signal to a running command's process group. */
 export const CommandSignalOp = z.object({
@@ -63,6 +65,15 @@ export const CommandSignalOp = z.object({
   replyTo: z.string(),
   commandId: z.string(),
   signo: z.number().int().min(1).max(64),
+});
+/** A running pty command's new window size. */
+export const CommandResizeOp = z.object({
+  kind: z.literal('resize'),
+  sandboxId: z.string(),
+  requestId: z.string(),
+  replyTo: z.string(),
+  commandId: z.string(),
+  size: PtySize,
 });
 /** Stdin for a running command started with `stdinOpen`. */
 export const CommandStdinOp = z.object({
@@ -170,7 +181,7 @@ export const MetricsOp = z.object({
   requestId: z.string(),
   replyTo: z.string(),
 });
-export const NodeOp = z.discriminatedUnion('kind', [ExecOp, DestroyOp, FreezeOp, SnapshotOp, ForkPointOp, FilesReadOp, FilesWriteOp, FilesMetaOp, TtlOp, PolicyOp, CommandSignalOp, CommandStdinOp, MetricsOp]);
+export const NodeOp = z.discriminatedUnion('kind', [ExecOp, DestroyOp, FreezeOp, SnapshotOp, ForkPointOp, FilesReadOp, FilesWriteOp, FilesMetaOp, TtlOp, PolicyOp, CommandSignalOp, CommandStdinOp, CommandResizeOp, MetricsOp]);
 export type NodeOp = z.infer<typeof NodeOp>;
 
 /** A sandbox's resource use as its host reads it: CPU over the window given, memory now, its disk now. */

@@ -18,9 +18,9 @@ export const Trajectory = z.object({ rolloutId: z.string(), entries: z.array(Tra
 export type Trajectory = z.infer<typeof Trajectory>;
 
 /**
- * A hosted rollout's agent (issue 39): a command run in its own sandbox, whose network reaches
- * only the gateway, with a rollout key granted only the task sandbox.
- * Not yet accepted by batches: runTask does not run it (see the branch report).
+ * A hosted rollout's agent: a command run in its own **agent sandbox** (the task's image
+ * unless it names one), whose network reaches the gateway and nothing else, with the
+ * rollout's key (granted its task sandbox and its model calls only) in its env.
  */
 export const RolloutAgent = z
   .strictObject({
@@ -34,6 +34,39 @@ export const RolloutAgent = z
   .refine((a) => (a.argv === undefined) !== (a.cmd === undefined), 'give exactly one of argv and cmd');
 export type RolloutAgent = z.infer<typeof RolloutAgent>;
 
-/** The model job whose upstream the rollout's model calls go to (`PUT /v1/jobs/:job/model`). */
-export const RolloutModel = z.strictObject({ job: z.string().min(1).max(128) });
+/** The training job whose upstreams the rollout's model calls go to (`PUT /v1/jobs/:job/model`); its sandboxes carry it (job pause). */
+export const RolloutModel = z.strictObject({ job: z.string().regex(/^[A-Za-z0-9_.:-]{1,128}$/, 'job is [A-Za-z0-9_.:-]{1,128}') });
 export type RolloutModel = z.infer<typeof RolloutModel>;
+
+/** What one rollout may spend on its model (its wall time is the agent's `timeoutMs`). */
+export const RolloutLimits = z.strictObject({
+  maxModelCalls: z.number().int().min(1).max(100_000).optional(),
+  maxTokens: z.number().int().min(1).optional(),
+});
+export type RolloutLimits = z.infer<typeof RolloutLimits>;
+
+/** What a rollout's model calls came to (in its result line). */
+export const RolloutOutcome = z.object({
+  /** The id its model calls are recorded under (one per attempt): its trajectory's. */
+  id: z.string(),
+  modelCalls: z.number().int(),
+  tokens: z.number().int(),
+  /** The first limit it hit, if any. */
+  hit: z.enum(['max_model_calls', 'max_tokens', 'wall_time']).optional(),
+});
+export type RolloutOutcome = z.infer<typeof RolloutOutcome>;
+
+/** Where a hosted rollout attempt ran (GET /v1/rollouts/:id): its trajectory is read from these. */
+export const RolloutRecord = z.object({
+  id: z.string(),
+  tenant: z.string(),
+  job: z.string(),
+  batchId: z.string(),
+  customId: z.string(),
+  attempt: z.number().int(),
+  taskSandboxId: z.string(),
+  agentSandboxId: z.string(),
+  createdAt: z.string(),
+});
+export type RolloutRecord = z.infer<typeof RolloutRecord>;
+

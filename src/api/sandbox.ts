@@ -108,8 +108,20 @@ export type NetworkAllowRule = z.infer<typeof NetworkAllowRule>;
 export const NetworkPolicy = z.strictObject({
   mode: z.enum(['none', 'allowlist']).default('none'),
   allow: z.array(NetworkAllowRule).max(256).default([]),
+  /**
+   * Also reach the rollbox gateway at `http://gateway.rollbox.internal:9180` (a hosted
+   * rollout's agent sandbox): relayed by its worker host to the gateway, whatever `mode` allows.
+   */
+  gateway: z.boolean().optional(),
 });
 export type NetworkPolicy = z.infer<typeof NetworkPolicy>;
+
+/** Where a sandbox whose network has `gateway: true` reaches the gateway (its worker host relays it). */
+export const SANDBOX_GATEWAY = { host: 'gateway.rollbox.internal', port: 9180 } as const;
+export const SANDBOX_GATEWAY_URL = `http://${SANDBOX_GATEWAY.host}:${SANDBOX_GATEWAY.port}`;
+
+/** Whether the sandbox gets a veth (and a /30 of the pool): an allowlist, or the gateway's reach. */
+export const hasNetwork = (policy: Pick<NetworkPolicy, 'mode' | 'gateway'>): boolean => policy.mode === 'allowlist' || policy.gateway === true;
 
 /** What one sandbox's env may hold in all (names and values, in characters): a process's environment must fit execve's limits with room to spare. */
 const ENV_MAX_CHARS = 256 * 1024;

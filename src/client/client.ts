@@ -19,13 +19,16 @@ import {
   type ListSandboxesQuery,
   type PauseMode,
   type PolicyPatch,
+  type PtyRequest,
+  type PtySize,
   type SignalName,
   type SnapshotRequest,
 } from '../api/index.ts';
 
 /** One event of a streaming exec: output chunks in order, then the outcome (output not repeated). */
 export type ExecStreamEvent =
-  | { type: 'stdout' | 'stderr'; data: string }
+  /** `pty`: a terminal's output (carriage returns and all). */
+  | { type: 'stdout' | 'stderr' | 'pty'; data: string }
   | { type: 'exit'; result: Omit<ExecResult, 'stdout' | 'stderr'> & Partial<Pick<ExecResult, 'stdout' | 'stderr'>> };
 
 export interface RetryPolicy {
@@ -122,16 +125,40 @@ export class RollboxClient {
    * and no chunk is delivered twice or lost.
    */
   async *streamExec(id: string, request: Omit<z.input<typeof ExecRequest>, 'background'>): AsyncGenerator<ExecStreamEvent> {
-    const body = { ...request, commandId: request.commandId ?? randomUUID() };
+    const body = JSON.stringify({ ...request, commandId: request.commandId ?? randomUUID() });
+    yield* this.events(`/v1/sandboxes/${encodeURIComponent(id)}/exec`, { method: 'POST', headers: { 'content-type': 'application/json' }, body });
+  }
+
+  /**
+   * A command's output as it comes (a background or pty command, say), from its start,
+   * then its outcome; a dropped stream is resumed where it stopped.
+   */
+  async *followCommand(id: string, commandId: string): AsyncGenerator<ExecStreamEvent> {
+    yield* this.events(`/v1/sandboxes/${encodeURIComponent(id)}/commands/${encodeURIComponent(commandId)}`, { method: 'GET' });
+  }
+
+  /**
+   * Starts a command on a terminal in the sandbox (default: the image's shell; 80x24),
+   * answered at once with its status: follow it with followCommand, type with writeStdin,
+   * resize with resizePty, end it with signalCommand.
+   */
+  async createPty(id: string, request: z.input<typeof PtyRequest> = {}): Promise<CommandStatus> {
+    const withId = { ...request, commandId: request.commandId ?? `pty-${randomUUID()}` };
+    return CommandStatus.parse(await this.call('POST', `/v1/sandboxes/${encodeURIComponent(id)}/pty`, withId));
+  }
+
+  /** A running pty command's new size (its foreground process group gets SIGWINCH). */
+  async resizePty(id: string, commandId: string, size: PtySize): Promise<CommandInputResult> {
+    return CommandInputResult.parse(await this.call('POST', `/v1/sandboxes/${encodeURIComponent(id)}/commands/${encodeURIComponent(commandId)}/resize`, size));
+  }
+
+  /** Server-sent command events from `path`, resumed after a drop from the last event id seen. */
+  private async *events(path: string, init: { method: string; headers?: Record<string, string>; body?: string }): AsyncGenerator<ExecStreamEvent> {
     let lastEventId = '0';
     for (let attempt = 1; ; attempt++) {
       let error: RollboxApiError;
       try {
-        const response = await this.fetch(this.url(`/v1/sandboxes/${encodeURIComponent(id)}/exec`), {
-          method: 'POST',
-          headers: { ...this.authHeader(), 'content-type': 'application/json', accept: 'text/event-stream', 'last-event-id': lastEventId },
-          body: JSON.stringify(body),
-        });
+        const response = await this.fetch(this.url(path), { ...init, headers: { ...this.authHeader(), ...init.headers, accept: 'text/event-stream', 'last-event-id': lastEventId } });
         if (!response.ok || !response.body) throw await apiErrorOf(response);
         for await (const event of serverSentEvents(response.body)) {
           if (event.id) lastEventId = event.id;
@@ -140,6 +167,7 @@ export class RollboxClient {
             return;
           }
           if (event.event === 'stdout' || event.event === 'stderr') yield { type: event.event, data: event.data };
+          if (event.event === 'pty') yield { type: 'pty', data: JSON.parse(event.data) as string };
           attempt = 0; // progress: a later drop starts its retries afresh
         }
         error = new RollboxApiError(0, 'network', 'the event stream ended before the exit event');

@@ -146,6 +146,7 @@ export const Env = z.object({
   ROLLBOX_CAPACITY_HEADROOM: z.coerce.number().min(1).max(10).default(1.25).describe('Gateway: capacity kept above the estimated concurrency when the console computes nodes needed.'),
   ROLLBOX_CAPACITY_WINDOW_SECONDS: z.coerce.number().int().min(10).max(10_800).default(300).describe('Gateway: the window of the capacity gauges in /metrics (`rollbox_capacity_*`).'),
   ROLLBOX_SIGNALS_FLUSH_MS: z.coerce.number().int().min(100).max(60_000).default(1000).describe('Gateway: how often it writes what it counted for the console (creates, waits, exec times, batch tasks) to Redis; nothing is written while there is nothing new.'),
+  ROLLBOX_SANDBOX_GATEWAY_URL: z.string().url().optional().describe('Worker: the gateway as this host reaches it, for sandboxes whose network has `gateway: true` (hosted rollouts\' agent sandboxes): the host relays their `http://gateway.rollbox.internal:9180` there. An `http://` URL (the relay passes bytes); default: `ROLLBOX_GATEWAY_URL` when it is one; `rollbox up` uses its own gateway. Without either, such sandboxes are refused here (`network_unavailable`).'),
   ROLLBOX_NET_POOL: z.string().default('10.200.0.0/16').describe('Veth addresses of allowlist sandboxes, one /30 each; shared by the workers of a host.'),
   ROLLBOX_NET_LEASE_DIR: z.string().default('/run/rollbox/net').describe('Host-wide address leases of that pool (one file per /30).'),
   ROLLBOX_NET_BLOCK: z.string().default('').describe('More CIDRs no sandbox may reach (comma-separated), on top of the built-in list.'),
@@ -337,6 +338,7 @@ export function loadConfig(env: NodeJS.ProcessEnv, overrides: Partial<Record<key
       maxReissues: e.ROLLBOX_MODEL_MAX_REISSUES,
     },
     network: {
+      gatewayTarget: hostPortOf(e.ROLLBOX_SANDBOX_GATEWAY_URL ?? e.ROLLBOX_GATEWAY_URL),
       poolCidr: e.ROLLBOX_NET_POOL,
       leaseDir: e.ROLLBOX_NET_LEASE_DIR,
       probeCidr: e.ROLLBOX_NET_PROBE_CIDR,
@@ -370,4 +372,11 @@ function parseMirrors(value: string): Map<string, string[]> {
     mirrors.set(registryHostOf(entry.slice(0, eq).trim()), urls);
   }
   return mirrors;
+}
+
+/** An http URL's host and port; undefined for none or another scheme (the relay passes bytes: the agent speaks plain HTTP to it). */
+function hostPortOf(url: string | undefined): { host: string; port: number } | undefined {
+  const u = url ? new URL(url) : undefined;
+  if (u?.protocol !== 'http:') return undefined;
+  return { host: u.hostname.replace(/^\[|\]$/g, ''), port: Number(u.port || 80) };
 }

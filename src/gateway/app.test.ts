@@ -73,6 +73,7 @@ const deps: Omit<GatewayDeps, 'verifier'> = {
   },
   batches: {
     submit: () => answer(undefined as never),
+    submitRollout: () => answer(undefined as never),
     submitNdjson: () => answer(undefined as never),
     get: () => answer(undefined as never),
     list: () => answer([]),
@@ -103,6 +104,16 @@ const deps: Omit<GatewayDeps, 'verifier'> = {
     commandStatus: () => answer(STATUS),
     signalCommand: (_p, _id, commandId) => answer({ commandId, state: 'running' as const }),
     writeCommandStdin: (_p, _id, commandId) => answer({ commandId, state: 'running' as const }),
+    resizeCommand: (_p, _id, commandId) => answer({ commandId, state: 'running' as const }),
+    startPty: () => answer(STATUS),
+    async *streamPty() {
+      await answer(undefined);
+      yield { event: 'stdout', id: '1-0', data: '$ ' };
+    },
+    async *followCommand() {
+      await answer(undefined);
+      yield { event: 'exit', id: 'exit', data: JSON.stringify({ exitCode: 0 }) };
+    },
   },
   files: {
     read: () => answer({ body: Buffer.from('bytes'), tar: false }),

@@ -7,6 +7,7 @@ import { RollboxError } from '../api/index.ts';
 import type { Config } from '../config/index.ts';
 import type { RolloutKeyStore, TokenVerifier } from '../iam/index.ts';
 import type { ModelGateway } from '../model-gateway/index.ts';
+import type { RolloutService } from '../rollouts/index.ts';
 import type { NodeDirectory } from '../queues/index.ts';
 import { authenticate, authenticateFromUrl, confineRolloutKeys, type GatewayEnv } from './auth.ts';
 import { registerE2b, type E2bDeps } from './e2b/index.ts';
@@ -15,6 +16,7 @@ import type { SandboxMetricsService } from './sandbox-metrics.ts';
 import { describeZodError, errorResponse, handleError } from './errors.ts';
 import type { GatewayMetrics } from './metrics.ts';
 import { NDJSON, registerBatchRoutes, type BatchApi } from './routes/batches.ts';
+import { registerRolloutRoutes } from './routes/rollouts.ts';
 import { registerClusterRoutes, type BurstApi } from './routes/cluster.ts';
 import { registerCommandRoutes, type ExecApi } from './routes/commands.ts';
 import { registerConsoleRoutes, type ConsoleApi } from './routes/console.ts';
@@ -71,6 +73,8 @@ export interface GatewayDeps {
   e2b?: E2bDeps;
   /** The model gateway (src/model-gateway): model calls of hosted rollouts, job upstreams, model holds; absent: not served. */
   model?: ModelApiDeps & Pick<ModelGateway, 'setJobPaused'>;
+  /** Hosted rollouts' records and trajectories (src/rollouts); absent: /v1/rollouts is not served. */
+  rollouts?: Pick<RolloutService, 'get' | 'trajectory'>;
   /** `GET /v1/sandboxes/:id/metrics`; absent: not served. */
   sandboxMetrics?: Pick<SandboxMetricsService, 'sample'>;
 }
@@ -149,5 +153,6 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   if (deps.sandboxMetrics) registerMetricsRoutes(app, deps.sandboxMetrics);
   if (deps.e2b) registerE2b(app, deps.e2b);
   if (deps.model) registerModelRoutes(app, { model: deps.model, jsonLimit });
+  if (deps.rollouts) registerRolloutRoutes(app, { batches: deps.batches, rollouts: deps.rollouts, jsonLimit });
   return app;
 }

@@ -9,6 +9,8 @@ import {
   type CommandInputResult,
   type CommandRecord,
   type CommandStdinRequest,
+  type PtyRequest,
+  type PtySize,
   type SignalName,
   type CommandStatus,
   type ExecRequest,
@@ -131,7 +133,7 @@ export class ExecService {
     principal: Principal,
     id: string,
     request: ExecRequest,
-    options: { stream: boolean; background?: boolean; waitMs?: number },
+    options: { stream: boolean; background?: boolean; waitMs?: number; pty?: PtySize },
     hop: HopTimer = () => {},
   ): Promise<{ commandId: string; requestId: string; launched: boolean; reply?: Promise<Reply> }> {
     requireScope(principal, 'sandbox:exec');
@@ -152,12 +154,13 @@ export class ExecService {
       stream: options.stream,
       background: options.background ?? false,
       ...(request.stdinOpen ? { stdinOpen: true } : {}),
+      ...(options.pty ? { pty: options.pty } : {}),
     });
     // Listening before the op can reach the node: a fast reply cannot be missed.
     const reply = options.waitMs === undefined ? undefined : nodes.expect(requestId, options.waitMs);
     const t = performance.now();
     const claimed = await commands
-      .claim({ sandboxId: id, tenant: principal.tenant, commandId, argv: op.kind === 'exec' ? op.argv : [], requestId, replyTo: nodes.gatewayId, op: JSON.stringify(op) })
+      .claim({ sandboxId: id, tenant: principal.tenant, commandId, argv: op.kind === 'exec' ? op.argv : [], ...(options.pty ? { pty: options.pty } : {}), requestId, replyTo: nodes.gatewayId, op: JSON.stringify(op) })
       .finally(() => {
         // Lookup and claim are one round trip (the sandbox is checked inside the script).
         hop('claim', performance.now() - t);
@@ -190,8 +193,8 @@ export class ExecService {
    * A command started with its output streamed (it runs once per commandId; `launched:
    * false` when it was known already), answered once it is recorded, with its events to follow.
    */
-  async startStreaming(principal: Principal, id: string, request: ExecRequest): Promise<{ commandId: string; launched: boolean; events: AsyncGenerator<ExecEvent> }> {
-    const { commandId, launched } = await this.startExec(principal, id, request, { stream: true });
+  async startStreaming(principal: Principal, id: string, request: ExecRequest, pty?: PtySize): Promise<{ commandId: string; launched: boolean; events: AsyncGenerator<ExecEvent> }> {
+    const { commandId, launched } = await this.startExec(principal, id, request, { stream: true, ...(pty ? { pty } : {}) });
     return { commandId, launched, events: this.follow(id, commandId, { launched, lastEventId: '0', deadlineMs: this.deps.now() + timeoutOf(request) + EXEC_REPLY_GRACE_MS }) };
   }
 
@@ -260,6 +263,27 @@ export class ExecService {
     return this.statusOf(id, commandId);
   }
 
+  /**
+   * A command on a terminal (started, or found by its commandId), answered at once; its
+   * output follows as its command's stream (followCommand), its input is its stdin.
+   */
+  async startPty(principal: Principal, id: string, request: PtyRequest): Promise<CommandStatus> {
+    const { commandId } = await this.startExec(principal, id, ptyExec(request), { stream: true, background: true, pty: { cols: request.cols, rows: request.rows } });
+    return this.statusOf(id, commandId);
+  }
+
+  /** A pty command started (once per commandId) with its output to follow, as streamExec. */
+  async *streamPty(principal: Principal, id: string, request: PtyRequest, lastEventId = '0'): AsyncGenerator<ExecEvent> {
+    const exec = ptyExec(request);
+    const { commandId, launched } = await this.startExec(principal, id, exec, { stream: true, background: true, pty: { cols: request.cols, rows: request.rows } });
+    yield* this.follow(id, commandId, { launched, lastEventId, deadlineMs: this.deps.now() + timeoutOf(exec) + EXEC_REPLY_GRACE_MS });
+  }
+
+  /** A running pty command's new window size (scope sandbox:exec). */
+  async resizeCommand(principal: Principal, id: string, commandId: string, size: PtySize): Promise<CommandInputResult> {
+    return this.toRunning(principal, id, commandId, { kind: 'resize', commandId, size });
+  }
+
   /** A command's record with the output it has produced so far. */
   async commandStatus(principal: Principal, id: string, commandId: string): Promise<CommandStatus> {
     requireScope(principal, 'sandbox:read');
@@ -287,7 +311,12 @@ export class ExecService {
   }
 
   /** Input for a running command: sent to its sandbox's host, which holds the command's channel to the init. */
-  private async toRunning(principal: Principal, id: string, commandId: string, input: { kind: 'signal'; commandId: string; signo: number } | { kind: 'stdin'; commandId: string; data: string; eof: boolean }): Promise<CommandInputResult> {
+  private async toRunning(
+    principal: Principal,
+    id: string,
+    commandId: string,
+    input: { kind: 'signal'; commandId: string; signo: number } | { kind: 'stdin'; commandId: string; data: string; eof: boolean } | { kind: 'resize'; commandId: string; size: PtySize },
+  ): Promise<CommandInputResult> {
     requireScope(principal, 'sandbox:exec');
     const sandbox = await this.deps.registry.getOwned(id, principal.tenant);
     let record = await this.deps.commands.get(id, commandId);
@@ -315,6 +344,25 @@ export class ExecService {
 
 function unknownError(record: CommandRecord): RollboxError {
   return new RollboxError('result_unknown', `command ${record.commandId} was running when its worker host ${record.node} died or restarted; it may or may not have taken effect`);
+}
+
+/** A pty's default command: the image's shell, interactive and login (bash where there is one). */
+export const PTY_DEFAULT_SHELL = '[ -x /bin/bash ] && exec /bin/bash -i -l; exec /bin/sh -i -l';
+/** A terminal's default TERM (the request's env may set another). */
+const PTY_TERM = 'xterm-256color';
+
+/** The exec a pty request runs: a background command with stdin open, on the terminal. */
+function ptyExec(request: PtyRequest): ExecRequest {
+  return {
+    ...(request.argv ? { argv: request.argv } : { cmd: request.cmd ?? PTY_DEFAULT_SHELL }),
+    env: { TERM: PTY_TERM, ...request.env },
+    ...(request.cwd === undefined ? {} : { cwd: request.cwd }),
+    ...(request.user === undefined ? {} : { user: request.user }),
+    timeoutMs: request.timeoutMs ?? DEFAULT_BACKGROUND_TIMEOUT_MS,
+    background: true,
+    stdinOpen: true,
+    ...(request.commandId === undefined ? {} : { commandId: request.commandId }),
+  };
 }
 
 function timeoutOf(request: ExecRequest): number {

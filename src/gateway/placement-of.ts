@@ -1,18 +1,18 @@
-import { RollboxError, reservationOf, type CreateSandboxRequest, type Resources, type Sandbox } from '../api/index.ts';
+import { RollboxError, hasNetwork, reservationOf, type CreateSandboxRequest, type Resources, type Sandbox } from '../api/index.ts';
 import type { PlacementCandidate, PlacementRequest } from '../queues/index.ts';
 
 /** What placement needs of a sandbox's spec: what it reserves, and whether it has a network. */
 export function placementOf(spec: Pick<CreateSandboxRequest, 'resources' | 'network' | 'tier'>): Omit<PlacementRequest, 'pool' | 'exclude'> {
-  return { ...reservationOf(spec.resources), network: spec.network.mode === 'allowlist', ...(spec.tier === 'microvm' ? { microvm: true } : {}) };
+  return { ...reservationOf(spec.resources), network: hasNetwork(spec.network), ...(spec.tier === 'microvm' ? { microvm: true } : {}) };
 }
 
 /**
  * What the microVM tier cannot do yet, refused before placement with the tier named
  * (its runtime refuses the same: src/workers/microvm/runtime.ts).
  */
-export function checkTierSupports(spec: Pick<CreateSandboxRequest, 'tier' | 'resources'>): void {
+export function checkTierSupports(spec: Pick<CreateSandboxRequest, 'tier' | 'resources' | 'network'>): void {
   if (spec.tier !== 'microvm') return;
-  const missing = spec.resources.memoryMiB < 128 ? 'boot with less than 128 MiB of memory (resources.memoryMiB)' : undefined;
+  const missing = spec.resources.memoryMiB < 128 ? 'boot with less than 128 MiB of memory (resources.memoryMiB)' : spec.network.gateway ? "reach the gateway from inside (network.gateway)" : undefined;
   if (missing) throw new RollboxError('tier_unsupported', `the microvm tier cannot ${missing} yet (docs/microvm.md)`);
 }
 

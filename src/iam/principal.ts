@@ -46,10 +46,10 @@ export function scopesFromClaim(claim: unknown): Set<Scope> | undefined {
   return scopes;
 }
 
-/** Throws `forbidden` unless the principal holds `scope` or `admin`. */
-export function requireScope(principal: Principal, scope: Scope): void {
-  if (principal.scopes.has(scope) || principal.scopes.has('admin')) return;
-  throw new RollboxError('forbidden', `missing scope ${scope}`);
+/** Throws `forbidden` unless the principal holds one of the scopes, or `admin`. */
+export function requireScope(principal: Principal, ...anyOf: [Scope, ...Scope[]]): void {
+  if (principal.scopes.has('admin') || anyOf.some((scope) => principal.scopes.has(scope))) return;
+  throw new RollboxError('forbidden', `missing scope ${anyOf.join(' or ')}`);
 }
 
 /**

@@ -21,6 +21,13 @@ export interface BatchLoad {
 
 export type ResultLineInput = Omit<BatchResultLine, 'cursor' | 'endedAt'>;
 
+/** The sandboxes of a task's latest attempt: its task sandbox and, for a hosted rollout, its agent's. */
+export interface AttemptSandboxes {
+  sandboxId: string;
+  attempt: number;
+  agentSandboxId?: string;
+}
+
 /**
  * Batches in Redis: the batch hash (state, options, counts, a timestamp per state), its
  * tasks' specs, the set of those running, attempts, terminal statuses and result stream.
@@ -169,12 +176,12 @@ export class BatchStore {
   }
 
   /** The sandbox of the task's latest attempt (deleted before the next attempt starts). */
-  async attemptSandbox(id: string, customId: string): Promise<{ sandboxId: string; attempt: number } | undefined> {
+  async attemptSandbox(id: string, customId: string): Promise<AttemptSandboxes | undefined> {
     const raw = await this.redis.hget(keys.batchSandboxes(id), customId);
-    return raw ? (JSON.parse(raw) as { sandboxId: string; attempt: number }) : undefined;
+    return raw ? (JSON.parse(raw) as AttemptSandboxes) : undefined;
   }
 
-  async recordAttemptSandbox(id: string, customId: string, attempt: { sandboxId: string; attempt: number }): Promise<void> {
+  async recordAttemptSandbox(id: string, customId: string, attempt: AttemptSandboxes): Promise<void> {
     await this.redis.hset(keys.batchSandboxes(id), customId, JSON.stringify(attempt));
   }
 

@@ -1,5 +1,5 @@
 import type { Redis } from 'ioredis';
-import { CommandRecord, RollboxError, type CommandList, type ExecResult } from '../api/index.ts';
+import { CommandRecord, RollboxError, type CommandList, type ExecResult, type PtySize } from '../api/index.ts';
 import { keys } from './keys.ts';
 import { LuaScript } from '../redis/index.ts';
 
@@ -61,6 +61,7 @@ function fromHash(hash: Record<string, string>): CommandRecord | undefined {
     startedAt: hash.startedAt,
     endedAt: hash.endedAt,
     result: hash.result ? JSON.parse(hash.result) : undefined,
+    pty: hash.pty ? JSON.parse(hash.pty) : undefined,
   });
 }
 
@@ -79,9 +80,10 @@ export class CommandLog {
    * Records a new command as queued in a running sandbox of `tenant` and pushes `op` (its
    * message) to the ops inbox of the sandbox's node; see CLAIM for the other outcomes.
    */
-  async claim(input: { sandboxId: string; tenant: string; commandId: string; argv: string[]; requestId: string; replyTo: string; op: string }): Promise<ClaimOutcome> {
+  async claim(input: { sandboxId: string; tenant: string; commandId: string; argv: string[]; pty?: PtySize; requestId: string; replyTo: string; op: string }): Promise<ClaimOutcome> {
     const queuedAtMs = this.now();
     const fields = ['commandId', input.commandId, 'argv', JSON.stringify(input.argv), 'state', 'queued', 'requestId', input.requestId, 'replyTo', input.replyTo, 'queuedAt', new Date(queuedAtMs).toISOString()];
+    if (input.pty) fields.push('pty', JSON.stringify(input.pty));
     const opCopy = keys.commandOpCopy(input.sandboxId, input.commandId);
     const [kind, a, b, c] = (await CLAIM.run(
       this.redis,

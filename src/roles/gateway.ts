@@ -5,12 +5,14 @@ import { type Logger } from 'pino';
 import type { Config } from '../config/index.ts';
 import { startingAnswer, ExecService, ForkService, FilesService, TtlService, Janitor, LayerCollector, NodeRequests, PoolService, RunService, SandboxService, createGateway, createMetrics, newId, type LayerBuilder } from '../gateway/index.ts';
 import { RolloutKeyStore, createTokenIssuer, createTokenVerifier } from '../iam/index.ts';
+import { ModelCallLog, RolloutLimits } from '../model-gateway/index.ts';
+import { RolloutService } from '../rollouts/index.ts';
 import { BurstController, CommandProvider, LocalProvider, TraceRecorder, type CloudProvider } from '../burst/index.ts';
 import { ExtractWorkers, GzippedChunks, buildLayerFromTar } from '../layers/index.ts';
 import { NodeDirectory, ReplyHub } from '../queues/index.ts';
 import { CreateJobQueues, connectJobRedis } from '../queues/jobs/index.ts';
 import { BlockingPool, connectRedis, redactedRedisUrl, waitForRedis, type RedisWaitState } from '../redis/index.ts';
-import { CommandLog, ForkRecords, ImageRegistry, LayerRegistry, PoolRegistry, SandboxRegistry, keys, migrateKeyLayout } from '../registry/index.ts';
+import { BatchStore, CommandLog, ForkRecords, ImageRegistry, LayerRegistry, PoolRegistry, RolloutRecords, SandboxRegistry, keys, migrateKeyLayout } from '../registry/index.ts';
 import { ImportHolds, importImage, resolveImageRef } from '../images/index.ts';
 import { batchesOf } from './gateway-batches.ts';
 import { imagePullsOf } from './gateway-pulls.ts';
@@ -104,18 +106,21 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const ttls = new TtlService({ registry, nodes, now });
   const runs = new RunService({ sandboxes, redis, fetchMaxBytes: config.files.maxBytes, now });
   const buildLayer: LayerBuilder = (tar, { maxBytes }) => buildLayerFromTar(tar, { store, tmpDir, maxBytes, maxEntries: config.layerMaxEntries, extract, build: config.layerBuild });
-  const { batches, runner: batchRunner, jobs: batchJobs, stop: stopBatches } = batchesOf(config, redisUrl, redis, blocking, { sandboxes, files, execs, layers, buildLayer, now }, logger, now, (succeeded) => metrics.seen.taskEnded(succeeded));
+  const rolloutKeys = new RolloutKeyStore(redis, now);
+  const rollouts = { keys: rolloutKeys, records: new RolloutRecords(redis, config.model.recordTtlSeconds), limits: new RolloutLimits(redis, config.model.recordTtlSeconds) };
+  const { batches, runner: batchRunner, jobs: batchJobs, stop: stopBatches } = batchesOf(config, redisUrl, redis, blocking, { sandboxes, files, execs, layers, buildLayer, now, rollouts }, logger, now, (succeeded) => metrics.seen.taskEnded(succeeded));
   const { builds, stop: stopBuilds } = buildsOf(config, redisUrl, { redis, sandboxes, files, execs, images, layers, imagePulls, buildLayer }, logger, now);
   const model = await modelGatewayOf(config, redisUrl, { redis, blocking, gatewayId, logger, now, metricsRegistry: metrics.registry });
   const e2bParts = e2bOf(config, { redis, registry, layers, images, store, nodes, tmpDir, sandboxes, ttls, forks, execs, files, builds }, logger, now);
   const app = createGateway({
-    config, redis, verifier: createTokenVerifier(config.jwt), rolloutKeys: new RolloutKeyStore(redis, now), sandboxes, forks, ttls, execs, files, pools, runs, batches, layers, directory, metrics, logger, now, burst,
+    config, redis, verifier: createTokenVerifier(config.jwt), rolloutKeys, sandboxes, forks, ttls, execs, files, pools, runs, batches, layers, directory, metrics, logger, now, burst,
     jobQueues: () => [...directory.list().map((n) => createJobs.queue(n.nodeId)), ...batchJobs.openQueues()],
     console: consoleParts.service({ pools: () => pools.listAll(), burst, metricsRegistry: metrics.registry }),
     buildLayer,
     layerStore: store,
     ...(config.http.layerBlobGzipLevel > 0 ? { gzippedChunks: new GzippedChunks(store, config.http.layerBlobGzipLevel) } : {}),
     model,
+    rollouts: new RolloutService({ records: rollouts.records, calls: new ModelCallLog(redis), limits: rollouts.limits, commands, batches: new BatchStore(redis, now) }),
     e2b: e2bParts.e2b,
     sandboxMetrics: e2bParts.sandboxMetrics,
     builds: { api: builds, contextMaxBytes: config.build.contextMaxBytes },

@@ -36,9 +36,13 @@ export async function startEmbedded(config: Config, logger: Logger): Promise<Emb
     const redisUrl = config.redisUrl ?? redisServer!.url;
     if (config.jwt.alg === 'HS256') await loadOrCreateHsSecret(config.jwt.secretFile);
     await ensureBaseLayer(config, redisUrl);
-    const worker = await startWorkerRole(config, redisUrl, logger.child({ role: 'worker' }));
+    // Its agent sandboxes (network.gateway) reach the gateway this process starts next.
+    const own: { gateway?: { host: string; port: number } } = {};
+    const worker = await startWorkerRole(config, redisUrl, logger.child({ role: 'worker' }), { gatewayTarget: () => own.gateway });
     stops.push(() => worker.stop({ destroySandboxes: true }));
     const gateway = await startGatewayRole(config, redisUrl, logger.child({ role: 'gateway' }));
+    const listening = new URL(gateway.url);
+    own.gateway = { host: listening.hostname, port: Number(listening.port) };
     stops.push(() => gateway.stop());
     const adminToken = await createTokenIssuer(config.jwt).issue({ tenant: 'admin', scopes: ['admin'], ttlSeconds: 30 * 24 * 3600 });
     return { url: gateway.url, redisUrl, adminToken, nodeId: worker.nodeId, stop: stopAll };

@@ -15,6 +15,7 @@ export function agentEnv(i: AgentEnvInput): Record<string, string> {
     ROLLBOX_URL: gateway,
     ROLLBOX_API_KEY: i.rolloutKey,
     ROLLBOX_SANDBOX_ID: i.taskSandboxId,
+    ROLLBOX_ROLLOUT_ID: i.rolloutId,
     OPENAI_BASE_URL: `${model}/v1`,
     ANTHROPIC_BASE_URL: model,
     OPENAI_API_KEY: i.rolloutKey,

@@ -1,2 +1,3 @@
 export { interleave } from './trajectory.ts';
 export { agentEnv, type AgentEnvInput } from './agent-env.ts';
+export { RolloutService, type RolloutServiceDeps } from './service.ts';

@@ -1,5 +1,5 @@
 import { existsSync } from 'node:fs';
-import { RollboxError, reservationOf, type CreateJob, type Sandbox } from '../api/index.ts';
+import { RollboxError, hasNetwork, reservationOf, type CreateJob, type Sandbox } from '../api/index.ts';
 import type { LayerFiles } from '../layers/index.ts';
 import { handOverOps } from '../queues/index.ts';
 import { decideAdmission } from './admission.ts';
@@ -33,7 +33,7 @@ export async function handleCreate(ctx: HostContext, job: CreateJob): Promise<vo
   ctx.local.noteHandled(sandbox.id, ctx.now());
   // The gateway places allowlist sandboxes only where the self-test passes; its view may be a heartbeat old.
   const { networkHealth } = ctx;
-  if (decision.admit && sandbox.spec.network.mode === 'allowlist' && networkHealth?.allowlist === 'failing') {
+  if (decision.admit && hasNetwork(sandbox.spec.network) && networkHealth?.allowlist === 'failing') {
     decision = { admit: false, reason: `sandbox networking fails its self-test here: ${networkHealth.detail}` };
   }
   // Saved whole to a layer store this host does not share: another host wakes it.

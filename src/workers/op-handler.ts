@@ -4,7 +4,7 @@ import { performance } from 'node:perf_hooks';
 import { RollboxError, newId, type NodeOp, type PauseMode, type Reply } from '../api/index.ts';
 import { takeOutExecOps, type InboxReceipt } from '../queues/index.ts';
 import { keepCarriedCommands } from './carried-commands.ts';
-import { OutputWriter, keys } from '../registry/index.ts';
+import { INTERACTIVE_FLUSH_MS, OutputWriter, keys } from '../registry/index.ts';
 import { sandboxFilesMeta } from './files-meta.ts';
 import { readSandboxFiles, writeSandboxFiles } from './files.ts';
 import type { HostContext } from './host-context.ts';
@@ -19,6 +19,9 @@ type ExecOp = Extract<NodeOp, { kind: 'exec' }>;
 
 /** Clock differences between the worker's start record and the init's grace timer, with room to spare. */
 const NEVER_RECEIVED_MARGIN_MS = 2000;
+
+/** A terminal's output is flushed to its stream at once (a typed key waits for its echo); other output is coalesced. */
+const flushMsOf = (op: ExecOp): number | undefined => (op.pty ? INTERACTIVE_FLUSH_MS : undefined);
 
 function notRunning(op: { sandboxId: string; commandId: string }): RollboxError {
   return new RollboxError('invalid_state', `command ${op.commandId} is not running in sandbox ${op.sandboxId} (or was not started with stdinOpen)`);
@@ -79,6 +82,10 @@ export class OpHandler {
           ctx.requireLocal(op.sandboxId);
           if (!(await ctx.deps.runtime.writeCommandStdin(op.sandboxId, op.commandId, Buffer.from(op.data, 'utf8'), op.eof))) throw notRunning(op);
           return await done();
+        case 'resize':
+          ctx.requireLocal(op.sandboxId);
+          if (!(await ctx.deps.runtime.resizeCommand(op.sandboxId, op.commandId, op.size))) throw new RollboxError('invalid_state', `command ${op.commandId} is not a running pty command in sandbox ${op.sandboxId}`);
+          return await done();
         case 'files_meta':
           ctx.requireLocal(op.sandboxId);
           return await ctx.reply(op.replyTo, await sandboxFilesMeta(ctx.deps.runtime, op));
@@ -116,7 +123,7 @@ export class OpHandler {
       throw new RollboxError('invalid_state', `sandbox ${op.sandboxId} is not running on this node`);
     }
     if (!(await commands.start(op.sandboxId, op.commandId, op.requestId))) return this.resume(op, receipt);
-    const output = op.stream ? new OutputWriter(ctx.deps.redis, op.sandboxId, op.commandId) : undefined;
+    const output = op.stream ? new OutputWriter(ctx.deps.redis, op.sandboxId, op.commandId, undefined, flushMsOf(op)) : undefined;
     const key = `${op.sandboxId}/${op.commandId}`;
     this.inFlight.add(key);
     try {
@@ -140,6 +147,7 @@ export class OpHandler {
       holdBackBesteffort: !op.background,
       keepStdinOpen: op.stdinOpen,
       durable: { commandId: op.commandId, graceMs: config.commandGraceMs },
+      ...(op.pty ? { pty: op.pty } : {}),
       record,
     });
   }
@@ -160,7 +168,7 @@ export class OpHandler {
     try {
       const takenAt = performance.now();
       const startedAtMs = Date.parse(record.startedAt ?? '') || ctx.now();
-      const output = op.stream ? await OutputWriter.resume(ctx.deps.redis, op.sandboxId, op.commandId) : undefined;
+      const output = op.stream ? await OutputWriter.resume(ctx.deps.redis, op.sandboxId, op.commandId, flushMsOf(op)) : undefined;
       const collected = await this.collect(op, receipt, output, takenAt, async (recordResult) =>
         runtime.attach(op.sandboxId, {
           commandId: op.commandId,
@@ -204,7 +212,7 @@ export class OpHandler {
       const { oomKills, ...reported } = outcome;
       if (oomKills > 0) await ctx.deps.registry.addOomKills(op.sandboxId, oomKills);
       const result = { ...reported, commandId: op.commandId };
-      await output?.flush();
+      await output?.flush(true); // all of it: the command has ended
       const reply: Reply = { kind: 'exec', requestId: op.requestId, result: { ...result, replayed: false }, workerMs: performance.now() - takenAt };
       await commands.complete(op.sandboxId, result, { receipt, replyChannel: keys.replyChannel(op.replyTo), reply: JSON.stringify(reply) });
       receipt.acked = true;

@@ -107,6 +107,8 @@ export async function startTestCluster(options: { workers?: TestWorkerOptions[];
     }
     await ensureBaseLayer(config, redis.url);
     gateway = await startGatewayRole(config, redis.url, logger);
+    // Worker hosts relay agent sandboxes (network.gateway) to this gateway.
+    Object.assign(env, { ROLLBOX_SANDBOX_GATEWAY_URL: options.env?.ROLLBOX_SANDBOX_GATEWAY_URL ?? gateway.url });
     const cluster: TestCluster = {
       url: gateway.url,
       redisUrl: redis.url,

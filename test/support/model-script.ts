@@ -1,4 +1,5 @@
 import type http from 'node:http';
+import type { ModelCallRecord } from '../../src/api/index.ts';
 
 type Json = Record<string, any>;
 
@@ -185,4 +186,10 @@ function messages(step: ScriptTurn, body: Json, ctx: Context): Body {
   add('message_delta', { delta: { stop_reason: stop, stop_sequence: null }, usage: { output_tokens: u.completion_tokens } });
   add('message_stop');
   return { kind: 'sse', events };
+}
+
+/** The text and tool calls of a recorded chat answer, to compare with the script. */
+export function chatTurn(record: ModelCallRecord): ScriptTurn {
+  const message = (record.response as { choices: { message: { content: string | null; tool_calls?: { function: { name: string; arguments: string } }[] } }[] }).choices[0]!.message;
+  return { ...(message.content ? { text: message.content } : {}), ...(message.tool_calls ? { toolCalls: message.tool_calls.map((t) => ({ name: t.function.name, arguments: JSON.parse(t.function.arguments) })) } : {}) };
 }

@@ -217,6 +217,38 @@ def stdin_request(sandbox_id: str, command_id: str, data: str, eof: bool) -> Req
     return Request("POST", command_path(sandbox_id, command_id, "/stdin"), {"data": data, "eof": eof}, replayable=False)
 
 
+def pty_body(cmd: Optional[Union[str, Sequence[str]]], *, cols: int, rows: int, env: Optional[Mapping[str, str]], cwd: Optional[str],
+             user: Optional[str], timeout: Optional[float], command_id: Optional[str]) -> Dict[str, Any]:
+    """POST /v1/sandboxes/:id/pty: no cmd runs the image's shell."""
+    body: Dict[str, Any] = {"cols": int(cols), "rows": int(rows)}
+    if cmd is not None:
+        body.update({"cmd": cmd} if isinstance(cmd, str) else {"argv": list(cmd)})
+    if env:
+        body["env"] = dict(env)
+    if cwd is not None:
+        body["cwd"] = cwd
+    if user is not None:
+        body["user"] = user
+    if timeout is not None:
+        body["timeoutMs"] = max(1, int(timeout * 1000))
+    body["commandId"] = command_id or new_id("pty")
+    return body
+
+
+def pty_request(sandbox_id: str, body: Dict[str, Any]) -> Request:
+    return Request("POST", sandbox_path(sandbox_id, "/pty"), body)
+
+
+def resize_request(sandbox_id: str, command_id: str, cols: int, rows: int) -> Request:
+    return Request("POST", command_path(sandbox_id, command_id, "/resize"), {"cols": int(cols), "rows": int(rows)})
+
+
+def follow_request(sandbox_id: str, command_id: str, timeouts: Timeouts, last_event_id: str = "0") -> Request:
+    """A command's output as server-sent events, from after `last_event_id`, then its exit."""
+    return Request("GET", command_path(sandbox_id, command_id, ""), headers={"accept": "text/event-stream", "last-event-id": last_event_id},
+                   read_timeout=timeouts.read)
+
+
 def exec_request(sandbox_id: str, body: Dict[str, Any], timeouts: Timeouts, *, stream: bool = False, last_event_id: str = "0") -> Request:
     command_s = body.get("timeoutMs", 60_000) / 1000
     headers = {"accept": "text/event-stream", "last-event-id": last_event_id} if stream else {}
@@ -290,6 +322,8 @@ def stream_event(raw: Dict[str, Any], command_id: str) -> Optional[StreamEvent]:
         return StreamEvent("exit", result=ExecResult.from_json({"stdout": "", "stderr": "", "commandId": command_id, **d}))
     if raw["event"] in ("stdout", "stderr"):
         return StreamEvent(raw["event"], data=raw["data"])
+    if raw["event"] == "pty":  # a terminal's output, as a JSON string (its carriage returns kept)
+        return StreamEvent("pty", data=json.loads(raw["data"]))
     return None
 
 

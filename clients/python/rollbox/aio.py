@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Sequence, Union
 from urllib.parse import quote, urlencode
 
 try:
@@ -191,10 +191,30 @@ class AsyncSandbox:
     async def stream(self, cmd: Command, *, stdin: Optional[str] = None, env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
                      timeout: Optional[float] = None, command_id: Optional[str] = None) -> AsyncIterator[StreamEvent]:
         body = core.exec_body(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, command_id=command_id)
+        async for event in self._events(lambda last: core.exec_request(self.id, body, self._client.timeouts, stream=True, last_event_id=last), body["commandId"]):
+            yield event
+
+    async def follow(self, command_id: str) -> AsyncIterator[StreamEvent]:
+        """A running (or ended) command's output from its start, as it comes (a pty's as `pty` events), then its `exit`."""
+        async for event in self._events(lambda last: core.follow_request(self.id, command_id, self._client.timeouts, last), command_id):
+            yield event
+
+    async def pty(self, cmd: Optional[Command] = None, *, cols: int = 80, rows: int = 24, env: Optional[Mapping[str, str]] = None,
+                  cwd: Optional[str] = None, user: Optional[str] = None, timeout: Optional[float] = None,
+                  command_id: Optional[str] = None) -> CommandStatus:
+        """Starts a command on a terminal (default: the image's shell); see the sync client's `pty`."""
+        body = core.pty_body(cmd, cols=cols, rows=rows, env=env, cwd=cwd, user=user, timeout=timeout, command_id=command_id)
+        return CommandStatus.from_json(await self._client._call(core.pty_request(self.id, body)))
+
+    async def resize(self, command_id: str, cols: int, rows: int) -> Dict[str, Any]:
+        """A running pty command's new size (its foreground process group gets SIGWINCH)."""
+        return await self._client._call(core.resize_request(self.id, command_id, cols, rows))
+
+    async def _events(self, make_request: Callable[[str], core.Request], command_id: str) -> AsyncIterator[StreamEvent]:
         last_event_id, attempt, started = "0", 0, time.monotonic()
         while True:
             attempt += 1
-            request = core.exec_request(self.id, body, self._client.timeouts, stream=True, last_event_id=last_event_id)
+            request = make_request(last_event_id)
             try:
                 try:
                     async with self._client.http.stream(request.method, request.path, content=request.encoded(),
@@ -209,7 +229,7 @@ class AsyncSandbox:
                                 continue
                             if raw["id"]:
                                 last_event_id = raw["id"]
-                            event = core.stream_event(raw, body["commandId"])
+                            event = core.stream_event(raw, command_id)
                             if event is not None:
                                 yield event
                                 attempt = 0

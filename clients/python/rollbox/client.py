@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 from . import _core as core
 from ._core import USER_AGENT, Command
@@ -188,10 +188,31 @@ class Sandbox:
         background command: pass its `command_id`.
         """
         body = core.exec_body(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, command_id=command_id)
+        return self._events(lambda last: core.exec_request(self.id, body, self._client.timeouts, stream=True, last_event_id=last), body["commandId"])
+
+    def follow(self, command_id: str) -> Iterator[StreamEvent]:
+        """A running (or ended) command's output from its start, as it comes (a pty's as `pty` events), then its `exit`."""
+        return self._events(lambda last: core.follow_request(self.id, command_id, self._client.timeouts, last), command_id)
+
+    def pty(self, cmd: Optional[Command] = None, *, cols: int = 80, rows: int = 24, env: Optional[Mapping[str, str]] = None,
+            cwd: Optional[str] = None, user: Optional[str] = None, timeout: Optional[float] = None,
+            command_id: Optional[str] = None) -> CommandStatus:
+        """
+        Starts a command on a terminal (default: the image's shell) and returns at once:
+        `follow` its output, type with `write_stdin`, `resize` it, end it with `signal`.
+        """
+        body = core.pty_body(cmd, cols=cols, rows=rows, env=env, cwd=cwd, user=user, timeout=timeout, command_id=command_id)
+        return CommandStatus.from_json(self._client._call(core.pty_request(self.id, body)))
+
+    def resize(self, command_id: str, cols: int, rows: int) -> Dict[str, Any]:
+        """A running pty command's new size (its foreground process group gets SIGWINCH)."""
+        return self._client._call(core.resize_request(self.id, command_id, cols, rows))
+
+    def _events(self, make_request: Callable[[str], core.Request], command_id: str) -> Iterator[StreamEvent]:
         last_event_id, attempt, started = "0", 0, time.monotonic()
         while True:
             attempt += 1
-            request = core.exec_request(self.id, body, self._client.timeouts, stream=True, last_event_id=last_event_id)
+            request = make_request(last_event_id)
             try:
                 parser = core.SseParser()
                 for line in core.lines_of(self._client.transport.stream(request, request.all_headers(self._client.token, USER_AGENT))):
@@ -200,7 +221,7 @@ class Sandbox:
                         continue
                     if raw["id"]:
                         last_event_id = raw["id"]
-                    event = core.stream_event(raw, body["commandId"])
+                    event = core.stream_event(raw, command_id)
                     if event is not None:
                         yield event
                         attempt = 0  # progress: a later drop starts its retries afresh

@@ -33,6 +33,11 @@ def test_async_client_covers_the_same_surface(stack, tmp_path):
                 await sb.exec_background("sleep 0.3; echo bg", command_id="a-bg")
                 followed = [e async for e in sb.stream("x", command_id="a-bg")]
                 assert followed[-1].result.exit_code == 0 and (await sb.command("a-bg")).stdout == "bg\n"
+                await sb.pty("read line; echo \"got $line\"; stty size", cols=20, rows=5, command_id="a-pty")
+                await sb.resize("a-pty", 30, 6)
+                await sb.write_stdin("a-pty", "key\n")
+                on_tty = [e async for e in sb.follow("a-pty")]
+                assert "".join(e.data for e in on_tty if e.type == "pty") == "key\r\ngot key\r\n6 30\r\n"
                 assert len(await sb.commands()) >= 4
                 assert (await sb.metrics())["memUsed"] > 0
                 paged = [c["commandId"] async for c in sb.iter_commands(page_size=2)]

@@ -110,6 +110,21 @@ def test_stdin_and_signal_by_command_id(sandbox):
     assert caught.value.code == "invalid_state"
 
 
+def test_pty_command_resizes_takes_keys_and_is_followed(sandbox):
+    status = sandbox.pty("stty size; read line; echo \"got $line\"; stty size", cols=40, rows=12, command_id="pty-py")
+    assert status.command_id == "pty-py"
+    deadline = time.monotonic() + 20
+    while "12 40" not in sandbox.command("pty-py").stdout:
+        assert time.monotonic() < deadline, "no first size"
+        time.sleep(0.05)
+    assert sandbox.resize("pty-py", 90, 30)["state"] == "running"
+    sandbox.write_stdin("pty-py", "hello\n")
+    events = list(sandbox.follow("pty-py"))
+    # The terminal's own line ends (CR LF) come through, and its echo of the typed line.
+    assert "".join(e.data for e in events if e.type == "pty") == "12 40\r\nhello\r\ngot hello\r\n30 90\r\n"
+    assert events[-1].type == "exit" and events[-1].result.exit_code == 0
+
+
 def _wait_state(sandbox, command_id, state, timeout_s=20.0):
     deadline = time.monotonic() + timeout_s
     while True:

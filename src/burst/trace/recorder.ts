@@ -34,7 +34,10 @@ export class TraceRecorder {
       stayLocal: request.placement?.stayLocal || undefined,
       tenant,
     };
-    void this.redis.xadd(keys.burstTrace, 'MAXLEN', '~', String(this.maxEvents), `${Math.floor(atEpochMs)}-*`, 'e', JSON.stringify(event)).catch(() => {});
+    // The stream's own id (the time of recording): creates end out of their arrival order,
+    // and an id from the arrival time would be refused whenever a later arrival ended first
+    // (most of a burst was lost that way). The arrival time is in the event.
+    void this.redis.xadd(keys.burstTrace, 'MAXLEN', '~', String(this.maxEvents), '*', 'e', JSON.stringify(event)).catch(() => {});
   }
 }
 
@@ -58,7 +61,8 @@ export async function exportTrace(deps: { redis: Redis; registry: SandboxRegistr
     const batch = await redis.xrange(keys.burstTrace, start, '+', 'COUNT', 1000);
     for (const [, fields] of batch) {
       const parsed = RecordedCreate.safeParse(JSON.parse(fields[1] ?? 'null'));
-      if (parsed.success) recorded.push(parsed.data);
+      // Ids are recording times, never before arrival: an event recorded since may have arrived before.
+      if (parsed.success && parsed.data.atEpochMs >= sinceEpochMs) recorded.push(parsed.data);
     }
     if (batch.length < 1000) break;
     start = `(${batch[batch.length - 1]![0]}`;

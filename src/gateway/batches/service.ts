@@ -1,7 +1,7 @@
 import { createInterface } from 'node:readline';
 import type { Readable } from 'node:stream';
 import type { Redis } from 'ioredis';
-import { BatchTask, RollboxError, TERMINAL_BATCH_STATES, newId, type Batch, type BatchOptions, type BatchResultLine, type BatchTaskStatus, type CreateBatchRequest } from '../../api/index.ts';
+import { BatchTask, RollboxError, TERMINAL_BATCH_STATES, newId, type Batch, type BatchOptions, type BatchResultLine, type BatchTaskStatus, type CreateBatchRequest, type CreateRolloutRequest } from '../../api/index.ts';
 import { requireScope, type Principal } from '../../iam/index.ts';
 import type { BlockingPool } from '../../redis/index.ts';
 import { keys, type BatchStore } from '../../registry/index.ts';
@@ -33,6 +33,18 @@ export class BatchService {
 
   async submit(principal: Principal, request: CreateBatchRequest): Promise<Batch> {
     requireScope(principal, 'batch:submit');
+    if (request.tasks.some((t) => t.agent)) requireScope(principal, 'rollout:submit');
+    return this.submitTasks(principal, request);
+  }
+
+  /** `POST /v1/rollouts`: one hosted rollout, as a batch of one task (scope `rollout:submit`). */
+  async submitRollout(principal: Principal, request: CreateRolloutRequest): Promise<Batch> {
+    requireScope(principal, 'rollout:submit');
+    const { task, ...options } = request;
+    return this.submitTasks(principal, { ...options, tasks: [task] });
+  }
+
+  private async submitTasks(principal: Principal, request: CreateBatchRequest): Promise<Batch> {
     const seen = new Set<string>();
     for (const t of request.tasks) {
       if (seen.has(t.customId)) throw new RollboxError('invalid_request', `customId ${t.customId} appears twice in the batch`);
@@ -58,7 +70,7 @@ export class BatchService {
     let bytes = 0;
     let lineNo = 0;
     let chunk: BatchTask[] = [];
-    const refuse = async (code: 'invalid_request' | 'payload_too_large', message: string): Promise<never> => {
+    const refuse = async (code: 'invalid_request' | 'payload_too_large' | 'forbidden', message: string): Promise<never> => {
       body.destroy();
       await store.fail(id, { code, message });
       throw new RollboxError(code, `batch ${id} failed: ${message}`);
@@ -81,6 +93,7 @@ export class BatchService {
       }
       const task = BatchTask.safeParse(parsed);
       if (!task.success) await refuse('invalid_request', `line ${lineNo}: ${task.error.issues.map((i) => `${i.path.join('.') || 'task'}: ${i.message}`).join('; ')}`);
+      if (task.data!.agent && !principal.scopes.has('rollout:submit') && !principal.scopes.has('admin')) await refuse('forbidden', `line ${lineNo}: a task with an agent needs scope rollout:submit`);
       chunk.push(task.data!);
       if (chunk.length >= CHUNK) await flush();
     }
@@ -111,18 +124,18 @@ export class BatchService {
   }
 
   async get(principal: Principal, id: string): Promise<Batch> {
-    requireScope(principal, 'batch:submit');
+    requireScope(principal, 'batch:submit', 'rollout:submit');
     return this.deps.store.getOwned(id, principal.tenant);
   }
 
   async list(principal: Principal, limit: number): Promise<Batch[]> {
-    requireScope(principal, 'batch:submit');
+    requireScope(principal, 'batch:submit', 'rollout:submit');
     return this.deps.store.list(principal.tenant, limit);
   }
 
   /** Queued tasks end `cancelled` now, running ones as soon as their runners see it; finished results stay. */
   async cancel(principal: Principal, id: string): Promise<Batch> {
-    requireScope(principal, 'batch:submit');
+    requireScope(principal, 'batch:submit', 'rollout:submit');
     await this.deps.store.getOwned(id, principal.tenant);
     await this.deps.store.cancel(id, 'cancelled', 'the batch was cancelled');
     // Its waiting jobs' tasks ended cancelled in the store: the jobs go too.
@@ -132,7 +145,7 @@ export class BatchService {
   }
 
   async task(principal: Principal, id: string, customId: string): Promise<BatchTaskStatus> {
-    requireScope(principal, 'batch:submit');
+    requireScope(principal, 'batch:submit', 'rollout:submit');
     await this.deps.store.getOwned(id, principal.tenant);
     const status = await this.deps.store.taskStatus(id, customId);
     if (status.state !== 'queued') return status;
@@ -145,7 +158,7 @@ export class BatchService {
    * one or the batch's end. Answers the batch too, so a follower knows when it is done.
    */
   async results(principal: Principal, id: string, after: string | undefined, limit: number, waitMs: number): Promise<{ lines: BatchResultLine[]; batch: Batch }> {
-    requireScope(principal, 'batch:submit');
+    requireScope(principal, 'batch:submit', 'rollout:submit');
     const { store } = this.deps;
     const batch = await store.getOwned(id, principal.tenant);
     let lines = await store.results(id, after, limit);

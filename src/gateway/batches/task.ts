@@ -1,11 +1,13 @@
 import path from 'node:path';
 import { FILES_BYTES_TYPE, RollboxError, type BatchOptions, type BatchTask, type ErrorCode, type ExecResult, type StepResult } from '../../api/index.ts';
 import type { Principal } from '../../iam/index.ts';
-import type { BatchStore, ResultLineInput } from '../../registry/index.ts';
+import type { AttemptSandboxes, BatchStore, ResultLineInput } from '../../registry/index.ts';
+import { AGENT_NETWORK, agentCommandIdOf, prepareRollout, rolloutIdOf, rolloutOutcome, runAgentCommand, type RolloutDeps } from './agent.ts';
 import { gradeInFreshSandbox, gradeInPlace, type GradeDeps } from './grade.ts';
 
 export interface TaskDeps extends GradeDeps {
   store: Pick<BatchStore, 'attemptSandbox' | 'recordAttemptSandbox'>;
+  rollouts: RolloutDeps;
 }
 
 /** What running one task came to: a result to record, or a reason to queue it again. */
@@ -44,26 +46,36 @@ const stepCommandId = (run: Pick<TaskRun, 'batchId'>, attempt: number, i: number
  * results are taken as they are and its sandbox (still running) goes on to the grade, so
  * no step runs to completion twice. Otherwise its sandbox is deleted and the task starts over.
  */
-async function resumePrevious(deps: TaskDeps, acting: Principal, run: TaskRun, previous: { sandboxId: string; attempt: number }) {
+async function resumePrevious(deps: TaskDeps, acting: Principal, run: TaskRun, previous: AttemptSandboxes) {
   const log = await deps.execs.commandLog(acting, previous.sandboxId, 1000).catch(() => []);
   const sandbox = await deps.sandboxes.get(acting, previous.sandboxId).catch(() => undefined);
+  if (run.task.agent) {
+    // A hosted rollout goes on where it was: its agent's command still runs (or ended) in its
+    // sandbox, and the same command id waits for it. Without both sandboxes it starts over.
+    const agentSandbox = previous.agentSandboxId && (await deps.sandboxes.get(acting, previous.agentSandboxId).catch(() => undefined));
+    if (sandbox?.state !== 'running' || !agentSandbox || agentSandbox.state !== 'running') return dropPrevious(deps, acting, previous);
+  }
   const byId = new Map(log.map((c) => [c.commandId, c]));
   const steps: StepResult[] = [];
   let status: 'succeeded' | 'failed' | 'timeout' = 'succeeded';
   for (let i = 0; i < run.task.steps.length && status === 'succeeded'; i++) {
     const c = byId.get(stepCommandId(run, previous.attempt, i));
-    if (c?.state !== 'done' || !c.result) {
-      await deps.sandboxes.delete(acting, previous.sandboxId).catch(() => undefined);
-      return undefined;
-    }
+    if (c?.state !== 'done' || !c.result) return dropPrevious(deps, acting, previous);
     steps.push(stepOf({ ...c.result, replayed: false }));
     if (c.result.timedOut || c.result.exitCode !== 0) status = c.result.timedOut ? 'timeout' : 'failed';
   }
+  if (previous.agentSandboxId) return { sandboxId: previous.sandboxId, agentSandboxId: previous.agentSandboxId, attempt: previous.attempt, steps, status, lost: false } as const;
   if (run.task.grade && sandbox?.state !== 'running') {
     // The steps completed but their sandbox is gone: there is nothing left to grade.
     return { sandboxId: undefined, steps, status, lost: true } as const;
   }
-  return { sandboxId: previous.sandboxId, steps, status, lost: false } as const;
+  return { sandboxId: previous.sandboxId, attempt: previous.attempt, steps, status, lost: false } as const;
+}
+
+/** A previous attempt that cannot go on: its sandboxes go, and the task starts over. */
+async function dropPrevious(deps: TaskDeps, acting: Principal, previous: AttemptSandboxes): Promise<undefined> {
+  await Promise.all([previous.sandboxId, previous.agentSandboxId].filter((id) => id !== undefined).map((id) => deps.sandboxes.delete(acting, id).catch(() => undefined)));
+  return undefined;
 }
 
 function stepOf(r: ExecResult): StepResult {
@@ -81,22 +93,26 @@ export async function runTask(deps: TaskDeps, run: TaskRun): Promise<TaskOutcome
   const acting: Principal = { tenant: run.tenant, scopes: TASK_SCOPES };
   const made: string[] = [];
   const steps: StepResult[] = [];
-  const stepsMs = task.steps.reduce((s, x) => s + x.timeoutMs, 0) + (task.grade?.timeoutMs ?? 0);
+  const stepsMs = task.steps.reduce((s, x) => s + x.timeoutMs, 0) + (task.agent?.timeoutMs ?? 0) + (task.grade?.timeoutMs ?? 0);
+  const ttlSeconds = Math.ceil(stepsMs / 1000) + TTL_MARGIN_SEC;
   // The task's, else its image's WorkingDir (known once the sandbox is created): relative file paths resolve against it.
   let workdir = task.workdir ?? '/';
-  const create = async (image: BatchTask['image'], role: string, hiddenPaths: string[]): Promise<string> => {
+  const create = async (image: BatchTask['image'], role: 'steps' | 'agent' | 'grade', hiddenPaths: string[]): Promise<string> => {
+    const agent = role === 'agent' ? task.agent : undefined;
     const { sandbox } = await deps.sandboxes.create(
       acting,
       {
         image,
-        resources: task.resources,
+        resources: agent?.resources ?? task.resources,
         class: options.class,
-        network: role === 'steps' ? task.network : (task.grade?.network ?? { mode: 'none', allow: [] }),
+        network: role === 'steps' ? task.network : role === 'agent' ? AGENT_NETWORK : (task.grade?.network ?? { mode: 'none', allow: [] }),
         hiddenPaths,
-        env: task.env,
-        workdir: task.workdir,
+        env: agent ? {} : task.env,
+        ...(agent ? {} : { workdir: task.workdir }),
+        // A rollout's sandboxes carry its training job: pausing the job pauses them.
+        ...(task.model && role !== 'grade' ? { job: task.model.job } : {}),
         labels: { 'rollbox.batch': run.batchId, 'rollbox.task': run.customId, 'rollbox.role': role },
-        ttlSeconds: Math.ceil(stepsMs / 1000) + TTL_MARGIN_SEC,
+        ttlSeconds,
       },
       `${run.batchId}.${run.customId}.${run.attempt}.${role}`,
     );
@@ -108,6 +124,7 @@ export async function runTask(deps: TaskDeps, run: TaskRun): Promise<TaskOutcome
   const onAbort = () => void Promise.all(made.map((id) => deps.sandboxes.delete(acting, id).catch(() => undefined)));
   run.signal.addEventListener('abort', onAbort, { once: true });
   let stage: 'input' | 'steps' = 'input';
+  let rolloutId: string | undefined;
   try {
     const previous = await deps.store.attemptSandbox(run.batchId, run.customId);
     const resumed = previous ? await resumePrevious(deps, acting, run, previous) : undefined;
@@ -115,16 +132,20 @@ export async function runTask(deps: TaskDeps, run: TaskRun): Promise<TaskOutcome
       return { kind: 'result', line: { customId: run.customId, status: 'infra_error', steps: resumed.steps, attempts: run.attempt, error: { code: 'node_lost', message: 'the steps completed, but their sandbox was lost before the grade' } } };
     }
     let sandboxId: string;
+    let agentSandboxId: string | undefined;
     let status: 'succeeded' | 'failed' | 'timeout' = 'succeeded';
     if (resumed?.sandboxId) {
       sandboxId = resumed.sandboxId;
       made.push(sandboxId);
+      if (resumed.agentSandboxId) made.push((agentSandboxId = resumed.agentSandboxId));
       steps.push(...resumed.steps);
       status = resumed.status;
       stage = 'steps';
     } else {
       sandboxId = await create(task.image, 'steps', task.hiddenPaths);
-      await deps.store.recordAttemptSandbox(run.batchId, run.customId, { sandboxId, attempt: run.attempt });
+      // A rollout's agent sandbox is made with its task's, so no room for it is backpressure too.
+      if (task.agent) agentSandboxId = await create(task.agent.image ?? task.image, 'agent', []);
+      await deps.store.recordAttemptSandbox(run.batchId, run.customId, { sandboxId, attempt: run.attempt, ...(agentSandboxId ? { agentSandboxId } : {}) });
       for (const [file, content] of Object.entries(task.files)) {
         await deps.files.write(acting, sandboxId, { path: path.posix.resolve(workdir, file) }, Buffer.from(content, 'base64'), FILES_BYTES_TYPE);
       }
@@ -140,6 +161,18 @@ export async function runTask(deps: TaskDeps, run: TaskRun): Promise<TaskOutcome
       }
     }
     const line: ResultLineInput = { customId: run.customId, status, steps, attempts: run.attempt, sandboxId };
+    if (task.agent && task.model && agentSandboxId && status === 'succeeded' && !run.signal.aborted) {
+      // The attempt that made its sandboxes names the rollout (a resumed one goes on under it).
+      rolloutId = rolloutIdOf(run.batchId, run.customId, resumed?.attempt ?? run.attempt);
+      const commandId = agentCommandIdOf(run.batchId, resumed?.attempt ?? run.attempt);
+      const started = resumed && (await deps.execs.commandLog(acting, agentSandboxId, 1000)).some((c) => c.commandId === commandId);
+      const attempt = resumed?.attempt ?? run.attempt;
+      const { env } = started ? { env: {} } : await prepareRollout(deps.rollouts, { tenant: run.tenant, job: task.model.job, batchId: run.batchId, customId: run.customId, attempt, taskSandboxId: sandboxId, agentSandboxId, agent: task.agent, limits: task.limits, ttlSeconds, now: deps.now() });
+      const r = await runAgentCommand(deps.execs, acting, agentSandboxId, task.agent, env, commandId);
+      line.agent = stepOf(r);
+      line.rollout = await rolloutOutcome(deps.rollouts, rolloutId);
+      if (r.timedOut || r.exitCode !== 0) line.status = r.timedOut ? 'timeout' : 'failed';
+    }
     const grade = task.grade;
     if (grade && !run.signal.aborted) {
       const graded =
@@ -160,6 +193,7 @@ export async function runTask(deps: TaskDeps, run: TaskRun): Promise<TaskOutcome
     return { kind: 'infra', error, steps };
   } finally {
     run.signal.removeEventListener('abort', onAbort);
+    if (rolloutId) await deps.rollouts.keys.revoke(rolloutId).catch(() => undefined);
     await Promise.all(made.map((id) => deps.sandboxes.delete(acting, id).catch(() => undefined)));
   }
 }

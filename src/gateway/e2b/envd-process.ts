@@ -1,15 +1,15 @@
 import { randomInt } from 'node:crypto';
 import type { Context } from 'hono';
 import type { Redis } from 'ioredis';
-import { E2bCloseStdinRequest, E2bConnectRequest, E2bListRequest, E2bSendInputRequest, E2bSendSignalRequest, E2bStartRequest, E2bStreamInputRequest, ExecRequest, RollboxError, type CommandRecord } from '../../api/index.ts';
+import { E2bCloseStdinRequest, E2bConnectRequest, E2bListRequest, E2bSendInputRequest, E2bSendSignalRequest, E2bStartRequest, E2bStreamInputRequest, E2bUpdateRequest, ExecRequest, RollboxError, type CommandRecord } from '../../api/index.ts';
 import { describeZodError } from '../errors.ts';
-import type { ExecEvent, ExecService } from '../exec-service.ts';
+import { PTY_DEFAULT_SHELL, type ExecEvent, type ExecService } from '../exec-service.ts';
 import { ConnectError, readClientStream, readStreamRequest, readUnary, streamResponse } from './connect.ts';
 import { resolvePath, type EnvdCall } from './envd-common.ts';
 
 export interface E2bProcessDeps {
   redis: Redis;
-  execs: Pick<ExecService, 'startStreaming' | 'followCommand' | 'commandLog' | 'commandStatus' | 'signalCommand' | 'writeCommandStdin'>;
+  execs: Pick<ExecService, 'startStreaming' | 'followCommand' | 'commandLog' | 'commandStatus' | 'signalCommand' | 'writeCommandStdin' | 'resizeCommand'>;
 }
 
 /** envd's own default when the client sends no Keepalive-Ping-Interval. */
@@ -36,6 +36,8 @@ const commandIdOf = (pid: number) => `${COMMAND_PREFIX}${pid}`;
 function argvOf(process: E2bStartRequest['process']): string[] {
   const { cmd, args } = process;
   if (cmd === '/bin/bash' && args.length === 3 && args[0] === '-l' && args[1] === '-c') return ['/bin/sh', '-c', BASH_OR_SH, args[2]!];
+  // The SDK's terminal (pty.create): bash, or the image's /bin/sh where there is none.
+  if (cmd === '/bin/bash' && args.length === 2 && args[0] === '-i' && args[1] === '-l') return ['/bin/sh', '-c', PTY_DEFAULT_SHELL];
   return [cmd, ...args];
 }
 
@@ -43,16 +45,22 @@ function argvOf(process: E2bStartRequest['process']): string[] {
 function configOf(record: CommandRecord): { cmd: string; args: string[]; envs: Record<string, never> } {
   const [cmd = '', ...args] = record.argv;
   if (cmd === '/bin/sh' && args[1] === BASH_OR_SH) return { cmd: '/bin/bash', args: ['-l', '-c', args[2] ?? ''], envs: {} };
+  if (cmd === '/bin/sh' && args.length === 2 && args[1] === PTY_DEFAULT_SHELL) return { cmd: '/bin/bash', args: ['-i', '-l'], envs: {} };
   return { cmd, args, envs: {} };
 }
 
-/** A ProcessEvent for each rollbox output event: data as base64 bytes, the exit as `end`. */
-function eventOf(ev: ExecEvent): unknown {
-  if (ev.event === 'stdout' || ev.event === 'stderr') return { event: { data: { [ev.event]: Buffer.from(ev.data).toString('base64') } } };
+/** A ProcessEvent for each rollbox output event: data as base64 bytes (a terminal's as `pty`), the exit as `end`. */
+function eventOf(ev: ExecEvent, pty: boolean): unknown {
+  if (ev.event === 'stdout' || ev.event === 'stderr') return { event: { data: { [pty ? 'pty' : ev.event]: Buffer.from(ev.data).toString('base64') } } };
   const outcome = JSON.parse(ev.data) as { exitCode: number; timedOut?: boolean };
   // As envd (Go's ProcessState): a command killed at its deadline has exit code -1.
   if (outcome.timedOut) return { event: { end: { exitCode: -1, exited: false, status: 'signal: killed', error: 'signal: killed' } } };
   return { event: { end: { exitCode: outcome.exitCode, exited: true, status: `exit status ${outcome.exitCode}` } } };
+}
+
+/** ProcessInput's bytes (stdin or pty, base64) as the UTF-8 text rollbox's stdin carries. */
+function inputText(input: { stdin?: string | undefined; pty?: string | undefined }): string {
+  return Buffer.from(input.stdin ?? input.pty ?? '', 'base64').toString('utf8');
 }
 
 /**
@@ -75,10 +83,10 @@ export function processService(deps: E2bProcessDeps) {
     return ms > 0 ? Math.min(ms, MAX_COMMAND_MS) : MAX_COMMAND_MS;
   };
 
-  async function* started(call: EnvdCall, pid: number, events: AsyncGenerator<ExecEvent>): AsyncGenerator<unknown> {
+  async function* started(call: EnvdCall, pid: number, events: AsyncGenerator<ExecEvent>, pty = false): AsyncGenerator<unknown> {
     yield { event: { start: { pid } } };
     try {
-      for await (const ev of events) yield eventOf(ev);
+      for await (const ev of events) yield eventOf(ev, pty);
     } catch (err) {
       throw await call.explain(err);
     }
@@ -94,21 +102,22 @@ export function processService(deps: E2bProcessDeps) {
   return {
     async Start(c: Context, call: EnvdCall): Promise<Response> {
       const request = await readStreamRequest(c, E2bStartRequest);
-      if (request.pty !== undefined) throw new ConnectError('unimplemented', 'pty commands are not supported by rollbox (run the command without pty)');
       const cwd = request.process.cwd ? resolvePath(request.process.cwd, call.user, await call.sandbox()) : undefined;
       const timeoutMs = timeoutMsOf(c);
-      const checked = ExecRequest.safeParse({ argv: argvOf(request.process), env: request.process.envs, cwd, user: call.user, timeoutMs, stdinOpen: request.stdin === true });
+      const pty = request.pty?.size;
+      // A terminal always takes input (envd's pty.create sends no `stdin`).
+      const checked = ExecRequest.safeParse({ argv: argvOf(request.process), env: request.process.envs, cwd, user: call.user, timeoutMs, stdinOpen: request.stdin === true || pty !== undefined });
       if (!checked.success) throw new ConnectError('invalid_argument', describeZodError(checked.error, 'process'));
       // A random pid is its commandId at no Redis call; a (rare) clash with an earlier command picks another.
       for (let attempt = 0; attempt < 5; attempt++) {
         const pid = randomInt(1, MAX_PID);
-        const run = await call.guard(execs.startStreaming(call.principal, call.sandboxId, { ...checked.data, commandId: commandIdOf(pid) }));
+        const run = await call.guard(execs.startStreaming(call.principal, call.sandboxId, { ...checked.data, commandId: commandIdOf(pid) }, pty));
         if (!run.launched) {
           await run.events.return(undefined);
           continue;
         }
         if (request.tag) await redis.multi().hset(tagsKey(call.sandboxId), request.tag, pid).expire(tagsKey(call.sandboxId), TAG_KEYS_TTL_SEC).exec();
-        return streamResponse(c, started(call, pid, run.events), { message: { event: { keepalive: {} } }, everyMs: keepaliveMs(c) });
+        return streamResponse(c, started(call, pid, run.events, pty !== undefined), { message: { event: { keepalive: {} } }, everyMs: keepaliveMs(c) });
       }
       throw new ConnectError('internal', 'no free pid after 5 tries');
     },
@@ -116,9 +125,9 @@ export function processService(deps: E2bProcessDeps) {
     async Connect(c: Context, call: EnvdCall): Promise<Response> {
       const { process } = await readStreamRequest(c, E2bConnectRequest);
       const pid = await pidOf(call.sandboxId, process);
-      await call.guard(execs.commandStatus(call.principal, call.sandboxId, commandIdOf(pid)));
+      const status = await call.guard(execs.commandStatus(call.principal, call.sandboxId, commandIdOf(pid)));
       const events = execs.followCommand(call.principal, call.sandboxId, commandIdOf(pid), { timeoutMs: timeoutMsOf(c) });
-      return streamResponse(c, started(call, pid, events), { message: { event: { keepalive: {} } }, everyMs: keepaliveMs(c) });
+      return streamResponse(c, started(call, pid, events, status.pty !== undefined), { message: { event: { keepalive: {} } }, everyMs: keepaliveMs(c) });
     },
 
     /** The signal to the command's process group (rollbox's signal by command id); one that is not running is `not_found`, as envd says. */
@@ -133,12 +142,25 @@ export function processService(deps: E2bProcessDeps) {
       return c.json({}, 200);
     },
 
-    /** Stdin for a command started with `stdin: true` (rollbox's stdin by command id; UTF-8). */
+    /** Input for a command started with `stdin: true`, or a pty's (keys typed): rollbox's stdin by command id (UTF-8). */
     async SendInput(c: Context, call: EnvdCall): Promise<Response> {
       const { process, input } = await readUnary(c, E2bSendInputRequest);
-      if (input.stdin === undefined) throw new ConnectError('unimplemented', 'pty input is not supported by rollbox (start the command without pty)');
       const pid = await pidOf(call.sandboxId, process);
-      await call.guard(execs.writeCommandStdin(call.principal, call.sandboxId, commandIdOf(pid), { data: Buffer.from(input.stdin, 'base64').toString('utf8'), eof: false }));
+      await call.guard(execs.writeCommandStdin(call.principal, call.sandboxId, commandIdOf(pid), { data: inputText(input), eof: false }));
+      return c.json({}, 200);
+    },
+
+    /** A pty's new size (rollbox's resize by command id); a command not on a terminal is `invalid_argument`, an ended one `not_found`. */
+    async Update(c: Context, call: EnvdCall): Promise<Response> {
+      const { process, pty } = await readUnary(c, E2bUpdateRequest);
+      const pid = await pidOf(call.sandboxId, process);
+      if (!pty) return c.json({}, 200);
+      const status = await call.guard(execs.commandStatus(call.principal, call.sandboxId, commandIdOf(pid)));
+      if (!status.pty) throw new ConnectError('invalid_argument', `process ${pid} is not a pty`);
+      const resized = execs.resizeCommand(call.principal, call.sandboxId, commandIdOf(pid), pty.size).catch((err: unknown) => {
+        throw err instanceof RollboxError && err.code === 'invalid_state' ? new RollboxError('not_found', err.message) : err;
+      });
+      await call.guard(resized);
       return c.json({}, 200);
     },
 
@@ -153,8 +175,7 @@ export function processService(deps: E2bProcessDeps) {
           if (message.start) commandId = commandIdOf(await pidOf(call.sandboxId, message.start.process));
           else if (message.data) {
             if (!commandId) throw new ConnectError('invalid_argument', 'data before the start message naming the process');
-            if (message.data.input.stdin === undefined) throw new ConnectError('unimplemented', 'pty input is not supported by rollbox (start the command without pty)');
-            await call.guard(execs.writeCommandStdin(call.principal, call.sandboxId, commandId, { data: Buffer.from(message.data.input.stdin, 'base64').toString('utf8'), eof: false }));
+            await call.guard(execs.writeCommandStdin(call.principal, call.sandboxId, commandId, { data: inputText(message.data.input), eof: false }));
           }
         }
         yield {};

@@ -39,7 +39,6 @@ type Method = (c: Context, call: EnvdCall) => Promise<Response>;
 
 /** The RPCs the SDK may call that rollbox does not serve (yet), each with why. */
 const UNIMPLEMENTED: Record<string, string> = {
-  'process.Process/Update': 'pty commands are not supported by rollbox',
   'filesystem.Filesystem/WatchDir': 'watching directories is not supported by rollbox yet',
   'filesystem.Filesystem/CreateWatcher': 'watching directories is not supported by rollbox yet',
   'filesystem.Filesystem/GetWatcherEvents': 'watching directories is not supported by rollbox yet',
@@ -65,6 +64,7 @@ export function registerE2bEnvd(app: GatewayApp, deps: E2bEnvdDeps): void {
     'process.Process/List': process.List,
     'process.Process/SendSignal': process.SendSignal,
     'process.Process/SendInput': process.SendInput,
+    'process.Process/Update': process.Update,
     'process.Process/StreamInput': process.StreamInput,
     'process.Process/CloseStdin': process.CloseStdin,
     'filesystem.Filesystem/Stat': filesystem.Stat,

@@ -6,7 +6,7 @@ import { isTerminalBatch, type BatchService } from '../batches/index.ts';
 import { describeZodError } from '../errors.ts';
 import { IdParam, errors, json, jsonBody, security, type GatewayApp } from './common.ts';
 
-export type BatchApi = Pick<BatchService, 'submit' | 'submitNdjson' | 'get' | 'list' | 'cancel' | 'task' | 'results' | 'waitForLine'>;
+export type BatchApi = Pick<BatchService, 'submit' | 'submitRollout' | 'submitNdjson' | 'get' | 'list' | 'cancel' | 'task' | 'results' | 'waitForLine'>;
 
 export const NDJSON = 'application/x-ndjson';
 /** How long an SSE follower's read blocks before a keep-alive comment. */

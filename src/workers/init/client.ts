@@ -1,5 +1,5 @@
 import net from 'node:net';
-import { Frame, FrameDecoder, STDIN_CHUNK_BYTES, encodeAttach, encodeSignal, encodeSpawn, frame, type SpawnRequest } from './protocol.ts';
+import { Frame, FrameDecoder, STDIN_CHUNK_BYTES, encodeAttach, encodeResize, encodeSignal, encodeSpawn, frame, type PtySize, type SpawnRequest } from './protocol.ts';
 
 /**
  * The init of a sandbox is gone, or answered something no init would: nothing it said on
@@ -17,7 +17,8 @@ export interface CommandHandlers {
   onStarted?: (pid: number) => void;
   /** An ATTACH took the command over: its pid (0: not started yet), whether it had ended, its exec cgroup. */
   /** `stdinOpen`: the command still takes stdin (an init older than this flag says false). */
-  onAttached?: (info: { pid: number; exited: boolean; stdinOpen: boolean; slot: string }) => void;
+  /** `pty`: it runs on a terminal (RESIZE applies). */
+  onAttached?: (info: { pid: number; exited: boolean; stdinOpen: boolean; pty: boolean; slot: string }) => void;
   onOutput?: (stream: 'stdout' | 'stderr', chunk: Buffer) => void;
   /** The stream passed its cap: later bytes are dropped by the init (reported once per stream). */
   onTruncated?: (stream: 'stdout' | 'stderr') => void;
@@ -49,6 +50,8 @@ export interface CommandChannel {
   closeStdin(): void;
   /** A signal to the command's process group. */
   signal(signo: number): void;
+  /** A pty command's new window size (its foreground process group gets SIGWINCH). */
+  resize(size: PtySize): void;
   /** A durable command's result is recorded: the init drops it. Closes the connection. */
   forget(): void;
   /** Closes the connection: a durable command runs on for its grace, any other is killed. */
@@ -103,7 +106,7 @@ export async function openCommand(socketPath: string, start: CommandStart, handl
             handlers.onStarted?.(payload.readUInt32LE(0));
             break;
           case Frame.attached:
-            handlers.onAttached?.({ pid: payload.readUInt32LE(0), exited: (payload.readUInt32LE(4) & 1) !== 0, stdinOpen: (payload.readUInt32LE(4) & 2) !== 0, slot: payload.subarray(8).toString('utf8') });
+            handlers.onAttached?.({ pid: payload.readUInt32LE(0), exited: (payload.readUInt32LE(4) & 1) !== 0, stdinOpen: (payload.readUInt32LE(4) & 2) !== 0, pty: (payload.readUInt32LE(4) & 4) !== 0, slot: payload.subarray(8).toString('utf8') });
             break;
           case Frame.stdout:
           case Frame.stderr:
@@ -154,6 +157,9 @@ export async function openCommand(socketPath: string, start: CommandStart, handl
     signal(signo) {
       if (!socket.destroyed) socket.write(encodeSignal(signo));
     },
+    resize(size) {
+      if (!socket.destroyed) socket.write(encodeResize(size));
+    },
     forget() {
       if (!socket.destroyed) socket.end(frame(Frame.forget));
     },
@@ -165,7 +171,7 @@ export async function openCommand(socketPath: string, start: CommandStart, handl
     socket.write(encodeAttach(start.attach.commandId, start.attach.fromOffset));
   } else {
     const { stdin, keepStdinOpen, ...spawn } = start.spawn;
-    socket.write(encodeSpawn({ ...spawn, hasStdin: stdin !== undefined || keepStdinOpen === true }));
+    socket.write(encodeSpawn({ ...spawn, hasStdin: stdin !== undefined || keepStdinOpen === true || spawn.pty !== undefined }));
     if (stdin !== undefined) void channel.writeStdin(stdin);
     if (stdin !== undefined && !keepStdinOpen) channel.closeStdin();
   }

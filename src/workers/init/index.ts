@@ -2,6 +2,7 @@ import path from 'node:path';
 
 export { InitLostError, openCommand, releaseCommands, runCommand } from './client.ts';
 export type { CommandChannel, CommandHandlers, CommandOutcome, CommandStart } from './client.ts';
+export type { PtySize } from './protocol.ts';
 export { MAX_SOCKET_PATH_BYTES, listenForInit } from './listener.ts';
 export { AUTO_SLOT } from './protocol.ts';
 export type { InitListener } from './listener.ts';

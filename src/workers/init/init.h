@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
@@ -38,6 +39,7 @@ enum {
   F_SIGNAL = 5, /* i32 signal number, to the command's process group */
   F_FORGET = 6, /* its result is recorded: the init may drop it */
   F_RELEASE = 7, /* on a fresh connection: every durable command runs on detached, uncollected (a fork's child) */
+  F_RESIZE = 8,  /* u16 cols, u16 rows: a pty command's window size (the kernel sends SIGWINCH) */
   F_STARTED = 16,
   F_STDOUT = 17,
   F_STDERR = 18,
@@ -55,7 +57,7 @@ enum {
 enum { K_SPAWN = 1, K_STARTED = 2, K_EXITED = 3, K_FAILED = 4, K_SPAWN_FILE = 5 };
 #define KEEPER_INLINE_MAX (32u << 10)
 
-enum { SPAWN_HAS_STDIN = 1, SPAWN_HAS_USER = 2, SPAWN_DURABLE = 4 };
+enum { SPAWN_HAS_STDIN = 1, SPAWN_HAS_USER = 2, SPAWN_DURABLE = 4, SPAWN_PTY = 8 };
 #define MAX_COMMAND_ID 128
 /* A durable command's output frames stay in memory up to this, then in a spill file. */
 #define LOG_MEM_BYTES (64u << 10)
@@ -90,6 +92,7 @@ struct spawn_req {
   const char *user; /* NULL: as the init runs (root) */
   const char *id;   /* SPAWN_DURABLE: the command id; NULL otherwise */
   uint32_t grace_ms; /* SPAWN_DURABLE: how long it outlives its last connection */
+  uint16_t cols, rows; /* SPAWN_PTY: the terminal's initial size */
   char **argv;   /* points into the payload */
   char **envreq; /* points into the payload */
   uint32_t argc, envc;
@@ -108,7 +111,9 @@ uint32_t get_u32(const char *p);
 /* Parses a SPAWN payload into r (pointing into it); NULL, or what is wrong with it. */
 const char *parse_spawn(const char *p, size_t len, struct spawn_req *r);
 void free_req(struct spawn_req *r);
-/* Between fork and exec: the command's stdio, session, fds, user, cwd, environment; never returns. */
+/* Between fork and exec: the command's stdio, session, fds, user, cwd, environment; never
+ * returns. With SPAWN_PTY, in_fd = out_fd = err_fd is the terminal's slave end: it becomes
+ * the command's controlling terminal. */
 __attribute__((noreturn)) void child_exec(const struct spawn_req *r, int in_fd, int out_fd, int err_fd);
 
 /* Exec cgroups (slots.c): OOM kills counted in one, its process count (-1: none), making one. */

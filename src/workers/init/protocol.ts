@@ -12,6 +12,7 @@ export const Frame = {
   signal: 5,
   forget: 6,
   release: 7,
+  resize: 8,
   started: 16,
   stdout: 17,
   stderr: 18,
@@ -30,6 +31,7 @@ export const STDIN_CHUNK_BYTES = 64 * 1024;
 const SPAWN_HAS_STDIN = 1;
 const SPAWN_HAS_USER = 2;
 const SPAWN_DURABLE = 4;
+const SPAWN_PTY = 8;
 /**
  * A SPAWN's exec cgroup "chosen by the init" (AUTO_SLOT): an idle one, or one it makes. A
  * microVM's host cannot see the guest's cgroups, so its guest's init picks and counts.
@@ -60,23 +62,38 @@ export interface SpawnRequest {
   oomScoreAdj: number;
   /** The command outlives its connection for `graceMs`, addressable by `commandId` (ATTACH). */
   durable?: { commandId: string; graceMs: number };
+  /** Run on a pseudo-terminal of this size (its controlling terminal; one output stream, stdout). Needs `hasStdin`. */
+  pty?: PtySize;
+}
+
+/** A terminal's size in character cells (the init takes 1..65535 each). */
+export interface PtySize {
+  cols: number;
+  rows: number;
+}
+
+function encodePtySize(size: PtySize): Buffer {
+  const body = Buffer.alloc(4);
+  body.writeUInt16LE(size.cols, 0);
+  body.writeUInt16LE(size.rows, 2);
+  return body;
 }
 
 export function encodeSpawn(r: SpawnRequest): Buffer {
   const env = Object.entries(r.env).map(([k, v]) => `${k}=${v}`);
   const head = Buffer.alloc(24);
-  head.writeUInt32LE((r.hasStdin ? SPAWN_HAS_STDIN : 0) | (r.user === undefined ? 0 : SPAWN_HAS_USER) | (r.durable ? SPAWN_DURABLE : 0), 0);
+  head.writeUInt32LE((r.hasStdin ? SPAWN_HAS_STDIN : 0) | (r.user === undefined ? 0 : SPAWN_HAS_USER) | (r.durable ? SPAWN_DURABLE : 0) | (r.pty ? SPAWN_PTY : 0), 0);
   head.writeUInt32LE(Math.min(r.stdoutCapBytes, 0xffff_ffff), 4);
   head.writeUInt32LE(Math.min(r.stderrCapBytes, 0xffff_ffff), 8);
   head.writeInt32LE(r.oomScoreAdj, 12);
   head.writeUInt32LE(r.argv.length, 16);
   head.writeUInt32LE(env.length, 20);
   // The user, when there is one, follows the env strings, then a durable command's id and
-  // its grace (spawn.c's parse_spawn).
+  // its grace, then a pty's size (spawn.c's parse_spawn).
   const strings = [r.slot, r.cwd, ...r.argv, ...env, ...(r.user === undefined ? [] : [r.user]), ...(r.durable ? [r.durable.commandId] : [])].map((s) => `${s}\0`).join('');
   const grace = Buffer.alloc(r.durable ? 4 : 0);
   if (r.durable) grace.writeUInt32LE(Math.min(Math.max(0, Math.round(r.durable.graceMs)), 0xffff_ffff), 0);
-  return frame(Frame.spawn, Buffer.concat([head, Buffer.from(strings, 'utf8'), grace]));
+  return frame(Frame.spawn, Buffer.concat([head, Buffer.from(strings, 'utf8'), grace, r.pty ? encodePtySize(r.pty) : Buffer.alloc(0)]));
 }
 
 /** ATTACH: the durable command's output frames from byte `fromOffset` of its log, then live, then EXIT. */
@@ -90,6 +107,11 @@ export function encodeSignal(signo: number): Buffer {
   const body = Buffer.alloc(4);
   body.writeUInt32LE(signo, 0);
   return frame(Frame.signal, body);
+}
+
+/** RESIZE: a pty command's new window size. */
+export function encodeResize(size: PtySize): Buffer {
+  return frame(Frame.resize, encodePtySize(size));
 }
 
 /** Splits a byte stream into frames as they complete. */

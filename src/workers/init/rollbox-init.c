@@ -36,11 +36,11 @@
  * One worker connection carries one command. Frames both ways: an 8-byte header (u8
  * type, 3 bytes zero, u32 little-endian payload length) and the payload.
  *   worker -> init: SPAWN, STDIN (bytes), STDIN_EOF, SIGNAL (i32), FORGET,
- *                   ATTACH (u64 from-offset, command id), RELEASE
+ *                   ATTACH (u64 from-offset, command id), RELEASE, RESIZE (u16 cols, u16 rows)
  *   init -> worker: STARTED (u32 pid), STDOUT, STDERR (bytes), TRUNCATED (u8 stream),
  *                   EXIT (i32 exit code, i32 raw wait status, u32 OOM kills its exec
  *                   cgroup counted while it ran), ERROR (text),
- *                   ATTACHED (u32 pid, u32 flags: 1 exited, 2 stdin open; slot), UNKNOWN,
+ *                   ATTACHED (u32 pid, u32 flags: 1 exited, 2 stdin open, 4 pty; slot), UNKNOWN,
  *                   RELEASED (u32 count)
  * After EXIT the init stops writing and waits for the worker to close the connection. A
  * connection that closes before EXIT kills the command's process group, unless the spawn
@@ -54,6 +54,13 @@
  * once it recorded the result. A durable command nobody attaches to within its grace is
  * killed (or, finished, dropped). One whose status was lost is kept as such for its grace
  * (ATTACH answers ERROR), so UNKNOWN within a grace of the spawn means "never received".
+ *
+ * PTY commands (SPAWN_PTY, with a size): the init opens a pseudo-terminal in the sandbox's
+ * own /dev/pts; its slave end is the command's stdin, stdout and stderr and the controlling
+ * terminal of its session, its master the command's one output stream (STDOUT frames) and
+ * its input (STDIN). RESIZE sets the window size; the kernel signals SIGWINCH to the
+ * terminal's foreground process group. Otherwise a command like the others: durable, its
+ * output logged and capped, signalled, its exit reported.
  *
  * RELEASE (a microVM's fork child, before its first command: its memory is its parent's, so
  * the init holds the parent's durable commands, whose callers wait on the parent) lets go of
@@ -98,6 +105,7 @@ struct session {
   char slot[MAX_SLOT_NAME + 1];
   uint32_t oom_before; /* the slot's OOM kill count when the command was spawned */
   int released;        /* RELEASE let go of it: it runs on, its output dropped, until it exits */
+  int pty;             /* SPAWN_PTY: fd_out (and fd_in) is the master of its terminal */
 };
 
 static void signal_command(struct session *s, int sig);
@@ -375,6 +383,37 @@ static void choose_slot(char out[MAX_SLOT_NAME + 1]) {
   if (nkeepers >= MAX_KEEPERS || slot_make(out) < 0) out[0] = 0;
 }
 
+/* A pty for a SPAWN_PTY command, at its size: out = {master, slave}, in = {slave's stdin
+ * (unused, -1), a second fd of the master for its input}. NULL, or what failed (errno set).
+ * Opened here, in the sandbox's /dev/pts (runc mounts a devpts of the container's own). */
+static const char *open_pty(int out[2], int in[2], const struct spawn_req *r) {
+  int master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+  if (master < 0) return "posix_openpt";
+  char name[64];
+  if (grantpt(master) < 0 || unlockpt(master) < 0 || ptsname_r(master, name, sizeof name) != 0) {
+    int e = errno;
+    close(master);
+    errno = e;
+    return "unlockpt";
+  }
+  struct winsize ws = {.ws_row = r->rows, .ws_col = r->cols};
+  int slave = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC);
+  int input = slave >= 0 ? fcntl(master, F_DUPFD_CLOEXEC, 0) : -1;
+  if (slave < 0 || input < 0 || ioctl(master, TIOCSWINSZ, &ws) < 0) {
+    int e = errno;
+    close(master);
+    if (slave >= 0) close(slave);
+    if (input >= 0) close(input);
+    errno = e;
+    return slave < 0 ? name : "TIOCSWINSZ";
+  }
+  out[0] = master;
+  out[1] = slave;
+  in[0] = -1;
+  in[1] = input;
+  return NULL;
+}
+
 static void do_spawn(struct session *s, const char *p, size_t len) {
   if (s->spawned) {
     send_error(s, "one command per connection");
@@ -414,14 +453,23 @@ static void do_spawn(struct session *s, const char *p, size_t len) {
     }
   }
   int out[2] = {-1, -1}, err[2] = {-1, -1}, in[2] = {-1, -1};
-  if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 || ((r.flags & SPAWN_HAS_STDIN) && pipe2(in, O_CLOEXEC) < 0)) {
+  if (r.flags & SPAWN_PTY) {
+    /* A terminal instead of pipes: the master is the command's output and its input (one
+     * stream, as a terminal has), the slave its stdin, stdout and stderr. */
+    const char *why = open_pty(out, in, &r);
+    if (why) {
+      send_error(s, "pty: %s: %s", why, strerror(errno));
+      goto done;
+    }
+    err[1] = out[1];
+  } else if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 || ((r.flags & SPAWN_HAS_STDIN) && pipe2(in, O_CLOEXEC) < 0)) {
     send_error(s, "pipe: %s", strerror(errno));
     goto done;
   }
   if (keeper >= 0) {
     /* The request goes to the slot's keeper as it came, with the child's ends of the pipes;
      * a large one through a memfd (a datagram is capped by the socket's buffer). */
-    int fds[4] = {out[1], err[1], in[0], -1}, nfds = in[0] >= 0 ? 3 : 2;
+    int fds[4] = {out[1], err[1], (r.flags & SPAWN_PTY) ? out[1] : in[0], -1}, nfds = fds[2] >= 0 ? 3 : 2;
     char head = K_SPAWN;
     char *msg = NULL;
     size_t msg_len = 1;
@@ -477,19 +525,21 @@ static void do_spawn(struct session *s, const char *p, size_t len) {
       send_error(s, "fork: %s", strerror(errno));
       goto done;
     }
-    if (pid == 0) child_exec(&r, in[0], out[1], err[1]);
+    if (pid == 0) child_exec(&r, (r.flags & SPAWN_PTY) ? out[1] : in[0], out[1], err[1]);
     s->pid = pid;
     send_started(s);
     if (s->pending_signal) signal_command(s, s->pending_signal);
   }
   close_fd(&out[1]);
+  if (r.flags & SPAWN_PTY) err[1] = -1; /* the same fd as out[1], closed */
   close_fd(&err[1]);
   close_fd(&in[0]);
   s->fd_out = out[0];
   s->fd_err = err[0];
   s->fd_in = in[1];
+  s->pty = (r.flags & SPAWN_PTY) != 0;
   fcntl(s->fd_out, F_SETFL, O_NONBLOCK);
-  fcntl(s->fd_err, F_SETFL, O_NONBLOCK);
+  if (s->fd_err >= 0) fcntl(s->fd_err, F_SETFL, O_NONBLOCK);
   if (s->fd_in >= 0) fcntl(s->fd_in, F_SETFL, O_NONBLOCK);
   s->cap[0] = r.cap_out;
   s->cap[1] = r.cap_err;
@@ -501,6 +551,7 @@ static void do_spawn(struct session *s, const char *p, size_t len) {
   free_req(&r);
   return;
 done:
+  if (r.flags & SPAWN_PTY) err[1] = -1; /* the same fd as out[1] */
   for (int i = 0; i < 2; i++) {
     close_fd(&out[i]);
     close_fd(&err[i]);
@@ -552,7 +603,7 @@ static void do_attach(struct session *s, const char *p, size_t len) {
   char body[8 + MAX_SLOT_NAME];
   size_t slot_len = strlen(c->slot);
   put_u32(body, (uint32_t)c->pid);
-  put_u32(body + 4, (uint32_t)((c->exited ? 1 : 0) | (c->fd_in >= 0 ? 2 : 0)));
+  put_u32(body + 4, (uint32_t)((c->exited ? 1 : 0) | (c->fd_in >= 0 ? 2 : 0) | (c->pty ? 4 : 0)));
   memcpy(body + 8, c->slot, slot_len);
   send_frame(c, F_ATTACHED, body, 8 + slot_len);
 }
@@ -628,6 +679,15 @@ static void handle_input(struct session *s) {
         } else if (s->pid > 0 && !s->exited) {
           signal_command(s, sig);
         }
+        break;
+      }
+      case F_RESIZE: {
+        /* The kernel sends SIGWINCH to the terminal's foreground process group itself. An
+         * ERROR would end the command's connection: a resize that cannot apply (not a pty,
+         * a zero size, a terminal already closed) changes nothing, and the worker checks first. */
+        int fd = s->fd_out >= 0 ? s->fd_out : s->fd_in;
+        struct winsize ws = {.ws_col = len == 4 ? (unsigned short)(get_u32(payload) & 0xffff) : 0, .ws_row = len == 4 ? (unsigned short)(get_u32(payload) >> 16) : 0};
+        if (s->pty && fd >= 0 && ws.ws_col && ws.ws_row) ioctl(fd, TIOCSWINSZ, &ws);
         break;
       }
       case F_FORGET:

@@ -44,7 +44,7 @@ void free_req(struct spawn_req *r) {
 /* Payload: u32 flags, u32 stdout cap, u32 stderr cap, i32 oom_score_adj, u32 argc, u32 envc,
  * then NUL-terminated strings: slot, cwd, argv..., env "K=V"..., and with SPAWN_HAS_USER
  * the user ("name", "uid", "name:group" or "uid:gid"); with SPAWN_DURABLE the command id
- * and then a u32 grace in milliseconds. */
+ * and then a u32 grace in milliseconds; with SPAWN_PTY last a u16 cols and a u16 rows. */
 const char *parse_spawn(const char *p, size_t len, struct spawn_req *r) {
   const char *end = p + len;
   memset(r, 0, sizeof *r);
@@ -76,6 +76,15 @@ const char *parse_spawn(const char *p, size_t len, struct spawn_req *r) {
     r->id = take_str(&p, end);
     if (!r->id || !r->id[0] || strlen(r->id) > MAX_COMMAND_ID || end - p < 4) return "malformed command id";
     r->grace_ms = get_u32(p);
+    p += 4;
+  }
+  if (r->flags & SPAWN_PTY) {
+    if (!(r->flags & SPAWN_HAS_STDIN)) return "a pty command has stdin";
+    if (end - p < 4) return "malformed pty size";
+    uint32_t size = get_u32(p);
+    r->cols = (uint16_t)(size & 0xffff);
+    r->rows = (uint16_t)(size >> 16);
+    if (!r->cols || !r->rows) return "bad pty size";
   }
   return NULL;
 }
@@ -256,7 +265,7 @@ static void find_groups(const char *group, struct account *a) {
 
 /* Becomes `spec`'s user: groups, then gid, then uid (after setuid nothing else may change).
  * Root's capabilities go with the uid. Returns the user's home. */
-static const char *become_user(const char *spec) {
+static const char *become_user(const char *spec, int tty_fd) {
   char user[MAX_USER_SPEC + 1];
   snprintf(user, sizeof user, "%s", spec);
   char *group = strchr(user, ':');
@@ -264,6 +273,8 @@ static const char *become_user(const char *spec) {
   struct account a;
   find_user(user, &a);
   find_groups(group, &a);
+  /* The user's terminal is the user's (as login's grantpt makes it): mesg, write, a reopened /dev/pts/N. */
+  if (tty_fd >= 0 && fchown(tty_fd, (uid_t)a.uid, (gid_t)-1) < 0) child_fail(126, "rollbox: cannot start command: chown of its terminal: %s\n", strerror(errno));
   if (setgroups(a.ngroups, a.groups) < 0) child_fail(126, "rollbox: cannot start command: setgroups: %s\n", strerror(errno));
   if (setgid((gid_t)a.gid) < 0) child_fail(126, "rollbox: cannot start command: setgid %lld: %s\n", a.gid, strerror(errno));
   if (setuid((uid_t)a.uid) < 0) child_fail(126, "rollbox: cannot start command: setuid %lld: %s\n", a.uid, strerror(errno));
@@ -309,6 +320,10 @@ void child_exec(const struct spawn_req *r, int in_fd, int out_fd, int err_fd) {
   }
   /* Its own session and process group: `kill 0` stays inside this command. */
   setsid();
+  /* A pty command's terminal becomes its session's controlling terminal: job control,
+   * ^C as SIGINT to the foreground group, SIGWINCH on a resize, /dev/tty. */
+  int pty = (r->flags & SPAWN_PTY) != 0;
+  if (pty && ioctl(0, TIOCSCTTY, 0) < 0) child_fail(255, "rollbox: cannot start command: TIOCSCTTY: %s\n", strerror(errno));
   /* Nothing of the init reaches the command: no socket, no cgroup directory. Closed
    * before chdir, so a cwd through /proc/self/fd/N finds nothing to climb out of. */
   close_from(3);
@@ -316,7 +331,7 @@ void child_exec(const struct spawn_req *r, int in_fd, int out_fd, int err_fd) {
    * command stays root with the init's groups. */
   char **envreq = r->envreq;
   uint32_t envc = r->envc;
-  if (r->user) envreq = with_home(envreq, &envc, become_user(r->user));
+  if (r->user) envreq = with_home(envreq, &envc, become_user(r->user, pty ? 0 : -1));
   if (chdir(r->cwd) < 0) child_fail(255, "rollbox: cannot start command: chdir to cwd (\"%s\"): %s\n", r->cwd, strerror(errno));
   char **envp = merge_env(envreq, envc);
   if (!envp) child_fail(255, "rollbox: cannot start command: out of memory\n");

@@ -167,6 +167,8 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     },
     async exec(id, spec) {
       const vm = vmOf(id);
+      // The guest's init would allocate it; the host side (resize, a session's output tail) is not wired for VMs yet.
+      if (spec.pty) throw unsupported('run a command on a pty (use tier container)');
       // A caller waits on a latency VM's command: the host's besteffort sandboxes are held back meanwhile (besteffort-guard.ts).
       const release = spec.holdBackBesteffort && vm.file.besteffortQuotaUs === undefined ? deps.besteffortGuard?.hold() : undefined;
       if (!release) return execInVm(vm, spec);
@@ -185,6 +187,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
       channel?.signal(signo);
       return channel !== undefined;
     },
+    resizeCommand: async () => false,
     async writeCommandStdin(id, commandId, data, eof) {
       const live = vms.get(id)?.live.get(commandId);
       if (!live?.stdinOpen) return false;

@@ -59,7 +59,12 @@ describe('allowlist semantics', () => {
     const text = renderHostSandboxChain('rollbox-n1', 'rb0123456789abc', '10.200.0.2', rules);
     const lines = text.trim().split('\n');
     expect(lines).toContain('add rule inet rollbox-n1 eg_rb0123456789abc ip saddr != 10.200.0.2 drop');
-    expect(lines.at(-3)).toBe('add rule inet rollbox-n1 eg_rb0123456789abc goto refuse');
+    // The refusal ends the chain: every rule before it, then the veth joins the sets.
+    expect(lines[lines.indexOf('add element inet rollbox-n1 veths { "rb0123456789abc" }') - 1]).toBe('add rule inet rollbox-n1 eg_rb0123456789abc goto refuse');
+    // Not a gateway sandbox: its veth is taken out of gateway_veths (added first, so the delete cannot fail).
+    expect(lines.at(-1)).toBe('delete element inet rollbox-n1 gateway_veths { "rb0123456789abc" }');
+    const withGateway = renderHostSandboxChain('rollbox-n1', 'rb0123456789abc', '10.200.0.2', rules, true).trim().split('\n');
+    expect(withGateway.at(-1)).toBe('add element inet rollbox-n1 gateway_veths { "rb0123456789abc" }');
   });
 });
 

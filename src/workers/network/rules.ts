@@ -132,6 +132,8 @@ export interface SandboxRulesInput {
   blocked: readonly [number, number][];
   /** The host end of the veth: the sandbox's gateway and DNS resolver. */
   hostAddress: string;
+  /** The port on the host end relaying to the rollbox gateway (`gateway: true`), else none. */
+  gatewayPort?: number;
 }
 
 /**
@@ -161,6 +163,7 @@ export function renderSandboxRuleset(input: SandboxRulesInput): string {
     '    meta nfproto ipv6 goto refuse',
     // DNS only to the platform's resolver on the host end of the veth.
     `    ip daddr ${gw} udp dport 53 accept`,
+    ...(input.gatewayPort ? [`    ip daddr ${gw} tcp dport ${input.gatewayPort} accept`] : []),
     '    ip daddr @blocked goto refuse',
     ...input.rules.map((r) => `    ${ruleMatch(r, 'out')} accept`),
     '    goto refuse',
@@ -171,6 +174,7 @@ export function renderSandboxRuleset(input: SandboxRulesInput): string {
     // ICMP errors about the sandbox's own flows (a refusal, "port unreachable") end them fast.
     '    meta l4proto icmp ct state related accept',
     `    ip saddr ${gw} udp sport 53 ct state established accept`,
+    ...(input.gatewayPort ? [`    ip saddr ${gw} tcp sport ${input.gatewayPort} ct state established accept`] : []),
     '    ip saddr @blocked drop',
     ...input.rules.map((r) => `    ${ruleMatch(r, 'in')} ct state established accept`),
     '  }',
@@ -186,6 +190,8 @@ export interface HostBaseInput {
   table: string;
   poolCidr: string;
   blocked: readonly [number, number][];
+  /** The port on each veth's host end that relays to the gateway, open to the veths in `gateway_veths`. */
+  gatewayPort: number;
 }
 
 /**
@@ -201,6 +207,7 @@ export function renderHostBase(input: HostBaseInput): string {
   return [
     `add table ${t}`,
     `add set ${t} veths { type ifname; }`,
+    `add set ${t} gateway_veths { type ifname; }`,
     `add map ${t} egress { type ifname : verdict; }`,
     `add set ${t} blocked { type ipv4_addr; flags interval; }`,
     `flush set ${t} blocked`,
@@ -219,6 +226,7 @@ export function renderHostBase(input: HostBaseInput): string {
     `add chain ${t} input { type filter hook input priority 0; policy accept; }`,
     `flush chain ${t} input`,
     `add rule ${t} input iifname @veths ip daddr ${input.poolCidr} udp dport 53 accept`,
+    `add rule ${t} input iifname @gateway_veths ip daddr ${input.poolCidr} tcp dport ${input.gatewayPort} accept`,
     `add rule ${t} input iifname @veths drop`,
     `add chain ${t} postrouting { type nat hook postrouting priority srcnat; policy accept; }`,
     `flush chain ${t} postrouting`,
@@ -236,7 +244,7 @@ export function egressChainOf(veth: string): string {
  * if the sandbox's own ruleset were gone, and against packets crafted with CAP_NET_RAW),
  * replaced in one transaction.
  */
-export function renderHostSandboxChain(table: string, veth: string, sandboxAddress: string, rules: readonly ResolvedRule[]): string {
+export function renderHostSandboxChain(table: string, veth: string, sandboxAddress: string, rules: readonly ResolvedRule[], gateway = false): string {
   const t = `inet ${table}`;
   const chain = egressChainOf(veth);
   return [
@@ -250,11 +258,14 @@ export function renderHostSandboxChain(table: string, veth: string, sandboxAddre
     `add rule ${t} ${chain} goto refuse`,
     `add element ${t} veths { "${veth}" }`,
     `add element ${t} egress { "${veth}" : jump ${chain} }`,
+    // Added, then removed unless it reaches the gateway: a delete of a missing element would fail the transaction.
+    `add element ${t} gateway_veths { "${veth}" }`,
+    ...(gateway ? [] : [`delete element ${t} gateway_veths { "${veth}" }`]),
     '',
   ].join('\n');
 }
 
 export function renderHostSandboxRemoval(table: string, veth: string): string {
   const t = `inet ${table}`;
-  return [`delete element ${t} egress { "${veth}" }`, `delete element ${t} veths { "${veth}" }`, `delete chain ${t} ${egressChainOf(veth)}`, ''].join('\n');
+  return [`delete element ${t} egress { "${veth}" }`, `delete element ${t} veths { "${veth}" }`, `add element ${t} gateway_veths { "${veth}" }`, `delete element ${t} gateway_veths { "${veth}" }`, `delete chain ${t} ${egressChainOf(veth)}`, ''].join('\n');
 }

@@ -1,8 +1,9 @@
 import { createHash } from 'node:crypto';
 import { writeFile } from 'node:fs/promises';
-import { RollboxError, type NetworkPolicy } from '../../api/index.ts';
+import { RollboxError, SANDBOX_GATEWAY, hasNetwork, type NetworkPolicy } from '../../api/index.ts';
 import { runTool, runToolOk } from '../../proc/index.ts';
 import { DnsResponder } from './dns.ts';
+import { GatewayRelay } from './gateway-relay.ts';
 import { HostFirewall, type NetworkLogger } from './host-firewall.ts';
 import { AddressLeases } from './leases.ts';
 import { blockedRanges, resolvePolicy } from './resolve.ts';
@@ -30,6 +31,8 @@ export interface SandboxNetworksDeps {
   blockedCidrs?: readonly string[];
   /** Resolves an allowlisted hostname to IPv4 addresses (the platform's resolver). */
   resolveHost: (name: string) => Promise<string[]>;
+  /** Where the relay of a sandbox with `gateway: true` connects: the gateway as this host reaches it (asked at each relay's start). */
+  gatewayTarget?: () => { host: string; port: number } | undefined;
   logger?: NetworkLogger;
 }
 
@@ -39,6 +42,8 @@ interface Attached {
   /** The sandbox's network namespace (`/proc/<init pid>/ns/net`). */
   netns: string;
   dns: DnsResponder;
+  /** The gateway's reach (`gateway: true`), listening on the veth's host end. */
+  relay?: GatewayRelay;
   /** A microVM's network: the sandbox end is a port of this bridge in the namespace (see ApplyOptions). */
   bridge?: string;
 }
@@ -121,23 +126,38 @@ export class SandboxNetworks {
    */
   async apply(sandboxId: string, netns: NetnsRef, policy: NetworkPolicy, options: ApplyOptions = {}): Promise<void> {
     const ns = netnsPath(netns);
-    if (policy.mode === 'none') {
+    if (!hasNetwork(policy)) {
       if (this.attached.has(sandboxId)) await this.detach(sandboxId, ns);
       return;
     }
     if (this.failing && !options.probe) throw new RollboxError('network_unavailable', `sandbox networking does not work on this worker host: ${this.failing}`, 30);
+    const gateway = policy.gateway === true;
+    if (gateway && (!this.deps.gatewayTarget?.() || options.bridge)) {
+      throw new RollboxError('network_unavailable', options.bridge ? 'network.gateway is not available to microVM sandboxes yet' : 'this worker host does not know the gateway (ROLLBOX_SANDBOX_GATEWAY_URL)', 30);
+    }
     const { rules, names } = await resolvePolicy(policy, this.deps.resolveHost);
     const blocked = await blockedRanges(this.deps.blockedCidrs ?? [], this.poolCidr);
-    const net = this.attached.get(sandboxId);
+    let net = this.attached.get(sandboxId);
     if (!net) {
-      (await this.attach(sandboxId, ns, rules, blocked, options.bridge)).dns.setNames(names);
+      net = await this.attach(sandboxId, ns, rules, blocked, gateway, options.bridge);
+    } else {
+      await this.nft(renderHostSandboxChain(this.table, net.veth, net.slot.sandboxAddress, rules, gateway));
+      // The new ruleset, then (same process) the connections open now, to reset the forbidden ones.
+      const open = await must('nsenter', [`--net=${ns}`, '--', 'sh', '-c', 'nft -f - && ss -tnH state established'], renderSandboxRuleset({ rules, blocked, hostAddress: net.slot.hostAddress, ...(gateway ? { gatewayPort: SANDBOX_GATEWAY.port } : {}) }));
+      await this.cutDisallowedFlows(ns, open, (ip, port) => allows(rules, blocked, ip, port, 'tcp') || (gateway && ip === net!.slot.hostAddress && port === SANDBOX_GATEWAY.port));
+    }
+    await this.setRelay(sandboxId, net, gateway);
+    net.dns.setNames(gateway ? new Map([...names, [SANDBOX_GATEWAY.host, [net.slot.hostAddress]]]) : names);
+  }
+
+  /** The gateway relay up (listening on the veth's host end) or down, as the policy says. */
+  private async setRelay(sandboxId: string, net: Attached, gateway: boolean): Promise<void> {
+    if (!gateway) {
+      net.relay?.close();
+      delete net.relay;
       return;
     }
-    await this.nft(renderHostSandboxChain(this.table, net.veth, net.slot.sandboxAddress, rules));
-    // The new ruleset, then (same process) the connections open now, to reset the forbidden ones.
-    const open = await must('nsenter', [`--net=${ns}`, '--', 'sh', '-c', 'nft -f - && ss -tnH state established'], renderSandboxRuleset({ rules, blocked, hostAddress: net.slot.hostAddress }));
-    net.dns.setNames(names);
-    await this.cutDisallowedFlows(ns, open, (ip, port) => allows(rules, blocked, ip, port, 'tcp'));
+    net.relay ??= await GatewayRelay.start({ host: net.slot.hostAddress, port: SANDBOX_GATEWAY.port }, this.deps.gatewayTarget!()!, (err) => this.log?.warn({ sandboxId, err: String(err) }, 'gateway relay error'));
   }
 
   /**
@@ -161,15 +181,15 @@ export class SandboxNetworks {
     return slot && { sandboxAddress: slot.sandboxAddress, hostAddress: slot.hostAddress };
   }
 
-  private async attach(sandboxId: string, netns: string, rules: ResolvedRule[], blocked: [number, number][], bridge?: string): Promise<Attached> {
+  private async attach(sandboxId: string, netns: string, rules: ResolvedRule[], blocked: [number, number][], gateway: boolean, bridge?: string): Promise<Attached> {
     await this.ensureBase();
     const slot = await this.claimSlot(sandboxId);
     const veth = vethOf(sandboxId);
     try {
       // Host chain first, then the sandbox's own rules, then the veth: no packet can pass
       // before both rulesets are in place.
-      await this.nft(renderHostSandboxChain(this.table, veth, slot.sandboxAddress, rules));
-      const ruleset = renderSandboxRuleset({ rules, blocked, hostAddress: slot.hostAddress });
+      await this.nft(renderHostSandboxChain(this.table, veth, slot.sandboxAddress, rules, gateway));
+      const ruleset = renderSandboxRuleset({ rules, blocked, hostAddress: slot.hostAddress, ...(gateway ? { gatewayPort: SANDBOX_GATEWAY.port } : {}) });
       // One shell in the sandbox's network namespace (host binaries: only the network
       // namespace is entered); the ruleset comes on stdin, the link setup as one ip batch.
       const script = [
@@ -210,6 +230,7 @@ export class SandboxNetworks {
     const net = this.attached.get(sandboxId);
     this.attached.delete(sandboxId);
     net?.dns.close();
+    net?.relay?.close();
     const index = (await this.leases.all()).get(sandboxId);
     // No lease: the sandbox never had a network here (mode none), nothing to remove.
     if (index === undefined) return;
@@ -241,13 +262,14 @@ export class SandboxNetworks {
     const removed: string[] = [];
     const leases = await this.leases.all();
     for (const sandboxId of [...leases.keys()]) {
-      if (live.get(sandboxId)?.policy.mode === 'allowlist' || this.attached.get(sandboxId)?.bridge) continue;
+      const policy = live.get(sandboxId)?.policy;
+      if ((policy && hasNetwork(policy)) || this.attached.get(sandboxId)?.bridge) continue;
       await this.release(sandboxId);
       removed.push(sandboxId);
     }
     for (const [id, { pid, policy }] of live) {
       const index = leases.get(id);
-      if (policy.mode !== 'allowlist' || this.attached.has(id) || index === undefined) continue;
+      if (!hasNetwork(policy) || this.attached.has(id) || index === undefined) continue;
       await this.adoptLeased(id, index, pid, policy);
     }
     // Host chains whose lease is gone (a crash between the two).
@@ -278,7 +300,7 @@ export class SandboxNetworks {
   async adopt(sandboxId: string, netns: NetnsRef, policy: NetworkPolicy, options: ApplyOptions = {}): Promise<boolean> {
     if (this.attached.has(sandboxId)) return true;
     const index = (await this.leases.all()).get(sandboxId);
-    if (policy.mode !== 'allowlist' || index === undefined) return false;
+    if (!hasNetwork(policy) || index === undefined) return false;
     await this.adoptLeased(sandboxId, index, netns, policy, options.bridge);
     return true;
   }
@@ -304,7 +326,7 @@ export class SandboxNetworks {
       // Forwarding is needed for any sandbox traffic to leave the host; what may be
       // forwarded from a sandbox is decided by the chains below.
       await this.firewall.enableForwarding();
-      await this.nft(renderHostBase({ table: this.table, poolCidr: this.poolCidr, blocked: await blockedRanges(this.deps.blockedCidrs ?? [], this.poolCidr) }));
+      await this.nft(renderHostBase({ table: this.table, poolCidr: this.poolCidr, blocked: await blockedRanges(this.deps.blockedCidrs ?? [], this.poolCidr), gatewayPort: SANDBOX_GATEWAY.port }));
       await this.firewall.ensure();
     })().catch((err: unknown) => {
       this.baseReady = undefined;

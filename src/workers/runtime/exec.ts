@@ -1,6 +1,6 @@
 import { performance } from 'node:perf_hooks';
 import { RollboxError } from '../../api/index.ts';
-import { InitLostError, openCommand, type CommandChannel, type CommandOutcome } from '../init/index.ts';
+import { InitLostError, openCommand, type CommandChannel, type CommandOutcome, type PtySize } from '../init/index.ts';
 import { killCgroup, readOomKills } from './cgroups.ts';
 import type { RuntimeContext, SandboxRecord } from './context.ts';
 import { checkSandboxId, validateExec } from './layout.ts';
@@ -22,7 +22,21 @@ interface CommandSpec {
   stopAtStdoutCap?: boolean;
   onOutput?: (stream: 'stdout' | 'stderr', chunk: Buffer) => void;
   durable?: { commandId: string; graceMs: number };
+  /** On a terminal of this size: one output stream (stdout), of which only the tail is kept in the result. */
+  pty?: PtySize;
 }
+
+/**
+ * A terminal session's output is streamed as it comes; the result keeps only its last
+ * bytes (the screen's worth and more), not a session's whole history in memory.
+ */
+export const PTY_RESULT_TAIL_BYTES = 64 * 1024;
+/**
+ * A terminal session's output cap (at least the exec cap): a session lives long and its
+ * output, kept in the init until the session ends (a worker restart replays it), counts
+ * against the sandbox's disk past 64 KiB. Past it the terminal's output is dropped.
+ */
+export const PTY_OUTPUT_CAP_BYTES = 16 * 1024 * 1024;
 
 interface CommandRun {
   exitCode: number;
@@ -44,6 +58,8 @@ interface LiveCommand {
   /** The command's connection once the init took it; undefined if it never did. */
   opened: Promise<CommandChannel | undefined>;
   stdinOpen: boolean;
+  /** It runs on a terminal (resizeCommand applies). */
+  pty: boolean;
   /** This process let go of it (detach): the command runs on for the next worker to collect. */
   released: boolean;
   release(): void;
@@ -94,6 +110,8 @@ async function runInSandbox(ctx: RuntimeContext, rec: SandboxRecord, start: Star
   const onOutput = spec ? spec.onOutput : attach?.onOutput;
   const commandId = spec ? spec.durable?.commandId : attach?.commandId;
   const chunks = { stdout: [] as Buffer[], stderr: [] as Buffer[] };
+  /** A terminal's output: only its tail is kept (PTY_RESULT_TAIL_BYTES). */
+  let ptyTail = spec?.pty !== undefined;
   let truncated = false;
   let timedOut = false;
   let overflowed = false;
@@ -137,7 +155,8 @@ async function runInSandbox(ctx: RuntimeContext, rec: SandboxRecord, start: Star
     // Attached, a command's stdin is as open as the init says (onAttached).
     liveCommand = {
       opened,
-      stdinOpen: spec ? spec.keepStdinOpen === true : false,
+      stdinOpen: spec ? spec.keepStdinOpen === true || spec.pty !== undefined : false,
+      pty: spec?.pty !== undefined,
       released: false,
       release() {
         this.released = true;
@@ -164,12 +183,17 @@ async function runInSandbox(ctx: RuntimeContext, rec: SandboxRecord, start: Star
               stderrCapBytes: spec.stderrCapBytes,
               oomScoreAdj: ctx.sandboxOomScoreAdj,
               durable: spec.durable,
+              ...(spec.pty ? { pty: spec.pty } : {}),
             },
           }
         : { attach: { commandId: attach!.commandId } },
       {
         onAttached: (info) => {
-          if (liveCommand) liveCommand.stdinOpen = info.stdinOpen;
+          if (liveCommand) {
+            liveCommand.stdinOpen = info.stdinOpen;
+            liveCommand.pty = info.pty;
+          }
+          ptyTail = info.pty;
           if (info.slot) slot = rec.slots.claim(info.slot);
           // An attached command counts the OOM kills from here on (earlier ones are not told apart from its slot's past).
           if (slot) oomBefore = readOomKills(slot.memory);
@@ -177,6 +201,7 @@ async function runInSandbox(ctx: RuntimeContext, rec: SandboxRecord, start: Star
         },
         onOutput: (stream, chunk) => {
           chunks[stream].push(chunk);
+          if (ptyTail) keepTail(chunks[stream]);
           onOutput?.(stream, chunk);
         },
         onTruncated: (stream) => {
@@ -225,6 +250,13 @@ async function runInSandbox(ctx: RuntimeContext, rec: SandboxRecord, start: Star
   return run;
 }
 
+/** Drops the oldest chunks while the rest still hold PTY_RESULT_TAIL_BYTES. */
+function keepTail(chunks: Buffer[]): void {
+  let total = 0;
+  for (const c of chunks) total += c.length;
+  while (chunks.length > 1 && total - chunks[0]!.length >= PTY_RESULT_TAIL_BYTES) total -= chunks.shift()!.length;
+}
+
 function outcomeOf(run: CommandRun): RuntimeExecOutcome {
   return {
     exitCode: run.exitCode,
@@ -258,10 +290,11 @@ export async function execCommand(ctx: RuntimeContext, sandboxId: string, spec: 
           stdin: spec.stdin === undefined ? undefined : Buffer.from(spec.stdin, 'utf8'),
           keepStdinOpen: spec.keepStdinOpen,
           timeoutMs: spec.timeoutMs,
-          stdoutCapBytes: spec.outputCapBytes,
+          stdoutCapBytes: spec.pty ? Math.max(spec.outputCapBytes, PTY_OUTPUT_CAP_BYTES) : spec.outputCapBytes,
           stderrCapBytes: spec.outputCapBytes,
           onOutput: spec.onOutput,
           durable: spec.durable,
+          ...(spec.pty ? { pty: spec.pty, keepStdinOpen: true } : {}),
         },
       },
       // Besteffort neighbours go back to their quota before the caller hears of the result.
@@ -318,6 +351,15 @@ export async function writeCommandStdin(ctx: RuntimeContext, sandboxId: string, 
   if (data.length > 0) await channel.writeStdin(data);
   if (eof) channel.closeStdin();
   return true;
+}
+
+/** A running pty command's new window size; false when no pty command of that id runs here. */
+export async function resizeCommand(ctx: RuntimeContext, sandboxId: string, commandId: string, size: PtySize): Promise<boolean> {
+  const live = liveOf(recordOf(ctx, sandboxId)).get(commandId);
+  if (!live?.pty) return false;
+  const channel = await live.opened;
+  channel?.resize(size);
+  return channel !== undefined;
 }
 
 /** This process lets go of every durable command it holds (a worker that stops and leaves its sandboxes running). */

@@ -1,7 +1,7 @@
 import { existsSync, writeFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import path from 'node:path';
-import { RollboxError, type NetworkPolicy } from '../../api/index.ts';
+import { RollboxError, hasNetwork, type NetworkPolicy } from '../../api/index.ts';
 import { setFreezerState } from './cgroups.ts';
 import type { RuntimeContext } from './context.ts';
 import { inMountNamespace, mountPointsOf, type MountNsOp } from './mountns.ts';
@@ -27,7 +27,7 @@ export async function readPolicy(ctx: RuntimeContext, id: string): Promise<Sandb
 
 /** Network rules, then the sandbox's resolv.conf pointing at the platform's resolver. */
 export async function applyNetwork(ctx: RuntimeContext, id: string, pid: number, network: NetworkPolicy): Promise<void> {
-  if (network.mode === 'allowlist' && !ctx.network) throw new RollboxError('invalid_request', 'network mode allowlist is not available on this worker host');
+  if (hasNetwork(network) && !ctx.network) throw new RollboxError('invalid_request', 'a sandbox network (allowlist, gateway) is not available on this worker host');
   if (!ctx.network) return;
   await ctx.network.apply(id, pid, network);
   const resolver = ctx.network.resolverOf(id);

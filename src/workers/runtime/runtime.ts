@@ -4,7 +4,7 @@ import { readOomKills } from './cgroups.ts';
 import { createRuntimeContext, type RuncRuntimeDeps } from './context.ts';
 import { claimSandbox } from './claim.ts';
 import { createSandbox } from './create.ts';
-import { attachCommand, execCommand, execRawCommand, releaseCommands, signalCommand, writeCommandStdin } from './exec.ts';
+import { attachCommand, execCommand, execRawCommand, releaseCommands, resizeCommand, signalCommand, writeCommandStdin } from './exec.ts';
 import { checkSandboxId } from './layout.ts';
 import { applyPolicy, freezerStateFile, setFrozen } from './policy.ts';
 import { reconcile } from './reconcile.ts';
@@ -64,6 +64,7 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     attach: (id, spec) => attachCommand(ctx, id, spec),
     signalCommand: (id, commandId, signo) => signalCommand(ctx, id, commandId, signo),
     writeCommandStdin: (id, commandId, data, eof) => writeCommandStdin(ctx, id, commandId, data, eof),
+    resizeCommand: (id, commandId, size) => resizeCommand(ctx, id, commandId, size),
     async destroy(id) {
       checkSandboxId(id);
       await ctx.ensureDirs();

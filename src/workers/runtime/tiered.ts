@@ -20,6 +20,7 @@ export function createTieredRuntime(container: SandboxRuntime, microvm: TierRunt
     attach: (id, spec) => of(id).attach(id, spec),
     signalCommand: (id, commandId, signo) => of(id).signalCommand(id, commandId, signo),
     writeCommandStdin: (id, commandId, data, eof) => of(id).writeCommandStdin(id, commandId, data, eof),
+    resizeCommand: (id, commandId, size) => of(id).resizeCommand(id, commandId, size),
     execRaw: (id, spec) => of(id).execRaw(id, spec),
     claim: (id, binding) => of(id).claim(id, binding),
     destroy: (id) => of(id).destroy(id),

@@ -92,6 +92,12 @@ export interface RuntimeExecSpec {
   /** Stdin stays open for writeCommandStdin until it is closed (after `stdin`, if any). */
   keepStdinOpen?: boolean;
   /**
+   * Run on a pseudo-terminal of this size, allocated by the sandbox's init: its output is
+   * one stream (stdout) and its stdin stays open; resizeCommand changes its size. The
+   * outcome's stdout is the output's last PTY_RESULT_TAIL_BYTES.
+   */
+  pty?: { cols: number; rows: number };
+  /**
    * A durable command's result, recorded before the init may drop it (a worker that dies
    * before it finishes leaves the result to the next one's attach).
    */
@@ -160,6 +166,8 @@ export interface SandboxRuntime {
   signalCommand(sandboxId: string, commandId: string, signo: number): Promise<boolean>;
   /** Stdin for a running durable command started with stdin open; false when none of that id takes it here. */
   writeCommandStdin(sandboxId: string, commandId: string, data: Buffer, eof: boolean): Promise<boolean>;
+  /** A running pty command's window size (SIGWINCH to its foreground group); false when no pty command of that id runs here. */
+  resizeCommand(sandboxId: string, commandId: string, size: { cols: number; rows: number }): Promise<boolean>;
   /** Like exec, inside the sandbox (its namespaces, cgroups, seccomp), with bytes in and out. */
   execRaw(sandboxId: string, spec: RuntimeRawExecSpec): Promise<RuntimeRawExecOutcome>;
   /** A ready sandbox of a warm pool takes the identity of a create: limits, env, workdir, hidden paths, network. */
