@@ -102,8 +102,8 @@ export class HollowRuntime implements SandboxRuntime {
     return false;
   }
 
-  async hibernateWhole(): Promise<void> {
-    hollowRefuses('memory to save');
+  async hibernateWhole(): Promise<{ carriedCommands: string[] }> {
+    return hollowRefuses('memory to save');
   }
 
   async forkWhole(): Promise<{ frozenMs: number; detachedCommands: string[] }> {
