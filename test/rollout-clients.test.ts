@@ -65,7 +65,7 @@ afterAll(async () => {
 
 describe('rollout clients', () => {
   it('follows a batch of rollouts with their trajectories; a follower stopped and resumed from its cursor gets each rollout once', async () => {
-    const batch = await new BatchesClient(new RollboxClient({ baseUrl: cluster.url, token })).submitBatch({ tasks: ['a', 'b', 'c'].map(rolloutTask), maxConcurrency: 1 });
+    const batch = await new BatchesClient(new RollboxClient({ baseUrl: cluster.url, token })).submitBatch({ tasks: ['a', 'b', 'c'].map(rolloutTask), maxConcurrency: 3 });
 
     // The trainer takes one rollout and dies (the generator is dropped mid-batch), keeping the cursor of what it took.
     const taken: FollowedRollout[] = [];
@@ -110,20 +110,21 @@ describe('rollout clients', () => {
     const id = followed!.line.rollout!.id;
     expect(id).toBe(`${batch.id}.cli.1`);
 
-    const show = await rollbox(['rollout', 'show', id]);
+    // Bad input too: a file that is not JSON, a rollout that does not exist (the API's code, exit 1).
+    fs.writeFileSync(path.join(dir, 'bad.json'), '{"task":');
+    const [show, shown, bad, missing] = await Promise.all([
+      rollbox(['rollout', 'show', id]),
+      rollbox(['rollout', 'show', id, '--trajectory']),
+      rollbox(['rollout', 'submit', 'bad.json']),
+      rollbox(['rollout', 'show', `${batch.id}.nope.1`]),
+    ]);
     expect(show.code, show.stderr).toBe(0);
     expect(JSON.parse(show.stdout)).toMatchObject({ id, batchId: batch.id, task: { state: 'done', status: 'succeeded' }, usage: { modelCalls: 1 } });
-    const shown = await rollbox(['rollout', 'show', id, '--trajectory']);
     expect(shown.code, shown.stderr).toBe(0);
     expect(JSON.parse(shown.stdout)).toEqual(followed!.trajectory);
     expectAgentTrajectory(await rollouts.rolloutTrajectory(id), id, 'cli');
-
-    // Bad input: a file that is not JSON, a rollout that does not exist (the API's code, exit 1).
-    fs.writeFileSync(path.join(dir, 'bad.json'), '{"task":');
-    const bad = await rollbox(['rollout', 'submit', 'bad.json']);
     expect(bad.code).toBe(1);
     expect(bad.stderr).toContain('invalid_request');
-    const missing = await rollbox(['rollout', 'show', `${batch.id}.nope.1`]);
     expect(missing.code).toBe(1);
     expect(missing.stderr).toContain('not_found');
   }, 120_000);

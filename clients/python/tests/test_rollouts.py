@@ -37,7 +37,7 @@ def check_followed(followed: FollowedRollout):
 def test_follow_stopped_and_resumed_from_its_cursor_gets_each_rollout_once(client, stack):
     marker = uuid.uuid4().hex[:6]
     ids = [f"{marker}-{i}" for i in range(3)]
-    batch = client.batches.submit([rollout_task(stack, i) for i in ids], max_concurrency=1)
+    batch = client.batches.submit([rollout_task(stack, i) for i in ids], max_concurrency=3)
 
     taken = []
     for followed in client.rollouts.follow(batch.id):  # the trainer takes one, then dies
