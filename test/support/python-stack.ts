@@ -19,7 +19,7 @@ const cluster = await startTestCluster({
   env: { ROLLBOX_HEARTBEAT_MS: '500', ROLLBOX_REGISTRY_INSECURE: registry.host, ROLLBOX_REGISTRY_INTERNAL: registry.host },
 });
 let stopping: Promise<void> | undefined;
-const stop = () => (stopping ??= cluster.stop().then(() => Promise.all([registry.stop(), upstream.stop()])).finally(() => process.exit(0)));
+const stop = () => (stopping ??= cluster.stop().then(() => Promise.all([registry.stop(), upstream.stop()])).then(() => undefined).finally(() => process.exit(0)));
 process.once('SIGTERM', () => void stop());
 process.once('SIGINT', () => void stop());
 process.stdin.on('end', () => void stop()).resume();
