@@ -17,7 +17,7 @@ export default defineConfig({
     pool: 'forks',
     testTimeout: 60_000,
     hookTimeout: 60_000,
-    reporters: ['default'],
+    reporters: ['default', './test/support/slowest-files-reporter.ts'],
     projects: [
       { extends: true, test: { name: 'unit', include: ['src/**/*.test.ts'], testTimeout: 20_000, maxWorkers: 2 } },
       { extends: true, test: { name: 'integration', include: ['test/**/*.test.ts'], exclude: [...STRESS_FILES, DOCKER_FILES], maxWorkers: 2 } },

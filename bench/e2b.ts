@@ -6,19 +6,60 @@
  * create beside the native create, and a pty arm: keystroke to echo on a terminal through
  * the SDK's `pty` (sendInput, then its Connect stream) and through rollbox's own pty API
  * (stdin, then the command's event stream), each as a ratio to the exec floor of the same
- * run. Prints progress on stderr, writes a CDF chart to bench/out/, ends with one JSON line.
+ * run; and a port arm: a GET through `getHost(port)` (the gateway, the worker's port relay,
+ * into the sandbox's namespace) to busybox httpd in a sandbox, beside the same GET to the
+ * same server reached from the host straight into the sandbox's network namespace through
+ * the worker's helper (rollbox-portfwd: one fork and setns per connection, no gateway, no
+ * relay), the floor, since a sandbox's own address is unreachable from the host (its
+ * firewall drops connections from it); and, for context, the same server program (the
+ * host's busybox httpd) on the host's loopback, outside any sandbox's cgroup. Interleaved;
+ * each GET on a new connection, as busybox httpd closes each. Prints progress on stderr,
+ * writes CDF charts to bench/out/, ends with one JSON line.
  */
+import { spawn } from 'node:child_process';
+import fs from 'node:fs/promises';
+import http from 'node:http';
+import net from 'node:net';
 import path from 'node:path';
 import { Redis } from 'ioredis';
 import { Sandbox } from 'e2b';
 import { RollboxClient } from '../src/client/index.ts';
+import { PortForwarder } from '../src/ports/index.ts';
+import { runTool } from '../src/proc/index.ts';
 import { E2bKeyStore } from '../src/iam/index.ts';
 import { progressBar, summarize, writeCdfChart } from '../src/report/index.ts';
 import { startTestCluster } from '../test/support/cluster.ts';
-import { timed } from './support/runc-floor.ts';
+import { sandboxPaths, timed } from './support/runc-floor.ts';
 
 const RUNS = Number(process.env.BENCH_RUNS ?? 300);
 const CREATES = Number(process.env.BENCH_CREATES ?? 10);
+const PORT_RUNS = Number(process.env.BENCH_PORT_RUNS ?? RUNS);
+const HTTPD_PORT = 8080;
+const PAGE = 'hello from a port\n';
+
+/** One GET on a new connection (to `port` on the loopback, or `socket`) with this Host; its body must be PAGE. */
+function get(to: number | net.Socket, host: string, headers: Record<string, string> = {}): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const where = typeof to === 'number' ? { host: '127.0.0.1', port: to, agent: false as const } : { createConnection: () => to };
+    const req = http.request({ ...where, path: '/index.html', headers: { host, ...headers } }, (res) => {
+      let body = '';
+      res.setEncoding('utf8');
+      res.on('data', (chunk: string) => (body += chunk));
+      res.on('end', () => (res.statusCode === 200 && body === PAGE ? resolve() : reject(new Error(`${res.statusCode}: ${body.slice(0, 200)}`))));
+      res.on('error', reject);
+    });
+    req.on('error', reject);
+    req.end();
+  });
+}
+
+async function freePort(): Promise<number> {
+  const server = net.createServer();
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address() as net.AddressInfo;
+  await new Promise((resolve) => server.close(resolve));
+  return port;
+}
 
 // E2B's `base` is busybox here: the bench times the RPC path, not a first build of the base template.
 const cluster = await startTestCluster({ workers: [{ nodeId: 'bench-node' }], env: { ROLLBOX_HEARTBEAT_MS: '1000', ROLLBOX_NODE_LOST_AFTER_MS: '5000', ROLLBOX_E2B_BASE_TEMPLATE: 'off' } });
@@ -126,6 +167,40 @@ try {
   await sbx.pty.kill(terminal.pid);
   await native.signalCommand(sbx.sandboxId, nativePty.commandId, 'KILL');
   await following;
+
+  // The port arm: the same busybox httpd page in a busybox sandbox (through getHost, and
+  // straight into its namespace) and on the host.
+  const web = await Sandbox.create('busybox', { timeoutMs: 600_000 });
+  created.push(web.sandboxId);
+  await web.commands.run(`mkdir -p /www && printf '${PAGE.replace('\n', '\\n')}' > /www/index.html && httpd -p ${HTTPD_PORT} -h /www`);
+  const hostWww = await fs.mkdtemp(path.join(cluster.rootDir, 'www-'));
+  await fs.writeFile(path.join(hostWww, 'index.html'), PAGE);
+  const hostPort = await freePort();
+  const hostHttpd = spawn('busybox', ['httpd', '-f', '-p', `127.0.0.1:${hostPort}`, '-h', hostWww], { stdio: 'ignore' });
+  const portSamples = { getHost: [] as number[], floor: [] as number[], hostLoopback: [] as number[] };
+  const { runcRoot, containerId } = sandboxPaths(path.join(cluster.rootDir, 'bench-node', 'worker'), web.sandboxId);
+  const state = await runTool('runc', ['--root', runcRoot, 'state', containerId], { output: 'collect' });
+  const initPid = (JSON.parse(state.stdout) as { pid: number }).pid;
+  const forwarder = new PortForwarder({ dir: await fs.mkdtemp(path.join(cluster.rootDir, 'portfwd-')) });
+  try {
+    const gatewayPort = Number(new URL(cluster.url).port);
+    const viaGetHost = () => get(gatewayPort, web.getHost(HTTPD_PORT), { 'e2b-traffic-access-token': web.trafficAccessToken! });
+    const intoNetns = async () => get(await forwarder.open(initPid, HTTPD_PORT), `localhost:${HTTPD_PORT}`);
+    const onHost = () => get(hostPort, `127.0.0.1:${hostPort}`);
+    for (let i = 0; i < 50; i++) await Promise.all([viaGetHost(), intoNetns(), onHost().catch(() => undefined)]);
+    await onHost();
+    const portBar = progressBar('GET through getHost, into the netns, on the host', { total: PORT_RUNS });
+    for (let i = 0; i < PORT_RUNS; i++) {
+      portSamples.getHost.push(await timed(viaGetHost));
+      portSamples.floor.push(await timed(intoNetns));
+      portSamples.hostLoopback.push(await timed(onHost));
+      portBar.tick();
+    }
+    portBar.done();
+  } finally {
+    hostHttpd.kill('SIGKILL');
+    forwarder.stop();
+  }
   await Promise.all(created.map((id) => native.deleteSandbox(id)));
 
   const s = summarize(e2b);
@@ -137,7 +212,14 @@ try {
     { label: 'rollbox TS client exec (floor)', samplesMs: floor },
     { label: 'rollbox TS client streaming exec (SSE)', samplesMs: nativeStream },
   ]);
-  process.stderr.write(`chart: ${chart}\n`);
+  const portChart = writeCdfChart(path.resolve(import.meta.dirname, 'out', 'e2b-port-latency.svg'), 'GET of a page from busybox httpd, new connection each', [
+    { label: 'through getHost (gateway, port relay, sandbox netns)', samplesMs: portSamples.getHost },
+    { label: 'straight into the sandbox namespace (rollbox-portfwd, floor)', samplesMs: portSamples.floor },
+    { label: "the host's busybox httpd on its loopback (context)", samplesMs: portSamples.hostLoopback },
+  ]);
+  process.stderr.write(`charts: ${chart} ${portChart}\n`);
+  const gs = summarize(portSamples.getHost);
+  const gf = summarize(portSamples.floor);
   const ps = summarize(ptySdk);
   const pn = summarize(ptyNative);
   const pf = summarize(ptyFloor);
@@ -156,10 +238,12 @@ try {
       nativeCreateP50Ms: cf.p50Ms,
       createRatioP50: ratio(cs.p50Ms, cf.p50Ms),
       pty: { sdkEchoP50Ms: ps.p50Ms, nativeEchoP50Ms: pn.p50Ms, floorP50Ms: pf.p50Ms, sdkRatioP50: ratio(ps.p50Ms, pf.p50Ms), nativeRatioP50: ratio(pn.p50Ms, pf.p50Ms), sdkEchoP99Ms: ps.p99Ms, n: ps.n },
+      port: { p50Ms: gs.p50Ms, p99Ms: gs.p99Ms, floorP50Ms: gf.p50Ms, floorP99Ms: gf.p99Ms, ratioP50: ratio(gs.p50Ms, gf.p50Ms), ratioP99: ratio(gs.p99Ms, gf.p99Ms), hostLoopbackP50Ms: summarize(portSamples.hostLoopback).p50Ms, n: gs.n },
       n: s.n,
       sdk: 'e2b@2.51.0',
-      targets: { ratioP50: 1.5 },
+      targets: { ratioP50: 1.5, port: { ratioP50: 1.5 } },
       chart,
+      portChart,
     }),
   );
 } finally {

@@ -6,17 +6,48 @@
  * microVM figures say nothing about KVM hosts, so no targets. Then snapshots (pack_diff) of
  * the same sandboxes with SNAPSHOT_MIB written in one file and 500 small ones: the
  * snapshot's time through the API, and how long the sandbox was frozen (a 1-child fork's
- * parentFrozenMs, the same pack). Ends with one JSON line.
+ * parentFrozenMs, the same pack). First, guest memory handed back (bench/support/vm-memory.ts):
+ * host memory per idle VM with ROLLBOX_VM_RETURN_MEMORY off and on, after boot and after
+ * use, over a scripted agent session (time-integrated), and its CPU cost (BENCH_MEMORY_ONLY=1: only that part). Ends with one JSON line.
  */
 import fs from 'node:fs';
 import path from 'node:path';
 import { api, startTestCluster } from '../test/support/cluster.ts';
 import { timed } from './support/runc-floor.ts';
+import { measureVmMemory } from './support/vm-memory.ts';
 import { summarize } from '../src/report/index.ts';
 
 const CREATES = Number(process.env.BENCH_CREATES ?? 3);
 const EXECS = Number(process.env.BENCH_EXECS ?? 60);
 const SNAPSHOT_MIB = Number(process.env.BENCH_SNAPSHOT_MIB ?? 64);
+
+// Guest memory handed back (ROLLBOX_VM_RETURN_MEMORY) off, then on, each on a host of its own: host memory per idle VM and its CPU cost.
+const MEMORY_VMS = Number(process.env.BENCH_MEMORY_VMS ?? 2);
+const IDLE_WINDOW_MS = Number(process.env.BENCH_IDLE_WINDOW_MS ?? 20_000);
+const log = (line: string) => process.stderr.write(`${line}\n`);
+const memOff = await measureVmMemory('off', MEMORY_VMS, IDLE_WINDOW_MS, log);
+const memOn = await measureVmMemory('on', MEMORY_VMS, IDLE_WINDOW_MS, log);
+const ratio = (on: number, off: number) => Math.round((on / off) * 100) / 100;
+const returnMemory = {
+  vms: MEMORY_VMS,
+  guestMemoryMiB: 384,
+  off: memOff,
+  on: memOn,
+  // Targets: idle host memory per VM <= 0.5 of off's (DSec's free page reporting + cold cache reclaim).
+  idleAfterBootRssRatio: ratio(memOn.idleAfterBoot.rssMiB, memOff.idleAfterBoot.rssMiB),
+  idleAfterBootRamFileRatio: ratio(memOn.idleAfterBoot.ramFileMiB, memOff.idleAfterBoot.ramFileMiB),
+  idleAfterUseRssRatio: ratio(memOn.idleAfterUse.rssMiB, memOff.idleAfterUse.rssMiB),
+  idleAfterUseRamFileRatio: ratio(memOn.idleAfterUse.ramFileMiB, memOff.idleAfterUse.ramFileMiB),
+  cpuRatio: { idleAfterBoot: ratio(memOn.cpuMs.idleAfterBoot, memOff.cpuMs.idleAfterBoot), commands: ratio(memOn.cpuMs.commands, memOff.cpuMs.commands), idleAfterUse: ratio(memOn.cpuMs.idleAfterUse, memOff.cpuMs.idleAfterUse) },
+  refillRatio: ratio(memOn.refillMs, memOff.refillMs),
+  // The seed's figure: host memory integrated over the same scripted agent session (DSec: -21.2%).
+  sessionRssMiBSecondsRatio: ratio(memOn.session.rssMiBSeconds, memOff.session.rssMiBSeconds),
+  sessionRamFileMiBSecondsRatio: ratio(memOn.session.ramFileMiBSeconds, memOff.session.ramFileMiBSeconds),
+};
+if (process.env.BENCH_MEMORY_ONLY) {
+  console.log(JSON.stringify({ bench: 'microvm', returnMemory }));
+  process.exit(0);
+}
 
 const cluster = await startTestCluster({ workers: [{ nodeId: 'bench-vm' }] });
 process.once('SIGINT', () => void cluster.stop().finally(() => process.exit(130)));
@@ -107,6 +138,7 @@ try {
     snapshotWrittenMiB: SNAPSHOT_MIB,
     hostMiBPerIdleMicroVm: Math.round((rssMiB.reduce((a, b) => a + b, 0) / rssMiB.length) * 10) / 10,
     guestMemoryMiB: 256,
+    returnMemory,
   };
   console.log(JSON.stringify(result));
 } finally {

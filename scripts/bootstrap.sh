@@ -53,6 +53,8 @@ sh scripts/build-init.sh
 sh scripts/build-gate.sh
 # The swap pause's prefetch helper (src/swap/rollbox-memctl.c).
 sh scripts/build-memctl.sh
+# The port relay's helper into sandboxes' network namespaces (src/ports/rollbox-portfwd.c).
+sh scripts/build-portfwd.sh
 # The microVM tier: QEMU, the guest kernel (unpacked from Debian's cloud kernel package, not
 # installed) and the guest initramfs (docs/microvm.md).
 sh scripts/install-microvm.sh

@@ -1,6 +1,5 @@
 import fs from 'node:fs';
 import path from 'node:path';
-import { pack } from 'tar-stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { execFileSync } from 'node:child_process';
 import { BurstPolicy, type Scope } from '../src/api/index.ts';
@@ -9,6 +8,7 @@ import { readTraceFile } from '../src/burst/trace/index.ts';
 import { loadConfig } from '../src/config/index.ts';
 import { startWorkerRole } from '../src/roles/index.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
+import { tarOf } from './support/tar.ts';
 import { gatesUnder, hostTraces } from './support/host.ts';
 import pino from 'pino';
 
@@ -34,16 +34,6 @@ afterAll(async () => {
   expect(gatesUnder(cluster.rootDir)).toEqual([]);
 });
 
-async function tarOf(name: string, content: string): Promise<Uint8Array> {
-  const archive = pack();
-  const chunks: Buffer[] = [];
-  archive.on('data', (c: unknown) => void chunks.push(c as Buffer));
-  const done = new Promise<void>((resolve) => archive.on('end', () => resolve()));
-  archive.entry({ name }, content);
-  archive.finalize();
-  await done;
-  return new Uint8Array(Buffer.concat(chunks));
-}
 
 const create = (body: object) => api(cluster, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64 }, ...body });
 const burst = async () => (await api(cluster, token, 'GET', '/v1/burst')).body;
@@ -71,7 +61,7 @@ function pidOfHost(hostId: string): number {
 
 describe('live cloud burst (local provider, real runc)', () => {
   it('diverts eligible creates to a synced cloud host past the threshold, keeps ineligible ones local, survives a vanished host, stops diverting and scales in', async () => {
-    const extra = await api(cluster, token, 'POST', '/v1/layers?name=extra', await tarOf('extra.txt', 'x'), { 'content-type': 'application/x-tar' });
+    const extra = await api(cluster, token, 'POST', '/v1/layers?name=extra', new Uint8Array(await tarOf([{ name: 'extra.txt', content: 'x' }])), { 'content-type': 'application/x-tar' });
     expect(extra.status).toBe(201);
     expect((await api(cluster, token, 'PUT', '/v1/burst/policy', { divertAboveUtilization: 0.5, stopBelowUtilization: 0.6 })).status).toBe(400);
     const agent = await cluster.token('agent', ['sandbox:create', 'sandbox:read']);

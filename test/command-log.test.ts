@@ -76,7 +76,8 @@ describe('command log cursor', () => {
     expect(bad.status).toBe(400);
     expect(bad.body.error.code).toBe('invalid_request');
     await client.deleteSandbox(sandbox.id);
-  });
+    // 5,000 real execs: about 30 s on a quiet host, several times that beside a loaded suite.
+  }, 300_000);
 });
 
 async function lastPage(id: string) {

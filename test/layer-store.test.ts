@@ -6,22 +6,16 @@ import os from 'node:os';
 import path from 'node:path';
 import { Readable } from 'node:stream';
 import { gunzipSync, gzipSync } from 'node:zlib';
-import tar from 'tar-stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { RollboxError } from '../src/api/index.ts';
+import { tarOf as tarOfEntries, type TarEntry } from './support/tar.ts';
 import { GzippedChunks, LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar, isMountPoint, mkfsErofs, parseChunkTable, readMountInfo, type LayerFiles } from '../src/layers/index.ts';
 import { waitFor } from './support/cluster.ts';
 
-type Entry = Partial<tar.Header> & { name: string; content?: string };
+type Entry = TarEntry;
+/** Fixed times: the same entries give the same layer. */
+const tarOf = (entries: Entry[]) => tarOfEntries(entries, { mtime: new Date(1_700_000_000_000) });
 
-async function tarOf(entries: Entry[]): Promise<Buffer> {
-  const pack = tar.pack();
-  for (const { content, ...h } of entries) pack.entry({ mtime: new Date(1_700_000_000_000), ...h }, content ?? '');
-  pack.finalize();
-  const chunks: Buffer[] = [];
-  for await (const c of pack as unknown as AsyncIterable<Buffer>) chunks.push(c);
-  return Buffer.concat(chunks);
-}
 
 function sha256Hex(file: string): string {
   return createHash('sha256').update(readFileSync(file)).digest('hex');

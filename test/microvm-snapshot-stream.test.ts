@@ -3,12 +3,12 @@ import fs from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
-import { pack, type Header } from 'tar-stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { RollboxError } from '../src/api/index.ts';
 import { extractInThread, LAYER_CHUNK_BYTES } from '../src/layers/index.ts';
 import { MuxKind, muxFrame, openVmChannel, type VmChannel } from '../src/workers/microvm/index.ts';
 import { snapshotVm } from '../src/workers/microvm/snapshot.ts';
+import { tarOf } from './support/tar.ts';
 
 /**
  * The host's side of a microVM snapshot against what a broken or hostile guest could
@@ -87,14 +87,6 @@ function result(status: number, frozenUs = 0, message = ''): Buffer {
   return Buffer.concat([r, Buffer.from(message)]);
 }
 
-async function tarOf(entries: (Partial<Header> & { name: string; content?: Buffer | string })[]): Promise<Buffer> {
-  const p = pack();
-  for (const { content, ...h } of entries) p.entry(h, content ?? '');
-  p.finalize();
-  const chunks: Buffer[] = [];
-  for await (const c of p as unknown as AsyncIterable<Buffer>) chunks.push(c);
-  return Buffer.concat(chunks);
-}
 
 /** Data frames of at most 64 KiB, as the guest's multiplexer sends them. */
 function sendData(req: Request, bytes: Buffer): void {

@@ -3,7 +3,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Batch, BatchResultLine, Rollout, Trajectory } from '../src/api/index.ts';
 import { agentLayerTar } from './support/agent-layer.ts';
 import { api, startTestCluster, type TestCluster } from './support/cluster.ts';
-import { chatTurn } from './support/model-script.ts';
+import { chatTurn, messagesTurn } from './support/model-script.ts';
 import { ScriptedUpstream, type ScriptTurn } from './support/model-upstream.ts';
 
 // Hosted rollouts (issue 39 points 1-2): the agent loop runs in its own agent sandbox beside
@@ -36,7 +36,7 @@ beforeAll(async () => {
   trainer = await cluster.token('team-ro', ['rollout:submit', 'layer:write']);
   const put = await api(cluster, trainer, 'PUT', '/v1/jobs/job-ro/model', { upstreams: [{ baseUrl: upstream.url }], headers: { authorization: `Bearer ${SECRET}` } });
   expect(put.status, JSON.stringify(put.body)).toBe(200);
-  const layer = await api(cluster, trainer, 'POST', '/v1/layers?name=agent-openai', new Uint8Array(await agentLayerTar(['openai-agent'])), { 'content-type': 'application/x-tar' });
+  const layer = await api(cluster, trainer, 'POST', '/v1/layers?name=test-agents', new Uint8Array(await agentLayerTar(['openai-agent', 'anthropic-agent'])), { 'content-type': 'application/x-tar' });
   expect(layer.status, JSON.stringify(layer.body)).toBe(201);
   agentLayer = layer.body.digest;
 }, 240_000);
@@ -62,10 +62,13 @@ async function runRollout(task: object): Promise<{ batch: Batch; line: BatchResu
 const agentImage = () => ({ base: 'busybox', layers: [agentLayer] });
 
 describe('hosted rollouts', () => {
-  it('runs an unchanged OpenAI SDK agent in its own sandbox; its trajectory is the script, interleaved with its commands', async () => {
+  it.each([
+    ['openai', chatTurn],
+    ['anthropic', messagesTurn],
+  ] as const)('runs an unchanged %s SDK agent in its own sandbox; its trajectory is the script, interleaved with its commands', async (sdk, turnOf) => {
     const { line } = await runRollout({
       files: { 'bug.txt': Buffer.from('broken\n').toString('base64') },
-      agent: { image: agentImage(), argv: ['/usr/bin/node', '/agent/openai-agent.mjs'], env: { AGENT_STREAM: '1', AGENT_TASK: 'Fix bug.txt' }, resources: { memoryMiB: 512 }, timeoutMs: 150_000 },
+      agent: { image: agentImage(), argv: ['/usr/bin/node', `/agent/${sdk}-agent.mjs`], env: { AGENT_STREAM: '1', AGENT_TASK: 'Fix bug.txt' }, resources: { memoryMiB: 512 }, timeoutMs: 150_000 },
       model: { job: 'job-ro' },
       grade: { mode: 'same-sandbox', cmd: 'grep -qx fixed bug.txt' },
     });
@@ -88,7 +91,8 @@ describe('hosted rollouts', () => {
     expect(seen.at(-1)).toBe('command grep -qx fixed bug.txt');
     const calls = trajectory.body.entries.flatMap((e) => (e.kind === 'model_call' ? [e.call] : []));
     expect(calls.map((c) => c.status)).toEqual(SCRIPT.map(() => 200));
-    expect(calls.map(chatTurn)).toEqual(SCRIPT);
+    expect(calls.map(turnOf)).toEqual(SCRIPT);
+    expect(calls.every((c) => c.api === (sdk === 'openai' ? 'chat.completions' : 'messages'))).toBe(true);
     // The upstream got the trainer's credential; nothing the agent saw or sent held it.
     expect(upstream.received.every((r) => r.headers.authorization === `Bearer ${SECRET}`)).toBe(true);
     expect(JSON.stringify(trajectory.body)).not.toContain(SECRET);

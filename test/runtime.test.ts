@@ -5,12 +5,12 @@ import { mkdir, mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { Readable } from 'node:stream';
-import tar from 'tar-stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { RollboxError } from '../src/api/index.ts';
 import { LayerMounts, LayerStore, buildBusyboxBase, buildLayerFromTar, readMountInfo, type LayerFiles } from '../src/layers/index.ts';
 import { BESTEFFORT_ROOT, createRuncRuntime, type RuncRuntime } from '../src/workers/runtime/index.ts';
 import type { RuntimeExecSpec, SandboxRuntimeSpec } from '../src/workers/runtime/types.ts';
+import { tarOf } from './support/tar.ts';
 
 let top: string;
 let dataDir: string;
@@ -52,14 +52,6 @@ function sha256Hex(file: string): string {
   return createHash('sha256').update(readFileSync(file)).digest('hex');
 }
 
-async function tarOf(entries: (Partial<tar.Header> & { name: string; content?: string })[]): Promise<Buffer> {
-  const pack = tar.pack();
-  for (const { content, ...h } of entries) pack.entry({ mtime: new Date(0), ...h }, content ?? '');
-  pack.finalize();
-  const chunks: Buffer[] = [];
-  for await (const c of pack as unknown as AsyncIterable<Buffer>) chunks.push(c);
-  return Buffer.concat(chunks);
-}
 
 const mountsUnderTop = (): string[] =>
   readFileSync('/proc/self/mounts', 'utf8')
@@ -111,7 +103,7 @@ beforeAll(async () => {
         { name: 'opt/tool/', type: 'directory', mode: 0o755 },
         { name: 'opt/tool/VERSION', type: 'file', content: '1.2.3\n' },
         { name: 'etc/motd', type: 'file', content: 'from the extra layer\n' },
-      ]),
+      ], { mtime: new Date(0) }),
     ),
       { store, tmpDir, maxBytes: 1 << 20 },
     )

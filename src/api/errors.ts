@@ -9,7 +9,7 @@ export const ERROR_CODES = {
   invalid_image: { status: 400, meaning: 'An image archive is not a `docker save` or OCI layout tar, lacks a blob its manifest names, fails a digest check, has no manifest for the platform asked, has more layers than a sandbox can stack, or has a manifest, index or config field a create would refuse or no record may hold (the message names the field: an Env entry, WorkingDir, User, a platform, a layer size).' },
   invalid_archive: { status: 400, meaning: 'A tar for the files API names paths outside its directory, or is malformed.' },
   unauthenticated: { status: 401, meaning: 'No token, or one that does not verify (signature, `iss`, `aud`, `exp`).' },
-  forbidden: { status: 403, meaning: 'The token lacks the scope the route needs.' },
+  forbidden: { status: 403, meaning: 'The token lacks the scope the route needs, or a request into a sandbox\'s port by its E2B host name lacks the sandbox\'s traffic access token (`e2b-traffic-access-token`).' },
   not_found: { status: 404, meaning: 'No such sandbox, command, layer or route; another tenant\'s sandbox is not found either.' },
   conflict: { status: 409, meaning: 'The same Idempotency-Key with another body, or a state change that lost a race.' },
   invalid_state: { status: 409, meaning: 'Not in this state: exec in a paused sandbox, files in a hibernated one, resume of a running one...' },
@@ -39,6 +39,7 @@ export const ERROR_CODES = {
   registry_not_allowed: { status: 403, meaning: 'The gateway\'s egress policy refused an image pull\'s destination: a registry not in `ROLLBOX_REGISTRY_ALLOW`, or a registry, redirect or token realm that is not http(s), names port 0, or reaches a loopback, link-local or private address without being listed in `ROLLBOX_REGISTRY_INTERNAL` (docs/images.md).' },
   invalid_dockerfile: { status: 400, meaning: 'An image build\'s Dockerfile (or steps) does not parse: an unknown instruction, one without arguments, a bad flag value, quote or substitution, an instruction before FROM, a COPY source not in the context; the message names the line.' },
   build_unsupported: { status: 400, meaning: 'An image build asks for what the builder cannot honour (RUN --mount, HEALTHCHECK, ONBUILD, VOLUME, STOPSIGNAL, heredocs, ADD from a URL or of an archive, COPY --link): refused at the request, naming the line, never skipped.' },
+  port_closed: { status: 502, meaning: 'Nothing listens on the sandbox\'s port that a request through the port proxy (`/v1/sandboxes/:id/ports/:port/...`, an E2B `getHost` name) asked for: the connection was refused inside the sandbox.' },
   build_step_failed: { status: 422, meaning: 'An image build\'s RUN step exited non-zero or ran past the build\'s `stepTimeoutMs`: the build ended `failed` with the step\'s line, exit code and output; nothing of it was stored as the image.' },
 } as const satisfies Record<string, { status: number; meaning: string }>;
 

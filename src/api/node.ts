@@ -48,9 +48,14 @@ export const NodeHeartbeat = z.object({
   /**
    * Its sandboxes' memory: what their cgroups hold in the host's memory and in swap, and the
    * reservations swap pauses gave back to admission (MiB: what swapped sandboxes reserved
-   * less what they still hold). Absent: an older host, or no reading yet.
+   * less what they still hold), and the guest RAM its microVMs handed back
+   * (`guestUnbackedBytes`: of the guest RAM of VMs with ROLLBOX_VM_RETURN_MEMORY on, what
+   * the host does not back: reported free, or never touched; absent from older hosts).
+   * Absent: an older host, or no reading yet.
    */
-  memory: z.object({ residentBytes: z.number(), swappedBytes: z.number(), givenBackMiB: z.number(), swappedSandboxes: z.number().int() }).optional(),
+  memory: z.object({ residentBytes: z.number(), swappedBytes: z.number(), givenBackMiB: z.number(), swappedSandboxes: z.number().int(), guestUnbackedBytes: z.number().optional() }).optional(),
+  /** Where gateways reach this host's port relay (`host:port`, src/ports), for traffic into its sandboxes' ports. */
+  portRelay: z.string().optional(),
   /** Create requests this node has handled (admitted or refused) recently; lets gateways drop assumed load. */
   handledCreates: z.array(z.string()),
 });

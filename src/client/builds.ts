@@ -1,6 +1,7 @@
 import { Build, BuildContext, BuildLogEvent, type BuildRequest } from '../api/index.ts';
 import { json, serverSentEvents } from './body.ts';
-import { RollboxApiError, type RollboxClient } from './client.ts';
+import type { RollboxClient } from './client.ts';
+import { RollboxApiError } from './errors.ts';
 
 /** A build's log as it streams: a step's change (`steps`: how many the build has), a failed RUN's output, then the end (with the build). */
 export type BuildStreamEvent = BuildLogEvent & { steps?: number; build?: Build };

@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import type { z } from 'zod';
 import { serverSentEvents } from './body.ts';
+import { RollboxApiError, apiErrorOf, isRetryable, networkMessage } from './errors.ts';
 import {
   CommandInputResult,
   CommandList,
@@ -14,7 +15,6 @@ import {
   SandboxList,
   SandboxMetrics,
   type CreateSandboxRequest,
-  type ErrorCode,
   type ExecRequest,
   type ListSandboxesQuery,
   type PauseMode,
@@ -46,23 +46,6 @@ export interface RollboxClientOptions {
   /** Called before each retry (for logs and metrics): which try failed, why, and the wait before the next. */
   onRetry?: (retry: { attempt: number; error: RollboxApiError; delayMs: number }) => void;
 }
-
-/** An error answer from the API, with its code from the error table. */
-export class RollboxApiError extends Error {
-  override readonly name = 'RollboxApiError';
-  constructor(
-    readonly status: number,
-    readonly code: ErrorCode | 'network',
-    message: string,
-    readonly retryAfterSeconds?: number,
-  ) {
-    super(message);
-  }
-}
-
-/** Statuses worth another try: the request may not have been served, or may succeed later. */
-const RETRYABLE_STATUS = new Set([429, 502, 503, 504]);
-const RETRYABLE_CODES = new Set(['timeout', 'no_capacity', 'admission_exhausted', 'unavailable', 'quota_exceeded']);
 
 /**
  * Typed client for the rollbox HTTP API. Every retry reuses the same Idempotency-Key
@@ -118,7 +101,6 @@ export class RollboxClient {
     return ExecResult.parse(await this.call('POST', `/v1/sandboxes/${encodeURIComponent(id)}/exec`, withId));
   }
 
-  /** Starts a command in the background; poll `commandStatus` for its state and output. */
   /**
    * A streaming exec (server-sent events). A dropped stream, or a gateway restart, is
    * resumed with the same commandId and the last event id seen: the command runs once
@@ -202,6 +184,7 @@ export class RollboxClient {
     return Layer.parse(await this.call('POST', `/v1/sandboxes/${encodeURIComponent(id)}/snapshot`, request));
   }
 
+  /** Starts a command in the background; poll `commandStatus` for its state and output. */
   async execBackground(id: string, request: Omit<z.input<typeof ExecRequest>, 'background'>): Promise<CommandStatus> {
     const withId = { ...request, background: true, commandId: request.commandId ?? `c-${randomUUID()}` };
     return CommandStatus.parse(await this.call('POST', `/v1/sandboxes/${encodeURIComponent(id)}/exec`, withId));
@@ -336,33 +319,7 @@ export class RollboxClient {
   }
 }
 
-async function apiErrorOf(response: Response): Promise<RollboxApiError> {
-  const text = await response.text().catch(() => '');
-  let apiError: { code?: ErrorCode; message?: string } | undefined;
-  try {
-    apiError = (JSON.parse(text) as { error?: typeof apiError }).error;
-  } catch {
-    apiError = undefined;
-  }
-  const retryAfter = Number(response.headers.get('retry-after') ?? NaN);
-  return new RollboxApiError(response.status, apiError?.code ?? 'internal', apiError?.message ?? `HTTP ${response.status}`, Number.isFinite(retryAfter) ? retryAfter : undefined);
-}
-
-/** fetch's own message is "fetch failed": add its cause (ECONNREFUSED, a reset...). */
-function networkMessage(err: unknown): string {
-  if (!(err instanceof Error)) return String(err);
-  const cause = err.cause instanceof Error ? err.cause.message : undefined;
-  return cause && !err.message.includes(cause) ? `${err.message}: ${cause}` : err.message;
-}
-
 function filesPath(id: string, query: Record<string, string | undefined>): string {
   const params = new URLSearchParams(Object.entries(query).flatMap(([k, v]) => (v === undefined ? [] : [[k, v]])));
   return `/v1/sandboxes/${encodeURIComponent(id)}/files?${params}`;
-}
-
-function isRetryable(error: RollboxApiError): boolean {
-  if (error.code === 'network') return true;
-  if (!RETRYABLE_STATUS.has(error.status)) return false;
-  // A 502 is a host or a registry gone for a moment, unless the registry refused the credentials (trying again changes nothing).
-  return error.status === 502 ? error.code !== 'node_lost' && error.code !== 'registry_unauthorized' : RETRYABLE_CODES.has(error.code);
 }

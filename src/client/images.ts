@@ -1,6 +1,7 @@
 import { ImageList, ImageRecord, ImportedImage, type PullImageRequest } from '../api/index.ts';
 import { json, streamOf } from './body.ts';
-import { RollboxApiError, type RollboxClient } from './client.ts';
+import type { RollboxClient } from './client.ts';
+import { RollboxApiError } from './errors.ts';
 
 /** The options of an import (sent as query parameters); unset ones take the API's defaults. */
 export interface ImportImageOptions {

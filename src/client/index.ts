@@ -1,4 +1,5 @@
-export { RollboxClient, RollboxApiError } from './client.ts';
+export { RollboxClient } from './client.ts';
+export { RollboxApiError } from './errors.ts';
 export { serverSentEvents } from './body.ts';
 export type { ExecStreamEvent, RollboxClientOptions, RetryPolicy } from './client.ts';
 export { BatchesClient, NDJSON_TYPE } from './batches.ts';

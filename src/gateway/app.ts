@@ -10,7 +10,9 @@ import type { ModelGateway } from '../model-gateway/index.ts';
 import type { RolloutService } from '../rollouts/index.ts';
 import type { NodeDirectory } from '../queues/index.ts';
 import { authenticate, authenticateFromUrl, confineRolloutKeys, type GatewayEnv } from './auth.ts';
-import { registerE2b, type E2bDeps } from './e2b/index.ts';
+import { EnvdAccess, e2bPortHosts, registerE2b, type E2bDeps } from './e2b/index.ts';
+import type { PortsService } from './ports-service.ts';
+import { registerPortRoutes } from './routes/ports.ts';
 import { registerMetricsRoutes } from './routes/metrics.ts';
 import type { SandboxMetricsService } from './sandbox-metrics.ts';
 import { describeZodError, errorResponse, handleError } from './errors.ts';
@@ -73,6 +75,8 @@ export interface GatewayDeps {
   e2b?: E2bDeps;
   /** The model gateway (src/model-gateway): model calls of hosted rollouts, job upstreams, model holds; absent: not served. */
   model?: ModelApiDeps & Pick<ModelGateway, 'setJobPaused'>;
+  /** Traffic into sandboxes' ports (`/v1/sandboxes/:id/ports/:port/...`, E2B's `getHost` names); absent: not served. */
+  ports?: Pick<PortsService, 'ofTenant' | 'byId' | 'pass'>;
   /** Hosted rollouts' records and trajectories (src/rollouts); absent: /v1/rollouts is not served. */
   rollouts?: Pick<RolloutService, 'get' | 'trajectory'>;
   /** `GET /v1/sandboxes/:id/metrics`; absent: not served. */
@@ -100,6 +104,8 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   app.openAPIRegistry.registerComponent('securitySchemes', 'bearer', { type: 'http', scheme: 'bearer', bearerFormat: 'JWT' });
 
   app.use('*', deps.metrics.middleware);
+  // A request named by an E2B sandbox's getHost(port) goes there whatever its path: before every route.
+  if (deps.e2b && deps.ports) app.use('*', e2bPortHosts({ ports: deps.ports, access: new EnvdAccess(deps.e2b.redis) }));
 
   // Operations (no auth: scraped and probed from inside the cluster).
   app.get('/healthz', (c) => c.json({ ok: true }));
@@ -120,7 +126,8 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   const jsonLimit = limit(deps.config.http.bodyLimitBytes, 'the JSON limit');
   // File uploads have their own (larger) cap, layer uploads theirs (routes/layers.ts).
   const filesLimit = limit(deps.config.files.maxBytes, 'the files limit');
-  app.use('/v1/sandboxes/*', (c, next) => (/^\/v1\/sandboxes\/[^/]+\/files$/.test(c.req.path) ? filesLimit(c, next) : jsonLimit(c, next)));
+  // Traffic into a sandbox's port streams its body to the server there, under no cap of rollbox's.
+  app.use('/v1/sandboxes/*', (c, next) => (/^\/v1\/sandboxes\/[^/]+\/ports\//.test(c.req.path) ? next() : /^\/v1\/sandboxes\/[^/]+\/files$/.test(c.req.path) ? filesLimit(c, next) : jsonLimit(c, next)));
   app.use('/v1/sandboxes', jsonLimit);
   app.use('/v1/jobs/*', jsonLimit);
   app.use('/v1/snapshots/*', jsonLimit);
@@ -151,6 +158,7 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
     registerConsolePage(app);
   }
   if (deps.sandboxMetrics) registerMetricsRoutes(app, deps.sandboxMetrics);
+  if (deps.ports) registerPortRoutes(app, deps.ports);
   if (deps.e2b) registerE2b(app, deps.e2b);
   if (deps.model) registerModelRoutes(app, { model: deps.model, jsonLimit });
   if (deps.rollouts) registerRolloutRoutes(app, { batches: deps.batches, rollouts: deps.rollouts, jsonLimit });

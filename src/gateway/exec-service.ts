@@ -21,7 +21,9 @@ import { requireScope, type Principal } from '../iam/index.ts';
 import { followOutput, readOutput, type CommandLog, type CommandPage, type SandboxRegistry } from '../registry/index.ts';
 import type { BlockingPool } from '../redis/index.ts';
 import type { GatewayMetrics } from './metrics.ts';
+import { sendToRunningCommand } from './command-input.ts';
 import { toRollboxError, type NodeRequests } from './node-requests.ts';
+import { ptyExec } from './pty.ts';
 
 export interface ExecServiceDeps {
   redis: Redis;
@@ -55,10 +57,6 @@ const RECORD_CHECK_MS = 5000;
 /** A blocked read of an output stream wakes this often to look at the command's record. */
 const FOLLOW_BLOCK_MS = 2000;
 const POLL_MS = 25;
-/** A signal or a piece of stdin reaches a running command in milliseconds; this bounds a lost reply. */
-const COMMAND_INPUT_TIMEOUT_MS = 15_000;
-/** A signal or stdin for a command still queued waits this long for it to start. */
-const QUEUED_INPUT_WAIT_MS = 5000;
 
 /** Commands in sandboxes, through the command log: buffered, streamed, replayed. */
 export class ExecService {
@@ -281,7 +279,7 @@ export class ExecService {
 
   /** A running pty command's new window size (scope sandbox:exec). */
   async resizeCommand(principal: Principal, id: string, commandId: string, size: PtySize): Promise<CommandInputResult> {
-    return this.toRunning(principal, id, commandId, { kind: 'resize', commandId, size });
+    return sendToRunningCommand(this.deps, principal, id, { kind: 'resize', commandId, size });
   }
 
   /** A command's record with the output it has produced so far. */
@@ -302,32 +300,12 @@ export class ExecService {
 
   /** A signal to a running command's process group, by its id (scope sandbox:exec). */
   async signalCommand(principal: Principal, id: string, commandId: string, signal: SignalName): Promise<CommandInputResult> {
-    return this.toRunning(principal, id, commandId, { kind: 'signal', commandId, signo: SIGNAL_NUMBERS[signal] });
+    return sendToRunningCommand(this.deps, principal, id, { kind: 'signal', commandId, signo: SIGNAL_NUMBERS[signal] });
   }
 
   /** Stdin for a running command started with `stdinOpen`; `eof` closes it (scope sandbox:exec). */
   async writeCommandStdin(principal: Principal, id: string, commandId: string, input: CommandStdinRequest): Promise<CommandInputResult> {
-    return this.toRunning(principal, id, commandId, { kind: 'stdin', commandId, data: input.data, eof: input.eof });
-  }
-
-  /** Input for a running command: sent to its sandbox's host, which holds the command's channel to the init. */
-  private async toRunning(
-    principal: Principal,
-    id: string,
-    commandId: string,
-    input: { kind: 'signal'; commandId: string; signo: number } | { kind: 'stdin'; commandId: string; data: string; eof: boolean } | { kind: 'resize'; commandId: string; size: PtySize },
-  ): Promise<CommandInputResult> {
-    requireScope(principal, 'sandbox:exec');
-    const sandbox = await this.deps.registry.getOwned(id, principal.tenant);
-    let record = await this.deps.commands.get(id, commandId);
-    // Just sent (a background command signalled at once): its host takes it within moments.
-    for (const until = this.deps.now() + QUEUED_INPUT_WAIT_MS; record?.state === 'queued' && this.deps.now() < until; record = await this.deps.commands.get(id, commandId)) await sleep(POLL_MS);
-    if (!record) throw new RollboxError('not_found', `command ${commandId} not found in sandbox ${id}`);
-    if (record.state !== 'running') throw new RollboxError('invalid_state', `command ${commandId} is ${record.state}, not running`);
-    if (!sandbox.node) throw new RollboxError('invalid_state', `sandbox ${id} is ${sandbox.state}`);
-    const reply = await this.deps.nodes.sendOp(sandbox.node, { ...input, sandboxId: id, requestId: newId('req') }, COMMAND_INPUT_TIMEOUT_MS);
-    if (reply.kind === 'error') throw toRollboxError(reply.error);
-    return { commandId, state: 'running' };
+    return sendToRunningCommand(this.deps, principal, id, { kind: 'stdin', commandId, data: input.data, eof: input.eof });
   }
 
   async commandLog(principal: Principal, id: string, limit: number): Promise<CommandRecord[]> {
@@ -344,25 +322,6 @@ export class ExecService {
 
 function unknownError(record: CommandRecord): RollboxError {
   return new RollboxError('result_unknown', `command ${record.commandId} was running when its worker host ${record.node} died or restarted; it may or may not have taken effect`);
-}
-
-/** A pty's default command: the image's shell, interactive and login (bash where there is one). */
-export const PTY_DEFAULT_SHELL = '[ -x /bin/bash ] && exec /bin/bash -i -l; exec /bin/sh -i -l';
-/** A terminal's default TERM (the request's env may set another). */
-const PTY_TERM = 'xterm-256color';
-
-/** The exec a pty request runs: a background command with stdin open, on the terminal. */
-function ptyExec(request: PtyRequest): ExecRequest {
-  return {
-    ...(request.argv ? { argv: request.argv } : { cmd: request.cmd ?? PTY_DEFAULT_SHELL }),
-    env: { TERM: PTY_TERM, ...request.env },
-    ...(request.cwd === undefined ? {} : { cwd: request.cwd }),
-    ...(request.user === undefined ? {} : { user: request.user }),
-    timeoutMs: request.timeoutMs ?? DEFAULT_BACKGROUND_TIMEOUT_MS,
-    background: true,
-    stdinOpen: true,
-    ...(request.commandId === undefined ? {} : { commandId: request.commandId }),
-  };
 }
 
 function timeoutOf(request: ExecRequest): number {

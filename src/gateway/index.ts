@@ -8,6 +8,7 @@ export { ExecService } from './exec-service.ts';
 export type { ExecServiceDeps, ExecEvent } from './exec-service.ts';
 export { NodeRequests } from './node-requests.ts';
 export { FilesService } from './files-service.ts';
+export { PortsService, serveUpgrades } from './ports-service.ts';
 export { TtlService } from './ttl-service.ts';
 export { PoolService } from './pool-service.ts';
 export { RunService } from './run-service.ts';

@@ -51,6 +51,7 @@ export function createMetrics(directory: Pick<NodeDirectory, 'list'>, options: {
     ['rollbox_node_memory_resident_bytes', 'memory its sandboxes hold in the host\'s RAM (their cgroups)', (m: NonNullable<NodeHeartbeat['memory']>) => m.residentBytes],
     ['rollbox_node_memory_swapped_bytes', 'memory of its sandboxes in swap (paused with mode swap)', (m: NonNullable<NodeHeartbeat['memory']>) => m.swappedBytes],
     ['rollbox_node_memory_given_back_bytes', 'reservations swap pauses gave back to admission: what swapped sandboxes reserved less what they hold', (m: NonNullable<NodeHeartbeat['memory']>) => m.givenBackMiB * 1024 * 1024],
+    ['rollbox_node_memory_vm_guest_unbacked_bytes', 'guest RAM of its microVMs that hand memory back which the host does not back (reported free, or never touched)', (m: NonNullable<NodeHeartbeat['memory']>) => m.guestUnbackedBytes ?? 0],
   ] as const;
   for (const [name, help, value] of memoryFigures) {
     new Gauge({

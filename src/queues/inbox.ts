@@ -146,3 +146,33 @@ export async function pendingOps(redis: Redis, nodeId: string, options: { includ
     }
   });
 }
+
+/**
+ * Exec messages this node took for `commandIds` of one sandbox, taken out of its `taken`
+ * list: a sandbox that hibernated whole with those commands running carries them to the
+ * host that wakes it (which pushes them to its own inbox: handOverOps). `keep` runs with
+ * the raw messages before they leave the list, so a host that dies in between still has them.
+ */
+export async function takeOutExecOps(redis: Redis, nodeId: string, sandboxId: string, commandIds: readonly string[], keep: (raws: string[]) => Promise<void>): Promise<string[]> {
+  const takenKey = `${inboxKey(nodeId, 'ops')}:taken`;
+  const wanted = new Set(commandIds);
+  const raws = (await redis.lrange(takenKey, 0, -1)).filter((raw) => {
+    try {
+      const m = JSON.parse(raw) as { kind?: string; sandboxId?: string; commandId?: string };
+      return m.kind === 'exec' && m.sandboxId === sandboxId && wanted.has(m.commandId ?? '');
+    } catch {
+      return false;
+    }
+  });
+  if (!raws.length) return raws;
+  await keep(raws);
+  const pipeline = redis.pipeline();
+  for (const raw of raws) pipeline.lrem(takenKey, 1, raw);
+  await pipeline.exec();
+  return raws;
+}
+
+/** Messages another host took, handed to this node's inbox as they were (in their order). */
+export async function handOverOps(redis: Redis, nodeId: string, raws: readonly string[]): Promise<void> {
+  if (raws.length) await redis.lpush(inboxKey(nodeId, 'ops'), ...raws);
+}

@@ -102,6 +102,11 @@ export class NodeDirectory {
     return [...this.observed.values()].filter((o) => now - o.changedAtMs > lostAfterMs).map((o) => o.heartbeat.nodeId);
   }
 
+  /** Where a worker host's port relay listens (src/ports), as its last heartbeat says. */
+  portRelayOf(nodeId: string): string | undefined {
+    return this.observed.get(nodeId)?.heartbeat.portRelay;
+  }
+
   list(): (NodeHeartbeat & { ageMs: number })[] {
     return this.candidates().map((c) => ({ ...c.heartbeat, ageMs: c.ageMs }));
   }

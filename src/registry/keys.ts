@@ -28,6 +28,8 @@ export const keys = {
   /** Sandboxes not yet running, scored by the time after which they count as stuck. */
   unsettled: 'rb:unsettled',
   nodes: 'rb:nodes',
+  /** The secret gateways sign port relay tickets with and worker hosts check them by (src/ports/tickets.ts). */
+  portRelaySecret: 'rb:port-relay-secret',
   /** Hibernated sandboxes scored by when their TTL ends (no worker watches them). */
   hibernatedExpiry: 'rb:hibernated-expiry',
   layer: (digest: string) => `rb:{layers}:layer:${digest}`,

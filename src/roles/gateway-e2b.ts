@@ -23,6 +23,8 @@ export function e2bOf(
   parts: Pick<E2bDeps, 'sandboxes' | 'ttls' | 'forks' | 'execs' | 'files'> & { redis: Redis; registry: SandboxRegistry; layers: LayerRegistry; images: ImageRegistry; store: LayerStore; nodes: ConstructorParameters<typeof SandboxMetricsService>[0]['nodes']; tmpDir: string; builds?: NonNullable<E2bDeps['builds']>['builds'] },
   logger: Logger,
   now: () => number,
+  /** The port the gateway listens on: the default domain is `localhost:<port>`. */
+  httpPort: number,
 ): { e2b: E2bDeps; sandboxMetrics: SandboxMetricsService; start: () => void } {
   const { redis, registry, layers, images, store, nodes, tmpDir, builds, ...services } = parts;
   const { when, ...templateConfig } = config.e2b.baseTemplate;
@@ -37,7 +39,7 @@ export function e2bOf(
     metrics: sandboxMetrics,
     filesMaxBytes: config.files.maxBytes,
     baseTemplate,
-    options: { pauseMode: config.e2b.pauseMode, pausedTtlSeconds: config.e2b.pausedTtlSeconds, baseTemplateWaitMs: config.e2b.baseTemplate.waitMs },
+    options: { pauseMode: config.e2b.pauseMode, pausedTtlSeconds: config.e2b.pausedTtlSeconds, baseTemplateWaitMs: config.e2b.baseTemplate.waitMs, domain: config.e2b.domain ?? `localhost:${httpPort}` },
     ...(builds ? { builds: { builds, mergeUploads: (uploads) => mergeContexts(uploads, { maxEntries: MAX_CONTEXT_ENTRIES }), contextMaxBytes: config.build.contextMaxBytes, uploadTtlMs: config.build.contextTtlMs } } : {}),
   };
   // Progress and failures are logged; a create of `base` tries again after a failure.

@@ -3,7 +3,7 @@ import path from 'node:path';
 import { serve } from '@hono/node-server';
 import { type Logger } from 'pino';
 import type { Config } from '../config/index.ts';
-import { startingAnswer, ExecService, ForkService, FilesService, TtlService, Janitor, LayerCollector, NodeRequests, PoolService, RunService, SandboxService, createGateway, createMetrics, newId, type LayerBuilder } from '../gateway/index.ts';
+import { startingAnswer, serveUpgrades, PortsService, ExecService, ForkService, FilesService, TtlService, Janitor, LayerCollector, NodeRequests, PoolService, RunService, SandboxService, createGateway, createMetrics, newId, type LayerBuilder } from '../gateway/index.ts';
 import { RolloutKeyStore, createTokenIssuer, createTokenVerifier } from '../iam/index.ts';
 import { ModelCallLog, RolloutLimits } from '../model-gateway/index.ts';
 import { RolloutService } from '../rollouts/index.ts';
@@ -21,6 +21,8 @@ import { gatewayConsoleOf } from './gateway-console.ts';
 import { e2bOf } from './gateway-e2b.ts';
 import { modelGatewayOf } from './gateway-model.ts';
 import { layerStoreOf, type Stoppable } from './shared.ts';
+import { PortProxy, PortTickets } from '../ports/index.ts';
+import type { Server } from 'node:http';
 export interface GatewayHandle extends Stoppable {
   url: string;
   port: number;
@@ -111,7 +113,8 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const { batches, runner: batchRunner, jobs: batchJobs, stop: stopBatches } = batchesOf(config, redisUrl, redis, blocking, { sandboxes, files, execs, layers, buildLayer, now, rollouts }, logger, now, (succeeded) => metrics.seen.taskEnded(succeeded));
   const { builds, stop: stopBuilds } = buildsOf(config, redisUrl, { redis, sandboxes, files, execs, images, layers, imagePulls, buildLayer }, logger, now);
   const model = await modelGatewayOf(config, redisUrl, { redis, blocking, gatewayId, logger, now, metricsRegistry: metrics.registry });
-  const e2bParts = e2bOf(config, { redis, registry, layers, images, store, nodes, tmpDir, sandboxes, ttls, forks, execs, files, builds }, logger, now);
+  const ports = new PortsService({ registry, proxy: new PortProxy({ tickets: new PortTickets(redis), relayOf: (nodeId) => directory.portRelayOf(nodeId) }) });
+  const e2bParts = e2bOf(config, { redis, registry, layers, images, store, nodes, tmpDir, sandboxes, ttls, forks, execs, files, builds }, logger, now, port);
   const app = createGateway({
     config, redis, verifier: createTokenVerifier(config.jwt), rolloutKeys, sandboxes, forks, ttls, execs, files, pools, runs, batches, layers, directory, metrics, logger, now, burst,
     jobQueues: () => [...directory.list().map((n) => createJobs.queue(n.nodeId)), ...batchJobs.openQueues()],
@@ -122,6 +125,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     model,
     rollouts: new RolloutService({ records: rollouts.records, calls: new ModelCallLog(redis), limits: rollouts.limits, commands, batches: new BatchStore(redis, now) }),
     e2b: e2bParts.e2b,
+    ports,
     sandboxMetrics: e2bParts.sandboxMetrics,
     builds: { api: builds, contextMaxBytes: config.build.contextMaxBytes },
     images: {
@@ -138,6 +142,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   consoleParts.signals.start();
 
   handle = (request, env) => app.fetch(request, env as never);
+  serveUpgrades(server as Server, (request, env) => handle(request, env));
   logger.info({ url, gatewayId }, 'gateway listening');
   await burst.start();
   e2bParts.start();

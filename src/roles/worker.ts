@@ -18,6 +18,7 @@ import { besteffortGuardOf, createRuncRuntime, createTieredRuntime } from '../wo
 import { microVmRuntimeOf } from '../workers/microvm/index.ts';
 import { layerSourceOf, layerSyncOf } from './worker-layers.ts';
 import { layerStoreOf } from './shared.ts';
+import { PortForwarder, PortRelay, PortTickets } from '../ports/index.ts';
 /** A worker keeps the node id it generated on first start, so a restart adopts its sandboxes. */
 async function nodeIdOf(config: Config): Promise<string> {
   if (config.node.nodeId) return config.node.nodeId;
@@ -96,12 +97,18 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
   await source.lazy?.start();
   const housekeeping = source.lazy && setInterval(() => void source.lazy!.collect().then(() => source.lazy!.enforceLimit()).catch((err: unknown) => logger.warn({ err }, 'lazy layer housekeeping failed')), config.layerGc.intervalMs).unref();
   hostRef.current = host;
+  // Traffic into its sandboxes' ports, told to gateways by the first heartbeat.
+  const forwarder = new PortForwarder({ dir: path.join(workerDir, 'ports') });
+  const relay = new PortRelay({ tickets: new PortTickets(redis), forwarder, netnsOf: (id) => host.portNetnsOf(id), logger });
+  host.portRelay = await listenPortRelay(relay, config.portRelay);
   await host.start();
   return {
     nodeId,
     lazy: source.lazy,
     async stop(options = { destroySandboxes: false }) {
       clearInterval(housekeeping);
+      await relay.stop();
+      forwarder.stop();
       await host.stop(options);
       // Nothing is mounted any more after a destroying stop: the gate can end with it.
       await source.lazy?.stop({ shutdownGate: options.destroySandboxes });
@@ -109,6 +116,13 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
       await Promise.all([redis, ...blocking].map((c) => c.quit().catch(() => {})));
     },
   };
+}
+
+/** Listens; answers the address gateways dial (the configured one, else where it listens). */
+async function listenPortRelay(relay: PortRelay, config: Config['portRelay']): Promise<string> {
+  const at = config.listen.lastIndexOf(':');
+  const listening = await relay.listen(config.listen.slice(0, at).replace(/^\[(.*)\]$/, '$1'), Number(config.listen.slice(at + 1)));
+  return config.address ?? listening;
 }
 
 /** The IPv4 addresses of the Redis a URL names (every seed node of a cluster). */

@@ -45,6 +45,19 @@ export async function readMemoryHeld(dir: string, kind: MemoryCgroupKind): Promi
   return { residentBytes: usage, swappedBytes: statField(stat, 'total_swap') || statField(stat, 'swap') };
 }
 
+/** What every sandbox under these parents of the memory hierarchy at `memoryRoot` holds (each parent's hierarchical totals; a missing parent holds nothing). */
+export async function memoryHeldUnderParents(memoryRoot: string, parents: readonly string[]): Promise<MemoryHeld> {
+  const held = await Promise.all(
+    parents.map(async (parent) => {
+      const dir = path.join(memoryRoot, parent);
+      const kind = memoryCgroupKindOf(dir);
+      // A parent removed between the two reads (its last sandbox gone) holds nothing.
+      return kind ? readMemoryHeld(dir, kind).catch(() => ({ residentBytes: 0, swappedBytes: 0 })) : { residentBytes: 0, swappedBytes: 0 };
+    }),
+  );
+  return { residentBytes: held.reduce((sum, h) => sum + h.residentBytes, 0), swappedBytes: held.reduce((sum, h) => sum + h.swappedBytes, 0) };
+}
+
 /**
  * Everything the cgroup holds that the kernel can reclaim goes: page cache dropped, the
  * rest to swap, capped at the sandbox's memory limit (v1: the memsw limit, equal to the

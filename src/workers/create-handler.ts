@@ -1,7 +1,9 @@
 import { existsSync } from 'node:fs';
 import { RollboxError, hasNetwork, reservationOf, type CreateJob, type Sandbox } from '../api/index.ts';
 import type { LayerFiles } from '../layers/index.ts';
+import { handOverOps } from '../queues/index.ts';
 import { decideAdmission } from './admission.ts';
+import { carriedCommandOf, readCarriedCommands } from './carried-commands.ts';
 import type { HostContext } from './host-context.ts';
 import type { LocalSandbox } from './local-sandboxes.ts';
 import { runAndDiscard } from './run-once.ts';
@@ -62,6 +64,8 @@ export async function handleCreate(ctx: HostContext, job: CreateJob): Promise<vo
   // sandbox is written only while it is hibernated (registry patchSpec). A new one's
   // spec never changes before it runs.
   const spec = sandbox.state === 'hibernated' ? ((await registry.get(sandbox.id))?.spec ?? sandbox.spec) : sandbox.spec;
+  // Commands it hibernated with, running in its saved guest: taken into this host's inbox once it runs here.
+  const carried = wholeImage ? await readCarriedCommands(wholeImage) : [];
   try {
     const bound = ready && (await bindPooled(ctx, sandbox.id, spec));
     const layerImages = bound ? [] : await Promise.all(sandbox.layerDigests.map((digest) => layerImage(ctx, digest)));
@@ -84,6 +88,8 @@ export async function handleCreate(ctx: HostContext, job: CreateJob): Promise<vo
       network: spec.network,
       ...(spec.allowPrivilegeEscalation ? { allowPrivilegeEscalation: true } : {}),
     });
+    // Before it is running for its callers: a signal or stdin sent after the wake finds the command attached here.
+    await handOverOps(ctx.deps.redis, ctx.nodeId, carried);
     const startedAtMs = ctx.now();
     // A sandbox back from hibernation keeps the TTL it started with.
     local.starting = false;
@@ -112,6 +118,7 @@ export async function handleCreate(ctx: HostContext, job: CreateJob): Promise<vo
     await ctx.removeLocal(sandbox.id);
     const message = err instanceof Error ? err.message : String(err);
     await registry.transition(sandbox.id, 'failed', { failureReason: 'infra_error', detail: message });
+    for (const command of carried.map(carriedCommandOf)) if (command) await ctx.deps.commands.markUnknown(command.sandboxId, command.commandId, `its sandbox failed to wake: ${message}`);
     await ctx.reply(job.replyTo, { kind: 'error', requestId: job.requestId, error: { code: 'internal', message: `sandbox failed to start: ${message}` } });
   }
 }

@@ -19,6 +19,7 @@ export interface HeartbeatInput {
   network?: NodeHeartbeat['network'];
   pools?: NodeHeartbeat['pools'];
   tiers?: NodeHeartbeat['tiers'];
+  portRelay?: string;
   /** The sandboxes' memory as last read from their cgroups (absent: not read yet). */
   memoryHeld?: { residentBytes: number; swappedBytes: number };
 }
@@ -43,6 +44,7 @@ export function heartbeatOf(input: HeartbeatInput): NodeHeartbeat {
     ...(input.memoryHeld ? { memory: { ...input.memoryHeld, ...local.givenBack() } } : {}),
     ...(input.network ? { network: input.network } : {}),
     ...(input.tiers ? { tiers: input.tiers } : {}),
+    ...(input.portRelay ? { portRelay: input.portRelay } : {}),
     ...(input.pools && Object.keys(input.pools).length ? { pools: input.pools } : {}),
   };
 }

@@ -1,4 +1,4 @@
-import { CreateJob, NodeOp, isTerminal, reservationOf, type Sandbox } from '../api/index.ts';
+import { CreateJob, NodeOp, RollboxError, isTerminal, reservationOf, type Sandbox } from '../api/index.ts';
 import { InboxConsumer, pendingOps } from '../queues/index.ts';
 import { CreateJobConsumer } from '../queues/jobs/index.ts';
 import { PoolRegistry, keys } from '../registry/index.ts';
@@ -75,6 +75,16 @@ export class WorkerHost {
 
   get nodeId(): string {
     return this.ctx.nodeId;
+  }
+
+  /** The port relay's address (src/ports), told in heartbeats once set. */
+  portRelay: string | undefined;
+
+  /** The network namespace (a pid in it) of a tenant sandbox running here, for its port relay; else `invalid_state`. */
+  async portNetnsOf(sandboxId: string): Promise<number> {
+    const local = this.ctx.local.get(sandboxId);
+    if (!local || local.starting || local.pool) throw new RollboxError('invalid_state', `sandbox ${sandboxId} is not running on worker host ${this.nodeId}`);
+    return this.deps.runtime.netnsPidOf(sandboxId);
   }
 
   async start(): Promise<void> {
@@ -267,6 +277,7 @@ export class WorkerHost {
       network: ctx.networkHealth,
       pools: this.pools.status(),
       tiers: this.deps.tiers,
+      portRelay: this.portRelay,
       memoryHeld: this.memoryHeld,
     });
     // Read for the next beat: cgroup files, off the beat's own path.

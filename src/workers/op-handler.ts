@@ -2,7 +2,8 @@ import { mkdir, rm } from 'node:fs/promises';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { RollboxError, newId, type NodeOp, type PauseMode, type Reply } from '../api/index.ts';
-import type { InboxReceipt } from '../queues/index.ts';
+import { takeOutExecOps, type InboxReceipt } from '../queues/index.ts';
+import { keepCarriedCommands } from './carried-commands.ts';
 import { INTERACTIVE_FLUSH_MS, OutputWriter, keys } from '../registry/index.ts';
 import { sandboxFilesMeta } from './files-meta.ts';
 import { readSandboxFiles, writeSandboxFiles } from './files.ts';
@@ -117,7 +118,8 @@ export class OpHandler {
     const { commands } = ctx.deps;
     const takenAt = performance.now();
     if (!ctx.local.has(op.sandboxId)) {
-      await commands.abandon(op.sandboxId, op.commandId);
+      // A running one is not this host's to forget: it went with its sandbox (hibernated whole with it, then woken elsewhere).
+      if ((await commands.get(op.sandboxId, op.commandId))?.state !== 'running') await commands.abandon(op.sandboxId, op.commandId);
       throw new RollboxError('invalid_state', `sandbox ${op.sandboxId} is not running on this node`);
     }
     if (!(await commands.start(op.sandboxId, op.commandId, op.requestId))) return this.resume(op, receipt);
@@ -250,7 +252,11 @@ export class OpHandler {
     ctx.requireLocal(sandboxId);
     let moved;
     if (ctx.deps.runtime.hibernatesWhole(sandboxId)) {
-      await ctx.deps.runtime.hibernateWhole(sandboxId, ctx.deps.hibernatedImageDirOf(sandboxId));
+      const imageDir = ctx.deps.hibernatedImageDirOf(sandboxId);
+      const { carriedCommands } = await ctx.deps.runtime.hibernateWhole(sandboxId, imageDir);
+      // Their exec messages leave this host with the image: whoever wakes it collects them (create-handler.ts).
+      const carried = await takeOutExecOps(ctx.deps.redis, ctx.nodeId, sandboxId, carriedCommands, (raws) => keepCarriedCommands(imageDir, raws));
+      if (carried.length) ctx.log.info({ sandboxId, commands: carried.length }, 'hibernated whole with commands running: they wake with it');
       await ctx.removeLocal(sandboxId);
       moved = await ctx.deps.registry.transition(sandboxId, 'hibernated', { from: ['running', 'paused'], node: ctx.nodeId, hibernatedWhole: true, swapped: null });
     } else {

@@ -193,3 +193,11 @@ export function chatTurn(record: ModelCallRecord): ScriptTurn {
   const message = (record.response as { choices: { message: { content: string | null; tool_calls?: { function: { name: string; arguments: string } }[] } }[] }).choices[0]!.message;
   return { ...(message.content ? { text: message.content } : {}), ...(message.tool_calls ? { toolCalls: message.tool_calls.map((t) => ({ name: t.function.name, arguments: JSON.parse(t.function.arguments) })) } : {}) };
 }
+
+/** The text and tool calls of a recorded Anthropic message, to compare with the script. */
+export function messagesTurn(record: ModelCallRecord): ScriptTurn {
+  const blocks = (record.response as { content: ({ type: 'text'; text: string } | { type: 'tool_use'; name: string; input: Record<string, unknown> })[] }).content;
+  const text = blocks.flatMap((b) => (b.type === 'text' ? [b.text] : [])).join('');
+  const toolCalls = blocks.flatMap((b) => (b.type === 'tool_use' ? [{ name: b.name, arguments: b.input }] : []));
+  return { ...(text ? { text } : {}), ...(toolCalls.length ? { toolCalls } : {}) };
+}

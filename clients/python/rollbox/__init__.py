@@ -7,7 +7,7 @@ from .errors import (
     AdmissionExhausted, CommandFailed, Conflict, ConnectionFailed, Forbidden, ImageNotFound, ImagePullTimeout, Internal, RangeNotSatisfiable, InvalidArchive,
     InvalidImage, InvalidLayer, InvalidRequest, InvalidState, ModelHoldExpired, ModelLimitExceeded, ModelUpstreamFailed, NetworkUnavailable, NoCapacity, NodeLost, NotFound, PayloadTooLarge,
     QuotaExceeded, NotImplementedByRollbox, TemplateNotReady, RegistryNotAllowed, RegistryUnauthorized, RegistryUnavailable, ResultUnknown, RollboxError, SnapshotFailed, SwapUnavailable, TierUnsupported, Timeout, Unauthenticated,
-    Unavailable, InvalidDockerfile, BuildUnsupported, BuildStepFailed,
+    Unavailable, InvalidDockerfile, BuildUnsupported, BuildStepFailed, PortClosed,
 )
 from .types import (
     Batch, BatchResult, BatchTaskStatus, CommandStatus, ExecResult, FollowedRollout, GradeResult, Rollout, RolloutOutcome, RunResult, StepResult, StreamEvent,
@@ -24,5 +24,5 @@ __all__ = [
     "NotFound", "PayloadTooLarge", "QuotaExceeded", "ResultUnknown", "Timeout", "Unauthenticated", "Unavailable",
     "ImageNotFound", "ImagePullTimeout", "RangeNotSatisfiable", "RegistryNotAllowed", "NotImplementedByRollbox", "TemplateNotReady", "SwapUnavailable", "RegistryUnauthorized", "RegistryUnavailable", "TierUnsupported",
     "SnapshotFailed", "ModelHoldExpired", "ModelLimitExceeded", "ModelUpstreamFailed",
-    "InvalidDockerfile", "BuildUnsupported", "BuildStepFailed",
+    "InvalidDockerfile", "BuildUnsupported", "BuildStepFailed", "PortClosed",
 ]

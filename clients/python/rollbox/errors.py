@@ -247,6 +247,12 @@ class BuildStepFailed(RollboxError):
     code = "build_step_failed"
 
 
+class PortClosed(RollboxError):
+    """Nothing listens on the sandbox's port a request through the port proxy asked for."""
+
+    code = "port_closed"
+
+
 ERRORS_BY_CODE: Dict[str, Type[RollboxError]] = {
     cls.code: cls
     for cls in (
@@ -254,7 +260,7 @@ ERRORS_BY_CODE: Dict[str, Type[RollboxError]] = {
         ResultUnknown, PayloadTooLarge, RangeNotSatisfiable, QuotaExceeded, Internal, AdmissionExhausted, NoCapacity, NetworkUnavailable,
         Unavailable, Timeout, NodeLost, ImageNotFound, RegistryUnauthorized, RegistryUnavailable, RegistryNotAllowed, ImagePullTimeout,
         TierUnsupported, SnapshotFailed, SwapUnavailable, TemplateNotReady, NotImplementedByRollbox,
-        ModelHoldExpired, ModelLimitExceeded, ModelUpstreamFailed, InvalidDockerfile, BuildUnsupported, BuildStepFailed,
+        ModelHoldExpired, ModelLimitExceeded, ModelUpstreamFailed, InvalidDockerfile, BuildUnsupported, BuildStepFailed, PortClosed,
     )
 }
 

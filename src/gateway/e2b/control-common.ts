@@ -58,8 +58,8 @@ export const TEMPLATE_LABEL = 'e2b.template';
 
 export const templateOf = (s: Sandbox) => s.spec.labels[TEMPLATE_LABEL] ?? s.spec.image.base ?? s.spec.image.ref ?? DEFAULT_TEMPLATE;
 
-/** What create, connect and each fork child answer. */
-export async function sandboxBody(access: Pick<EnvdAccess, 'tokenFor'>, s: Sandbox) {
+/** What create, connect and each fork child answer; `domain`: what the SDK's getHost(port) names hosts under. */
+export async function sandboxBody(access: Pick<EnvdAccess, 'tokenFor'>, s: Sandbox, domain: string) {
   const token = await access.tokenFor(s.id, s.tenant);
   return {
     sandboxID: s.id,
@@ -69,6 +69,6 @@ export async function sandboxBody(access: Pick<EnvdAccess, 'tokenFor'>, s: Sandb
     envdAccessToken: token,
     // Traffic into the sandbox's ports carries this (the port proxy checks it) unless it was created public.
     ...(s.spec.publicTraffic ? {} : { trafficAccessToken: token }),
-    domain: null,
+    domain,
   };
 }

@@ -19,6 +19,8 @@ export interface E2bStateDeps {
   layers: Pick<LayerRegistry, 'unname'>;
   keys: Pick<E2bKeyStore, 'verify'>;
   access: Pick<EnvdAccess, 'tokenFor'>;
+  /** The sandboxes' domain (see control.ts). */
+  domain: string;
 }
 
 /** A tenant's E2B snapshots (snapshotID -> E2bSnapshotRecord JSON): the layers are global, the index is the tenant's. */
@@ -32,7 +34,7 @@ const snapshotsKey = (tenant: string) => `rb:{tenant:${tenant}}:e2b-snapshots`;
  * cgroups; updateNetwork a stage change of the network policy.
  */
 export function registerE2bState(app: GatewayApp, deps: E2bStateDeps): void {
-  const { redis, sandboxes, forks, access } = deps;
+  const { redis, sandboxes, forks, access, domain } = deps;
   const route = routeOf(deps.keys);
 
   app.post(
@@ -89,7 +91,7 @@ export function registerE2bState(app: GatewayApp, deps: E2bStateDeps): void {
             const code = isErrorCode(child.error?.code) ? httpStatusOf(child.error.code) : 500;
             return { error: { code, message: child.error ? `${child.error.code}: ${child.error.message}` : 'the child was not created' } };
           }
-          return { sandbox: await sandboxBody(access, await sandboxes.get(principal, child.id)) };
+          return { sandbox: await sandboxBody(access, await sandboxes.get(principal, child.id), domain) };
         }),
       );
       return c.json(children, 200);

@@ -16,6 +16,8 @@ export interface E2bControlDeps {
   ttls: Pick<TtlService, 'setTtl'>;
   keys: Pick<E2bKeyStore, 'verify'>;
   access: Pick<EnvdAccess, 'tokenFor'>;
+  /** The sandboxes' domain (ROLLBOX_E2B_DOMAIN): getHost(port) is `<port>-<id>.<domain>`. */
+  domain: string;
   templates: Pick<E2bTemplates, 'imageOf'>;
   /** How E2B's pause (and auto-pause) pauses when it keeps memory, and how long a paused sandbox is kept. */
   pause: { mode: PauseMode; pausedTtlSeconds: number };
@@ -57,7 +59,7 @@ function listed(s: Sandbox) {
  * Ended sandboxes are not found, as on E2B.
  */
 export function registerE2bControl(app: GatewayApp, deps: E2bControlDeps): void {
-  const { sandboxes, ttls, access, templates, pause } = deps;
+  const { sandboxes, ttls, access, templates, pause, domain } = deps;
   // Connection: close, as the rest of the body may still be on its way (see withUploadBody).
   const limit = bodyLimit({ maxSize: MAX_BODY_BYTES, onError: (c) => (c.header('Connection', 'close'), restError(c, new RollboxError('payload_too_large', `body is larger than ${MAX_BODY_BYTES} bytes`))) });
   for (const path of ['/sandboxes', '/sandboxes/*', '/v2/sandboxes', '/v2/sandboxes/*']) app.use(path, limit);
@@ -86,7 +88,7 @@ export function registerE2bControl(app: GatewayApp, deps: E2bControlDeps): void 
     );
     const { sandbox } = await sandboxes.create(principal, request, undefined);
     await deps.startTemplate?.(principal, sandbox.id, template);
-    return c.json(await sandboxBody(access, sandbox), 201);
+    return c.json(await sandboxBody(access, sandbox, domain), 201);
   };
   app.post('/sandboxes', route(create));
   app.post('/v2/sandboxes', route(create));
@@ -100,7 +102,7 @@ export function registerE2bControl(app: GatewayApp, deps: E2bControlDeps): void 
     if (!paused && mustBePaused) throw new RollboxError('conflict', `sandbox ${sandbox.id} is already running`);
     if (paused) await sandboxes.setPaused(principal, sandbox.id, false);
     const after = await ttls.setTtl(principal, sandbox.id, timeout || DEFAULT_TIMEOUT_SECONDS, { extendOnly: !paused });
-    return { body: await sandboxBody(access, after), status: paused ? (201 as const) : (200 as const) };
+    return { body: await sandboxBody(access, after, domain), status: paused ? (201 as const) : (200 as const) };
   };
   const connect: Handler = async (c, principal) => {
     const { timeout } = parse(E2bTimeoutBody, await jsonOf(c), 'body');
@@ -121,7 +123,7 @@ export function registerE2bControl(app: GatewayApp, deps: E2bControlDeps): void 
     '/sandboxes/:id',
     route(async (c, principal) => {
       const sandbox = await live(principal, c.req.param('id')!);
-      return c.json({ ...listed(sandbox), envdAccessToken: await access.tokenFor(sandbox.id, sandbox.tenant), domain: null }, 200);
+      return c.json({ ...listed(sandbox), envdAccessToken: await access.tokenFor(sandbox.id, sandbox.tenant), domain }, 200);
     }),
   );
 

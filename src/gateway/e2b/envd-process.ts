@@ -3,7 +3,8 @@ import type { Context } from 'hono';
 import type { Redis } from 'ioredis';
 import { E2bCloseStdinRequest, E2bConnectRequest, E2bListRequest, E2bSendInputRequest, E2bSendSignalRequest, E2bStartRequest, E2bStreamInputRequest, E2bUpdateRequest, ExecRequest, RollboxError, type CommandRecord } from '../../api/index.ts';
 import { describeZodError } from '../errors.ts';
-import { PTY_DEFAULT_SHELL, type ExecEvent, type ExecService } from '../exec-service.ts';
+import type { ExecEvent, ExecService } from '../exec-service.ts';
+import { PTY_DEFAULT_SHELL } from '../pty.ts';
 import { ConnectError, readClientStream, readStreamRequest, readUnary, streamResponse } from './connect.ts';
 import { resolvePath, type EnvdCall } from './envd-common.ts';
 

@@ -15,6 +15,8 @@ import { registerE2bTemplateBuilds, startTemplate, type E2bBuildsDeps } from './
 export { ENVD_VERSION } from './control-common.ts';
 export { ConnectError, envelope } from './connect.ts';
 export { signatureOf } from './signed-urls.ts';
+export { e2bPortHosts, TRAFFIC_TOKEN_HEADER } from './ports.ts';
+export { EnvdAccess } from './access.ts';
 export type { BaseTemplateSource } from './templates.ts';
 
 export interface E2bDeps {
@@ -32,7 +34,7 @@ export interface E2bDeps {
   /** The cluster's base template (none: E2B's `base` is busybox). */
   baseTemplate: BaseTemplateSource | undefined;
   /** The E2B settings of the config (ROLLBOX_E2B_*). */
-  options: { pauseMode: PauseMode; pausedTtlSeconds: number; baseTemplateWaitMs: number };
+  options: { pauseMode: PauseMode; pausedTtlSeconds: number; baseTemplateWaitMs: number; domain: string };
   /** E2B's template builds through rollbox's image builds (none: not served). */
   builds?: Omit<E2bBuildsDeps, 'redis' | 'keys'>;
 }
@@ -48,8 +50,8 @@ export function registerE2b(app: GatewayApp, deps: E2bDeps): void {
   const access = new EnvdAccess(redis);
   const templates = new E2bTemplates({ layers: deps.layers, base: deps.baseTemplate, baseWaitMs: options.baseTemplateWaitMs });
   const starts = deps.builds ? { startTemplate: (principal: Principal, sandboxId: string, template: string) => startTemplate({ redis, execs: deps.execs, sandboxes }, principal, sandboxId, template) } : {};
-  registerE2bControl(app, { sandboxes, ttls: deps.ttls, keys, access, templates, pause: { mode: options.pauseMode, pausedTtlSeconds: options.pausedTtlSeconds }, ...starts });
-  registerE2bState(app, { redis, sandboxes, forks: deps.forks, metrics: deps.metrics, layers: deps.layers, keys, access });
+  registerE2bControl(app, { sandboxes, ttls: deps.ttls, keys, access, templates, pause: { mode: options.pauseMode, pausedTtlSeconds: options.pausedTtlSeconds }, domain: options.domain, ...starts });
+  registerE2bState(app, { redis, sandboxes, forks: deps.forks, metrics: deps.metrics, layers: deps.layers, keys, access, domain: options.domain });
   registerE2bEnvd(app, { redis, registry: deps.registry, access, execs: deps.execs, files: deps.files, filesMaxBytes: deps.filesMaxBytes, sandboxes, ttls: deps.ttls });
   if (deps.builds) registerE2bTemplateBuilds(app, { ...deps.builds, redis, keys });
   // Last: what is left of E2B's paths answers in E2B's shape.

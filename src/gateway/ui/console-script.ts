@@ -71,7 +71,7 @@ function renderNodes(s) {
       el('td', { class: 'num', 'data-col': 'sandboxes' }, n.sandboxes, n.starting ? el('div', { class: 'muted small' }, n.starting + ' starting') : null),
       el('td', { class: 'num' }, num(n.used.cpuMillis / 1000, 2) + ' / ' + num(n.capacity.cpuMillis / 1000, 1) + ' cores', el('div', { class: 'muted small' }, 'load ' + pct(n.measured.cpuLoad))),
       el('td', { class: 'num' }, mib(n.used.memoryMiB) + ' / ' + mib(n.capacity.memoryMiB), el('div', { class: 'muted small' }, 'host ' + pct(n.measured.memoryUsedFraction) + ' used')),
-      el('td', { class: 'num', 'data-col': 'memory-held' }, n.memory ? [mib(n.memory.residentBytes / 1048576) + ' in RAM', el('div', { class: 'muted small' }, mib(n.memory.swappedBytes / 1048576) + ' in swap · ' + mib(n.memory.givenBackMiB) + ' given back (' + n.memory.swappedSandboxes + ' swapped)')] : dash),
+      el('td', { class: 'num', 'data-col': 'memory-held' }, n.memory ? [mib(n.memory.residentBytes / 1048576) + ' in RAM', el('div', { class: 'muted small' }, mib(n.memory.swappedBytes / 1048576) + ' in swap · ' + mib(n.memory.givenBackMiB) + ' given back (' + n.memory.swappedSandboxes + ' swapped)' + (n.memory.guestUnbackedBytes ? ' · ' + mib(n.memory.guestUnbackedBytes / 1048576) + ' of microVM guest RAM handed back' : ''))] : dash),
       el('td', { class: 'num' }, p ? 'mem ' + num(p.memoryFullPct, 1) + '% · cpu ' + num(p.cpuSomePct, 1) + '%' : dash),
       el('td', {}, net ? el('span', { class: net.allowlist === 'ok' ? 'ok' : 'bad', title: net.detail || '' }, net.allowlist) : dash),
       el('td', {}, pools.length ? pools.map(([name, v]) => el('div', { class: 'small' }, el('code', {}, name), ' ' + v.ready + ' ready, ' + v.starting + ' starting')) : dash));

@@ -102,8 +102,8 @@ export class HollowRuntime implements SandboxRuntime {
     return false;
   }
 
-  async hibernateWhole(): Promise<void> {
-    hollowRefuses('memory to save');
+  async hibernateWhole(): Promise<{ carriedCommands: string[] }> {
+    return hollowRefuses('memory to save');
   }
 
   async forkWhole(): Promise<{ frozenMs: number; detachedCommands: string[] }> {
@@ -150,6 +150,10 @@ export class HollowRuntime implements SandboxRuntime {
 
   async metrics(): Promise<never> {
     return hollowRefuses('cgroups to read');
+  }
+
+  async netnsPidOf(): Promise<never> {
+    return hollowRefuses('network namespaces');
   }
 
   private require(sandboxId: string): void {

@@ -37,8 +37,6 @@ const SPAWN_PTY = 8;
  * microVM's host cannot see the guest's cgroups, so its guest's init picks and counts.
  */
 export const AUTO_SLOT = '*';
-/** The init's limit on a command id (MAX_COMMAND_ID), the API's too. */
-export const MAX_COMMAND_ID_BYTES = 128;
 
 export function frame(type: number, payload: Buffer = Buffer.alloc(0)): Buffer {
   const header = Buffer.alloc(HEADER_BYTES);

@@ -1,6 +1,7 @@
 import { existsSync, mkdirSync, rmdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import type { Resources, SandboxClass } from '../../api/index.ts';
+import { memoryHeldUnderParents, type MemoryHeld } from '../../swap/index.ts';
 import { discoverCgroups, killCgroup, removeCgroupTree, type CgroupHierarchies } from '../runtime/cgroups.ts';
 import { CPU_PERIOD_US, cpuShares } from '../runtime/spec.ts';
 
@@ -98,6 +99,11 @@ export async function removeVmCgroup(nodeId: string, sandboxId: string): Promise
       for (let tries = 0; root && !removeCgroupTree(path.join(root, rel)) && tries < 40; tries++) await new Promise((r) => setTimeout(r, 25));
     }
   }
+}
+
+/** What this node's VMMs hold in the host's memory and in swap together (their node parents' hierarchical totals). */
+export async function vmMemoryHeld(nodeId: string): Promise<MemoryHeld> {
+  return memoryHeldUnderParents((await cgroups()).memory, [VM_CGROUP_ROOT, VM_BESTEFFORT_CGROUP_ROOT].map((tree) => `${tree}/${nodeId}`));
 }
 
 /** With no VM left on this worker (reconcile): its node's parents, and the trees when no other worker has VMs in them. */

@@ -1,7 +1,22 @@
 import { performance } from 'node:perf_hooks';
 import { RollboxError } from '../../api/index.ts';
 import { AUTO_SLOT, InitLostError, openCommand, type CommandChannel, type CommandStart } from '../init/index.ts';
-import type { RuntimeAttachSpec, RuntimeExecOutcome, RuntimeExecSpec, RuntimeRawExecOutcome, RuntimeRawExecSpec } from '../runtime/index.ts';
+import { CommandReleasedError, type RuntimeAttachSpec, type RuntimeExecOutcome, type RuntimeExecSpec, type RuntimeRawExecOutcome, type RuntimeRawExecSpec } from '../runtime/index.ts';
+
+/**
+ * A durable command whose connection this process holds or is opening (listed from the
+ * start, so a signal or stdin sent meanwhile waits for `opened`).
+ */
+export interface LiveVmCommand {
+  /** Its connection once the init took it; undefined if it never did. */
+  opened: Promise<CommandChannel | undefined>;
+  stdinOpen: boolean;
+  /**
+   * Let go of (the VM hibernated with it running): the connection's end is not the
+   * command's; it runs on in the saved guest, for the host that wakes it to attach to.
+   */
+  released: boolean;
+}
 
 /** What exec needs of a running microVM. */
 export interface VmCommandTarget {
@@ -11,7 +26,7 @@ export interface VmCommandTarget {
   workdir: string;
   user?: string;
   /** Durable commands whose connection this process holds (signal, stdin by command id). */
-  live: Map<string, { channel: CommandChannel; stdinOpen: boolean }>;
+  live: Map<string, LiveVmCommand>;
 }
 
 /** After a timeout's SIGKILL, how long the init may take to report the exit before the connection is dropped. */
@@ -52,11 +67,15 @@ async function run(
   let channelPromise: Promise<CommandChannel>;
   // A spawn's stdin is open as asked; an attached command's as the init says.
   let stdinOpen = opts.stdinOpen === true;
+  let opened!: (channel: CommandChannel | undefined) => void;
+  const entry: LiveVmCommand | undefined = opts.commandId ? { opened: new Promise((r) => (opened = r)), stdinOpen, released: false } : undefined;
+  if (entry) vm.live.set(opts.commandId!, entry);
+  const lost = (err: InitLostError): RollboxError | CommandReleasedError =>
+    entry?.released ? new CommandReleasedError(opts.commandId!) : new RollboxError('result_unknown', `sandbox ${vm.sandboxId}: ${err.message}`);
   try {
     channelPromise = openCommand(vm.initSocket, start, {
       onAttached: (info) => {
         stdinOpen = info.stdinOpen;
-        const entry = opts.commandId ? vm.live.get(opts.commandId) : undefined;
         if (entry) entry.stdinOpen = info.stdinOpen;
       },
       onOutput: (stream, chunk) => {
@@ -73,11 +92,13 @@ async function run(
       onTruncated: () => (out.truncated = true),
     }, abandon.signal);
     channel = await channelPromise;
+    opened?.(channel);
   } catch (err) {
-    if (err instanceof InitLostError) throw new RollboxError('result_unknown', `sandbox ${vm.sandboxId}: ${err.message}`);
+    opened?.(undefined);
+    if (entry && vm.live.get(opts.commandId!) === entry) vm.live.delete(opts.commandId!);
+    if (err instanceof InitLostError) throw lost(err);
     throw err;
   }
-  if (opts.commandId) vm.live.set(opts.commandId, { channel, stdinOpen });
   const timer = setTimeout(() => {
     out.timedOut = true;
     kill();
@@ -91,11 +112,11 @@ async function run(
   } catch (err) {
     if (!(err instanceof InitLostError)) throw err;
     // Dropped by us after a kill the init did not report in time: the command is gone.
-    if (!abandon.signal.aborted) throw new RollboxError('result_unknown', `sandbox ${vm.sandboxId}: ${err.message}`);
+    if (!abandon.signal.aborted) throw lost(err);
     out.exitCode = 137;
   } finally {
     clearTimeout(timer);
-    if (opts.commandId) vm.live.delete(opts.commandId);
+    if (entry && vm.live.get(opts.commandId!) === entry) vm.live.delete(opts.commandId!);
   }
   out.durationMs = Math.round(performance.now() - began);
   return Object.assign(out, { channel });

@@ -45,6 +45,6 @@ function findMicroVm(config: Config['node']['microvm'], dataDir: string, nodeId:
   }
   const accelerator = config.accelerator === 'auto' ? detectAccelerator() : config.accelerator;
   const tscKhz = accelerator === 'tcg' ? hostTscKhz() : undefined;
-  const runtime = createMicroVmRuntime({ dataDir, nodeId, qemuBinary: config.qemuBinary, accelerator, kernel, initramfs, ramDir: path.join(config.ramDir, `rollbox-vm-ram-${nodeId}`), bootTimeoutMs: config.bootTimeoutMs, snapshotIdleTimeoutMs: config.snapshotIdleTimeoutMs, ...(tscKhz ? { tscKhz } : {}), ...shared });
+  const runtime = createMicroVmRuntime({ dataDir, nodeId, qemuBinary: config.qemuBinary, accelerator, kernel, initramfs, ramDir: path.join(config.ramDir, `rollbox-vm-ram-${nodeId}`), bootTimeoutMs: config.bootTimeoutMs, snapshotIdleTimeoutMs: config.snapshotIdleTimeoutMs, ...(config.returnMemory ? { returnMemory: config.returnMemory } : {}), ...(tscKhz ? { tscKhz } : {}), ...shared });
   return { runtime };
 }

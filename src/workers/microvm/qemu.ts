@@ -37,6 +37,13 @@ export interface QemuSpec {
   nic?: { netns: string; tap: string; address: string; gateway: string };
   /** The sandbox's pids limit, applied inside the guest by its init (guest/limits.c). */
   pids?: number;
+  /**
+   * Guest memory handed back to the host (docs/microvm.md): a virtio-balloon device that
+   * takes the guest's free page reports (QEMU punches each reported range out of the RAM
+   * file), and the guest's cold page cache reclaimed every `cacheReclaimSeconds` (0: never;
+   * guest/reclaim.c) so that it becomes free pages to report.
+   */
+  returnMemory?: { cacheReclaimSeconds: number };
 }
 
 /**
@@ -49,6 +56,7 @@ export function qemuArgs(s: QemuSpec): string[] {
   if (s.accelerator === 'tcg' && s.tscKhz) cmdline.push(`tsc_early_khz=${s.tscKhz}`);
   if (s.nic) cmdline.push(`rollbox.net=${s.nic.address},${s.nic.gateway}`);
   if (s.pids) cmdline.push(`rollbox.pids=${s.pids}`);
+  if (s.returnMemory?.cacheReclaimSeconds) cmdline.push(`rollbox.reclaim=${s.returnMemory.cacheReclaimSeconds}`);
   const args = [
     // TCG's translation buffer is charged to the sandbox's cgroup: bounded (cgroup.ts).
     '-accel', s.accelerator === 'tcg' ? `tcg,tb-size=${TCG_TB_MIB}` : s.accelerator,
@@ -72,6 +80,8 @@ export function qemuArgs(s: QemuSpec): string[] {
   args.push('-device', 'virtio-serial-device', '-chardev', `socket,id=agent,path=${s.agentSocket},server=on,wait=off`, '-device', `virtserialport,chardev=agent,name=rollbox.0,id=${GUEST_PORT_ID}`);
   // vhost off: no /dev/vhost-net needed, and no kernel thread outside QEMU's cgroup.
   if (s.nic) args.push('-netdev', `tap,id=net0,ifname=${s.nic.tap},script=no,downscript=no,vhost=off`, '-device', 'virtio-net-device,netdev=net0');
+  // Free page reporting only (no inflation by the host): QEMU discards what the guest reports free.
+  if (s.returnMemory) args.push('-device', 'virtio-balloon-device,free-page-reporting=on');
   args.push('-qmp', `unix:${s.qmpSocket},server=on,wait=off`);
   if (s.eventsSocket) args.push('-qmp', `unix:${s.eventsSocket},server=on,wait=off`);
   if (s.incoming) args.push('-S', '-incoming', 'defer');

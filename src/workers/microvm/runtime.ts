@@ -7,7 +7,7 @@ import type { BesteffortGuard, RuntimeLogger, SandboxRuntime, SandboxRuntimeSpec
 import type { Accelerator } from './accelerator.ts';
 import { openVmChannel } from './channel.ts';
 import { attachInVm, execInVm, execRawInVm } from './exec.ts';
-import { removeVmCgroup, removeVmCgroupParents, vmCpuQuotaFile } from './cgroup.ts';
+import { removeVmCgroup, removeVmCgroupParents, vmCpuQuotaFile, vmMemoryHeld } from './cgroup.ts';
 import { netnsPathOf, nicPolicy, releaseVmNetwork, VM_BRIDGE, vmNetnsOf } from './net.ts';
 import { saveVm } from './hibernation.ts';
 import { saveForkImage } from './fork-image.ts';
@@ -35,6 +35,8 @@ export interface MicroVmRuntimeDeps {
   tscKhz?: number;
   /** From QEMU's start until the guest's init answers. */
   bootTimeoutMs: number;
+  /** Guest memory handed back to the host: free page reporting, and the guest's cold page cache reclaimed this often (qemu.ts); undefined: off. */
+  returnMemory?: { cacheReclaimSeconds: number };
   /** Sandbox networking, shared with the container runtime (one pool, one host table); without it only mode none. */
   network?: SandboxNetworks;
   /** Reads a snapshot's tar into its EROFS layer (the worker's extraction threads); default: this thread. */
@@ -181,20 +183,19 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     execRaw: (id, spec) => execRawInVm(vmOf(id), spec),
     attach: (id, spec) => attachInVm(vmOf(id), spec),
     async signalCommand(id, commandId, signo) {
-      const live = vms.get(id)?.live.get(commandId);
-      if (!live) return false;
-      live.channel.signal(signo);
-      return true;
+      const channel = await vms.get(id)?.live.get(commandId)?.opened;
+      channel?.signal(signo);
+      return channel !== undefined;
     },
     resizeCommand: async () => false,
     async writeCommandStdin(id, commandId, data, eof) {
       const live = vms.get(id)?.live.get(commandId);
       if (!live?.stdinOpen) return false;
-      if (data.length) await live.channel.writeStdin(data);
-      if (eof) {
-        live.stdinOpen = false;
-        live.channel.closeStdin();
-      }
+      if (eof) live.stdinOpen = false;
+      const channel = await live.opened;
+      if (!channel) return false;
+      if (data.length) await channel.writeStdin(data);
+      if (eof) channel.closeStdin();
       return true;
     },
     claim: async () => {
@@ -204,8 +205,19 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     applyPolicy: (id, change) => applyVmPolicy(vmOf(id), change, ops),
     // The sandbox frozen in the guest, then the whole VM stopped (every vCPU; QEMU keeps its memory): vm-ops.ts.
     pause: (id) => pauseVm(vmOf(id), ops),
-    // Reported by the container runtime: a VM's memory is its QEMU process's (metrics of its own).
-    memoryHeld: async () => ({ residentBytes: 0, swappedBytes: 0 }),
+    // A VM's memory is its QEMU's (its cgroup); of its guest's RAM, what the RAM file does not hold is not backed by the host.
+    memoryHeld: async () => {
+      const held = await vmMemoryHeld(deps.nodeId);
+      const unbacked = await Promise.all(
+        [...vms.values()].map(async (vm) => {
+          const started = vm.file.started;
+          if (!started?.freePageReporting) return 0;
+          const ram = await fs.stat(ramFileOf(vm.sandboxId)).catch(() => undefined);
+          return ram ? Math.max(0, started.memoryMiB * 1024 * 1024 - ram.blocks * 512) : 0;
+        }),
+      );
+      return { ...held, guestUnbackedBytes: unbacked.reduce((sum, b) => sum + b, 0) };
+    },
     // A VM's memory is QEMU's: its guest would need to page it out (or the host swap QEMU's process).
     swapOut: async () => {
       throw new RollboxError('tier_unsupported', 'pause mode swap is for containers; a microVM pauses with freeze or hibernates whole');
@@ -224,10 +236,18 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
       if (!vm.file.started) throw unsupported('hibernate a VM started by an older worker (its RAM is not a shared file)');
       // Its guest could not take a new lease at the wake (its multiplexer predates MUX_NET, kind 12 since the guest's requests took 8 to 11).
       if (vm.file.nic && !(vm.file.started.nic && vm.file.started.guestRequests)) throw unsupported('hibernate a VM with a network device started by an older worker');
-      // A command's caller waits on this host's connection, which the save ends; its processes would be kept, its result not.
-      if (vm.live.size) throw new RollboxError('invalid_state', `sandbox ${id} has ${vm.live.size} command(s) running (${[...vm.live.keys()].slice(0, 3).join(', ')}); a microVM hibernates whole between commands (processes they left running in the background are kept)`);
-      await saveVm({ qmpSocket: path.join(vm.dir, 'qmp.sock'), ramFile: ramFileOf(id), diskImage: path.join(vm.dir, 'disk.ext4'), startedWith: vm.file.started }, imageDir);
+      // Its running commands are let go of, not ended: they run on in the saved guest, whose
+      // init keeps their output and result for the host that wakes it (the caller carries them there).
+      const carried = [...vm.live.entries()];
+      for (const [, live] of carried) live.released = true;
+      try {
+        await saveVm({ qmpSocket: path.join(vm.dir, 'qmp.sock'), ramFile: ramFileOf(id), diskImage: path.join(vm.dir, 'disk.ext4'), startedWith: vm.file.started }, imageDir);
+      } catch (err) {
+        for (const [, live] of carried) live.released = false;
+        throw err;
+      }
       await remove(id);
+      return { carriedCommands: carried.map(([commandId]) => commandId) };
     }),
     // A fork's image: the VM saved as a hibernation saves it, and running on (fork-image.ts).
     forkWhole: (id, imageDir, children) => serially(vmOf(id), async () => {
@@ -303,6 +323,10 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
     // Its guest's use is inside the guest: the host sees one VMM process, not the sandbox's figures.
     metrics: async (id) => {
       throw new RollboxError('tier_unsupported', `sandbox ${id} is a microVM: its metrics (CPU, memory, disk inside the guest) are not read yet`);
+    },
+    // Its ports are the guest kernel's: the host cannot connect to them from a namespace.
+    netnsPidOf: async (id) => {
+      throw new RollboxError('tier_unsupported', `sandbox ${id} is a microVM: traffic into its ports is not proxied yet`);
     },
   };
 }

@@ -31,6 +31,8 @@ export interface VmStartHost {
   tscKhz?: number;
   ramDir: string;
   bootTimeoutMs: number;
+  /** Guest memory handed back to the host (qemu.ts); undefined: off. */
+  returnMemory?: { cacheReclaimSeconds: number };
   network?: SandboxNetworks;
   nodeId: string;
   dirOf(id: string): string;
@@ -72,7 +74,7 @@ export async function startVm(host: VmStartHost, spec: SandboxRuntimeSpec): Prom
     await run('mkfs.ext4', ['-q', '-F', '-E', 'lazy_itable_init=1,lazy_journal_init=1', diskImage]);
     await fs.mkdir(host.ramDir, { recursive: true, mode: 0o700 });
     const vcpus = Math.min(os.availableParallelism(), Math.max(1, Math.ceil(spec.resources.cpuMillis / 1000)));
-    started = { accelerator: host.accelerator, vcpus, memoryMiB: spec.resources.memoryMiB, guestRequests: true, guestIdentity: true };
+    started = { accelerator: host.accelerator, vcpus, memoryMiB: spec.resources.memoryMiB, guestRequests: true, guestIdentity: true, ...(host.returnMemory ? { freePageReporting: true } : {}) };
   }
   // Their lazy blobs marked before QEMU opens them.
   const lazyLayers = spec.layerImages.filter((l) => l.lazy).map((l) => l.digest);
@@ -93,6 +95,8 @@ export async function startVm(host: VmStartHost, spec: SandboxRuntimeSpec): Prom
       agentSocket: path.join(dir, 'agent.sock'), qmpSocket: path.join(dir, 'qmp.sock'), eventsSocket: path.join(dir, 'events.sock'), ...(host.tscKhz ? { tscKhz: host.tscKhz } : {}),
       ...(nic ? { nic: { netns: nic.netns, tap: VM_TAP, address: nic.address, gateway: nic.gateway } } : {}),
       pids: spec.resources.pids,
+      // A restore gets the balloon device if it was saved with one (its state is in the image), whatever this host's setting.
+      ...(started.freePageReporting ? { returnMemory: host.returnMemory ?? { cacheReclaimSeconds: 0 } } : {}),
       ...(image ? { incoming: true } : {}),
     },
     path.join(dir, 'console.log'),

@@ -27,6 +27,8 @@ export interface StartedWith {
    * commands: its memory can be restored as a fork's children, each renamed.
    */
   guestIdentity?: boolean;
+  /** With the virtio-balloon device that takes the guest's free page reports (qemu.ts returnMemory). */
+  freePageReporting?: boolean;
 }
 
 /** What is kept on disk per sandbox so a restarted worker can adopt its VM. */

@@ -1,4 +1,4 @@
-import { existsSync, mkdirSync, readFileSync, readdirSync, rmdirSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, readdirSync, rmdirSync, writeFileSync } from 'node:fs';
 import { readFile, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -106,21 +106,6 @@ export async function killCgroup(procsDir: string, freezerDir: string | undefine
     if (Date.now() > deadline) return readProcs(procsDir).length === 0;
     await sleep(round < 5 ? 2 : 10);
   }
-}
-
-/** Move every process of `fromDir` into `toDir` (same hierarchy). */
-export function migrateProcs(fromDir: string, toDir: string): void {
-  for (const pid of readProcs(fromDir)) {
-    try {
-      writeFileSync(path.join(toDir, 'cgroup.procs'), String(pid));
-    } catch {
-      // exited meanwhile
-    }
-  }
-}
-
-export function makeCgroup(dir: string): void {
-  mkdirSync(dir);
 }
 
 /**

@@ -4,7 +4,8 @@ import { readOomKills } from './cgroups.ts';
 import { createRuntimeContext, type RuncRuntimeDeps } from './context.ts';
 import { claimSandbox } from './claim.ts';
 import { createSandbox } from './create.ts';
-import { attachCommand, execCommand, execRawCommand, releaseCommands, resizeCommand, signalCommand, writeCommandStdin } from './exec.ts';
+import { attachCommand, execCommand, execRawCommand } from './exec.ts';
+import { releaseCommands, resizeCommand, signalCommand, writeCommandStdin } from './live-commands.ts';
 import { checkSandboxId } from './layout.ts';
 import { applyPolicy, freezerStateFile, setFrozen } from './policy.ts';
 import { reconcile } from './reconcile.ts';
@@ -147,6 +148,7 @@ export function createRuncRuntime(deps: RuncRuntimeDeps): RuncRuntime {
     unmountUnused: (digests) => ctx.layerMounts.unmountUnused(digests),
     diskSpace: () => ({ ...ctx.scratch.space(), preallocated: deps.preallocateDisks ?? false }),
     metrics: (id) => (checkSandboxId(id), metrics.read(id)),
+    netnsPidOf: (id) => (checkSandboxId(id), ctx.initPidOf(id)),
   };
 }
 

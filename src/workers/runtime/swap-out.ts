@@ -1,7 +1,7 @@
 import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { RollboxError } from '../../api/index.ts';
-import { closeSwap, memoryCgroupKindOf, prefetchSwapped, readMemoryHeld, reclaimAll, type MemoryCgroupKind, type MemoryHeld, type SwapSpace } from '../../swap/index.ts';
+import { closeSwap, memoryCgroupKindOf, memoryHeldUnderParents, prefetchSwapped, readMemoryHeld, reclaimAll, type MemoryCgroupKind, type MemoryHeld, type SwapSpace } from '../../swap/index.ts';
 import { procsOfTree } from './cgroups.ts';
 import type { RuntimeContext } from './context.ts';
 import { freezerStateFile, setFrozen } from './policy.ts';
@@ -44,15 +44,7 @@ export async function swapOut(ctx: RuntimeContext, swap: SwapSpace | undefined, 
 
 /** The memory of every sandbox under these cgroup parents (each tree's hierarchical totals). */
 export async function memoryHeldUnder(ctx: RuntimeContext, parents: readonly string[]): Promise<MemoryHeld> {
-  const root = (await ctx.cgroups()).memory;
-  const held = await Promise.all(
-    parents.map(async (parent) => {
-      const dir = path.join(root, parent);
-      const kind = memoryCgroupKindOf(dir);
-      return kind ? readMemoryHeld(dir, kind) : { residentBytes: 0, swappedBytes: 0 };
-    }),
-  );
-  return { residentBytes: held.reduce((sum, h) => sum + h.residentBytes, 0), swappedBytes: held.reduce((sum, h) => sum + h.swappedBytes, 0) };
+  return memoryHeldUnderParents((await ctx.cgroups()).memory, parents);
 }
 
 /**

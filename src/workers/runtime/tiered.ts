@@ -29,7 +29,8 @@ export function createTieredRuntime(container: SandboxRuntime, microvm: TierRunt
     swapOut: (id) => of(id).swapOut(id),
     async memoryHeld() {
       const held = await Promise.all(both.map((r) => r.memoryHeld()));
-      return { residentBytes: held.reduce((sum, h) => sum + h.residentBytes, 0), swappedBytes: held.reduce((sum, h) => sum + h.swappedBytes, 0) };
+      const sum = (of: (h: (typeof held)[number]) => number) => held.reduce((total, h) => total + of(h), 0);
+      return { residentBytes: sum((h) => h.residentBytes), swappedBytes: sum((h) => h.swappedBytes), guestUnbackedBytes: sum((h) => h.guestUnbackedBytes ?? 0) };
     },
     resume: (id) => of(id).resume(id),
     snapshot: (id, options) => of(id).snapshot(id, options),
@@ -61,6 +62,7 @@ export function createTieredRuntime(container: SandboxRuntime, microvm: TierRunt
     unmountUnused: (digests) => container.unmountUnused(digests),
     diskSpace: () => container.diskSpace(),
     metrics: (id) => of(id).metrics(id),
+    netnsPidOf: (id) => of(id).netnsPidOf(id),
   };
 }
 

@@ -184,8 +184,12 @@ export interface SandboxRuntime {
    * there. Answers what it holds afterwards.
    */
   swapOut(sandboxId: string): Promise<{ residentBytes: number; swappedBytes: number }>;
-  /** What this runtime's sandboxes hold together in the host's memory and in swap (their cgroups' totals). */
-  memoryHeld(): Promise<{ residentBytes: number; swappedBytes: number }>;
+  /**
+   * What this runtime's sandboxes hold together in the host's memory and in swap (their
+   * cgroups' totals); a microVM runtime also answers the guest RAM the host does not back
+   * for its VMs that hand memory back (`guestUnbackedBytes`, docs/microvm.md).
+   */
+  memoryHeld(): Promise<{ residentBytes: number; swappedBytes: number; guestUnbackedBytes?: number }>;
   /** Thaw; memory a swap pause paged out is read back first. */
   resume(sandboxId: string): Promise<void>;
   /**
@@ -214,9 +218,11 @@ export interface SandboxRuntime {
   /**
    * Save the sandbox whole into `imageDir` (whole or absent), then remove it from this
    * host; a create with `restoreWhole: imageDir` brings it back as it was. On failure the
-   * sandbox runs on.
+   * sandbox runs on. Commands running in it are not ended: `carriedCommands` (durable
+   * command ids) run on in the saved image, and the host that wakes it attaches to them
+   * (their connections here end in CommandReleasedError).
    */
-  hibernateWhole(sandboxId: string, imageDir: string): Promise<void>;
+  hibernateWhole(sandboxId: string, imageDir: string): Promise<{ carriedCommands: string[] }>;
   /**
    * A fork that keeps processes, of a sandbox that hibernatesWhole: saved whole into
    * `imageDir` (whole or absent) as hibernateWhole saves it, the sandbox running on (a paused
@@ -267,4 +273,6 @@ export interface SandboxRuntime {
   diskSpace(): { sizeMiB: number; freeMiB: number; preallocated: boolean };
   /** One sample of the sandbox's resource use (CPU over a window, memory and disk now), from its cgroups and disk. */
   metrics(sandboxId: string): Promise<RuntimeMetrics>;
+  /** A process in the sandbox's network namespace (its init), for connections into its ports (src/ports). */
+  netnsPidOf(sandboxId: string): Promise<number>;
 }

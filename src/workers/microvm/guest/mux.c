@@ -270,7 +270,7 @@ void mux_main(int port, int root_fd) {
         pfds[n++] = (struct pollfd){.fd = chans[i]->fd, .events = POLLIN | (chans[i]->pend_len ? POLLOUT : 0)};
       }
     }
-    if (poll(pfds, (nfds_t)n, -1) < 0) {
+    if (poll(pfds, (nfds_t)n, vm_reclaim_timeout_ms()) < 0) {
       if (errno == EINTR) continue;
       vm_die("poll");
     }

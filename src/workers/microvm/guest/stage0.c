@@ -37,7 +37,7 @@ struct cap_header { uint32_t version; int pid; };
 struct cap_data { uint32_t effective, permitted, inheritable; };
 
 /* Load order: each module after the ones it depends on. */
-static const char *const MODULES[] = {"virtio_ring", "virtio", "virtio_mmio", "virtio_console", "virtio_blk", "libcrc32c", "erofs", "overlay", "failover", "net_failover", "virtio_net"};
+static const char *const MODULES[] = {"virtio_ring", "virtio", "virtio_mmio", "virtio_console", "virtio_blk", "virtio_balloon", "libcrc32c", "erofs", "overlay", "failover", "net_failover", "virtio_net"};
 /* What commands keep: the container tier's set (src/workers/runtime/spec.ts) less CAP_MKNOD. */
 static const int KEEP_CAPS[] = {CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_FSETID, CAP_FOWNER, CAP_NET_RAW, CAP_SETGID, CAP_SETUID, CAP_SETFCAP, CAP_SETPCAP, CAP_NET_BIND_SERVICE, CAP_SYS_CHROOT, CAP_KILL, CAP_AUDIT_WRITE};
 

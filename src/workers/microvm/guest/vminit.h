@@ -86,6 +86,8 @@ int vm_set_identity(const char *payload, size_t len);
 int vm_limits_setup(void);
 /* The multiplexer's loop over the port `port_fd`; never returns. `root_fd`: the sandbox's root (O_PATH). */
 __attribute__((noreturn)) void mux_main(int port_fd, int root_fd);
+/* reclaim.c: the cold page cache reclaimed on `rollbox.reclaim=N` seconds; the poll timeout until the next round (-1: never). */
+int vm_reclaim_timeout_ms(void);
 
 /*
  * The sandbox's cgroup (limits.c makes it): every process of the sandbox is below it, the

@@ -1,0 +1,142 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import fs from 'node:fs/promises';
+import net from 'node:net';
+import path from 'node:path';
+import { RollboxError } from '../api/index.ts';
+
+/** Built from src/ports/rollbox-portfwd.c by scripts/build-portfwd.sh. */
+export const DEFAULT_PORTFWD_BINARY = path.resolve(import.meta.dirname, '../../build/rollbox-portfwd');
+/** The helper's start and its answer to one connection (it connects on loopback: refused or taken at once). */
+const HELPER_START_TIMEOUT_MS = 5000;
+const ANSWER_TIMEOUT_MS = 10_000;
+const MAX_ANSWER_BYTES = 512;
+
+/** What a connection into a sandbox's port failed on: nothing listens there, or the sandbox's network is gone. */
+export class PortConnectError extends Error {
+  constructor(
+    readonly errno: string,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+/**
+ * Connections to TCP ports inside sandboxes' network namespaces (a sandbox without a
+ * network has only its loopback: nothing on the host can reach it by address). Node
+ * cannot make a socket in another namespace, so one small helper process per worker
+ * (rollbox-portfwd) does: it is started on first use and again if it died, listens on a
+ * unix socket in the worker's own directory, and forks per connection into the
+ * sandbox's namespace; the socket this answers is a plain byte stream to the port.
+ */
+export class PortForwarder {
+  private helper: Promise<ChildProcess> | undefined;
+  private child: ChildProcess | undefined;
+  readonly socketPath: string;
+
+  constructor(
+    private readonly options: { dir: string; binary?: string },
+  ) {
+    this.socketPath = path.join(options.dir, 'portfwd.sock');
+  }
+
+  /** A connection to `port` on the loopback of the network namespace of process `netnsPid` (a sandbox's init). */
+  async open(netnsPid: number, port: number): Promise<net.Socket> {
+    await this.ensureHelper();
+    const socket = net.connect({ path: this.socketPath, allowHalfOpen: true });
+    try {
+      await new Promise<void>((resolve, reject) => {
+        socket.once('connect', resolve);
+        socket.once('error', reject);
+      });
+      socket.write(`${netnsPid} ${port}\n`);
+      const answer = await readLine(socket, ANSWER_TIMEOUT_MS, MAX_ANSWER_BYTES);
+      // readLine left it paused: flowing again for whoever reads it next (in this tick: nothing is lost).
+      if (answer === 'ok') return socket.resume();
+      const m = /^err (\S+) (.*)$/.exec(answer);
+      throw new PortConnectError(m?.[1] ?? 'EIO', m?.[2] ?? `unexpected answer from rollbox-portfwd: ${answer}`);
+    } catch (err) {
+      socket.destroy();
+      throw err;
+    }
+  }
+
+  stop(): void {
+    const helper = this.helper;
+    this.helper = undefined;
+    this.child = undefined;
+    void helper?.then((child) => child.kill('SIGKILL'), () => undefined);
+  }
+
+  private ensureHelper(): Promise<ChildProcess> {
+    this.helper ??= this.startHelper().catch((err: unknown) => {
+      this.helper = undefined;
+      throw err;
+    });
+    return this.helper;
+  }
+
+  private async startHelper(): Promise<ChildProcess> {
+    await fs.mkdir(this.options.dir, { recursive: true, mode: 0o700 });
+    const binary = this.options.binary ?? DEFAULT_PORTFWD_BINARY;
+    const child = spawn(binary, [this.socketPath], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let stderr = '';
+    child.stderr!.on('data', (chunk: Buffer) => (stderr = (stderr + chunk.toString()).slice(-2000)));
+    this.child = child;
+    // A helper that dies is started again by the next connection.
+    child.once('exit', () => {
+      if (this.child !== child) return;
+      this.child = undefined;
+      this.helper = undefined;
+    });
+    try {
+      const ready = await Promise.race([
+        readLine(child.stdout!, HELPER_START_TIMEOUT_MS, 64),
+        new Promise<never>((_, reject) => child.once('error', reject)),
+      ]);
+      if (ready !== 'ready') throw new Error(`said ${ready}`);
+    } catch (err) {
+      child.kill('SIGKILL');
+      throw new RollboxError('internal', `rollbox-portfwd did not start: ${stderr.trim() || (err instanceof Error ? err.message : String(err))} (build it with scripts/build-portfwd.sh)`);
+    }
+    child.stdout!.resume();
+    // It must not keep the worker's process alive (it dies with it: PR_SET_PDEATHSIG).
+    for (const pipe of [child.stdout, child.stderr] as net.Socket[]) pipe.unref();
+    child.unref();
+    return child;
+  }
+}
+
+/**
+ * One line from a stream, without taking anything past it (what follows is the payload:
+ * it is put back). Bounded in bytes and time. The stream is left paused.
+ */
+export function readLine(stream: NodeJS.ReadableStream & { unshift(chunk: Buffer): void }, timeoutMs: number, maxBytes: number): Promise<string> {
+  return new Promise((resolve, reject) => {
+    let held = Buffer.alloc(0);
+    const done = (err: Error | undefined, line?: string) => {
+      clearTimeout(timer);
+      stream.off('data', onData);
+      stream.off('end', onEnd);
+      stream.off('error', onError);
+      stream.pause();
+      if (err) reject(err);
+      else resolve(line!);
+    };
+    const onData = (chunk: Buffer) => {
+      held = Buffer.concat([held, chunk]);
+      const newline = held.indexOf(10);
+      if (newline >= 0) {
+        const rest = held.subarray(newline + 1);
+        done(undefined, held.subarray(0, newline).toString('utf8'));
+        if (rest.length) stream.unshift(rest);
+      } else if (held.length > maxBytes) done(new Error(`line longer than ${maxBytes} bytes`));
+    };
+    const onEnd = () => done(new Error('the stream ended before its first line'));
+    const onError = (err: Error) => done(err);
+    const timer = setTimeout(() => done(new Error(`no line within ${timeoutMs} ms`)), timeoutMs);
+    stream.on('data', onData);
+    stream.once('end', onEnd);
+    stream.once('error', onError);
+  });
+}

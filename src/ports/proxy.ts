@@ -1,0 +1,154 @@
+import http from 'node:http';
+import net from 'node:net';
+import type { Duplex } from 'node:stream';
+import { RollboxError, isErrorCode } from '../api/index.ts';
+import { readLine } from './forwarder.ts';
+import type { PortTarget, PortTickets } from './tickets.ts';
+
+const RELAY_CONNECT_TIMEOUT_MS = 5000;
+/** The relay's answer: it verifies the ticket and connects on the sandbox's loopback. */
+const RELAY_ANSWER_TIMEOUT_MS = 15_000;
+const MAX_RELAY_ANSWER_BYTES = 4096;
+/** How long a server in a sandbox may take to start its answer (a body may then stream for as long as it likes). */
+const RESPONSE_HEAD_TIMEOUT_MS = 300_000;
+
+/** Headers of one hop only (RFC 9110 7.6.1), never passed on; `upgrade` and `connection` pass on an upgrade. */
+const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authenticate', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade']);
+
+/** Where one request goes in the sandbox, and what of it stays behind. */
+export interface Forwarding {
+  /** Path and query as the sandbox's server sees them. */
+  path: string;
+  /** The Host header it sees. */
+  host: string;
+  /** Request headers that are the gateway's, not the server's (lower case): a rollbox token, a traffic token. */
+  drop: ReadonlySet<string>;
+}
+
+export interface PortProxyDeps {
+  tickets: Pick<PortTickets, 'mint'>;
+  /** The port relay address (`host:port`) of a worker host, from its heartbeat; undefined when it reports none. */
+  relayOf: (nodeId: string) => string | undefined;
+}
+
+/**
+ * The gateway's side of the port proxy: HTTP requests (any method, bodies streamed both
+ * ways) and upgrades (WebSocket) into a port of a sandbox, through the port relay of the
+ * worker host that runs it (relay.ts), whichever host that is. The caller has checked
+ * that the request may reach the sandbox (its tenant, or its traffic token) and that it runs.
+ * Each request gets its own connection: no connection of one caller is ever reused for another.
+ */
+export class PortProxy {
+  constructor(private readonly deps: PortProxyDeps) {}
+
+  /** A byte stream to the port, or the relay's coded refusal (`port_closed`, `invalid_state`...). */
+  async connect(nodeId: string, target: PortTarget): Promise<net.Socket> {
+    const address = this.deps.relayOf(nodeId);
+    const m = address && /^\[?([^\]]+)\]?:(\d+)$/.exec(address);
+    if (!m) throw new RollboxError('unavailable', `worker host ${nodeId} reports no port relay (an older worker, or it is gone)`, 5);
+    const socket = net.connect({ host: m[1]!, port: Number(m[2]), allowHalfOpen: true });
+    // Small writes (a request's head, then its body) go out at once: no 40 ms Nagle waits.
+    socket.setNoDelay(true);
+    try {
+      await new Promise<void>((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error(`no connection within ${RELAY_CONNECT_TIMEOUT_MS} ms`)), RELAY_CONNECT_TIMEOUT_MS);
+        socket.once('connect', () => (clearTimeout(timer), resolve()));
+        socket.once('error', (err) => (clearTimeout(timer), reject(err)));
+      }).catch((err: Error) => {
+        throw new RollboxError('unavailable', `worker host ${nodeId}'s port relay at ${address}: ${err.message}`, 1);
+      });
+      socket.write(`${await this.deps.tickets.mint(target)}\n`);
+      const answer = await readLine(socket, RELAY_ANSWER_TIMEOUT_MS, MAX_RELAY_ANSWER_BYTES).catch((err: Error) => {
+        throw new RollboxError('unavailable', `worker host ${nodeId}'s port relay did not answer: ${err.message}`, 1);
+      });
+      // readLine left it paused: flowing again for whoever reads it next (in this tick: nothing is lost).
+      if (answer === 'ok') return socket.resume();
+      throw refusalOf(answer);
+    } catch (err) {
+      socket.destroy();
+      throw err;
+    }
+  }
+
+  /**
+   * One HTTP request: resolves once the server's answer has begun to be written to
+   * `outgoing` (its body streams on); rejects with a coded error, nothing written, when the
+   * port cannot be reached or the server never answers.
+   */
+  async http(nodeId: string, target: PortTarget, forwarding: Forwarding, incoming: http.IncomingMessage, outgoing: http.ServerResponse): Promise<void> {
+    const socket = await this.connect(nodeId, target);
+    const request = http.request({ method: incoming.method, path: forwarding.path, headers: forwardedHeaders(incoming, forwarding, false), createConnection: () => socket });
+    const response = await new Promise<http.IncomingMessage>((resolve, reject) => {
+      const timer = setTimeout(() => reject(new RollboxError('timeout', `the server on port ${target.port} of sandbox ${target.sandboxId} did not answer within ${RESPONSE_HEAD_TIMEOUT_MS / 1000} s`)), RESPONSE_HEAD_TIMEOUT_MS);
+      request.once('response', (r) => (clearTimeout(timer), resolve(r)));
+      request.once('error', (err) => (clearTimeout(timer), reject(new RollboxError('port_closed', `the server on port ${target.port} of sandbox ${target.sandboxId} closed the connection without an answer: ${err.message}`))));
+      outgoing.once('close', () => (clearTimeout(timer), reject(new Error('the client went away'))));
+      incoming.pipe(request);
+    }).catch((err: unknown) => {
+      socket.destroy();
+      throw err;
+    });
+    // The answer from here on: what the server sends, as it sends it.
+    outgoing.writeHead(response.statusCode ?? 502, response.statusMessage, withoutHopByHop(response.rawHeaders, false));
+    outgoing.flushHeaders();
+    response.pipe(outgoing);
+    response.once('error', () => outgoing.destroy());
+    request.once('error', () => outgoing.destroy());
+    outgoing.once('close', () => socket.destroy());
+  }
+
+  /**
+   * An upgrade (a WebSocket's handshake): the request goes to the server as it came, and from
+   * then on bytes pass both ways untouched (the server's own answer, 101 or a refusal,
+   * included). Rejects with a coded error, nothing written, when the port cannot be reached.
+   */
+  async upgrade(nodeId: string, target: PortTarget, forwarding: Forwarding, incoming: http.IncomingMessage, client: Duplex, head: Buffer): Promise<void> {
+    const socket = await this.connect(nodeId, target);
+    const lines = [`${incoming.method} ${forwarding.path} HTTP/1.1`];
+    const headers = forwardedHeaders(incoming, forwarding, true);
+    for (let i = 0; i < headers.length; i += 2) lines.push(`${headers[i]}: ${headers[i + 1]}`);
+    socket.write(`${lines.join('\r\n')}\r\n\r\n`);
+    if (head.length) socket.write(head);
+    socket.on('error', () => client.destroy());
+    client.on('error', () => socket.destroy());
+    socket.once('close', () => client.destroy());
+    client.once('close', () => socket.destroy());
+    socket.pipe(client);
+    client.pipe(socket);
+  }
+}
+
+function refusalOf(answer: string): RollboxError {
+  try {
+    const { code, message } = JSON.parse(answer.replace(/^err /, '')) as { code: string; message: string };
+    return new RollboxError(isErrorCode(code) ? code : 'internal', message);
+  } catch {
+    return new RollboxError('internal', `unexpected answer from a port relay: ${answer.slice(0, 200)}`);
+  }
+}
+
+/** Raw headers (`[name, value, name, value...]`) less those of one hop (and, but for an upgrade, its own). */
+function withoutHopByHop(raw: readonly string[], upgrade: boolean): string[] {
+  const out: string[] = [];
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i]!.toLowerCase();
+    if (HOP_BY_HOP.has(name) && !(upgrade && (name === 'upgrade' || name === 'connection'))) continue;
+    out.push(raw[i]!, raw[i + 1]!);
+  }
+  return out;
+}
+
+function forwardedHeaders(incoming: http.IncomingMessage, forwarding: Forwarding, upgrade: boolean): string[] {
+  const kept = withoutHopByHop(incoming.rawHeaders, upgrade);
+  const out: string[] = [];
+  for (let i = 0; i < kept.length; i += 2) {
+    const name = kept[i]!.toLowerCase();
+    if (name === 'host' || name.startsWith('x-forwarded-') || forwarding.drop.has(name)) continue;
+    out.push(kept[i]!, kept[i + 1]!);
+  }
+  const forwardedHost = incoming.headers.host;
+  out.push('Host', forwarding.host, 'X-Forwarded-Proto', 'http');
+  if (forwardedHost) out.push('X-Forwarded-Host', forwardedHost);
+  if (incoming.socket.remoteAddress) out.push('X-Forwarded-For', incoming.socket.remoteAddress);
+  return out;
+}
