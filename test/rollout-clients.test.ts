@@ -27,7 +27,7 @@ let token: string;
 let rollouts: RolloutsClient;
 let dir: string;
 
-const rolloutTask = (customId: string) => ({ customId, resources: { memoryMiB: 32, cpuMillis: 200 }, agent: { cmd: AGENT_CMD, env: { AGENT_N: customId }, timeoutMs: 60_000 }, model: { job: JOB } });
+const rolloutTask = (customId: string) => ({ customId, resources: { memoryMiB: 32, cpuMillis: 200 }, agent: { cmd: AGENT_CMD, env: { AGENT_N: customId }, timeoutMs: 180_000 }, model: { job: JOB } });
 
 /** The real `rollbox` command as a child process. */
 function rollbox(args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {

@@ -17,7 +17,7 @@ AGENT_CMD = " ".join([
 
 def rollout_task(stack, custom_id):
     return {"customId": custom_id, "resources": {"memoryMiB": 32, "cpuMillis": 200},
-            "agent": {"cmd": AGENT_CMD, "env": {"AGENT_N": custom_id}, "timeoutMs": 60_000}, "model": {"job": stack["modelJob"]}}
+            "agent": {"cmd": AGENT_CMD, "env": {"AGENT_N": custom_id}, "timeoutMs": 180_000}, "model": {"job": stack["modelJob"]}}
 
 
 def check_followed(followed: FollowedRollout):
