@@ -163,8 +163,6 @@ class ResultsFollower:
         return page.lines
 
 
-
-
 def rollout_path(rollout_id: str, tail: str = "") -> str:
     return f"/v1/rollouts/{quote(rollout_id, safe='')}{tail}"
 
