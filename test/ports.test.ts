@@ -181,12 +181,16 @@ describe("rollbox's /v1/sandboxes/:id/ports/:port/...", () => {
   }, 60_000);
 
   it('keeps the caller\'s token at the gateway and tells the server the port\'s own host', async () => {
-    // A one-shot server that records the request it gets.
-    await sh(`(printf 'HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\n\\r\\nok'; sleep 2) | nc -l -p ${RAW_PORT} > /tmp/raw.req 2>/dev/null &`);
+    // A one-shot server that records the request it gets. Its answer's pipe stays open long
+    // enough for a loaded host: nc closes the connection when its input ends.
+    await sh(`(printf 'HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\n\\r\\nok'; sleep 20) | nc -l -p ${RAW_PORT} > /tmp/raw.req 2>/dev/null &`);
     await waitFor('nc to listen', async () => (await sh(`netstat -ltn | grep -c ':${RAW_PORT} '`)).trim() === '1');
     const r = await request(portUrl(RAW_PORT, '/x/y?z=1'), { method: 'PUT', headers: { authorization: `Bearer ${owner}`, 'x-custom': 'kept' }, body: Buffer.from('body!') });
     expect(r.body.toString()).toBe('ok');
-    const seen = await sh('cat /tmp/raw.req');
+    const seen = await waitFor('the whole request recorded', async () => {
+      const text = await sh('cat /tmp/raw.req');
+      return text.endsWith('body!') ? text : undefined;
+    });
     expect(seen).toMatch(/^PUT \/x\/y\?z=1 HTTP\/1\.1\r\n/);
     expect(seen).toMatch(/\r\nHost: localhost:8082\r\n/i);
     expect(seen).toMatch(/\r\nx-custom: kept\r\n/i);

@@ -41,7 +41,7 @@ export interface PortProxyDeps {
 export class PortProxy {
   constructor(private readonly deps: PortProxyDeps) {}
 
-  /** A byte stream to the port, or the relay's coded refusal (`port_closed`, `invalid_state`...). */
+  /** A byte stream to the port (paused: its reader resumes it), or the relay's coded refusal (`port_closed`, `invalid_state`...). */
   async connect(nodeId: string, target: PortTarget): Promise<net.Socket> {
     const address = this.deps.relayOf(nodeId);
     const m = address && /^\[?([^\]]+)\]?:(\d+)$/.exec(address);
@@ -61,8 +61,9 @@ export class PortProxy {
       const answer = await readLine(socket, RELAY_ANSWER_TIMEOUT_MS, MAX_RELAY_ANSWER_BYTES).catch((err: Error) => {
         throw new RollboxError('unavailable', `worker host ${nodeId}'s port relay did not answer: ${err.message}`, 1);
       });
-      // readLine left it paused: flowing again for whoever reads it next (in this tick: nothing is lost).
-      if (answer === 'ok') return socket.resume();
+      // Left paused (readLine): a server that speaks first (an HTTP answer sent at accept, a
+      // banner) must not flow out before its reader listens. The reader resumes it.
+      if (answer === 'ok') return socket;
       throw refusalOf(answer);
     } catch (err) {
       socket.destroy();
@@ -78,6 +79,8 @@ export class PortProxy {
   async http(nodeId: string, target: PortTarget, forwarding: Forwarding, incoming: http.IncomingMessage, outgoing: http.ServerResponse): Promise<void> {
     const socket = await this.connect(nodeId, target);
     const request = http.request({ method: incoming.method, path: forwarding.path, headers: forwardedHeaders(incoming, forwarding, false), createConnection: () => socket });
+    // Emitted once the client's parser reads the socket: the bytes held since the relay's `ok` go to it.
+    request.once('socket', () => socket.resume());
     const response = await new Promise<http.IncomingMessage>((resolve, reject) => {
       const timer = setTimeout(() => reject(new RollboxError('timeout', `the server on port ${target.port} of sandbox ${target.sandboxId} did not answer within ${RESPONSE_HEAD_TIMEOUT_MS / 1000} s`)), RESPONSE_HEAD_TIMEOUT_MS);
       request.once('response', (r) => (clearTimeout(timer), resolve(r)));
