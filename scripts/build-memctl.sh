@@ -1,17 +1,3 @@
 #!/bin/sh
-# Builds rollbox-memctl (prefetches a swapped sandbox's memory before it thaws) from
-# src/swap/*.c into build/rollbox-memctl: static (musl), like the sandbox init. Rebuilt
-# only when the source or this script changed. Called by scripts/bootstrap.sh.
-set -e
-cd "$(dirname "$0")/.."
-dir=src/swap
-out=build/rollbox-memctl
-want=$(cat "$dir"/*.c scripts/build-memctl.sh | sha256sum | cut -d' ' -f1)
-if [ -x "$out" ] && [ "$(cat "$out.sha256" 2>/dev/null)" = "$want" ]; then exit 0; fi
-command -v musl-gcc >/dev/null || { echo "rollbox: musl-gcc is missing (Debian package musl-tools)" >&2; exit 1; }
-mkdir -p build
-echo "rollbox: building $out" >&2
-musl-gcc -static -O2 -Wall -Wextra -Werror -o "$out.tmp" "$dir"/*.c
-strip "$out.tmp"
-mv "$out.tmp" "$out"
-echo "$want" > "$out.sha256"
+# rollbox-memctl: prefetches a swapped sandbox's memory before it thaws (src/swap). Called by scripts/bootstrap.sh.
+exec sh "$(dirname "$0")/build-static.sh" rollbox-memctl src/swap

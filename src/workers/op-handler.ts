@@ -1,5 +1,3 @@
-import { mkdir, rm } from 'node:fs/promises';
-import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { RollboxError, newId, type NodeOp, type PauseMode, type Reply } from '../api/index.ts';
 import { takeOutExecOps, type InboxReceipt } from '../queues/index.ts';
@@ -9,11 +7,9 @@ import { sandboxFilesMeta } from './files-meta.ts';
 import { readSandboxFiles, writeSandboxFiles } from './files.ts';
 import type { HostContext } from './host-context.ts';
 import { InitLostError } from './init/index.ts';
+import { packWritableLayer, storePacked } from './layer-packing.ts';
 import { setPaused, swapOut } from './pausing.ts';
-import { CommandReleasedError, type RuntimeExecOutcome, type RuntimeSnapshot } from './runtime/index.ts';
-
-/** A packed layer is safe from garbage collection this long if its record is never written. */
-const LAYER_PIN_MS = 30 * 60_000;
+import { CommandReleasedError, type RuntimeExecOutcome } from './runtime/index.ts';
 
 type ExecOp = Extract<NodeOp, { kind: 'exec' }>;
 
@@ -52,7 +48,7 @@ export class OpHandler {
           await ctx.deps.registry.transition(op.sandboxId, 'terminated', { node: ctx.nodeId });
           return await done();
         case 'snapshot': {
-          const stored = await this.packWritableLayer(op.sandboxId, op.requestId, op.exclude);
+          const stored = await packWritableLayer(ctx, op.sandboxId, op.requestId, op.exclude);
           return await ctx.reply(op.replyTo, { kind: 'snapshot', requestId: op.requestId, ...stored });
         }
         case 'fork_point':
@@ -260,7 +256,7 @@ export class OpHandler {
       await ctx.removeLocal(sandboxId);
       moved = await ctx.deps.registry.transition(sandboxId, 'hibernated', { from: ['running', 'paused'], node: ctx.nodeId, hibernatedWhole: true, swapped: null });
     } else {
-      const stored = await this.packWritableLayer(sandboxId, requestId, []);
+      const stored = await packWritableLayer(this.ctx, sandboxId, requestId, []);
       await ctx.removeLocal(sandboxId);
       moved = await ctx.deps.registry.transition(sandboxId, 'hibernated', { from: ['running', 'paused'], node: ctx.nodeId, hibernationLayer: stored.digest, swapped: null });
       await ctx.layers.unpin(stored.digest);
@@ -320,7 +316,7 @@ export class OpHandler {
         return { kind: 'fork_point', requestId: op.requestId, cloned: made !== undefined, ...(made ? { frozenMs: made.frozenMs } : {}) };
       }
       case 'pack':
-        return { kind: 'snapshot', requestId: op.requestId, ...(await this.storePacked(op.requestId, (outPath) => runtime.packForkPoint(op.forkPointId, outPath))) };
+        return { kind: 'snapshot', requestId: op.requestId, ...(await storePacked(this.ctx, op.requestId, (outPath) => runtime.packForkPoint(op.forkPointId, outPath))) };
       case 'remove':
         runtime.removeForkPoint(op.forkPointId);
         return { kind: 'done', requestId: op.requestId };
@@ -331,33 +327,6 @@ export class OpHandler {
         const saved = await runtime.forkWhole(op.sandboxId, this.ctx.deps.forkImageDirOf(op.forkPointId), { nic: op.childrenNic === true });
         return { kind: 'fork_point', requestId: op.requestId, cloned: false, saved: true, frozenMs: saved.frozenMs, detachedCommands: saved.detachedCommands };
       }
-    }
-  }
-
-  private async packWritableLayer(sandboxId: string, requestId: string, exclude: readonly string[]): Promise<{ digest: string; sizeBytes: number; frozenMs: number }> {
-    this.ctx.requireLocal(sandboxId);
-    let frozenMs = 0;
-    const stored = await this.storePacked(requestId, async (outPath) => {
-      const packed = await this.ctx.deps.runtime.snapshot(sandboxId, { outPath, excludePaths: exclude });
-      frozenMs = packed.frozenMs;
-      return packed.split;
-    });
-    return { ...stored, frozenMs };
-  }
-
-  /** A layer image `pack` writes at its path (or the split layer it answers), stored in the layer store and pinned there. */
-  private async storePacked(requestId: string, pack: (outPath: string) => Promise<RuntimeSnapshot['split'] | void>): Promise<{ digest: string; sizeBytes: number }> {
-    const { ctx } = this;
-    await mkdir(ctx.deps.tmpDir, { recursive: true });
-    const outPath = path.join(ctx.deps.tmpDir, `pack-${requestId}.erofs`);
-    try {
-      const split = await pack(outPath);
-      const stored = split ? await ctx.deps.storeSplitLayer(split) : await ctx.deps.storeLayerImage(outPath);
-      // Unreferenced until the hibernated sandbox, the snapshot's record or a fork's children name it.
-      await ctx.layers.pin(stored.digest, ctx.now() + LAYER_PIN_MS);
-      return stored;
-    } finally {
-      await Promise.all([outPath, `${outPath}.meta`, `${outPath}.blob`].map((p) => rm(p, { force: true })));
     }
   }
 }
