@@ -6,7 +6,7 @@ import { E2bWatchDirRequest, E2bWatcherRequest, RollboxError } from '../../api/i
 import type { ExecEvent, ExecService } from '../exec-service.ts';
 import { SANDBOX_BUSYBOX } from '../../workers/runtime/spec.ts';
 import { ConnectError, readStreamRequest, readUnary, streamResponse } from './connect.ts';
-import { resolvePath, type EnvdCall } from './envd-common.ts';
+import { MAX_COMMAND_MS, keepaliveMsOf, resolvePath, timeoutMsOf, type EnvdCall } from './envd-common.ts';
 
 export interface E2bWatchDeps {
   redis: Redis;
@@ -21,10 +21,6 @@ const EXIT_NOT_DIRECTORY = 45;
 const POLL_SECONDS = 0.2;
 /** A watcher whose first snapshot takes longer than this (a huge tree) is refused. */
 const START_TIMEOUT_MS = 30_000;
-/** `timeoutMs: 0` and the polling watchers (no deadline on E2B) run for as long as rollbox lets any command: a day. */
-const MAX_WATCH_MS = 24 * 3600 * 1000;
-/** envd's own keepalive default; the SDK asks for 50 s on a watch. */
-const DEFAULT_KEEPALIVE_SECONDS = 90;
 /** A polling watcher's cursor outlives the longest sandbox TTL (7 days) by a little. */
 const WATCHER_KEY_TTL_SEC = 8 * 24 * 3600;
 /** A watcher's commandId in the command log (the E2B process list leaves it out). */
@@ -134,6 +130,7 @@ export function watchService(deps: E2bWatchDeps) {
         }
       }
     } catch (err) {
+      await stop(call, commandId).catch(() => {});
       throw await call.explain(err);
     } finally {
       clearTimeout(deadline);
@@ -148,15 +145,6 @@ export function watchService(deps: E2bWatchDeps) {
       if (!(err instanceof RollboxError && (err.code === 'invalid_state' || err.code === 'not_found'))) throw err;
     });
   }
-
-  const timeoutMsOf = (c: Context) => {
-    const ms = Number(c.req.header('connect-timeout-ms') ?? 0);
-    return ms > 0 ? Math.min(ms, MAX_WATCH_MS) : MAX_WATCH_MS;
-  };
-  const keepaliveMs = (c: Context) => {
-    const seconds = Number(c.req.header('keepalive-ping-interval'));
-    return 1000 * (Number.isFinite(seconds) && seconds >= 1 ? Math.min(seconds, DEFAULT_KEEPALIVE_SECONDS) : DEFAULT_KEEPALIVE_SECONDS);
-  };
 
   async function pollingWatcher(call: EnvdCall, watcherId: string): Promise<{ commandId: string; after: string; rest: string }> {
     const state = await redis.hgetall(watcherKey(call.sandboxId, watcherId));
@@ -197,12 +185,12 @@ export function watchService(deps: E2bWatchDeps) {
           await watch.events.return(undefined);
         }
       }
-      return streamResponse(c, messages(), { message: { keepalive: {} }, everyMs: keepaliveMs(c) });
+      return streamResponse(c, messages(), { message: { keepalive: {} }, everyMs: keepaliveMsOf(c) });
     },
 
     async CreateWatcher(c: Context, call: EnvdCall): Promise<Response> {
       const request = await readUnary(c, E2bWatchDirRequest);
-      const watch = await start(call, request, MAX_WATCH_MS);
+      const watch = await start(call, request, MAX_COMMAND_MS);
       await watch.events.return(undefined);
       // The cursor starts at the output's beginning: the lines before READY are no events.
       const key = watcherKey(call.sandboxId, watch.commandId);
