@@ -283,11 +283,11 @@ export class ExecService {
   }
 
   /** A command's output after `afterId` as it stands now (no wait): a poller's page, the stream's last id its next cursor. */
-  async commandOutput(principal: Principal, id: string, commandId: string, afterId: string): Promise<{ chunks: { stream: 'stdout' | 'stderr'; data: string }[]; lastId: string; ended: boolean }> {
+  async commandOutput(principal: Principal, id: string, commandId: string, afterId: string): Promise<{ chunks: { stream: 'stdout' | 'stderr'; data: string }[]; lastId: string }> {
     requireScope(principal, 'sandbox:read');
     await this.deps.registry.getOwned(id, principal.tenant);
     const read = await readOutput(this.deps.redis, id, commandId, afterId, 10_000);
-    return { chunks: read.chunks, lastId: read.lastId || afterId, ended: read.ended };
+    return { chunks: read.chunks, lastId: read.lastId || afterId };
   }
 
   /** A command's record with the output it has produced so far. */
