@@ -2,7 +2,7 @@ import net from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Batch, BatchResultLine, Rollout, Trajectory } from '../src/api/index.ts';
 import { agentLayerTar } from './support/agent-layer.ts';
-import { api, startTestCluster, type TestCluster } from './support/cluster.ts';
+import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { chatTurn, messagesTurn } from './support/model-script.ts';
 import { ScriptedUpstream, type ScriptTurn } from './support/model-upstream.ts';
 
@@ -16,6 +16,10 @@ const SCRIPT: ScriptTurn[] = [
   { toolCalls: [{ name: 'bash', arguments: { cmd: 'echo fixed > bug.txt' } }, { name: 'bash', arguments: { cmd: 'cat bug.txt' } }] },
   { text: 'The bug is fixed.' },
 ];
+/** Holds answer fast here: keepalives, the early 200 of a call that does not stream, probes of a stopped upstream. */
+const HOLD_ENV = { ROLLBOX_MODEL_KEEPALIVE_MS: '300', ROLLBOX_MODEL_EARLY_HEADERS_MS: '1000', ROLLBOX_MODEL_PROBE_MS: '200', ROLLBOX_MODEL_LEASE_MS: '1500' };
+/** The agent SDK's own timeout in the preemption test: the trainer stays away twice as long. */
+const AGENT_SDK_TIMEOUT_MS = 2500;
 let cluster: TestCluster;
 let upstream: ScriptedUpstream;
 let trainer: string;
@@ -32,7 +36,7 @@ beforeAll(async () => {
   });
   await new Promise<void>((r) => hostListener.listen(0, '0.0.0.0', () => r()));
   hostListenerPort = (hostListener.address() as net.AddressInfo).port;
-  [cluster, upstream] = await Promise.all([startTestCluster({ workers: [{ nodeId: 'node-ro1' }] }), ScriptedUpstream.start({ script: SCRIPT })]);
+  [cluster, upstream] = await Promise.all([startTestCluster({ workers: [{ nodeId: 'node-ro1' }], env: HOLD_ENV }), ScriptedUpstream.start({ script: SCRIPT })]);
   trainer = await cluster.token('team-ro', ['rollout:submit', 'layer:write']);
   const put = await api(cluster, trainer, 'PUT', '/v1/jobs/job-ro/model', { upstreams: [{ baseUrl: upstream.url }], headers: { authorization: `Bearer ${SECRET}` } });
   expect(put.status, JSON.stringify(put.body)).toBe(200);
@@ -101,6 +105,49 @@ describe('hosted rollouts', () => {
     const other = await cluster.token('team-other', ['rollout:submit', 'batch:submit']);
     expect((await api(cluster, other, 'GET', `/v1/rollouts/${id}`)).status).toBe(404);
     expect((await api(cluster, other, 'GET', `/v1/rollouts/${id}/trajectory`)).status).toBe(404);
+  }, 260_000);
+
+  it('goes on through a preempted trainer: upstream gone for twice the SDK timeout, job paused, then back; the trajectory is an uninterrupted run', async () => {
+    let preemption: Promise<{ pausedStates: string[] }> | undefined;
+    const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+    const heldCalls = async () => (await api(cluster, trainer, 'GET', '/v1/jobs/job-ro/model')).body.hold.heldCalls as number;
+    // The trainer dies as the second turn reaches its model: the upstream goes (this request
+    // with it), the job is paused, and both come back after twice the agent SDK's timeout.
+    upstream.onRequest = async (received) => {
+      if (received.turn !== 1 || preemption) return;
+      void upstream.stop();
+      preemption = (async () => {
+        await waitFor('the call held', async () => (await heldCalls()) >= 1);
+        const paused = await api(cluster, trainer, 'POST', '/v1/jobs/job-ro/pause', {});
+        expect(paused.status, JSON.stringify(paused.body)).toBe(200);
+        await sleep(2 * AGENT_SDK_TIMEOUT_MS);
+        await upstream.restart();
+        expect((await api(cluster, trainer, 'POST', '/v1/jobs/job-ro/resume', {})).status).toBe(200);
+        return { pausedStates: (paused.body.results as { state: string }[]).map((r) => r.state) };
+      })();
+    };
+    try {
+      const { line } = await runRollout({
+        files: { 'bug.txt': Buffer.from('broken\n').toString('base64') },
+        agent: { image: agentImage(), argv: ['/usr/bin/node', '/agent/openai-agent.mjs'], env: { AGENT_TIMEOUT_MS: String(AGENT_SDK_TIMEOUT_MS), AGENT_MAX_RETRIES: '2' }, resources: { memoryMiB: 512 }, timeoutMs: 150_000 },
+        model: { job: 'job-ro' },
+      });
+      expect(preemption, 'the preemption happened').toBeDefined();
+      // Both of the rollout's sandboxes (task and agent) were frozen while the trainer was away.
+      expect((await preemption!).pausedStates).toEqual(['paused', 'paused']);
+      expect(line, JSON.stringify(line)).toMatchObject({ status: 'succeeded', agent: { exitCode: 0 }, rollout: { modelCalls: SCRIPT.length } });
+      const trajectory = (await api<Trajectory>(cluster, trainer, 'GET', `/v1/rollouts/${line.rollout!.id}/trajectory`)).body;
+      const calls = trajectory.entries.flatMap((e) => (e.kind === 'model_call' ? [e.call] : []));
+      // One record per turn, as the script: the held turn recorded once, however often the SDK retried.
+      expect(calls.map((c) => c.turn)).toEqual([1, 2, 3]);
+      expect(calls.map(chatTurn)).toEqual(SCRIPT);
+      expect(calls[1]!.heldMs).toBeGreaterThan(0);
+      const commands = trajectory.entries.flatMap((e) => (e.kind === 'command' ? [e.command.argv[2]] : []));
+      expect(commands).toEqual(SCRIPT.flatMap((t) => (t.toolCalls ?? []).map((c) => c.arguments.cmd)));
+    } finally {
+      upstream.onRequest = undefined;
+      await preemption?.catch(() => undefined);
+    }
   }, 260_000);
 
   it('keeps the agent sandbox to the gateway and its rollout, and the upstream credential out of every sandbox', async () => {

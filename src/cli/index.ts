@@ -3,6 +3,7 @@ import { Command, Option } from 'commander';
 import { loadConfig, type Config } from '../config/index.ts';
 import { issueTokenCommand } from '../iam/index.ts';
 import { registerBatchCommands } from './batch.ts';
+import { registerRolloutCommands } from './rollout.ts';
 import { addBurstRecordCommand } from './burst-record.ts';
 import { registerBurstCommands } from './burst.ts';
 import { registerE2bKeyCommands } from './e2b-key.ts';
@@ -120,6 +121,7 @@ export async function runCli(argv: string[]): Promise<void> {
 
   registerBurstCommands(program);
   registerBatchCommands(program);
+  registerRolloutCommands(program);
   registerImageCommands(program);
   registerSandboxCommands(program);
   registerCommandCommands(program);

@@ -10,3 +10,5 @@ export { ForksClient } from './forks.ts';
 export { SandboxFilesClient } from './files.ts';
 export { BuildsClient } from './builds.ts';
 export type { BuildStreamEvent } from './builds.ts';
+export { RolloutsClient } from './rollouts.ts';
+export type { FollowedRollout } from './rollouts.ts';

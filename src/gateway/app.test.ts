@@ -247,6 +247,10 @@ describe('gateway routes, in process', () => {
       expect(body.error.code).toBe('invalid_request');
       expect(body.error.message).toMatch(message);
     }
+    // A JSON body sent as a form (busybox wget's default content type): 400, not an internal error.
+    const form = await app.request('/v1/sandboxes/sbx_1/exec', { method: 'POST', body: '{"cmd":"true"}', headers: { authorization: `Bearer ${token}`, 'content-type': 'application/x-www-form-urlencoded' } });
+    expect(form.status).toBe(400);
+    expect(await form.json()).toEqual({ error: { code: 'invalid_request', message: 'the body must be JSON (content-type: application/json)' } });
   });
 
   it('caps bodies (413 with Connection: close), answers 404 for unknown routes, and serves the operations endpoints', async () => {

@@ -23,6 +23,8 @@ export function handleError(logger: Logger) {
     if (err instanceof HTTPException) {
       if (err.status === 413) return errorResponse(c, 'payload_too_large', 'request body is larger than the limit');
       if (err.status === 400) return errorResponse(c, 'invalid_request', err.message || 'malformed request');
+      // A JSON route sent another content type (zod-openapi's media-type gate): bad input, not ours.
+      if (err.status === 415) return errorResponse(c, 'invalid_request', 'the body must be JSON (content-type: application/json)');
       if (err.status === 401) return errorResponse(c, 'unauthenticated', err.message || 'unauthenticated');
     }
     if (isRedisUnavailable(err)) {

@@ -163,3 +163,12 @@ class ResultsFollower:
         return page.lines
 
 
+def rollout_path(rollout_id: str, tail: str = "") -> str:
+    return f"/v1/rollouts/{quote(rollout_id, safe='')}{tail}"
+
+
+def rollout_submit_request(task: Mapping[str, Any], options: Dict[str, Any]) -> Request:
+    """`POST /v1/rollouts`: one task (with `agent` and `model`), run as a batch of one. Not replayable (no idempotency key)."""
+    if not isinstance(task, Mapping):
+        raise TypeError(f"a rollout's task is a dict, not {type(task).__name__}")
+    return Request("POST", "/v1/rollouts", {**options, "task": dict(task)}, replayable=False)

@@ -20,6 +20,7 @@ from . import _core as core
 from ._core import USER_AGENT, Command
 from ._tar import extract_tar, tar_of_dir
 from .aio_batches import AsyncBatches
+from .aio_rollouts import AsyncRollouts
 from .images import AsyncImages, layer_upload_request
 from .errors import CommandFailed, ConnectionFailed, RollboxError, Timeout, error_from_answer
 from .types import CommandStatus, ExecResult, RunResult, StreamEvent
@@ -41,6 +42,7 @@ class AsyncRollbox:
         self.jobs = AsyncJobs(self)
         self.layers = AsyncLayers(self)
         self.batches = AsyncBatches(self)
+        self.rollouts = AsyncRollouts(self)
         self.images = AsyncImages(self)
 
     async def close(self) -> None:

@@ -10,6 +10,7 @@ from ._core import USER_AGENT, Command
 from ._tar import extract_tar, tar_of_dir
 from ._transport import SyncTransport
 from .batches import Batches
+from .rollouts import Rollouts
 from .images import Images, layer_upload_request
 from .errors import CommandFailed, ConnectionFailed, RollboxError
 from .types import CommandStatus, ExecResult, RunResult, StreamEvent
@@ -35,6 +36,7 @@ class Rollbox:
         self.jobs = Jobs(self)
         self.layers = Layers(self)
         self.batches = Batches(self)
+        self.rollouts = Rollouts(self)
         self.images = Images(self)
 
     # -- lifecycle -------------------------------------------------------------------------

@@ -195,6 +195,20 @@ class GradeResult(StepResult):
 
 
 @dataclass(frozen=True)
+class RolloutOutcome:
+    """What a hosted rollout attempt's model calls came to; `hit` is the first limit it hit (max_model_calls, max_tokens, wall_time), if any."""
+
+    id: str
+    model_calls: int
+    tokens: int
+    hit: Optional[str] = None
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "RolloutOutcome":
+        return cls(id=d.get("id", ""), model_calls=int(d.get("modelCalls", 0)), tokens=int(d.get("tokens", 0)), hit=d.get("hit"))
+
+
+@dataclass(frozen=True)
 class BatchResult:
     """
     One line of a batch's results: a task that ended, `status` succeeded, failed (a step
@@ -211,6 +225,10 @@ class BatchResult:
     error: Optional[Dict[str, str]]
     cursor: str
     ended_at: str = ""
+    #: A hosted rollout's agent command, when it ran.
+    agent: Optional[StepResult] = None
+    #: A hosted rollout's id (its trajectory's) and what its model calls came to.
+    rollout: Optional[RolloutOutcome] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -230,6 +248,8 @@ class BatchResult:
             error=d.get("error"),
             cursor=d["cursor"],
             ended_at=d.get("endedAt", ""),
+            agent=StepResult.from_json(d["agent"]) if d.get("agent") else None,
+            rollout=RolloutOutcome.from_json(d["rollout"]) if d.get("rollout") else None,
             raw=d,
         )
 
@@ -249,3 +269,71 @@ class BatchTaskStatus:
     def from_json(cls, d: Dict[str, Any]) -> "BatchTaskStatus":
         return cls(custom_id=d["customId"], state=d["state"], attempts=int(d.get("attempts", 0)), position=d.get("position"),
                    status=d.get("status"), raw=d)
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """
+    A hosted rollout attempt (`<batchId>.<customId>.<attempt>`): where it ran, its task's state
+    in its batch (`task`) and its model usage so far (`usage`, whose `id` is the rollout's).
+    """
+
+    id: str
+    tenant: str
+    job: str
+    batch_id: str
+    custom_id: str
+    attempt: int
+    task_sandbox_id: str
+    agent_sandbox_id: str
+    created_at: str
+    task: BatchTaskStatus
+    usage: RolloutOutcome
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "Rollout":
+        return cls(id=d["id"], tenant=d.get("tenant", ""), job=d.get("job", ""), batch_id=d["batchId"], custom_id=d["customId"],
+                   attempt=int(d.get("attempt", 0)), task_sandbox_id=d.get("taskSandboxId", ""), agent_sandbox_id=d.get("agentSandboxId", ""),
+                   created_at=d.get("createdAt", ""), task=BatchTaskStatus.from_json(d["task"]),
+                   usage=RolloutOutcome.from_json({**d.get("usage", {}), "id": d["id"]}), raw=d)
+
+
+@dataclass(frozen=True)
+class TrajectoryEntry:
+    """
+    One step of a trajectory, `kind` `model_call` (`call`: the gateway's record of it, as JSON)
+    or `command` (`command`: the task sandbox's command record, `sandbox_id`), begun `at`.
+    """
+
+    kind: str
+    at: str
+    call: Optional[Dict[str, Any]] = None
+    command: Optional[Dict[str, Any]] = None
+    sandbox_id: Optional[str] = None
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "TrajectoryEntry":
+        return cls(kind=d["kind"], at=d.get("at", ""), call=d.get("call"), command=d.get("command"), sandbox_id=d.get("sandboxId"))
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """A rollout's model calls and task-sandbox commands, in the order they began."""
+
+    rollout_id: str
+    entries: List[TrajectoryEntry]
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "Trajectory":
+        return cls(rollout_id=d["rolloutId"], entries=[TrajectoryEntry.from_json(e) for e in d.get("entries") or []], raw=d)
+
+
+@dataclass(frozen=True)
+class FollowedRollout:
+    """A finished task of a followed batch: its result line, its rollout's trajectory (None without an agent run), and the cursor to resume after it."""
+
+    line: BatchResult
+    trajectory: Optional[Trajectory]
+    cursor: str

@@ -1,0 +1,58 @@
+import type { z } from 'zod';
+import { Batch, Rollout, Trajectory, type BatchResultLine, type CreateRolloutRequest } from '../api/index.ts';
+import { BatchesClient } from './batches.ts';
+import { json } from './body.ts';
+import type { RollboxClient } from './client.ts';
+
+/** One finished task of a followed batch: its result line, its rollout's trajectory (when it ran an agent), and where to resume after it. */
+export interface FollowedRollout {
+  line: BatchResultLine;
+  /** The line's `rollout.id` trajectory; absent for a task without an agent or one whose agent never started. */
+  trajectory?: Trajectory;
+  /** Pass it as `after` to resume after this rollout (the line's cursor). */
+  cursor: string;
+}
+
+const rolloutPath = (id: string, tail = '') => `/v1/rollouts/${encodeURIComponent(id)}${tail}`;
+
+/**
+ * Hosted rollouts from the trainer's side (scope rollout:submit): submit, read one, read its
+ * trajectory, follow a batch's finished rollouts. A rollout runs as a batch task, so cancel it
+ * with `BatchesClient.cancelBatch` on its batch.
+ */
+export class RolloutsClient {
+  private readonly batches: BatchesClient;
+
+  constructor(private readonly client: RollboxClient) {
+    this.batches = new BatchesClient(client);
+  }
+
+  /** One rollout, run as a batch of one task: the answer is that batch (follow it with `followRollouts`). Retried only when refused (no idempotency key). */
+  async submitRollout(request: z.input<typeof CreateRolloutRequest>): Promise<Batch> {
+    return Batch.parse(await this.client.request('POST', '/v1/rollouts', { headers: { 'content-type': 'application/json' }, body: JSON.stringify(request), retry: 'refused' }, json));
+  }
+
+  /** Where an attempt ran, its task's state in its batch, its model usage so far. */
+  async getRollout(id: string): Promise<Rollout> {
+    return Rollout.parse(await this.client.request('GET', rolloutPath(id), {}, json));
+  }
+
+  /** Its model calls and task-sandbox commands, in the order they began. */
+  async rolloutTrajectory(id: string): Promise<Trajectory> {
+    return Trajectory.parse(await this.client.request('GET', rolloutPath(id, '/trajectory'), {}, json));
+  }
+
+  /**
+   * The batch's finished tasks, in the order they ended, each with its rollout's trajectory,
+   * until the batch has ended and every line is read. From `after` (a delivered one's
+   * `cursor`): a trainer that keeps the cursor of the last rollout it took in gets each
+   * rollout once across restarts. A line is yielded only once its trajectory is read, so
+   * a follower stopped in between gets that rollout again from its last cursor.
+   */
+  async *followRollouts(batchId: string, options: { after?: string } = {}): AsyncGenerator<FollowedRollout> {
+    for await (const line of this.batches.batchResults(batchId, { after: options.after, follow: true })) {
+      const trajectory = line.rollout ? await this.rolloutTrajectory(line.rollout.id) : undefined;
+      yield { line, ...(trajectory ? { trajectory } : {}), cursor: line.cursor };
+    }
+  }
+}
