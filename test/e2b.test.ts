@@ -315,7 +315,8 @@ describe('bad input on the envd surface', () => {
     const unknown = await post('process.Process/Explode', '{}', 'application/json');
     expect(unknown.status).toBe(501);
     expect(await unknown.json()).toMatchObject({ code: 'unimplemented' });
-    expect((await post('filesystem.Filesystem/WatchDir', new Uint8Array(envelope({ path: '/' })), 'application/connect+json')).status).toBe(501);
+    const unwatchable = await post('filesystem.Filesystem/WatchDir', new Uint8Array(envelope({ path: '/no/such/dir' })), 'application/connect+json');
+    expect((await framesOf(unwatchable)).at(-1)).toMatchObject({ flags: 2, message: { error: { code: 'not_found' } } });
     expect((await fetch(`${cluster.url}/nosuch.Service/Call`, { method: 'POST', headers })).status).toBe(404);
     const missingTag = await post('process.Process/Connect', new Uint8Array(envelope({ process: { tag: 'nope' } })), 'application/connect+json');
     expect(await missingTag.json()).toMatchObject({ code: 'not_found' });

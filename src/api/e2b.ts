@@ -90,3 +90,7 @@ export const E2bListRequest = z.object({});
 export const E2bPathRequest = z.object({ path: z.string().min(1).max(4096) });
 export const E2bListDirRequest = z.object({ path: z.string().min(1).max(4096), depth: z.number().int().min(0).max(32).optional() });
 export const E2bMoveRequest = z.object({ source: z.string().min(1).max(4096), destination: z.string().min(1).max(4096) });
+/** `filesystem.Filesystem/WatchDir` and `CreateWatcher` (entry info and network mounts are envd 0.6.3+, which rollbox does not announce). */
+export const E2bWatchDirRequest = z.object({ path: z.string().min(1).max(4096), recursive: z.boolean().optional(), includeEntry: z.boolean().optional(), allowNetworkMounts: z.boolean().optional() });
+/** `GetWatcherEvents` and `RemoveWatcher`. */
+export const E2bWatcherRequest = z.object({ watcherId: z.string().min(1).max(128) });

@@ -93,6 +93,8 @@ export {
   E2bPathRequest,
   E2bListDirRequest,
   E2bMoveRequest,
+  E2bWatchDirRequest,
+  E2bWatcherRequest,
 } from './e2b.ts';
 export { ErrorBody, ROLLOUT_KEY_PATTERN, SCOPES, Scope, issuesText } from './common.ts';
 export { CreateJob, NodeOp, Reply, RunOnce, RuntimeMetrics } from './internal.ts';

@@ -282,6 +282,14 @@ export class ExecService {
     return sendToRunningCommand(this.deps, principal, id, { kind: 'resize', commandId, size });
   }
 
+  /** A command's output after `afterId` as it stands now (no wait): a poller's page, the stream's last id its next cursor. */
+  async commandOutput(principal: Principal, id: string, commandId: string, afterId: string): Promise<{ chunks: { stream: 'stdout' | 'stderr'; data: string }[]; lastId: string }> {
+    requireScope(principal, 'sandbox:read');
+    await this.deps.registry.getOwned(id, principal.tenant);
+    const read = await readOutput(this.deps.redis, id, commandId, afterId, 10_000);
+    return { chunks: read.chunks, lastId: read.lastId || afterId };
+  }
+
   /** A command's record with the output it has produced so far. */
   async commandStatus(principal: Principal, id: string, commandId: string): Promise<CommandStatus> {
     requireScope(principal, 'sandbox:read');

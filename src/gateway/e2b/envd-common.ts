@@ -1,4 +1,5 @@
 import path from 'node:path';
+import type { Context } from 'hono';
 import type { Sandbox } from '../../api/index.ts';
 import type { Principal } from '../../iam/index.ts';
 
@@ -37,4 +38,21 @@ export function userOf(authorization: string | undefined): string | undefined {
   if (!basic) return undefined;
   const user = Buffer.from(basic, 'base64').toString('utf8').split(':')[0];
   return user || undefined;
+}
+
+/** envd's own default when the client sends no Keepalive-Ping-Interval. */
+const DEFAULT_KEEPALIVE_SECONDS = 90;
+/** `timeoutMs: 0` (no limit) runs as long as rollbox lets any command: a day. */
+export const MAX_COMMAND_MS = 24 * 3600 * 1000;
+
+/** The client's Keepalive-Ping-Interval (seconds), kept between 1 s and envd's default. */
+export function keepaliveMsOf(c: Context): number {
+  const seconds = Number(c.req.header('keepalive-ping-interval'));
+  return 1000 * (Number.isFinite(seconds) && seconds >= 1 ? Math.min(seconds, DEFAULT_KEEPALIVE_SECONDS) : DEFAULT_KEEPALIVE_SECONDS);
+}
+
+/** A streaming call's Connect-Timeout-Ms as a command's timeout (none or 0: MAX_COMMAND_MS). */
+export function timeoutMsOf(c: Context): number {
+  const ms = Number(c.req.header('connect-timeout-ms') ?? 0);
+  return ms > 0 ? Math.min(ms, MAX_COMMAND_MS) : MAX_COMMAND_MS;
 }

@@ -6,17 +6,13 @@ import { describeZodError } from '../errors.ts';
 import type { ExecEvent, ExecService } from '../exec-service.ts';
 import { PTY_DEFAULT_SHELL } from '../pty.ts';
 import { ConnectError, readClientStream, readStreamRequest, readUnary, streamResponse } from './connect.ts';
-import { resolvePath, type EnvdCall } from './envd-common.ts';
+import { keepaliveMsOf, resolvePath, timeoutMsOf, type EnvdCall } from './envd-common.ts';
 
 export interface E2bProcessDeps {
   redis: Redis;
   execs: Pick<ExecService, 'startStreaming' | 'followCommand' | 'commandLog' | 'commandStatus' | 'signalCommand' | 'writeCommandStdin' | 'resizeCommand'>;
 }
 
-/** envd's own default when the client sends no Keepalive-Ping-Interval. */
-const DEFAULT_KEEPALIVE_SECONDS = 90;
-/** `timeoutMs: 0` (no limit) runs as long as rollbox lets any command: a day. */
-const MAX_COMMAND_MS = 24 * 3600 * 1000;
 /**
  * E2B's `/bin/bash -l -c <cmd>`, in images with bash; in images without it (busybox), the
  * same command run by this `/bin/sh` itself (eval: no second exec). `$0` is the command:
@@ -74,16 +70,6 @@ function inputText(input: { stdin?: string | undefined; pty?: string | undefined
 export function processService(deps: E2bProcessDeps) {
   const { redis, execs } = deps;
 
-  /** The client's Keepalive-Ping-Interval (seconds), kept between 1 s and envd's default. */
-  const keepaliveMs = (c: Context) => {
-    const seconds = Number(c.req.header('keepalive-ping-interval'));
-    return 1000 * (Number.isFinite(seconds) && seconds >= 1 ? Math.min(seconds, DEFAULT_KEEPALIVE_SECONDS) : DEFAULT_KEEPALIVE_SECONDS);
-  };
-  const timeoutMsOf = (c: Context) => {
-    const ms = Number(c.req.header('connect-timeout-ms') ?? 0);
-    return ms > 0 ? Math.min(ms, MAX_COMMAND_MS) : MAX_COMMAND_MS;
-  };
-
   async function* started(call: EnvdCall, pid: number, events: AsyncGenerator<ExecEvent>, pty = false): AsyncGenerator<unknown> {
     yield { event: { start: { pid } } };
     try {
@@ -118,7 +104,7 @@ export function processService(deps: E2bProcessDeps) {
           continue;
         }
         if (request.tag) await redis.multi().hset(tagsKey(call.sandboxId), request.tag, pid).expire(tagsKey(call.sandboxId), TAG_KEYS_TTL_SEC).exec();
-        return streamResponse(c, started(call, pid, run.events, pty !== undefined), { message: { event: { keepalive: {} } }, everyMs: keepaliveMs(c) });
+        return streamResponse(c, started(call, pid, run.events, pty !== undefined), { message: { event: { keepalive: {} } }, everyMs: keepaliveMsOf(c) });
       }
       throw new ConnectError('internal', 'no free pid after 5 tries');
     },
@@ -128,7 +114,7 @@ export function processService(deps: E2bProcessDeps) {
       const pid = await pidOf(call.sandboxId, process);
       const status = await call.guard(execs.commandStatus(call.principal, call.sandboxId, commandIdOf(pid)));
       const events = execs.followCommand(call.principal, call.sandboxId, commandIdOf(pid), { timeoutMs: timeoutMsOf(c) });
-      return streamResponse(c, started(call, pid, events, status.pty !== undefined), { message: { event: { keepalive: {} } }, everyMs: keepaliveMs(c) });
+      return streamResponse(c, started(call, pid, events, status.pty !== undefined), { message: { event: { keepalive: {} } }, everyMs: keepaliveMsOf(c) });
     },
 
     /** The signal to the command's process group (rollbox's signal by command id); one that is not running is `not_found`, as envd says. */

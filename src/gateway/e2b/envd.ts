@@ -13,6 +13,7 @@ import { userOf, type EnvdCall } from './envd-common.ts';
 import { filesRoutes } from './envd-files.ts';
 import { filesystemService, type E2bFilesApi } from './envd-filesystem.ts';
 import { processService, type E2bProcessDeps } from './envd-process.ts';
+import { watchService, type E2bWatchDeps } from './envd-watch.ts';
 import { FileMetadata } from './file-metadata.ts';
 import { restError } from './rest-error.ts';
 import { SignedUrls } from './signed-urls.ts';
@@ -21,7 +22,7 @@ export interface E2bEnvdDeps {
   redis: Redis;
   registry: Pick<SandboxRegistry, 'get'>;
   access: Pick<EnvdAccess, 'verify' | 'tokenFor'>;
-  execs: E2bProcessDeps['execs'];
+  execs: E2bProcessDeps['execs'] & E2bWatchDeps['execs'];
   files: E2bFilesApi;
   /** The files API's cap; an upload's body may carry multipart framing on top. */
   filesMaxBytes: number;
@@ -37,14 +38,6 @@ const ENVD_HOST = /^49983-(sbx_[a-z0-9]+)\./;
 
 type Method = (c: Context, call: EnvdCall) => Promise<Response>;
 
-/** The RPCs the SDK may call that rollbox does not serve (yet), each with why. */
-const UNIMPLEMENTED: Record<string, string> = {
-  'filesystem.Filesystem/WatchDir': 'watching directories is not supported by rollbox yet',
-  'filesystem.Filesystem/CreateWatcher': 'watching directories is not supported by rollbox yet',
-  'filesystem.Filesystem/GetWatcherEvents': 'watching directories is not supported by rollbox yet',
-  'filesystem.Filesystem/RemoveWatcher': 'watching directories is not supported by rollbox yet',
-};
-
 /**
  * envd, the API inside every E2B sandbox, served by the gateway for all sandboxes at one
  * origin (E2B_SANDBOX_URL): the `E2b-Sandbox-Id` header names the sandbox, the per-sandbox
@@ -56,6 +49,7 @@ export function registerE2bEnvd(app: GatewayApp, deps: E2bEnvdDeps): void {
   const process = processService(deps);
   const metadata = new FileMetadata(deps.redis);
   const filesystem = filesystemService(deps.files, metadata);
+  const watch = watchService(deps);
   const files = filesRoutes(deps.files, metadata);
   const signed = new SignedUrls(deps.redis, access);
   const rpcs: Record<string, Method> = {
@@ -72,6 +66,10 @@ export function registerE2bEnvd(app: GatewayApp, deps: E2bEnvdDeps): void {
     'filesystem.Filesystem/MakeDir': filesystem.MakeDir,
     'filesystem.Filesystem/Move': filesystem.Move,
     'filesystem.Filesystem/Remove': filesystem.Remove,
+    'filesystem.Filesystem/WatchDir': watch.WatchDir,
+    'filesystem.Filesystem/CreateWatcher': watch.CreateWatcher,
+    'filesystem.Filesystem/GetWatcherEvents': watch.GetWatcherEvents,
+    'filesystem.Filesystem/RemoveWatcher': watch.RemoveWatcher,
   };
 
   const isGone = (sandbox: Sandbox | undefined) => !sandbox || isTerminal(sandbox.state) || sandbox.state === 'stopping';
@@ -152,7 +150,6 @@ export function registerE2bEnvd(app: GatewayApp, deps: E2bEnvdDeps): void {
       const name = `${service}/${c.req.param('method')}`;
       try {
         const call = await callOf(c);
-        if (UNIMPLEMENTED[name]) throw new ConnectError('unimplemented', `${name}: ${UNIMPLEMENTED[name]}`);
         const method = rpcs[name];
         if (!method) throw new ConnectError('unimplemented', `${name} is not a method of envd`);
         return await method(c, call);
