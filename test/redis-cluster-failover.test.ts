@@ -108,7 +108,11 @@ describe('a Redis Cluster primary killed under load', () => {
     // What was acknowledged is still there, and no command ran twice.
     for (const id of acknowledgedCreates) expect((await api(cluster, token, 'GET', `/v1/sandboxes/${id}`)).status).toBe(200);
     for (const sandboxId of sandboxes) {
-      const log = (await api(cluster, token, 'POST', `/v1/sandboxes/${sandboxId}/exec`, { cmd: 'cat /root/log' })).body.stdout as string;
+      // Read once the cluster has settled: a call may still meet the failover's tail (a coded, retryable error).
+      const { log } = await waitFor(`sandbox ${sandboxId} answering`, async () => {
+        const read = (await api(cluster, token, 'POST', `/v1/sandboxes/${sandboxId}/exec`, { cmd: 'cat /root/log' })).body;
+        return typeof read.stdout === 'string' ? { log: read.stdout as string } : undefined;
+      }, 60_000);
       const lines = log.split('\n').filter(Boolean);
       expect(lines.length).toBe(new Set(lines).size);
       for (const { commandId } of acknowledgedExecs.filter((e) => e.sandboxId === sandboxId)) {

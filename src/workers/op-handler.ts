@@ -1,3 +1,4 @@
+import { setTimeout as sleep } from 'node:timers/promises';
 import { performance } from 'node:perf_hooks';
 import { RollboxError, newId, type NodeOp, type PauseMode, type Reply } from '../api/index.ts';
 import { takeOutExecOps, type InboxReceipt } from '../queues/index.ts';
@@ -12,6 +13,9 @@ import { setPaused, swapOut } from './pausing.ts';
 import { CommandReleasedError, type RuntimeExecOutcome } from './runtime/index.ts';
 
 type ExecOp = Extract<NodeOp, { kind: 'exec' }>;
+
+/** How long input waits for a command this host is still starting (a loaded host takes seconds). */
+const STARTING_COMMAND_WAIT_MS = 10_000;
 
 /** Clock differences between the worker's start record and the init's grace timer, with room to spare. */
 const NEVER_RECEIVED_MARGIN_MS = 2000;
@@ -72,15 +76,15 @@ export class OpHandler {
           return await ctx.reply(op.replyTo, await writeSandboxFiles(ctx.deps, op));
         case 'signal':
           ctx.requireLocal(op.sandboxId);
-          if (!(await ctx.deps.runtime.signalCommand(op.sandboxId, op.commandId, op.signo))) throw notRunning(op);
+          if (!(await this.whenLive(op, () => ctx.deps.runtime.signalCommand(op.sandboxId, op.commandId, op.signo)))) throw notRunning(op);
           return await done();
         case 'stdin':
           ctx.requireLocal(op.sandboxId);
-          if (!(await ctx.deps.runtime.writeCommandStdin(op.sandboxId, op.commandId, Buffer.from(op.data, 'utf8'), op.eof))) throw notRunning(op);
+          if (!(await this.whenLive(op, () => ctx.deps.runtime.writeCommandStdin(op.sandboxId, op.commandId, Buffer.from(op.data, 'utf8'), op.eof)))) throw notRunning(op);
           return await done();
         case 'resize':
           ctx.requireLocal(op.sandboxId);
-          if (!(await ctx.deps.runtime.resizeCommand(op.sandboxId, op.commandId, op.size))) throw new RollboxError('invalid_state', `command ${op.commandId} is not a running pty command in sandbox ${op.sandboxId}`);
+          if (!(await this.whenLive(op, () => ctx.deps.runtime.resizeCommand(op.sandboxId, op.commandId, op.size)))) throw new RollboxError('invalid_state', `command ${op.commandId} is not a running pty command in sandbox ${op.sandboxId}`);
           return await done();
         case 'files_meta':
           ctx.requireLocal(op.sandboxId);
@@ -126,6 +130,17 @@ export class OpHandler {
       await this.collect(op, receipt, output, takenAt, (record) => this.spawn(op, output, record));
     } finally {
       this.inFlight.delete(key);
+    }
+  }
+
+  /**
+   * Input for a command: sent now, or, while this process is still starting that command (its
+   * record says `running` before the runtime holds its channel), once it holds it, a bounded while.
+   */
+  private async whenLive(op: { sandboxId: string; commandId: string }, send: () => Promise<boolean>): Promise<boolean> {
+    for (const until = Date.now() + STARTING_COMMAND_WAIT_MS; ; await sleep(20)) {
+      if (await send()) return true;
+      if (!this.inFlight.has(`${op.sandboxId}/${op.commandId}`) || Date.now() > until) return false;
     }
   }
 
