@@ -1,3 +1,4 @@
+import { setTimeout as sleep } from 'node:timers/promises';
 import { randomInt } from 'node:crypto';
 import type { Context } from 'hono';
 import type { Redis } from 'ioredis';
@@ -55,6 +56,15 @@ function eventOf(ev: ExecEvent, pty: boolean): unknown {
   return { event: { end: { exitCode: outcome.exitCode, exited: true, status: `exit status ${outcome.exitCode}` } } };
 }
 
+/** SIGKILL's exit status (128 + 9), outside a timeout rollbox applied itself. */
+function killedOutright(ev: ExecEvent): boolean {
+  if (ev.event === 'stdout' || ev.event === 'stderr') return false;
+  const outcome = JSON.parse(ev.data) as { exitCode: number | null; timedOut?: boolean };
+  return !outcome.timedOut && (outcome.exitCode === 137 || outcome.exitCode === null);
+}
+const KILLED_SANDBOX_LOOKS = 5;
+const KILLED_SANDBOX_LOOK_MS = 200;
+
 /** ProcessInput's bytes (stdin or pty, base64) as the UTF-8 text rollbox's stdin carries. */
 function inputText(input: { stdin?: string | undefined; pty?: string | undefined }): string {
   return Buffer.from(input.stdin ?? input.pty ?? '', 'base64').toString('utf8');
@@ -73,9 +83,25 @@ export function processService(deps: E2bProcessDeps) {
   async function* started(call: EnvdCall, pid: number, events: AsyncGenerator<ExecEvent>, pty = false): AsyncGenerator<unknown> {
     yield { event: { start: { pid } } };
     try {
-      for await (const ev of events) yield eventOf(ev, pty);
+      for await (const ev of events) {
+        if (killedOutright(ev)) await throwIfSandboxGone(call);
+        yield eventOf(ev, pty);
+      }
     } catch (err) {
       throw await call.explain(err);
+    }
+  }
+
+  /**
+   * A command SIGKILLed with its sandbox (killed, or at its timeout) ends as on E2B: its
+   * stream drops (`unavailable`), not an exit. Its exit can reach the stream just before the
+   * sandbox's record says it is going: looked at a few times, a bounded while.
+   */
+  async function throwIfSandboxGone(call: EnvdCall): Promise<void> {
+    for (let look = 0; look < KILLED_SANDBOX_LOOKS; look++) {
+      if (look > 0) await sleep(KILLED_SANDBOX_LOOK_MS);
+      const explained = await call.explain(new RollboxError('result_unknown', 'the command was killed'));
+      if (explained instanceof ConnectError) throw explained;
     }
   }
 
