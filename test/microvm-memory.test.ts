@@ -114,7 +114,7 @@ describe('microVM guest memory back to the host', () => {
     const on = (await memoryOf('vmmem-on'))!;
     const off = (await memoryOf('vmmem-off'))!;
     console.log(`heartbeats: on resident ${(on.residentBytes / MIB).toFixed(1)} MiB, unbacked ${((on.guestUnbackedBytes ?? 0) / MIB).toFixed(1)} MiB; off resident ${(off.residentBytes / MIB).toFixed(1)} MiB, unbacked ${((off.guestUnbackedBytes ?? 0) / MIB).toFixed(1)} MiB`);
-    // Most of an idle guest's RAM is untouched or reported free (how much varies with what the guest did: a third at least).
+    // Much of an idle guest's RAM is untouched or reported free (how much varies with what the guest did: a third at least).
     expect(on.guestUnbackedBytes! / MIB).toBeGreaterThan(GUEST_MIB / 3);
     // A VM without the device hands nothing back, whatever its guest leaves untouched.
     expect(off.guestUnbackedBytes).toBe(0);
@@ -124,7 +124,7 @@ describe('microVM guest memory back to the host', () => {
     expect(off.residentBytes).toBeGreaterThan(on.residentBytes);
     const metrics = (await api(cluster, undefined, 'GET', '/metrics')).body as string;
     const metric = (name: string, node: string) => Number(new RegExp(`^${name}\\{node="${node}"[^}]*\\} (\\S+)$`, 'm').exec(metrics)?.[1]);
-    expect(metric('rollbox_node_memory_vm_guest_unbacked_bytes', 'vmmem-on') / MIB).toBeGreaterThan(GUEST_MIB / 2);
+    expect(metric('rollbox_node_memory_vm_guest_unbacked_bytes', 'vmmem-on') / MIB).toBeGreaterThan(GUEST_MIB / 3);
     expect(metric('rollbox_node_memory_vm_guest_unbacked_bytes', 'vmmem-off')).toBe(0);
     expect(metric('rollbox_node_memory_resident_bytes', 'vmmem-off') / MIB).toBeGreaterThan(residentMiB('off'));
   }, 60_000);
