@@ -1,4 +1,3 @@
-import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -7,12 +6,12 @@ import type { Batch, Rollout, Trajectory } from '../src/api/index.ts';
 import { BatchesClient, RollboxClient, RolloutsClient, type FollowedRollout } from '../src/client/index.ts';
 import { api, startTestCluster, type TestCluster } from './support/cluster.ts';
 import { ScriptedUpstream } from './support/model-upstream.ts';
+import { runRollbox } from './support/cli.ts';
 
 // Issue 39 point 6, the trainer's side: the TS client and the CLI submit hosted rollouts,
 // follow a batch's finished rollouts with their trajectories (each once across a restart of
 // the follower, from its cursor) and show one. The agent is busybox: one model call through
 // the gateway, then one command in its task sandbox through the rollbox API.
-const REPO_ROOT = path.resolve(import.meta.dirname, '..');
 const JOB = 'job-rc';
 const AGENT_CMD = [
   `wget -q -O- --header 'Content-Type: application/json' --header "authorization: Bearer $OPENAI_API_KEY"`,
@@ -30,17 +29,7 @@ let dir: string;
 const rolloutTask = (customId: string) => ({ customId, resources: { memoryMiB: 32, cpuMillis: 200 }, agent: { cmd: AGENT_CMD, env: { AGENT_N: customId }, timeoutMs: 180_000 }, model: { job: JOB } });
 
 /** The real `rollbox` command as a child process. */
-function rollbox(args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  const child = spawn(process.execPath, [path.join(REPO_ROOT, 'bin/rollbox.js'), ...args], { cwd: dir, env: { ...process.env, ROLLBOX_URL: cluster.url, ROLLBOX_TOKEN: token }, stdio: ['ignore', 'pipe', 'pipe'] });
-  let stdout = '';
-  let stderr = '';
-  child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
-  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
-  return new Promise((resolve, reject) => {
-    child.once('error', reject);
-    child.once('close', (code) => resolve({ code, stdout, stderr }));
-  });
-}
+const rollbox = (args: string[]) => runRollbox(args, { url: cluster.url, token, cwd: dir });
 
 /** The trajectory of one busybox agent run: its model call, then its command in the task sandbox. */
 function expectAgentTrajectory(trajectory: Trajectory | undefined, rolloutId: string, customId: string): void {

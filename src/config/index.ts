@@ -1,3 +1,5 @@
+// Longer than most: the one env schema every role parses once, kept whole so each variable's
+// default and description are read (and documented by `npm run docs`) in one place.
 import { z } from 'zod';
 import os from 'node:os';
 import path from 'node:path';

@@ -1,3 +1,5 @@
+// Longer than most: one sandbox's whole lifecycle from the API side (create and its placement
+// retries, pause, snapshot, policy, delete), which share their waits and reply handling.
 import { createHash } from 'node:crypto';
 import { RollboxError, isTerminal, newId, withImageDefaults, type CreateSandboxRequest, type ImageSpec, type JobActionResult, type Layer, type Lineage, type ListSandboxesQuery, type PauseRequest, type PolicyPatch, type Ran, type Reply, type RunOnce, type Sandbox, type SnapshotRequest } from '../api/index.ts';
 import type { Config } from '../config/index.ts';

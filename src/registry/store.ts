@@ -1,3 +1,5 @@
+// Longer than most: the sandbox record and every atomic change to it (admission, transitions,
+// spec, expiry, layer refs), one Lua-backed store, so no caller writes the record another way.
 import type { Redis } from 'ioredis';
 import {
   RollboxError,

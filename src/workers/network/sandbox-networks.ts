@@ -1,3 +1,5 @@
+// Longer than most: one host's sandbox networks (attach, stage changes, the gateway relay,
+// release, reconcile after a restart) share the leases and the nftables table they keep.
 import { createHash } from 'node:crypto';
 import { writeFile } from 'node:fs/promises';
 import { RollboxError, SANDBOX_GATEWAY, hasNetwork, type NetworkPolicy } from '../../api/index.ts';

@@ -1,3 +1,5 @@
+// Longer than most: the scratch filesystem and the per-sandbox disks on it (attach, clone,
+// detach, idle unmount) share one serialized chain, which a split would have to share again.
 import { closeSync, ftruncateSync, mkdirSync, openSync, readdirSync, rmSync, statSync, statfsSync } from 'node:fs';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
