@@ -163,10 +163,10 @@ export async function runTask(deps: TaskDeps, run: TaskRun): Promise<TaskOutcome
     const line: ResultLineInput = { customId: run.customId, status, steps, attempts: run.attempt, sandboxId };
     if (task.agent && task.model && agentSandboxId && status === 'succeeded' && !run.signal.aborted) {
       // The attempt that made its sandboxes names the rollout (a resumed one goes on under it).
-      rolloutId = rolloutIdOf(run.batchId, run.customId, resumed?.attempt ?? run.attempt);
-      const commandId = agentCommandIdOf(run.batchId, resumed?.attempt ?? run.attempt);
-      const started = resumed && (await deps.execs.commandLog(acting, agentSandboxId, 1000)).some((c) => c.commandId === commandId);
       const attempt = resumed?.attempt ?? run.attempt;
+      rolloutId = rolloutIdOf(run.batchId, run.customId, attempt);
+      const commandId = agentCommandIdOf(run.batchId, attempt);
+      const started = resumed && (await deps.execs.commandLog(acting, agentSandboxId, 1000)).some((c) => c.commandId === commandId);
       const { env } = started ? { env: {} } : await prepareRollout(deps.rollouts, { tenant: run.tenant, job: task.model.job, batchId: run.batchId, customId: run.customId, attempt, taskSandboxId: sandboxId, agentSandboxId, agent: task.agent, limits: task.limits, ttlSeconds, now: deps.now() });
       const r = await runAgentCommand(deps.execs, acting, agentSandboxId, task.agent, env, commandId);
       line.agent = stepOf(r);
