@@ -1,0 +1,272 @@
+/**
+ * bench:rollouts-hosted — hosted rollouts (issue 39) against the same agent loop run by the
+ * trainer, in the same run. One agent (bench/support/agents/loop-agent.ts: the official
+ * `openai` SDK, its tool calls through the rollbox client) drives ROLLOUTS rollouts of TURNS
+ * model calls each, CONCURRENCY at once, against a scripted upstream on loopback that answers
+ * every call after MODEL_MS (200 ms):
+ * - trainer arm: the trainer creates the task sandbox (HTTP API) and runs the agent itself,
+ *   on the host, calling the upstream directly (what `bench:rollouts` drives, plus the model);
+ * - hosted arm: the same agent in an agent sandbox beside its task sandbox, submitted as a
+ *   batch of rollouts, its model calls through the gateway (recorded, held when needed).
+ * The arms run in halves, trainer-hosted-hosted-trainer, after a warm-up of each, so both see
+ * the same machine. Reported: each model call's time as its agent saw it (p50, p99; the
+ * gateway's added time is the hosted arm's less the trainer arm's), rollouts per second of
+ * each arm and their ratio, and then an outage: a hosted batch whose upstream is stopped for
+ * OUTAGE_SECONDS (60) mid-run, and the time from its return until every rollout that was
+ * running has a model call up again. Progress on stderr, one JSON line last.
+ *
+ * Flags: --rollouts 64 --turns 20 --concurrency 8 --model-ms 200 --outage-seconds 60
+ * --outage-rollouts 16 (a quick run: --rollouts 16 --turns 5 --outage-seconds 3).
+ */
+import { spawn } from 'node:child_process';
+import fs from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { performance } from 'node:perf_hooks';
+import { parseArgs } from 'node:util';
+import type { Batch, BatchResultLine } from '../src/api/index.ts';
+import { progressBar, summarize, type ProgressBar } from '../src/report/index.ts';
+import { agentLayerTar, bundleAgent } from '../test/support/agent-layer.ts';
+import { api, startTestCluster, waitFor } from '../test/support/cluster.ts';
+import { ScriptedUpstream, type ScriptTurn } from '../test/support/model-upstream.ts';
+import { jsonClient } from './support/http.ts';
+
+const { values: flags } = parseArgs({
+  options: {
+    rollouts: { type: 'string', default: '64' },
+    turns: { type: 'string', default: '20' },
+    concurrency: { type: 'string', default: '8' },
+    'model-ms': { type: 'string', default: '200' },
+    'outage-seconds': { type: 'string', default: '60' },
+    'outage-rollouts': { type: 'string', default: '16' },
+  },
+});
+const ROLLOUTS = Number(flags.rollouts);
+const TURNS = Number(flags.turns);
+const CONCURRENCY = Number(flags.concurrency);
+const MODEL_MS = Number(flags['model-ms']);
+const OUTAGE_MS = Number(flags['outage-seconds']) * 1000;
+const OUTAGE_ROLLOUTS = Number(flags['outage-rollouts']);
+const WARMUP_ROLLOUTS = 2;
+const AGENTS_DIR = path.join(import.meta.dirname, 'support', 'agents');
+/** The task sandbox of both arms (as bench:rollouts makes it). */
+const TASK_RESOURCES = { memoryMiB: 128, cpuMillis: 500 };
+const JOB = 'bench-hosted';
+
+/** Every turn but the last runs a command that builds on the one before; the last answers. */
+const SCRIPT: ScriptTurn[] = Array.from({ length: TURNS }, (_, i) =>
+  i < TURNS - 1 ? { text: `Step ${i + 1}.`, toolCalls: [{ name: 'bash', arguments: { cmd: `cd /root && echo "step ${i + 1}" >> work.log && wc -l < work.log` } }] } : { text: 'Done.' },
+);
+
+const cluster = await startTestCluster({ env: { ROLLBOX_HEARTBEAT_MS: '1000', ROLLBOX_NODE_LOST_AFTER_MS: '5000' } });
+const upstream = await ScriptedUpstream.start({ script: SCRIPT });
+upstream.delayMs = MODEL_MS;
+const scratch = await fs.mkdtemp(path.join(os.tmpdir(), 'rollbox-bench-hosted-'));
+process.once('SIGINT', () => void Promise.all([upstream.stop(), cluster.stop(), fs.rm(scratch, { recursive: true, force: true })]).finally(() => process.exit(130)));
+try {
+  for (const nodeId of ['bench-a', 'bench-b']) await cluster.spawnWorker({ nodeId });
+  const trainer = await cluster.token('bench', ['sandbox:create', 'sandbox:delete', 'sandbox:exec', 'rollout:submit', 'batch:submit', 'layer:write', 'admin']);
+  await waitFor('both worker hosts', async () => (await api(cluster, trainer, 'GET', '/v1/nodes')).body.nodes?.length === 2, 90_000);
+  const call = jsonClient(cluster.url, trainer);
+  const bound = await call('PUT', `/v1/jobs/${JOB}/model`, { upstreams: [{ baseUrl: upstream.url }], headers: { authorization: 'Bearer sk-bench-upstream' } });
+  if (bound.status !== 200) throw new Error(`binding failed: ${bound.status} ${JSON.stringify(bound.body)}`);
+  process.stderr.write('bundling the agent...\n');
+  const layer = await api(cluster, trainer, 'POST', '/v1/layers?name=bench-agent', new Uint8Array(await agentLayerTar(['loop-agent'], AGENTS_DIR)), { 'content-type': 'application/x-tar' });
+  if (layer.status !== 201) throw new Error(`agent layer refused: ${layer.status} ${JSON.stringify(layer.body)}`);
+  const hostAgent = path.join(scratch, 'loop-agent.mjs');
+  await bundleAgent(path.join(AGENTS_DIR, 'loop-agent.ts'), hostAgent);
+
+  /** What the agents said: each model call's time as the agent saw it. */
+  const agentTimes = (stdout: string, what: string): number[] => {
+    const last = stdout.trim().split('\n').at(-1) ?? '';
+    const times = (JSON.parse(last) as { modelMs: number[] }).modelMs;
+    if (times.length !== TURNS) throw new Error(`${what} made ${times.length} model calls, the script has ${TURNS}`);
+    return times;
+  };
+  /** The agent's task names its rollout: the upstream tells rollouts apart by it. */
+  const taskOf = (tag: string) => `rollout ${tag}: keep a log of the steps`;
+  const rolloutOfRequest = (body: Record<string, any>) => /^rollout (\S+):/.exec(String(body.messages?.[0]?.content ?? ''))?.[1];
+
+  /** The trainer arm's rollout: its task sandbox, the agent run here against the upstream directly, then the sandbox deleted. */
+  const trainerRollout = async (tag: string): Promise<number[]> => {
+    const created = await call('POST', '/v1/sandboxes', { resources: TASK_RESOURCES, labels: { rollout: tag } });
+    if (created.status !== 201) throw new Error(`create failed: ${created.status} ${JSON.stringify(created.body)}`);
+    const sandboxId = created.body.id as string;
+    try {
+      const env = { PATH: process.env.PATH ?? '', OPENAI_BASE_URL: upstream.url, OPENAI_API_KEY: 'sk-bench-upstream', ROLLBOX_URL: cluster.url, ROLLBOX_API_KEY: trainer, ROLLBOX_SANDBOX_ID: sandboxId, AGENT_TASK: taskOf(tag) };
+      const run = await runNode(hostAgent, env);
+      if (run.code !== 0) throw new Error(`trainer-run agent ${tag} exited ${run.code}: ${run.stderr.slice(-2000)}`);
+      return agentTimes(run.stdout, `trainer-run agent ${tag}`);
+    } finally {
+      await call('DELETE', `/v1/sandboxes/${sandboxId}`);
+    }
+  };
+  const trainerArm = async (tags: string[]): Promise<number[]> => {
+    const times: number[] = [];
+    let next = 0;
+    await Promise.all(
+      Array.from({ length: Math.min(CONCURRENCY, tags.length) }, async () => {
+        while (next < tags.length) times.push(...(await trainerRollout(tags[next++]!)));
+      }),
+    );
+    return times;
+  };
+
+  const hostedTask = (tag: string) => ({
+    customId: tag,
+    resources: TASK_RESOURCES,
+    agent: { image: { base: 'busybox', layers: [layer.body.digest] }, argv: ['/usr/bin/node', '/agent/loop-agent.mjs'], env: { AGENT_TASK: taskOf(tag) }, resources: { memoryMiB: 256 }, timeoutMs: 900_000 },
+    model: { job: JOB },
+  });
+  const submitHosted = async (tags: string[]): Promise<Batch> => {
+    // Latency class, as the trainer's own sandboxes: the arms differ in where the loop runs only.
+    const r = await call('POST', '/v1/batches', { tasks: tags.map(hostedTask), maxConcurrency: CONCURRENCY, maxAttempts: 1, class: 'latency' });
+    if (r.status !== 201) throw new Error(`batch refused: ${r.status} ${JSON.stringify(r.body)}`);
+    return r.body as Batch;
+  };
+  /** Every result line of a batch (long-polled), once all its tasks ended. */
+  const resultsOf = async (batch: Batch, count: number): Promise<BatchResultLine[]> => {
+    const lines: BatchResultLine[] = [];
+    let after = '';
+    for (const deadline = Date.now() + 30 * 60_000; lines.length < count; ) {
+      if (Date.now() > deadline) throw new Error(`batch ${batch.id}: ${lines.length} of ${count} results in 30 minutes`);
+      const r = await call('GET', `/v1/batches/${batch.id}/results?waitSeconds=30${after ? `&after=${after}` : ''}`);
+      if (r.status !== 200) throw new Error(`results of ${batch.id}: ${r.status}`);
+      const text = typeof r.body === 'string' ? r.body : JSON.stringify(r.body);
+      for (const row of text.split('\n')) if (row.trim()) lines.push(JSON.parse(row) as BatchResultLine);
+      after = String(r.headers['x-rollbox-cursor'] ?? after);
+    }
+    return lines;
+  };
+  const hostedTimes = (lines: BatchResultLine[]): number[] =>
+    lines.flatMap((line) => {
+      if (line.status !== 'succeeded' || line.rollout?.modelCalls !== TURNS) throw new Error(`hosted rollout ${line.customId} ended ${JSON.stringify(line).slice(0, 2000)}`);
+      return agentTimes(line.agent!.stdout, `hosted agent ${line.customId}`);
+    });
+  const hostedArm = async (tags: string[]): Promise<number[]> => {
+    const batch = await submitHosted(tags);
+    return hostedTimes(await resultsOf(batch, tags.length));
+  };
+
+  // Progress: the model calls the upstream answered.
+  let bar: ProgressBar | undefined;
+  upstream.onRequest = async () => bar?.tick();
+  const tagsOf = (prefix: string, count: number) => Array.from({ length: count }, (_, k) => `${prefix}${k}`);
+
+  process.stderr.write('warm-up (both arms)...\n');
+  await Promise.all([trainerArm(tagsOf('wt', WARMUP_ROLLOUTS)), hostedArm(tagsOf('wh', WARMUP_ROLLOUTS))]);
+
+  const half = Math.ceil(ROLLOUTS / 2);
+  const halves = [tagsOf('ta', half), tagsOf('tb', ROLLOUTS - half)];
+  const hostedHalves = [tagsOf('ha', half), tagsOf('hb', ROLLOUTS - half)];
+  const arms = { trainer: { times: [] as number[], wallMs: 0, rollouts: 0 }, hosted: { times: [] as number[], wallMs: 0, rollouts: 0 } };
+  const runArm = async (arm: 'trainer' | 'hosted', tags: string[]) => {
+    bar = progressBar(`${arm} arm (x${CONCURRENCY})`, { total: tags.length * TURNS });
+    const started = performance.now();
+    arms[arm].times.push(...(await (arm === 'trainer' ? trainerArm(tags) : hostedArm(tags))));
+    arms[arm].wallMs += performance.now() - started;
+    arms[arm].rollouts += tags.length;
+    bar.done();
+  };
+  await runArm('trainer', halves[0]!);
+  await runArm('hosted', hostedHalves[0]!);
+  await runArm('hosted', hostedHalves[1]!);
+  await runArm('trainer', halves[1]!);
+
+  // The outage: the upstream stopped mid-run for OUTAGE_MS, then back on the same port.
+  bar = progressBar(`outage run (x${CONCURRENCY})`, { total: OUTAGE_ROLLOUTS * TURNS });
+  const outageTags = tagsOf('o', OUTAGE_ROLLOUTS);
+  const sinceMs = Date.now();
+  const outageBatch = await submitHosted(outageTags);
+  const outageRequests = () => upstream.received.filter((r) => r.atMs >= sinceMs && rolloutOfRequest(r.body)?.startsWith('o'));
+  // Mid-run: the first wave (CONCURRENCY rollouts) all begun and about half their turns made.
+  const waveStarted = Math.min(CONCURRENCY, OUTAGE_ROLLOUTS);
+  await waitFor('the outage run halfway through its first wave', async () => new Set(outageRequests().map((r) => rolloutOfRequest(r.body))).size >= waveStarted && outageRequests().length >= (waveStarted * TURNS) / 2, 600_000);
+  await upstream.stop();
+  const seen = outageRequests();
+  const finished = new Set(seen.filter((r) => r.turn === TURNS - 1).map((r) => rolloutOfRequest(r.body)));
+  const running = [...new Set(seen.map((r) => rolloutOfRequest(r.body)!))].filter((tag) => !finished.has(tag));
+  process.stderr.write(`\nupstream stopped for ${OUTAGE_MS / 1000} s with ${running.length} rollouts running...\n`);
+  await new Promise((r) => setTimeout(r, OUTAGE_MS));
+  await upstream.restart();
+  const backAtMs = Date.now();
+  const movingAgainMs = await waitFor(
+    'every running rollout moving again',
+    async () => {
+      const firstAfter = new Map<string, number>();
+      for (const r of upstream.received) {
+        const tag = rolloutOfRequest(r.body);
+        if (r.atMs >= backAtMs && tag && !firstAfter.has(tag)) firstAfter.set(tag, r.atMs - backAtMs);
+      }
+      return running.every((tag) => firstAfter.has(tag)) && running.map((tag) => firstAfter.get(tag)!);
+    },
+    120_000,
+  );
+  const outageLines = await resultsOf(outageBatch, OUTAGE_ROLLOUTS);
+  hostedTimes(outageLines);
+  bar.done();
+  // Each turn of each rollout was recorded once, however its held call was retried.
+  const recordedTurns = outageLines.map((line) => line.rollout!.modelCalls);
+
+  const t = summarize(arms.trainer.times);
+  const h = summarize(arms.hosted.times);
+  const m = summarize(movingAgainMs);
+  const round = (x: number, places = 2) => Math.round(x * 10 ** places) / 10 ** places;
+  const rate = (arm: { wallMs: number; rollouts: number }) => arm.rollouts / (arm.wallMs / 1000);
+  console.log(
+    JSON.stringify({
+      bench: 'rollouts-hosted',
+      rollouts: ROLLOUTS,
+      turns: TURNS,
+      concurrency: CONCURRENCY,
+      modelMs: MODEL_MS,
+      workers: 2,
+      /** Time the gateway adds to a model call, as the agent sees it: the hosted arm's percentile less the trainer arm's (the upstream called directly). */
+      addedP50Ms: round(h.p50Ms - t.p50Ms),
+      addedP99Ms: round(h.p99Ms - t.p99Ms),
+      modelCallHostedP50Ms: h.p50Ms,
+      modelCallHostedP99Ms: h.p99Ms,
+      modelCallDirectP50Ms: t.p50Ms,
+      modelCallDirectP99Ms: t.p99Ms,
+      modelCalls: h.n + t.n,
+      hostedRolloutsPerSecond: round(rate(arms.hosted), 3),
+      trainerRolloutsPerSecond: round(rate(arms.trainer), 3),
+      /** Hosted throughput over the trainer's, the same agent loop, in the same run. */
+      throughputRatio: round(rate(arms.hosted) / rate(arms.trainer), 3),
+      outage: {
+        stoppedSeconds: OUTAGE_MS / 1000,
+        rollouts: OUTAGE_ROLLOUTS,
+        runningWhenStopped: running.length,
+        /** From the upstream's return until each rollout running at the stop had a model call up again (max: every rollout moving). */
+        movingAgainMaxMs: round(Math.max(...movingAgainMs), 0),
+        movingAgainP50Ms: m.p50Ms,
+        /** Every rollout of the outage run ended with exactly TURNS recorded calls. */
+        everyTurnRecordedOnce: recordedTurns.every((n) => n === TURNS),
+      },
+      loadAverage: round(os.loadavg()[0]!, 1),
+      targets: { addedP50Ms: 2, throughputRatio: 0.95, movingAgainMaxMs: 2000 },
+    }),
+  );
+} finally {
+  upstream.onRequest = undefined;
+  await upstream.stop();
+  await cluster.stop();
+  await fs.rm(scratch, { recursive: true, force: true });
+}
+
+/** Runs a node script to its exit, with its output (a hung agent is killed after 15 minutes). */
+function runNode(file: string, env: Record<string, string>): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, [file], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (d: Buffer) => void (stdout += d.toString()));
+    child.stderr.on('data', (d: Buffer) => void (stderr += d.toString()));
+    const timer = setTimeout(() => child.kill('SIGKILL'), 15 * 60_000);
+    child.once('error', reject);
+    child.once('close', (code) => {
+      clearTimeout(timer);
+      resolve({ code, stdout, stderr });
+    });
+  });
+}
