@@ -5,13 +5,15 @@
  * model calls each, CONCURRENCY at once, against a scripted upstream on loopback that answers
  * every call after MODEL_MS (200 ms):
  * - trainer arm: the trainer creates the task sandbox (HTTP API) and runs the agent itself,
- *   on the host, calling the upstream directly (what `bench:rollouts` drives, plus the model);
+ *   on the host (what `bench:rollouts` drives, plus the model), every other rollout calling
+ *   the upstream directly, the others through the gateway (a rollout key of their own);
  * - hosted arm: the same agent in an agent sandbox beside its task sandbox, submitted as a
- *   batch of rollouts, its model calls through the gateway (recorded, held when needed).
+ *   batch of rollouts, its model calls through the worker host's relay and the gateway.
  * The arms run in halves, trainer-hosted-hosted-trainer, after a warm-up of each, so both see
  * the same machine. Reported: each model call's time as its agent saw it (p50, p99; the
- * gateway's added time is the hosted arm's less the trainer arm's), rollouts per second of
- * each arm and their ratio, and then an outage: a hosted batch whose upstream is stopped for
+ * gateway's added time: the trainer-run agents' calls through it less their direct calls;
+ * hosting's: the hosted agents' less the direct calls), rollouts per second of each arm and
+ * their ratio, and then an outage: a hosted batch whose upstream is stopped for
  * OUTAGE_SECONDS (60) mid-run, and the time from its return until every rollout that was
  * running has a model call up again. Progress on stderr, one JSON line last.
  *
@@ -24,7 +26,9 @@ import os from 'node:os';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
-import type { Batch, BatchResultLine } from '../src/api/index.ts';
+import { Redis } from 'ioredis';
+import type { Batch, BatchResultLine, Trajectory } from '../src/api/index.ts';
+import { RolloutKeyStore } from '../src/iam/index.ts';
 import { progressBar, summarize, type ProgressBar } from '../src/report/index.ts';
 import { agentLayerTar, bundleAgent } from '../test/support/agent-layer.ts';
 import { api, startTestCluster, waitFor } from '../test/support/cluster.ts';
@@ -59,6 +63,7 @@ const SCRIPT: ScriptTurn[] = Array.from({ length: TURNS }, (_, i) =>
 );
 
 const cluster = await startTestCluster({ env: { ROLLBOX_HEARTBEAT_MS: '1000', ROLLBOX_NODE_LOST_AFTER_MS: '5000' } });
+const redis = new Redis(cluster.redisUrl);
 const upstream = await ScriptedUpstream.start({ script: SCRIPT });
 upstream.delayMs = MODEL_MS;
 const scratch = await fs.mkdtemp(path.join(os.tmpdir(), 'rollbox-bench-hosted-'));
@@ -68,6 +73,7 @@ try {
   const trainer = await cluster.token('bench', ['sandbox:create', 'sandbox:delete', 'sandbox:exec', 'rollout:submit', 'batch:submit', 'layer:write', 'admin']);
   await waitFor('both worker hosts', async () => (await api(cluster, trainer, 'GET', '/v1/nodes')).body.nodes?.length === 2, 90_000);
   const call = jsonClient(cluster.url, trainer);
+  const keys = new RolloutKeyStore(redis);
   const bound = await call('PUT', `/v1/jobs/${JOB}/model`, { upstreams: [{ baseUrl: upstream.url }], headers: { authorization: 'Bearer sk-bench-upstream' } });
   if (bound.status !== 200) throw new Error(`binding failed: ${bound.status} ${JSON.stringify(bound.body)}`);
   process.stderr.write('bundling the agent...\n');
@@ -87,13 +93,23 @@ try {
   const taskOf = (tag: string) => `rollout ${tag}: keep a log of the steps`;
   const rolloutOfRequest = (body: Record<string, any>) => /^rollout (\S+):/.exec(String(body.messages?.[0]?.content ?? ''))?.[1];
 
-  /** The trainer arm's rollout: its task sandbox, the agent run here against the upstream directly, then the sandbox deleted. */
-  const trainerRollout = async (tag: string): Promise<number[]> => {
+  /**
+   * The trainer arm's rollout: its task sandbox, the agent run here, then the sandbox deleted.
+   * Its model calls go to the upstream directly, or (`viaGateway`, every other rollout) through
+   * the gateway under a rollout key of its own: the same agent process on the same host, so
+   * the difference is the gateway's alone (the hosted arm adds the sandbox's network and the
+   * worker host's relay, and runs the agent in a cgroup).
+   */
+  const trainerRollout = async (tag: string, viaGateway: boolean): Promise<number[]> => {
     const created = await call('POST', '/v1/sandboxes', { resources: TASK_RESOURCES, labels: { rollout: tag } });
     if (created.status !== 201) throw new Error(`create failed: ${created.status} ${JSON.stringify(created.body)}`);
     const sandboxId = created.body.id as string;
     try {
-      const env = { PATH: process.env.PATH ?? '', OPENAI_BASE_URL: upstream.url, OPENAI_API_KEY: 'sk-bench-upstream', ROLLBOX_URL: cluster.url, ROLLBOX_API_KEY: trainer, ROLLBOX_SANDBOX_ID: sandboxId, AGENT_TASK: taskOf(tag) };
+      const rolloutId = `trainer-${tag}`;
+      const model = viaGateway
+        ? { OPENAI_BASE_URL: `${cluster.url}/v1/rollouts/${rolloutId}/model/v1`, OPENAI_API_KEY: await keys.issue({ tenant: 'bench', rolloutId, job: JOB, ttlSeconds: 3600 }) }
+        : { OPENAI_BASE_URL: upstream.url, OPENAI_API_KEY: 'sk-bench-upstream' };
+      const env = { PATH: process.env.PATH ?? '', ...model, ROLLBOX_URL: cluster.url, ROLLBOX_API_KEY: trainer, ROLLBOX_SANDBOX_ID: sandboxId, AGENT_TASK: taskOf(tag) };
       const run = await runNode(hostAgent, env);
       if (run.code !== 0) throw new Error(`trainer-run agent ${tag} exited ${run.code}: ${run.stderr.slice(-2000)}`);
       return agentTimes(run.stdout, `trainer-run agent ${tag}`);
@@ -101,12 +117,16 @@ try {
       await call('DELETE', `/v1/sandboxes/${sandboxId}`);
     }
   };
-  const trainerArm = async (tags: string[]): Promise<number[]> => {
-    const times: number[] = [];
+  /** Model call times of the trainer arm: direct to the upstream, and through the gateway. */
+  const trainerArm = async (tags: string[]): Promise<{ direct: number[]; gateway: number[] }> => {
+    const times = { direct: [] as number[], gateway: [] as number[] };
     let next = 0;
     await Promise.all(
       Array.from({ length: Math.min(CONCURRENCY, tags.length) }, async () => {
-        while (next < tags.length) times.push(...(await trainerRollout(tags[next++]!)));
+        while (next < tags.length) {
+          const k = next++;
+          times[k % 2 ? 'gateway' : 'direct'].push(...(await trainerRollout(tags[k]!, k % 2 === 1)));
+        }
       }),
     );
     return times;
@@ -143,9 +163,18 @@ try {
       if (line.status !== 'succeeded' || line.rollout?.modelCalls !== TURNS) throw new Error(`hosted rollout ${line.customId} ended ${JSON.stringify(line).slice(0, 2000)}`);
       return agentTimes(line.agent!.stdout, `hosted agent ${line.customId}`);
     });
-  const hostedArm = async (tags: string[]): Promise<number[]> => {
+  /** Of each recorded call, the gateway's own part: from its arrival to its record, less the upstream's time (and any hold). */
+  const gatewayOwnMs: number[] = [];
+  const hostedArm = async (tags: string[], measured = true): Promise<number[]> => {
     const batch = await submitHosted(tags);
-    return hostedTimes(await resultsOf(batch, tags.length));
+    const lines = await resultsOf(batch, tags.length);
+    if (measured) {
+      for (const line of lines) {
+        const trajectory = await call('GET', `/v1/rollouts/${line.rollout!.id}/trajectory`);
+        for (const entry of (trajectory.body as Trajectory).entries) if (entry.kind === 'model_call') gatewayOwnMs.push(Date.parse(entry.call.endedAt) - Date.parse(entry.call.receivedAt) - entry.call.upstreamMs - entry.call.heldMs);
+      }
+    }
+    return hostedTimes(lines);
   };
 
   // Progress: the model calls the upstream answered.
@@ -154,16 +183,22 @@ try {
   const tagsOf = (prefix: string, count: number) => Array.from({ length: count }, (_, k) => `${prefix}${k}`);
 
   process.stderr.write('warm-up (both arms)...\n');
-  await Promise.all([trainerArm(tagsOf('wt', WARMUP_ROLLOUTS)), hostedArm(tagsOf('wh', WARMUP_ROLLOUTS))]);
+  await Promise.all([trainerArm(tagsOf('wt', WARMUP_ROLLOUTS)), hostedArm(tagsOf('wh', WARMUP_ROLLOUTS), false)]);
 
   const half = Math.ceil(ROLLOUTS / 2);
   const halves = [tagsOf('ta', half), tagsOf('tb', ROLLOUTS - half)];
   const hostedHalves = [tagsOf('ha', half), tagsOf('hb', ROLLOUTS - half)];
-  const arms = { trainer: { times: [] as number[], wallMs: 0, rollouts: 0 }, hosted: { times: [] as number[], wallMs: 0, rollouts: 0 } };
+  const arms = { trainer: { wallMs: 0, rollouts: 0 }, hosted: { wallMs: 0, rollouts: 0 } };
+  const callMs = { direct: [] as number[], gateway: [] as number[], hosted: [] as number[] };
   const runArm = async (arm: 'trainer' | 'hosted', tags: string[]) => {
     bar = progressBar(`${arm} arm (x${CONCURRENCY})`, { total: tags.length * TURNS });
     const started = performance.now();
-    arms[arm].times.push(...(await (arm === 'trainer' ? trainerArm(tags) : hostedArm(tags))));
+    if (arm === 'hosted') callMs.hosted.push(...(await hostedArm(tags)));
+    else {
+      const times = await trainerArm(tags);
+      callMs.direct.push(...times.direct);
+      callMs.gateway.push(...times.gateway);
+    }
     arms[arm].wallMs += performance.now() - started;
     arms[arm].rollouts += tags.length;
     bar.done();
@@ -208,8 +243,7 @@ try {
   // Each turn of each rollout was recorded once, however its held call was retried.
   const recordedTurns = outageLines.map((line) => line.rollout!.modelCalls);
 
-  const t = summarize(arms.trainer.times);
-  const h = summarize(arms.hosted.times);
+  const [d, g, h] = [summarize(callMs.direct), summarize(callMs.gateway), summarize(callMs.hosted)];
   const m = summarize(movingAgainMs);
   const round = (x: number, places = 2) => Math.round(x * 10 ** places) / 10 ** places;
   const rate = (arm: { wallMs: number; rollouts: number }) => arm.rollouts / (arm.wallMs / 1000);
@@ -221,17 +255,25 @@ try {
       concurrency: CONCURRENCY,
       modelMs: MODEL_MS,
       workers: 2,
-      /** Time the gateway adds to a model call, as the agent sees it: the hosted arm's percentile less the trainer arm's (the upstream called directly). */
-      addedP50Ms: round(h.p50Ms - t.p50Ms),
-      addedP99Ms: round(h.p99Ms - t.p99Ms),
+      /** Time the gateway adds to a model call, as the agent sees it: the trainer-run agent's calls through the gateway less its calls to the upstream directly (the same host, interleaved rollouts). */
+      addedP50Ms: round(g.p50Ms - d.p50Ms),
+      addedP99Ms: round(g.p99Ms - d.p99Ms),
+      /** The same for a hosted agent (in its sandbox, through the worker host's relay) against the direct calls: hosting's whole cost per call on this machine. */
+      hostedAddedP50Ms: round(h.p50Ms - d.p50Ms),
+      hostedAddedP99Ms: round(h.p99Ms - d.p99Ms),
+      modelCallDirectP50Ms: d.p50Ms,
+      modelCallDirectP99Ms: d.p99Ms,
+      modelCallGatewayP50Ms: g.p50Ms,
+      modelCallGatewayP99Ms: g.p99Ms,
       modelCallHostedP50Ms: h.p50Ms,
       modelCallHostedP99Ms: h.p99Ms,
-      modelCallDirectP50Ms: t.p50Ms,
-      modelCallDirectP99Ms: t.p99Ms,
-      modelCalls: h.n + t.n,
+      modelCalls: d.n + g.n + h.n,
+      /** The gateway's own part of a call (arrival to durable record, less upstream time), from the records (ms resolution): the rest of the added time is the hops (sandbox network, worker host relay, HTTP). */
+      gatewayOwnP50Ms: summarize(gatewayOwnMs).p50Ms,
+      gatewayOwnP99Ms: summarize(gatewayOwnMs).p99Ms,
       hostedRolloutsPerSecond: round(rate(arms.hosted), 3),
       trainerRolloutsPerSecond: round(rate(arms.trainer), 3),
-      /** Hosted throughput over the trainer's, the same agent loop, in the same run. */
+      /** Hosted throughput over the trainer's, the same agent loop, in the same run (half the trainer arm's rollouts call the model through the gateway). */
       throughputRatio: round(rate(arms.hosted) / rate(arms.trainer), 3),
       outage: {
         stoppedSeconds: OUTAGE_MS / 1000,
@@ -249,6 +291,7 @@ try {
   );
 } finally {
   upstream.onRequest = undefined;
+  redis.disconnect();
   await upstream.stop();
   await cluster.stop();
   await fs.rm(scratch, { recursive: true, force: true });
