@@ -69,10 +69,14 @@ upstream.delayMs = MODEL_MS;
 const scratch = await fs.mkdtemp(path.join(os.tmpdir(), 'rollbox-bench-hosted-'));
 process.once('SIGINT', () => void Promise.all([upstream.stop(), cluster.stop(), fs.rm(scratch, { recursive: true, force: true })]).finally(() => process.exit(130)));
 try {
-  for (const nodeId of ['bench-a', 'bench-b']) await cluster.spawnWorker({ nodeId });
+  // The gateway in its own process, as deployed (this process holds the trainer and the
+  // upstream): every request of the bench and of the agents goes to it; the worker hosts
+  // relay the agent sandboxes to it.
+  const gateway = await cluster.spawnGateway({ name: 'bench-gw' });
+  for (const nodeId of ['bench-a', 'bench-b']) await cluster.spawnWorker({ nodeId, env: { ROLLBOX_SANDBOX_GATEWAY_URL: gateway.url } });
   const trainer = await cluster.token('bench', ['sandbox:create', 'sandbox:delete', 'sandbox:exec', 'rollout:submit', 'batch:submit', 'layer:write', 'admin']);
   await waitFor('both worker hosts', async () => (await api(cluster, trainer, 'GET', '/v1/nodes')).body.nodes?.length === 2, 90_000);
-  const call = jsonClient(cluster.url, trainer);
+  const call = jsonClient(gateway.url, trainer);
   const keys = new RolloutKeyStore(redis);
   const bound = await call('PUT', `/v1/jobs/${JOB}/model`, { upstreams: [{ baseUrl: upstream.url }], headers: { authorization: 'Bearer sk-bench-upstream' } });
   if (bound.status !== 200) throw new Error(`binding failed: ${bound.status} ${JSON.stringify(bound.body)}`);
@@ -107,9 +111,9 @@ try {
     try {
       const rolloutId = `trainer-${tag}`;
       const model = viaGateway
-        ? { OPENAI_BASE_URL: `${cluster.url}/v1/rollouts/${rolloutId}/model/v1`, OPENAI_API_KEY: await keys.issue({ tenant: 'bench', rolloutId, job: JOB, ttlSeconds: 3600 }) }
+        ? { OPENAI_BASE_URL: `${gateway.url}/v1/rollouts/${rolloutId}/model/v1`, OPENAI_API_KEY: await keys.issue({ tenant: 'bench', rolloutId, job: JOB, ttlSeconds: 3600 }) }
         : { OPENAI_BASE_URL: upstream.url, OPENAI_API_KEY: 'sk-bench-upstream' };
-      const env = { PATH: process.env.PATH ?? '', ...model, ROLLBOX_URL: cluster.url, ROLLBOX_API_KEY: trainer, ROLLBOX_SANDBOX_ID: sandboxId, AGENT_TASK: taskOf(tag) };
+      const env = { PATH: process.env.PATH ?? '', ...model, ROLLBOX_URL: gateway.url, ROLLBOX_API_KEY: trainer, ROLLBOX_SANDBOX_ID: sandboxId, AGENT_TASK: taskOf(tag) };
       const run = await runNode(hostAgent, env);
       if (run.code !== 0) throw new Error(`trainer-run agent ${tag} exited ${run.code}: ${run.stderr.slice(-2000)}`);
       return agentTimes(run.stdout, `trainer-run agent ${tag}`);
