@@ -62,7 +62,9 @@ const SCRIPT: ScriptTurn[] = Array.from({ length: TURNS }, (_, i) =>
   i < TURNS - 1 ? { text: `Step ${i + 1}.`, toolCalls: [{ name: 'bash', arguments: { cmd: `cd /root && echo "step ${i + 1}" >> work.log && wc -l < work.log` } }] } : { text: 'Done.' },
 );
 
-const cluster = await startTestCluster({ env: { ROLLBOX_HEARTBEAT_MS: '1000', ROLLBOX_NODE_LOST_AFTER_MS: '5000' } });
+// A deployment's heartbeat and silences (the test defaults declare a host lost after 1.5 s,
+// which a loaded 2-core machine reaches mid-run and which fails that host's rollouts).
+const cluster = await startTestCluster({ env: { ROLLBOX_HEARTBEAT_MS: '1000', ROLLBOX_NODE_STALE_AFTER_MS: '5000', ROLLBOX_NODE_LOST_AFTER_MS: '30000' } });
 const redis = new Redis(cluster.redisUrl);
 const upstream = await ScriptedUpstream.start({ script: SCRIPT });
 upstream.delayMs = MODEL_MS;
