@@ -66,6 +66,7 @@ const SCRIPT: ScriptTurn[] = Array.from({ length: TURNS }, (_, i) =>
 // which a loaded 2-core machine reaches mid-run and which fails that host's rollouts).
 const cluster = await startTestCluster({ env: { ROLLBOX_HEARTBEAT_MS: '1000', ROLLBOX_NODE_STALE_AFTER_MS: '5000', ROLLBOX_NODE_LOST_AFTER_MS: '30000' } });
 const redis = new Redis(cluster.redisUrl);
+let ending = false;
 const upstream = await ScriptedUpstream.start({ script: SCRIPT });
 upstream.delayMs = MODEL_MS;
 const scratch = await fs.mkdtemp(path.join(os.tmpdir(), 'rollbox-bench-hosted-'));
@@ -75,6 +76,7 @@ try {
   // upstream): every request of the bench and of the agents goes to it; the worker hosts
   // relay the agent sandboxes to it.
   const gateway = await cluster.spawnGateway({ name: 'bench-gw' });
+  gateway.child.once('exit', (code, signal) => void (ending || process.stderr.write(`\nthe gateway process exited (${code ?? signal}) mid-run\n`)));
   for (const nodeId of ['bench-a', 'bench-b']) await cluster.spawnWorker({ nodeId, env: { ROLLBOX_SANDBOX_GATEWAY_URL: gateway.url } });
   const trainer = await cluster.token('bench', ['sandbox:create', 'sandbox:delete', 'sandbox:exec', 'rollout:submit', 'batch:submit', 'layer:write', 'admin']);
   await waitFor('both worker hosts', async () => (await api(cluster, trainer, 'GET', '/v1/nodes')).body.nodes?.length === 2, 90_000);
@@ -88,6 +90,8 @@ try {
   const hostAgent = path.join(scratch, 'loop-agent.mjs');
   await bundleAgent(path.join(AGENTS_DIR, 'loop-agent.ts'), hostAgent);
 
+  /** Each agent process's run, start to exit (where a rollout's time goes beside its sandboxes' creates). */
+  const agentMs = { trainer: [] as number[], hosted: [] as number[] };
   /** What the agents said: each model call's time as the agent saw it. */
   const agentTimes = (stdout: string, what: string): number[] => {
     const last = stdout.trim().split('\n').at(-1) ?? '';
@@ -116,7 +120,9 @@ try {
         ? { OPENAI_BASE_URL: `${gateway.url}/v1/rollouts/${rolloutId}/model/v1`, OPENAI_API_KEY: await keys.issue({ tenant: 'bench', rolloutId, job: JOB, ttlSeconds: 3600 }) }
         : { OPENAI_BASE_URL: upstream.url, OPENAI_API_KEY: 'sk-bench-upstream' };
       const env = { PATH: process.env.PATH ?? '', ...model, ROLLBOX_URL: gateway.url, ROLLBOX_API_KEY: trainer, ROLLBOX_SANDBOX_ID: sandboxId, AGENT_TASK: taskOf(tag) };
+      const started = performance.now();
       const run = await runNode(hostAgent, env);
+      agentMs.trainer.push(performance.now() - started);
       if (run.code !== 0) throw new Error(`trainer-run agent ${tag} exited ${run.code}: ${run.stderr.slice(-2000)}`);
       return agentTimes(run.stdout, `trainer-run agent ${tag}`);
     } finally {
@@ -167,6 +173,7 @@ try {
   const hostedTimes = (lines: BatchResultLine[]): number[] =>
     lines.flatMap((line) => {
       if (line.status !== 'succeeded' || line.rollout?.modelCalls !== TURNS) throw new Error(`hosted rollout ${line.customId} ended ${JSON.stringify(line).slice(0, 2000)}`);
+      agentMs.hosted.push(line.agent!.durationMs);
       return agentTimes(line.agent!.stdout, `hosted agent ${line.customId}`);
     });
   /** Of each recorded call, the gateway's own part: from its arrival to its record, less the upstream's time (and any hold). */
@@ -190,6 +197,7 @@ try {
 
   process.stderr.write('warm-up (both arms)...\n');
   await Promise.all([trainerArm(tagsOf('wt', WARMUP_ROLLOUTS)), hostedArm(tagsOf('wh', WARMUP_ROLLOUTS), false)]);
+  agentMs.trainer.length = agentMs.hosted.length = 0;
 
   const half = Math.ceil(ROLLOUTS / 2);
   const halves = [tagsOf('ta', half), tagsOf('tb', ROLLOUTS - half)];
@@ -213,6 +221,8 @@ try {
   await runArm('hosted', hostedHalves[0]!);
   await runArm('hosted', hostedHalves[1]!);
   await runArm('trainer', halves[1]!);
+
+  const agentRunP50Seconds = { trainer: summarize(agentMs.trainer).p50Ms / 1000, hosted: summarize(agentMs.hosted).p50Ms / 1000 };
 
   // The outage: the upstream stopped mid-run for OUTAGE_MS, then back on the same port.
   bar = progressBar(`outage run (x${CONCURRENCY})`, { total: OUTAGE_ROLLOUTS * TURNS });
@@ -281,6 +291,8 @@ try {
       trainerRolloutsPerSecond: round(rate(arms.trainer), 3),
       /** Hosted throughput over the trainer's, the same agent loop, in the same run (half the trainer arm's rollouts call the model through the gateway). */
       throughputRatio: round(rate(arms.hosted) / rate(arms.trainer), 3),
+      /** An agent's run, start to exit, p50 (the rest of a rollout is its sandboxes' creates and deletes, and for a hosted one its batch's scheduling). */
+      agentRunP50Seconds: { trainer: round(agentRunP50Seconds.trainer), hosted: round(agentRunP50Seconds.hosted) },
       outage: {
         stoppedSeconds: OUTAGE_MS / 1000,
         rollouts: OUTAGE_ROLLOUTS,
@@ -296,6 +308,7 @@ try {
     }),
   );
 } finally {
+  ending = true;
   upstream.onRequest = undefined;
   redis.disconnect();
   await upstream.stop();
