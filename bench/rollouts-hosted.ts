@@ -18,7 +18,9 @@
  * running has a model call up again. Progress on stderr, one JSON line last.
  *
  * Flags: --rollouts 64 --turns 20 --concurrency 8 --model-ms 200 --outage-seconds 60
- * --outage-rollouts 16 (a quick run: --rollouts 16 --turns 5 --outage-seconds 3).
+ * --outage-rollouts 16 (a quick run: --rollouts 8 --turns 5 --concurrency 4 --outage-seconds 3
+ * --outage-rollouts 4). Any rollout that does not end `succeeded` with exactly TURNS recorded
+ * model calls (the outage's held calls included) fails the run.
  */
 import { spawn } from 'node:child_process';
 import fs from 'node:fs/promises';
@@ -253,11 +255,9 @@ try {
     },
     120_000,
   );
-  const outageLines = await resultsOf(outageBatch, OUTAGE_ROLLOUTS);
-  hostedTimes(outageLines);
+  // Each turn of each rollout recorded once, however its held call was retried (checked there).
+  hostedTimes(await resultsOf(outageBatch, OUTAGE_ROLLOUTS));
   bar.done();
-  // Each turn of each rollout was recorded once, however its held call was retried.
-  const recordedTurns = outageLines.map((line) => line.rollout!.modelCalls);
 
   const [d, g, h] = [summarize(callMs.direct), summarize(callMs.gateway), summarize(callMs.hosted)];
   const m = summarize(movingAgainMs);
@@ -300,8 +300,6 @@ try {
         /** From the upstream's return until each rollout running at the stop had a model call up again (max: every rollout moving). */
         movingAgainMaxMs: round(Math.max(...movingAgainMs), 0),
         movingAgainP50Ms: m.p50Ms,
-        /** Every rollout of the outage run ended with exactly TURNS recorded calls. */
-        everyTurnRecordedOnce: recordedTurns.every((n) => n === TURNS),
       },
       loadAverage: round(os.loadavg()[0]!, 1),
       targets: { addedP50Ms: 2, throughputRatio: 0.95, movingAgainMaxMs: 2000 },
