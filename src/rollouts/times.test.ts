@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { ROLLOUT_TIME_PARTS } from '../api/index.ts';
+import { rolloutEndOf } from './job-times.ts';
 import { rolloutTimes } from './times.ts';
 
 const T0 = Date.UTC(2026, 0, 1);
@@ -37,5 +38,18 @@ describe('rollout times', () => {
     expect(rolloutTimes({ window: { fromMs: T0, toMs: T0 + 50 }, envWaits: [], calls: [], commands: [] })).toEqual({ modelUpstream: 0, modelHeld: 0, tool: 0, envWait: 0, agent: 50, total: 50 });
     const held = rolloutTimes({ window: { fromMs: T0, toMs: T0 + 5000 }, envWaits: [], calls: [call(0, 5000, 4200.4)], commands: [] });
     expect(held).toMatchObject({ modelHeld: 4200, modelUpstream: 800, agent: 0 });
+  });
+});
+
+describe('how a rollout ended', () => {
+  it('is its task status, except a failure after a model limit, which is the limit', () => {
+    const rollout = { id: 'r', modelCalls: 1, tokens: 0 };
+    expect(rolloutEndOf({ status: 'succeeded', rollout })).toBe('succeeded');
+    expect(rolloutEndOf({ status: 'failed', rollout })).toBe('failed');
+    expect(rolloutEndOf({ status: 'failed', rollout: { ...rollout, hit: 'max_model_calls' } })).toBe('limit');
+    expect(rolloutEndOf({ status: 'timeout', rollout: { ...rollout, hit: 'wall_time' } })).toBe('limit');
+    // An agent that got past a refused call and still succeeded succeeded.
+    expect(rolloutEndOf({ status: 'succeeded', rollout: { ...rollout, hit: 'max_tokens' } })).toBe('succeeded');
+    expect(rolloutEndOf({ status: 'cancelled' })).toBe('cancelled');
   });
 });
