@@ -1,7 +1,9 @@
 import net from 'node:net';
+import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ROLLOUT_TIME_PARTS, type Batch, type BatchResultLine, type JobRolloutTimes, type ModelCallRecord, type Rollout, type RolloutTimesMs, type Trajectory } from '../src/api/index.ts';
 import { agentLayerTar } from './support/agent-layer.ts';
+import { RollboxClient, RolloutsClient } from '../src/client/index.ts';
 import { launchChromium, type Chromium } from './support/cdp.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { chatTurn, messagesTurn } from './support/model-script.ts';
@@ -23,6 +25,7 @@ const HOLD_ENV = { ROLLBOX_MODEL_KEEPALIVE_MS: '300', ROLLBOX_MODEL_EARLY_HEADER
 const AGENT_SDK_TIMEOUT_MS = 2500;
 /** The upstream's delay before each answer in the SDK tests: the model's part of a rollout is at least this per call. */
 const UPSTREAM_DELAY_MS = 200;
+const SCREENSHOT = path.join(import.meta.dirname, 'artifacts', 'console-rollout-times.png');
 let cluster: TestCluster;
 let upstream: ScriptedUpstream;
 let trainer: string;
@@ -235,10 +238,10 @@ describe('hosted rollouts', () => {
     const expected = { ...Object.fromEntries(['succeeded', 'failed', 'timeout', 'limit', 'cancelled', 'infra_error'].map((k) => [k, 0])), succeeded: endedLines.length - 1, limit: 1 };
     const sums = Object.fromEntries([...ROLLOUT_TIME_PARTS, 'total'].map((part) => [part, endedLines.reduce((sum, l) => sum + l.rollout!.timesMs![part as keyof RolloutTimesMs], 0)]));
     // The job's counters are written as the result is recorded: they catch up within moments.
-    const read = async () => (await api<JobRolloutTimes>(cluster, trainer, 'GET', '/v1/jobs/job-ro/rollout-times')).body;
+    const client = new RolloutsClient(new RollboxClient({ baseUrl: cluster.url, token: trainer }));
     const job = await waitFor('the job\'s counters', async () => {
-      const j = await read();
-      return j.timed === endedLines.length ? j : undefined;
+      const j = await client.jobRolloutTimes('job-ro');
+      return j.timed >= endedLines.length ? j : undefined;
     });
     expect(job).toEqual({ job: 'job-ro', ended: expected, completionRate: (endedLines.length - 1) / endedLines.length, timed: endedLines.length, timesMs: sums });
     // Another tenant's job of the same name is its own (empty).
@@ -275,6 +278,8 @@ describe('hosted rollouts', () => {
     expect(shown.text).toContain(`${expected.succeeded} of ${endedLines.length} (1 limit)`);
     expect(shown.text).not.toMatch(/undefined|NaN/);
     expect(page.exceptions).toEqual([]);
+    await page.evaluate(`document.getElementById('rollouts-section').scrollIntoView()`);
+    expect((await page.screenshot(SCREENSHOT)).subarray(1, 4).toString()).toBe('PNG');
   }, 180_000);
 
   it('refuses a rollout without an agent, an agent without a model, and a batch:submit token alone', async () => {
