@@ -145,13 +145,13 @@ def test_ndjson_submit_streams_a_generator(stack, client):
     try:
         with Rollbox(relay.url, stack["tokens"]["user"]) as via_relay:
             batch = via_relay.batches.submit(tasks(), max_concurrency=8, max_attempts=2, completion_window_seconds=600,
-                                             sandbox_class="besteffort", metadata={"run": marker})
+                                             sandbox_class="latency", metadata={"run": marker})
     finally:
         relay.close()
     assert sent_before_the_end[0] >= 64 * 1024 and relay.sent_up > sent_before_the_end[0]
     assert b"transfer-encoding: chunked" in relay.head.lower() and b"content-type: application/x-ndjson" in relay.head.lower()
     assert batch.state == "in_progress" and batch.counts["total"] == 16
-    assert batch.options == {"maxConcurrency": 8, "maxAttempts": 2, "completionWindowSeconds": 600, "class": "besteffort", "metadata": {"run": marker}}
+    assert batch.options == {"maxConcurrency": 8, "maxAttempts": 2, "completionWindowSeconds": 600, "class": "latency", "metadata": {"run": marker}}
     lines = list(client.batches.results(batch.id))
     assert_once_each(lines, 16)
     assert {l.custom_id: (l.status, l.steps[0].stdout) for l in lines} == {f"t{i}": ("succeeded", f"{i}\ns\n16384\n") for i in range(16)}
