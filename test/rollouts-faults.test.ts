@@ -68,7 +68,7 @@ beforeAll(async () => {
   // The worker host relays its agent sandboxes to both, gw-a first.
   workerEnv = { ROLLBOX_SANDBOX_GATEWAY_URL: gateways.map((g) => g.url).join(',') };
   await startWorker();
-  token = await cluster.token('team-faults', ['rollout:submit', 'batch:submit', 'layer:write']);
+  token = await cluster.token('team-faults', ['rollout:submit', 'batch:submit', 'layer:write', 'sandbox:read']);
   expect((await api(cluster, token, 'PUT', `/v1/jobs/${JOB}/model`, { upstreams: [{ baseUrl: upstream.url }] })).status).toBe(200);
   const layer = await api(cluster, token, 'POST', '/v1/layers?name=fault-agents', new Uint8Array(await layerTar), { 'content-type': 'application/x-tar' });
   expect(layer.status, JSON.stringify(layer.body)).toBe(201);
@@ -101,6 +101,15 @@ function cliFollower(batchId: string, after?: string): { child: ChildProcess; li
   return { child, lines, exited: new Promise((resolve) => child.once('close', resolve)), stderr: () => stderr };
 }
 
+/** Where a stuck run stands: the upstream's requests, the batch, each agent's command so far. */
+async function diagnose(batchId: string): Promise<string> {
+  const sandboxes = (await api<{ sandboxes: { id: string; state: string; spec: { labels: Record<string, string> } }[] }>(cluster, token, 'GET', `/v1/sandboxes?label=rollbox.batch=${batchId}&limit=100`)).body.sandboxes ?? [];
+  const agents = await Promise.all(
+    sandboxes.filter((s) => s.spec.labels['rollbox.role'] === 'agent').map(async (s) => ({ id: s.id, state: s.state, command: (await api(cluster, token, 'GET', `/v1/sandboxes/${s.id}/commands`)).body })),
+  );
+  return JSON.stringify({ upstreamRequests: upstream.received.length, batch: (await api(cluster, token, 'GET', `/v1/batches/${batchId}`)).body, sandboxes: sandboxes.map((s) => [s.id, s.state, s.spec.labels]), agents });
+}
+
 const hostPort = (url: string) => ({ host: new URL(url).hostname, port: Number(new URL(url).port) });
 
 describe('hosted rollouts through their parts\' deaths', () => {
@@ -112,6 +121,7 @@ describe('hosted rollouts through their parts\' deaths', () => {
       model: { job: JOB },
     }));
     upstream.delayMs = UPSTREAM_DELAY_MS;
+    const t0 = Date.now(); const phase = (w: string) => process.env.DEBUG_FAULTS && process.stderr.write(`PHASE ${w} ${Date.now() - t0}\n`);
     const batch = (await api<Batch>(cluster, token, 'POST', '/v1/batches', { tasks, maxConcurrency: ROLLOUTS })).body;
     expect(batch.id, JSON.stringify(batch)).toBeTruthy();
 
@@ -132,14 +142,17 @@ describe('hosted rollouts through their parts\' deaths', () => {
         killedAt.requests = upstream.received.length;
         gateways[0]!.child.kill('SIGKILL');
       };
-      await waitFor('gw-a SIGKILLed mid-call', async () => killedAt.requests > 0, 120_000);
+      await waitFor('gw-a SIGKILLed mid-call', async () => killedAt.requests > 0, 120_000).catch(async (err: Error) => {
+        throw new Error(`${err.message}: ${await diagnose(batch.id)}`);
+      });
       upstream.onRequest = undefined;
+      phase('gw-a killed');
       // The agents go on through gw-b; then their worker host dies, with calls and commands in flight, and comes back.
       await waitFor('the rollouts moving through gw-b', async () => upstream.received.length >= killedAt.requests + ROLLOUTS, 60_000);
       const exited = new Promise((resolve) => worker.once('exit', resolve));
       worker.kill('SIGKILL');
       await exited;
-      await startWorker();
+      phase('worker killed'); await startWorker(); phase('worker back');
 
       // The CLI trainer dies once it has taken a rollout in; restarted from that rollout's cursor.
       await waitFor('the CLI follower\'s first rollout', async () => cli.lines.length >= 1, 120_000);
@@ -149,7 +162,7 @@ describe('hosted rollouts through their parts\' deaths', () => {
       cli = cliFollower(batch.id, taken.at(-1)!.line.cursor);
       expect(await cli.exited, cli.stderr()).toBe(0);
       taken.push(...cli.lines);
-      await streaming;
+      phase('cli done'); await streaming; phase('stream done');
 
       const done = (await api<Batch>(cluster, token, 'GET', `/v1/batches/${batch.id}`)).body;
       const failed = streamed.filter((t) => t.line.status !== 'succeeded').map((t) => ({ ...t.line, trajectory: t.trajectory?.entries.map((e) => (e.kind === 'model_call' ? { turn: e.call.turn, attempts: e.call.attempts } : e.command.argv.at(-1))) }));
