@@ -21,9 +21,9 @@ import { startTcpFailover } from './support/tcp-failover.ts';
 const REPO_ROOT = path.resolve(import.meta.dirname, '..');
 const JOB = 'job-faults';
 const NODE = 'node-faults';
-const ROLLOUTS = 4;
+const ROLLOUTS = 3;
 const SCRIPT: ScriptTurn[] = [
-  ...Array.from({ length: 5 }, (_, i) => ({ text: `Step ${i}.`, toolCalls: [{ name: 'bash', arguments: { cmd: `echo step-${i} >> steps.txt` } }] })),
+  ...Array.from({ length: 4 }, (_, i) => ({ text: `Step ${i}.`, toolCalls: [{ name: 'bash', arguments: { cmd: `echo step-${i} >> steps.txt` } }] })),
   { text: 'All steps done.' },
 ];
 /** The upstream's answer time: calls are in flight when a part dies. */
@@ -117,11 +117,10 @@ describe('hosted rollouts through their parts\' deaths', () => {
     const tasks = Array.from({ length: ROLLOUTS }, (_, i) => ({
       customId: `r${i}`,
       resources: { memoryMiB: 64, cpuMillis: 200 },
-      agent: { image: { base: 'busybox', layers: [agentLayer] }, argv: ['/usr/bin/node', '/agent/openai-agent.mjs'], env: { AGENT_STREAM: '1', AGENT_TIMEOUT_MS: '60000' }, resources: { memoryMiB: 384 }, timeoutMs: 150_000 },
+      agent: { image: { base: 'busybox', layers: [agentLayer] }, argv: ['/usr/bin/node', '/agent/openai-agent.mjs'], env: { AGENT_STREAM: '1', AGENT_TIMEOUT_MS: '60000' }, resources: { memoryMiB: 384 }, timeoutMs: 400_000 },
       model: { job: JOB },
     }));
     upstream.delayMs = UPSTREAM_DELAY_MS;
-    const t0 = Date.now(); const phase = (w: string) => process.env.DEBUG_FAULTS && process.stderr.write(`PHASE ${w} ${Date.now() - t0}\n`);
     const batch = (await api<Batch>(cluster, token, 'POST', '/v1/batches', { tasks, maxConcurrency: ROLLOUTS })).body;
     expect(batch.id, JSON.stringify(batch)).toBeTruthy();
 
@@ -138,31 +137,30 @@ describe('hosted rollouts through their parts\' deaths', () => {
       // gw-a serves every call (the relay's first choice while it answers): it dies with a call of the first turns in flight.
       const killedAt = { requests: 0 };
       upstream.onRequest = async () => {
-        if (upstream.received.length < ROLLOUTS * 2 || killedAt.requests) return;
+        if (upstream.received.length < ROLLOUTS + 2 || killedAt.requests) return;
         killedAt.requests = upstream.received.length;
         gateways[0]!.child.kill('SIGKILL');
       };
-      await waitFor('gw-a SIGKILLed mid-call', async () => killedAt.requests > 0, 120_000).catch(async (err: Error) => {
+      await waitFor('gw-a SIGKILLed mid-call', async () => killedAt.requests > 0, 240_000).catch(async (err: Error) => {
         throw new Error(`${err.message}: ${await diagnose(batch.id)}`);
       });
       upstream.onRequest = undefined;
-      phase('gw-a killed');
       // The agents go on through gw-b; then their worker host dies, with calls and commands in flight, and comes back.
-      await waitFor('the rollouts moving through gw-b', async () => upstream.received.length >= killedAt.requests + ROLLOUTS, 60_000);
+      await waitFor('the rollouts moving through gw-b', async () => upstream.received.length >= killedAt.requests + ROLLOUTS, 180_000);
       const exited = new Promise((resolve) => worker.once('exit', resolve));
       worker.kill('SIGKILL');
       await exited;
-      phase('worker killed'); await startWorker(); phase('worker back');
+      await startWorker();
 
       // The CLI trainer dies once it has taken a rollout in; restarted from that rollout's cursor.
-      await waitFor('the CLI follower\'s first rollout', async () => cli.lines.length >= 1, 120_000);
+      await waitFor('the CLI follower\'s first rollout', async () => cli.lines.length >= 1, 240_000);
       cli.child.kill('SIGKILL');
       await cli.exited;
       const taken = [...cli.lines];
       cli = cliFollower(batch.id, taken.at(-1)!.line.cursor);
       expect(await cli.exited, cli.stderr()).toBe(0);
       taken.push(...cli.lines);
-      phase('cli done'); await streaming; phase('stream done');
+      await streaming;
 
       const done = (await api<Batch>(cluster, token, 'GET', `/v1/batches/${batch.id}`)).body;
       const failed = streamed.filter((t) => t.line.status !== 'succeeded').map((t) => ({ ...t.line, trajectory: t.trajectory?.entries.map((e) => (e.kind === 'model_call' ? { turn: e.call.turn, attempts: e.call.attempts } : e.command.argv.at(-1))) }));
@@ -196,5 +194,5 @@ describe('hosted rollouts through their parts\' deaths', () => {
       await front.close();
       await streaming.catch(() => undefined);
     }
-  }, 300_000);
+  }, 600_000);
 });
