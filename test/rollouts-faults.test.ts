@@ -186,6 +186,13 @@ describe('hosted rollouts through their parts\' deaths', () => {
         // The CLI's copy is the same rollout.
         expect(taken.find((t) => t.line.customId === line.customId)!.trajectory!.entries.length).toBe(trajectory!.entries.length);
       }
+      // The events stream resumed from the first rollout's id (a follower reconnecting with Last-Event-ID): the others, once, with their trajectories, then the end.
+      const resumed = await fetch(`${cluster.url}/v1/batches/${batch.id}/events?trajectory=true`, { headers: { authorization: `Bearer ${token}`, 'last-event-id': streamed[0]!.line.cursor } });
+      const events = [...(await resumed.text()).matchAll(/^event: (\w+)\ndata: (.*)\n(?:id: (.*)\n)?/gm)].map((m) => ({ event: m[1]!, data: JSON.parse(m[2]!) as FollowedRollout, id: m[3] }));
+      const rest = events.filter((e) => e.event === 'rollout');
+      expect(rest.map((e) => [e.id, e.data.line.customId, e.data.trajectory?.rolloutId])).toEqual(streamed.slice(1).map((t) => [t.line.cursor, t.line.customId, t.line.rollout!.id]));
+      expect(events.at(-1)!.event).toBe('end');
+      expect((await api(cluster, token, 'GET', `/v1/batches/${batch.id}/events?trajectory=maybe`)).body.error.code).toBe('invalid_request');
       // The call in flight on gw-a when it died was taken over (re-issued by gw-b), not recorded twice.
       expect(calls.filter((c) => c.attempts.some((a) => a.outcome === 'owner_lost')).length, JSON.stringify(calls.map((c) => c.attempts))).toBeGreaterThanOrEqual(1);
     } finally {
