@@ -1,4 +1,5 @@
 import { defineConfig } from 'vitest/config';
+import LongestFirstSequencer from './test/support/longest-first-sequencer.ts';
 
 // Three tiers, as three projects:
 // - unit: every test beside the code in src/ (no root, no Redis, no runc; `npm run test:unit`
@@ -18,6 +19,8 @@ export default defineConfig({
     testTimeout: 60_000,
     hookTimeout: 60_000,
     reporters: ['default', './test/support/slowest-files-reporter.ts'],
+    // Longest files first (from the last recorded CI times): the suite ends with short files.
+    sequence: { sequencer: LongestFirstSequencer },
     projects: [
       { extends: true, test: { name: 'unit', include: ['src/**/*.test.ts'], testTimeout: 20_000, maxWorkers: 2 } },
       { extends: true, test: { name: 'integration', include: ['test/**/*.test.ts'], exclude: [...STRESS_FILES, DOCKER_FILES], maxWorkers: 2 } },

@@ -21,6 +21,8 @@ afterAll(async () => {
 
 describe('evaluation batches', () => {
   it('runs 500 tasks of mixed outcomes: one result line each, the right count in every class', async () => {
+    // Latency class: besteffort tasks (the default) only get what the host leaves idle, and on a
+    // CI host busy with other test files that made this a two-minute test of the host's load.
     const kinds = ['pass', 'fail', 'timeout'] as const;
     const tasks = Array.from({ length: 499 }, (_, i) => {
       const kind = kinds[i % 3]!;
@@ -28,7 +30,7 @@ describe('evaluation batches', () => {
       return { customId: `${kind}-${i}`, resources: { memoryMiB: 32, cpuMillis: 100 }, steps: [step(cmd, kind === 'timeout' ? 300 : 20_000)] };
     });
     tasks.push({ customId: 'missing-image', image: { base: 'busybox', layers: ['no-such-layer'] }, steps: [step('true')] } as never);
-    const submitted = await api<Batch>(cluster, token, 'POST', '/v1/batches', { tasks, maxConcurrency: 24, metadata: { suite: 'mixed' } });
+    const submitted = await api<Batch>(cluster, token, 'POST', '/v1/batches', { tasks, maxConcurrency: 24, metadata: { suite: 'mixed' }, class: 'latency' });
     expect(submitted.status).toBe(201);
     expect(submitted.body.state).toBe('in_progress');
     expect(submitted.body.counts.total).toBe(500);

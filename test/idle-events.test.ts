@@ -11,7 +11,7 @@ import type { WorkerHandle } from '../src/roles/index.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 
 const NODE = 'idle-node';
-const IDLE = 300;
+const IDLE = 200;
 /** Far past the test's length: whatever happens below, the audit did not find it. */
 const AUDIT_MS = '600000';
 

@@ -183,7 +183,8 @@ describe("rollbox's /v1/sandboxes/:id/ports/:port/...", () => {
   it('keeps the caller\'s token at the gateway and tells the server the port\'s own host', async () => {
     // A one-shot server that records the request it gets. Its answer's pipe stays open long
     // enough for a loaded host: nc closes the connection when its input ends.
-    await sh(`(printf 'HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\n\\r\\nok'; sleep 20) | nc -l -p ${RAW_PORT} > /tmp/raw.req 2>/dev/null &`);
+    // Every descriptor of the pipeline away from the exec's: it answers at once, not after the sleep.
+    await sh(`((printf 'HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\n\\r\\nok'; sleep 20) | nc -l -p ${RAW_PORT} > /tmp/raw.req) </dev/null >/dev/null 2>&1 &`);
     await waitFor('nc to listen', async () => (await sh(`netstat -ltn | grep -c ':${RAW_PORT} '`)).trim() === '1');
     const r = await request(portUrl(RAW_PORT, '/x/y?z=1'), { method: 'PUT', headers: { authorization: `Bearer ${owner}`, 'x-custom': 'kept' }, body: Buffer.from('body!') });
     expect(r.body.toString()).toBe('ok');

@@ -89,6 +89,8 @@ export const BatchOptions = z.strictObject({
   /** besteffort by default: batch work never slows trainers' latency-class sandboxes. */
   class: z.enum(['latency', 'besteffort']).default('besteffort'),
   metadata: z.record(z.string().max(64), z.string().max(512)).default({}),
+  /** Refuse the batch (`invalid_state`) unless every task's image has passed its check (`POST /v1/images/:name/check`). */
+  requireValidated: z.union([z.boolean(), z.enum(['true', 'false']).transform((v) => v === 'true')]).optional(),
 });
 export type BatchOptions = z.infer<typeof BatchOptions>;
 

@@ -1,7 +1,7 @@
 import { z } from 'zod';
 import { ErrorBody } from './common.ts';
 import { ImageName } from './image.ts';
-import { LayerDigest, NetworkAllowRule, Resources } from './sandbox.ts';
+import { CreateSandboxRequest, LayerDigest, NetworkAllowRule, Resources } from './sandbox.ts';
 
 /** What an uploaded build context answers: its digest names it in a build (kept for ROLLBOX_BUILD_CONTEXT_TTL_MS). */
 export const BuildContext = z.object({
@@ -36,6 +36,8 @@ export const BuildRequest = z
     /** Resources of each builder sandbox (defaults as a create's). */
     resources: Resources.optional(),
     stepTimeoutMs: z.number().int().min(1000).max(BUILD_STEP_TIMEOUT_MAX_MS).default(600_000),
+    /** Paths (reference answers, a task's solution) left out of every layer the build stores: later steps and the image's sandboxes never see them. */
+    referencePaths: z.array(CreateSandboxRequest.shape.workdir.unwrap()).max(64).default([]),
   })
   .refine((r) => [r.dockerfile, r.steps].filter((x) => x !== undefined).length <= 1 && !(r.dockerfilePath && (r.dockerfile || r.steps)), 'give one of dockerfile, dockerfilePath and steps');
 export type BuildRequest = z.infer<typeof BuildRequest>;

@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { ImageCheck } from './image-check.ts';
 import { LayerName } from './layer.ts';
 import { ErrorBody, issuesText } from './common.ts';
 import { RollboxError } from './errors.ts';
@@ -146,6 +147,8 @@ export const ImageRecord = Image.extend({
   pull: ImagePull.optional(),
   /** `failed`: why (the pull's error). */
   error: ErrorBody.shape.error.optional(),
+  /** Its check (`POST /v1/images/:name/check`), when one ran on this content: `check.state` `validated` is what a batch with `requireValidated` needs. */
+  check: ImageCheck.optional(),
 });
 export type ImageRecord = z.infer<typeof ImageRecord>;
 

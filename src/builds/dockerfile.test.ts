@@ -29,13 +29,13 @@ describe('Dockerfile parsing', () => {
     expect(codeOf(() => parseDockerfile('FROM a\nONBUILD RUN x'))).toMatch(/^build_unsupported: Dockerfile line 2: ONBUILD/);
     expect(codeOf(() => parseDockerfile('FROM a\nRUN <<EOF\nx\nEOF'))).toMatch(/^build_unsupported: Dockerfile line 2: heredocs/);
     expect(codeOf(() => parseDockerfile('FROM a\nENV'))).toMatch(/line 2: ENV needs arguments/);
-    const plan = (text: string) => planBuild(text, { name: 'x', buildArgs: {}, network: { allow: [] }, stepTimeoutMs: 1000 });
+    const plan = (text: string) => planBuild(text, { name: 'x', buildArgs: {}, network: { allow: [] }, stepTimeoutMs: 1000, referencePaths: [] });
     expect(codeOf(() => plan('FROM a\nADD https://example.com/x /x'))).toMatch(/^build_unsupported: Dockerfile line 2: ADD from a URL/);
     expect(codeOf(() => plan('FROM a AS one\nCOPY --from=two /x /y\nFROM a AS two'))).toMatch(/line 2: COPY --from=two names a stage that is not before/);
   });
 
   it('plans only the stages the target needs', () => {
-    const plan = planBuild('ARG V=1\nFROM a AS unused\nRUN x\nFROM a AS lib\nRUN y\nFROM b\nCOPY --from=lib /y /y', { name: 'x', buildArgs: {}, network: { allow: [] }, stepTimeoutMs: 1000 });
+    const plan = planBuild('ARG V=1\nFROM a AS unused\nRUN x\nFROM a AS lib\nRUN y\nFROM b\nCOPY --from=lib /y /y', { name: 'x', buildArgs: {}, network: { allow: [] }, stepTimeoutMs: 1000, referencePaths: [] });
     expect(plan.stages.map((s) => s.name)).toEqual(['lib', '2']);
     expect(plan.steps.map((s) => s.line)).toEqual([4, 5, 6, 7]);
     expect(plan.globalArgs.get('V')).toBe('1');

@@ -249,12 +249,14 @@ export async function runBuild(deps: BuildEngineDeps, run: BuildRun): Promise<{ 
    * sandbox over the stage's layers, whose writes are snapshotted into the step's layer.
    */
   async function layerStep(i: Instruction, state: StageState, text: string, inputs: string, work: (sandboxId: string) => Promise<void>, network: readonly NetworkAllowRule[] = []) {
-    const key = sha256({ v: 1, parents: state.layers, text, inputs, env: runEnv(state), user: state.user, workdir: state.workdir });
+    const { referencePaths } = request;
+    // Reference paths change what the layer holds, so they are part of its key (absent when none: keys stay as they were).
+    const key = sha256({ v: 1, parents: state.layers, text, inputs, env: runEnv(state), user: state.user, workdir: state.workdir, ...(referencePaths.length ? { referencePaths } : {}) });
     return deps.cache.getOrRun(run.tenant, key, deps.stepLeaseMs, request.stepTimeoutMs + 120_000, async () => {
       const sandboxId = await createBuilder(state.layers, `l${i.line}`, network);
       try {
         await work(sandboxId);
-        const layer = await deps.sandboxes.snapshot(acting, sandboxId, { exclude: SNAPSHOT_EXCLUDE });
+        const layer = await deps.sandboxes.snapshot(acting, sandboxId, { exclude: [...SNAPSHOT_EXCLUDE, ...referencePaths] });
         return layer.digest;
       } finally {
         await deps.sandboxes.delete(acting, sandboxId).catch(() => undefined);

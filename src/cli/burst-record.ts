@@ -1,9 +1,5 @@
 import type { Command } from 'commander';
-import { exportTrace, writeTraceFile } from '../burst/trace/index.ts';
-import { loadConfig } from '../config/index.ts';
-import { parseTtl } from '../iam/index.ts';
-import { connectRedis } from '../redis/index.ts';
-import { LayerRegistry, SandboxRegistry } from '../registry/index.ts';
+import { parseTtl } from '../iam/ttl.ts'; // the function alone: the IAM module brings Redis stores
 
 /** `--since`: a duration back from now (30m, 2h, 1d), an ISO date, or epoch ms. */
 export function parseSince(value: string, nowMs: number): number {
@@ -27,6 +23,13 @@ export function addBurstRecordCommand(program: Command): void {
     .requiredOption('--out <file>', 'trace file to write (JSON lines)')
     .option('--since <when>', 'start: a duration back from now (30m, 2h, 1d), an ISO date, or epoch ms', '1d')
     .action(async (flags: { out: string; since: string }) => {
+      // Imported here, not at the top: the server side costs every other command seconds of loading.
+      const [{ exportTrace, writeTraceFile }, { loadConfig }, { connectRedis }, { LayerRegistry, SandboxRegistry }] = await Promise.all([
+        import('../burst/trace/index.ts'),
+        import('../config/index.ts'),
+        import('../redis/index.ts'),
+        import('../registry/index.ts'),
+      ]);
       const config = loadConfig(process.env);
       if (!config.redisUrl) throw new Error('REDIS_URL is required: the recorded events live in the cluster Redis');
       const redis = connectRedis(config.redisUrl);

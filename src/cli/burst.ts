@@ -7,8 +7,10 @@ import fs from 'node:fs';
 import path from 'node:path';
 import type { Command } from 'commander';
 import { BurstPolicy, type TraceEvent } from '../api/index.ts';
-import { parseTtl } from '../iam/index.ts';
-import { DEFAULT_TRACE_OPTIONS, generateTrace, readTraceFile, writeTraceFile } from '../burst/trace/index.ts';
+import { parseTtl } from '../iam/ttl.ts'; // the function alone: the IAM module brings Redis stores
+// The trace's pure parts alone: the module's recorder brings Redis and the registry.
+import { DEFAULT_TRACE_OPTIONS, generateTrace } from '../burst/trace/generate.ts';
+import { readTraceFile, writeTraceFile } from '../burst/trace/file.ts';
 import { progressBar } from '../report/index.ts';
 import { SimModel, capStepRiseLine, capStepRises, runSweep, simulate, sweepCsv, sweepSvg, type SimResult } from '../burst/sim/index.ts';
 

@@ -7,7 +7,7 @@ import fs from 'node:fs/promises';
 import path from 'node:path';
 import type { Command } from 'commander';
 import type { Build } from '../api/index.ts';
-import { dockerignore, packTar, type TarHeader } from '../builds/index.ts';
+import type { TarHeader } from '../builds/index.ts';
 import { BuildsClient, type BuildStreamEvent } from '../client/index.ts';
 
 import { progressBar } from '../report/index.ts';
@@ -15,6 +15,8 @@ import { CliError, connect, out, reported, table, withConnection, type Connectio
 
 /** A directory as tar entries named relative to it; symlinks stay links; what .dockerignore excludes is left out (but never it, nor the Dockerfile). */
 export async function packContext(dir: string, keep: readonly string[]): Promise<Buffer> {
+  // Imported here: the builds module brings the build service (BullMQ), seconds of loading for every other command.
+  const { dockerignore, packTar } = await import('../builds/index.ts');
   const ignoreText = await fs.readFile(path.join(dir, '.dockerignore'), 'utf8').catch(() => undefined);
   const ignored = dockerignore(ignoreText);
   const entries: { header: TarHeader; data?: Buffer }[] = [];

@@ -1,7 +1,6 @@
 import { registerCommandCommands } from './command.ts';
 import { Command, Option } from 'commander';
-import { loadConfig, type Config } from '../config/index.ts';
-import { issueTokenCommand } from '../iam/index.ts';
+import type { Config } from '../config/index.ts';
 import { registerBatchCommands } from './batch.ts';
 import { registerRolloutCommands } from './rollout.ts';
 import { addBurstRecordCommand } from './burst-record.ts';
@@ -9,10 +8,17 @@ import { registerBurstCommands } from './burst.ts';
 import { registerE2bKeyCommands } from './e2b-key.ts';
 import { registerImageCommands } from './image.ts';
 import { registerSandboxCommands } from './sandbox.ts';
-import { createLogger, ensureBaseLayer, startEmbedded, startGatewayRole, startWorkerRole } from '../roles/index.ts';
+
+/**
+ * The server roles (and config, IAM), imported only by the commands that use them: they pull
+ * in the whole gateway and worker host, seconds of CPU for a client command such as
+ * `rollbox batch submit` to load.
+ */
+const roles = () => import('../roles/index.ts');
 
 /** Flags override the environment; the result is parsed once into a Config. */
-function configFrom(flags: { port?: string; dataDir?: string; nodeId?: string; pool?: string }): Config {
+async function configFrom(flags: { port?: string; dataDir?: string; nodeId?: string; pool?: string }): Promise<Config> {
+  const { loadConfig } = await import('../config/index.ts');
   return loadConfig(process.env, { ROLLBOX_PORT: flags.port, ROLLBOX_DATA_DIR: flags.dataDir, ROLLBOX_NODE_ID: flags.nodeId, ROLLBOX_POOL: flags.pool });
 }
 
@@ -51,7 +57,8 @@ export async function runCli(argv: string[]): Promise<void> {
     .addOption(port)
     .addOption(dataDir)
     .action(async (flags) => {
-      const config = configFrom(flags);
+      const config = await configFrom(flags);
+      const { createLogger, startEmbedded } = await roles();
       const logger = createLogger(config, 'rollbox');
       const stack = await startEmbedded(config, logger);
       stopOnSignal(stack.stop);
@@ -86,8 +93,9 @@ export async function runCli(argv: string[]): Promise<void> {
     .addOption(port)
     .addOption(dataDir)
     .action(async (flags) => {
-      const config = configFrom(flags);
+      const config = await configFrom(flags);
       const redisUrl = requireRedisUrl(config);
+      const { createLogger, ensureBaseLayer, startGatewayRole } = await roles();
       const gateway = await startGatewayRole(config, redisUrl, createLogger(config, 'gateway'), { prepare: () => ensureBaseLayer(config, redisUrl).then(() => undefined) });
       stopOnSignal(gateway.stop);
     });
@@ -100,7 +108,8 @@ export async function runCli(argv: string[]): Promise<void> {
     .option('--pool <pool>', 'pool name (env ROLLBOX_POOL, default local)')
     .option('--destroy-on-exit', 'stop its sandboxes on exit instead of leaving them for the next start to adopt')
     .action(async (flags) => {
-      const config = configFrom(flags);
+      const config = await configFrom(flags);
+      const { createLogger, startWorkerRole } = await roles();
       const worker = await startWorkerRole(config, requireRedisUrl(config), createLogger(config, 'worker'));
       stopOnSignal(() => worker.stop({ destroySandboxes: Boolean(flags.destroyOnExit) }));
     });
@@ -114,7 +123,8 @@ export async function runCli(argv: string[]): Promise<void> {
     .requiredOption('--scopes <scopes>', 'comma-separated scopes, e.g. sandbox:create,sandbox:exec')
     .option('--ttl <ttl>', 'lifetime: 30m, 1h, 7d', '1h')
     .action(async (flags) => {
-      const config = configFrom(flags);
+      const config = await configFrom(flags);
+      const { issueTokenCommand } = await import('../iam/index.ts');
       const value = await issueTokenCommand({ jwtConfig: config.jwt, tenant: flags.tenant, scopes: String(flags.scopes).split(','), ttl: flags.ttl });
       process.stdout.write(`${value}\n`);
     });
@@ -125,7 +135,7 @@ export async function runCli(argv: string[]): Promise<void> {
   registerImageCommands(program);
   registerSandboxCommands(program);
   registerCommandCommands(program);
-  registerE2bKeyCommands(program, () => configFrom({}).redisUrl);
+  registerE2bKeyCommands(program, async () => (await configFrom({})).redisUrl);
   addBurstRecordCommand(program);
 
   try {

@@ -134,7 +134,7 @@ const deps: Omit<GatewayDeps, 'verifier'> = {
   },
   buildLayer: async () => answer({ digest: DIGEST, sizeBytes: 2048 }),
   layerStore: { locate: async () => undefined, chunkTable: async () => undefined },
-  images: { records: { list: () => answer([]), record: () => answer(undefined as never), delete: () => answer(undefined as never), request: () => answer(undefined as never), publish: () => answer(undefined as never) }, importImage: () => answer(undefined as never), syncedLayers: async () => new Set() },
+  images: { records: { list: () => answer([]), record: () => answer(undefined as never), delete: () => answer(undefined as never), request: () => answer(undefined as never), publish: () => answer(undefined as never) }, checks: { start: () => answer(undefined as never), get: async () => undefined }, importImage: () => answer(undefined as never), syncedLayers: async () => new Set() },
   directory: { list: () => [] },
   metrics: createMetrics({ list: () => [] } as never),
   logger: pino({ level: 'silent' }),

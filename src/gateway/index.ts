@@ -19,6 +19,6 @@ export { FORK_IMAGE_MAX_AGE_MS, Janitor, LayerCollector } from './housekeeping/i
 export type { LayerCollectorDeps } from './housekeeping/index.ts';
 export { createMetrics } from './metrics.ts';
 export type { GatewayMetrics } from './metrics.ts';
-export { BatchJobs, BatchRunner, BatchService, runTask } from './batches/index.ts';
+export { BatchJobs, BatchRunner, BatchService, runTask, type BatchServiceDeps } from './batches/index.ts';
 export type { TaskDeps } from './batches/index.ts';
 export { startingAnswer } from './starting.ts';

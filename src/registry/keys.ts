@@ -58,6 +58,8 @@ export const keys = {
   lock: (name: string) => `rb:lock:${name}`,
   /** Imported and pulled images (`<owner>/<name>` -> Image JSON; owner `*`: published; a bare `<name>`: older data, owner-less). */
   images: 'rb:{images}:records',
+  /** Image checks (`<owner>/<name>@<image digest>` -> ImageCheck JSON): a check holds for the content it ran on. */
+  imageChecks: 'rb:{images}:checks',
   /** An image layer's diff_id (sha256 of its uncompressed tar) -> the EROFS layer it became. */
   imageDiffIds: 'rb:{images}:diffids',
   /** An image layer blob's digest (compressed, as in a manifest) -> its diff_id. */

@@ -1,7 +1,7 @@
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { Config } from '../config/index.ts';
-import { BatchJobs, BatchRunner, BatchService, runTask, type TaskDeps } from '../gateway/index.ts';
+import { BatchJobs, BatchRunner, BatchService, runTask, type BatchServiceDeps, type TaskDeps } from '../gateway/index.ts';
 import { connectJobRedis } from '../queues/jobs/index.ts';
 import type { BlockingPool } from '../redis/index.ts';
 import { BatchStore } from '../registry/index.ts';
@@ -23,7 +23,8 @@ export function batchesOf(
   taskDeps: Omit<TaskDeps, 'store' | 'collectMaxBytes'>,
   logger: Logger,
   now: () => number,
-  onTaskEnded?: (succeeded: boolean) => void,
+  onTaskEnded: ((succeeded: boolean) => void) | undefined,
+  requireValidated: BatchServiceDeps['requireValidated'],
 ): { batches: BatchService; runner: BatchRunner; jobs: BatchJobs; stop: () => Promise<void> } {
   const store = new BatchStore(redis, now);
   const jobRedis = connectJobRedis(redisUrl, (err) => logger.warn({ err: String(err) }, 'job redis error'));
@@ -45,7 +46,7 @@ export function batchesOf(
     logger: logger.child({ name: 'batches' }),
     ...(onTaskEnded ? { onTaskEnded } : {}),
   });
-  const batches = new BatchService({ store, jobs, blocking, kick: () => runner.kick(), maxNdjsonBytes: config.batch.maxBytes });
+  const batches = new BatchService({ store, jobs, blocking, kick: () => runner.kick(), maxNdjsonBytes: config.batch.maxBytes, requireValidated });
   return {
     batches,
     runner,

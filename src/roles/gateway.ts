@@ -15,6 +15,7 @@ import { BlockingPool, connectRedis, redactedRedisUrl, waitForRedis, type RedisW
 import { BatchStore, CommandLog, ForkRecords, ImageRegistry, LayerRegistry, PoolRegistry, RolloutRecords, SandboxRegistry, keys, migrateKeyLayout } from '../registry/index.ts';
 import { ImportHolds, importImage, resolveImageRef } from '../images/index.ts';
 import { batchesOf } from './gateway-batches.ts';
+import { ImageChecks } from '../image-checks/index.ts';
 import { imagePullsOf } from './gateway-pulls.ts';
 import { buildsOf } from './gateway-builds.ts';
 import { gatewayConsoleOf } from './gateway-console.ts';
@@ -110,7 +111,9 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const buildLayer: LayerBuilder = (tar, { maxBytes }) => buildLayerFromTar(tar, { store, tmpDir, maxBytes, maxEntries: config.layerMaxEntries, extract, build: config.layerBuild });
   const rolloutKeys = new RolloutKeyStore(redis, now);
   const rollouts = { keys: rolloutKeys, records: new RolloutRecords(redis, config.model.recordTtlSeconds), limits: new RolloutLimits(redis, config.model.recordTtlSeconds) };
-  const { batches, runner: batchRunner, jobs: batchJobs, stop: stopBatches } = batchesOf(config, redisUrl, redis, blocking, { sandboxes, files, execs, layers, buildLayer, now, rollouts }, logger, now, (succeeded) => metrics.seen.taskEnded(succeeded));
+  const { batches, runner: batchRunner, jobs: batchJobs, stop: stopBatches } = batchesOf(config, redisUrl, redis, blocking, { sandboxes, files, execs, layers, buildLayer, now, rollouts }, logger, now, (succeeded) => metrics.seen.taskEnded(succeeded), (principal, tasks) => imageChecks.requireValidated(principal, tasks));
+  // After the batches: a check's runs are a batch (the batches ask it back whether images passed).
+  const imageChecks: ImageChecks = new ImageChecks({ redis, images, batches, now });
   const { builds, stop: stopBuilds } = buildsOf(config, redisUrl, { redis, sandboxes, files, execs, images, layers, imagePulls, buildLayer }, logger, now);
   const model = await modelGatewayOf(config, redisUrl, { redis, blocking, gatewayId, logger, now, metricsRegistry: metrics.registry });
   const ports = new PortsService({ registry, proxy: new PortProxy({ tickets: new PortTickets(redis), relayOf: (nodeId) => directory.portRelayOf(nodeId) }) });
@@ -130,6 +133,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
     builds: { api: builds, contextMaxBytes: config.build.contextMaxBytes },
     images: {
       records: imagePulls,
+      checks: imageChecks,
       importImage: (archive, query, owner) => importImage(archive, query, { ...layerDeps, owner }),
       syncedLayers: async () => new Set(await redis.smembers(keys.burstSyncedLayers)),
     },

@@ -4,28 +4,31 @@ import os from 'node:os';
 import path from 'node:path';
 import { build } from 'esbuild';
 
+/** An agent (a .ts file) bundled with its SDKs into one file node runs. */
+export async function bundleAgent(entry: string, outfile: string): Promise<void> {
+  await build({
+    entryPoints: [entry],
+    bundle: true,
+    platform: 'node',
+    target: 'node20',
+    format: 'esm',
+    outfile,
+    // Some bundled CommonJS calls require() for node built-ins.
+    banner: { js: "import { createRequire } from 'node:module'; const require = createRequire(import.meta.url);" },
+    logLevel: 'error',
+  });
+}
+
 /**
  * A layer holding an agent as it would ship: this host's node binary and the libraries it
- * links, and the agent (test/support/agents/<name>.ts) bundled with its SDKs into one file
- * at /agent/<name>.mjs. Returned as a tar for POST /v1/layers.
+ * links, and the agent (`<agentsDir>/<name>.ts`, test/support/agents by default) bundled
+ * with its SDKs into one file at /agent/<name>.mjs. Returned as a tar for POST /v1/layers.
  */
-export async function agentLayerTar(names: string[]): Promise<Buffer> {
+export async function agentLayerTar(names: string[], agentsDir = path.join(import.meta.dirname, 'agents')): Promise<Buffer> {
   const dir = await fs.mkdtemp(path.join(os.tmpdir(), 'rollbox-agent-'));
   try {
     await fs.mkdir(path.join(dir, 'agent'));
-    for (const name of names) {
-      await build({
-        entryPoints: [path.join(import.meta.dirname, 'agents', `${name}.ts`)],
-        bundle: true,
-        platform: 'node',
-        target: 'node20',
-        format: 'esm',
-        outfile: path.join(dir, 'agent', `${name}.mjs`),
-        // Some bundled CommonJS calls require() for node built-ins.
-        banner: { js: "import { createRequire } from 'node:module'; const require = createRequire(import.meta.url);" },
-        logLevel: 'error',
-      });
-    }
+    for (const name of names) await bundleAgent(path.join(agentsDir, `${name}.ts`), path.join(dir, 'agent', `${name}.mjs`));
     const node = await fs.realpath(process.execPath);
     const libs = ['libdl.so.2', 'libstdc++.so.6', 'libm.so.6', 'libgcc_s.so.1', 'libpthread.so.0', 'libc.so.6'].map((l) => `lib/x86_64-linux-gnu/${l}`);
     const archive = path.join(dir, 'layer.tar');

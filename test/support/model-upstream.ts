@@ -81,7 +81,8 @@ export class ScriptedUpstream {
   }
 
   private listen(): Promise<void> {
-    const server = http.createServer((req, res) => void this.handle(req, res));
+    // A request its client reset mid-body (a gateway that died, an agent killed) ends here, not the process.
+    const server = http.createServer((req, res) => void this.handle(req, res).catch(() => res.destroy()));
     server.on('connection', (socket) => {
       this.sockets.add(socket);
       socket.once('close', () => this.sockets.delete(socket));

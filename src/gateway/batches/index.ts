@@ -1,4 +1,4 @@
-export { BatchService, isTerminalBatch } from './service.ts';
+export { BatchService, isTerminalBatch, type BatchServiceDeps } from './service.ts';
 export { BatchRunner, pickBatch } from './runner.ts';
 export { runTask } from './task.ts';
 export type { TaskDeps, TaskOutcome, TaskRun } from './task.ts';

@@ -15,6 +15,8 @@ export interface BatchServiceDeps {
   /** Tells this gateway's runner there is work (the others find it on their next tick). */
   kick: () => void;
   maxNdjsonBytes: number;
+  /** Refuses (coded) unless every image the tasks name passed its check: for batches with `requireValidated` (src/image-checks). */
+  requireValidated: (principal: Principal, tasks: readonly BatchTask[]) => Promise<void>;
 }
 
 /** Tasks stored per round trip while a submit is read. */
@@ -51,6 +53,7 @@ export class BatchService {
       seen.add(t.customId);
     }
     const { tasks, ...options } = request;
+    if (options.requireValidated) await this.deps.requireValidated(principal, tasks);
     const id = newId('batch');
     await this.create(id, principal.tenant, options);
     for (let i = 0; i < tasks.length; i += CHUNK) await this.addTasks(id, tasks.slice(i, i + CHUNK), options);
@@ -70,12 +73,15 @@ export class BatchService {
     let bytes = 0;
     let lineNo = 0;
     let chunk: BatchTask[] = [];
-    const refuse = async (code: 'invalid_request' | 'payload_too_large' | 'forbidden', message: string): Promise<never> => {
+    const refuse = async (code: 'invalid_request' | 'payload_too_large' | 'forbidden' | 'invalid_state' | 'not_found', message: string): Promise<never> => {
       body.destroy();
       await store.fail(id, { code, message });
       throw new RollboxError(code, `batch ${id} failed: ${message}`);
     };
     const flush = async () => {
+      if (options.requireValidated) {
+        await this.deps.requireValidated(principal, chunk).catch((err: unknown) => (err instanceof RollboxError && (err.code === 'invalid_state' || err.code === 'not_found') ? refuse(err.code, err.message) : Promise.reject(err)));
+      }
       const duplicate = await this.addTasks(id, chunk, options);
       chunk = [];
       if (duplicate) await refuse('invalid_request', `customId ${duplicate} appears twice`);

@@ -3,7 +3,7 @@ import { gunzipSync } from 'node:zlib';
 import { bodyLimit } from 'hono/body-limit';
 import type { Redis } from 'ioredis';
 import { z } from 'zod';
-import { ExecRequest, RollboxError, type Build, type BuildContext, type BuildLogEvent, type BuildRequest } from '../../api/index.ts';
+import { ExecRequest, RollboxError, type Build, type BuildContext, type BuildLogEvent, BuildRequest } from '../../api/index.ts';
 import { ImageName } from '../../api/image.ts';
 import type { E2bKeyStore, Principal } from '../../iam/index.ts';
 import type { GatewayApp } from '../routes/common.ts';
@@ -106,7 +106,7 @@ export function registerE2bTemplateBuilds(app: GatewayApp, deps: E2bBuildsDeps):
         }),
       );
       const context = uploads.length ? (await deps.builds.putContext(principal, await deps.mergeUploads(uploads))).context : undefined;
-      const queued = await deps.builds.request(principal, { name: build.templateID, steps, ...(context ? { context } : {}), buildArgs: {}, network: { allow: [] }, stepTimeoutMs: 600_000 });
+      const queued = await deps.builds.request(principal, BuildRequest.parse({ name: build.templateID, steps, ...(context ? { context } : {}) }));
       await deps.redis.set(keyOf.build(c.req.param('buildID')!), JSON.stringify({ ...build, rollboxBuild: queued.id }), 'PX', deps.uploadTtlMs * 24);
       await deps.redis.set(keyOf.commands(build.templateID), JSON.stringify({ startCmd: body.startCmd ?? null, readyCmd: body.readyCmd ?? null }));
       return c.body('', 202, { 'content-length': '0' });

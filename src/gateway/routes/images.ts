@@ -1,7 +1,7 @@
 import type { Readable } from 'node:stream';
 import { createRoute, z } from '@hono/zod-openapi';
-import { ImageList, ImageName, ImageRecord, ImportImageQuery, PullImageRequest, RollboxError, type ImportedImage } from '../../api/index.ts';
-import { readerOf, requireScope } from '../../iam/index.ts';
+import { ImageCheck, ImageCheckRequest, ImageList, ImageName, ImageRecord, ImportImageQuery, PullImageRequest, RollboxError, type ImportedImage } from '../../api/index.ts';
+import { readerOf, requireScope, type Principal } from '../../iam/index.ts';
 import type { Reader } from '../../registry/index.ts';
 import { describeZodError } from '../errors.ts';
 import { errors, json, jsonBody, requireLayerRead, security, withUploadBody, type GatewayApp } from './common.ts';
@@ -17,6 +17,11 @@ export interface ImageRouteDeps {
   };
   /** Into the owner's images. */
   importImage: (archive: Readable, query: ImportImageQuery, owner: string) => Promise<ImportedImage>;
+  /** Image checks (src/image-checks): start one, read one (settled from its batch). */
+  checks: {
+    start(principal: Principal, name: string, request: ImageCheckRequest): Promise<ImageCheck>;
+    get(principal: Principal, name: string): Promise<ImageCheck | undefined>;
+  };
   /** Digests of the cloud pool's pre-synced layers: an image all of whose layers are in it may burst. */
   syncedLayers: () => Promise<ReadonlySet<string>>;
 }
@@ -62,9 +67,38 @@ export function registerImageRoutes(app: GatewayApp, deps: ImageRouteDeps): void
       responses: { 200: json(ImageRecord, 'an image: its layers lowest first, its config, its state and latest pull (progress while it runs)'), ...errors('not_found') },
     }),
     async (c) => {
-      requireLayerRead(c.get('principal'));
-      const [image] = await withSynced([await deps.records.record(c.req.valid('param').name, readerOf(c.get('principal')))]);
-      return c.json(image!, 200);
+      const principal = c.get('principal');
+      requireLayerRead(principal);
+      const [image] = await withSynced([await deps.records.record(c.req.valid('param').name, readerOf(principal))]);
+      const check = image!.state === 'ready' ? await deps.checks.get(principal, image!.name) : undefined;
+      return c.json({ ...image!, ...(check ? { check } : {}) }, 200);
+    },
+  );
+  app.openapi(
+    createRoute({
+      method: 'post',
+      path: '/v1/images/{name}/check',
+      security,
+      request: { params: z.object({ name: ImageName }), body: jsonBody(ImageCheckRequest) },
+      responses: { 202: json(ImageCheck, "the check, `checking`: the untouched task must fail the grade and the reference solution pass it, each run as a task of a batch (`batchId`); it ends `validated` or `invalid` (with `reason`), read at GET /v1/images/{name}/check or in the image's `check`"), ...errors('not_found') },
+    }),
+    async (c) => c.json(await deps.checks.start(c.get('principal'), c.req.valid('param').name, c.req.valid('json')), 202),
+  );
+  app.openapi(
+    createRoute({
+      method: 'get',
+      path: '/v1/images/{name}/check',
+      security,
+      request: { params: z.object({ name: ImageName }) },
+      responses: { 200: json(ImageCheck, "the check of the image's present content (`not_found` when it has none)"), ...errors('not_found') },
+    }),
+    async (c) => {
+      const principal = c.get('principal');
+      requireLayerRead(principal);
+      const name = c.req.valid('param').name;
+      const check = await deps.checks.get(principal, name);
+      if (!check) throw new RollboxError('not_found', `image ${name} has no check (POST /v1/images/${name}/check)`);
+      return c.json(check, 200);
     },
   );
   app.openapi(
