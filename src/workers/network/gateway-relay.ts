@@ -68,6 +68,7 @@ export class GatewayRelay {
       outbound.once('connect', () => {
         outbound.off('error', failed).off('timeout', timedOut).setTimeout(0);
         this.preferred = index;
+        if (inbound.destroyed) return void outbound.destroy();
         this.connect(inbound, outbound, onError);
       });
     };
