@@ -1,7 +1,10 @@
 import net from 'node:net';
+import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { Batch, BatchResultLine, Rollout, Trajectory } from '../src/api/index.ts';
+import { ROLLOUT_TIME_PARTS, type Batch, type BatchResultLine, type JobRolloutTimes, type ModelCallRecord, type Rollout, type RolloutTimesMs, type Trajectory } from '../src/api/index.ts';
+import { RollboxClient, RolloutsClient } from '../src/client/index.ts';
 import { agentLayerTar } from './support/agent-layer.ts';
+import { launchChromium, type Chromium } from './support/cdp.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { chatTurn, messagesTurn } from './support/model-script.ts';
 import { ScriptedUpstream, type ScriptTurn } from './support/model-upstream.ts';
@@ -20,6 +23,9 @@ const SCRIPT: ScriptTurn[] = [
 const HOLD_ENV = { ROLLBOX_MODEL_KEEPALIVE_MS: '300', ROLLBOX_MODEL_EARLY_HEADERS_MS: '1000', ROLLBOX_MODEL_PROBE_MS: '200', ROLLBOX_MODEL_LEASE_MS: '1500' };
 /** The agent SDK's own timeout in the preemption test: the trainer stays away twice as long. */
 const AGENT_SDK_TIMEOUT_MS = 2500;
+/** The upstream's delay before each answer in the SDK tests: the model's part of a rollout is at least this per call. */
+const UPSTREAM_DELAY_MS = 200;
+const SCREENSHOT = path.join(import.meta.dirname, 'artifacts', 'console-rollout-times.png');
 let cluster: TestCluster;
 let upstream: ScriptedUpstream;
 let trainer: string;
@@ -28,6 +34,9 @@ let agentLayer: string;
 let hostListener: net.Server;
 let hostListenerPort: number;
 let hostConnections = 0;
+/** Every result line of job-ro's rollouts, for the job's times. */
+const endedLines: BatchResultLine[] = [];
+let chromium: Chromium | undefined;
 
 beforeAll(async () => {
   hostListener = net.createServer((s) => {
@@ -45,6 +54,7 @@ beforeAll(async () => {
   agentLayer = layer.body.digest;
 }, 240_000);
 afterAll(async () => {
+  await chromium?.close();
   await upstream?.stop();
   await cluster?.stop();
   hostListener?.close();
@@ -58,24 +68,53 @@ async function runRollout(task: object): Promise<{ batch: Batch; line: BatchResu
     const results = await fetch(`${cluster.url}/v1/batches/${submitted.body.id}/results?waitSeconds=60`, { headers: { authorization: `Bearer ${trainer}` } });
     const text = await results.text();
     expect(results.status, text).toBe(200);
-    if (text.trim()) return { batch: submitted.body, line: JSON.parse(text.trim().split('\n')[0]!) as BatchResultLine };
+    if (text.trim()) {
+      const line = JSON.parse(text.trim().split('\n')[0]!) as BatchResultLine;
+      endedLines.push(line);
+      return { batch: submitted.body, line };
+    }
   }
   throw new Error(`rollout batch ${submitted.body.id} gave no result in 4 minutes`);
 }
 
 const agentImage = () => ({ base: 'busybox', layers: [agentLayer] });
+const spanMs = (from: string, to: string) => Date.parse(to) - Date.parse(from);
+
+/**
+ * A rollout's times, as its result line and its record give them, against its trajectory: the
+ * parts sum to the total, a sequential agent's model part is its calls' spans (held as they
+ * say), the script's commands are in its tool part, its creates in its environment wait.
+ */
+async function expectConsistentTimes(line: BatchResultLine, trajectory: Trajectory): Promise<RolloutTimesMs> {
+  const times = line.rollout!.timesMs!;
+  expect(times, JSON.stringify(line.rollout)).toBeDefined();
+  expect((await api<Rollout>(cluster, trainer, 'GET', `/v1/rollouts/${line.rollout!.id}`)).body.timesMs).toEqual(times);
+  expect(ROLLOUT_TIME_PARTS.reduce((sum, part) => sum + times[part], 0)).toBe(times.total);
+  for (const part of ROLLOUT_TIME_PARTS) expect(times[part], part).toBeGreaterThanOrEqual(0);
+  const calls = trajectory.entries.flatMap((e) => (e.kind === 'model_call' ? [e.call] : []));
+  const held = (c: ModelCallRecord) => Math.min(Math.round(c.heldMs), spanMs(c.receivedAt, c.endedAt));
+  expect(times.modelUpstream + times.modelHeld).toBe(calls.reduce((sum, c) => sum + spanMs(c.receivedAt, c.endedAt), 0));
+  expect(times.modelHeld).toBe(calls.reduce((sum, c) => sum + held(c), 0));
+  const scripted = new Set(SCRIPT.flatMap((t) => (t.toolCalls ?? []).map((c) => String(c.arguments.cmd))));
+  const toolSpans = trajectory.entries.flatMap((e) => (e.kind === 'command' && scripted.has(e.command.argv[2]!) ? [spanMs(e.command.queuedAt, e.command.endedAt!)] : []));
+  expect(times.tool).toBeGreaterThanOrEqual(toolSpans.reduce((a, b) => a + b, 0));
+  expect(times.envWait).toBeGreaterThan(0);
+  expect(times.total).toBeGreaterThanOrEqual(line.agent!.durationMs);
+  return times;
+}
 
 describe('hosted rollouts', () => {
   it.each([
     ['openai', chatTurn],
     ['anthropic', messagesTurn],
-  ] as const)('runs an unchanged %s SDK agent in its own sandbox; its trajectory is the script, interleaved with its commands', async (sdk, turnOf) => {
+  ] as const)('runs an unchanged %s SDK agent in its own sandbox; its trajectory is the script, interleaved with its commands, and its times add up', async (sdk, turnOf) => {
+    upstream.delayMs = UPSTREAM_DELAY_MS;
     const { line } = await runRollout({
       files: { 'bug.txt': Buffer.from('broken\n').toString('base64') },
       agent: { image: agentImage(), argv: ['/usr/bin/node', `/agent/${sdk}-agent.mjs`], env: { AGENT_STREAM: '1', AGENT_TASK: 'Fix bug.txt' }, resources: { memoryMiB: 512 }, timeoutMs: 150_000 },
       model: { job: 'job-ro' },
       grade: { mode: 'same-sandbox', cmd: 'grep -qx fixed bug.txt' },
-    });
+    }).finally(() => (upstream.delayMs = 0));
     expect(line, JSON.stringify(line)).toMatchObject({ status: 'succeeded', agent: { exitCode: 0 }, rollout: { modelCalls: SCRIPT.length }, grade: { passed: true } });
     expect(line.agent!.stdout).toContain('The bug is fixed.');
     const id = line.rollout!.id;
@@ -100,6 +139,10 @@ describe('hosted rollouts', () => {
     // The upstream got the trainer's credential; nothing the agent saw or sent held it.
     expect(upstream.received.every((r) => r.headers.authorization === `Bearer ${SECRET}`)).toBe(true);
     expect(JSON.stringify(trajectory.body)).not.toContain(SECRET);
+    // Where its time went: each call waited on the upstream's delay at least, its commands ran.
+    const times = await expectConsistentTimes(line, trajectory.body);
+    expect(times.modelUpstream + times.modelHeld).toBeGreaterThanOrEqual(UPSTREAM_DELAY_MS * SCRIPT.length);
+    expect(times.tool).toBeGreaterThan(0);
 
     // Another tenant sees none of it.
     const other = await cluster.token('team-other', ['rollout:submit', 'batch:submit']);
@@ -144,6 +187,9 @@ describe('hosted rollouts', () => {
       expect(calls[1]!.heldMs).toBeGreaterThan(0);
       const commands = trajectory.entries.flatMap((e) => (e.kind === 'command' ? [e.command.argv[2]] : []));
       expect(commands).toEqual(SCRIPT.flatMap((t) => (t.toolCalls ?? []).map((c) => c.arguments.cmd)));
+      // The held turn's wait is in the rollout's held time.
+      const times = await expectConsistentTimes(line, trajectory);
+      expect(times.modelHeld).toBeGreaterThan(0);
     } finally {
       upstream.onRequest = undefined;
       await preemption?.catch(() => undefined);
@@ -179,6 +225,62 @@ describe('hosted rollouts', () => {
     expect(line.steps[0]!.stdout).not.toContain('rbr_');
     expect(hostConnections).toBe(0);
   }, 120_000);
+
+  it('sums its job\'s rollouts by how they ended and where their time went: API, Prometheus and the console chart (real Chromium) agree', async () => {
+    // One more rollout that ends at its model-call limit: its agent's second call is refused.
+    const { line: limited } = await runRollout({
+      customId: 'limited',
+      agent: { image: agentImage(), argv: ['/usr/bin/node', '/agent/openai-agent.mjs'], resources: { memoryMiB: 512 }, timeoutMs: 60_000 },
+      model: { job: 'job-ro' },
+      limits: { maxModelCalls: 1 },
+    });
+    expect(limited, JSON.stringify(limited)).toMatchObject({ status: 'failed', rollout: { modelCalls: 1, hit: 'max_model_calls' } });
+    const expected = { ...Object.fromEntries(['succeeded', 'failed', 'timeout', 'limit', 'cancelled', 'infra_error'].map((k) => [k, 0])), succeeded: endedLines.length - 1, limit: 1 };
+    const sums = Object.fromEntries([...ROLLOUT_TIME_PARTS, 'total'].map((part) => [part, endedLines.reduce((sum, l) => sum + l.rollout!.timesMs![part as keyof RolloutTimesMs], 0)]));
+    // The job's counters are written as the result is recorded: they catch up within moments.
+    const client = new RolloutsClient(new RollboxClient({ baseUrl: cluster.url, token: trainer }));
+    const job = await waitFor('the job\'s counters', async () => {
+      const j = await client.jobRolloutTimes('job-ro');
+      return j.timed >= endedLines.length ? j : undefined;
+    });
+    expect(job).toEqual({ job: 'job-ro', ended: expected, completionRate: (endedLines.length - 1) / endedLines.length, timed: endedLines.length, timesMs: sums });
+    // Another tenant's job of the same name is its own (empty).
+    const other = await cluster.token('team-other', ['rollout:submit']);
+    expect((await api<JobRolloutTimes>(cluster, other, 'GET', '/v1/jobs/job-ro/rollout-times')).body).toMatchObject({ timed: 0, completionRate: null });
+
+    // Prometheus (one gateway here: its counters are the cluster's).
+    const metrics = await (await fetch(`${cluster.url}/metrics`)).text();
+    const metric = (name: string, label: string) => Number(metrics.split('\n').find((l) => l.startsWith(`${name}{`) && l.includes('tenant="team-ro",job="job-ro"') && l.includes(label))?.split(' ').at(-1));
+    for (const part of ROLLOUT_TIME_PARTS) expect(metric('rollbox_rollout_seconds_total', `part="${part}"`), part).toBeCloseTo(sums[part]! / 1000, 3);
+    expect(metric('rollbox_rollouts_ended_total', 'outcome="succeeded"')).toBe(expected.succeeded);
+    expect(metric('rollbox_rollouts_ended_total', 'outcome="limit"')).toBe(1);
+
+    // The console's chart: a bar per job, its parts' sums as the API gives them, the completion rate.
+    const operator = await cluster.token('ops', ['cluster:read']);
+    chromium = await launchChromium();
+    const page = await chromium.newPage({ width: 1280, height: 1400 });
+    await page.navigate(`${cluster.url}/ui/console#token=${encodeURIComponent(operator)}`);
+    const row = 'document.querySelector(\'#rollout-jobs tr[data-rollout-job="team-ro/job-ro"]\')';
+    await page.waitFor('the job\'s bar', `${row}?.dataset.timed === '${endedLines.length}'`, 30_000);
+    const shown = await page.evaluate(`(() => {
+      const row = ${row};
+      const rects = [...row.querySelectorAll('rect[data-part]')];
+      return {
+        ms: Object.fromEntries(rects.map((r) => [r.dataset.part, Number(r.dataset.ms)])),
+        widthSum: rects.reduce((sum, r) => sum + Number(r.getAttribute('width')), 0),
+        completion: Number(row.querySelector('[data-col=completion]').dataset.value),
+        text: row.textContent,
+      };
+    })()`);
+    expect(shown.ms).toEqual(Object.fromEntries(ROLLOUT_TIME_PARTS.map((part) => [part, sums[part]])));
+    expect(shown.widthSum).toBeCloseTo(100, 1);
+    expect(shown.completion).toBe(job.completionRate);
+    expect(shown.text).toContain(`${expected.succeeded} of ${endedLines.length} (1 limit)`);
+    expect(shown.text).not.toMatch(/undefined|NaN/);
+    expect(page.exceptions).toEqual([]);
+    await page.evaluate(`document.getElementById('rollouts-section').scrollIntoView()`);
+    expect((await page.screenshot(SCREENSHOT)).subarray(1, 4).toString()).toBe('PNG');
+  }, 180_000);
 
   it('refuses a rollout without an agent, an agent without a model, and a batch:submit token alone', async () => {
     const noAgent = await api(cluster, trainer, 'POST', '/v1/rollouts', { task: { customId: 'x', steps: [{ cmd: 'true' }] } });

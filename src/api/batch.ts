@@ -209,5 +209,5 @@ export type BatchTaskStatus = z.infer<typeof BatchTaskStatus>;
  * `GET /v1/rollouts/:id`: where a hosted rollout attempt runs, its task's state in its batch
  * (`done` with the attempt that ended it), and what its model calls came to so far.
  */
-export const Rollout = RolloutRecord.extend({ task: BatchTaskStatus, usage: RolloutOutcome.omit({ id: true }) });
+export const Rollout = RolloutRecord.extend({ task: BatchTaskStatus, usage: RolloutOutcome.omit({ id: true, timesMs: true }) });
 export type Rollout = z.infer<typeof Rollout>;

@@ -2,6 +2,7 @@ import { z } from 'zod';
 import { BurstStatus } from './burst.ts';
 import { NodeHeartbeat } from './node.ts';
 import { Pool } from './pool.ts';
+import { JobRolloutTimes } from './rollout.ts';
 
 /** A figure that needs samples: null when the window held none. */
 const Maybe = z.number().nullable();
@@ -137,6 +138,8 @@ export const ConsoleSnapshot = z.object({
   capacity: CapacityReport,
   /** The latest creates, newest first (at most 20). */
   recent: z.array(RecentCreate),
+  /** The training jobs whose hosted rollouts ended last (at most 12, latest first), every tenant's: where their rollouts' time went. */
+  rolloutJobs: z.array(JobRolloutTimes.extend({ tenant: z.string() })),
 });
 export type ConsoleSnapshot = z.infer<typeof ConsoleSnapshot>;
 

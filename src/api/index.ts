@@ -108,6 +108,6 @@ export { BatchStep, BatchGrade, BatchTask, BatchOptions, CreateBatchRequest, Cre
 export { RefusalCounts, SignalFigures, SignalSeries, CapacityQuery, CapacityScenario, CapacityReport, ConsoleQuery, ConsoleSnapshot, RecentCreate, BurstSimulationRequest, BurstSimulation } from './console.ts';
 export { MODEL_APIS, ModelApi, ModelHeaders, ModelBaseUrl, ModelUpstream, ModelTokenFields, ModelBinding, ModelHoldState, ModelFigures, ModelBindingView, ModelLimits, ModelUsage, ModelAttempt, ModelTokens, ModelCallRecord, ModelCallList } from './model.ts';
 export type { ModelBindingParsed } from './model.ts';
-export { TrajectoryEntry, Trajectory, RolloutAgent, RolloutModel, RolloutLimits, RolloutOutcome, RolloutRecord } from './rollout.ts';
+export { TrajectoryEntry, Trajectory, RolloutAgent, RolloutModel, RolloutLimits, RolloutOutcome, RolloutRecord, RolloutTimesMs, ROLLOUT_TIME_PARTS, type RolloutTimePart, RolloutEnd, JobRolloutTimes } from './rollout.ts';
 export { E2bSnapshotBody, E2bSnapshotsQuery, E2bSnapshotRecord, E2bForkBody, E2bMetricsQuery, E2bNetworkUpdate, SandboxMetrics } from './e2b-control.ts';
 export { BuildContext, BuildRequest, BuildStepState, BuildStep, BuildState, Build, BuildLogEvent, BUILD_STEP_TIMEOUT_MAX_MS } from './build.ts';

@@ -45,6 +45,50 @@ export const RolloutLimits = z.strictObject({
 });
 export type RolloutLimits = z.infer<typeof RolloutLimits>;
 
+/**
+ * Where a rollout's wall time went (issue 39 point 8), ms, computed once when its agent
+ * exits. `total` runs from its task sandbox's create request to its agent's exit; each
+ * moment of it counts once, in the first part that covers it: `modelUpstream` (a model
+ * call in flight, not held: upstream and the gateway's own relay), `modelHeld` (a call held
+ * while the job was paused or its upstreams away), `tool` (a command of its task sandbox,
+ * queued to ended: setup steps and the agent's tools), `envWait` (its task and agent
+ * sandboxes' creates, requested to running), then `agent`: the rest (the agent's own
+ * work between them). So the parts sum to `total`.
+ */
+export const RolloutTimesMs = z.object({
+  modelUpstream: z.number().int(),
+  modelHeld: z.number().int(),
+  tool: z.number().int(),
+  envWait: z.number().int(),
+  agent: z.number().int(),
+  total: z.number().int(),
+});
+export type RolloutTimesMs = z.infer<typeof RolloutTimesMs>;
+/** The parts of RolloutTimesMs, in the order a moment is given to the first that covers it (`agent` last: the rest). */
+export const ROLLOUT_TIME_PARTS = ['modelUpstream', 'modelHeld', 'tool', 'envWait', 'agent'] as const satisfies readonly (keyof RolloutTimesMs)[];
+export type RolloutTimePart = (typeof ROLLOUT_TIME_PARTS)[number];
+
+/**
+ * How a rollout ended, for its job's completion rate: its task's status, except that one
+ * which did not succeed after hitting a model limit (calls, tokens, wall time) is `limit`.
+ */
+export const RolloutEnd = z.enum(['succeeded', 'failed', 'timeout', 'limit', 'cancelled', 'infra_error']);
+export type RolloutEnd = z.infer<typeof RolloutEnd>;
+
+/** `GET /v1/jobs/:job/rollout-times`: a training job's ended rollouts and where their time went. */
+export const JobRolloutTimes = z.object({
+  job: z.string(),
+  /** Rollouts ended, by how they ended. */
+  ended: z.record(RolloutEnd, z.number().int()),
+  /** Succeeded over all ended; null before any ended. */
+  completionRate: z.number().nullable(),
+  /** Rollouts whose times are summed in `timesMs`: those whose agent ran to its exit (not cancelled or lost). */
+  timed: z.number().int(),
+  /** Sums over the timed rollouts, ms (divide by `timed` for a rollout's mean). */
+  timesMs: RolloutTimesMs,
+});
+export type JobRolloutTimes = z.infer<typeof JobRolloutTimes>;
+
 /** What a rollout's model calls came to (in its result line). */
 export const RolloutOutcome = z.object({
   /** The id its model calls are recorded under (one per attempt): its trajectory's. */
@@ -53,6 +97,8 @@ export const RolloutOutcome = z.object({
   tokens: z.number().int(),
   /** The first limit it hit, if any. */
   hit: z.enum(['max_model_calls', 'max_tokens', 'wall_time']).optional(),
+  /** Where its time went, up to its agent's exit. */
+  timesMs: RolloutTimesMs.optional(),
 });
 export type RolloutOutcome = z.infer<typeof RolloutOutcome>;
 
@@ -66,7 +112,12 @@ export const RolloutRecord = z.object({
   attempt: z.number().int(),
   taskSandboxId: z.string(),
   agentSandboxId: z.string(),
+  /** When its agent was about to start. */
   createdAt: z.string(),
+  /** Its task and agent sandboxes' creates, requested to running (epoch ms): its wall time starts at the first. */
+  envWaits: z.array(z.object({ fromMs: z.number(), toMs: z.number() })).optional(),
+  /** Where its time went, written once when its agent exits. */
+  timesMs: RolloutTimesMs.optional(),
 });
 export type RolloutRecord = z.infer<typeof RolloutRecord>;
 

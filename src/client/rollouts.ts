@@ -1,5 +1,5 @@
 import { ZodError, type z } from 'zod';
-import { Batch, FollowedRollout as FollowedRolloutData, Rollout, Trajectory, type CreateRolloutRequest } from '../api/index.ts';
+import { Batch, FollowedRollout as FollowedRolloutData, JobRolloutTimes, Rollout, Trajectory, type CreateRolloutRequest } from '../api/index.ts';
 import { BatchesClient } from './batches.ts';
 import { json, serverSentEvents } from './body.ts';
 import type { RollboxClient } from './client.ts';
@@ -33,7 +33,12 @@ export class RolloutsClient {
     return Batch.parse(await this.client.request('POST', '/v1/rollouts', { headers: { 'content-type': 'application/json' }, body: JSON.stringify(request), retry: 'refused' }, json));
   }
 
-  /** Where an attempt ran, its task's state in its batch, its model usage so far. */
+  /** A training job's ended rollouts by how they ended, and where their time went (sums, ms). */
+  async jobRolloutTimes(job: string): Promise<JobRolloutTimes> {
+    return JobRolloutTimes.parse(await this.client.request('GET', `/v1/jobs/${encodeURIComponent(job)}/rollout-times`, {}, json));
+  }
+
+  /** Where an attempt ran, its task's state in its batch, its model usage so far, where its time went once its agent exited. */
   async getRollout(id: string): Promise<Rollout> {
     return Rollout.parse(await this.client.request('GET', rolloutPath(id), {}, json));
   }

@@ -78,7 +78,7 @@ export interface GatewayDeps {
   /** Traffic into sandboxes' ports (`/v1/sandboxes/:id/ports/:port/...`, E2B's `getHost` names); absent: not served. */
   ports?: Pick<PortsService, 'ofTenant' | 'byId' | 'pass'>;
   /** Hosted rollouts' records and trajectories (src/rollouts); absent: /v1/rollouts is not served. */
-  rollouts?: Pick<RolloutService, 'get' | 'trajectory'>;
+  rollouts?: Pick<RolloutService, 'get' | 'trajectory' | 'jobTimes'>;
   /** `GET /v1/sandboxes/:id/metrics`; absent: not served. */
   sandboxMetrics?: Pick<SandboxMetricsService, 'sample'>;
 }

@@ -20,5 +20,5 @@ export type { LayerCollectorDeps } from './housekeeping/index.ts';
 export { createMetrics } from './metrics.ts';
 export type { GatewayMetrics } from './metrics.ts';
 export { BatchJobs, BatchRunner, BatchService, runTask, type BatchServiceDeps } from './batches/index.ts';
-export type { TaskDeps } from './batches/index.ts';
+export type { TaskDeps, TaskEnded } from './batches/index.ts';
 export { startingAnswer } from './starting.ts';

@@ -1,6 +1,6 @@
 import type { MiddlewareHandler } from 'hono';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
-import type { NodeHeartbeat } from '../api/index.ts';
+import { ROLLOUT_TIME_PARTS, type NodeHeartbeat, type RolloutEnd, type RolloutTimesMs } from '../api/index.ts';
 import type { NodeDirectory } from '../queues/index.ts';
 import { REFUSAL_CAUSES } from './console/figures.ts';
 import type { SignalRecorder } from './console/recorder.ts';
@@ -70,6 +70,14 @@ export function createMetrics(directory: Pick<NodeDirectory, 'list'>, options: {
   const execDuration = new Histogram({ name: 'rollbox_exec_duration_seconds', help: 'tool execution time: exec durations as the worker measured them', buckets: WAIT_BUCKETS_SECONDS, registers: [registry] });
   const createRefusals = new Counter({ name: 'rollbox_create_refusals_total', help: 'refused creates by cause (quota, no_capacity, network)', labelNames: ['cause'] as const, registers: [registry] });
   const batchTasks = new Counter({ name: 'rollbox_batch_tasks_ended_total', help: 'batch tasks that ended, by whether they succeeded', labelNames: ['succeeded'] as const, registers: [registry] });
+  // Per training job (label `job`, with its tenant): a team runs few jobs at once, so these stay few series.
+  const rolloutSeconds = new Counter({
+    name: 'rollbox_rollout_seconds_total',
+    help: 'where ended rollouts\' wall time went, by part (modelUpstream, modelHeld, tool, envWait, agent: they sum to the wall time), per job',
+    labelNames: ['tenant', 'job', 'part'] as const,
+    registers: [registry],
+  });
+  const rolloutsEnded = new Counter({ name: 'rollbox_rollouts_ended_total', help: 'hosted rollouts that ended, by how (succeeded, failed, timeout, limit, cancelled, infra_error), per job', labelNames: ['tenant', 'job', 'outcome'] as const, registers: [registry] });
   const { signals } = options;
   /** The console's figures and Prometheus' together, so the two never drift apart. */
   const seen = {
@@ -90,6 +98,10 @@ export function createMetrics(directory: Pick<NodeDirectory, 'list'>, options: {
     taskEnded(succeeded: boolean) {
       batchTasks.inc({ succeeded: String(succeeded) });
       signals?.taskEnded(succeeded);
+    },
+    rolloutEnded(tenant: string, job: string, outcome: RolloutEnd, timesMs: RolloutTimesMs | undefined) {
+      rolloutsEnded.inc({ tenant, job, outcome });
+      if (timesMs) for (const part of ROLLOUT_TIME_PARTS) rolloutSeconds.inc({ tenant, job, part }, timesMs[part] / 1000);
     },
   };
 

@@ -4,3 +4,4 @@ export { ModelCallLog, RolloutLimits, JobFigures } from './log.ts';
 export { ModelBindings, bindingView } from './bindings.ts';
 export { JobHolds } from './holds.ts';
 export { errorBody } from './dialects/index.ts';
+export { modelKeys } from './keys.ts';

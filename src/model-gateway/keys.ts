@@ -1,6 +1,6 @@
 /**
  * The model gateway's Redis keys. A job's keys share the hash tag `{mjob:<tenant>/<job>}`
- * (its binding, hold state, queue of held calls, figures), a rollout's share
+ * (its binding, hold state, queue of held calls, figures, rollout times), a rollout's share
  * `{rollout:<id>}` (its calls in flight, records, counters), so each script touches one
  * Redis Cluster slot.
  */
@@ -21,6 +21,8 @@ export const modelKeys = {
   holdSeq: (tenant: string, name: string) => `${job(tenant, name)}:seq`,
   /** Hash of ModelFigures counters. */
   figures: (tenant: string, name: string) => `${job(tenant, name)}:figures`,
+  /** Hash of the job's ended rollouts and their times (src/rollouts/job-times.ts). */
+  rolloutTimes: (tenant: string, name: string) => `${job(tenant, name)}:rollout-times`,
 
   /** Turn numbers of the rollout's calls. */
   turns: (rolloutId: string) => `${rollout(rolloutId)}:turns`,

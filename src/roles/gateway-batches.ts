@@ -1,7 +1,7 @@
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import type { Config } from '../config/index.ts';
-import { BatchJobs, BatchRunner, BatchService, runTask, type BatchServiceDeps, type TaskDeps } from '../gateway/index.ts';
+import { BatchJobs, BatchRunner, BatchService, runTask, type BatchServiceDeps, type TaskDeps, type TaskEnded } from '../gateway/index.ts';
 import { connectJobRedis } from '../queues/jobs/index.ts';
 import type { BlockingPool } from '../redis/index.ts';
 import { BatchStore } from '../registry/index.ts';
@@ -23,7 +23,7 @@ export function batchesOf(
   taskDeps: Omit<TaskDeps, 'store' | 'collectMaxBytes'>,
   logger: Logger,
   now: () => number,
-  onTaskEnded: ((succeeded: boolean) => void) | undefined,
+  onTaskEnded: ((ended: TaskEnded) => void | Promise<void>) | undefined,
   requireValidated: BatchServiceDeps['requireValidated'],
 ): { batches: BatchService; runner: BatchRunner; jobs: BatchJobs; stop: () => Promise<void> } {
   const store = new BatchStore(redis, now);

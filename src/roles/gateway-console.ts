@@ -5,6 +5,7 @@ import type { BurstStatus, Pool } from '../api/index.ts';
 import type { Config } from '../config/index.ts';
 import { ConsoleService, SignalRecorder, recentCreates, registerCapacityMetrics } from '../gateway/console/index.ts';
 import type { NodeDirectory } from '../queues/index.ts';
+import type { JobRolloutTimesStore } from '../rollouts/index.ts';
 import { SignalStore, type SandboxRegistry } from '../registry/index.ts';
 
 /**
@@ -15,12 +16,13 @@ import { SignalStore, type SandboxRegistry } from '../registry/index.ts';
 export function gatewayConsoleOf(config: Config, redis: Redis, registry: Pick<SandboxRegistry, 'get'>, directory: Pick<NodeDirectory, 'list'>, logger: Logger, now: () => number) {
   const store = new SignalStore(redis);
   const signals = new SignalRecorder({ store, nodes: () => directory.list(), localPool: config.node.pool, flushMs: config.capacity.signalsFlushMs, logger: logger.child({ name: 'signals' }), now });
-  const service = (deps: { pools: () => Promise<Pool[]>; burst?: { status(): Promise<BurstStatus> }; metricsRegistry: Registry }): ConsoleService => {
+  const service = (deps: { pools: () => Promise<Pool[]>; rolloutJobs: Pick<JobRolloutTimesStore, 'latest'>; burst?: { status(): Promise<BurstStatus> }; metricsRegistry: Registry }): ConsoleService => {
     const console = new ConsoleService({
       signals: store,
       nodes: () => directory.list(),
       pools: deps.pools,
       recent: (limit) => recentCreates(redis, registry, limit),
+      rolloutJobs: (limit) => deps.rolloutJobs.latest(limit),
       ...(deps.burst ? { burst: deps.burst } : {}),
       localPool: config.node.pool,
       capacity: { ...(config.capacity.safePerNode !== undefined ? { safePerNode: config.capacity.safePerNode } : {}), headroom: config.capacity.headroom },

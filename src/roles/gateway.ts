@@ -6,7 +6,7 @@ import type { Config } from '../config/index.ts';
 import { startingAnswer, serveUpgrades, PortsService, ExecService, ForkService, FilesService, TtlService, Janitor, LayerCollector, NodeRequests, PoolService, RunService, SandboxService, createGateway, createMetrics, newId, type LayerBuilder } from '../gateway/index.ts';
 import { RolloutKeyStore, createTokenIssuer, createTokenVerifier } from '../iam/index.ts';
 import { ModelCallLog, RolloutLimits } from '../model-gateway/index.ts';
-import { RolloutService } from '../rollouts/index.ts';
+import { JobRolloutTimesStore, RolloutService, rolloutEndOf } from '../rollouts/index.ts';
 import { BurstController, CommandProvider, LocalProvider, TraceRecorder, type CloudProvider } from '../burst/index.ts';
 import { ExtractWorkers, GzippedChunks, buildLayerFromTar } from '../layers/index.ts';
 import { NodeDirectory, ReplyHub } from '../queues/index.ts';
@@ -110,8 +110,18 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const runs = new RunService({ sandboxes, redis, fetchMaxBytes: config.files.maxBytes, now });
   const buildLayer: LayerBuilder = (tar, { maxBytes }) => buildLayerFromTar(tar, { store, tmpDir, maxBytes, maxEntries: config.layerMaxEntries, extract, build: config.layerBuild });
   const rolloutKeys = new RolloutKeyStore(redis, now);
-  const rollouts = { keys: rolloutKeys, records: new RolloutRecords(redis, config.model.recordTtlSeconds), limits: new RolloutLimits(redis, config.model.recordTtlSeconds) };
-  const { batches, runner: batchRunner, jobs: batchJobs, stop: stopBatches } = batchesOf(config, redisUrl, redis, blocking, { sandboxes, files, execs, layers, buildLayer, now, rollouts }, logger, now, (succeeded) => metrics.seen.taskEnded(succeeded), (principal, tasks) => imageChecks.requireValidated(principal, tasks));
+  const rolloutRecords = new RolloutRecords(redis, config.model.recordTtlSeconds);
+  const rolloutLimits = new RolloutLimits(redis, config.model.recordTtlSeconds);
+  const jobTimes = new JobRolloutTimesStore(redis, now);
+  const rolloutService = new RolloutService({ records: rolloutRecords, calls: new ModelCallLog(redis), limits: rolloutLimits, commands, batches: new BatchStore(redis, now), jobTimes });
+  const rollouts = { keys: rolloutKeys, records: rolloutRecords, limits: rolloutLimits, times: rolloutService };
+  const { batches, runner: batchRunner, jobs: batchJobs, stop: stopBatches } = batchesOf(config, redisUrl, redis, blocking, { sandboxes, files, execs, layers, buildLayer, now, rollouts }, logger, now, async ({ tenant, task, line }) => {
+    metrics.seen.taskEnded(line.status === 'succeeded');
+    if (!task.agent || !task.model) return;
+    const end = rolloutEndOf(line);
+    metrics.seen.rolloutEnded(tenant, task.model.job, end, line.rollout?.timesMs);
+    await jobTimes.add(tenant, task.model.job, end, line.rollout?.timesMs);
+  }, (principal, tasks) => imageChecks.requireValidated(principal, tasks));
   // After the batches: a check's runs are a batch (the batches ask it back whether images passed).
   const imageChecks: ImageChecks = new ImageChecks({ redis, images, batches, now });
   const { builds, stop: stopBuilds } = buildsOf(config, redisUrl, { redis, sandboxes, files, execs, images, layers, imagePulls, buildLayer }, logger, now);
@@ -121,12 +131,12 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const app = createGateway({
     config, redis, verifier: createTokenVerifier(config.jwt), rolloutKeys, sandboxes, forks, ttls, execs, files, pools, runs, batches, layers, directory, metrics, logger, now, burst,
     jobQueues: () => [...directory.list().map((n) => createJobs.queue(n.nodeId)), ...batchJobs.openQueues()],
-    console: consoleParts.service({ pools: () => pools.listAll(), burst, metricsRegistry: metrics.registry }),
+    console: consoleParts.service({ pools: () => pools.listAll(), rolloutJobs: jobTimes, burst, metricsRegistry: metrics.registry }),
     buildLayer,
     layerStore: store,
     ...(config.http.layerBlobGzipLevel > 0 ? { gzippedChunks: new GzippedChunks(store, config.http.layerBlobGzipLevel) } : {}),
     model,
-    rollouts: new RolloutService({ records: rollouts.records, calls: new ModelCallLog(redis), limits: rollouts.limits, commands, batches: new BatchStore(redis, now) }),
+    rollouts: rolloutService,
     e2b: e2bParts.e2b,
     ports,
     sandboxMetrics: e2bParts.sandboxMetrics,

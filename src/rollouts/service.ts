@@ -1,15 +1,18 @@
-import { RollboxError, type CommandRecord, type ModelCallRecord, type Rollout, type RolloutRecord, type Trajectory } from '../api/index.ts';
+import { RollboxError, type CommandRecord, type JobRolloutTimes, type ModelCallRecord, type Rollout, type RolloutRecord, type RolloutTimesMs, type Trajectory } from '../api/index.ts';
 import { requireScope, type Principal } from '../iam/index.ts';
 import type { BatchStore, CommandLog, RolloutRecords } from '../registry/index.ts';
 import type { ModelCallLog, RolloutLimits } from '../model-gateway/index.ts';
+import type { JobRolloutTimesStore } from './job-times.ts';
+import { rolloutTimes } from './times.ts';
 import { interleave } from './trajectory.ts';
 
 export interface RolloutServiceDeps {
-  records: Pick<RolloutRecords, 'get'>;
+  records: Pick<RolloutRecords, 'get' | 'put'>;
   calls: Pick<ModelCallLog, 'list'>;
   limits: Pick<RolloutLimits, 'usage'>;
   commands: Pick<CommandLog, 'page'>;
   batches: Pick<BatchStore, 'taskStatus'>;
+  jobTimes: Pick<JobRolloutTimesStore, 'read'>;
 }
 
 /** A trajectory past this many model calls or commands is cut there (and says so in its error). */
@@ -37,9 +40,37 @@ export class RolloutService {
    */
   async trajectory(principal: Principal, id: string): Promise<Trajectory> {
     const record = await this.owned(principal, id);
+    const { calls, commands } = await this.logsOf(record);
+    return { rolloutId: id, entries: interleave(calls, commands.map((command) => ({ sandboxId: record.taskSandboxId, command }))) };
+  }
+
+  /**
+   * Where the rollout's time went, from its start (its record's first create) to its agent's
+   * exit at `endedAtMs`: computed once, when its agent exits, from its logs, and kept with its
+   * record. Undefined when its record is gone.
+   */
+  async finish(id: string, endedAtMs: number): Promise<RolloutTimesMs | undefined> {
+    const record = await this.deps.records.get(id);
+    if (!record) return undefined;
+    const { calls, commands } = await this.logsOf(record);
+    const envWaits = record.envWaits ?? [];
+    const fromMs = Math.min(Date.parse(record.createdAt), ...envWaits.map((w) => w.fromMs));
+    const timesMs = rolloutTimes({ window: { fromMs, toMs: endedAtMs }, envWaits, calls, commands });
+    await this.deps.records.put({ ...record, timesMs });
+    return timesMs;
+  }
+
+  /** `GET /v1/jobs/:job/rollout-times`: the tenant's job's ended rollouts and their times. */
+  jobTimes(principal: Principal, job: string): Promise<JobRolloutTimes> {
+    requireScope(principal, 'rollout:submit', 'batch:submit');
+    return this.deps.jobTimes.read(principal.tenant, job);
+  }
+
+  /** The rollout's model calls and its task sandbox's commands (each cut at MAX_TRAJECTORY_ENTRIES). */
+  private async logsOf(record: RolloutRecord): Promise<{ calls: ModelCallRecord[]; commands: CommandRecord[] }> {
     const calls: ModelCallRecord[] = [];
     for (let after = 0; calls.length < MAX_TRAJECTORY_ENTRIES; ) {
-      const page = await this.deps.calls.list(id, { after, limit: PAGE });
+      const page = await this.deps.calls.list(record.id, { after, limit: PAGE });
       calls.push(...page.calls);
       if (page.calls.length < PAGE) break;
       after = page.nextAfter;
@@ -51,7 +82,7 @@ export class RolloutService {
       if (!page.nextCursor) break;
       after = page.nextCursor;
     }
-    return { rolloutId: id, entries: interleave(calls, commands.map((command) => ({ sandboxId: record.taskSandboxId, command }))) };
+    return { calls, commands };
   }
 
   private async owned(principal: Principal, id: string): Promise<RolloutRecord> {

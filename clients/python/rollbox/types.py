@@ -202,10 +202,12 @@ class RolloutOutcome:
     model_calls: int
     tokens: int
     hit: Optional[str] = None
+    #: Where its time went once its agent exited, ms: modelUpstream, modelHeld, tool, envWait, agent (they sum to total).
+    times_ms: Optional[Dict[str, int]] = None
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "RolloutOutcome":
-        return cls(id=d.get("id", ""), model_calls=int(d.get("modelCalls", 0)), tokens=int(d.get("tokens", 0)), hit=d.get("hit"))
+        return cls(id=d.get("id", ""), model_calls=int(d.get("modelCalls", 0)), tokens=int(d.get("tokens", 0)), hit=d.get("hit"), times_ms=d.get("timesMs"))
 
 
 @dataclass(frozen=True)
@@ -289,6 +291,8 @@ class Rollout:
     created_at: str
     task: BatchTaskStatus
     usage: RolloutOutcome
+    #: Where its time went once its agent exited, ms (docs/rollouts.md "Where a rollout's time goes").
+    times_ms: Optional[Dict[str, int]] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -296,7 +300,7 @@ class Rollout:
         return cls(id=d["id"], tenant=d.get("tenant", ""), job=d.get("job", ""), batch_id=d["batchId"], custom_id=d["customId"],
                    attempt=int(d.get("attempt", 0)), task_sandbox_id=d.get("taskSandboxId", ""), agent_sandbox_id=d.get("agentSandboxId", ""),
                    created_at=d.get("createdAt", ""), task=BatchTaskStatus.from_json(d["task"]),
-                   usage=RolloutOutcome.from_json({**d.get("usage", {}), "id": d["id"]}), raw=d)
+                   usage=RolloutOutcome.from_json({**d.get("usage", {}), "id": d["id"]}), times_ms=d.get("timesMs"), raw=d)
 
 
 @dataclass(frozen=True)

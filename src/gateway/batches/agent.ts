@@ -1,7 +1,7 @@
 import { SANDBOX_GATEWAY_URL, type BatchTask, type ExecResult, type NetworkPolicy, type RolloutOutcome } from '../../api/index.ts';
 import type { Principal, RolloutKeyStore } from '../../iam/index.ts';
 import type { RolloutRecords } from '../../registry/index.ts';
-import { agentEnv } from '../../rollouts/index.ts';
+import { agentEnv, type RolloutService, type Span } from '../../rollouts/index.ts';
 import type { ExecService } from '../exec-service.ts';
 
 /** What running a hosted rollout's agent needs beyond a task's deps: its key and its model limits. */
@@ -9,6 +9,8 @@ export interface RolloutDeps {
   keys: Pick<RolloutKeyStore, 'issue' | 'grantSandbox' | 'revoke'>;
   records: Pick<RolloutRecords, 'put'>;
   limits: { set(rolloutId: string, limits: { maxModelCalls?: number; maxTokens?: number; deadlineMs?: number }): Promise<void>; usage(rolloutId: string): Promise<{ calls: number; tokens: number; hit?: RolloutOutcome['hit'] }> };
+  /** Where an attempt's time went, computed when its agent exits. */
+  times: Pick<RolloutService, 'finish'>;
 }
 
 type Agent = NonNullable<BatchTask['agent']>;
@@ -26,11 +28,11 @@ export const AGENT_NETWORK: NetworkPolicy = { mode: 'none', allow: [], gateway: 
  */
 export async function prepareRollout(
   deps: RolloutDeps,
-  input: { tenant: string; job: string; batchId: string; customId: string; attempt: number; taskSandboxId: string; agentSandboxId: string; agent: Agent; limits: BatchTask['limits']; ttlSeconds: number; now: number },
+  input: { tenant: string; job: string; batchId: string; customId: string; attempt: number; taskSandboxId: string; agentSandboxId: string; agent: Agent; limits: BatchTask['limits']; ttlSeconds: number; now: number; envWaits: Span[] },
 ): Promise<{ rolloutId: string; env: Record<string, string> }> {
-  const { tenant, job, batchId, customId, attempt, taskSandboxId, agentSandboxId, ttlSeconds } = input;
+  const { tenant, job, batchId, customId, attempt, taskSandboxId, agentSandboxId, ttlSeconds, envWaits } = input;
   const rolloutId = rolloutIdOf(batchId, customId, attempt);
-  await deps.records.put({ id: rolloutId, tenant, job, batchId, customId, attempt, taskSandboxId, agentSandboxId, createdAt: new Date(input.now).toISOString() });
+  await deps.records.put({ id: rolloutId, tenant, job, batchId, customId, attempt, taskSandboxId, agentSandboxId, createdAt: new Date(input.now).toISOString(), envWaits });
   const key = await deps.keys.issue({ tenant, rolloutId, job, ttlSeconds });
   await deps.keys.grantSandbox(rolloutId, taskSandboxId, ttlSeconds);
   await deps.limits.set(rolloutId, { ...input.limits, deadlineMs: input.now + input.agent.timeoutMs });
@@ -45,8 +47,8 @@ export function runAgentCommand(execs: Pick<ExecService, 'exec'>, acting: Princi
   return execs.exec(acting, agentSandboxId, { ...(agent.argv ? { argv: agent.argv } : { cmd: agent.cmd! }), env, timeoutMs: agent.timeoutMs, background: false, commandId });
 }
 
-/** What the attempt's model calls came to, for its result line. */
-export async function rolloutOutcome(deps: RolloutDeps, rolloutId: string): Promise<RolloutOutcome> {
-  const usage = await deps.limits.usage(rolloutId);
-  return { id: rolloutId, modelCalls: usage.calls, tokens: usage.tokens, ...(usage.hit ? { hit: usage.hit } : {}) };
+/** What the attempt's model calls came to and where its time went (its agent exited at `endedAtMs`), for its result line. */
+export async function rolloutOutcome(deps: RolloutDeps, rolloutId: string, endedAtMs: number): Promise<RolloutOutcome> {
+  const [usage, timesMs] = await Promise.all([deps.limits.usage(rolloutId), deps.times.finish(rolloutId, endedAtMs)]);
+  return { id: rolloutId, modelCalls: usage.calls, tokens: usage.tokens, ...(usage.hit ? { hit: usage.hit } : {}), ...(timesMs ? { timesMs } : {}) };
 }

@@ -19,8 +19,15 @@ export interface BatchRunnerDeps {
   tenantWeights: Readonly<Record<string, number>>;
   now: () => number;
   logger: Logger;
-  /** Told once per task that ends (its result line recorded), for the console's completion rate. */
-  onTaskEnded?: (succeeded: boolean) => void;
+  /** Told once per task that ends (its result line recorded): the console's completion rate, a rollout job's times. Awaited; its failure is logged. */
+  onTaskEnded?: (ended: TaskEnded) => void | Promise<void>;
+}
+
+/** A task whose result line was recorded. */
+export interface TaskEnded {
+  tenant: string;
+  task: BatchTask;
+  line: ResultLineInput;
 }
 
 interface Local {
@@ -158,6 +165,7 @@ export class BatchRunner {
   private async launch(batch: BatchLoad, job: TaskJob, token: string): Promise<void> {
     const { store, logger } = this.deps;
     const customId = job.data.customId;
+    const task = BatchTask.parse(job.data);
     const attempt = await store.begin(batch.id, customId);
     if (attempt === undefined) {
       // Its result is recorded (a runner died between recording and completing the job, or it was cancelled).
@@ -166,11 +174,11 @@ export class BatchRunner {
     }
     if (attempt > batch.options.maxAttempts) {
       // Stalled (its runners died) more often than it may run.
-      await this.record(batch.id, job, token, { customId, status: 'infra_error', steps: [], attempts: attempt - 1, error: { code: 'node_lost', message: `the task's runner was lost ${attempt - 1} times` } }, 'failed');
+      await this.record({ tenant: batch.tenant, task }, batch.id, job, token, { customId, status: 'infra_error', steps: [], attempts: attempt - 1, error: { code: 'node_lost', message: `the task's runner was lost ${attempt - 1} times` } }, 'failed');
       return;
     }
     const controller = new AbortController();
-    const run = { batchId: batch.id, tenant: batch.tenant, options: batch.options, customId, attempt, task: BatchTask.parse(job.data) };
+    const run = { batchId: batch.id, tenant: batch.tenant, options: batch.options, customId, attempt, task };
     const key = `${batch.id}/${customId}`;
     this.deps.jobs.ran(batch.id, 1);
     const done = this.deps
@@ -190,7 +198,7 @@ export class BatchRunner {
     const { store } = this.deps;
     switch (outcome.kind) {
       case 'result':
-        await this.record(run.batchId, job, token, outcome.line, outcome.line.status === 'succeeded' ? 'completed' : 'failed');
+        await this.record(run, run.batchId, job, token, outcome.line, outcome.line.status === 'succeeded' ? 'completed' : 'failed');
         return;
       case 'backpressure':
         this.paused.set(run.batchId, this.deps.now() + BACKPRESSURE_PAUSE_MS);
@@ -201,7 +209,7 @@ export class BatchRunner {
       case 'aborted': {
         const state = await store.state(run.batchId);
         if (state === 'cancelling' || state === 'cancelled' || state === 'expired') {
-          await this.record(run.batchId, job, token, { customId: run.customId, status: 'cancelled', steps: outcome.steps, attempts: run.attempt, error: { code: 'cancelled', message: 'the batch was cancelled while the task ran' } }, 'completed');
+          await this.record(run, run.batchId, job, token, { customId: run.customId, status: 'cancelled', steps: outcome.steps, attempts: run.attempt, error: { code: 'cancelled', message: 'the batch was cancelled while the task ran' } }, 'completed');
         } else {
           await store.release(run.batchId, run.customId, false);
           await job.moveToWait(token);
@@ -211,7 +219,7 @@ export class BatchRunner {
       case 'infra':
         this.deps.logger.warn({ batchId: run.batchId, customId: run.customId, attempt: run.attempt, error: outcome.error }, 'batch task attempt failed (platform)');
         if (run.attempt >= run.options.maxAttempts) {
-          await this.record(run.batchId, job, token, { customId: run.customId, status: 'infra_error', steps: outcome.steps, attempts: run.attempt, error: outcome.error }, 'failed');
+          await this.record(run, run.batchId, job, token, { customId: run.customId, status: 'infra_error', steps: outcome.steps, attempts: run.attempt, error: outcome.error }, 'failed');
         } else {
           await store.release(run.batchId, run.customId, true);
           // A retryable failure: BullMQ waits its backoff, then the job is fetched again.
@@ -225,10 +233,12 @@ export class BatchRunner {
    * leaves a job whose next fetch finds the result and only completes it. The job of a task
    * that failed on its own is failed unrecoverably (no retry; operators see it as failed).
    */
-  private async record(batchId: string, job: TaskJob, token: string, line: ResultLineInput, as: 'completed' | 'failed'): Promise<void> {
+  private async record(of: Pick<TaskEnded, 'tenant' | 'task'>, batchId: string, job: TaskJob, token: string, line: ResultLineInput, as: 'completed' | 'failed'): Promise<void> {
     const { cursor } = await this.deps.store.finish(batchId, line);
     // Only a line the store took counts: a task ends once.
-    if (cursor !== undefined) this.deps.onTaskEnded?.(line.status === 'succeeded');
+    if (cursor !== undefined) {
+      await Promise.resolve(this.deps.onTaskEnded?.({ ...of, line })).catch((err: unknown) => this.deps.logger.warn({ batchId, customId: line.customId, err: String(err) }, 'counting an ended batch task failed'));
+    }
     const settled = as === 'completed' ? job.moveToCompleted(undefined, token, false) : job.moveToFailed(new UnrecoverableError(line.error?.message ?? `the task ended ${line.status}`), token, false);
     // The lock may have lapsed (the job stalled and another gateway has it): the result is recorded either way.
     await settled.catch((err: unknown) => this.deps.logger.warn({ batchId, customId: line.customId, err: String(err) }, 'settling a batch job after its result failed'));

@@ -2,6 +2,7 @@ import path from 'node:path';
 import { FILES_BYTES_TYPE, RollboxError, type BatchOptions, type BatchTask, type ErrorCode, type ExecResult, type StepResult } from '../../api/index.ts';
 import type { Principal } from '../../iam/index.ts';
 import type { AttemptSandboxes, BatchStore, ResultLineInput } from '../../registry/index.ts';
+import type { Span } from '../../rollouts/index.ts';
 import { AGENT_NETWORK, agentCommandIdOf, prepareRollout, rolloutIdOf, rolloutOutcome, runAgentCommand, type RolloutDeps } from './agent.ts';
 import { gradeInFreshSandbox, gradeInPlace, type GradeDeps } from './grade.ts';
 
@@ -97,8 +98,11 @@ export async function runTask(deps: TaskDeps, run: TaskRun): Promise<TaskOutcome
   const ttlSeconds = Math.ceil(stepsMs / 1000) + TTL_MARGIN_SEC;
   // The task's, else its image's WorkingDir (known once the sandbox is created): relative file paths resolve against it.
   let workdir = task.workdir ?? '/';
+  /** A rollout's creates, requested to running: its environment wait. */
+  const envWaits: Span[] = [];
   const create = async (image: BatchTask['image'], role: 'steps' | 'agent' | 'grade', hiddenPaths: string[]): Promise<string> => {
     const agent = role === 'agent' ? task.agent : undefined;
+    const requestedAtMs = deps.now();
     const { sandbox } = await deps.sandboxes.create(
       acting,
       {
@@ -117,6 +121,7 @@ export async function runTask(deps: TaskDeps, run: TaskRun): Promise<TaskOutcome
       `${run.batchId}.${run.customId}.${run.attempt}.${role}`,
     );
     made.push(sandbox.id);
+    if (role !== 'grade') envWaits.push({ fromMs: requestedAtMs, toMs: deps.now() });
     if (role === 'steps') workdir = sandbox.spec.workdir ?? workdir;
     if (run.signal.aborted) throw run.signal.reason;
     return sandbox.id;
@@ -167,10 +172,11 @@ export async function runTask(deps: TaskDeps, run: TaskRun): Promise<TaskOutcome
       rolloutId = rolloutIdOf(run.batchId, run.customId, attempt);
       const commandId = agentCommandIdOf(run.batchId, attempt);
       const started = resumed && (await deps.execs.commandLog(acting, agentSandboxId, 1000)).some((c) => c.commandId === commandId);
-      const { env } = started ? { env: {} } : await prepareRollout(deps.rollouts, { tenant: run.tenant, job: task.model.job, batchId: run.batchId, customId: run.customId, attempt, taskSandboxId: sandboxId, agentSandboxId, agent: task.agent, limits: task.limits, ttlSeconds, now: deps.now() });
+      const { env } = started ? { env: {} } : await prepareRollout(deps.rollouts, { tenant: run.tenant, job: task.model.job, batchId: run.batchId, customId: run.customId, attempt, taskSandboxId: sandboxId, agentSandboxId, agent: task.agent, limits: task.limits, ttlSeconds, now: deps.now(), envWaits });
       const r = await runAgentCommand(deps.execs, acting, agentSandboxId, task.agent, env, commandId);
+      const agentEndedAtMs = deps.now();
       line.agent = stepOf(r);
-      line.rollout = await rolloutOutcome(deps.rollouts, rolloutId);
+      line.rollout = await rolloutOutcome(deps.rollouts, rolloutId, agentEndedAtMs);
       if (r.timedOut || r.exitCode !== 0) line.status = r.timedOut ? 'timeout' : 'failed';
     }
     const grade = task.grade;

@@ -11,6 +11,8 @@ export interface ConsoleServiceDeps {
   pools: () => Promise<Pool[]>;
   /** The latest creates, newest first. */
   recent: (limit: number) => Promise<RecentCreate[]>;
+  /** The jobs whose rollouts ended last, latest first (src/rollouts' JobRolloutTimesStore). */
+  rolloutJobs: (limit: number) => Promise<ConsoleSnapshot['rolloutJobs']>;
   burst?: { status(): Promise<BurstStatus> };
   /** The local pool's name: cloud hosts are not counted as nodes to size. */
   localPool: string;
@@ -22,6 +24,8 @@ export interface ConsoleServiceDeps {
 const CHART_POINTS = 60;
 /** Latest creates listed (each costs one record read per poll of an open page). */
 const RECENT_CREATES = 20;
+/** Jobs charted (each costs one hash read per poll of an open page). */
+const ROLLOUT_JOBS = 12;
 
 /**
  * A window of whole buckets ending where the bucket holding `endMs` starts: every figure
@@ -53,14 +57,15 @@ export class ConsoleService {
   async snapshot(query: ConsoleQuery): Promise<ConsoleSnapshot> {
     const atMs = this.deps.now();
     const { fromMs, toMs } = windowOf(atMs, query.windowSeconds);
-    const [buckets, pools, recent, burst, capacity] = await Promise.all([
+    const [buckets, pools, recent, rolloutJobs, burst, capacity] = await Promise.all([
       this.deps.signals.read(fromMs, toMs),
       this.deps.pools(),
       this.deps.recent(RECENT_CREATES),
+      this.deps.rolloutJobs(ROLLOUT_JOBS),
       this.deps.burst ? this.deps.burst.status() : Promise.resolve(null),
       this.capacity({ windowSeconds: query.capacityWindowSeconds, endMs: atMs, safePerNode: query.safePerNode, headroom: query.headroom }),
     ]);
-    return { atMs, nodes: this.deps.nodes(), pools, burst, signals: seriesOf(buckets, fromMs, toMs, query.windowSeconds / CHART_POINTS), capacity, recent };
+    return { atMs, nodes: this.deps.nodes(), pools, burst, signals: seriesOf(buckets, fromMs, toMs, query.windowSeconds / CHART_POINTS), capacity, recent, rolloutJobs };
   }
 
   /**

@@ -41,6 +41,7 @@ code { font: 12px ui-monospace, SFMono-Regular, Menlo, monospace; word-break: br
 /* stop is always below divert: its label reads leftwards, divert's rightwards, so the two never meet. */
 .meter .mark.stop span { left: -62px; text-align: right; } .meter .mark.divert span { left: 2px; text-align: left; }
 p.explain { font-size: 12.5px; background: #f6f7f9; padding: 6px 8px; border-radius: 5px; margin: 8px 0; }
+.bar svg { width: 100%; height: 18px; display: block; } td.bar { width: 55%; min-width: 200px; }
 img.sim { width: 100%; border: 1px solid var(--line); border-radius: 6px; margin-top: 8px; }
 `;
 
@@ -58,6 +59,7 @@ export const CONSOLE_BODY = `
 <main>
   <section class="wide" id="nodes-section"><h2>Nodes</h2><div id="nodes"></div><h3>Warm pools</h3><div id="pools"></div><h3>Latest creates</h3><div id="recent"></div></section>
   <section class="wide" id="signals-section"><h2>Signals</h2><p class="muted small" id="signals-note"></p><div class="figures" id="signal-figures"></div><div class="charts" id="signal-charts"></div></section>
+  <section class="wide" id="rollouts-section"><h2>Where hosted rollouts' time goes, per job</h2><p class="muted small">Each bar is a job's ended rollouts' wall time (task sandbox create requested to agent exit), split by what it waited on; the mean rollout's length and the share that succeeded beside it.</p><div id="rollout-jobs"></div></section>
   <section id="burst-section"><h2>Burst</h2><div id="burst"></div></section>
   <section id="capacity-section"><h2>Capacity (Little's law)</h2>
     <form id="capacity-form" autocomplete="off">

@@ -111,6 +111,33 @@ function renderSignals(s) {
     lineChart('Live sandboxes (peak per step)', 'sandboxes', [line('cluster', 'peakLive'), line('busiest node', 'peakPerNode')], from, to, { integer: true }));
 }
 
+const ROLLOUT_PARTS = [['modelUpstream', 'model upstream', '#4a7fd0'], ['modelHeld', 'model held', '#d64545'], ['tool', 'tool', '#2f9e5b'], ['envWait', 'environment wait', '#e0891b'], ['agent', 'agent', '#9aa1ab']];
+
+/** One bar per job: its rollouts' summed time split by part (each part's share), the mean rollout and the completion rate beside it. */
+function renderRolloutJobs(s) {
+  const jobs = s.rolloutJobs;
+  if (!jobs.length) { $('rollout-jobs').replaceChildren(el('p', { class: 'muted small' }, 'No hosted rollout has ended.')); return; }
+  const legend = el('div', { class: 'legend' }, ROLLOUT_PARTS.map(([, label, color]) => el('span', {}, el('i', { style: { background: color } }), label)));
+  const rows = jobs.map((j) => {
+    const t = j.timesMs, total = t.total, ended = Object.values(j.ended).reduce((a, b) => a + b, 0);
+    let x = 0;
+    const parts = ROLLOUT_PARTS.map(([key, label, color]) => {
+      const w = total > 0 ? (100 * t[key]) / total : 0;
+      const rect = svg('rect', { 'data-part': key, 'data-ms': t[key], x: x.toFixed(3), y: 0, width: w.toFixed(3), height: 18, fill: color }, svg('title', {}, label + ': ' + pct(total > 0 ? t[key] / total : null)));
+      x += w;
+      return rect;
+    });
+    const shares = ROLLOUT_PARTS.filter(([key]) => t[key] > 0).map(([key, label]) => label + ' ' + pct(t[key] / total)).join(' · ');
+    const notOk = Object.entries(j.ended).filter(([k, n]) => k !== 'succeeded' && n > 0).map(([k, n]) => n + ' ' + k.replace('_', ' ')).join(', ');
+    return el('tr', { 'data-rollout-job': j.tenant + '/' + j.job, 'data-timed': j.timed, 'data-ended': ended },
+      el('td', {}, el('code', {}, j.job), el('div', { class: 'muted small' }, j.tenant)),
+      el('td', { class: 'bar' }, el('div', { class: 'bar' }, svg('svg', { viewBox: '0 0 100 18', preserveAspectRatio: 'none', role: 'img', 'aria-label': 'where ' + j.job + '\'s rollout time went' }, parts)), el('div', { class: 'muted small' }, shares || dash)),
+      el('td', { class: 'num', 'data-col': 'mean' }, j.timed ? ms(total / j.timed) : dash, el('div', { class: 'muted small' }, j.timed + ' timed')),
+      el('td', { class: 'num', 'data-col': 'completion', 'data-value': j.completionRate === null ? 'null' : String(j.completionRate) }, pct(j.completionRate), el('div', { class: 'muted small' }, j.ended.succeeded + ' of ' + ended + (notOk ? ' (' + notOk + ')' : ''))));
+  });
+  $('rollout-jobs').replaceChildren(legend, table(['job', 'where the time went', 'mean rollout', 'succeeded'], rows));
+}
+
 function renderBurst(s) {
   const b = s.burst;
   if (!b) { $('burst').replaceChildren(el('p', { class: 'muted' }, 'Cloud burst is not enabled on this gateway.')); return; }
@@ -163,7 +190,7 @@ async function refresh() {
   try {
     if (!token) { setStatus('Enter a token with scope cluster:read.'); stop = true; return; }
     const s = await (await call('GET', '/v1/cluster/console?' + query())).json();
-    renderNodes(s); renderRecent(s); renderSignals(s); renderBurst(s); renderCapacity(s);
+    renderNodes(s); renderRecent(s); renderSignals(s); renderRolloutJobs(s); renderBurst(s); renderCapacity(s);
     document.body.setAttribute('data-at-ms', String(s.atMs));
     setStatus('Updated ' + new Date(s.atMs).toLocaleTimeString());
   } catch (e) {
