@@ -1,7 +1,9 @@
 import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ERROR_CODES, type Batch, type Scope } from '../src/api/index.ts';
+import { ERROR_CODES, type Batch, type Scope, type Trajectory } from '../src/api/index.ts';
 import { keys } from '../src/registry/index.ts';
+import { modelKeys } from '../src/model-gateway/keys.ts';
+import { ScriptedUpstream } from './support/model-upstream.ts';
 import { api, startTestCluster, waitFor, type ApiResponse, type TestCluster } from './support/cluster.ts';
 import { allBatchResults } from './support/batches.ts';
 import { hostTraces } from './support/host.ts';
@@ -13,7 +15,7 @@ import { hostTraces } from './support/host.ts';
  * loopback a replica is a fraction of a millisecond behind, which this test shows is
  * enough in practice, not a guarantee (docs/operations.md, Redis Cluster).
  */
-const SCOPES: Scope[] = ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'batch:submit'];
+const SCOPES: Scope[] = ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'batch:submit', 'rollout:submit'];
 /** Every request ends within this (a hang fails the test). */
 const REQUEST_DEADLINE_MS = 45_000;
 
@@ -128,4 +130,63 @@ describe('a Redis Cluster primary killed under load', () => {
 
     for (const id of [...sandboxes, ...acknowledgedCreates]) await api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`);
   }, 300_000);
+
+  it('a hosted rollout goes on through the failover of the primary holding its model calls: every call and command it was answered is recorded, once', async () => {
+    const TURNS = 6;
+    const upstream = await ScriptedUpstream.start({ script: Array.from({ length: TURNS }, (_, i) => ({ text: `turn ${i + 1}` })) });
+    try {
+      expect((await api(cluster, token, 'PUT', '/v1/jobs/job-fo/model', { upstreams: [{ baseUrl: upstream.url }] })).status).toBe(200);
+      // A busybox agent: each turn a model call then a command in its task sandbox, each retried
+      // (same body, same commandId) while Redis fails over; a model call retried says so, as the SDKs do.
+      // (No `-T`: this busybox's wget segfaults with it on a POST.)
+      const agent = [
+        'post() { for try in $(seq 0 30); do wget -q -O- --header "Content-Type: application/json" --header "authorization: Bearer $ROLLBOX_API_KEY" --header "x-stainless-retry-count: $try" --post-data "$2" "$1" 2>/tmp/err && return 0; cat /tmp/err >&2; sleep 1; done; return 1; }',
+        'm=\'{"role":"user","content":"go"}\'',
+        `for i in $(seq 1 ${TURNS}); do`,
+        '  post "$OPENAI_BASE_URL/chat/completions" "{\\"model\\":\\"m\\",\\"messages\\":[$m]}" >/dev/null || exit 11',
+        '  post "$ROLLBOX_URL/v1/sandboxes/$ROLLBOX_SANDBOX_ID/exec" "{\\"cmd\\":\\"echo turn-$i\\",\\"commandId\\":\\"turn-$i\\"}" >/dev/null || exit 12',
+        '  m="$m,{\\"role\\":\\"assistant\\",\\"content\\":\\"a$i\\"}"',
+        'done',
+      ].join('\n');
+      const task = { customId: 'r', resources: { memoryMiB: 32 }, agent: { cmd: agent, resources: { memoryMiB: 32 }, timeoutMs: 120_000 }, model: { job: 'job-fo' } };
+      // The primary of the rollout's slot (its calls in flight, records, log) must have a replica: the first test's victim's shard has none left.
+      const nodes = await cluster.redisCluster!.nodes();
+      const probe = new Redis(cluster.redisCluster!.ports.find((p) => nodes.some((n) => n.port === p && !n.failed))!, '127.0.0.1');
+      let picked: { batch: Batch; victim: (typeof nodes)[number] } | undefined;
+      upstream.delayMs = 2000; // no call ends before the pick
+      try {
+        for (let i = 0; !picked && i < 10; i++) {
+          const batch = (await api<Batch>(cluster, token, 'POST', '/v1/rollouts', { task })).body;
+          const slot = await probe.cluster('KEYSLOT', modelKeys.log(`${batch.id}.r.1`));
+          const primary = nodes.find((n) => n.role === 'primary' && !n.failed && n.slots?.some(([from, to]) => slot >= from && slot <= to));
+          if (primary && nodes.some((n) => n.role === 'replica' && !n.failed && n.primaryPort === primary.port)) picked = { batch, victim: primary };
+          else await api(cluster, token, 'POST', `/v1/batches/${batch.id}/cancel`, {});
+        }
+      } finally {
+        probe.disconnect();
+      }
+      expect(picked, JSON.stringify(nodes)).toBeDefined();
+      upstream.delayMs = 300;
+      // Killed with the third call upstream.
+      await waitFor('two turns done', async () => upstream.received.filter((r) => r.turn === 2).length > 0, 60_000).catch(async (err: Error) => {
+        const rollout = (await api(cluster, token, 'GET', `/v1/rollouts/${picked!.batch.id}.r.1`)).body;
+        const agentCommand = (await api(cluster, token, 'GET', `/v1/sandboxes/${rollout.agentSandboxId}/commands/${picked!.batch.id}.1.agent`)).body;
+        throw new Error(`${err.message}: ${JSON.stringify({ upstreamTurns: upstream.received.map((r) => r.turn), rollout, agentCommand })}`);
+      });
+      await cluster.redisCluster!.kill(picked!.victim.port, 'SIGKILL');
+
+      const { lines } = await allBatchResults(cluster, token, picked!.batch.id, 5);
+      expect(lines).toHaveLength(1);
+      expect(lines[0], JSON.stringify(lines[0])).toMatchObject({ status: 'succeeded', agent: { exitCode: 0 }, rollout: { id: `${picked!.batch.id}.r.1`, modelCalls: TURNS } });
+      const trajectory = await waitFor('the trajectory readable', async () => {
+        const r = await api<Trajectory>(cluster, token, 'GET', `/v1/rollouts/${lines[0]!.rollout!.id}/trajectory`);
+        return r.status === 200 && r.body;
+      }, 30_000);
+      const calls = trajectory.entries.flatMap((e) => (e.kind === 'model_call' ? [e.call] : []));
+      expect(calls.map((c) => [c.turn, c.status])).toEqual(Array.from({ length: TURNS }, (_, i) => [i + 1, 200]));
+      expect(trajectory.entries.flatMap((e) => (e.kind === 'command' ? [e.command.commandId] : []))).toEqual(Array.from({ length: TURNS }, (_, i) => `turn-${i + 1}`));
+    } finally {
+      await upstream.stop();
+    }
+  }, 180_000);
 });

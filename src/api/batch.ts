@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { ExecRequest, ExecResult } from './exec.ts';
-import { RolloutAgent, RolloutLimits, RolloutModel, RolloutOutcome, RolloutRecord } from './rollout.ts';
+import { RolloutAgent, RolloutLimits, RolloutModel, RolloutOutcome, RolloutRecord, Trajectory } from './rollout.ts';
 import { CreateSandboxRequest, LayerRef, NetworkPolicy } from './sandbox.ts';
 
 const AbsolutePath = CreateSandboxRequest.shape.workdir.unwrap();
@@ -175,6 +175,24 @@ export const BatchResultsQuery = z.strictObject({
   /** Long-poll: with nothing new yet, wait up to this many seconds for a line (or the batch's end). */
   waitSeconds: z.coerce.number().min(0).max(60).default(0),
 });
+
+/**
+ * GET /v1/batches/:id/events: from `after` (or the `Last-Event-ID` header, which wins: a
+ * reconnecting EventSource sends it). `trajectory=true` sends each ended task as a `rollout`
+ * event carrying its rollout's trajectory (FollowedRollout) instead of a `result` event.
+ */
+export const BatchEventsQuery = z.strictObject({
+  after: BatchResultsQuery.shape.after,
+  trajectory: z.enum(['true', 'false']).default('false').transform((v) => v === 'true'),
+});
+
+/**
+ * One finished task of a batch as a trainer takes it in: its result line and, when it ran an
+ * agent that started, its rollout's trajectory (read once the task had ended). The line's
+ * `cursor` resumes after it. A `rollout` event's data, and a line of `rollbox rollout follow`.
+ */
+export const FollowedRollout = z.object({ line: BatchResultLine, trajectory: Trajectory.optional() });
+export type FollowedRollout = z.infer<typeof FollowedRollout>;
 
 /** Where one task stands: queued (with its position in the batch's queue), running, or its ending. */
 export const BatchTaskStatus = z.object({

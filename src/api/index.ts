@@ -104,7 +104,7 @@ export { newId } from './ids.ts';
 export { RunRequest, RunStatus, RunResult } from './run.ts';
 export { RunCodeRequest, RunCodeResponse, CommandRunResult, RunCodeLanguage } from './run-code.ts';
 export { ImageCheckRequest, ImageCheckState, ImageCheckRun, ImageCheck } from './image-check.ts';
-export { BatchStep, BatchGrade, BatchTask, BatchOptions, CreateBatchRequest, CreateRolloutRequest, BatchSubmitQuery, BatchState, TERMINAL_BATCH_STATES, TaskStatus, BatchCounts, Batch, BatchList, StepResult, BatchResultLine, BatchResultsQuery, BatchTaskStatus, Rollout } from './batch.ts';
+export { BatchStep, BatchGrade, BatchTask, BatchOptions, CreateBatchRequest, CreateRolloutRequest, BatchSubmitQuery, BatchState, TERMINAL_BATCH_STATES, TaskStatus, BatchCounts, Batch, BatchList, StepResult, BatchResultLine, BatchResultsQuery, BatchEventsQuery, FollowedRollout, BatchTaskStatus, Rollout } from './batch.ts';
 export { RefusalCounts, SignalFigures, SignalSeries, CapacityQuery, CapacityScenario, CapacityReport, ConsoleQuery, ConsoleSnapshot, RecentCreate, BurstSimulationRequest, BurstSimulation } from './console.ts';
 export { MODEL_APIS, ModelApi, ModelHeaders, ModelBaseUrl, ModelUpstream, ModelTokenFields, ModelBinding, ModelHoldState, ModelFigures, ModelBindingView, ModelLimits, ModelUsage, ModelAttempt, ModelTokens, ModelCallRecord, ModelCallList } from './model.ts';
 export type { ModelBindingParsed } from './model.ts';

@@ -1,14 +1,15 @@
-import type { z } from 'zod';
-import { Batch, JobRolloutTimes, Rollout, Trajectory, type BatchResultLine, type CreateRolloutRequest } from '../api/index.ts';
+import { ZodError, type z } from 'zod';
+import { Batch, FollowedRollout as FollowedRolloutData, JobRolloutTimes, Rollout, Trajectory, type CreateRolloutRequest } from '../api/index.ts';
 import { BatchesClient } from './batches.ts';
-import { json } from './body.ts';
+import { json, serverSentEvents } from './body.ts';
 import type { RollboxClient } from './client.ts';
+import { RollboxApiError } from './errors.ts';
 
-/** One finished task of a followed batch: its result line, its rollout's trajectory (when it ran an agent), and where to resume after it. */
-export interface FollowedRollout {
-  line: BatchResultLine;
-  /** The line's `rollout.id` trajectory; absent for a task without an agent or one whose agent never started. */
-  trajectory?: Trajectory;
+/**
+ * One finished task of a followed batch: its result line, its rollout's trajectory (absent for
+ * a task without an agent or one whose agent never started), and where to resume after it.
+ */
+export interface FollowedRollout extends FollowedRolloutData {
   /** Pass it as `after` to resume after this rollout (the line's cursor). */
   cursor: string;
 }
@@ -60,4 +61,35 @@ export class RolloutsClient {
       yield { line, ...(trajectory ? { trajectory } : {}), cursor: line.cursor };
     }
   }
+
+  /**
+   * The same as `followRollouts`, pushed by the server: the batch's events stream with
+   * trajectories (`GET /v1/batches/:id/events?trajectory=true`), each rollout sent once its
+   * trajectory was read. A dropped stream is resumed from the last cursor (Last-Event-ID), so
+   * nothing is yielded twice or skipped; it ends with the batch.
+   */
+  async *streamRollouts(batchId: string, options: { after?: string } = {}): AsyncGenerator<FollowedRollout> {
+    let cursor = options.after;
+    // Streams cut in a row without a rollout between them (a gateway restarting, say); each reconnect is itself retried by `request`.
+    for (let drops = 0; drops <= MAX_STREAM_DROPS; drops++) {
+      const headers: Record<string, string> = { accept: 'text/event-stream', ...(cursor ? { 'last-event-id': cursor } : {}) };
+      const body = await this.client.request('GET', `/v1/batches/${encodeURIComponent(batchId)}/events?trajectory=true`, { headers }, async (r) => r.body);
+      if (!body) throw new RollboxApiError(502, 'internal', 'the batch events answered without a body');
+      try {
+        for await (const event of serverSentEvents(body)) {
+          if (event.event === 'end') return;
+          if (event.event !== 'rollout') continue;
+          const followed = FollowedRolloutData.parse(JSON.parse(event.data));
+          cursor = followed.line.cursor;
+          drops = 0;
+          yield { ...followed, cursor };
+        }
+      } catch (err) {
+        if (err instanceof SyntaxError || err instanceof ZodError) throw err;
+      }
+    }
+    throw new RollboxApiError(0, 'network', `the events of batch ${batchId} were cut ${MAX_STREAM_DROPS + 1} times in a row`);
+  }
 }
+
+const MAX_STREAM_DROPS = 5;

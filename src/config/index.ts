@@ -151,7 +151,11 @@ export const Env = z.object({
   ROLLBOX_PORT_RELAY_LISTEN: z.string().regex(/^(\[[0-9a-fA-F:.]+\]|[^:\s]+):\d{1,5}$/, 'host:port').default('127.0.0.1:0').describe('Worker: where its port relay listens (`host:port`; port 0: any free one), the door gateways dial for traffic into its sandboxes\' ports (`/v1/sandboxes/:id/ports/:port/...`, E2B `getHost`). Each connection needs a ticket only a gateway can sign. On a cluster of several machines, an address the gateways reach.'),
   ROLLBOX_PORT_RELAY_ADDRESS: z.string().regex(/^(\[[0-9a-fA-F:.]+\]|[^:\s]+):\d{1,5}$/, 'host:port').optional().describe('Worker: the address gateways dial for its port relay (behind NAT, or listening on 0.0.0.0). Default: the listen address with its port.'),
   ROLLBOX_E2B_DOMAIN: z.string().regex(/^[a-z0-9.-]+(:\d{1,5})?$/).optional().describe('Gateway: the domain E2B sandboxes answer with, so `getHost(port)` is `<port>-<sandbox id>.<domain>` (a name that resolves to the gateway, a wildcard DNS entry; it may carry a `:port`). The gateway routes a request by such a Host header into that port of the sandbox. Default: `localhost:<gateway port>` (names under `localhost` reach the machine itself in browsers and curl).'),
-  ROLLBOX_SANDBOX_GATEWAY_URL: z.string().url().optional().describe('Worker: the gateway as this host reaches it, for sandboxes whose network has `gateway: true` (hosted rollouts\' agent sandboxes): the host relays their `http://gateway.rollbox.internal:9180` there. An `http://` URL (the relay passes bytes); default: `ROLLBOX_GATEWAY_URL` when it is one; `rollbox up` uses its own gateway. Without either, such sandboxes are refused here (`network_unavailable`).'),
+  ROLLBOX_SANDBOX_GATEWAY_URL: z
+    .string()
+    .refine((v) => v.split(',').every((u) => URL.canParse(u.trim())), 'a comma-separated list of URLs')
+    .optional()
+    .describe('Worker: the gateways as this host reaches them, for sandboxes whose network has `gateway: true` (hosted rollouts\' agent sandboxes): the host relays their `http://gateway.rollbox.internal:9180` there. `http://` URLs (the relay passes bytes), comma-separated: each connection goes to the one that took the last, or to the next when that one refuses or does not answer in 3 s (an agent\'s retry of a call whose gateway died reaches another gateway, which joins or takes over the call). Default: `ROLLBOX_GATEWAY_URL` when it is one; `rollbox up` uses its own gateway. Without either, such sandboxes are refused here (`network_unavailable`).'),
   ROLLBOX_NET_POOL: z.string().default('10.200.0.0/16').describe('Veth addresses of allowlist sandboxes, one /30 each; shared by the workers of a host.'),
   ROLLBOX_NET_LEASE_DIR: z.string().default('/run/rollbox/net').describe('Host-wide address leases of that pool (one file per /30).'),
   ROLLBOX_NET_BLOCK: z.string().default('').describe('More CIDRs no sandbox may reach (comma-separated), on top of the built-in list.'),
@@ -346,7 +350,7 @@ export function loadConfig(env: NodeJS.ProcessEnv, overrides: Partial<Record<key
     },
     portRelay: { listen: e.ROLLBOX_PORT_RELAY_LISTEN, address: e.ROLLBOX_PORT_RELAY_ADDRESS },
     network: {
-      gatewayTarget: hostPortOf(e.ROLLBOX_SANDBOX_GATEWAY_URL ?? e.ROLLBOX_GATEWAY_URL),
+      gatewayTargets: (e.ROLLBOX_SANDBOX_GATEWAY_URL ?? e.ROLLBOX_GATEWAY_URL ?? '').split(',').flatMap((url) => hostPortOf(url.trim()) ?? []),
       poolCidr: e.ROLLBOX_NET_POOL,
       leaseDir: e.ROLLBOX_NET_LEASE_DIR,
       probeCidr: e.ROLLBOX_NET_PROBE_CIDR,
@@ -383,7 +387,7 @@ function parseMirrors(value: string): Map<string, string[]> {
 }
 
 /** An http URL's host and port; undefined for none or another scheme (the relay passes bytes: the agent speaks plain HTTP to it). */
-function hostPortOf(url: string | undefined): { host: string; port: number } | undefined {
+function hostPortOf(url: string): { host: string; port: number } | undefined {
   const u = url ? new URL(url) : undefined;
   if (u?.protocol !== 'http:') return undefined;
   return { host: u.hostname.replace(/^\[|\]$/g, ''), port: Number(u.port || 80) };

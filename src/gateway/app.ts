@@ -146,7 +146,7 @@ export function createGateway(deps: GatewayDeps): OpenAPIHono<GatewayEnv> {
   registerFilesRoutes(app, deps.files);
   registerPoolRoutes(app, deps.pools);
   registerRunRoutes(app, deps.runs, deps.config.runCodeLanguages);
-  registerBatchRoutes(app, deps.batches);
+  registerBatchRoutes(app, deps.batches, deps.rollouts);
   registerBatchPage(app);
   if (deps.jobQueues) registerQueueBoard(app, { verifier: deps.verifier, queues: deps.jobQueues });
   registerLayerRoutes(app, { layers: deps.layers, buildLayer: deps.buildLayer, store: deps.layerStore, uploadLimitBytes: deps.config.http.layerUploadLimitBytes, reads: new LayerReads(deps.config.http.layerReads), ...(deps.gzippedChunks ? { gzippedChunks: deps.gzippedChunks } : {}), now: deps.now });

@@ -38,7 +38,7 @@ export async function startEmbedded(config: Config, logger: Logger): Promise<Emb
     await ensureBaseLayer(config, redisUrl);
     // Its agent sandboxes (network.gateway) reach the gateway this process starts next.
     const own: { gateway?: { host: string; port: number } } = {};
-    const worker = await startWorkerRole(config, redisUrl, logger.child({ role: 'worker' }), { gatewayTarget: () => own.gateway });
+    const worker = await startWorkerRole(config, redisUrl, logger.child({ role: 'worker' }), { gatewayTargets: () => (own.gateway ? [own.gateway] : []) });
     stops.push(() => worker.stop({ destroySandboxes: true }));
     const gateway = await startGatewayRole(config, redisUrl, logger.child({ role: 'gateway' }));
     const listening = new URL(gateway.url);

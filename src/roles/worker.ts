@@ -38,7 +38,7 @@ export interface WorkerHandle {
   stop(options?: { destroySandboxes: boolean }): Promise<void>;
 }
 
-export async function startWorkerRole(config: Config, redisUrl: string, logger: Logger, options: { gatewayTarget?: () => { host: string; port: number } | undefined } = {}): Promise<WorkerHandle> {
+export async function startWorkerRole(config: Config, redisUrl: string, logger: Logger, options: { gatewayTargets?: () => { host: string; port: number }[] } = {}): Promise<WorkerHandle> {
   const nodeId = await nodeIdOf(config);
   logger.info({ nodeId, redis: redactedRedisUrl(redisUrl), dataDir: config.dataDir, layerStore: config.layerStoreDir }, 'worker host starting');
   await checkWorkerHostOrThrow(logger, { fatal: config.node.startChecks === 'fail' });
@@ -59,7 +59,7 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
     // Redis on another machine is a platform service too.
     blockedCidrs: [...config.network.blockedCidrs, ...ipv4HostOf(redisUrl)],
     resolveHost: async (name) => config.network.staticHosts.get(name) ?? (await dns.resolve4(name)),
-    gatewayTarget: () => config.network.gatewayTarget ?? options.gatewayTarget?.(),
+    gatewayTargets: () => (config.network.gatewayTargets.length ? config.network.gatewayTargets : (options.gatewayTargets?.() ?? [])),
     logger,
   });
   // One guard for both tiers: a latency command holds back besteffort containers and VMs alike.

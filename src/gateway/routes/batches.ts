@@ -1,7 +1,8 @@
 import { Readable } from 'node:stream';
 import { createRoute, z } from '@hono/zod-openapi';
 import { streamSSE } from 'hono/streaming';
-import { Batch, BatchList, BatchOptions, BatchResultsQuery, BatchSubmitQuery, BatchTaskStatus, CreateBatchRequest, RollboxError } from '../../api/index.ts';
+import { Batch, BatchEventsQuery, BatchList, BatchOptions, BatchResultsQuery, BatchSubmitQuery, BatchTaskStatus, CreateBatchRequest, RollboxError, type BatchResultLine, type FollowedRollout } from '../../api/index.ts';
+import type { RolloutService } from '../../rollouts/index.ts';
 import { isTerminalBatch, type BatchService } from '../batches/index.ts';
 import { describeZodError } from '../errors.ts';
 import { IdParam, errors, json, jsonBody, security, type GatewayApp } from './common.ts';
@@ -13,7 +14,7 @@ export const NDJSON = 'application/x-ndjson';
 const EVENTS_BLOCK_MS = 15_000;
 
 /** Evaluation batches (scope batch:submit): submit, read, list, cancel, follow results. */
-export function registerBatchRoutes(app: GatewayApp, batches: BatchApi): void {
+export function registerBatchRoutes(app: GatewayApp, batches: BatchApi, rollouts?: Pick<RolloutService, 'trajectory'>): void {
   // JSON ({"tasks": [...]} with the options) or NDJSON (a task per line, options in the
   // query), streamed: outside the OpenAPI routes so the body is read as it comes.
   app.post('/v1/batches', async (c) => {
@@ -94,17 +95,27 @@ export function registerBatchRoutes(app: GatewayApp, batches: BatchApi): void {
     responses: { 200: { description: 'result lines', content: { [NDJSON]: { schema: z.string() } } }, ...errors('not_found') },
   });
 
-  // Server-sent events: `result` (a line; its id is the cursor), `progress` (the batch), then `end`.
+  // Server-sent events: `result` (a line; its id is the cursor) or, with ?trajectory=true,
+  // `rollout` (the line with its rollout's trajectory), `progress` (the batch), then `end`.
   app.get('/v1/batches/:id/events', async (c) => {
     const principal = c.get('principal');
     const id = c.req.param('id');
-    let after = c.req.header('last-event-id') || c.req.query('after') || undefined;
+    const query = BatchEventsQuery.safeParse(c.req.query());
+    if (!query.success) throw new RollboxError('invalid_request', describeZodError(query.error, 'query'));
+    if (query.data.trajectory && !rollouts) throw new RollboxError('invalid_request', 'query.trajectory: this gateway does not host rollouts');
+    let after = c.req.header('last-event-id') || query.data.after;
     const first = await batches.results(principal, id, after, 500, 0);
+    // A rollout is sent once its trajectory is read: a follower that drops before it resumes from the cursor before it.
+    const eventOf = async (line: BatchResultLine) => {
+      if (!query.data.trajectory) return { event: 'result', id: line.cursor, data: JSON.stringify(line) };
+      const followed: FollowedRollout = { line, ...(line.rollout ? { trajectory: await rollouts!.trajectory(principal, line.rollout.id) } : {}) };
+      return { event: 'rollout', id: line.cursor, data: JSON.stringify(followed) };
+    };
     return streamSSE(c, async (sse) => {
       let page = first;
       let lastCounts = '';
       for (;;) {
-        for (const line of page.lines) await sse.writeSSE({ event: 'result', id: line.cursor, data: JSON.stringify(line) });
+        for (const line of page.lines) await sse.writeSSE(await eventOf(line));
         after = page.lines.at(-1)?.cursor ?? after;
         const counts = JSON.stringify(page.batch.counts) + page.batch.state;
         if (counts !== lastCounts) await sse.writeSSE({ event: 'progress', data: JSON.stringify(page.batch) });
@@ -118,5 +129,14 @@ export function registerBatchRoutes(app: GatewayApp, batches: BatchApi): void {
         if (sse.aborted || sse.closed) return;
       }
     });
+  });
+  app.openAPIRegistry.registerPath({
+    method: 'get',
+    path: '/v1/batches/{id}/events',
+    security,
+    description:
+      'Server-sent events: `result` (a BatchResultLine; the event id is its cursor) per ended task, or with trajectory=true `rollout` (a FollowedRollout: the line and its rollout\'s trajectory); `progress` (the Batch) when its counts change; `end` (the Batch) once it has ended and every line was sent. Resume with Last-Event-ID (or ?after=): each line is sent once across reconnects.',
+    request: { params: IdParam, query: z.object({ after: BatchResultsQuery.shape.after, trajectory: z.enum(['true', 'false']).optional() }) },
+    responses: { 200: { description: 'event stream', content: { 'text/event-stream': { schema: z.string() } } }, ...errors('not_found', 'invalid_request') },
   });
 }

@@ -5,7 +5,7 @@ import { writeFile } from 'node:fs/promises';
 import { RollboxError, SANDBOX_GATEWAY, hasNetwork, type NetworkPolicy } from '../../api/index.ts';
 import { runTool, runToolOk } from '../../proc/index.ts';
 import { DnsResponder } from './dns.ts';
-import { GatewayRelay } from './gateway-relay.ts';
+import { GatewayRelay, type HostPort } from './gateway-relay.ts';
 import { HostFirewall, type NetworkLogger } from './host-firewall.ts';
 import { AddressLeases } from './leases.ts';
 import { blockedRanges, resolvePolicy } from './resolve.ts';
@@ -33,8 +33,8 @@ export interface SandboxNetworksDeps {
   blockedCidrs?: readonly string[];
   /** Resolves an allowlisted hostname to IPv4 addresses (the platform's resolver). */
   resolveHost: (name: string) => Promise<string[]>;
-  /** Where the relay of a sandbox with `gateway: true` connects: the gateway as this host reaches it (asked at each relay's start). */
-  gatewayTarget?: () => { host: string; port: number } | undefined;
+  /** Where the relay of a sandbox with `gateway: true` connects: the gateways as this host reaches them, tried in turn (asked at each connection). */
+  gatewayTargets?: () => HostPort[];
   logger?: NetworkLogger;
 }
 
@@ -134,7 +134,7 @@ export class SandboxNetworks {
     }
     if (this.failing && !options.probe) throw new RollboxError('network_unavailable', `sandbox networking does not work on this worker host: ${this.failing}`, 30);
     const gateway = policy.gateway === true;
-    if (gateway && (!this.deps.gatewayTarget?.() || options.bridge)) {
+    if (gateway && (!this.deps.gatewayTargets?.().length || options.bridge)) {
       throw new RollboxError('network_unavailable', options.bridge ? 'network.gateway is not available to microVM sandboxes yet' : 'this worker host does not know the gateway (ROLLBOX_SANDBOX_GATEWAY_URL)', 30);
     }
     const { rules, names } = await resolvePolicy(policy, this.deps.resolveHost);
@@ -159,7 +159,7 @@ export class SandboxNetworks {
       delete net.relay;
       return;
     }
-    net.relay ??= await GatewayRelay.start({ host: net.slot.hostAddress, port: SANDBOX_GATEWAY.port }, this.deps.gatewayTarget!()!, (err) => this.log?.warn({ sandboxId, err: String(err) }, 'gateway relay error'));
+    net.relay ??= await GatewayRelay.start({ host: net.slot.hostAddress, port: SANDBOX_GATEWAY.port }, this.deps.gatewayTargets!, (err) => this.log?.warn({ sandboxId, err: String(err) }, 'gateway relay error'));
   }
 
   /**
