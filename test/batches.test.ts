@@ -194,7 +194,7 @@ describe('evaluation batches', () => {
 
   it('expires a batch at the end of its completion window: what ran stays, the rest ends cancelled', async () => {
     const tasks = Array.from({ length: 20 }, (_, i) => ({ customId: `e${i}`, resources: { memoryMiB: 32, cpuMillis: 100 }, steps: [step('sleep 0.3')] }));
-    const submitted = (await api<Batch>(cluster, token, 'POST', '/v1/batches', { tasks, maxConcurrency: 1, completionWindowSeconds: 3 })).body;
+    const submitted = (await api<Batch>(cluster, token, 'POST', '/v1/batches', { tasks, maxConcurrency: 1, completionWindowSeconds: 5, class: 'latency' })).body;
     const { lines, batch } = await allResults(submitted.id);
     expect(batch.state).toBe('expired');
     expect(batch.timestamps.expired).toBeTruthy();

@@ -52,6 +52,13 @@ export interface LayerGetBounds {
 
 const DEFAULT_BUSY_RETRY_MS = 120_000;
 const MAX_BUSY_WAIT_MS = 5_000;
+/**
+ * A GET whose connection failed before any answer is sent again this many times: a kept-alive
+ * connection the gateway closed as it was reused (its keep-alive timeout) fails a request
+ * that never reached it, and many reads at once on a loaded host meet that race.
+ */
+const CONNECTION_RETRIES = 2;
+const CONNECTION_RETRY_WAIT_MS = 100;
 
 /**
  * GET of one of a layer's files: the response (404 as undefined when `missingOk`). A 503 (the
@@ -65,13 +72,22 @@ export async function getLayerFile(digest: string, file: 'chunks' | 'meta' | 'bl
   // A range of a blob may come gzipped (the gateway's ROLLBOX_LAYER_BLOB_GZIP_LEVEL): see decodedBody.
   if (init.range) Object.assign(headers, { range: init.range, [CHUNK_ENCODING_HEADER]: 'gzip' });
   const busyUntil = Date.now() + (options.busyRetryMs ?? DEFAULT_BUSY_RETRY_MS);
+  let connectionFailures = 0;
   for (let busy = 0; ; busy++) {
     const bounds = [options.signal, options.attemptTimeoutMs === undefined ? undefined : AbortSignal.timeout(options.attemptTimeoutMs)].filter((s) => s !== undefined);
     let response: Response;
     try {
       response = await (options.fetchImpl ?? fetch)(url, { headers, signal: bounds.length > 1 ? AbortSignal.any(bounds) : bounds[0] });
     } catch (err) {
-      throw new RollboxError('unavailable', `layer ${digest}: GET ${url} failed: ${err instanceof Error ? err.message : String(err)}`);
+      // A deadline or the caller's abort ends it; a connection that failed is tried again (a GET: nothing happened twice).
+      const aborted = options.signal?.aborted || (err instanceof Error && (err.name === 'TimeoutError' || err.name === 'AbortError'));
+      if (!aborted && connectionFailures++ < CONNECTION_RETRIES) {
+        busy--;
+        await sleep(CONNECTION_RETRY_WAIT_MS);
+        continue;
+      }
+      const cause = err instanceof Error && err.cause instanceof Error ? ` (${err.cause.message})` : '';
+      throw new RollboxError('unavailable', `layer ${digest}: GET ${url} failed: ${err instanceof Error ? err.message : String(err)}${cause}`);
     }
     if (response.status === 503) {
       await response.body?.cancel().catch(() => undefined);
