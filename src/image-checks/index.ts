@@ -1,5 +1,5 @@
 import type { Redis } from 'ioredis';
-import { BatchTask, RollboxError, type Batch, type BatchResultLine, type CreateBatchRequest, type ImageCheck, type ImageCheckRequest, type ImageCheckRun } from '../api/index.ts';
+import { BatchTask, RollboxError, TERMINAL_BATCH_STATES, type Batch, type BatchResultLine, type CreateBatchRequest, type ImageCheck, type ImageCheckRequest, type ImageCheckRun } from '../api/index.ts';
 import { readerOf, requireScope, type Principal } from '../iam/index.ts';
 import { keys, type ImageRegistry } from '../registry/index.ts';
 
@@ -13,8 +13,6 @@ export interface ImageCheckDeps {
   };
   now: () => number;
 }
-
-const TERMINAL = new Set(['completed', 'cancelled', 'failed', 'expired']);
 
 /**
  * Image checks (issue 42, the seed's "environment correctness is training-data quality"):
@@ -82,7 +80,7 @@ export class ImageChecks {
 
   private async settle(principal: Principal, field: string, check: ImageCheck): Promise<ImageCheck> {
     const { lines, batch } = await this.deps.batches.results(asBatchSubmitter(principal), check.batchId, undefined, 10, 0);
-    if (!TERMINAL.has(batch.state)) return check;
+    if (!TERMINAL_BATCH_STATES.includes(batch.state)) return check;
     const runOf = (customId: string): ImageCheckRun | undefined => {
       const line = lines.find((l) => l.customId === customId);
       return line && { status: line.status, ...(line.grade ? { grade: { ...line.grade } } : {}), ...(line.error ? { error: line.error } : {}) };
