@@ -97,7 +97,7 @@ describe('microVM fork keeps processes', () => {
     expect(created.status, JSON.stringify(created.body)).toBe(201);
     parent = created.body.id;
     // A value only the process holds (a shell variable), written out every 200 ms with a count.
-    pid = await sh(parent, 'v=$(head -c 8 /dev/urandom | od -An -tx1 | tr -d " \\n"); (i=0; while :; do i=$((i+1)); echo "$v $i" > /tmp/beat; sleep 0.2; done) </dev/null >/dev/null 2>&1 & echo $!');
+    pid = await sh(parent, 'v=$(head -c 8 /dev/urandom | od -An -tx1 | tr -d " \\n"); (i=0; while :; do i=$((i+1)); echo "$v $i" > /tmp/beat.next; mv /tmp/beat.next /tmp/beat; sleep 0.2; done) </dev/null >/dev/null 2>&1 & echo $!');
     await waitFor('the process beats', async () => (await sh(parent, 'cat /tmp/beat 2>/dev/null || true')).includes(' '));
     secret = (await sh(parent, 'cat /tmp/beat')).split(' ')[0]!;
     blobSha = await sh(parent, 'head -c 16777216 /dev/urandom > /dev/shm/blob && echo on-disk > /root/file && sha256sum /dev/shm/blob | cut -d" " -f1');

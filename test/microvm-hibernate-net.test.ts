@@ -77,7 +77,7 @@ describe('microVM with a NIC: hibernation keeps processes, the wake brings a new
     const created = await api(cluster, token, 'POST', '/v1/sandboxes', { tier: 'microvm', resources: { memoryMiB: 192, cpuMillis: 1000 }, ...stage(PORT_A) });
     expect(created.status, JSON.stringify(created.body)).toBe(201);
     id = created.body.id;
-    pid = (await sh(id, 'v=$(head -c 8 /dev/urandom | od -An -tx1 | tr -d " \\n"); (i=0; while :; do i=$((i+1)); echo "$v $i" > /tmp/beat; sleep 0.2; done) </dev/null >/dev/null 2>&1 & echo $!')).trim();
+    pid = (await sh(id, 'v=$(head -c 8 /dev/urandom | od -An -tx1 | tr -d " \\n"); (i=0; while :; do i=$((i+1)); echo "$v $i" > /tmp/beat.next; mv /tmp/beat.next /tmp/beat; sleep 0.2; done) </dev/null >/dev/null 2>&1 & echo $!')).trim();
     await waitFor('the process beats', async () => (await sh(id, 'cat /tmp/beat 2>/dev/null || true')).includes(' '));
     secret = (await sh(id, 'cat /tmp/beat')).split(' ')[0]!;
     before = await guestNet(id);

@@ -64,7 +64,7 @@ describe('microVM hibernation keeps processes', () => {
     id = created.body.id;
     // A value only the process holds (in a shell variable), written out every 200 ms with a count. It runs on
     // after the command that started it ended (a command still running is carried through a wake: below).
-    pid = await exec(id, 'v=$(head -c 8 /dev/urandom | od -An -tx1 | tr -d " \\n"); (i=0; while :; do i=$((i+1)); echo "$v $i" > /tmp/beat; sleep 0.2; done) </dev/null >/dev/null 2>&1 & echo $!');
+    pid = await exec(id, 'v=$(head -c 8 /dev/urandom | od -An -tx1 | tr -d " \\n"); (i=0; while :; do i=$((i+1)); echo "$v $i" > /tmp/beat.next; mv /tmp/beat.next /tmp/beat; sleep 0.2; done) </dev/null >/dev/null 2>&1 & echo $!');
     await waitFor('the process beats', async () => (await exec(id, 'cat /tmp/beat 2>/dev/null || true')).includes(' '));
     secret = (await exec(id, 'cat /tmp/beat')).split(' ')[0]!;
     blobSha = await exec(id, 'head -c 67108864 /dev/urandom > /dev/shm/blob && sha256sum /dev/shm/blob | cut -d" " -f1');

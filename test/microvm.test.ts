@@ -73,7 +73,7 @@ describe('microVM tier', () => {
   }, 30_000);
 
   it('pauses the whole VM (its processes stop counting) and resumes it', async () => {
-    const started = await exec(id, { argv: ['sh', '-c', 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done'], background: true });
+    const started = await exec(id, { argv: ['sh', '-c', 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count.next; mv /tmp/count.next /tmp/count; sleep 0.05; done'], background: true });
     expect(started.status, JSON.stringify(started.body)).toBeLessThan(300);
     const count = async (): Promise<number> => Number((await exec(id, { argv: ['cat', '/tmp/count'] })).body.stdout);
     await waitFor('the counter counts', async () => (await count()) > 3);
