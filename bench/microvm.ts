@@ -40,6 +40,7 @@ const returnMemory = {
   idleAfterUseRamFileRatio: ratio(memOn.idleAfterUse.ramFileMiB, memOff.idleAfterUse.ramFileMiB),
   cpuRatio: { idleAfterBoot: ratio(memOn.cpuMs.idleAfterBoot, memOff.cpuMs.idleAfterBoot), commands: ratio(memOn.cpuMs.commands, memOff.cpuMs.commands), idleAfterUse: ratio(memOn.cpuMs.idleAfterUse, memOff.cpuMs.idleAfterUse) },
   refillRatio: ratio(memOn.refillMs, memOff.refillMs),
+  createRatio: ratio(memOn.createMs, memOff.createMs),
   // The seed's figure: host memory integrated over the same scripted agent session (DSec: -21.2%).
   sessionRssMiBSecondsRatio: ratio(memOn.session.rssMiBSeconds, memOff.session.rssMiBSeconds),
   sessionRamFileMiBSecondsRatio: ratio(memOn.session.ramFileMiBSeconds, memOff.session.ramFileMiBSeconds),

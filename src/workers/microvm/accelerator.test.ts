@@ -49,6 +49,17 @@ describe('qemuArgs', () => {
     expect(args[args.indexOf('-M') + 1]).toContain('memory-backend=ram');
     expect(args).not.toContain('-incoming');
   });
+  it('hands memory back: the balloon device, a small translation buffer, the report order and reclaim on the guest command line', () => {
+    const args = qemuArgs({ ...base, accelerator: 'tcg', layerImages: [{ imagePath: '/l0' }], returnMemory: { cacheReclaimSeconds: 10 } });
+    expect(args.slice(0, 2)).toEqual(['-accel', 'tcg,tb-size=8']);
+    expect(args.join(' ')).toContain('virtio-balloon-device,free-page-reporting=on');
+    const cmdline = args[args.indexOf('-append') + 1]!.split(' ');
+    expect(cmdline).toContain('rollbox.reportorder=5');
+    expect(cmdline).toContain('rollbox.reclaim=10');
+    // Off (no returnMemory): none of it, the buffer as before.
+    const off = qemuArgs({ ...base, accelerator: 'tcg', layerImages: [{ imagePath: '/l0' }] }).join(' ');
+    expect(off).not.toMatch(/virtio-balloon|rollbox\.reportorder|rollbox\.reclaim/);
+  });
   it('starts a restore paused, waiting for its saved device state', () => {
     const args = qemuArgs({ ...base, accelerator: 'tcg', layerImages: [{ imagePath: '/l0' }], incoming: true });
     expect(args.join(' ')).toContain('-S -incoming defer');

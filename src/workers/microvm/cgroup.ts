@@ -22,6 +22,13 @@ export const VM_BESTEFFORT_CGROUP_ROOT = 'rollbox-vm-besteffort';
 export const VMM_OVERHEAD_MIB = 160;
 /** The TCG translation buffer (`-accel tcg,tb-size=`): QEMU 7.2's default is 1 GiB, too much to charge a sandbox. */
 export const TCG_TB_MIB = 64;
+/**
+ * The TCG translation buffer of a VM that hands memory back (ROLLBOX_VM_RETURN_MEMORY=on):
+ * every page of the buffer the translator once wrote stays resident, and an idle guest after
+ * a boot under TCG had touched 46 of 64 MiB; 8 MiB holds the guest's hot code (its cost in
+ * QEMU CPU is measured by bench:microvm, docs/microvm.md).
+ */
+export const TCG_TB_RETURN_MEMORY_MIB = 8;
 /** Threads of one QEMU (vCPUs, I/O, RCU, the block layer's worker pool, which grows to 64): its pids limit, beyond its vCPUs. */
 export const VMM_PIDS = 96;
 

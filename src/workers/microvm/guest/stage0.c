@@ -72,6 +72,8 @@ static void load_modules(void) {
     if (fd < 0) vm_die(p);
     if (syscall(SYS_finit_module, fd, "", 0) < 0 && errno != EEXIST) vm_die(p);
     close(fd);
+    /* Loaded once: its file would stay in the initramfs's memory for the VM's life. */
+    unlink(p);
   }
 }
 
@@ -269,6 +271,7 @@ int main(void) {
   must_mount("sysfs", "/sys", "sysfs", 0, NULL);
   must_mount("devtmpfs", "/dev", "devtmpfs", 0, NULL);
   load_modules();
+  vm_report_order_setup();
   mount_root();
   make_dev();
   bind_tools();

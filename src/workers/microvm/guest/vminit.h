@@ -88,6 +88,8 @@ int vm_limits_setup(void);
 __attribute__((noreturn)) void mux_main(int port_fd, int root_fd);
 /* reclaim.c: the cold page cache reclaimed on `rollbox.reclaim=N` seconds; the poll timeout until the next round (-1: never). */
 int vm_reclaim_timeout_ms(void);
+/* Free page reporting's order from the command line (rollbox.reportorder=N), once virtio_balloon is loaded (reclaim.c). */
+void vm_report_order_setup(void);
 
 /*
  * The sandbox's cgroup (limits.c makes it): every process of the sandbox is below it, the
