@@ -28,7 +28,7 @@ export const TCG_TB_MIB = 64;
  * a boot under TCG had touched 46 of 64 MiB; 8 MiB holds the guest's hot code (its cost in
  * QEMU CPU is measured by bench:microvm, docs/microvm.md).
  */
-export const TCG_TB_RETURN_MEMORY_MIB = 8;
+export const TCG_TB_RETURN_MEMORY_MIB = 16;
 /** Threads of one QEMU (vCPUs, I/O, RCU, the block layer's worker pool, which grows to 64): its pids limit, beyond its vCPUs. */
 export const VMM_PIDS = 96;
 
