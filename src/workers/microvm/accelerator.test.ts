@@ -51,7 +51,7 @@ describe('qemuArgs', () => {
   });
   it('hands memory back: the balloon device, a small translation buffer, the report order and reclaim on the guest command line', () => {
     const args = qemuArgs({ ...base, accelerator: 'tcg', layerImages: [{ imagePath: '/l0' }], returnMemory: { cacheReclaimSeconds: 10 } });
-    expect(args.slice(0, 2)).toEqual(['-accel', 'tcg,tb-size=16']);
+    expect(args.slice(0, 2)).toEqual(['-accel', 'tcg,tb-size=32']);
     expect(args.join(' ')).toContain('virtio-balloon-device,free-page-reporting=on');
     const cmdline = args[args.indexOf('-append') + 1]!.split(' ');
     expect(cmdline).toContain('rollbox.reportorder=5');

@@ -24,11 +24,12 @@ export const VMM_OVERHEAD_MIB = 160;
 export const TCG_TB_MIB = 64;
 /**
  * The TCG translation buffer of a VM that hands memory back (ROLLBOX_VM_RETURN_MEMORY=on):
- * every page of the buffer the translator once wrote stays resident, and an idle guest after
- * a boot under TCG had touched 46 of 64 MiB; 8 MiB holds the guest's hot code (its cost in
- * QEMU CPU is measured by bench:microvm, docs/microvm.md).
+ * every page of the buffer the translator once wrote stays resident (46 of 64 MiB in an idle
+ * VM after its boot). 32 MiB still holds the guest's hot code; 16 and 8 did not (the guest
+ * retranslated all the time: forked children answered 3-7 s late, a snapshot test's guest
+ * loop ran 3x slower). Measured in docs/microvm.md.
  */
-export const TCG_TB_RETURN_MEMORY_MIB = 16;
+export const TCG_TB_RETURN_MEMORY_MIB = 32;
 /** Threads of one QEMU (vCPUs, I/O, RCU, the block layer's worker pool, which grows to 64): its pids limit, beyond its vCPUs. */
 export const VMM_PIDS = 96;
 
