@@ -7,6 +7,7 @@ import { ROLLOUT_TIME_PARTS, type Batch, type FollowedRollout, type Trajectory }
 import { RollboxClient, RolloutsClient } from '../src/client/index.ts';
 import { runRollbox } from './support/cli.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
+import { BUSYBOX_AGENT_CMD } from './support/busybox-agent.ts';
 import { ScriptedUpstream } from './support/model-upstream.ts';
 
 // Issue 39's small open points: the CLI's and the Python client's follow read the batch's
@@ -18,12 +19,6 @@ const REPO = path.resolve(import.meta.dirname, '..');
 const JOB = 'job-rf';
 const CANCEL_JOB = 'job-rf-cancel';
 const TENANT = 'team-rf';
-const AGENT_CMD = [
-  `wget -q -O- --header 'Content-Type: application/json' --header "authorization: Bearer $OPENAI_API_KEY"`,
-  `--post-data '{"model":"m","messages":[{"role":"user","content":"go"}]}' "$OPENAI_BASE_URL/chat/completions"`,
-  `&& wget -q -O- --header 'Content-Type: application/json' --header "authorization: Bearer $ROLLBOX_API_KEY"`,
-  `--post-data "{\\"cmd\\":\\"echo tool-$AGENT_N\\",\\"commandId\\":\\"tool-$AGENT_N\\"}" "$ROLLBOX_URL/v1/sandboxes/$ROLLBOX_SANDBOX_ID/exec"`,
-].join(' ');
 
 let cluster: TestCluster;
 let upstream: ScriptedUpstream;
@@ -33,7 +28,7 @@ let followedBatch: Batch | undefined;
 const rolloutTask = (customId: string, job = JOB, then = '') => ({
   customId,
   resources: { memoryMiB: 32, cpuMillis: 200 },
-  agent: { cmd: AGENT_CMD + then, env: { AGENT_N: customId }, timeoutMs: 180_000 },
+  agent: { cmd: BUSYBOX_AGENT_CMD + then, env: { AGENT_N: customId }, timeoutMs: 180_000 },
   model: { job },
 });
 
