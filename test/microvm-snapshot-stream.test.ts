@@ -65,7 +65,7 @@ async function fakeGuest(answer: (req: Request) => void): Promise<{ channel: VmC
   });
   const agentSocket = path.join(dir, 'agent.sock');
   await new Promise<void>((resolve) => server.listen(agentSocket, resolve));
-  const channel = await openVmChannel(agentSocket, path.join(dir, 'init.sock'), 2000);
+  const channel = await openVmChannel(agentSocket, path.join(dir, 'init.sock'), { connectTimeoutMs: 2000 });
   await channel.ready(2000);
   return {
     channel,

@@ -5,6 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Batch, Rollout, Trajectory } from '../src/api/index.ts';
 import { BatchesClient, RollboxClient, RolloutsClient, type FollowedRollout } from '../src/client/index.ts';
 import { api, startTestCluster, type TestCluster } from './support/cluster.ts';
+import { BUSYBOX_AGENT_CMD } from './support/busybox-agent.ts';
 import { ScriptedUpstream } from './support/model-upstream.ts';
 import { runRollbox } from './support/cli.ts';
 
@@ -13,12 +14,6 @@ import { runRollbox } from './support/cli.ts';
 // the follower, from its cursor) and show one. The agent is busybox: one model call through
 // the gateway, then one command in its task sandbox through the rollbox API.
 const JOB = 'job-rc';
-const AGENT_CMD = [
-  `wget -q -O- --header 'Content-Type: application/json' --header "authorization: Bearer $OPENAI_API_KEY"`,
-  `--post-data '{"model":"m","messages":[{"role":"user","content":"go"}]}' "$OPENAI_BASE_URL/chat/completions"`,
-  `&& wget -q -O- --header 'Content-Type: application/json' --header "authorization: Bearer $ROLLBOX_API_KEY"`,
-  `--post-data "{\\"cmd\\":\\"echo tool-$AGENT_N\\",\\"commandId\\":\\"tool-$AGENT_N\\"}" "$ROLLBOX_URL/v1/sandboxes/$ROLLBOX_SANDBOX_ID/exec"`,
-].join(' ');
 
 let cluster: TestCluster;
 let upstream: ScriptedUpstream;
@@ -26,7 +21,7 @@ let token: string;
 let rollouts: RolloutsClient;
 let dir: string;
 
-const rolloutTask = (customId: string) => ({ customId, resources: { memoryMiB: 32, cpuMillis: 200 }, agent: { cmd: AGENT_CMD, env: { AGENT_N: customId }, timeoutMs: 180_000 }, model: { job: JOB } });
+const rolloutTask = (customId: string) => ({ customId, resources: { memoryMiB: 32, cpuMillis: 200 }, agent: { cmd: BUSYBOX_AGENT_CMD, env: { AGENT_N: customId }, timeoutMs: 180_000 }, model: { job: JOB } });
 
 /** The real `rollbox` command as a child process. */
 const rollbox = (args: string[]) => runRollbox(args, { url: cluster.url, token, cwd: dir });

@@ -47,7 +47,8 @@ export type RolloutLimits = z.infer<typeof RolloutLimits>;
 
 /**
  * Where a rollout's wall time went (issue 39 point 8), ms, computed once when its agent
- * exits. `total` runs from its task sandbox's create request to its agent's exit; each
+ * exits, or at the cancel that ended it (of it or its batch). `total` runs from its task
+ * sandbox's create request to its agent's exit (or that cancel); each
  * moment of it counts once, in the first part that covers it: `modelUpstream` (a model
  * call in flight, not held: upstream and the gateway's own relay), `modelHeld` (a call held
  * while the job was paused or its upstreams away), `tool` (a command of its task sandbox,
@@ -82,7 +83,7 @@ export const JobRolloutTimes = z.object({
   ended: z.record(RolloutEnd, z.number().int()),
   /** Succeeded over all ended; null before any ended. */
   completionRate: z.number().nullable(),
-  /** Rollouts whose times are summed in `timesMs`: those whose agent ran to its exit (not cancelled or lost). */
+  /** Rollouts whose times are summed in `timesMs`: those whose agent ran to its exit or was cancelled (not those lost). */
   timed: z.number().int(),
   /** Sums over the timed rollouts, ms (divide by `timed` for a rollout's mean). */
   timesMs: RolloutTimesMs,
@@ -97,7 +98,7 @@ export const RolloutOutcome = z.object({
   tokens: z.number().int(),
   /** The first limit it hit, if any. */
   hit: z.enum(['max_model_calls', 'max_tokens', 'wall_time']).optional(),
-  /** Where its time went, up to its agent's exit. */
+  /** Where its time went, up to its agent's exit (or the cancel that ended it). */
   timesMs: RolloutTimesMs.optional(),
 });
 export type RolloutOutcome = z.infer<typeof RolloutOutcome>;

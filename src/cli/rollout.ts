@@ -1,7 +1,8 @@
 /**
  * `rollbox rollout submit | follow | show`: hosted rollouts from the trainer's side (--url /
- * ROLLBOX_URL, --token / ROLLBOX_TOKEN with scope rollout:submit). Follow writes one NDJSON
- * line per finished rollout to stdout ({line, trajectory}), progress to stderr.
+ * ROLLBOX_URL, --token / ROLLBOX_TOKEN with scope rollout:submit). Follow reads the batch's
+ * events stream (server-sent, resumed from its last event id after a drop) and writes one
+ * NDJSON line per finished rollout to stdout ({line, trajectory}), progress to stderr.
  */
 import fs from 'node:fs';
 import type { Command } from 'commander';
@@ -45,7 +46,7 @@ export function registerRolloutCommands(program: Command): void {
   withConnection(
     rollout
       .command('follow')
-      .description('write each finished rollout of the batch as {line, trajectory} (NDJSON) to stdout until the batch has ended; each line\'s cursor resumes after it')
+      .description('write each finished rollout of the batch as {line, trajectory} (NDJSON) to stdout until the batch has ended, as the gateway pushes them (server-sent events, resumed after a dropped connection); each line\'s cursor resumes after it')
       .argument('<batchId>', 'batch id (a rollout submit\'s, or any batch with agent tasks)')
       .option('--after <cursor>', 'only rollouts after this cursor (the last line\'s line.cursor)'),
   ).action(
@@ -55,7 +56,7 @@ export function registerRolloutCommands(program: Command): void {
         if (err.code === 'EPIPE') process.exit(0);
       });
       let count = 0;
-      for await (const { line, trajectory } of clientOf(flags).followRollouts(batchId, { after: flags.after })) {
+      for await (const { line, trajectory } of clientOf(flags).streamRollouts(batchId, { after: flags.after })) {
         await out(`${JSON.stringify({ line, trajectory })}\n`);
         count++;
         process.stderr.write(`rollout ${line.rollout?.id ?? line.customId}: ${line.status}${line.grade ? ` (grade ${line.grade.passed ? 'passed' : 'failed'})` : ''}, cursor ${line.cursor}\n`);

@@ -310,8 +310,12 @@ export class RollboxClient {
     return { authorization: `Bearer ${this.options.token}` };
   }
 
-  /** Exponential backoff with jitter, never shorter than the server's Retry-After. */
-  private async backoff(attempt: number, error: RollboxApiError): Promise<void> {
+  /**
+   * Exponential backoff with jitter, never shorter than the server's Retry-After: the wait
+   * before retry `attempt` (1-based) of this client's requests, and of a stream its callers
+   * resume themselves (RolloutsClient.streamRollouts).
+   */
+  async backoff(attempt: number, error: RollboxApiError): Promise<void> {
     const backoffMs = Math.min(this.retry.maxDelayMs, this.retry.baseDelayMs * 2 ** (attempt - 1)) * (0.5 + Math.random() / 2);
     const delayMs = Math.max(backoffMs, (error.retryAfterSeconds ?? 0) * 1000);
     this.options.onRetry?.({ attempt, error, delayMs });

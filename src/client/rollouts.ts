@@ -3,7 +3,7 @@ import { Batch, FollowedRollout as FollowedRolloutData, JobRolloutTimes, Rollout
 import { BatchesClient } from './batches.ts';
 import { json, serverSentEvents } from './body.ts';
 import type { RollboxClient } from './client.ts';
-import { RollboxApiError } from './errors.ts';
+import { RollboxApiError, networkMessage } from './errors.ts';
 
 /**
  * One finished task of a followed batch: its result line, its rollout's trajectory (absent for
@@ -66,30 +66,38 @@ export class RolloutsClient {
    * The same as `followRollouts`, pushed by the server: the batch's events stream with
    * trajectories (`GET /v1/batches/:id/events?trajectory=true`), each rollout sent once its
    * trajectory was read. A dropped stream is resumed from the last cursor (Last-Event-ID), so
-   * nothing is yielded twice or skipped; it ends with the batch.
+   * nothing is yielded twice or skipped; it ends with the batch. Reconnects back off, and
+   * give up (`network`) after MAX_STREAM_DROPS drops in a row with no rollout between them;
+   * an unknown batch (or another tenant's) is `not_found`, a token without the scope `forbidden`.
    */
   async *streamRollouts(batchId: string, options: { after?: string } = {}): AsyncGenerator<FollowedRollout> {
     let cursor = options.after;
-    // Streams cut in a row without a rollout between them (a gateway restarting, say); each reconnect is itself retried by `request`.
-    for (let drops = 0; drops <= MAX_STREAM_DROPS; drops++) {
+    for (let drops = 1; ; drops++) {
       const headers: Record<string, string> = { accept: 'text/event-stream', ...(cursor ? { 'last-event-id': cursor } : {}) };
+      // A refused or failed connect is retried by `request` itself; an error answer (not_found, forbidden) is thrown as it is.
       const body = await this.client.request('GET', `/v1/batches/${encodeURIComponent(batchId)}/events?trajectory=true`, { headers }, async (r) => r.body);
       if (!body) throw new RollboxApiError(502, 'internal', 'the batch events answered without a body');
+      let cut: string;
       try {
         for await (const event of serverSentEvents(body)) {
           if (event.event === 'end') return;
           if (event.event !== 'rollout') continue;
           const followed = FollowedRolloutData.parse(JSON.parse(event.data));
           cursor = followed.line.cursor;
-          drops = 0;
+          drops = 1; // progress: the next drop starts its retries afresh
           yield { ...followed, cursor };
         }
+        cut = 'the stream ended before its end event';
       } catch (err) {
         if (err instanceof SyntaxError || err instanceof ZodError) throw err;
+        cut = networkMessage(err);
       }
+      const error = new RollboxApiError(0, 'network', `the events of batch ${batchId} were cut ${drops} times in a row (${cut})`);
+      if (drops >= MAX_STREAM_DROPS) throw error;
+      await this.client.backoff(drops, error);
     }
-    throw new RollboxApiError(0, 'network', `the events of batch ${batchId} were cut ${MAX_STREAM_DROPS + 1} times in a row`);
   }
 }
 
-const MAX_STREAM_DROPS = 5;
+/** Drops of a rollouts stream in a row, with no rollout between them, before a follower gives up. */
+const MAX_STREAM_DROPS = 6;

@@ -2,15 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { mkdirSync, readdirSync, rmSync, statfsSync } from 'node:fs';
 import path from 'node:path';
 import { RollboxError } from '../api/index.ts';
-
-function isAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code === 'EPERM';
-  }
-}
+import { processAlive } from '../proc/index.ts';
 
 /** statfs(2)'s f_type of a tmpfs. */
 const TMPFS_MAGIC = 0x01021994;
@@ -49,7 +41,7 @@ export class MemoryScratch {
       if (statfsSync(dir).type !== TMPFS_MAGIC) return undefined;
       for (const name of readdirSync(dir)) {
         const pid = Number(/^rollbox-pulls-(\d+)-/.exec(name)?.[1]);
-        if (pid && !isAlive(pid)) rmSync(path.join(dir, name), { recursive: true, force: true });
+        if (pid && !processAlive(pid)) rmSync(path.join(dir, name), { recursive: true, force: true });
       }
       const own = path.join(dir, `rollbox-pulls-${process.pid}-${randomBytes(4).toString('hex')}`);
       mkdirSync(own, { mode: 0o700 });

@@ -67,3 +67,13 @@ export async function runToolOk(file: string, args: readonly string[], opts: Run
   }
   return r;
 }
+
+/** Whether a process of this pid exists (one of another user's too); a child node has reaped is gone. */
+export function processAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}

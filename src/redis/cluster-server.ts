@@ -3,6 +3,7 @@ import fs from 'node:fs/promises';
 import net from 'node:net';
 import path from 'node:path';
 import { Redis } from 'ioredis';
+import { processAlive } from '../proc/index.ts';
 import { startRedisServer, type RedisServerHandle } from './server.ts';
 
 export interface RedisClusterNode {
@@ -217,7 +218,7 @@ export async function startRedisCluster(opts: { dataDir: string; primaries?: num
         let lastError: unknown;
         for (const port of order) {
           const server = servers.get(port)!;
-          if (!isAlive(server.pid)) continue;
+          if (!processAlive(server.pid)) continue;
           const p = probe(port);
           try {
             await p.connect();
@@ -249,11 +250,11 @@ export async function startRedisCluster(opts: { dataDir: string; primaries?: num
       async kill(port, signal = 'SIGKILL') {
         const server = servers.get(port);
         if (!server) throw new Error(`no node of this Redis Cluster on port ${port}`);
-        if (!isAlive(server.pid)) return;
+        if (!processAlive(server.pid)) return;
         process.kill(server.pid, signal);
         if (signal !== 'SIGKILL' && signal !== 'SIGTERM' && signal !== 'SIGINT') return;
         const deadline = Date.now() + 10_000;
-        while (isAlive(server.pid) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+        while (processAlive(server.pid) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
       },
       stop,
     };
@@ -263,12 +264,3 @@ export async function startRedisCluster(opts: { dataDir: string; primaries?: num
   }
 }
 
-/** Whether the process still runs (node's child handling reaps it once it exits). */
-function isAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-}

@@ -45,9 +45,9 @@ export class RolloutService {
   }
 
   /**
-   * Where the rollout's time went, from its start (its record's first create) to its agent's
-   * exit at `endedAtMs`: computed once, when its agent exits, from its logs, and kept with its
-   * record. Undefined when its record is gone.
+   * Where the rollout's time went, from its start (its record's first create) to its end at
+   * `endedAtMs`: computed once, when its agent exits or a cancel ends it, from its logs, and
+   * kept with its record. Undefined when its record is gone.
    */
   async finish(id: string, endedAtMs: number): Promise<RolloutTimesMs | undefined> {
     const record = await this.deps.records.get(id);

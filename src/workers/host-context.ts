@@ -48,10 +48,10 @@ export interface WorkerHostDeps {
   syncLayers?: (signal: AbortSignal) => Promise<string[]>;
   /** The chunk cache of lazy layers (a host that fetches what its store lacks), for admission. */
   layerCache?: { committedBytes(): number; readonly limitBytes: number; demandBytes(digests: readonly string[]): Promise<number> };
-  /** The network self-test, ticked at start and every few seconds (see NetworkSelfTest.tick); without it no health is reported. */
   /** The tiers beyond container this host runs (heartbeat; placement sends microvm creates only here). */
   tiers?: NodeHeartbeat['tiers'];
-  networkSelfTest?: { tick(): Promise<NetworkHealth | undefined> };
+  /** The network self-test, ticked at start and every few seconds (see NetworkSelfTest.tick); without it no health is reported. */
+  networkSelfTest?: { tick(): Promise<NetworkHealth | undefined>; settled(): Promise<void> };
 }
 
 /** What the worker host's parts (create handling, op handling, the host itself) share. */

@@ -192,8 +192,9 @@ export class WorkerHost {
     for (const t of this.timers) clearInterval(t);
     ctx.ttls.clearAll();
     await this.pools.stop({ destroy: options.destroySandboxes });
-    // A round in flight holds a probe network: it ends before the stop's reconcile removes everything.
+    // A round in flight holds a probe network: it ends, and its probe is gone, before the stop's reconcile removes everything.
     await this.networkTick;
+    await this.deps.networkSelfTest?.settled();
     // Heartbeats (unhealthy: nothing new is placed here) go on through the grace, or a
     // host that waits on a long command would be declared lost and its sandboxes failed.
     const beat = setInterval(() => void this.heartbeat().catch(() => undefined), this.deps.config.heartbeatMs);

@@ -7,7 +7,7 @@ from typing import Any, AsyncIterator, Dict, Iterator, List, Mapping, Optional
 from urllib.parse import quote, urlencode
 
 from ._core import Request, Timeouts, decode
-from .types import TERMINAL_BATCH_STATES, BatchResult
+from .types import TERMINAL_BATCH_STATES, BatchResult, FollowedRollout, Trajectory
 
 #: A streamed NDJSON submit is stored as it is read; its answer comes after the last line.
 SUBMIT_READ_TIMEOUT_S = 600.0
@@ -172,3 +172,22 @@ def rollout_submit_request(task: Mapping[str, Any], options: Dict[str, Any]) -> 
     if not isinstance(task, Mapping):
         raise TypeError(f"a rollout's task is a dict, not {type(task).__name__}")
     return Request("POST", "/v1/rollouts", {**options, "task": dict(task)}, replayable=False)
+
+
+def rollout_events_request(batch_id: str, last_event_id: str, timeouts: Timeouts) -> Request:
+    """
+    The batch's events stream with trajectories (`GET /v1/batches/:id/events?trajectory=true`),
+    after the cursor `last_event_id` ("" from the first). The gateway writes at least every
+    15 s (a comment while nothing ends), so the read timeout only catches a dead connection.
+    """
+    headers = {"accept": "text/event-stream", **({"last-event-id": last_event_id} if last_event_id else {})}
+    return Request("GET", batch_path(batch_id, "/events?trajectory=true"), headers=headers, read_timeout=timeouts.read)
+
+
+def followed_rollout(raw: Dict[str, Any]) -> Optional[FollowedRollout]:
+    """A `rollout` event as the trainer takes it in (other events, progress and end, are not rollouts)."""
+    if raw["event"] != "rollout":
+        return None
+    d = json.loads(raw["data"])
+    line = BatchResult.from_json(d["line"])
+    return FollowedRollout(line, Trajectory.from_json(d["trajectory"]) if d.get("trajectory") else None, line.cursor)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Sequence, TypeVar, Union
 from urllib.parse import quote, urlencode
 
 try:
@@ -24,6 +24,8 @@ from .aio_rollouts import AsyncRollouts
 from .images import AsyncImages, layer_upload_request
 from .errors import CommandFailed, ConnectionFailed, RollboxError, Timeout, error_from_answer
 from .types import CommandStatus, ExecResult, RunResult, StreamEvent
+
+T = TypeVar("T")
 
 
 class AsyncRollbox:
@@ -116,6 +118,41 @@ class AsyncRollbox:
                     raise
         raise AssertionError("unreachable")
 
+    async def _events(self, make_request: Callable[[str], core.Request], last_event_id: str, convert: Callable[[Dict[str, Any]], Optional[T]],
+                      last_event: str) -> AsyncIterator[T]:
+        """As the sync client's `_events`: a stream resumed from its last event id, with backoff, up to its `last_event`."""
+        attempt, started = 0, time.monotonic()
+        while True:
+            attempt += 1
+            request = make_request(last_event_id)
+            try:
+                try:
+                    async with self.http.stream(request.method, request.path, content=request.encoded(), headers=request.all_headers(self.token, USER_AGENT),
+                                                timeout=self._timeout(request)) as response:
+                        if response.status_code >= 400:
+                            raise error_from_answer(response.status_code, await response.aread(), response.headers.get("retry-after"))
+                        parser = core.SseParser()
+                        async for line in response.aiter_lines():
+                            raw = parser.feed(line)
+                            if raw is None:
+                                continue
+                            if raw["id"]:
+                                last_event_id = raw["id"]
+                            item = convert(raw)
+                            if item is not None:
+                                yield item
+                                attempt = 0  # progress: a later drop starts its retries afresh
+                            if raw["event"] == last_event:
+                                return
+                except (httpx.ConnectError, httpx.ConnectTimeout) as err:
+                    raise ConnectionFailed(f"cannot reach {self.base_url}: {err}", maybe_sent=False) from err
+                except httpx.TransportError as err:
+                    raise ConnectionFailed(f"event stream dropped: {err}") from err
+                raise ConnectionFailed(f"the event stream ended before its {last_event} event")
+            except RollboxError as error:
+                if not await self._retry_wait(error, request, max(attempt, 1), started):
+                    raise
+
     async def _retry_wait(self, error: RollboxError, request: core.Request, attempt: int, started: float) -> bool:
         if not core.should_retry(error, request):
             return False
@@ -193,12 +230,14 @@ class AsyncSandbox:
     async def stream(self, cmd: Command, *, stdin: Optional[str] = None, env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
                      timeout: Optional[float] = None, command_id: Optional[str] = None) -> AsyncIterator[StreamEvent]:
         body = core.exec_body(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, command_id=command_id)
-        async for event in self._events(lambda last: core.exec_request(self.id, body, self._client.timeouts, stream=True, last_event_id=last), body["commandId"]):
+        async for event in self._client._events(lambda last: core.exec_request(self.id, body, self._client.timeouts, stream=True, last_event_id=last), "0",
+                                                lambda raw: core.stream_event(raw, body["commandId"]), "exit"):
             yield event
 
     async def follow(self, command_id: str) -> AsyncIterator[StreamEvent]:
         """A running (or ended) command's output from its start, as it comes (a pty's as `pty` events), then its `exit`."""
-        async for event in self._events(lambda last: core.follow_request(self.id, command_id, self._client.timeouts, last), command_id):
+        async for event in self._client._events(lambda last: core.follow_request(self.id, command_id, self._client.timeouts, last), "0",
+                                                lambda raw: core.stream_event(raw, command_id), "exit"):
             yield event
 
     async def pty(self, cmd: Optional[Command] = None, *, cols: int = 80, rows: int = 24, env: Optional[Mapping[str, str]] = None,
@@ -211,40 +250,6 @@ class AsyncSandbox:
     async def resize(self, command_id: str, cols: int, rows: int) -> Dict[str, Any]:
         """A running pty command's new size (its foreground process group gets SIGWINCH)."""
         return await self._client._call(core.resize_request(self.id, command_id, cols, rows))
-
-    async def _events(self, make_request: Callable[[str], core.Request], command_id: str) -> AsyncIterator[StreamEvent]:
-        last_event_id, attempt, started = "0", 0, time.monotonic()
-        while True:
-            attempt += 1
-            request = make_request(last_event_id)
-            try:
-                try:
-                    async with self._client.http.stream(request.method, request.path, content=request.encoded(),
-                                                        headers=request.all_headers(self._client.token, USER_AGENT),
-                                                        timeout=self._client._timeout(request)) as response:
-                        if response.status_code >= 400:
-                            raise error_from_answer(response.status_code, await response.aread(), response.headers.get("retry-after"))
-                        parser = core.SseParser()
-                        async for line in response.aiter_lines():
-                            raw = parser.feed(line)
-                            if raw is None:
-                                continue
-                            if raw["id"]:
-                                last_event_id = raw["id"]
-                            event = core.stream_event(raw, command_id)
-                            if event is not None:
-                                yield event
-                                attempt = 0
-                                if event.type == "exit":
-                                    return
-                except (httpx.ConnectError, httpx.ConnectTimeout) as err:
-                    raise ConnectionFailed(f"cannot reach {self._client.base_url}: {err}", maybe_sent=False) from err
-                except httpx.TransportError as err:
-                    raise ConnectionFailed(f"event stream dropped: {err}") from err
-                raise ConnectionFailed("the event stream ended before its exit event")
-            except RollboxError as error:
-                if not await self._client._retry_wait(error, request, max(attempt, 1), started):
-                    raise
 
     async def exec_background(self, cmd: Command, *, stdin: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
                               cwd: Optional[str] = None, timeout: Optional[float] = None, command_id: Optional[str] = None,

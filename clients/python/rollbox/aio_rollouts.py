@@ -25,8 +25,8 @@ class AsyncRollouts:
     async def trajectory(self, rollout_id: str) -> Trajectory:
         return Trajectory.from_json(await self._client._call(core.Request("GET", bcore.rollout_path(rollout_id, "/trajectory"))))
 
-    async def follow(self, batch_id: str, *, after: Optional[str] = None, wait_seconds: float = bcore.RESULTS_WAIT_S) -> AsyncIterator[FollowedRollout]:
-        """As `Rollouts.follow`: each finished task with its trajectory, resumed after the cursor `after`."""
-        async for line in self._client.batches.results(batch_id, after=after, follow=True, wait_seconds=wait_seconds):
-            trajectory = await self.trajectory(line.rollout.id) if line.rollout else None
-            yield FollowedRollout(line, trajectory, line.cursor)
+    async def follow(self, batch_id: str, *, after: Optional[str] = None) -> AsyncIterator[FollowedRollout]:
+        """As `Rollouts.follow`: each finished task with its trajectory, pushed by the gateway, resumed after the cursor `after`."""
+        async for followed in self._client._events(lambda last: bcore.rollout_events_request(batch_id, last, self._client.timeouts), after or "",
+                                                   bcore.followed_rollout, "end"):
+            yield followed

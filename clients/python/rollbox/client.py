@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, TypeVar, Union
 
 from . import _core as core
 from ._core import USER_AGENT, Command
@@ -14,6 +14,8 @@ from .rollouts import Rollouts
 from .images import Images, layer_upload_request
 from .errors import CommandFailed, ConnectionFailed, RollboxError
 from .types import CommandStatus, ExecResult, RunResult, StreamEvent
+
+T = TypeVar("T")
 
 
 
@@ -90,6 +92,38 @@ class Rollbox:
                 if not self._retry_wait(error, request, attempt, started):
                     raise
         raise AssertionError("unreachable")
+
+    def _events(self, make_request: Callable[[str], core.Request], last_event_id: str, convert: Callable[[Dict[str, Any]], Optional[T]],
+                last_event: str) -> Iterator[T]:
+        """
+        An event stream's events as `convert` makes them (None: not handed out), up to its
+        `last_event`. A dropped stream is asked for again from the last event id seen
+        (`make_request(id)`), after the client's backoff; its tries start afresh after each
+        event handed out, so a stream cut again and again with nothing between gives up after
+        `RetryPolicy.attempts`. An error answer (not_found, forbidden) is raised as it is.
+        """
+        attempt, started = 0, time.monotonic()
+        while True:
+            attempt += 1
+            request = make_request(last_event_id)
+            try:
+                parser = core.SseParser()
+                for line in core.lines_of(self.transport.stream(request, request.all_headers(self.token, USER_AGENT))):
+                    raw = parser.feed(line)
+                    if raw is None:
+                        continue
+                    if raw["id"]:
+                        last_event_id = raw["id"]
+                    item = convert(raw)
+                    if item is not None:
+                        yield item
+                        attempt = 0  # progress: a later drop starts its retries afresh
+                    if raw["event"] == last_event:
+                        return
+                raise ConnectionFailed(f"the event stream ended before its {last_event} event")
+            except RollboxError as error:
+                if not self._retry_wait(error, request, max(attempt, 1), started):
+                    raise
 
     def _retry_wait(self, error: RollboxError, request: core.Request, attempt: int, started: float) -> bool:
         """Sleeps before the next try and says True, or says False (give up: raise it)."""
@@ -190,11 +224,13 @@ class Sandbox:
         background command: pass its `command_id`.
         """
         body = core.exec_body(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, command_id=command_id)
-        return self._events(lambda last: core.exec_request(self.id, body, self._client.timeouts, stream=True, last_event_id=last), body["commandId"])
+        return self._client._events(lambda last: core.exec_request(self.id, body, self._client.timeouts, stream=True, last_event_id=last), "0",
+                                    lambda raw: core.stream_event(raw, body["commandId"]), "exit")
 
     def follow(self, command_id: str) -> Iterator[StreamEvent]:
         """A running (or ended) command's output from its start, as it comes (a pty's as `pty` events), then its `exit`."""
-        return self._events(lambda last: core.follow_request(self.id, command_id, self._client.timeouts, last), command_id)
+        return self._client._events(lambda last: core.follow_request(self.id, command_id, self._client.timeouts, last), "0",
+                                    lambda raw: core.stream_event(raw, command_id), "exit")
 
     def pty(self, cmd: Optional[Command] = None, *, cols: int = 80, rows: int = 24, env: Optional[Mapping[str, str]] = None,
             cwd: Optional[str] = None, user: Optional[str] = None, timeout: Optional[float] = None,
@@ -209,30 +245,6 @@ class Sandbox:
     def resize(self, command_id: str, cols: int, rows: int) -> Dict[str, Any]:
         """A running pty command's new size (its foreground process group gets SIGWINCH)."""
         return self._client._call(core.resize_request(self.id, command_id, cols, rows))
-
-    def _events(self, make_request: Callable[[str], core.Request], command_id: str) -> Iterator[StreamEvent]:
-        last_event_id, attempt, started = "0", 0, time.monotonic()
-        while True:
-            attempt += 1
-            request = make_request(last_event_id)
-            try:
-                parser = core.SseParser()
-                for line in core.lines_of(self._client.transport.stream(request, request.all_headers(self._client.token, USER_AGENT))):
-                    raw = parser.feed(line)
-                    if raw is None:
-                        continue
-                    if raw["id"]:
-                        last_event_id = raw["id"]
-                    event = core.stream_event(raw, command_id)
-                    if event is not None:
-                        yield event
-                        attempt = 0  # progress: a later drop starts its retries afresh
-                        if event.type == "exit":
-                            return
-                raise ConnectionFailed("the event stream ended before its exit event")
-            except RollboxError as error:
-                if not self._client._retry_wait(error, request, max(attempt, 1), started):
-                    raise
 
     def exec_background(self, cmd: Command, *, stdin: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
                         cwd: Optional[str] = None, timeout: Optional[float] = None, command_id: Optional[str] = None,

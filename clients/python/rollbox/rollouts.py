@@ -35,13 +35,14 @@ class Rollouts:
         """Its model calls and task-sandbox commands, in the order they began (whole once it has finished)."""
         return Trajectory.from_json(self._client._call(core.Request("GET", bcore.rollout_path(rollout_id, "/trajectory"))))
 
-    def follow(self, batch_id: str, *, after: Optional[str] = None, wait_seconds: float = bcore.RESULTS_WAIT_S) -> Iterator[FollowedRollout]:
+    def follow(self, batch_id: str, *, after: Optional[str] = None) -> Iterator[FollowedRollout]:
         """
         The batch's finished tasks in the order they ended, each with its rollout's trajectory,
-        until the batch has ended and every line was read. Keep the `cursor` of the last one
-        taken and pass it as `after` after a restart: each rollout is delivered once. One is
-        handed out only after its trajectory was read.
+        pushed by the gateway (server-sent events) until the batch has ended. Keep the `cursor`
+        of the last one taken and pass it as `after` after a restart: each rollout is delivered
+        once. A dropped stream is resumed from the last cursor after a backoff (a stream cut
+        `RetryPolicy.attempts` times in a row with no rollout between raises ConnectionFailed);
+        an unknown batch raises NotFound, a token without the scope Forbidden.
         """
-        for line in self._client.batches.results(batch_id, after=after, follow=True, wait_seconds=wait_seconds):
-            trajectory = self.trajectory(line.rollout.id) if line.rollout else None
-            yield FollowedRollout(line, trajectory, line.cursor)
+        return self._client._events(lambda last: bcore.rollout_events_request(batch_id, last, self._client.timeouts), after or "",
+                                    bcore.followed_rollout, "end")

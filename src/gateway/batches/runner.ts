@@ -4,7 +4,7 @@ import type { Logger } from 'pino';
 import { BatchTask } from '../../api/index.ts';
 import type { BatchLoad, BatchStore, ResultLineInput } from '../../registry/index.ts';
 import type { BatchJobs, TaskJob } from './jobs.ts';
-import type { TaskOutcome, TaskRun } from './task.ts';
+import { TaskCancelled, type TaskOutcome, type TaskRun } from './task.ts';
 
 export interface BatchRunnerDeps {
   store: Pick<BatchStore, 'loads' | 'begin' | 'finish' | 'release' | 'cancel' | 'state' | 'forget'>;
@@ -144,7 +144,7 @@ export class BatchRunner {
     if (this.deps.slots > 0) await jobs.watch(new Set(live.map((l) => l.id)));
     // Batches being cancelled: stop what runs here.
     for (const l of this.local.values()) {
-      if (loads.find((b) => b.id === l.batchId)?.state !== 'in_progress') l.controller.abort(new Error('the batch was cancelled'));
+      if (loads.find((b) => b.id === l.batchId)?.state !== 'in_progress') l.controller.abort(new TaskCancelled('the batch was cancelled'));
     }
     let candidates = live.filter((l) => (this.paused.get(l.id) ?? 0) <= nowMs);
     while (!this.stopped && this.local.size < this.deps.slots) {
@@ -209,7 +209,9 @@ export class BatchRunner {
       case 'aborted': {
         const state = await store.state(run.batchId);
         if (state === 'cancelling' || state === 'cancelled' || state === 'expired') {
-          await this.record(run, run.batchId, job, token, { customId: run.customId, status: 'cancelled', steps: outcome.steps, attempts: run.attempt, error: { code: 'cancelled', message: 'the batch was cancelled while the task ran' } }, 'completed');
+          const line: ResultLineInput = { customId: run.customId, status: 'cancelled', steps: outcome.steps, attempts: run.attempt, error: { code: 'cancelled', message: 'the batch was cancelled while the task ran' } };
+          // A rollout the cancel ended: its model usage and its times up to the cancel, counted with its job's ended rollouts.
+          await this.record(run, run.batchId, job, token, outcome.rollout ? { ...line, rollout: outcome.rollout } : line, 'completed');
         } else {
           await store.release(run.batchId, run.customId, false);
           await job.moveToWait(token);

@@ -1,5 +1,5 @@
 import path from 'node:path';
-import { FILES_BYTES_TYPE, RollboxError, type BatchOptions, type BatchTask, type ErrorCode, type ExecResult, type StepResult } from '../../api/index.ts';
+import { FILES_BYTES_TYPE, RollboxError, type BatchOptions, type BatchTask, type ErrorCode, type ExecResult, type RolloutOutcome, type StepResult } from '../../api/index.ts';
 import type { Principal } from '../../iam/index.ts';
 import type { AttemptSandboxes, BatchStore, ResultLineInput } from '../../registry/index.ts';
 import type { Span } from '../../rollouts/index.ts';
@@ -18,8 +18,18 @@ export type TaskOutcome =
   | { kind: 'infra'; error: { code: string; message: string }; steps: StepResult[] }
   /** No room now (quota, capacity): queued again, the attempt not charged. */
   | { kind: 'backpressure'; error: { code: string; message: string } }
-  /** Stopped from outside (the batch cancelled, the gateway stopping): the runner decides. */
-  | { kind: 'aborted'; steps: StepResult[] };
+  /**
+   * Stopped from outside (the batch cancelled, the gateway stopping): the runner decides. A
+   * rollout the cancel ended (TaskCancelled) carries its outcome, its times up to the cancel.
+   */
+  | { kind: 'aborted'; steps: StepResult[]; rollout?: RolloutOutcome };
+
+/**
+ * The abort reason of a task whose batch is cancelled (or expired): its rollout ends there,
+ * so its times are computed then. Any other abort (the gateway stopping) leaves the rollout
+ * to go on under a later attempt.
+ */
+export class TaskCancelled extends Error {}
 
 /** Everything a batch's task may do in its sandboxes, granted by the submitter's `batch:submit`. */
 const TASK_SCOPES = new Set(['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'sandbox:policy'] as const);
@@ -126,10 +136,22 @@ export async function runTask(deps: TaskDeps, run: TaskRun): Promise<TaskOutcome
     if (run.signal.aborted) throw run.signal.reason;
     return sandbox.id;
   };
-  const onAbort = () => void Promise.all(made.map((id) => deps.sandboxes.delete(acting, id).catch(() => undefined)));
+  /** When the task was stopped from outside: a cancelled rollout ended then. */
+  let abortedAtMs: number | undefined;
+  const onAbort = () => {
+    abortedAtMs = deps.now();
+    void Promise.all(made.map((id) => deps.sandboxes.delete(acting, id).catch(() => undefined)));
+  };
   run.signal.addEventListener('abort', onAbort, { once: true });
   let stage: 'input' | 'steps' = 'input';
   let rolloutId: string | undefined;
+  /** The rollout's outcome, computed once: when its agent exits, or at the cancel that ended it. */
+  let rollout: RolloutOutcome | undefined;
+  const aborted = async (agentEndedAtMs = Infinity): Promise<TaskOutcome> => {
+    // It ended at the cancel, or before it if its agent had exited first.
+    if (rolloutId && !rollout && run.signal.reason instanceof TaskCancelled) rollout = await rolloutOutcome(deps.rollouts, rolloutId, Math.min(agentEndedAtMs, abortedAtMs ?? deps.now()));
+    return { kind: 'aborted', steps, ...(rollout ? { rollout } : {}) };
+  };
   try {
     const previous = await deps.store.attemptSandbox(run.batchId, run.customId);
     const resumed = previous ? await resumePrevious(deps, acting, run, previous) : undefined;
@@ -156,7 +178,7 @@ export async function runTask(deps: TaskDeps, run: TaskRun): Promise<TaskOutcome
       }
       stage = 'steps';
       for (const [i, step] of task.steps.entries()) {
-        if (run.signal.aborted) return { kind: 'aborted', steps };
+        if (run.signal.aborted) return await aborted();
         const r = await deps.execs.exec(acting, sandboxId, { ...step, background: false, commandId: stepCommandId(run, run.attempt, i) });
         steps.push(stepOf(r));
         if (r.timedOut || r.exitCode !== 0) {
@@ -175,8 +197,10 @@ export async function runTask(deps: TaskDeps, run: TaskRun): Promise<TaskOutcome
       const { env } = started ? { env: {} } : await prepareRollout(deps.rollouts, { tenant: run.tenant, job: task.model.job, batchId: run.batchId, customId: run.customId, attempt, taskSandboxId: sandboxId, agentSandboxId, agent: task.agent, limits: task.limits, ttlSeconds, now: deps.now(), envWaits });
       const r = await runAgentCommand(deps.execs, acting, agentSandboxId, task.agent, env, commandId);
       const agentEndedAtMs = deps.now();
+      // An agent whose sandbox the cancel deleted did not exit on its own: the rollout ended at the cancel.
+      if (run.signal.aborted) return await aborted(agentEndedAtMs);
       line.agent = stepOf(r);
-      line.rollout = await rolloutOutcome(deps.rollouts, rolloutId, agentEndedAtMs);
+      line.rollout = rollout = await rolloutOutcome(deps.rollouts, rolloutId, agentEndedAtMs);
       if (r.timedOut || r.exitCode !== 0) line.status = r.timedOut ? 'timeout' : 'failed';
     }
     const grade = task.grade;
@@ -187,10 +211,10 @@ export async function runTask(deps: TaskDeps, run: TaskRun): Promise<TaskOutcome
           : (await gradeInFreshSandbox(deps, acting, sandboxId, task, grade, (image) => create(image, 'grade', []))).result;
       line.grade = { ...stepOf(graded), mode: grade.mode, passed: !graded.timedOut && graded.exitCode === 0 };
     }
-    if (run.signal.aborted) return { kind: 'aborted', steps };
+    if (run.signal.aborted) return await aborted();
     return { kind: 'result', line };
   } catch (err) {
-    if (run.signal.aborted) return { kind: 'aborted', steps };
+    if (run.signal.aborted) return await aborted();
     const error = err instanceof RollboxError ? { code: err.code, message: err.message } : { code: 'internal', message: String(err) };
     if (err instanceof RollboxError && BACKPRESSURE.has(err.code) && stage === 'input') return { kind: 'backpressure', error };
     if (err instanceof RollboxError && TASK_INPUT_ERRORS.has(err.code) && stage === 'input') {

@@ -97,16 +97,21 @@ function connectAgent(agentSocket: string): Promise<net.Socket> {
   });
 }
 
-/** Connects to the VMM's port socket (retrying while QEMU creates it) and serves `initSocket`. */
-export async function openVmChannel(agentSocket: string, initSocket: string, connectTimeoutMs: number): Promise<VmChannel> {
-  const deadline = Date.now() + connectTimeoutMs;
+/**
+ * Connects to the VMM's port socket (retrying while QEMU creates it) and serves `initSocket`.
+ * `vmmAlive` ends the wait early: a QEMU that exited never creates it, and one still starting
+ * on a loaded host may take seconds to.
+ */
+export async function openVmChannel(agentSocket: string, initSocket: string, options: { connectTimeoutMs: number; vmmAlive?: () => boolean }): Promise<VmChannel> {
+  const deadline = Date.now() + options.connectTimeoutMs;
   let port: net.Socket | undefined;
   for (;;) {
     try {
       port = await connectAgent(agentSocket);
       break;
     } catch (err) {
-      if (Date.now() > deadline) throw new Error(`cannot reach the microVM's channel ${agentSocket}: ${(err as Error).message}`, { cause: err });
+      const vmmGone = options.vmmAlive && !options.vmmAlive();
+      if (vmmGone || Date.now() > deadline) throw new Error(`cannot reach the microVM's channel ${agentSocket}${vmmGone ? ' (its QEMU exited)' : ''}: ${(err as Error).message}`, { cause: err });
       await new Promise((r) => setTimeout(r, 20));
     }
   }

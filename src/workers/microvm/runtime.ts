@@ -14,6 +14,7 @@ import { saveForkImage } from './fork-image.ts';
 import { consoleTailOf, exitCauseFromConsole } from './exit-cause.ts';
 import { VmLazyHolds, type LazyVmBlobs } from './lazy-blobs.ts';
 import { watchGuestPort } from './port-watch.ts';
+import { processAlive } from '../../proc/index.ts';
 import { isQemuPid } from './qemu.ts';
 import { startVm, type VmStartHost } from './start.ts';
 import { readVmFile, serially, type Vm, type VmFile } from './vm.ts';
@@ -124,7 +125,7 @@ export function createMicroVmRuntime(deps: MicroVmRuntimeDeps): MicroVmRuntime {
   };
   const adopt = async (id: string, file: VmFile): Promise<Vm> => {
     const dir = dirOf(id);
-    const channel = await openVmChannel(path.join(dir, 'agent.sock'), path.join(dir, 'init.sock'), 2000);
+    const channel = await openVmChannel(path.join(dir, 'agent.sock'), path.join(dir, 'init.sock'), { connectTimeoutMs: deps.bootTimeoutMs, vmmAlive: () => processAlive(file.pid) });
     const vm: Vm = { sandboxId: id, dir, file, layers: file.layers, pid: file.pid, channel, stopping: false, initSocket: channel.initSocket, env: file.env, workdir: file.workdir, ...(file.user ? { user: file.user } : {}), live: new Map(), ops: Promise.resolve() };
     vms.set(id, vm);
     watch(id, vm);

@@ -1,5 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createHash } from 'node:crypto';
+import { existsSync } from 'node:fs';
 import { readFile, readdir, unlink } from 'node:fs/promises';
 import path from 'node:path';
 import { createInterface } from 'node:readline';
@@ -64,6 +65,8 @@ export class NetworkSelfTest {
   private readonly probeId: string;
   private readonly now: () => number;
   private last: NetworkHealth | undefined;
+  /** The last round's probe being removed. */
+  private tearingDown: Promise<void> = Promise.resolve();
 
   constructor(private readonly deps: SelfTestDeps) {
     this.tag = createHash('sha256').update(deps.nodeId).digest('hex').slice(0, 12);
@@ -102,14 +105,19 @@ export class NetworkSelfTest {
     let firewall: string[] = [];
     let listener: ChildProcess | undefined;
     let leaseIndex: number | undefined;
-    await this.teardown(undefined, await this.leftoverProbeLease());
+    await this.tearingDown;
+    const leftoverLease = await this.leftoverProbeLease();
+    if (leftoverLease !== undefined || this.probeLinksLeft()) await this.teardown(undefined, leftoverLease);
     try {
-      firewall = (await networks.prepareHost()).placed;
       leaseIndex = await this.claimProbeAddresses();
       const [outside, allowed, other] = [1, 2, 3].map((i) => formatIpv4(ipv4Range(this.deps.probeCidr)![0] + leaseIndex! * 8 + i)) as [string, string, string];
-      await this.buildNamespaces(outside, allowed, other);
-      listener = await this.startListener();
-      await networks.apply(this.probeId, this.nsPath(this.srcNetns), { mode: 'allowlist', allow: [{ cidr: `${allowed}/32`, ports: [PROBE_PORT], protocol: 'tcp' }] }, { probe: true });
+      // Independent steps side by side (each spawns tools; a worker host waits for this round
+      // before it reports ready): the host's rules beside the probe's namespaces, then the
+      // probe sandbox's rules beside the outside's listener.
+      [firewall] = await Promise.all([networks.prepareHost().then((r) => r.placed), this.buildNamespaces(outside, allowed, other)]);
+      const started = this.startListener();
+      listener = started.child;
+      await Promise.all([started.ready, networks.apply(this.probeId, this.nsPath(this.srcNetns), { mode: 'allowlist', allow: [{ cidr: `${allowed}/32`, ports: [PROBE_PORT], protocol: 'tcp' }] }, { probe: true })]);
       const resolver = networks.resolverOf(this.probeId)!;
       const [reached, leaked, dns] = await Promise.all([this.connect(allowed), this.connect(other), this.lookup(resolver)]);
       const problems: string[] = [];
@@ -123,8 +131,14 @@ export class NetworkSelfTest {
     } catch (err) {
       return { allowlist: 'failing', checkedAtMs: this.now(), detail: `network self-test could not run: ${err instanceof Error ? err.message : String(err)}`, firewall };
     } finally {
-      await this.teardown(listener, leaseIndex);
+      // The verdict does not wait for the probe's removal: the next round and `settled` do.
+      this.tearingDown = this.teardown(listener, leaseIndex).catch(() => undefined);
     }
+  }
+
+  /** Resolves once the last round's probe is removed (a worker host's stop waits for it). */
+  settled(): Promise<void> {
+    return this.tearingDown;
   }
 
   /** A /29 of the probe range for this host: outside's host end .1, allowlisted .2, not allowlisted .3. */
@@ -154,13 +168,19 @@ export class NetworkSelfTest {
     await runToolOk('ip', ['-n', this.dstNetns, '-batch', '-'], { input: ['link set lo up', `addr add ${allowed}/29 dev eth0`, `addr add ${other}/29 dev eth0`, 'link set eth0 up', `route add default via ${outside}`, ''].join('\n') });
   }
 
-  private startListener(): Promise<ChildProcess> {
+  private startListener(): { child: ChildProcess; ready: Promise<void> } {
     const child = spawn('nsenter', [`--net=${this.nsPath(this.dstNetns)}`, '--', process.execPath, '-e', LISTENER, String(PROBE_PORT)], { stdio: ['ignore', 'pipe', 'ignore'] });
-    return new Promise((resolve, reject) => {
+    const ready = new Promise<void>((resolve, reject) => {
       child.once('error', reject);
       child.once('close', (code) => reject(new Error(`probe listener exited ${code}`)));
-      createInterface({ input: child.stdout! }).once('line', () => resolve(child));
+      createInterface({ input: child.stdout! }).once('line', () => resolve());
     });
+    return { child, ready };
+  }
+
+  /** Whether a probe's namespaces or outside veth are still there (a round cut short by a crash). */
+  private probeLinksLeft(): boolean {
+    return [this.nsPath(this.srcNetns), this.nsPath(this.dstNetns), `/sys/class/net/${this.dstVeth}`].some((p) => existsSync(p));
   }
 
   private async connect(address: string): Promise<string> {
