@@ -45,12 +45,12 @@ describe('creates as BullMQ jobs', () => {
   });
 
   it('a refusal completes its job on the refusing host (no retry there) and the create goes to the next node', async () => {
-    cluster = await startTestCluster({ workers: [{ nodeId: 'node-full', env: REFUSING_NODE_ENV }, { nodeId: 'node-free' }] });
+    cluster = await startTestCluster({ workers: [{ nodeId: 'cj-full', env: REFUSING_NODE_ENV }, { nodeId: 'cj-free' }] });
     const token = await cluster.token('jobs', SCOPES);
     await nodesUp(cluster, token, 2);
     const created = await Promise.all(Array.from({ length: 6 }, () => api(cluster!, token, 'POST', '/v1/sandboxes', {})));
-    expect(created.map((r) => [r.status, r.body.node])).toEqual(Array(6).fill([201, 'node-free']));
-    const refusedIds = await withQueue(cluster, 'node-full', async (queue) => {
+    expect(created.map((r) => [r.status, r.body.node])).toEqual(Array(6).fill([201, 'cj-free']));
+    const refusedIds = await withQueue(cluster, 'cj-full', async (queue) => {
       const jobs = await queue.getJobs(['completed', 'failed', 'wait', 'active', 'delayed']);
       for (const job of jobs) {
         expect(await job.getState()).toBe('completed');
@@ -59,7 +59,7 @@ describe('creates as BullMQ jobs', () => {
       return jobs.map((j) => j.id!);
     });
     // Each create the full node refused was sent once more, to the free node, as the next attempt.
-    await withQueue(cluster, 'node-free', async (queue) => {
+    await withQueue(cluster, 'cj-free', async (queue) => {
       for (const id of refusedIds) {
         const [sandboxId, attempt] = id.split('.');
         expect(await queue.getJob(`${sandboxId}.${Number(attempt) + 1}`)).toBeTruthy();
@@ -69,15 +69,15 @@ describe('creates as BullMQ jobs', () => {
   });
 
   it('a worker host SIGKILLed mid-create and restarted: every create ends once, 201 or a coded error', async () => {
-    cluster = await startTestCluster({ workers: [{ nodeId: 'node-live' }] });
+    cluster = await startTestCluster({ workers: [{ nodeId: 'cj-live' }] });
     const token = await cluster.token('jobs', SCOPES);
-    const doomed = await cluster.spawnWorker({ nodeId: 'node-doomed' });
+    const doomed = await cluster.spawnWorker({ nodeId: 'cj-doomed' });
     await nodesUp(cluster, token, 2);
     const creates = Promise.all(Array.from({ length: 16 }, () => api(cluster!, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64 } })));
     await new Promise((r) => setTimeout(r, 150));
     doomed.kill('SIGKILL');
     await new Promise((r) => setTimeout(r, 1000));
-    const restarted = await cluster.spawnWorker({ nodeId: 'node-doomed' });
+    const restarted = await cluster.spawnWorker({ nodeId: 'cj-doomed' });
     const answers = await creates;
     for (const a of answers) {
       if (a.status === 201) expect(a.body.state).toBe('running');
@@ -92,9 +92,9 @@ describe('creates as BullMQ jobs', () => {
     }, 30_000);
     const running = all.filter((s) => s.state === 'running').map((s) => s.id);
     expect(running.sort()).toEqual(ok.map((a) => a.body.id).sort());
-    // The kill hit creates in flight: some reached node-live only as a later attempt (placed again).
-    const replaced = await withQueue(cluster, 'node-live', async (queue) => (await queue.getJobs(['completed'])).filter((j) => Number(j.id!.split('.')[1]) > 0));
-    expect(replaced.length + answers.filter((a) => a.body.node === 'node-doomed' || a.status !== 201).length).toBeGreaterThan(0);
+    // The kill hit creates in flight: some reached cj-live only as a later attempt (placed again).
+    const replaced = await withQueue(cluster, 'cj-live', async (queue) => (await queue.getJobs(['completed'])).filter((j) => Number(j.id!.split('.')[1]) > 0));
+    expect(replaced.length + answers.filter((a) => a.body.node === 'cj-doomed' || a.status !== 201).length).toBeGreaterThan(0);
     await Promise.all(running.map((id) => api(cluster!, token, 'DELETE', `/v1/sandboxes/${id}`)));
     restarted.kill('SIGKILL');
   });

@@ -23,7 +23,7 @@ let cluster: TestCluster;
 let token: string;
 
 beforeAll(async () => {
-  cluster = await startTestCluster({ redisCluster: true, workers: [{ nodeId: 'node-f', env: { ROLLBOX_NODE_MAX_STARTING: '8' } }], env: { ROLLBOX_BATCH_SLOTS: '4' } });
+  cluster = await startTestCluster({ redisCluster: true, workers: [{ nodeId: 'rcf-f', env: { ROLLBOX_NODE_MAX_STARTING: '8' } }], env: { ROLLBOX_BATCH_SLOTS: '4' } });
   token = await cluster.token('failover', SCOPES);
 }, 120_000);
 

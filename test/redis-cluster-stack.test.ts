@@ -36,7 +36,7 @@ beforeAll(async () => {
   upstream = await ScriptedUpstream.start({ script: [{ text: 'On the cluster.' }] });
   cluster = await startTestCluster({
     redisCluster: true,
-    workers: [{ nodeId: 'node-a', env: { ROLLBOX_SWAP_FILE_MIB: '64' } }, { nodeId: 'node-full', env: REFUSING_NODE_ENV }],
+    workers: [{ nodeId: 'rcs-a', env: { ROLLBOX_SWAP_FILE_MIB: '64' } }, { nodeId: 'rcs-full', env: REFUSING_NODE_ENV }],
     env: {
       ROLLBOX_BURST_PROVIDER: 'local',
       ROLLBOX_BURST_TICK_MS: '200',
@@ -88,7 +88,7 @@ describe('rollbox on a Redis Cluster', () => {
     const again = await api(cluster, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64 } }, { 'idempotency-key': 'cluster-create-1' });
     expect(again.body.id).toBe(first.id);
     const spread = await Promise.all(Array.from({ length: 11 }, () => create()));
-    expect(new Set([first, ...spread].map((s) => s.node))).toEqual(new Set(['node-a']));
+    expect(new Set([first, ...spread].map((s) => s.node))).toEqual(new Set(['rcs-a']));
 
     // Exec: buffered, replayed by commandId, streamed, background; the command log.
     expect((await exec(first.id, { cmd: 'echo hello > /root/f; cat /root/f', commandId: 'c1' })).body.stdout).toBe('hello\n');
@@ -186,12 +186,12 @@ describe('rollbox on a Redis Cluster', () => {
 
     // A worker host that dies with a command running: the node is declared lost, its
     // sandboxes fail(lost) and the command ends result_unknown.
-    const doomed = await cluster.spawnWorker({ nodeId: 'node-doomed', env: { ROLLBOX_COMMAND_GRACE_MS: '0' } });
-    await waitFor('the doomed node up', async () => (await api(cluster, admin, 'GET', '/v1/nodes')).body.nodes?.some((n: { nodeId: string }) => n.nodeId === 'node-doomed'), 30_000);
-    // Placement chooses between node-a and node-doomed: create until one lands there.
+    const doomed = await cluster.spawnWorker({ nodeId: 'rcs-doomed', env: { ROLLBOX_COMMAND_GRACE_MS: '0' } });
+    await waitFor('the doomed node up', async () => (await api(cluster, admin, 'GET', '/v1/nodes')).body.nodes?.some((n: { nodeId: string }) => n.nodeId === 'rcs-doomed'), 30_000);
+    // Placement chooses between rcs-a and rcs-doomed: create until one lands there.
     const onDoomed = await waitFor('a sandbox on the doomed node', async () => {
       const s = await create();
-      return s.node === 'node-doomed' ? s : undefined;
+      return s.node === 'rcs-doomed' ? s : undefined;
     }, 30_000);
     expect((await exec(onDoomed.id, { cmd: 'sleep 30', background: true, commandId: 'dies' })).status).toBe(202);
     await waitFor('the command running', async () => (await api(cluster, token, 'GET', `/v1/sandboxes/${onDoomed.id}/commands/dies`)).body.state === 'running');

@@ -36,7 +36,7 @@ const created: string[] = [];
 
 beforeAll(async () => {
   target = await startTargetNetns({ subnet: 97, holdPort: 7203, ports: [PORT_A, PORT_B] });
-  cluster = await startTestCluster({ workers: [{ nodeId: 'node-walls' }] });
+  cluster = await startTestCluster({ workers: [{ nodeId: 'tiers-walls' }] });
   token = await cluster.token('walls', ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'sandbox:policy', 'sandbox:snapshot', 'layer:write']);
   const grader = await tarOf([{ name: 'grader/', type: 'directory', mode: 0o755 }, { name: 'grader/answer.txt', mode: 0o644, content: `${SECRET}\n` }]);
   const layer = await api(cluster, token, 'POST', '/v1/layers?name=walls-grader', new Uint8Array(grader), { 'content-type': 'application/x-tar' });
