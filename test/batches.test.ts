@@ -189,7 +189,7 @@ describe('evaluation batches', () => {
     await waitFor('its sandboxes gone', async () => {
       const live = (await api<{ sandboxes: { state: string }[] }>(cluster, reader, 'GET', `/v1/sandboxes?label=rollbox.batch=${big.id}`)).body.sandboxes;
       return live.every((s) => ['terminated', 'failed'].includes(s.state));
-    });
+    }, 60_000); // deletes of the cancelled tasks' sandboxes: seconds each on a loaded host
   }, 180_000);
 
   it('expires a batch at the end of its completion window: what ran stays, the rest ends cancelled', async () => {
