@@ -23,12 +23,13 @@ import net from 'node:net';
 import path from 'node:path';
 import { Redis } from 'ioredis';
 import { Sandbox } from 'e2b';
+import type { NodeHeartbeat } from '../src/api/index.ts';
 import { RollboxClient } from '../src/client/index.ts';
-import { PortForwarder } from '../src/ports/index.ts';
+import { PortForwarder, PortTickets } from '../src/ports/index.ts';
 import { runTool } from '../src/proc/index.ts';
 import { E2bKeyStore } from '../src/iam/index.ts';
 import { progressBar, summarize, writeCdfChart } from '../src/report/index.ts';
-import { startTestCluster } from '../test/support/cluster.ts';
+import { api, startTestCluster } from '../test/support/cluster.ts';
 import { sandboxPaths, timed } from './support/runc-floor.ts';
 
 const RUNS = Number(process.env.BENCH_RUNS ?? 300);
@@ -177,7 +178,7 @@ try {
   await fs.writeFile(path.join(hostWww, 'index.html'), PAGE);
   const hostPort = await freePort();
   const hostHttpd = spawn('busybox', ['httpd', '-f', '-p', `127.0.0.1:${hostPort}`, '-h', hostWww], { stdio: 'ignore' });
-  const portSamples = { getHost: [] as number[], floor: [] as number[], hostLoopback: [] as number[] };
+  const portSamples = { getHost: [] as number[], relayOnly: [] as number[], floor: [] as number[], hostLoopback: [] as number[] };
   const { runcRoot, containerId } = sandboxPaths(path.join(cluster.rootDir, 'bench-node', 'worker'), web.sandboxId);
   const state = await runTool('runc', ['--root', runcRoot, 'state', containerId], { output: 'collect' });
   const initPid = (JSON.parse(state.stdout) as { pid: number }).pid;
@@ -187,11 +188,34 @@ try {
     const viaGetHost = () => get(gatewayPort, web.getHost(HTTPD_PORT), { 'e2b-traffic-access-token': web.trafficAccessToken! });
     const intoNetns = async () => get(await forwarder.open(initPid, HTTPD_PORT), `localhost:${HTTPD_PORT}`);
     const onHost = () => get(hostPort, `127.0.0.1:${hostPort}`);
-    for (let i = 0; i < 50; i++) await Promise.all([viaGetHost(), intoNetns(), onHost().catch(() => undefined)]);
+    // Context: the worker's port relay alone, with a ticket minted here (the gateway's part left out).
+    const nodes = (await api<{ nodes: NodeHeartbeat[] }>(cluster, await cluster.token('ops', ['admin']), 'GET', '/v1/nodes')).body.nodes;
+    const [relayHost, relayPort] = nodes.find((n) => n.nodeId === 'bench-node')!.portRelay!.split(':') as [string, string];
+    const tickets = new PortTickets(redis);
+    const viaRelayOnly = async () => {
+      const socket = net.connect({ host: relayHost, port: Number(relayPort) });
+      socket.setNoDelay(true);
+      socket.write(`${await tickets.mint({ sandboxId: web.sandboxId, port: HTTPD_PORT })}\n`);
+      await new Promise<void>((resolve, reject) => {
+        let answer = '';
+        const onData = (chunk: Buffer) => {
+          answer += chunk.toString();
+          if (!answer.includes('\n')) return;
+          socket.off('data', onData);
+          if (answer.startsWith('ok\n')) resolve();
+          else reject(new Error(`relay answered ${answer}`));
+        };
+        socket.on('data', onData);
+        socket.once('error', reject);
+      });
+      await get(socket, `localhost:${HTTPD_PORT}`);
+    };
+    for (let i = 0; i < 50; i++) await Promise.all([viaGetHost(), viaRelayOnly(), intoNetns(), onHost().catch(() => undefined)]);
     await onHost();
     const portBar = progressBar('GET through getHost, into the netns, on the host', { total: PORT_RUNS });
     for (let i = 0; i < PORT_RUNS; i++) {
       portSamples.getHost.push(await timed(viaGetHost));
+      portSamples.relayOnly.push(await timed(viaRelayOnly));
       portSamples.floor.push(await timed(intoNetns));
       portSamples.hostLoopback.push(await timed(onHost));
       portBar.tick();
@@ -214,6 +238,7 @@ try {
   ]);
   const portChart = writeCdfChart(path.resolve(import.meta.dirname, 'out', 'e2b-port-latency.svg'), 'GET of a page from busybox httpd, new connection each', [
     { label: 'through getHost (gateway, port relay, sandbox netns)', samplesMs: portSamples.getHost },
+    { label: "the worker's port relay alone (ticket minted by the bench)", samplesMs: portSamples.relayOnly },
     { label: 'straight into the sandbox namespace (rollbox-portfwd, floor)', samplesMs: portSamples.floor },
     { label: "the host's busybox httpd on its loopback (context)", samplesMs: portSamples.hostLoopback },
   ]);
@@ -238,7 +263,7 @@ try {
       nativeCreateP50Ms: cf.p50Ms,
       createRatioP50: ratio(cs.p50Ms, cf.p50Ms),
       pty: { sdkEchoP50Ms: ps.p50Ms, nativeEchoP50Ms: pn.p50Ms, floorP50Ms: pf.p50Ms, sdkRatioP50: ratio(ps.p50Ms, pf.p50Ms), nativeRatioP50: ratio(pn.p50Ms, pf.p50Ms), sdkEchoP99Ms: ps.p99Ms, n: ps.n },
-      port: { p50Ms: gs.p50Ms, p99Ms: gs.p99Ms, floorP50Ms: gf.p50Ms, floorP99Ms: gf.p99Ms, ratioP50: ratio(gs.p50Ms, gf.p50Ms), ratioP99: ratio(gs.p99Ms, gf.p99Ms), hostLoopbackP50Ms: summarize(portSamples.hostLoopback).p50Ms, n: gs.n },
+      port: { p50Ms: gs.p50Ms, p99Ms: gs.p99Ms, floorP50Ms: gf.p50Ms, floorP99Ms: gf.p99Ms, ratioP50: ratio(gs.p50Ms, gf.p50Ms), ratioP99: ratio(gs.p99Ms, gf.p99Ms), relayOnlyP50Ms: summarize(portSamples.relayOnly).p50Ms, hostLoopbackP50Ms: summarize(portSamples.hostLoopback).p50Ms, n: gs.n },
       n: s.n,
       sdk: 'e2b@2.51.0',
       targets: { ratioP50: 1.5, port: { ratioP50: 1.5 } },
