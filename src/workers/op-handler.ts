@@ -134,13 +134,16 @@ export class OpHandler {
   }
 
   /**
-   * Input for a command: sent now, or, while this process is still starting that command (its
-   * record says `running` before the runtime holds its channel), once it holds it, a bounded while.
+   * Input for a command: sent now, or, while this host is still starting that command, once the
+   * runtime holds its channel, a bounded while. Starting includes its exec op not taken yet:
+   * input sent right behind a background exec can be taken from the inbox first.
    */
   private async whenLive(op: { sandboxId: string; commandId: string }, send: () => Promise<boolean>): Promise<boolean> {
     for (const until = Date.now() + STARTING_COMMAND_WAIT_MS; ; await sleep(20)) {
       if (await send()) return true;
-      if (!this.inFlight.has(`${op.sandboxId}/${op.commandId}`) || Date.now() > until) return false;
+      if (Date.now() > until) return false;
+      const starting = this.inFlight.has(`${op.sandboxId}/${op.commandId}`) || (await this.ctx.deps.commands.get(op.sandboxId, op.commandId))?.state === 'queued';
+      if (!starting) return false;
     }
   }
 
