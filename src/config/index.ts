@@ -24,9 +24,6 @@ function checkRedisUrl(value: string, ctx: z.RefinementCtx): void {
 }
 
 /**
- * Longer than most: the one environment schema (every variable, its default and its
- * meaning in one place) and the one function that turns it into Config.
- *
  * The one environment schema. `loadConfig` is called once by the composition root
  * (the CLI); everything else receives the parsed `Config` (or the slice it needs).
  */
