@@ -6,30 +6,24 @@
  * create beside the native create, and a pty arm: keystroke to echo on a terminal through
  * the SDK's `pty` (sendInput, then its Connect stream) and through rollbox's own pty API
  * (stdin, then the command's event stream), each as a ratio to the exec floor of the same
- * run; and a port arm: a GET through `getHost(port)` (the gateway, the worker's port relay,
- * into the sandbox's namespace) to busybox httpd in a sandbox, beside the same GET to the
- * same server reached from the host straight into the sandbox's network namespace through
- * the worker's helper (rollbox-portfwd: one fork and setns per connection, no gateway, no
- * relay), the floor, since a sandbox's own address is unreachable from the host (its
- * firewall drops connections from it); and, for context, the same server program (the
- * host's busybox httpd) on the host's loopback, outside any sandbox's cgroup. Interleaved;
- * each GET on a new connection, as busybox httpd closes each. Prints progress on stderr,
- * writes CDF charts to bench/out/, ends with one JSON line.
+ * run; and a port arm (bench/support/port-arm.ts, a client process of its own, as callers
+ * are): a GET through `getHost(port)` to busybox httpd in a sandbox, beside the same GET
+ * straight into the sandbox's network namespace from the host (the floor). Prints progress
+ * on stderr, writes CDF charts to bench/out/, ends with one JSON line.
  */
 import { spawn } from 'node:child_process';
 import fs from 'node:fs/promises';
-import http from 'node:http';
 import net from 'node:net';
 import path from 'node:path';
 import { Redis } from 'ioredis';
 import { Sandbox } from 'e2b';
 import type { NodeHeartbeat } from '../src/api/index.ts';
 import { RollboxClient } from '../src/client/index.ts';
-import { PortForwarder, PortTickets } from '../src/ports/index.ts';
 import { runTool } from '../src/proc/index.ts';
 import { E2bKeyStore } from '../src/iam/index.ts';
 import { progressBar, summarize, writeCdfChart } from '../src/report/index.ts';
 import { api, startTestCluster } from '../test/support/cluster.ts';
+import { runPortArm, type PortArmSamples } from './support/port-arm.ts';
 import { sandboxPaths, timed } from './support/runc-floor.ts';
 
 const RUNS = Number(process.env.BENCH_RUNS ?? 300);
@@ -37,22 +31,6 @@ const CREATES = Number(process.env.BENCH_CREATES ?? 10);
 const PORT_RUNS = Number(process.env.BENCH_PORT_RUNS ?? RUNS);
 const HTTPD_PORT = 8080;
 const PAGE = 'hello from a port\n';
-
-/** One GET on a new connection (to `port` on the loopback, or `socket`) with this Host; its body must be PAGE. */
-function get(to: number | net.Socket, host: string, headers: Record<string, string> = {}): Promise<void> {
-  return new Promise((resolve, reject) => {
-    const where = typeof to === 'number' ? { host: '127.0.0.1', port: to, agent: false as const } : { createConnection: () => to };
-    const req = http.request({ ...where, path: '/index.html', headers: { host, ...headers } }, (res) => {
-      let body = '';
-      res.setEncoding('utf8');
-      res.on('data', (chunk: string) => (body += chunk));
-      res.on('end', () => (res.statusCode === 200 && body === PAGE ? resolve() : reject(new Error(`${res.statusCode}: ${body.slice(0, 200)}`))));
-      res.on('error', reject);
-    });
-    req.on('error', reject);
-    req.end();
-  });
-}
 
 async function freePort(): Promise<number> {
   const server = net.createServer();
@@ -178,52 +156,26 @@ try {
   await fs.writeFile(path.join(hostWww, 'index.html'), PAGE);
   const hostPort = await freePort();
   const hostHttpd = spawn('busybox', ['httpd', '-f', '-p', `127.0.0.1:${hostPort}`, '-h', hostWww], { stdio: 'ignore' });
-  const portSamples = { getHost: [] as number[], relayOnly: [] as number[], floor: [] as number[], hostLoopback: [] as number[] };
   const { runcRoot, containerId } = sandboxPaths(path.join(cluster.rootDir, 'bench-node', 'worker'), web.sandboxId);
   const state = await runTool('runc', ['--root', runcRoot, 'state', containerId], { output: 'collect' });
-  const initPid = (JSON.parse(state.stdout) as { pid: number }).pid;
-  const forwarder = new PortForwarder({ dir: await fs.mkdtemp(path.join(cluster.rootDir, 'portfwd-')) });
+  const nodes = (await api<{ nodes: NodeHeartbeat[] }>(cluster, await cluster.token('ops', ['admin']), 'GET', '/v1/nodes')).body.nodes;
+  let portSamples: PortArmSamples;
   try {
-    const gatewayPort = Number(new URL(cluster.url).port);
-    const viaGetHost = () => get(gatewayPort, web.getHost(HTTPD_PORT), { 'e2b-traffic-access-token': web.trafficAccessToken! });
-    const intoNetns = async () => get(await forwarder.open(initPid, HTTPD_PORT), `localhost:${HTTPD_PORT}`);
-    const onHost = () => get(hostPort, `127.0.0.1:${hostPort}`);
-    // Context: the worker's port relay alone, with a ticket minted here (the gateway's part left out).
-    const nodes = (await api<{ nodes: NodeHeartbeat[] }>(cluster, await cluster.token('ops', ['admin']), 'GET', '/v1/nodes')).body.nodes;
-    const [relayHost, relayPort] = nodes.find((n) => n.nodeId === 'bench-node')!.portRelay!.split(':') as [string, string];
-    const tickets = new PortTickets(redis);
-    const viaRelayOnly = async () => {
-      const socket = net.connect({ host: relayHost, port: Number(relayPort) });
-      socket.setNoDelay(true);
-      socket.write(`${await tickets.mint({ sandboxId: web.sandboxId, port: HTTPD_PORT })}\n`);
-      await new Promise<void>((resolve, reject) => {
-        let answer = '';
-        const onData = (chunk: Buffer) => {
-          answer += chunk.toString();
-          if (!answer.includes('\n')) return;
-          socket.off('data', onData);
-          if (answer.startsWith('ok\n')) resolve();
-          else reject(new Error(`relay answered ${answer}`));
-        };
-        socket.on('data', onData);
-        socket.once('error', reject);
-      });
-      await get(socket, `localhost:${HTTPD_PORT}`);
-    };
-    for (let i = 0; i < 50; i++) await Promise.all([viaGetHost(), viaRelayOnly(), intoNetns(), onHost().catch(() => undefined)]);
-    await onHost();
-    const portBar = progressBar('GET through getHost, into the netns, on the host', { total: PORT_RUNS });
-    for (let i = 0; i < PORT_RUNS; i++) {
-      portSamples.getHost.push(await timed(viaGetHost));
-      portSamples.relayOnly.push(await timed(viaRelayOnly));
-      portSamples.floor.push(await timed(intoNetns));
-      portSamples.hostLoopback.push(await timed(onHost));
-      portBar.tick();
-    }
-    portBar.done();
+    portSamples = await runPortArm({
+      runs: PORT_RUNS,
+      page: PAGE,
+      gatewayPort: Number(new URL(cluster.url).port),
+      getHost: web.getHost(HTTPD_PORT),
+      trafficToken: web.trafficAccessToken!,
+      relay: nodes.find((n) => n.nodeId === 'bench-node')!.portRelay!,
+      redisUrl: cluster.redisUrl,
+      sandboxId: web.sandboxId,
+      port: HTTPD_PORT,
+      initPid: (JSON.parse(state.stdout) as { pid: number }).pid,
+      hostPort,
+    });
   } finally {
     hostHttpd.kill('SIGKILL');
-    forwarder.stop();
   }
   await Promise.all(created.map((id) => native.deleteSandbox(id)));
 
