@@ -133,7 +133,7 @@ describe('microVM fork keeps processes', () => {
       expect(await sh(child, 'sha256sum /dev/shm/blob | cut -d" " -f1; cat /root/file')).toBe(`${blobSha}\non-disk`);
       names.add(await sh(child, 'hostname'));
       randoms.add(await sh(child, 'head -c 16 /dev/urandom | od -An -tx1 | tr -d " \\n"'));
-      // Set to the host's time when the child's guest reads it (up to seconds late for a TCG guest on a loaded host).
+      // Set to the host's time, corrected by round trips (within half the shortest, long for a TCG guest on a loaded host).
       expect(Math.abs(Number(await sh(child, 'date +%s')) - Date.now() / 1000)).toBeLessThan(5);
       // Its own lease (the net frame): its address, and the allowlist it inherited, work.
       addresses.add(await addressOf(child));

@@ -52,8 +52,8 @@ describe('microVM hibernation keeps processes', () => {
     expect(await exec(id, 'sha256sum /dev/shm/blob | cut -d" " -f1')).toBe(blobSha);
     // The guest's wall clock is the host's again, though it stood still while saved.
     // (Bounded by the host's clock before and after the command, so a slow exec on a loaded host is not a drift.
-    // The guest sets the time the host sent when it reads that frame, which a TCG guest on a
-    // loaded host does up to seconds later: 3 s of lag are allowed, far less than it stood saved.)
+    // The guest corrects the time the host sent by round trips, to within half the shortest
+    // one, which a TCG guest on a loaded host can make long: 3 s are allowed, far less than it stood saved.)
     const before = Date.now() / 1000;
     const guestNow = Number(await exec(id, 'date +%s'));
     expect(guestNow).toBeGreaterThanOrEqual(Math.floor(before) - 3);

@@ -12,13 +12,21 @@ import { Readable } from 'node:stream';
  * from the init: code in the guest has no way onto the port.
  */
 export const MuxKind = {
-  open: 1, data: 2, eof: 3, close: 4, ping: 5, pong: 6, restored: 7, snapshot: 8, policy: 9, freeze: 10, result: 11, net: 12, netDone: 13, identity: 14, identityDone: 15,
+  open: 1, data: 2, eof: 3, close: 4, ping: 5, pong: 6, restored: 7, snapshot: 8, policy: 9, freeze: 10, result: 11, net: 12, netDone: 13, identity: 14, identityDone: 15, time: 16, timeIs: 17,
 } as const;
 /** Requests to the guest's trusted side itself (guest/vminit.h), each on a channel of its own. */
 export type VmRequestKind = typeof MuxKind.snapshot | typeof MuxKind.policy | typeof MuxKind.freeze;
 const HEADER_BYTES = 12;
 /** The guest multiplexer's limit on one frame's payload (MUX_MAX_PAYLOAD). */
 export const MUX_MAX_PAYLOAD_BYTES = 64 * 1024;
+
+/** A wall clock time as the guest's multiplexer reads it: u64 seconds, u32 nanoseconds. */
+function wallClock(ms: number): Buffer {
+  const out = Buffer.alloc(12);
+  out.writeBigUInt64LE(BigInt(Math.floor(ms / 1000)), 0);
+  out.writeUInt32LE((ms % 1000) * 1_000_000, 8);
+  return out;
+}
 
 export function muxFrame(channel: number, kind: number, payload: Buffer = Buffer.alloc(0)): Buffer {
   const header = Buffer.alloc(HEADER_BYTES);
@@ -149,6 +157,12 @@ export async function openVmChannel(agentSocket: string, initSocket: string, opt
       if (kind === MuxKind.pong) {
         for (const w of pongWaiters) w();
         pongWaiters.clear();
+        continue;
+      }
+      if (kind === MuxKind.time && id === 0 && len === 8) {
+        // The guest setting its clock after a restore (guest/mux.c): its token back, and the time now.
+        const nowMs = Date.now();
+        agent.write(muxFrame(0, MuxKind.timeIs, Buffer.concat([payload, wallClock(nowMs)])));
         continue;
       }
       if ((kind === MuxKind.netDone || kind === MuxKind.identityDone) && id === 0) {
@@ -295,12 +309,7 @@ export async function openVmChannel(agentSocket: string, initSocket: string, opt
       throw new Error(`the microVM's init did not come up within ${timeoutMs} ms`);
     },
     restored() {
-      const nowMs = Date.now();
-      const payload = Buffer.alloc(12 + 32);
-      payload.writeBigUInt64LE(BigInt(Math.floor(nowMs / 1000)), 0);
-      payload.writeUInt32LE((nowMs % 1000) * 1_000_000, 8);
-      randomBytes(32).copy(payload, 12);
-      agent.write(muxFrame(0, MuxKind.restored, payload));
+      agent.write(muxFrame(0, MuxKind.restored, Buffer.concat([wallClock(Date.now()), randomBytes(32)])));
     },
     async setNetwork(net, timeoutMs) {
       const [address, prefix] = net.address.split('/');

@@ -143,15 +143,52 @@ static void drop_channels(void) {
   while (nchans > 0) chan_free(chans[0]);
 }
 
-/* After a restore: the old channels dropped, the wall clock set to the host's, the entropy credited and the kernel's RNG reseeded from it. */
+static uint64_t get64(const char *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
+
+static uint64_t monotonic_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* Clock round trips after a restore (MUX_TIME): a round trip this short is good enough; else up to this many. */
+#define TIME_GOOD_ROUND_TRIP_NS 20000000u
+#define TIME_MAX_ROUND_TRIPS 4
+static int time_round_trips;
+static uint64_t best_round_trip_ns;
+
+static void ask_time(void) {
+  char p[MUX_TIME_PAYLOAD_BYTES];
+  uint64_t now = monotonic_ns();
+  put32(p, (uint32_t)now);
+  put32(p + 4, (uint32_t)(now >> 32));
+  queue(0, MUX_TIME, p, sizeof p);
+}
+
+/* The host's clock plus half the round trip, kept when its round trip is the shortest yet. */
+static void time_is(const char *p, size_t len) {
+  if (len != MUX_TIME_IS_PAYLOAD_BYTES) return;
+  uint64_t round_trip = monotonic_ns() - get64(p);
+  if (round_trip < best_round_trip_ns) {
+    best_round_trip_ns = round_trip;
+    uint64_t ns = get64(p + 8) * 1000000000u + get32(p + 16) + round_trip / 2;
+    struct timespec now = {.tv_sec = (time_t)(ns / 1000000000u), .tv_nsec = (long)(ns % 1000000000u)};
+    if (clock_settime(CLOCK_REALTIME, &now) < 0) vm_log("mux: clock_settime: %s", strerror(errno));
+  }
+  if (best_round_trip_ns > TIME_GOOD_ROUND_TRIP_NS && ++time_round_trips < TIME_MAX_ROUND_TRIPS) ask_time();
+}
+
+/* After a restore: the old channels dropped, the wall clock set to the host's (then corrected by round trips), the entropy credited and the kernel's RNG reseeded from it. */
 static void restored(const char *p, size_t len) {
   drop_channels();
   /* A VM paused (frozen inside) when it was saved wakes running. */
   if (vm_is_frozen()) vm_freeze(0);
   if (len != MUX_RESTORED_PAYLOAD_BYTES) return;
-  uint64_t sec = (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
-  struct timespec now = {.tv_sec = (time_t)sec, .tv_nsec = (long)get32(p + 8)};
+  struct timespec now = {.tv_sec = (time_t)get64(p), .tv_nsec = (long)get32(p + 8)};
   if (clock_settime(CLOCK_REALTIME, &now) < 0) vm_log("mux: clock_settime: %s", strerror(errno));
+  time_round_trips = 0;
+  best_round_trip_ns = UINT64_MAX;
+  ask_time();
   struct {
     int entropy_count;
     int buf_size;
@@ -166,6 +203,10 @@ static void restored(const char *p, size_t len) {
 static void from_host(uint32_t id, int kind, const char *p, size_t len) {
   if (kind == MUX_RESTORED) {
     restored(p, len);
+    return;
+  }
+  if (kind == MUX_TIME_IS) {
+    time_is(p, len);
     return;
   }
   if (kind == MUX_NET) {

@@ -56,7 +56,18 @@ enum {
    */
   MUX_IDENTITY = 14,
   MUX_IDENTITY_DONE = 15,
+  /*
+   * The clock after a restore, corrected for the time RESTORED waited to be read (seconds,
+   * on a starved TCG guest): guest -> host, channel 0, TIME with u64 the guest's monotonic
+   * nanoseconds; answered at once by TIME_IS: that u64 echoed, then the host's wall clock
+   * (u64 seconds, u32 nanoseconds). The guest sets its clock to the host's plus half the
+   * round trip, and asks again (a few times) while the round trip is long.
+   */
+  MUX_TIME = 16,
+  MUX_TIME_IS = 17,
 };
+#define MUX_TIME_PAYLOAD_BYTES 8
+#define MUX_TIME_IS_PAYLOAD_BYTES (8 + 8 + 4)
 #define MUX_NET_PAYLOAD_BYTES 12
 /* A request's body is read whole before it acts: two lists of 256 paths of 4096 bytes fit. */
 #define MUX_MAX_REQUEST_BYTES (4u << 20)
