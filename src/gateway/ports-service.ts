@@ -29,7 +29,7 @@ export const alreadySent = () => new SentResponse(null, { headers: { 'x-hono-alr
 /**
  * How long the record of a running sandbox routes its port traffic without being read again.
  * A page's assets, an SDK's polling, a WebSocket's reconnects: each request would otherwise
- * begin with a Redis round trip (about a fifth of what the gateway adds to one). What the
+ * begin with a Redis round trip (about a quarter of what the gateway added to one). What the
  * record gives the gateway is its tenant, tier and traffic setting, which never change, and
  * its host; whether it still runs there the host's relay checks on every connection (a
  * paused, hibernating, deleted or moved sandbox is refused there, and its record read again).
