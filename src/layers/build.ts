@@ -103,7 +103,18 @@ const HOSTS = '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n
  * every timestamp at 0, so the digest only changes when the busybox binary does.
  */
 export async function buildBusyboxBase(opts: BusyboxBaseOptions): Promise<StoredLayer> {
-  const busyboxPath = opts.busyboxPath ?? '/bin/busybox';
+  const { tar: pack, binaryBytes } = await busyboxBaseTar(opts.busyboxPath);
+  return buildLayerFromTar(pack, {
+    store: opts.store,
+    tmpDir: opts.tmpDir,
+    maxBytes: binaryBytes + 1024 * 1024,
+    ...(opts.mkfsBinary ? { mkfsBinary: opts.mkfsBinary } : {}),
+    ...(opts.build ? { build: opts.build } : {}),
+  });
+}
+
+/** The busybox base as a tar stream (what `buildBusyboxBase` stores; bench:build gives Docker the same base). */
+export async function busyboxBaseTar(busyboxPath = '/bin/busybox'): Promise<{ tar: Readable; binaryBytes: number }> {
   const binary = await readFile(busyboxPath);
   const { stdout } = await promisify(execFile)(busyboxPath, ['--list-full'], { maxBuffer: 1 << 20 });
   const applets = [...new Set(stdout.split('\n').map((l) => l.trim()).filter((l) => l !== '' && l !== 'bin/busybox'))].sort();
@@ -134,12 +145,5 @@ export async function buildBusyboxBase(opts: BusyboxBaseOptions): Promise<Stored
   // does not have to create it in each sandbox's writable layer.
   file('.rollbox/busybox', '', 0o755);
   pack.finalize();
-
-  return buildLayerFromTar(pack as unknown as Readable, {
-    store: opts.store,
-    tmpDir: opts.tmpDir,
-    maxBytes: binary.length + 1024 * 1024,
-    ...(opts.mkfsBinary ? { mkfsBinary: opts.mkfsBinary } : {}),
-    ...(opts.build ? { build: opts.build } : {}),
-  });
+  return { tar: pack as unknown as Readable, binaryBytes: binary.length };
 }
