@@ -27,36 +27,74 @@ const SentResponse = RESPONSE_ALREADY_SENT.constructor as typeof Response;
 export const alreadySent = () => new SentResponse(null, { headers: { 'x-hono-already-sent': 'true' } });
 
 /**
+ * How long the record of a running sandbox routes its port traffic without being read again.
+ * A page's assets, an SDK's polling, a WebSocket's reconnects: each request would otherwise
+ * begin with a Redis round trip (about a fifth of what the gateway adds to one). What the
+ * record gives the gateway is its tenant, tier and traffic setting, which never change, and
+ * its host; whether it still runs there the host's relay checks on every connection (a
+ * paused, hibernating, deleted or moved sandbox is refused there, and its record read again).
+ */
+const ROUTE_TTL_MS = 2000;
+const MAX_ROUTES = 10_000;
+
+/**
  * Traffic into a port of a sandbox (src/ports): rollbox's `/v1/sandboxes/:id/ports/:port/...`
  * for the sandbox's tenant, and E2B's `getHost` names (e2b/ports.ts). Either way the sandbox
  * must run, in the container tier, and the request passes to the worker host running it.
  */
 export class PortsService {
-  constructor(private readonly deps: { registry: Pick<SandboxRegistry, 'get'>; proxy: Pick<PortProxy, 'http' | 'upgrade'> }) {}
+  /** Running sandboxes' records, by id, oldest first (see ROUTE_TTL_MS). */
+  private readonly routes = new Map<string, { sandbox: Sandbox; untilMs: number }>();
+
+  constructor(private readonly deps: { registry: Pick<SandboxRegistry, 'get'>; proxy: Pick<PortProxy, 'http' | 'upgrade'>; now?: () => number }) {}
 
   /** A sandbox of the caller's tenant (another tenant's is `not_found`, as everywhere) that runs. */
   async ofTenant(principal: Principal, id: string): Promise<Sandbox> {
     requireScope(principal, 'sandbox:exec');
-    const sandbox = await this.deps.registry.get(id);
+    const sandbox = await this.record(id);
     if (!sandbox || sandbox.tenant !== principal.tenant) throw new RollboxError('not_found', `sandbox ${id} not found`);
     return reachable(sandbox);
   }
 
   /** A sandbox by id alone (the E2B host name; its traffic token is checked by the caller): `not_found` unless it lives. */
   async byId(id: string): Promise<Sandbox> {
-    const sandbox = await this.deps.registry.get(id);
-    if (!sandbox || isTerminal(sandbox.state)) throw new RollboxError('not_found', `sandbox ${id} not found`);
-    return sandbox;
+    return living(id, await this.record(id));
   }
 
   /** Passes the request (an HTTP request, or an upgrade) to `port` of the sandbox; answers once the response is the server's. */
   async pass(sandbox: Sandbox, port: number, forwarding: Forwarding, env: NodeBindings): Promise<Response> {
     reachable(sandbox);
     const target = { sandboxId: sandbox.id, port };
-    if (env.upgrade) await this.deps.proxy.upgrade(sandbox.node!, target, forwarding, env.incoming, env.upgrade.socket, env.upgrade.head);
-    else await this.deps.proxy.http(sandbox.node!, target, forwarding, env.incoming, env.outgoing!);
+    try {
+      if (env.upgrade) await this.deps.proxy.upgrade(sandbox.node!, target, forwarding, env.incoming, env.upgrade.socket, env.upgrade.head);
+      else await this.deps.proxy.http(sandbox.node!, target, forwarding, env.incoming, env.outgoing!);
+    } catch (err) {
+      // Refused by its host (or the host is gone): what its record says now explains it best.
+      if (!(err instanceof RollboxError) || (err.code !== 'invalid_state' && err.code !== 'unavailable') || !this.routes.delete(sandbox.id)) throw err;
+      reachable(living(sandbox.id, await this.record(sandbox.id)));
+      throw err;
+    }
     return alreadySent();
   }
+
+  /** The sandbox's record: a running one's from `routes` while fresh, else read (and kept if it runs). */
+  private async record(id: string): Promise<Sandbox | undefined> {
+    const nowMs = (this.deps.now ?? Date.now)();
+    const route = this.routes.get(id);
+    if (route && route.untilMs > nowMs) return route.sandbox;
+    this.routes.delete(id);
+    const sandbox = await this.deps.registry.get(id);
+    if (sandbox?.state === 'running' && sandbox.node) {
+      this.routes.set(id, { sandbox, untilMs: nowMs + ROUTE_TTL_MS });
+      if (this.routes.size > MAX_ROUTES) this.routes.delete(this.routes.keys().next().value!);
+    }
+    return sandbox;
+  }
+}
+
+function living(id: string, sandbox: Sandbox | undefined): Sandbox {
+  if (!sandbox || isTerminal(sandbox.state)) throw new RollboxError('not_found', `sandbox ${id} not found`);
+  return sandbox;
 }
 
 function reachable(sandbox: Sandbox): Sandbox {

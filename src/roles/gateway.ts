@@ -126,7 +126,7 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   const imageChecks: ImageChecks = new ImageChecks({ redis, images, batches, now });
   const { builds, stop: stopBuilds } = buildsOf(config, redisUrl, { redis, sandboxes, files, execs, images, layers, imagePulls, buildLayer }, logger, now);
   const model = await modelGatewayOf(config, redisUrl, { redis, blocking, gatewayId, logger, now, metricsRegistry: metrics.registry });
-  const ports = new PortsService({ registry, proxy: new PortProxy({ tickets: new PortTickets(redis), relayOf: (nodeId) => directory.portRelayOf(nodeId) }) });
+  const ports = new PortsService({ registry, now, proxy: new PortProxy({ tickets: new PortTickets(redis), relayOf: (nodeId) => directory.portRelayOf(nodeId) }) });
   const e2bParts = e2bOf(config, { redis, registry, layers, images, store, nodes, tmpDir, sandboxes, ttls, forks, execs, files, builds }, logger, now, port);
   const app = createGateway({
     config, redis, verifier: createTokenVerifier(config.jwt), rolloutKeys, sandboxes, forks, ttls, execs, files, pools, runs, batches, layers, directory, metrics, logger, now, burst,

@@ -6,7 +6,7 @@ import { handleCreate } from './create-handler.ts';
 import { heartbeatOf } from './heartbeat.ts';
 import { Audit } from './audit.ts';
 import { HostContext, type WorkerHostDeps } from './host-context.ts';
-import { residentOf } from './local-sandboxes.ts';
+import { pauseOf } from './local-sandboxes.ts';
 import { OpHandler } from './op-handler.ts';
 import { PoolKeeper } from './pool-keeper.ts';
 
@@ -84,6 +84,7 @@ export class WorkerHost {
   async portNetnsOf(sandboxId: string): Promise<number> {
     const local = this.ctx.local.get(sandboxId);
     if (!local || local.starting || local.pool) throw new RollboxError('invalid_state', `sandbox ${sandboxId} is not running on worker host ${this.nodeId}`);
+    if (local.paused) throw new RollboxError('invalid_state', `sandbox ${sandboxId} is paused; resume it first`);
     return this.deps.runtime.netnsPidOf(sandboxId);
   }
 
@@ -243,7 +244,7 @@ export class WorkerHost {
     for (const s of records) {
       if (adopted.has(s.id)) {
         const { memoryMiB, cpuMillis, diskMiB } = reservationOf(s.spec.resources);
-        const local = { id: s.id, memoryMiB, cpuMillis, diskMiB, expiresAtMs: Infinity, starting: false, ...residentOf(s) };
+        const local = { id: s.id, memoryMiB, cpuMillis, diskMiB, expiresAtMs: Infinity, starting: false, ...pauseOf(s) };
         ctx.local.set(local);
         ctx.setExpiry(local, Date.parse(s.expiresAt ?? '') || Infinity);
       } else if (s.state !== 'pending' && s.state !== 'hibernated') {

@@ -1,8 +1,9 @@
 import type { Sandbox } from '../api/index.ts';
 
-/** An adopted sandbox paused with its memory paged out counts what it still holds (see LocalSandboxes.reserved). */
-export function residentOf(record: Sandbox): { residentMiB?: number } {
-  return record.state === 'paused' && record.swapped ? { residentMiB: Math.ceil(record.swapped.residentBytes / (1024 * 1024)) } : {};
+/** An adopted sandbox's pause, from its record: paused (the port relay refuses it) and, paged out, what it still holds (see LocalSandboxes.reserved). */
+export function pauseOf(record: Sandbox): { paused?: boolean; residentMiB?: number } {
+  if (record.state !== 'paused') return {};
+  return { paused: true, ...(record.swapped ? { residentMiB: Math.ceil(record.swapped.residentBytes / (1024 * 1024)) } : {}) };
 }
 
 /** A sandbox this worker host runs (or is starting), with what it reserved here. */
@@ -16,6 +17,11 @@ export interface LocalSandbox {
   starting: boolean;
   /** While starting: the chunk cache its lazy layers may take (see AdmissionState.layerCache). */
   layerCacheBytes?: number;
+  /**
+   * Paused (frozen, or paged out too): set before its processes freeze and cleared once they
+   * are thawed, so the port relay never opens a connection a frozen server would hold unanswered.
+   */
+  paused?: boolean;
   /** Paused with its memory paged out (pause mode `swap`): what it still holds in memory, counted instead of memoryMiB. */
   residentMiB?: number;
   /** A ready sandbox of a warm pool (no tenant yet, no registry record) and the pool version it was made for. */

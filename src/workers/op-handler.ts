@@ -1,14 +1,14 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { performance } from 'node:perf_hooks';
 import { RollboxError, newId, type NodeOp, type PauseMode, type Reply } from '../api/index.ts';
-import { takeOutExecOps, type InboxReceipt } from '../queues/index.ts';
-import { keepCarriedCommands } from './carried-commands.ts';
+import type { InboxReceipt } from '../queues/index.ts';
 import { INTERACTIVE_FLUSH_MS, OutputWriter, keys } from '../registry/index.ts';
 import { sandboxFilesMeta } from './files-meta.ts';
 import { readSandboxFiles, writeSandboxFiles } from './files.ts';
 import type { HostContext } from './host-context.ts';
 import { InitLostError } from './init/index.ts';
 import { packWritableLayer, storePacked } from './layer-packing.ts';
+import { hibernate } from './hibernating.ts';
 import { setPaused, swapOut } from './pausing.ts';
 import { CommandReleasedError, type RuntimeExecOutcome } from './runtime/index.ts';
 
@@ -58,7 +58,7 @@ export class OpHandler {
         case 'fork_point':
           return await ctx.reply(op.replyTo, await this.forkPoint(op));
         case 'hibernate':
-          await this.hibernate(op.sandboxId, op.requestId);
+          await hibernate(ctx, op.sandboxId, op.requestId);
           return await done();
         case 'policy':
           await this.applyPolicy(op);
@@ -252,38 +252,6 @@ export class OpHandler {
     return true;
   }
 
-  /**
-   * Pack the writable layer, then stop the container: its memory goes back to the host.
-   * Waking it starts a new container over its layers with that layer copied back into the
-   * upper dir, so hibernating again replaces the layer instead of stacking another. A
-   * sandbox its runtime saves whole (a microVM) keeps its processes instead: its image goes
-   * to the layer store, where the host that wakes it finds it.
-   */
-  private async hibernate(sandboxId: string, requestId: string): Promise<void> {
-    const { ctx } = this;
-    const sandbox = await ctx.deps.registry.get(sandboxId);
-    if (!sandbox) throw new RollboxError('not_found', `sandbox ${sandboxId} not found`);
-    ctx.requireLocal(sandboxId);
-    let moved;
-    if (ctx.deps.runtime.hibernatesWhole(sandboxId)) {
-      const imageDir = ctx.deps.hibernatedImageDirOf(sandboxId);
-      const { carriedCommands } = await ctx.deps.runtime.hibernateWhole(sandboxId, imageDir);
-      // Their exec messages leave this host with the image: whoever wakes it collects them (create-handler.ts).
-      const carried = await takeOutExecOps(ctx.deps.redis, ctx.nodeId, sandboxId, carriedCommands, (raws) => keepCarriedCommands(imageDir, raws));
-      if (carried.length) ctx.log.info({ sandboxId, commands: carried.length }, 'hibernated whole with commands running: they wake with it');
-      await ctx.removeLocal(sandboxId);
-      moved = await ctx.deps.registry.transition(sandboxId, 'hibernated', { from: ['running', 'paused'], node: ctx.nodeId, hibernatedWhole: true, swapped: null });
-    } else {
-      const stored = await packWritableLayer(this.ctx, sandboxId, requestId, []);
-      await ctx.removeLocal(sandboxId);
-      moved = await ctx.deps.registry.transition(sandboxId, 'hibernated', { from: ['running', 'paused'], node: ctx.nodeId, hibernationLayer: stored.digest, swapped: null });
-      await ctx.layers.unpin(stored.digest);
-    }
-    if (moved.kind !== 'ok') throw new RollboxError('conflict', `sandbox ${sandboxId} changed state while hibernating`);
-    const expiresAtMs = Date.parse(sandbox.expiresAt ?? '');
-    if (expiresAtMs) await ctx.deps.registry.watchHibernatedTtl(sandboxId, expiresAtMs);
-  }
-
   /** A task stage change: applied here first, then recorded so a wake or an adoption uses it. */
   private async applyPolicy(op: Extract<NodeOp, { kind: 'policy' }>): Promise<void> {
     const { ctx } = this;
@@ -310,7 +278,7 @@ export class OpHandler {
     if (mode === 'hibernate') {
       // Recorded first: hibernate() hands the janitor the TTL it finds on the record.
       await this.ctx.deps.registry.setExpiresAt(sandboxId, new Date(pausedUntilMs).toISOString());
-      return this.hibernate(sandboxId, newId('req'));
+      return hibernate(this.ctx, sandboxId, newId('req'));
     }
     if (mode === 'swap') {
       await swapOut(this.ctx, sandboxId).catch(async (err: unknown) => {

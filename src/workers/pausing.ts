@@ -6,10 +6,31 @@ const MIB = 1024 * 1024;
 /** Freeze or thaw (a sandbox a swap pause paged out is read back first, and counts whole again). */
 export async function setPaused(ctx: HostContext, sandboxId: string, paused: boolean): Promise<void> {
   ctx.requireLocal(sandboxId);
-  await (paused ? ctx.deps.runtime.pause(sandboxId) : ctx.deps.runtime.resume(sandboxId));
+  if (paused) await markedPaused(ctx, sandboxId, () => ctx.deps.runtime.pause(sandboxId));
+  else await ctx.deps.runtime.resume(sandboxId);
   await ctx.deps.registry.transition(sandboxId, paused ? 'paused' : 'running', { from: [paused ? 'running' : 'paused'], node: ctx.nodeId, ...(paused ? {} : { swapped: null }) });
   const local = ctx.local.get(sandboxId);
-  if (!paused && local) delete local.residentMiB;
+  if (!paused && local) {
+    delete local.residentMiB;
+    delete local.paused;
+  }
+}
+
+/**
+ * Marks the sandbox paused before `freeze` runs (a pause, a hibernation), so the port relay
+ * refuses it from then on (a connection opened into a frozen server would wait unanswered),
+ * and unmarks it if `freeze` fails, unless it was paused already.
+ */
+export async function markedPaused<T>(ctx: HostContext, sandboxId: string, freeze: () => Promise<T>): Promise<T> {
+  const local = ctx.local.get(sandboxId);
+  const wasPaused = local?.paused === true;
+  if (local) local.paused = true;
+  try {
+    return await freeze();
+  } catch (err) {
+    if (local && !wasPaused) delete local.paused;
+    throw err;
+  }
 }
 
 /**
@@ -19,7 +40,7 @@ export async function setPaused(ctx: HostContext, sandboxId: string, paused: boo
  */
 export async function swapOut(ctx: HostContext, sandboxId: string): Promise<void> {
   ctx.requireLocal(sandboxId);
-  const held = await ctx.deps.runtime.swapOut(sandboxId);
+  const held = await markedPaused(ctx, sandboxId, () => ctx.deps.runtime.swapOut(sandboxId));
   const local = ctx.local.get(sandboxId);
   if (local) local.residentMiB = Math.ceil(held.residentBytes / MIB);
   const moved = await ctx.deps.registry.transition(sandboxId, 'paused', { from: ['running'], node: ctx.nodeId, swapped: held });
