@@ -83,12 +83,10 @@ export async function loopBackingFile(name: string): Promise<string | undefined>
 /** Every bound loop device on the host. */
 export async function listLoopDevices(): Promise<LoopDevice[]> {
   const names = (await readdir('/sys/block').catch(() => [] as string[])).filter((n) => /^loop\d+$/.test(n));
-  const out: LoopDevice[] = [];
-  for (const n of names) {
-    const backingFile = await loopBackingFile(n);
-    if (backingFile) out.push({ device: `/dev/${n}`, backingFile });
-  }
-  return out;
+  // Read side by side: a host keeps hundreds of (mostly unbound) loop devices, and a worker
+  // lists them at every start, stop and scratch teardown.
+  const backingFiles = await Promise.all(names.map(loopBackingFile));
+  return names.flatMap((n, i) => (backingFiles[i] ? [{ device: `/dev/${n}`, backingFile: backingFiles[i] }] : []));
 }
 
 export interface UnmountOptions {
@@ -125,7 +123,9 @@ export async function unmount(dir: string, opts: UnmountOptions): Promise<'not-m
 
 /** Loop devices matching `match` still there after waiting (backing off to `maxDelayMs`) for them to detach themselves. */
 export async function loopsLeft(match: (l: LoopDevice) => boolean, maxDelayMs: number): Promise<string[]> {
-  const left = async () => (await listLoopDevices()).filter(match).map((l) => l.device);
-  for (let delayMs = 2; (await left()).length > 0 && delayMs <= maxDelayMs; delayMs *= 2) await sleep(delayMs);
-  return left();
+  for (let delayMs = 2; ; delayMs *= 2) {
+    const left = (await listLoopDevices()).filter(match).map((l) => l.device);
+    if (left.length === 0 || delayMs > maxDelayMs) return left;
+    await sleep(delayMs);
+  }
 }

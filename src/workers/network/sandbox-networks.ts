@@ -94,7 +94,10 @@ export class SandboxNetworks {
   readonly poolCidr: string;
   readonly leaseDir: string;
   private readonly table: string;
-  private baseReady: Promise<void> | undefined;
+  /** The host table and the firewall's rules in place (made once; again after a reconcile removed them): where they sit. */
+  private baseReady: Promise<string[]> | undefined;
+  /** Whether this process began to set the host up (forwarding, table, rules): its reconcile then removes all of it. */
+  private hostTouched = false;
   private readonly leases: AddressLeases;
   private readonly firewall: HostFirewall;
   private readonly log: NetworkLogger | undefined;
@@ -167,6 +170,9 @@ export class SandboxNetworks {
    * firewalld may have flushed rollbox's rules since): where they sit, and where they were put back.
    */
   async prepareHost(): Promise<{ placed: string[]; added: string[] }> {
+    // A base this call makes has just placed the firewall's rules: not listed again at once
+    // (nothing was lost in between, so nothing was put back).
+    if (!this.baseReady) return { placed: await this.ensureBase(), added: [] };
     await this.ensureBase();
     await this.firewall.enableForwarding();
     return this.firewall.ensure();
@@ -263,6 +269,7 @@ export class SandboxNetworks {
   async reconcile(live: ReadonlyMap<string, { pid: number; policy: NetworkPolicy }>): Promise<{ removed: string[] }> {
     const removed: string[] = [];
     const leases = await this.leases.all();
+    const hadLeases = leases.size > 0;
     for (const sandboxId of [...leases.keys()]) {
       const policy = live.get(sandboxId)?.policy;
       if ((policy && hasNetwork(policy)) || this.attached.get(sandboxId)?.bridge) continue;
@@ -276,7 +283,8 @@ export class SandboxNetworks {
     }
     // Host chains whose lease is gone (a crash between the two).
     const keepVeths = new Set([...this.attached.keys()].map(vethOf));
-    if (await this.tableExists()) {
+    const hadTable = await this.tableExists();
+    if (hadTable) {
       const listed = await run('nft', ['-j', 'list', 'map', 'inet', this.table, 'egress']);
       const elems = listed.stdout.match(/"rb[0-9a-f]{13}"/g) ?? [];
       for (const quoted of elems) {
@@ -288,7 +296,10 @@ export class SandboxNetworks {
         this.baseReady = undefined;
       }
     }
-    if (this.attached.size === 0) {
+    // A worker that has no table or lease here and has not set the host up yet (a new node's
+    // first start) does not list the host's rule sets for rules of its own: the self-test
+    // that follows checks them, and a later reconcile (the stop) removes them.
+    if (this.attached.size === 0 && (hadTable || hadLeases || this.hostTouched)) {
       await this.firewall.remove();
       await this.firewall.restoreForwarding();
     }
@@ -323,13 +334,14 @@ export class SandboxNetworks {
     await must('nft', ['-f', '-'], script);
   }
 
-  private ensureBase(): Promise<void> {
+  private ensureBase(): Promise<string[]> {
     this.baseReady ??= (async () => {
+      this.hostTouched = true;
       // Forwarding is needed for any sandbox traffic to leave the host; what may be
       // forwarded from a sandbox is decided by the chains below.
       await this.firewall.enableForwarding();
       await this.nft(renderHostBase({ table: this.table, poolCidr: this.poolCidr, blocked: await blockedRanges(this.deps.blockedCidrs ?? [], this.poolCidr), gatewayPort: SANDBOX_GATEWAY.port }));
-      await this.firewall.ensure();
+      return (await this.firewall.ensure()).placed;
     })().catch((err: unknown) => {
       this.baseReady = undefined;
       throw err;

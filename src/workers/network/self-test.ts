@@ -111,13 +111,22 @@ export class NetworkSelfTest {
     try {
       leaseIndex = await this.claimProbeAddresses();
       const [outside, allowed, other] = [1, 2, 3].map((i) => formatIpv4(ipv4Range(this.deps.probeCidr)![0] + leaseIndex! * 8 + i)) as [string, string, string];
-      // Independent steps side by side (each spawns tools; a worker host waits for this round
-      // before it reports ready): the host's rules beside the probe's namespaces, then the
-      // probe sandbox's rules beside the outside's listener.
-      [firewall] = await Promise.all([networks.prepareHost().then((r) => r.placed), this.buildNamespaces(outside, allowed, other)]);
-      const started = this.startListener();
-      listener = started.child;
-      await Promise.all([started.ready, networks.apply(this.probeId, this.nsPath(this.srcNetns), { mode: 'allowlist', allow: [{ cidr: `${allowed}/32`, ports: [PROBE_PORT], protocol: 'tcp' }] }, { probe: true })]);
+      // Three independent lines side by side (each spawns tools; a worker host waits for this
+      // round before it reports ready): the host's rules; the probe sandbox's namespace, then
+      // its network; the outside's namespace, then its listener. All end before the verdict
+      // or the teardown (a failed line does not leave another one running).
+      const lines = await Promise.allSettled([
+        networks.prepareHost().then((r) => r.placed),
+        this.buildSource().then(() => networks.apply(this.probeId, this.nsPath(this.srcNetns), { mode: 'allowlist', allow: [{ cidr: `${allowed}/32`, ports: [PROBE_PORT], protocol: 'tcp' }] }, { probe: true })),
+        this.buildOutside(outside, allowed, other).then(() => {
+          const started = this.startListener();
+          listener = started.child;
+          return started.ready;
+        }),
+      ]);
+      const failed = lines.find((l) => l.status === 'rejected');
+      if (failed) throw failed.reason;
+      firewall = (lines[0] as PromiseFulfilledResult<string[]>).value;
       const resolver = networks.resolverOf(this.probeId)!;
       const [reached, leaked, dns] = await Promise.all([this.connect(allowed), this.connect(other), this.lookup(resolver)]);
       const problems: string[] = [];
@@ -159,10 +168,13 @@ export class NetworkSelfTest {
     return undefined;
   }
 
-  private async buildNamespaces(outside: string, allowed: string, other: string): Promise<void> {
+  private async buildSource(): Promise<void> {
     await runToolOk('ip', ['netns', 'add', this.srcNetns]);
     // Up as in a container: a refusal's TCP reset is delivered to the socket through it.
     await runToolOk('ip', ['-n', this.srcNetns, 'link', 'set', 'lo', 'up']);
+  }
+
+  private async buildOutside(outside: string, allowed: string, other: string): Promise<void> {
     await runToolOk('ip', ['netns', 'add', this.dstNetns]);
     await runToolOk('ip', ['-batch', '-'], { input: [`link add ${this.dstVeth} type veth peer name eth0 netns ${this.dstNetns}`, `addr add ${outside}/29 dev ${this.dstVeth}`, `link set ${this.dstVeth} up`, ''].join('\n') });
     await runToolOk('ip', ['-n', this.dstNetns, '-batch', '-'], { input: ['link set lo up', `addr add ${allowed}/29 dev eth0`, `addr add ${other}/29 dev eth0`, 'link set eth0 up', `route add default via ${outside}`, ''].join('\n') });
