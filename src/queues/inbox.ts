@@ -9,7 +9,8 @@ import { LuaScript } from '../redis/index.ts';
  * (BLMOVE) and leaves `taken` when it is done, so a host that dies mid-way finds its
  * unfinished messages again at its next start and takes them anew: delivery is
  * at-least-once, and every handler is idempotent by the message's id (an exec by its
- * command record).
+ * command record), except stdin, which cannot be: its handler acknowledges first
+ * (ackInbox), making it at-most-once.
  *
  * Operations stay off BullMQ (creates, runs and wakes are BullMQ jobs: src/queues/jobs): an
  * inbox message costs 2 Redis calls (push, take) plus its ack, which rides on the
@@ -127,6 +128,12 @@ export class InboxConsumer {
     this.options.blocking.disconnect();
     await this.loop?.catch(() => undefined);
   }
+}
+
+/** Takes a message out of `taken` now, before its handler has done its work: that work is then never redone after a restart. */
+export async function ackInbox(redis: Redis, receipt: InboxReceipt): Promise<void> {
+  await redis.lrem(receipt.takenKey, 1, receipt.raw);
+  receipt.acked = true;
 }
 
 /** Pushes a message to a node's inbox (gateways). */

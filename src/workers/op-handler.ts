@@ -1,7 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { performance } from 'node:perf_hooks';
 import { RollboxError, newId, type NodeOp, type PauseMode, type Reply } from '../api/index.ts';
-import type { InboxReceipt } from '../queues/index.ts';
+import { ackInbox, type InboxReceipt } from '../queues/index.ts';
 import { INTERACTIVE_FLUSH_MS, OutputWriter, keys } from '../registry/index.ts';
 import { sandboxFilesMeta } from './files-meta.ts';
 import { readSandboxFiles, writeSandboxFiles } from './files.ts';
@@ -80,6 +80,10 @@ export class OpHandler {
           return await done();
         case 'stdin':
           ctx.requireLocal(op.sandboxId);
+          // Bytes written twice cannot be taken back: a host that dies after writing them must
+          // not write them again when it takes the message anew. Lost instead, the caller is
+          // told (no answer: timeout), never fed twice.
+          await ackInbox(ctx.deps.redis, receipt);
           if (!(await this.whenLive(op, () => ctx.deps.runtime.writeCommandStdin(op.sandboxId, op.commandId, Buffer.from(op.data, 'utf8'), op.eof)))) throw notRunning(op);
           return await done();
         case 'resize':
