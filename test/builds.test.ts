@@ -133,6 +133,15 @@ describe('image builds from a Dockerfile', () => {
     expect(again.stepsRun).toBe(0);
     expect(again.digest).toBe(first.digest);
 
+    // The context is kept by digest for its tenant: a client sends the same bytes once; another tenant neither finds it nor builds from it.
+    const kept = await api(cluster, builder, 'GET', `/v1/images/builds/contexts/${context}`);
+    expect(kept.status, JSON.stringify(kept.body)).toBe(200);
+    expect(kept.body).toMatchObject({ context, entries: contextEntries('v1\n').length });
+    const stranger = await cluster.token('other-lab', ['image:build']);
+    expect((await api(cluster, stranger, 'GET', `/v1/images/builds/contexts/${context}`)).body.error.code).toBe('not_found');
+    expect((await api(cluster, stranger, 'POST', '/v1/images/builds', { name: 'app', context })).body.error.code).toBe('not_found');
+    expect((await api(cluster, builder, 'GET', `/v1/images/builds/contexts/sha256:${'0'.repeat(64)}`)).body.error.code).toBe('not_found');
+
     const changed = await uploadContext(contextEntries('v2\n'));
     const rebuilt = await build({ name: 'app', context: changed.body.context, buildArgs: { GREETING: 'howdy' } });
     expect(rebuilt.state).toBe('ready');

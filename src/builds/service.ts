@@ -1,4 +1,5 @@
 import { createHash } from 'node:crypto';
+import { EventEmitter } from 'node:events';
 import { Queue, Worker, type Job } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
@@ -34,6 +35,9 @@ const MAX_CONTEXT_ENTRIES = 200_000;
 /** A build taken over this often (its gateways kept dying) ends failed. */
 const MAX_STALLS = 2;
 const ERROR_MESSAGE_MAX = 2000;
+/** Contexts this gateway parsed lately, kept so a build's request and its job (and the next rebuild) parse them once. */
+const PARSED_CONTEXTS_MAX_BYTES = 64 * 1024 * 1024;
+const PARSED_CONTEXT_KEEP_MS = 60_000;
 
 /**
  * Image builds: the request is checked and planned at once (a bad Dockerfile is refused
@@ -47,6 +51,10 @@ export class BuildService {
   private worker: Worker | undefined;
   private stopping = false;
   private readonly running = new Set<AbortController>();
+  /** By tenant and digest, oldest first: contexts never change under their digest. */
+  private readonly parsed = new Map<string, { files: BuildContextFiles; bytes: number; atMs: number }>();
+  /** Wakes this gateway's followers of a build's log when a line is appended here. */
+  private readonly appended = new EventEmitter().setMaxListeners(0);
 
   constructor(private readonly deps: BuildServiceDeps) {
     this.queue = new Queue(QUEUE, { connection: deps.jobConnection, prefix: JOB_KEY_PREFIX });
@@ -81,20 +89,34 @@ export class BuildService {
     await this.queue.close().catch(() => undefined);
   }
 
-  /** `POST /v1/images/builds/contexts`: the tar checked whole and kept by its digest. */
+  /** `POST /v1/images/builds/contexts`: the tar checked whole and kept by its digest, for this tenant. */
   async putContext(principal: Principal, archive: Buffer): Promise<BuildContext> {
     requireScope(principal, 'image:build');
     if (archive.length > this.deps.contextMaxBytes) throw new RollboxError('payload_too_large', `a build context is at most ${this.deps.contextMaxBytes} bytes (ROLLBOX_BUILD_CONTEXT_MAX_BYTES)`);
     const files = await readContext(archive, { maxEntries: MAX_CONTEXT_ENTRIES });
     const context = `sha256:${createHash('sha256').update(archive).digest('hex')}` as LayerDigest;
-    await this.deps.redis.set(keys.buildContext(context), archive, 'PX', this.deps.contextTtlMs);
+    const key = keys.buildContext(principal.tenant, context);
+    await this.deps.redis.multi().hset(key, 'tar', archive, 'entries', files.size).pexpire(key, this.deps.contextTtlMs).exec();
+    this.keepParsed(`${principal.tenant}/${context}`, files, archive.length);
     return { context, sizeBytes: archive.length, entries: files.size };
+  }
+
+  /**
+   * `GET /v1/images/builds/contexts/:digest`: a context this tenant uploaded and still has
+   * (kept another ROLLBOX_BUILD_CONTEXT_TTL_MS from now), so a client sends the same bytes once.
+   */
+  async findContext(principal: Principal, digest: string): Promise<BuildContext> {
+    requireScope(principal, 'image:build');
+    const key = keys.buildContext(principal.tenant, digest);
+    const [sizeBytes, entries, kept] = ((await this.deps.redis.multi().hstrlen(key, 'tar').hget(key, 'entries').pexpire(key, this.deps.contextTtlMs).exec()) ?? []).map(([, value]) => value);
+    if (!kept || !Number(sizeBytes)) throw new RollboxError('not_found', `build context ${digest} not found: upload it`);
+    return { context: digest as LayerDigest, sizeBytes: Number(sizeBytes), entries: Number(entries) };
   }
 
   /** `POST /v1/images/builds`: planned (refusals here), recorded, queued. */
   async request(principal: Principal, request: BuildRequest): Promise<Build> {
     requireScope(principal, 'image:build');
-    const context = request.context ? await this.context(request.context) : new Map<string, never>();
+    const context = request.context ? await this.context(principal.tenant, request.context) : new Map<string, never>();
     const plan = planBuild(dockerfileOf(request, (name) => context.get(name)?.data?.toString('utf8')), request);
     if (await this.deps.layers.resolve(request.name, readerOf(principal)).then(() => true, () => false)) throw new RollboxError('conflict', `${request.name} is a layer's name; an image needs a name of its own`);
     const build: Build = { id: newId('bld'), tenant: principal.tenant, name: request.name, state: 'queued', createdAt: new Date(this.deps.now()).toISOString(), steps: plan.steps, stepsRun: 0, stepsCached: 0 };
@@ -123,10 +145,28 @@ export class BuildService {
     return { build: Build.parse(parsed.build), request: BuildRequest.parse(parsed.request) };
   }
 
-  private async context(digest: string): Promise<BuildContextFiles> {
-    const archive = await this.deps.redis.getBuffer(keys.buildContext(digest));
+  private async context(tenant: string, digest: string): Promise<BuildContextFiles> {
+    const cacheKey = `${tenant}/${digest}`;
+    const kept = this.parsed.get(cacheKey);
+    if (kept && this.deps.now() - kept.atMs < PARSED_CONTEXT_KEEP_MS) return kept.files;
+    const archive = await this.deps.redis.hgetBuffer(keys.buildContext(tenant, digest), 'tar');
     if (!archive) throw new RollboxError('not_found', `build context ${digest} not found (uploaded contexts are kept ${Math.round(this.deps.contextTtlMs / 60_000)} min): upload it again`);
-    return readContext(archive, { maxEntries: MAX_CONTEXT_ENTRIES });
+    const files = await readContext(archive, { maxEntries: MAX_CONTEXT_ENTRIES });
+    this.keepParsed(cacheKey, files, archive.length);
+    return files;
+  }
+
+  private keepParsed(cacheKey: string, files: BuildContextFiles, bytes: number): void {
+    this.parsed.delete(cacheKey);
+    if (bytes > PARSED_CONTEXTS_MAX_BYTES) return;
+    this.parsed.set(cacheKey, { files, bytes, atMs: this.deps.now() });
+    let total = 0;
+    for (const entry of this.parsed.values()) total += entry.bytes;
+    for (const [key, entry] of this.parsed) {
+      if (total <= PARSED_CONTEXTS_MAX_BYTES && this.deps.now() - entry.atMs < PARSED_CONTEXT_KEEP_MS) break;
+      this.parsed.delete(key);
+      total -= entry.bytes;
+    }
   }
 
   private async save(build: Build, request: BuildRequest): Promise<void> {
@@ -137,6 +177,20 @@ export class BuildService {
     const key = keys.buildLog(id);
     const length = await this.deps.redis.llen(key);
     await this.deps.redis.multi().rpush(key, JSON.stringify({ seq: length, ...event })).pexpire(key, this.deps.recordTtlMs).exec();
+    this.appended.emit(id);
+  }
+
+  /** Resolves when this gateway appends to the build's log, or after `ms` (another gateway may run it). */
+  async nextAppend(id: string, ms: number): Promise<void> {
+    await new Promise<void>((resolve) => {
+      const wake = (): void => {
+        clearTimeout(timer);
+        this.appended.off(id, wake);
+        resolve();
+      };
+      const timer = setTimeout(wake, ms);
+      this.appended.on(id, wake);
+    });
   }
 
   private async finishFailed(id: string, error: { code: ErrorCode; message: string }, failedStep?: Build['failedStep']): Promise<void> {
@@ -160,7 +214,7 @@ export class BuildService {
     const controller = new AbortController();
     this.running.add(controller);
     try {
-      const context = request.context ? await this.context(request.context) : new Map();
+      const context = request.context ? await this.context(build.tenant, request.context) : new Map();
       const plan = planBuild(dockerfileOf(request, (name) => context.get(name)?.data?.toString('utf8')), request);
       const report = async (index: number, state: BuildStepState, detail: { layer?: LayerDigest; durationMs?: number } = {}) => {
         build = { ...build, steps: build.steps.map((s, i) => (i === index ? { ...s, state, ...detail } : s)) };

@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { Build, BuildContext, BuildLogEvent, type BuildRequest } from '../api/index.ts';
 import { json, serverSentEvents } from './body.ts';
 import type { RollboxClient } from './client.ts';
@@ -13,8 +14,18 @@ export type BuildStreamEvent = BuildLogEvent & { steps?: number; build?: Build }
 export class BuildsClient {
   constructor(private readonly client: RollboxClient) {}
 
-  /** Uploads a build context (a tar, in memory): checked whole by the gateway, kept by its digest. The same bytes give the same digest, so a retry is safe. */
+  /**
+   * Uploads a build context (a tar, in memory): checked whole by the gateway, kept by its
+   * digest. Bytes the tenant's gateway still keeps are not sent again (a rebuild sends a
+   * digest). The same bytes give the same digest, so a retry is safe.
+   */
   async uploadContext(archive: Uint8Array): Promise<BuildContext> {
+    const digest = `sha256:${createHash('sha256').update(archive).digest('hex')}`;
+    try {
+      return BuildContext.parse(await this.client.request('GET', `/v1/images/builds/contexts/${digest}`, {}, json));
+    } catch (err) {
+      if (!(err instanceof RollboxApiError && err.status === 404)) throw err;
+    }
     const init = { headers: { 'content-type': 'application/x-tar' }, body: archive as unknown as BodyInit };
     return BuildContext.parse(await this.client.request('POST', '/v1/images/builds/contexts', init, json));
   }

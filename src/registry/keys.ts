@@ -74,8 +74,8 @@ export const keys = {
   build: (id: string) => `rb:{build:${id}}`,
   /** Its log (BuildLogEvent JSON, a list), kept as long. */
   buildLog: (id: string) => `rb:{build:${id}}:log`,
-  /** An uploaded build context (its tar), by digest, with a TTL. */
-  buildContext: (digest: string) => `rb:build-context:${digest}`,
+  /** An uploaded build context (a hash: `tar`, `entries`), one tenant's by digest, with a TTL. */
+  buildContext: (tenant: string, digest: string) => `rb:build-context:${tenant}:${digest}`,
   /** A build step's layer by its cache key, per tenant. */
   buildCache: (tenant: string, key: string) => `rb:{tenant:${tenant}}:build-cache:${key}`,
   /** Held by the build running that step (see src/builds/cache.ts). */

@@ -1,20 +1,22 @@
 import { createRoute, z } from '@hono/zod-openapi';
 import { bodyLimit } from 'hono/body-limit';
 import { streamSSE } from 'hono/streaming';
-import { Build, BuildContext, BuildRequest, RollboxError, type BuildLogEvent } from '../../api/index.ts';
+import { Build, BuildContext, BuildRequest, LayerDigest, RollboxError, type BuildLogEvent } from '../../api/index.ts';
 import type { Principal } from '../../iam/index.ts';
 import { errors, json, jsonBody, security, type GatewayApp } from './common.ts';
 
 /** Image builds (src/builds BuildService). */
 export interface BuildApi {
   putContext(principal: Principal, archive: Buffer): Promise<BuildContext>;
+  findContext(principal: Principal, digest: string): Promise<BuildContext>;
   request(principal: Principal, request: BuildRequest): Promise<Build>;
   get(principal: Principal, id: string): Promise<Build>;
   log(principal: Principal, id: string, after: number): Promise<{ build: Build; events: BuildLogEvent[] }>;
+  nextAppend(id: string, ms: number): Promise<void>;
 }
 
 const BuildIdParam = z.object({ id: z.string().regex(/^bld_[A-Za-z0-9_-]{1,60}$/) });
-/** How often the event stream looks for new log lines (a build's steps take seconds). */
+/** How often the event stream looks for new log lines unless this gateway, running the build, wakes it at once. */
 const EVENTS_POLL_MS = 250;
 /** An event stream ends after this long even if the build has not (the client reconnects with Last-Event-ID). */
 const EVENTS_MAX_MS = 30 * 60_000;
@@ -36,6 +38,17 @@ export function registerBuildRoutes(app: GatewayApp, builds: BuildApi, limits: {
     request: { body: { required: true, content: { 'application/x-tar': { schema: z.string() } } } },
     responses: { 201: json(BuildContext, 'the context\'s digest'), ...errors('invalid_archive', 'payload_too_large') },
   });
+  app.openapi(
+    createRoute({
+      method: 'get',
+      path: '/v1/images/builds/contexts/{digest}',
+      security,
+      description: 'A context this tenant uploaded, if it is still kept (its time is extended): a client that has the digest of its tar sends the bytes only when this answers 404.',
+      request: { params: z.object({ digest: LayerDigest }) },
+      responses: { 200: json(BuildContext, 'the context, kept'), ...errors('not_found') },
+    }),
+    async (c) => c.json(await builds.findContext(c.get('principal'), c.req.valid('param').digest), 200),
+  );
   app.openapi(
     createRoute({
       method: 'post',
@@ -66,7 +79,7 @@ export function registerBuildRoutes(app: GatewayApp, builds: BuildApi, limits: {
           after = e.seq;
           if (e.kind === 'end') return;
         }
-        if (events.length === 0) await new Promise((r) => setTimeout(r, EVENTS_POLL_MS));
+        if (events.length === 0) await builds.nextAppend(id, EVENTS_POLL_MS);
       }
     });
   });
