@@ -19,6 +19,9 @@ export interface ContextEntry {
 
 export type BuildContextFiles = Map<string, ContextEntry>;
 
+/** As the kernel's bound on symlinks followed in one lookup. */
+const MAX_LINK_HOPS = 40;
+
 const refused = (message: string) => new RollboxError('invalid_archive', `build context: ${message}`);
 
 /**
@@ -127,10 +130,12 @@ export function selectSources(files: BuildContextFiles, sources: readonly string
     if (clean === '..' || clean.startsWith('../')) throw new RollboxError('invalid_dockerfile', `Dockerfile line ${line}: COPY source ${JSON.stringify(source)} is outside the context`);
     const roots = clean === '.' ? [''] : hasGlob(clean) ? [...files.keys()].filter((n) => globRegExp(clean).test(n) && !ignored(n)) : files.has(clean) && !ignored(clean) ? [clean] : [];
     if (roots.length === 0) throw new RollboxError('invalid_dockerfile', `Dockerfile line ${line}: COPY source ${JSON.stringify(source)} is not in the context${ignored(clean) ? ' (.dockerignore excludes it)' : ''}`);
-    for (const root of roots) {
+    for (const named of roots) {
+      // A source that names a symlink copies what it points to, under the link's name (as Docker follows it); links inside a copied directory stay links.
+      const root = followLinks(files, named, line);
       const entry = files.get(root);
       if (entry && entry.type !== 'directory') {
-        out.push({ entry, target: path.posix.basename(root) });
+        out.push({ entry, target: path.posix.basename(named) });
         continue;
       }
       for (const [name, e] of files) {
@@ -141,6 +146,18 @@ export function selectSources(files: BuildContextFiles, sources: readonly string
     }
   }
   return out;
+}
+
+/** Where a context name leads once its symlinks are followed (they cannot leave the context: readContext). */
+function followLinks(files: BuildContextFiles, name: string, line: number): string {
+  let at = name;
+  for (let hops = 0; hops < MAX_LINK_HOPS; hops++) {
+    const entry = files.get(at);
+    if (entry?.type !== 'symlink') return at;
+    at = path.posix.normalize(path.posix.join(path.posix.dirname(at), entry.linkname ?? '')).replace(/^\.(\/|$)/, '');
+    if (!files.has(at) && at !== '') throw new RollboxError('invalid_dockerfile', `Dockerfile line ${line}: COPY source ${JSON.stringify(name)} is a symlink to ${JSON.stringify(at)}, which is not in the context`);
+  }
+  throw new RollboxError('invalid_dockerfile', `Dockerfile line ${line}: COPY source ${JSON.stringify(name)} is a chain of more than ${MAX_LINK_HOPS} symlinks`);
 }
 
 /** Several context tars as one, each one's entries under its own prefix (checked as readContext checks them). */

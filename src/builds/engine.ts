@@ -124,9 +124,10 @@ export async function runBuild(deps: BuildEngineDeps, run: BuildRun): Promise<{ 
         const [dir] = words();
         state.workdir = path.posix.resolve(state.workdir, dir ?? '/');
         if (state.workdir === '/') return 'config';
-        // Docker makes the directory: a step of its own, cached like any other.
+        // Docker makes the directory: a step of its own, cached like any other. Under a USER,
+        // what it makes is that user's (BuildKit's WORKDIR; the user as the stage's /etc/passwd says).
         return layerStep(i, state, `WORKDIR ${state.workdir}`, '', async (sandboxId) => {
-          await mustSucceed(i, await deps.execs.exec(acting, sandboxId, { argv: ['/.rollbox/busybox', 'mkdir', '-p', state.workdir], env: {}, user: '0', timeoutMs: 60_000, background: false }));
+          await makeDirs(i, sandboxId, state.workdir, state.user ? await ownerIds(sandboxId, state.user, 'user') : undefined);
         });
       }
       case 'SHELL': {
@@ -179,16 +180,19 @@ export async function runBuild(deps: BuildEngineDeps, run: BuildRun): Promise<{ 
      * destination is the file's new name, unless it is a directory already (then the file
      * goes into it, as Docker does); asked in the builder sandbox.
      */
-    const place = async (sandboxId: string, items: Item[], single: boolean): Promise<Item[]> => {
+    const place = async (sandboxId: string, items: Item[], single: boolean): Promise<{ into: string; items: Item[] }> => {
       const asFile = single && !intoDir && !(await isDirectory(sandboxId, dest));
-      return items.map((item) => ({ ...item, header: { ...item.header, name: (asFile ? dest : path.posix.join(dest, item.header.name)).replace(/^\/+/, '') + (item.header.type === 'directory' ? '/' : '') } }));
+      return {
+        into: asFile ? path.posix.dirname(dest) : dest,
+        items: items.map((item) => ({ ...item, header: { ...item.header, name: (asFile ? dest : path.posix.join(dest, item.header.name)).replace(/^\/+/, '') + (item.header.type === 'directory' ? '/' : '') } })),
+      };
     };
     if (from === undefined) {
       const selected = selectSources(run.context, sources, ignored, i.line);
       const single = sources.length === 1 && selected.length === 1 && selected[0]!.entry.type !== 'directory' && run.context.get(sources[0]!.replace(/^\.?\/+/, ''))?.type !== 'directory';
       const items = selected.map(({ entry, target }) => ({ header: headerOf(entry, target), ...(entry.data ? { data: entry.data } : {}) }));
       const inputs = sha256(selected.map(({ entry, target }) => [target, entry.type, entry.mode, entry.linkname ?? '', entry.sha256 ?? '']));
-      return layerStep(i, state, i.text, inputs, async (sandboxId) => writeEntries(sandboxId, await place(sandboxId, items, single), chown, chmod));
+      return layerStep(i, state, i.text, inputs, async (sandboxId) => writeEntries(i, sandboxId, await place(sandboxId, items, single), chown, chmod));
     }
     const source = await stackOf(from, i.line);
     // Read when the step runs (a cache miss only), from a sandbox of the source's layers.
@@ -213,7 +217,7 @@ export async function runBuild(deps: BuildEngineDeps, run: BuildRun): Promise<{ 
     };
     return layerStep(i, state, i.text, sha256(source.layers), async (sandboxId) => {
       const { items, single } = await read();
-      await writeEntries(sandboxId, await place(sandboxId, items, single), chown, chmod);
+      await writeEntries(i, sandboxId, await place(sandboxId, items, single), chown, chmod);
     });
   }
 
@@ -222,26 +226,46 @@ export async function runBuild(deps: BuildEngineDeps, run: BuildRun): Promise<{ 
     return r.exitCode === 0;
   }
 
-  /** The tar of a COPY's entries, owners and modes as the flags say, extracted at / in the builder sandbox. */
-  async function writeEntries(sandboxId: string, entries: { header: TarHeader; data?: Buffer }[], chown: string | false | undefined, chmod: string | undefined): Promise<void> {
-    const owner = chown ? await ownerIds(sandboxId, chown) : undefined;
-    const owned = entries.map(({ header, data }) => ({ header: { ...header, uname: '', gname: '', ...(owner ? { uid: owner.uid, gid: owner.gid } : {}), ...(chmod && header.type !== 'symlink' ? { mode: parseInt(chmod, 8) } : {}) }, ...(data ? { data } : {}) }));
+  /**
+   * The tar of a COPY's entries, owners and modes as the flags say, extracted at / in the
+   * builder sandbox, into `into` made first (with its missing parents, owned as `--chown`
+   * says, as BuildKit makes a COPY's destination).
+   */
+  async function writeEntries(i: Instruction, sandboxId: string, placed: { into: string; items: { header: TarHeader; data?: Buffer }[] }, chown: string | false | undefined, chmod: string | undefined): Promise<void> {
+    const owner = chown ? await ownerIds(sandboxId, chown, 'chown') : undefined;
+    await makeDirs(i, sandboxId, placed.into, owner);
+    const owned = placed.items.map(({ header, data }) => ({ header: { ...header, uname: '', gname: '', ...(owner ? { uid: owner.uid, gid: owner.gid } : {}), ...(chmod && header.type !== 'symlink' ? { mode: parseInt(chmod, 8) } : {}) }, ...(data ? { data } : {}) }));
     await deps.files.write(acting, sandboxId, { path: '/' }, await packTar(owned), FILES_TAR_TYPE);
   }
 
-  /** `--chown=user[:group]`: numbers as they are, names from the stage's own /etc/passwd and /etc/group (as Docker resolves them). */
-  async function ownerIds(sandboxId: string, chown: string): Promise<{ uid: number; gid: number }> {
-    const [user, group] = chown.split(':') as [string, string | undefined];
+  /**
+   * `--chown=user[:group]` or a USER: numbers as they are, names from the stage's own
+   * /etc/passwd and /etc/group (as Docker resolves them). Without a group, a `--chown` gives
+   * the user's numeric id as its group id too; a USER its primary group (a uid without an
+   * /etc/passwd entry: the uid, as BuildKit gives it).
+   */
+  async function ownerIds(sandboxId: string, spec: string, as: 'chown' | 'user'): Promise<{ uid: number; gid: number }> {
+    const [user, group] = spec.split(':') as [string, string | undefined];
+    const rows = async (file: string) => (await deps.files.read(acting, sandboxId, { path: file, format: 'auto' }).catch(() => ({ body: Buffer.alloc(0) }))).body.toString('utf8').split('\n').map((l) => l.split(':'));
+    const what = as === 'chown' ? `--chown=${spec}` : `USER ${spec}`;
     const lookup = async (file: string, name: string): Promise<number> => {
       if (/^\d+$/.test(name)) return Number(name);
-      const text = (await deps.files.read(acting, sandboxId, { path: file, format: 'auto' }).catch(() => ({ body: Buffer.alloc(0) }))).body.toString('utf8');
-      const row = text.split('\n').map((l) => l.split(':')).find((f) => f[0] === name);
-      if (!row) throw new RollboxError('invalid_dockerfile', `--chown=${chown}: no ${name} in the image's ${file}`);
+      const row = (await rows(file)).find((f) => f[0] === name);
+      if (!row) throw new RollboxError('invalid_dockerfile', `${what}: no ${name} in the image's ${file}`);
       return Number(row[2]);
     };
     const uid = await lookup('/etc/passwd', user);
-    // As Docker: a user without a group gets the user's numeric id as its group id too.
-    return { uid, gid: group !== undefined ? await lookup('/etc/group', group) : uid };
+    if (group !== undefined) return { uid, gid: await lookup('/etc/group', group) };
+    if (as === 'chown') return { uid, gid: uid };
+    const entry = (await rows('/etc/passwd')).find((f) => f[2] === String(uid));
+    return { uid, gid: entry && /^\d+$/.test(entry[3] ?? '') ? Number(entry[3]) : uid };
+  }
+
+  /** `dir` and its missing parents made (mode 755), those made owned by `owner`; what exists keeps its owner. */
+  async function makeDirs(i: Instruction, sandboxId: string, dir: string, owner: { uid: number; gid: number } | undefined): Promise<void> {
+    const script = 'set -ef; p=; IFS=/; for c in $1; do [ -n "$c" ] || continue; p="$p/$c"; [ -e "$p" ] && continue; /.rollbox/busybox mkdir -m 755 "$p"; [ -z "$2" ] || /.rollbox/busybox chown "$2" "$p"; done';
+    const argv = ['/.rollbox/busybox', 'sh', '-c', script, 'sh', dir, owner ? `${owner.uid}:${owner.gid}` : ''];
+    await mustSucceed(i, await deps.execs.exec(acting, sandboxId, { argv, env: {}, user: '0', timeoutMs: 60_000, background: false }));
   }
 
   /**
@@ -250,8 +274,9 @@ export async function runBuild(deps: BuildEngineDeps, run: BuildRun): Promise<{ 
    */
   async function layerStep(i: Instruction, state: StageState, text: string, inputs: string, work: (sandboxId: string) => Promise<void>, network: readonly NetworkAllowRule[] = []) {
     const { referencePaths } = request;
-    // Reference paths change what the layer holds, so they are part of its key (absent when none: keys stay as they were).
-    const key = sha256({ v: 1, parents: state.layers, text, inputs, env: runEnv(state), user: state.user, workdir: state.workdir, ...(referencePaths.length ? { referencePaths } : {}) });
+    // Reference paths change what the layer holds, so they are part of its key (absent when none).
+    // v2: directories a WORKDIR under a USER or a COPY --chown makes are that user's (v1's were root's).
+    const key = sha256({ v: 2, parents: state.layers, text, inputs, env: runEnv(state), user: state.user, workdir: state.workdir, ...(referencePaths.length ? { referencePaths } : {}) });
     return deps.cache.getOrRun(run.tenant, key, deps.stepLeaseMs, request.stepTimeoutMs + 120_000, async () => {
       const sandboxId = await createBuilder(state.layers, `l${i.line}`, network);
       try {

@@ -1,0 +1,205 @@
+import { spawn } from 'node:child_process';
+import { mkdtemp, mkdir, rm, symlink, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { packContext } from '../../src/cli/image-build.ts';
+import { busyboxBaseTar } from '../../src/layers/index.ts';
+import { api, startTestCluster, waitFor, type TestCluster } from '../support/cluster.ts';
+import { DOCKER, ensureDockerd, progress, run, type Dockerd } from './host.ts';
+
+/**
+ * Issue 42's check that a build here means what `docker build` means: the same Dockerfiles
+ * built by rollbox and by Debian's Docker (its own engine, started and stopped here when
+ * none runs), on the same base (rollbox's busybox layer imported into Docker). Docker's
+ * result is saved (`docker save`) and imported into rollbox; both run as rollbox sandboxes,
+ * so whatever the runtime adds is the same on both sides, and what is compared is what the
+ * builds made: every file's name, type, owner, mode, size, content and link target; the
+ * image's user, working directory and env as a command in it sees them; the image config.
+ */
+const DOCKER_BASE = 'rollbox-compare-busybox:1';
+
+/** Run by each sandbox, as root: the whole tree but the runtime's own mounts and files. */
+const TREE_PROBE = `find / -xdev \\( -path /proc -o -path /sys -o -path /dev -o -path /.rollbox -o -path /etc/hosts -o -path /etc/hostname -o -path /etc/resolv.conf \\) -prune -o -print | sort | while IFS= read -r f; do
+  if [ -L "$f" ]; then echo "$f|$(stat -c '%u:%g|%a' "$f")|link|$(readlink "$f")";
+  elif [ -d "$f" ]; then echo "$f|$(stat -c '%u:%g|%a' "$f")|dir";
+  else echo "$f|$(stat -c '%u:%g|%a|%s' "$f")|$(md5sum < "$f" | cut -c1-32)"; fi
+done`;
+/** Run as the image's own user, in its own working directory. */
+const SELF_PROBE = 'id -u; id -g; pwd; env | grep -v -E "^(HOSTNAME|SHLVL|PWD|_)=" | sort';
+
+interface Case {
+  name: string;
+  files: Record<string, string>;
+  /** Symlinks in the context: name -> target. */
+  links?: Record<string, string>;
+  dockerfile: string;
+}
+
+const CASES: Case[] = [
+  {
+    name: 'multi-stage',
+    files: { 'tool.sh': '#!/bin/sh\necho GREETING from tool\n' },
+    dockerfile: `ARG BASE
+FROM $BASE AS compile
+ARG GREETING=hello
+WORKDIR /src
+COPY tool.sh .
+RUN mkdir -p /out/share && sed "s/GREETING/$GREETING/" tool.sh > /out/tool && chmod 755 /out/tool && echo data > /out/share/d.txt
+
+FROM $BASE
+ENV APP_HOME=/srv/app MODE="test mode"
+WORKDIR $APP_HOME
+COPY --from=compile /out/tool /usr/local/bin/tool
+COPY --from=compile /out/share /opt/share
+RUN echo x > /tmp/gone && mkdir -p /tmp/dir && touch /tmp/dir/f
+RUN rm -rf /tmp/gone /tmp/dir && ln -s /opt/share/d.txt /srv/app/d-link
+ENTRYPOINT ["/bin/sh", "-c"]
+CMD ["tool"]
+`,
+  },
+  {
+    name: 'owners',
+    files: {
+      '.dockerignore': '# not shipped\nconfig/secret.txt\n*.log\n',
+      'config/app.conf': 'port=8080\n',
+      'config/secret.txt': 'reference answer\n',
+      'data.txt': 'v1\n',
+      'debug.log': 'noise\n',
+      'README.md': '# readme\n',
+      'NOTES.md': 'notes\n',
+      'extra.txt': 'extra\n',
+    },
+    dockerfile: `ARG BASE
+FROM $BASE
+RUN echo 'app:x:1234:2345::/home/app:/bin/sh' >> /etc/passwd && echo 'app:x:2345:' >> /etc/group && mkdir -p /home/app && chown app:app /home/app
+WORKDIR /srv/app
+COPY --chown=app:app --chmod=640 config/ ./config/
+COPY --chown=1234 data.txt .
+COPY data.txt notes/renamed.txt
+COPY *.md docs/
+ADD extra.txt /opt/
+USER app
+WORKDIR sub
+ENV HOME=/home/app
+CMD ["sh"]
+`,
+  },
+  {
+    name: 'paths',
+    files: { 'tool.sh': 'echo tool\n', 'sub/x/y.txt': 'y\n', 'sub/z.txt': 'z\n', 'target.txt': 'pointed at\n' },
+    links: { 'link.txt': 'target.txt', 'sub/x/rel-link': '../z.txt' },
+    dockerfile: `ARG BASE
+FROM $BASE
+ARG VERSION=1.2
+ENV VERSION=$VERSION DIR=/opt/tool-\${VERSION} EMPTY=
+COPY --chown=1234:5678 tool.sh $DIR/bin/
+COPY sub/ /data/
+COPY link.txt /data/link-copy
+COPY sub /data2
+USER 1234
+WORKDIR /work/a/b
+USER root
+WORKDIR rel
+RUN touch made-here && echo "$VERSION $DIR" > env.txt
+`,
+  },
+];
+
+let cluster: TestCluster;
+let dockerd: Dockerd | undefined;
+let workDir: string;
+let builder: string;
+let agent: string;
+const dockerImages = new Set<string>([DOCKER_BASE]);
+
+beforeAll(async () => {
+  workDir = await mkdtemp(path.join(os.tmpdir(), 'rollbox-builds-vs-docker-'));
+  cluster = await startTestCluster({ workers: [{ nodeId: 'node-vs-docker' }] });
+  builder = await cluster.token('lab', ['image:build', 'layer:read', 'layer:write']);
+  agent = await cluster.token('lab', ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete']);
+  dockerd = await ensureDockerd(path.join(workDir, 'dockerd.log'), { v4: await run('iptables-save', []), v6: await run('ip6tables-save', []) });
+  // The same base for both: rollbox's busybox layer, as a tar, imported into Docker.
+  const { tar } = await busyboxBaseTar();
+  const importing = spawn(DOCKER, ['import', '-', DOCKER_BASE], { stdio: ['pipe', 'ignore', 'inherit'] });
+  tar.pipe(importing.stdin);
+  expect(await new Promise<number | null>((resolve) => importing.once('close', resolve))).toBe(0);
+  progress('busybox base imported into Docker');
+}, 10 * 60_000);
+
+afterAll(async () => {
+  await run(DOCKER, ['rmi', '-f', ...dockerImages]).catch(() => undefined);
+  await dockerd?.stop();
+  await cluster?.stop();
+  if (workDir) await rm(workDir, { recursive: true, force: true });
+});
+
+async function writeContext(c: Case): Promise<string> {
+  const dir = path.join(workDir, c.name);
+  for (const [name, content] of Object.entries({ ...c.files, Dockerfile: c.dockerfile })) {
+    await mkdir(path.dirname(path.join(dir, name)), { recursive: true });
+    await writeFile(path.join(dir, name), content, { mode: 0o644 });
+  }
+  for (const [name, target] of Object.entries(c.links ?? {})) await symlink(target, path.join(dir, name));
+  return dir;
+}
+
+async function buildInRollbox(c: Case, dir: string): Promise<void> {
+  const uploaded = await api(cluster, builder, 'POST', '/v1/images/builds/contexts', await packContext(dir, ['Dockerfile', '.dockerignore']), { 'content-type': 'application/x-tar' });
+  expect(uploaded.status, JSON.stringify(uploaded.body)).toBe(201);
+  const started = await api(cluster, builder, 'POST', '/v1/images/builds', { name: `${c.name}-rollbox`, context: uploaded.body.context, buildArgs: { BASE: 'busybox' } });
+  expect(started.status, JSON.stringify(started.body)).toBe(202);
+  const ended = await waitFor(`build ${c.name}`, async () => {
+    const b = (await api(cluster, builder, 'GET', `/v1/images/builds/${started.body.id}`)).body;
+    return ['ready', 'failed'].includes(b.state) ? b : undefined;
+  }, 180_000);
+  expect(ended.state, JSON.stringify(ended)).toBe('ready');
+}
+
+/** `docker build`, then `docker save` streamed into rollbox's image import. */
+async function buildInDocker(c: Case, dir: string): Promise<void> {
+  const tag = `rollbox-compare-${c.name}:1`;
+  dockerImages.add(tag);
+  // BuildKit, Docker's builder since 23.0 (and the only one that takes COPY --chmod).
+  await run(DOCKER, ['build', '-q', '--network', 'none', '--build-arg', `BASE=${DOCKER_BASE}`, '-t', tag, dir], { env: { ...process.env, DOCKER_BUILDKIT: '1' } });
+  const saving = spawn(DOCKER, ['save', tag], { stdio: ['ignore', 'pipe', 'inherit'] });
+  const response = await fetch(`${cluster.url}/v1/images?name=${c.name}-docker&ref=${encodeURIComponent(tag)}`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${builder}`, 'content-type': 'application/x-tar' },
+    body: saving.stdout as unknown as BodyInit,
+    duplex: 'half',
+  } as RequestInit);
+  expect(response.status, await response.clone().text()).toBe(201);
+}
+
+async function probe(image: string): Promise<{ tree: string; self: string }> {
+  const created = await api(cluster, agent, 'POST', '/v1/sandboxes', { image: { base: image, layers: [] } });
+  expect(created.status, JSON.stringify(created.body)).toBe(201);
+  try {
+    const exec = async (cmd: string, user?: string) => {
+      const r = (await api(cluster, agent, 'POST', `/v1/sandboxes/${created.body.id}/exec`, { argv: ['/bin/sh', '-c', cmd], ...(user ? { user, cwd: '/' } : {}), timeoutMs: 120_000 })).body;
+      expect(r.exitCode, JSON.stringify(r)).toBe(0);
+      return r.stdout as string;
+    };
+    return { tree: await exec(TREE_PROBE, '0'), self: await exec(SELF_PROBE) };
+  } finally {
+    await api(cluster, agent, 'DELETE', `/v1/sandboxes/${created.body.id}`);
+  }
+}
+
+describe('rollbox builds against docker build', () => {
+  for (const c of CASES) {
+    it(`${c.name}: the same files, owners, modes, env, user and workdir as docker build's image`, async () => {
+      const dir = await writeContext(c);
+      await Promise.all([buildInRollbox(c, dir), buildInDocker(c, dir)]);
+      const [ours, docker] = await Promise.all([probe(`${c.name}-rollbox`), probe(`${c.name}-docker`)]);
+      progress(`${c.name}: ${ours.tree.split('\n').length} entries compared`);
+      expect(ours.self).toBe(docker.self);
+      expect(ours.tree).toBe(docker.tree);
+      const config = async (name: string) => (await api(cluster, builder, 'GET', `/v1/images/${name}`)).body.config;
+      const [ourConfig, dockerConfig] = await Promise.all([config(`${c.name}-rollbox`), config(`${c.name}-docker`)]);
+      for (const field of ['User', 'WorkingDir', 'Entrypoint', 'Cmd']) expect(ourConfig[field], field).toEqual(dockerConfig[field]);
+      expect([...ourConfig.Env].sort()).toEqual([...dockerConfig.Env].sort());
+    }, 8 * 60_000);
+  }
+});
