@@ -2,6 +2,7 @@ import { spawn } from 'node:child_process';
 import { mkdtemp, mkdir, rm, symlink, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
+import { Template } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { packContext } from '../../src/cli/image-build.ts';
 import { busyboxBaseTar } from '../../src/layers/index.ts';
@@ -187,19 +188,47 @@ async function probe(image: string): Promise<{ tree: string; self: string }> {
   }
 }
 
+/** Within what E2B's SDK turns into template steps (one stage, USER and WORKDIR set, no ARG or CMD): its `fromDockerfile`. */
+const E2B_CASE: Case = {
+  name: 'e2b',
+  files: { 'config/app.conf': 'port=8080\n', 'data.txt': 'v1\n' },
+  dockerfile: `FROM busybox
+RUN echo 'app:x:1234:2345::/home/app:/bin/sh' >> /etc/passwd && echo 'app:x:2345:' >> /etc/group && mkdir -p /home/app && chown app:app /home/app
+ENV MODE=e2b
+WORKDIR /srv/app
+COPY --chown=app:app config/ /srv/app/config/
+COPY data.txt /srv/app/notes/
+RUN echo built > /srv/app/built.txt
+USER app
+WORKDIR /srv/app/sub
+`,
+};
+
+async function compare(ours: string, docker: string): Promise<void> {
+  const [mine, theirs] = await Promise.all([probe(ours), probe(docker)]);
+  progress(`${ours}: ${mine.tree.split('\n').length} entries compared`);
+  expect(mine.self).toBe(theirs.self);
+  expect(mine.tree).toBe(theirs.tree);
+  const config = async (name: string) => (await api(cluster, builder, 'GET', `/v1/images/${name}`)).body.config;
+  const [ourConfig, dockerConfig] = await Promise.all([config(ours), config(docker)]);
+  for (const field of ['User', 'WorkingDir', 'Entrypoint', 'Cmd']) expect(ourConfig[field], field).toEqual(dockerConfig[field]);
+  expect([...ourConfig.Env].sort()).toEqual([...dockerConfig.Env].sort());
+}
+
 describe('rollbox builds against docker build', () => {
   for (const c of CASES) {
     it(`${c.name}: the same files, owners, modes, env, user and workdir as docker build's image`, async () => {
       const dir = await writeContext(c);
       await Promise.all([buildInRollbox(c, dir), buildInDocker(c, dir)]);
-      const [ours, docker] = await Promise.all([probe(`${c.name}-rollbox`), probe(`${c.name}-docker`)]);
-      progress(`${c.name}: ${ours.tree.split('\n').length} entries compared`);
-      expect(ours.self).toBe(docker.self);
-      expect(ours.tree).toBe(docker.tree);
-      const config = async (name: string) => (await api(cluster, builder, 'GET', `/v1/images/${name}`)).body.config;
-      const [ourConfig, dockerConfig] = await Promise.all([config(`${c.name}-rollbox`), config(`${c.name}-docker`)]);
-      for (const field of ['User', 'WorkingDir', 'Entrypoint', 'Cmd']) expect(ourConfig[field], field).toEqual(dockerConfig[field]);
-      expect([...ourConfig.Env].sort()).toEqual([...dockerConfig.Env].sort());
+      await compare(`${c.name}-rollbox`, `${c.name}-docker`);
     }, 8 * 60_000);
   }
+
+  it("E2B's Template().fromDockerfile with the real SDK: the same as docker build's image", async () => {
+    const key = (await run(process.execPath, [path.resolve(import.meta.dirname, '../../bin/rollbox.js'), 'e2b-key', 'issue', '--tenant', 'lab', '--scopes', 'image:build'], { env: { ...process.env, REDIS_URL: cluster.redisUrl } })).trim();
+    const dir = await writeContext({ ...E2B_CASE, dockerfile: E2B_CASE.dockerfile.replace('FROM busybox', `FROM ${DOCKER_BASE}`) });
+    const template = Template({ fileContextPath: dir }).fromDockerfile(E2B_CASE.dockerfile);
+    await Promise.all([Template.build(template, 'e2b-rollbox', { apiUrl: cluster.url, apiKey: key }), buildInDocker(E2B_CASE, dir)]);
+    await compare('e2b-rollbox', 'e2b-docker');
+  }, 8 * 60_000);
 });
