@@ -201,6 +201,21 @@ describe('image build refusals', () => {
     expect(again.state).toBe('failed');
     expect(again.steps[1].state).toBe('cached');
   });
+
+  it('ends a build past its step time or its disk `failed`, coded, storing nothing', async () => {
+    const slow = await build({ name: 'too-slow', steps: ['FROM busybox', 'RUN echo started; sleep 60'], stepTimeoutMs: 2000 });
+    expect(slow.state).toBe('failed');
+    expect(slow.error.code).toBe('build_step_failed');
+    expect(slow.error.message).toMatch(/line 2: .*ran out of time/);
+    expect(slow.failedStep).toMatchObject({ line: 2, exitCode: null });
+    expect(slow.failedStep.output).toContain('started');
+    // The builder sandbox's disk is the request's: a step that writes past it fails with the kernel's word for it.
+    const full = await build({ name: 'too-big', steps: ['FROM busybox', 'RUN dd if=/dev/zero of=/big bs=1M count=256'], resources: { diskMiB: 64 } });
+    expect(full.state).toBe('failed');
+    expect(full.error.code).toBe('build_step_failed');
+    expect(full.failedStep.output).toMatch(/No space left on device/);
+    for (const name of ['too-slow', 'too-big']) expect((await api(cluster, builder, 'GET', `/v1/images/${name}`)).status).toBe(404);
+  });
 });
 
 describe('rollbox image build', () => {

@@ -11,8 +11,8 @@ import { RollboxError, type Image } from '../api/index.ts';
 import { readMountInfo, splitFilesIn, storeTreeAsLayer, unmount, type LayerStore } from '../layers/index.ts';
 import { CLUSTER_OWNER, OPERATOR, keys, type ImageRegistry, type LayerRegistry } from '../registry/index.ts';
 
-/** What E2B's `base` has that its SDK's examples use. */
-export const BASE_TEMPLATE_PACKAGES = ['bash', 'coreutils', 'git', 'python3', 'curl', 'sudo', 'ca-certificates'];
+/** What E2B's `base` has that its SDK's examples use (and pip, which Dockerfiles on it use). */
+export const BASE_TEMPLATE_PACKAGES = ['bash', 'coreutils', 'git', 'python3', 'python3-pip', 'curl', 'sudo', 'ca-certificates'];
 export const BASE_TEMPLATE_IMAGE = 'base';
 /** Bumped whenever the steps below change what is built. */
 const RECIPE_VERSION = 1;
