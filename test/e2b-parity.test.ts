@@ -1,13 +1,11 @@
-import { execFile, spawn, type ChildProcess } from 'node:child_process';
-import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
-import os from 'node:os';
+import { execFile } from 'node:child_process';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { Sandbox, SandboxNotFoundError, ServiceBusyError, TimeoutError, Volume, type SandboxOpts } from 'e2b';
 import { Sandbox as OlderSandbox } from 'e2b-2-45';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
-import { startTargetNetns } from './support/target-netns.ts';
+import { PIP_DEMO, startPipIndex } from './support/pip-index.ts';
 
 /**
  * Issue 41 through the real SDKs (e2b 2.51 and 2.45) on a real stack: the `base` template,
@@ -75,33 +73,16 @@ describe('the base template (Debian, built once per cluster)', () => {
   }, 11 * 60_000);
 
   it('is a Debian base a Dockerfile builds on: pip installs from a package index the test serves, reachable by the build only', async () => {
-    // The index: a wheel made here, served by Python's http.server inside a namespace of the test's own (pip reads its directory pages as the simple API).
-    const target = await startTargetNetns({ subnet: 101, holdPort: 7401, ports: [] });
-    const dir = await mkdtemp(path.join(os.tmpdir(), 'rollbox-pip-index-'));
-    let server: ChildProcess | undefined;
+    const index = await startPipIndex({ subnet: 101, holdPort: 7401, port: 7402 });
     try {
-      const wheelRoot = path.join(dir, 'wheel');
-      await mkdir(path.join(wheelRoot, 'rollbox_demo'), { recursive: true });
-      await mkdir(path.join(wheelRoot, 'rollbox_demo-1.0.dist-info'));
-      await writeFile(path.join(wheelRoot, 'rollbox_demo/__init__.py'), 'VALUE = "from the test index"\n');
-      await writeFile(path.join(wheelRoot, 'rollbox_demo-1.0.dist-info/METADATA'), 'Metadata-Version: 2.1\nName: rollbox-demo\nVersion: 1.0\n');
-      await writeFile(path.join(wheelRoot, 'rollbox_demo-1.0.dist-info/WHEEL'), 'Wheel-Version: 1.0\nGenerator: rollbox-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n');
-      await writeFile(path.join(wheelRoot, 'rollbox_demo-1.0.dist-info/RECORD'), 'rollbox_demo/__init__.py,,\nrollbox_demo-1.0.dist-info/METADATA,,\nrollbox_demo-1.0.dist-info/WHEEL,,\nrollbox_demo-1.0.dist-info/RECORD,,\n');
-      await mkdir(path.join(dir, 'index/simple/rollbox-demo'), { recursive: true });
-      await run('python3', ['-m', 'zipfile', '-c', path.join(dir, 'index/simple/rollbox-demo/rollbox_demo-1.0-py3-none-any.whl'), 'rollbox_demo', 'rollbox_demo-1.0.dist-info'], { cwd: wheelRoot });
-      const port = 7402;
-      server = spawn('nsenter', [`--net=/run/netns/${target.name}`, '--', 'python3', '-m', 'http.server', String(port), '--bind', target.address, '--directory', path.join(dir, 'index')], { stdio: 'ignore' });
-      const indexUrl = `http://${target.address}:${port}/simple/`;
-      await waitFor('the index answers', async () => (await fetch(indexUrl).catch(() => undefined))?.ok === true, 15_000);
-
       const token = await cluster.token('e2b-parity', ['image:build', 'sandbox:create', 'sandbox:exec', 'sandbox:delete']);
       const dockerfile = `FROM base
 USER root
-RUN python3 -m pip install --break-system-packages --no-cache-dir --index-url ${indexUrl} --trusted-host ${target.address} rollbox-demo==1.0
-RUN python3 -c "import rollbox_demo; print(rollbox_demo.VALUE)" > /opt/value.txt
+RUN python3 -m pip install --break-system-packages --no-cache-dir --index-url ${index.url} --trusted-host ${index.address} ${PIP_DEMO.requirement}
+RUN python3 -c "import ${PIP_DEMO.module}; print(${PIP_DEMO.module}.VALUE)" > /opt/value.txt
 USER user
 `;
-      const started = await api(cluster, token, 'POST', '/v1/images/builds', { name: 'pip-demo', dockerfile, network: { allow: [{ cidr: `${target.address}/32`, ports: [port] }] } });
+      const started = await api(cluster, token, 'POST', '/v1/images/builds', { name: 'pip-demo', dockerfile, network: { allow: [{ cidr: `${index.address}/32`, ports: [index.port] }] } });
       expect(started.status, JSON.stringify(started.body)).toBe(202);
       const built = await waitFor('pip-demo built', async () => {
         const b = (await api(cluster, token, 'GET', `/v1/images/builds/${started.body.id}`)).body;
@@ -111,16 +92,14 @@ USER user
 
       const sandbox = (await api(cluster, token, 'POST', '/v1/sandboxes', { image: { base: 'pip-demo', layers: [] } })).body;
       try {
-        const probe = `id -un; pwd; python3 -c "import rollbox_demo; print(rollbox_demo.VALUE)"; cat /opt/value.txt; python3 -c "import urllib.request; urllib.request.urlopen('${indexUrl}', timeout=3)" 2>/dev/null && echo index-reached || echo index-unreachable`;
+        const probe = `id -un; pwd; python3 -c "import ${PIP_DEMO.module}; print(${PIP_DEMO.module}.VALUE)"; cat /opt/value.txt; python3 -c "import urllib.request; urllib.request.urlopen('${index.url}', timeout=3)" 2>/dev/null && echo index-reached || echo index-unreachable`;
         const seen = (await api(cluster, token, 'POST', `/v1/sandboxes/${sandbox.id}/exec`, { cmd: probe })).body;
-        expect(seen.stdout).toBe('user\n/home/user\nfrom the test index\nfrom the test index\nindex-unreachable\n');
+        expect(seen.stdout).toBe(`user\n/home/user\n${PIP_DEMO.value}\n${PIP_DEMO.value}\nindex-unreachable\n`);
       } finally {
         await api(cluster, token, 'DELETE', `/v1/sandboxes/${sandbox.id}`);
       }
     } finally {
-      server?.kill('SIGKILL');
-      await target.stop();
-      await rm(dir, { recursive: true, force: true });
+      await index.stop();
     }
   }, 5 * 60_000);
 });

@@ -7,6 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { packContext } from '../../src/cli/image-build.ts';
 import { busyboxBaseTar } from '../../src/layers/index.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from '../support/cluster.ts';
+import { PIP_DEMO, startPipIndex } from '../support/pip-index.ts';
 import { DOCKER, ensureDockerd, progress, run, type Dockerd } from './host.ts';
 
 /**
@@ -20,12 +21,17 @@ import { DOCKER, ensureDockerd, progress, run, type Dockerd } from './host.ts';
  */
 const DOCKER_BASE = 'rollbox-compare-busybox:1';
 
-/** Run by each sandbox, as root: the whole tree but the runtime's own mounts and files. */
-const TREE_PROBE = `find / -xdev \\( -path /proc -o -path /sys -o -path /dev -o -path /.rollbox -o -path /etc/hosts -o -path /etc/hostname -o -path /etc/resolv.conf \\) -prune -o -print | sort | while IFS= read -r f; do
+/** The runtime's own mounts and files: the same in every sandbox, left out. */
+const PRUNED = '\\( -path /proc -o -path /sys -o -path /dev -o -path /.rollbox -o -path /etc/hosts -o -path /etc/hostname -o -path /etc/resolv.conf \\) -prune';
+/** Run by each sandbox, as root: the whole tree but those. */
+const TREE_PROBE = `find / -xdev ${PRUNED} -o -print | sort | while IFS= read -r f; do
   if [ -L "$f" ]; then echo "$f|$(stat -c '%u:%g|%a' "$f")|link|$(readlink "$f")";
   elif [ -d "$f" ]; then echo "$f|$(stat -c '%u:%g|%a' "$f")|dir";
   else echo "$f|$(stat -c '%u:%g|%a|%s' "$f")|$(md5sum < "$f" | cut -c1-32)"; fi
 done`;
+/** The same for an image with GNU find and xargs (thousands of files: one md5sum for many). */
+const GNU_TREE_PROBE = `find / -xdev ${PRUNED} -o \\( -type d -printf '%p|%U:%G|%m|dir\\n' \\) -o \\( -type l -printf '%p|%U:%G|link|%l\\n' \\) -o -printf '%p|%U:%G|%m|%s\\n' | LC_ALL=C sort
+find / -xdev ${PRUNED} -o -type f -print0 | xargs -0 md5sum | LC_ALL=C sort -k2`;
 /** Run as the image's own user, in its own working directory. */
 const SELF_PROBE = 'id -u; id -g; pwd; env | grep -v -E "^(HOSTNAME|SHLVL|PWD|_)=" | sort';
 
@@ -116,7 +122,11 @@ const dockerImages = new Set<string>([DOCKER_BASE]);
 
 beforeAll(async () => {
   workDir = await mkdtemp(path.join(os.tmpdir(), 'rollbox-builds-vs-docker-'));
-  cluster = await startTestCluster({ workers: [{ nodeId: 'node-vs-docker' }] });
+  // E2B's Debian `base` is built as the gateway starts (from the host's cache of it, as the E2B tests keep it).
+  cluster = await startTestCluster({
+    workers: [{ nodeId: 'node-vs-docker' }],
+    env: { ROLLBOX_E2B_BASE_TEMPLATE: 'start', ROLLBOX_E2B_BASE_CACHE_DIR: '/var/tmp/rollbox-test-e2b-base', ROLLBOX_FILES_MAX_BYTES: String(512 * 1024 * 1024), ROLLBOX_EXEC_OUTPUT_CAP_BYTES: String(16 * 1024 * 1024) },
+  });
   builder = await cluster.token('lab', ['image:build', 'layer:read', 'layer:write']);
   agent = await cluster.token('lab', ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete']);
   dockerd = await ensureDockerd(path.join(workDir, 'dockerd.log'), { v4: await run('iptables-save', []), v6: await run('ip6tables-save', []) });
@@ -145,10 +155,10 @@ async function writeContext(c: Case): Promise<string> {
   return dir;
 }
 
-async function buildInRollbox(c: Case, dir: string): Promise<void> {
+async function buildInRollbox(c: Case, dir: string, extra: Record<string, unknown> = {}): Promise<void> {
   const uploaded = await api(cluster, builder, 'POST', '/v1/images/builds/contexts', await packContext(dir, ['Dockerfile', '.dockerignore']), { 'content-type': 'application/x-tar' });
   expect(uploaded.status, JSON.stringify(uploaded.body)).toBe(201);
-  const started = await api(cluster, builder, 'POST', '/v1/images/builds', { name: `${c.name}-rollbox`, context: uploaded.body.context, buildArgs: { BASE: 'busybox' } });
+  const started = await api(cluster, builder, 'POST', '/v1/images/builds', { name: `${c.name}-rollbox`, context: uploaded.body.context, buildArgs: { BASE: 'busybox' }, ...extra });
   expect(started.status, JSON.stringify(started.body)).toBe(202);
   const ended = await waitFor(`build ${c.name}`, async () => {
     const b = (await api(cluster, builder, 'GET', `/v1/images/builds/${started.body.id}`)).body;
@@ -158,11 +168,11 @@ async function buildInRollbox(c: Case, dir: string): Promise<void> {
 }
 
 /** `docker build`, then `docker save` streamed into rollbox's image import. */
-async function buildInDocker(c: Case, dir: string): Promise<void> {
+async function buildInDocker(c: Case, dir: string, flags: string[] = ['--network', 'none', '--build-arg', `BASE=${DOCKER_BASE}`]): Promise<void> {
   const tag = `rollbox-compare-${c.name}:1`;
   dockerImages.add(tag);
   // BuildKit, Docker's builder since 23.0 (and the only one that takes COPY --chmod).
-  await run(DOCKER, ['build', '-q', '--network', 'none', '--build-arg', `BASE=${DOCKER_BASE}`, '-t', tag, dir], { env: { ...process.env, DOCKER_BUILDKIT: '1' } });
+  await run(DOCKER, ['build', '-q', ...flags, '-t', tag, dir], { env: { ...process.env, DOCKER_BUILDKIT: '1' } });
   const saving = spawn(DOCKER, ['save', tag], { stdio: ['ignore', 'pipe', 'inherit'] });
   const response = await fetch(`${cluster.url}/v1/images?name=${c.name}-docker&ref=${encodeURIComponent(tag)}`, {
     method: 'POST',
@@ -173,16 +183,17 @@ async function buildInDocker(c: Case, dir: string): Promise<void> {
   expect(response.status, await response.clone().text()).toBe(201);
 }
 
-async function probe(image: string): Promise<{ tree: string; self: string }> {
+async function probe(image: string, treeProbe: string): Promise<{ tree: string; self: string }> {
   const created = await api(cluster, agent, 'POST', '/v1/sandboxes', { image: { base: image, layers: [] } });
   expect(created.status, JSON.stringify(created.body)).toBe(201);
   try {
     const exec = async (cmd: string, user?: string) => {
-      const r = (await api(cluster, agent, 'POST', `/v1/sandboxes/${created.body.id}/exec`, { argv: ['/bin/sh', '-c', cmd], ...(user ? { user, cwd: '/' } : {}), timeoutMs: 120_000 })).body;
-      expect(r.exitCode, JSON.stringify(r)).toBe(0);
+      const r = (await api(cluster, agent, 'POST', `/v1/sandboxes/${created.body.id}/exec`, { argv: ['/bin/sh', '-c', cmd], ...(user ? { user, cwd: '/' } : {}), timeoutMs: 300_000 })).body;
+      expect(r.exitCode, JSON.stringify(r).slice(0, 2000)).toBe(0);
+      expect(r.truncated).toBe(false);
       return r.stdout as string;
     };
-    return { tree: await exec(TREE_PROBE, '0'), self: await exec(SELF_PROBE) };
+    return { tree: await exec(treeProbe, '0'), self: await exec(SELF_PROBE) };
   } finally {
     await api(cluster, agent, 'DELETE', `/v1/sandboxes/${created.body.id}`);
   }
@@ -204,8 +215,8 @@ WORKDIR /srv/app/sub
 `,
 };
 
-async function compare(ours: string, docker: string): Promise<void> {
-  const [mine, theirs] = await Promise.all([probe(ours), probe(docker)]);
+async function compare(ours: string, docker: string, treeProbe = TREE_PROBE): Promise<void> {
+  const [mine, theirs] = await Promise.all([probe(ours, treeProbe), probe(docker, treeProbe)]);
   progress(`${ours}: ${mine.tree.split('\n').length} entries compared`);
   expect(mine.self).toBe(theirs.self);
   expect(mine.tree).toBe(theirs.tree);
@@ -223,6 +234,61 @@ describe('rollbox builds against docker build', () => {
       await compare(`${c.name}-rollbox`, `${c.name}-docker`);
     }, 8 * 60_000);
   }
+
+  it("a Debian Dockerfile on E2B's base whose RUN pip-installs from an index the test serves: the same as docker build on the same base", async () => {
+    // Docker's base: the root of a sandbox of rollbox's `base`, with its config.
+    const base = await waitFor('the base template', async () => {
+      const r = await api(cluster, builder, 'GET', '/v1/images/base');
+      return r.status === 200 && r.body.state === 'ready' ? r.body : undefined;
+    }, 10 * 60_000);
+    const dockerBase = 'rollbox-compare-debian-base:1';
+    dockerImages.add(dockerBase);
+    const exporter = await api(cluster, agent, 'POST', '/v1/sandboxes', { image: { base: 'base', layers: [] }, resources: { diskMiB: 2048 } });
+    expect(exporter.status, JSON.stringify(exporter.body)).toBe(201);
+    try {
+      const skip = ['./proc/*', './sys/*', './dev/*', './tmp/*', './.rollbox', './etc/hosts', './etc/hostname', './etc/resolv.conf'].map((p) => `--exclude=${p}`).join(' ');
+      // Exit 1 is GNU tar's "a directory changed as it was read": the archive being written under /tmp.
+      const packed = (await api(cluster, agent, 'POST', `/v1/sandboxes/${exporter.body.id}/exec`, { cmd: `tar -C / --numeric-owner --warning=no-file-changed ${skip} -czf /tmp/root.tar.gz . || [ $? -eq 1 ]`, user: '0', cwd: '/', timeoutMs: 300_000 })).body;
+      expect(packed.exitCode, JSON.stringify(packed)).toBe(0);
+      const tar = await fetch(`${cluster.url}/v1/sandboxes/${exporter.body.id}/files?path=/tmp/root.tar.gz`, { headers: { authorization: `Bearer ${agent}` } });
+      expect(tar.status).toBe(200);
+      const changes = [...base.config.Env.map((e: string) => `ENV ${e.replace('=', ' ')}`), `USER ${base.config.User}`, `WORKDIR ${base.config.WorkingDir}`].flatMap((c) => ['--change', c]);
+      const importing = spawn(DOCKER, ['import', ...changes, '-', dockerBase], { stdio: ['pipe', 'ignore', 'inherit'] });
+      importing.stdin.end(Buffer.from(await tar.arrayBuffer()));
+      expect(await new Promise<number | null>((resolve) => importing.once('close', resolve))).toBe(0);
+    } finally {
+      await api(cluster, agent, 'DELETE', `/v1/sandboxes/${exporter.body.id}`);
+    }
+
+    const index = await startPipIndex({ subnet: 102, holdPort: 7411, port: 7412 });
+    try {
+      // Bytecode is left out: a .pyc holds its source's mtime, which is when pip wrote it (a second apart, two builds differ).
+      const debian: Case = {
+        name: 'debian',
+        files: {},
+        dockerfile: `ARG BASE
+FROM $BASE
+ARG INDEX
+ARG TRUSTED
+USER root
+RUN PYTHONDONTWRITEBYTECODE=1 python3 -m pip install --no-compile --break-system-packages --no-cache-dir --index-url "$INDEX" --trusted-host "$TRUSTED" ${PIP_DEMO.requirement}
+USER user
+WORKDIR /home/user/work
+RUN python3 -c "import ${PIP_DEMO.module}; print(${PIP_DEMO.module}.VALUE)" > value.txt
+`,
+      };
+      const dir = await writeContext(debian);
+      const args = { INDEX: index.url, TRUSTED: index.address };
+      await Promise.all([
+        buildInRollbox(debian, dir, { buildArgs: { BASE: 'base', ...args }, network: { allow: [{ cidr: `${index.address}/32`, ports: [index.port] }] } }),
+        // The engine here has no bridge: its builds use the host's network, which reaches the index's namespace.
+        buildInDocker(debian, dir, ['--network', 'host', '--build-arg', `BASE=${dockerBase}`, ...Object.entries(args).flatMap(([k, v]) => ['--build-arg', `${k}=${v}`])]),
+      ]);
+      await compare('debian-rollbox', 'debian-docker', GNU_TREE_PROBE);
+    } finally {
+      await index.stop();
+    }
+  }, 15 * 60_000);
 
   it("E2B's Template().fromDockerfile with the real SDK: the same as docker build's image", async () => {
     const key = (await run(process.execPath, [path.resolve(import.meta.dirname, '../../bin/rollbox.js'), 'e2b-key', 'issue', '--tenant', 'lab', '--scopes', 'image:build'], { env: { ...process.env, REDIS_URL: cluster.redisUrl } })).trim();
