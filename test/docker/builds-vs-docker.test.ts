@@ -13,7 +13,8 @@ import { DOCKER, ensureDockerd, progress, run, type Dockerd } from './host.ts';
 /**
  * Issue 42's check that a build here means what `docker build` means: the same Dockerfiles
  * built by rollbox and by Debian's Docker (its own engine, started and stopped here when
- * none runs), on the same base (rollbox's busybox layer imported into Docker). Docker's
+ * none runs), on the same base (rollbox's busybox layer, or the root of a sandbox of E2B's
+ * Debian `base`, imported into Docker). Docker's
  * result is saved (`docker save`) and imported into rollbox; both run as rollbox sandboxes,
  * so whatever the runtime adds is the same on both sides, and what is compared is what the
  * builds made: every file's name, type, owner, mode, size, content and link target; the
