@@ -172,7 +172,13 @@ export class BatchService {
       await this.waitForLine(id, after, waitMs);
       lines = await store.results(id, after, limit);
     }
-    return { lines, batch: lines.length > 0 ? await store.getOwned(id, principal.tenant) : batch };
+    if (lines.length === 0) return { lines, batch };
+    // Read again after the lines, so its counts cover them. Should it have ended between the two
+    // reads, its last lines are read again: a task's line and the batch's end are one script, so
+    // an ended batch never comes with fewer lines than it has (an image check saw a missing one).
+    const now = await store.getOwned(id, principal.tenant);
+    if (isTerminalBatch(now) && !isTerminalBatch(batch) && lines.length < limit) lines = await store.results(id, after, limit);
+    return { lines, batch: now };
   }
 
   /** Blocks on the result stream until a line after `after` arrives or waitMs pass. */
