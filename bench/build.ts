@@ -12,7 +12,7 @@
  * build` does; docker: its CLI's context transfer), the build, its end seen. RUN steps have no network in either.
  * Prints progress on stderr, ends with one JSON line.
  */
-import { execFile, spawn } from 'node:child_process';
+import { execFile } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import fs from 'node:fs/promises';
 import path from 'node:path';
@@ -22,7 +22,7 @@ import { RollboxClient, BuildsClient } from '../src/client/index.ts';
 import { busyboxBaseTar } from '../src/layers/index.ts';
 import { progressBar, summarize } from '../src/report/index.ts';
 import { startTestCluster } from '../test/support/cluster.ts';
-import { DOCKER, ensureDockerd } from '../test/docker/host.ts';
+import { DOCKER, dockerImport, ensureDockerd } from '../test/docker/host.ts';
 import { timed } from './support/runc-floor.ts';
 
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
@@ -69,10 +69,7 @@ const dockerImages = new Set<string>([DOCKER_BASE]);
 let result: Record<string, unknown>;
 try {
   // The same base for both: rollbox's busybox layer, as a tar, imported into Docker.
-  const { tar } = await busyboxBaseTar();
-  const importing = spawn(DOCKER, ['import', '-', DOCKER_BASE], { stdio: ['pipe', 'ignore', 'inherit'] });
-  tar.pipe(importing.stdin);
-  if ((await new Promise<number | null>((resolve) => importing.once('close', resolve))) !== 0) throw new Error('docker import of the busybox base failed');
+  if ((await dockerImport(DOCKER_BASE, (await busyboxBaseTar()).tar)) !== 0) throw new Error('docker import of the busybox base failed');
 
   const builds = new BuildsClient(new RollboxClient({ baseUrl: cluster.url, token: await cluster.token('bench', ['image:build', 'layer:read']) }));
   const viaRollbox = async (nonce: string, expectRun: (stepsRun: number) => boolean) => {

@@ -246,7 +246,11 @@ export async function runBuild(deps: BuildEngineDeps, run: BuildRun): Promise<{ 
    */
   async function ownerIds(sandboxId: string, spec: string, as: 'chown' | 'user'): Promise<{ uid: number; gid: number }> {
     const [user, group] = spec.split(':') as [string, string | undefined];
-    const rows = async (file: string) => (await deps.files.read(acting, sandboxId, { path: file, format: 'auto' }).catch(() => ({ body: Buffer.alloc(0) }))).body.toString('utf8').split('\n').map((l) => l.split(':'));
+    const read = new Map<string, Promise<string[][]>>();
+    const rows = (file: string): Promise<string[][]> => {
+      if (!read.has(file)) read.set(file, deps.files.read(acting, sandboxId, { path: file, format: 'auto' }).catch(() => ({ body: Buffer.alloc(0) })).then((r) => r.body.toString('utf8').split('\n').map((l) => l.split(':'))));
+      return read.get(file)!;
+    };
     const what = as === 'chown' ? `--chown=${spec}` : `USER ${spec}`;
     const lookup = async (file: string, name: string): Promise<number> => {
       if (/^\d+$/.test(name)) return Number(name);

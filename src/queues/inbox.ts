@@ -107,7 +107,7 @@ export class InboxConsumer {
       .handle(message, receipt)
       .catch((err: unknown) => this.options.onError(err))
       .then(async () => {
-        if (!receipt.acked) await this.options.redis.lrem(this.takenKey, 1, raw);
+        if (!receipt.acked) await ackInbox(this.options.redis, receipt);
       })
       .catch((err: unknown) => this.options.onError(err))
       .finally(() => {

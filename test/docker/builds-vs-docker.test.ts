@@ -8,7 +8,7 @@ import { packContext } from '../../src/cli/image-build.ts';
 import { busyboxBaseTar } from '../../src/layers/index.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from '../support/cluster.ts';
 import { PIP_DEMO, startPipIndex } from '../support/pip-index.ts';
-import { DOCKER, ensureDockerd, progress, run, type Dockerd } from './host.ts';
+import { DOCKER, dockerImport, ensureDockerd, progress, run, type Dockerd } from './host.ts';
 
 /**
  * Issue 42's check that a build here means what `docker build` means: the same Dockerfiles
@@ -132,10 +132,7 @@ beforeAll(async () => {
   agent = await cluster.token('lab', ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete']);
   dockerd = await ensureDockerd(path.join(workDir, 'dockerd.log'), { v4: await run('iptables-save', []), v6: await run('ip6tables-save', []) });
   // The same base for both: rollbox's busybox layer, as a tar, imported into Docker.
-  const { tar } = await busyboxBaseTar();
-  const importing = spawn(DOCKER, ['import', '-', DOCKER_BASE], { stdio: ['pipe', 'ignore', 'inherit'] });
-  tar.pipe(importing.stdin);
-  expect(await new Promise<number | null>((resolve) => importing.once('close', resolve))).toBe(0);
+  expect(await dockerImport(DOCKER_BASE, (await busyboxBaseTar()).tar)).toBe(0);
   progress('busybox base imported into Docker');
 }, 10 * 60_000);
 
@@ -253,10 +250,8 @@ describe('rollbox builds against docker build', () => {
       expect(packed.exitCode, JSON.stringify(packed)).toBe(0);
       const tar = await fetch(`${cluster.url}/v1/sandboxes/${exporter.body.id}/files?path=/tmp/root.tar.gz`, { headers: { authorization: `Bearer ${agent}` } });
       expect(tar.status).toBe(200);
-      const changes = [...base.config.Env.map((e: string) => `ENV ${e.replace('=', ' ')}`), `USER ${base.config.User}`, `WORKDIR ${base.config.WorkingDir}`].flatMap((c) => ['--change', c]);
-      const importing = spawn(DOCKER, ['import', ...changes, '-', dockerBase], { stdio: ['pipe', 'ignore', 'inherit'] });
-      importing.stdin.end(Buffer.from(await tar.arrayBuffer()));
-      expect(await new Promise<number | null>((resolve) => importing.once('close', resolve))).toBe(0);
+      const changes = [...base.config.Env.map((e: string) => `ENV ${e.replace('=', ' ')}`), `USER ${base.config.User}`, `WORKDIR ${base.config.WorkingDir}`];
+      expect(await dockerImport(dockerBase, Buffer.from(await tar.arrayBuffer()), changes)).toBe(0);
     } finally {
       await api(cluster, agent, 'DELETE', `/v1/sandboxes/${exporter.body.id}`);
     }

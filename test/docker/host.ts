@@ -1,4 +1,5 @@
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
+import type { Readable } from 'node:stream';
 import { existsSync, openSync, closeSync } from 'node:fs';
 import { readFile, readdir } from 'node:fs/promises';
 import { promisify } from 'node:util';
@@ -143,4 +144,12 @@ export async function holdForwarding(): Promise<() => Promise<void>> {
     await run('nft', ['delete', 'table', 'inet', `rollbox-${holder}`]);
     await firewall.restoreForwarding();
   };
+}
+
+/** `docker import` of a root filesystem tar (a stream or its bytes) as `tag`, with Dockerfile lines as `--change`s; answers its exit code. */
+export async function dockerImport(tag: string, tar: Readable | Buffer, changes: string[] = []): Promise<number | null> {
+  const importing = spawn(DOCKER, ['import', ...changes.flatMap((c) => ['--change', c]), '-', tag], { stdio: ['pipe', 'ignore', 'inherit'] });
+  if (Buffer.isBuffer(tar)) importing.stdin.end(tar);
+  else tar.pipe(importing.stdin);
+  return new Promise((resolve) => importing.once('close', resolve));
 }
