@@ -1,7 +1,7 @@
 import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { Scope } from '../src/api/index.ts';
-import { REFUSING_NODE_ENV, api, nodesUp, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
+import { REFUSING_NODE_ENV, RESTART_TOLERANT_ENV, api, nodesUp, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { hostTraces } from './support/host.ts';
 
 const SCOPES: Scope[] = ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'admin'];
@@ -93,7 +93,7 @@ describe('two worker hosts', () => {
   });
 
   it('a worker restarted with live sandboxes adopts them', async () => {
-    const c = await startTestCluster();
+    const c = await startTestCluster({ env: RESTART_TOLERANT_ENV });
     cluster = c;
     const token = await c.token('t', SCOPES);
     const first = await c.addWorker({ nodeId: 'node-r' });

@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ExecResult } from '../src/api/index.ts';
 import type { WorkerHandle } from '../src/roles/index.ts';
-import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
+import { api, RESTART_TOLERANT_ENV, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { tarOf } from './support/tar.ts';
 
 /**
@@ -20,7 +20,7 @@ let accounts: string;
 const made: string[] = [];
 
 beforeAll(async () => {
-  cluster = await startTestCluster();
+  cluster = await startTestCluster({ env: RESTART_TOLERANT_ENV });
   worker = await cluster.addWorker({ nodeId: NODE });
   token = await cluster.token('users', ['layer:write', 'sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete']);
   const tar = await tarOf([

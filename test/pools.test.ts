@@ -7,7 +7,7 @@ import { connectRedis } from '../src/redis/index.ts';
 import { PoolRegistry } from '../src/registry/index.ts';
 import { loadConfig } from '../src/config/index.ts';
 import { startGatewayRole, type GatewayHandle, type WorkerHandle } from '../src/roles/index.ts';
-import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
+import { api, RESTART_TOLERANT_ENV, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 
 /** Warm pools against a real cluster: claims bind everything of the create, refill, races, restarts, deletes. */
 const NODE = 'node-pool1';
@@ -19,7 +19,7 @@ let admin: string;
 let user: string;
 
 beforeAll(async () => {
-  cluster = await startTestCluster();
+  cluster = await startTestCluster({ env: RESTART_TOLERANT_ENV });
   worker = await cluster.addWorker({ nodeId: NODE });
   admin = await cluster.token('ops', ['admin']);
   user = await cluster.token('trainer', SCOPES);

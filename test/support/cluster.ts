@@ -206,6 +206,12 @@ export async function nodesUp(c: Pick<TestCluster, 'url'>, token: string, count:
 }
 
 /** A worker host's env for a host under memory pressure: its heartbeat looks fine, its admission refuses every create. */
+/**
+ * For a cluster whose tests restart a worker host and expect its sandboxes adopted: a restart
+ * under CI load can take longer than TEST_ENV's lost time, and a janitor would fail them.
+ */
+export const RESTART_TOLERANT_ENV = { ROLLBOX_NODE_LOST_AFTER_MS: '15000' };
+
 export const REFUSING_NODE_ENV = { ROLLBOX_NODE_HOST_RESERVE_MIB: String(1 << 30) };
 
 export async function waitFor<T>(what: string, probe: () => Promise<T | undefined | false>, timeoutMs = 15_000): Promise<T> {
