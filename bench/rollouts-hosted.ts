@@ -57,6 +57,8 @@ const WARMUP_ROLLOUTS = 2;
 const AGENTS_DIR = path.join(import.meta.dirname, 'support', 'agents');
 /** The task sandbox of both arms (as bench:rollouts makes it). */
 const TASK_RESOURCES = { memoryMiB: 128, cpuMillis: 500 };
+/** The agent sandbox's: the CPU a trainer-run agent has (the host's two cores), so the arms differ in where the loop runs only. */
+const AGENT_RESOURCES = { memoryMiB: 256, cpuMillis: 2000 };
 const JOB = 'bench-hosted';
 
 /** Every turn but the last runs a command that builds on the one before; the last answers. */
@@ -149,7 +151,7 @@ try {
   const hostedTask = (tag: string) => ({
     customId: tag,
     resources: TASK_RESOURCES,
-    agent: { image: { base: 'busybox', layers: [layer.body.digest] }, argv: ['/usr/bin/node', '/agent/loop-agent.mjs'], env: { AGENT_TASK: taskOf(tag) }, resources: { memoryMiB: 256 }, timeoutMs: 900_000 },
+    agent: { image: { base: 'busybox', layers: [layer.body.digest] }, argv: ['/usr/bin/node', '/agent/loop-agent.mjs'], env: { AGENT_TASK: taskOf(tag) }, resources: AGENT_RESOURCES, timeoutMs: 900_000 },
     model: { job: JOB },
   });
   const submitHosted = async (tags: string[]): Promise<Batch> => {

@@ -169,9 +169,14 @@ export async function runTask(deps: TaskDeps, run: TaskRun): Promise<TaskOutcome
       status = resumed.status;
       stage = 'steps';
     } else {
-      sandboxId = await create(task.image, 'steps', task.hiddenPaths);
-      // A rollout's agent sandbox is made with its task's, so no room for it is backpressure too.
-      if (task.agent) agentSandboxId = await create(task.agent.image ?? task.image, 'agent', []);
+      // A rollout's agent sandbox is made beside its task's, at the same time (neither waits for
+      // the other's start), so no room for it is backpressure too. Both settle before an error
+      // is thrown: whichever was made is in `made`, and deleted below.
+      const [taskMade, agentMade] = await Promise.allSettled([create(task.image, 'steps', task.hiddenPaths), task.agent ? create(task.agent.image ?? task.image, 'agent', []) : undefined]);
+      if (taskMade.status === 'rejected') throw taskMade.reason;
+      if (agentMade.status === 'rejected') throw agentMade.reason;
+      sandboxId = taskMade.value;
+      agentSandboxId = agentMade.value;
       await deps.store.recordAttemptSandbox(run.batchId, run.customId, { sandboxId, attempt: run.attempt, ...(agentSandboxId ? { agentSandboxId } : {}) });
       for (const [file, content] of Object.entries(task.files)) {
         await deps.files.write(acting, sandboxId, { path: path.posix.resolve(workdir, file) }, Buffer.from(content, 'base64'), FILES_BYTES_TYPE);
