@@ -20,10 +20,21 @@ const ASSUMPTION_MAX_AGE_MS = 120_000;
 /**
  * A gateway's view of the worker hosts: heartbeats read from Redis about once a second,
  * plus the placements this gateway made that the heartbeats do not show yet.
+ *
+ * A heartbeat's age is measured up to the last read, not up to now: a gateway whose own
+ * reads fall behind (its event loop saturated by a burst of thousands of creates) knows
+ * nothing newer, and must not take its own lateness for the hosts' silence (it had failed
+ * most of such a burst, each create "refused" by a host that had stopped heartbeating, and
+ * its janitor could have declared live hosts lost).
  */
 export class NodeDirectory {
   private observed = new Map<string, Observed>();
   private readonly assumptions = new Map<string, Assumption[]>();
+  /** Each node's assumptions summed (candidates() is asked once per placement). */
+  private readonly assumedSums = new Map<string, AssumedLoad>();
+  /** Local time at which the last completed refresh read the heartbeats. */
+  private readAtMs = 0;
+  private refreshing: Promise<void> | undefined;
   private timer: NodeJS.Timeout | undefined;
 
   constructor(
@@ -41,9 +52,15 @@ export class NodeDirectory {
     clearInterval(this.timer);
   }
 
-  async refresh(): Promise<void> {
+  /** Reads the heartbeats; a refresh asked while one is under way joins it (under load they would pile up). */
+  refresh(): Promise<void> {
+    this.refreshing ??= this.read().finally(() => (this.refreshing = undefined));
+    return this.refreshing;
+  }
+
+  private async read(): Promise<void> {
+    const readAtMs = this.options.now();
     const raw = await this.redis.hgetall(keys.nodes);
-    const now = this.options.now();
     const next = new Map<string, Observed>();
     for (const [nodeId, json] of Object.entries(raw)) {
       const parsed = NodeHeartbeat.safeParse(safeJson(json));
@@ -51,11 +68,12 @@ export class NodeDirectory {
       const heartbeat = parsed.data;
       const previous = this.observed.get(nodeId);
       const changed = !previous || previous.heartbeat.atMs !== heartbeat.atMs;
-      next.set(nodeId, { heartbeat, changedAtMs: changed ? now : previous.changedAtMs });
+      next.set(nodeId, { heartbeat, changedAtMs: changed ? readAtMs : previous.changedAtMs });
       if (changed) this.clearHandled(nodeId, heartbeat.handledCreates);
     }
-    for (const nodeId of this.assumptions.keys()) if (!next.has(nodeId)) this.assumptions.delete(nodeId);
+    for (const nodeId of this.assumptions.keys()) if (!next.has(nodeId)) this.setAssumptions(nodeId, []);
     this.observed = next;
+    this.readAtMs = readAtMs;
   }
 
   private clearHandled(nodeId: string, handled: readonly string[]): void {
@@ -63,26 +81,34 @@ export class NodeDirectory {
     if (!list) return;
     const done = new Set(handled);
     const now = this.options.now();
-    const kept = list.filter((a) => !done.has(a.sandboxId) && now - a.placedAtMs < ASSUMPTION_MAX_AGE_MS);
-    if (kept.length) this.assumptions.set(nodeId, kept);
-    else this.assumptions.delete(nodeId);
+    this.setAssumptions(nodeId, list.filter((a) => !done.has(a.sandboxId) && now - a.placedAtMs < ASSUMPTION_MAX_AGE_MS));
+  }
+
+  private setAssumptions(nodeId: string, list: Assumption[]): void {
+    if (list.length === 0) {
+      this.assumptions.delete(nodeId);
+      this.assumedSums.delete(nodeId);
+      return;
+    }
+    this.assumptions.set(nodeId, list);
+    this.assumedSums.set(nodeId, sumAssumed(list));
+  }
+
+  /** How long before the last read the node's heartbeat last changed. */
+  private ageOf(observed: Observed): number {
+    return Math.max(0, this.readAtMs - observed.changedAtMs);
   }
 
   candidates(): PlacementCandidate[] {
-    const now = this.options.now();
-    return [...this.observed.values()].map(({ heartbeat, changedAtMs }) => ({
-      heartbeat,
-      ageMs: now - changedAtMs,
-      assumed: sumAssumed(this.assumptions.get(heartbeat.nodeId) ?? []),
-    }));
+    return [...this.observed.values()].map((o) => ({ heartbeat: o.heartbeat, ageMs: this.ageOf(o), assumed: this.assumedSums.get(o.heartbeat.nodeId) ?? NOTHING_ASSUMED }));
   }
 
   /** Load placed on a node, counted until its heartbeat shows it (once per sandbox). */
   assume(nodeId: string, sandboxId: string, load: { memoryMiB: number; cpuMillis: number }): void {
     const list = this.assumptions.get(nodeId) ?? [];
     if (list.some((a) => a.sandboxId === sandboxId)) return;
-    list.push({ sandboxId, placedAtMs: this.options.now(), sandboxes: 1, ...load });
-    this.assumptions.set(nodeId, list);
+    list.push({ sandboxId, placedAtMs: this.options.now(), sandboxes: 1, memoryMiB: load.memoryMiB, cpuMillis: load.cpuMillis });
+    this.setAssumptions(nodeId, list);
   }
 
   /** The node answered (refused) this request: its load no longer includes it. */
@@ -90,16 +116,15 @@ export class NodeDirectory {
     this.clearHandled(nodeId, [sandboxId]);
   }
 
-  /** True when the node is gone from Redis or its heartbeat has not changed for `lostAfterMs`. */
+  /** True when the node is gone from Redis or its heartbeat had not changed for `lostAfterMs` at the last read. */
   isSilent(nodeId: string, lostAfterMs: number): boolean {
     const observed = this.observed.get(nodeId);
-    return !observed || this.options.now() - observed.changedAtMs > lostAfterMs;
+    return !observed || this.ageOf(observed) > lostAfterMs;
   }
 
-  /** Nodes whose heartbeat has not changed for `lostAfterMs`. */
+  /** Nodes whose heartbeat had not changed for `lostAfterMs` at the last read. */
   silentNodes(lostAfterMs: number): string[] {
-    const now = this.options.now();
-    return [...this.observed.values()].filter((o) => now - o.changedAtMs > lostAfterMs).map((o) => o.heartbeat.nodeId);
+    return [...this.observed.values()].filter((o) => this.ageOf(o) > lostAfterMs).map((o) => o.heartbeat.nodeId);
   }
 
   /** Where a worker host's port relay listens (src/ports), as its last heartbeat says. */
@@ -112,8 +137,15 @@ export class NodeDirectory {
   }
 }
 
+const NOTHING_ASSUMED: AssumedLoad = Object.freeze({ memoryMiB: 0, cpuMillis: 0, sandboxes: 0 });
+
 function sumAssumed(list: readonly Assumption[]): AssumedLoad {
-  return list.reduce((acc, a) => ({ memoryMiB: acc.memoryMiB + a.memoryMiB, cpuMillis: acc.cpuMillis + a.cpuMillis, sandboxes: acc.sandboxes + 1 }), { memoryMiB: 0, cpuMillis: 0, sandboxes: 0 });
+  const sum = { memoryMiB: 0, cpuMillis: 0, sandboxes: list.length };
+  for (const a of list) {
+    sum.memoryMiB += a.memoryMiB;
+    sum.cpuMillis += a.cpuMillis;
+  }
+  return sum;
 }
 
 function safeJson(text: string): unknown {

@@ -1,6 +1,6 @@
 /** The gateway role, built from config: the HTTP API, its services, queues and background loops. */
 import path from 'node:path';
-import { serve } from '@hono/node-server';
+import { createAdaptorServer } from '@hono/node-server';
 import { type Logger } from 'pino';
 import type { Config } from '../config/index.ts';
 import { startingAnswer, serveUpgrades, PortsService, ExecService, ForkService, FilesService, TtlService, Janitor, LayerCollector, NodeRequests, PoolService, RunService, SandboxService, createGateway, createMetrics, newId, type LayerBuilder } from '../gateway/index.ts';
@@ -30,6 +30,8 @@ export interface GatewayHandle extends Stoppable {
   gatewayId: string;
 }
 
+const LISTEN_BACKLOG = 65_535;
+
 /**
  * A gateway listens at once: until its Redis answers (and `prepare` ran), /healthz says it
  * is starting, /readyz answers 503 with what it waits for, and every other route 503
@@ -39,8 +41,15 @@ export async function startGatewayRole(config: Config, redisUrl: string, logger:
   logger.info({ redis: redactedRedisUrl(redisUrl), layerStore: config.layerStoreDir, dataDir: config.dataDir, jwt: config.jwt.jwksUrl ?? config.jwt.publicKeyFile ?? config.jwt.secretFile }, 'gateway starting');
   let waiting: RedisWaitState | undefined = { reason: 'connecting', error: '' };
   let handle: (request: Request, env: unknown) => Response | Promise<Response> = (request) => startingAnswer(request, waiting);
-  const server = await new Promise<ReturnType<typeof serve>>((resolve) => {
-    const s = serve({ fetch: (request, env) => handle(request, env), hostname: config.http.host, port: config.http.port }, () => resolve(s));
+  const server = createAdaptorServer({ fetch: (request, env) => handle(request, env), hostname: config.http.host });
+  // A job asking for thousands of sandboxes at once opens as many connections: Node's default
+  // backlog (511) overflowed and reset some of them (the kernel caps it at net.core.somaxconn).
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen({ port: config.http.port, host: config.http.host, backlog: LISTEN_BACKLOG }, () => {
+      server.off('error', reject);
+      resolve();
+    });
   });
   const address = server.address();
   const port = typeof address === 'object' && address ? address.port : config.http.port;
