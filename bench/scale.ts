@@ -14,7 +14,8 @@
  * live sandbox. Figures per operation do not depend on the counts: scale them with the flags.
  *
  *   npm run bench:scale -- [--hosts 50] [--hosts-per-process 100] [--live 2000] [--burst 1000] [--execs 2000] [--concurrency 32] [--cluster]
- *   (or BENCH_HOSTS, BENCH_HOSTS_PER_PROCESS, BENCH_LIVE, BENCH_BURST, BENCH_EXECS, BENCH_CONCURRENCY, BENCH_REDIS_CLUSTER=1)
+ *   (or BENCH_HOSTS, BENCH_HOSTS_PER_PROCESS, BENCH_LIVE, BENCH_BURST, BENCH_EXECS, BENCH_CONCURRENCY, BENCH_REDIS_CLUSTER=1;
+ *   BENCH_PROFILE_DIR=dir: a CPU profile of the gateway)
  *
  * Progress on stderr; one JSON line last on stdout.
  */
@@ -139,7 +140,9 @@ try {
   const config = loadConfig({}, { ...env, ROLLBOX_DATA_DIR: path.join(rootDir, 'bench') });
   await ensureBaseLayer(config, redisUrl);
   // Children log to stderr: stdout carries the one JSON line.
-  const gateway = spawn(process.execPath, [path.join(REPO, 'bin/rollbox.js'), 'gateway', '--data-dir', path.join(rootDir, 'gateway')], {
+  // BENCH_PROFILE_DIR=dir: the gateway writes a CPU profile there when the bench ends.
+  const profile = process.env.BENCH_PROFILE_DIR ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_PROFILE_DIR}`] : [];
+  const gateway = spawn(process.execPath, [...profile, path.join(REPO, 'bin/rollbox.js'), 'gateway', '--data-dir', path.join(rootDir, 'gateway')], {
     env: { ...process.env, ...env, ROLLBOX_PORT: String(port) },
     stdio: ['ignore', 2, 'inherit'],
   });
