@@ -222,7 +222,8 @@ try {
     const before = await meter();
     await new Promise((r) => setTimeout(r, BACKGROUND_WINDOW_MS));
     const rate = rates(before, await meter());
-    log(`background (${label}): ${Math.round(rate.redisCalls)} Redis calls/s, Redis ${pct(rate.redisCpuS)}, gateway ${pct(rate.gatewayCpuS)}, hosts ${pct(rate.workerCpuS)} of a core`);
+    const top = [...rate.byCommand].sort((a, b) => b[1] - a[1]).slice(0, 6).map(([name, perS]) => `${name} ${Math.round(perS)}`);
+    log(`background (${label}): ${Math.round(rate.redisCalls)} Redis calls/s (${top.join(', ')}), Redis ${pct(rate.redisCpuS)}, gateway ${pct(rate.gatewayCpuS)}, hosts ${pct(rate.workerCpuS)} of a core`);
     return rate;
   };
   const pct = (cores: number) => `${Math.round(cores * 100)}%`;
