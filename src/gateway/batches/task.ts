@@ -3,7 +3,7 @@ import { FILES_BYTES_TYPE, RollboxError, type BatchOptions, type BatchTask, type
 import type { Principal } from '../../iam/index.ts';
 import type { AttemptSandboxes, BatchStore, ResultLineInput } from '../../registry/index.ts';
 import type { Span } from '../../rollouts/index.ts';
-import { AGENT_NETWORK, agentCommandIdOf, prepareRollout, rolloutIdOf, rolloutOutcome, runAgentCommand, type RolloutDeps } from './agent.ts';
+import { AGENT_NETWORK, agentCommandIdOf, prepareRollout, rolloutIdOf, rolloutOutcome, runAgentCommand, throughRedisFailover, type RolloutDeps } from './agent.ts';
 import { gradeInFreshSandbox, gradeInPlace, type GradeDeps } from './grade.ts';
 
 export interface TaskDeps extends GradeDeps {
@@ -38,6 +38,8 @@ const BACKPRESSURE: ReadonlySet<ErrorCode> = new Set(['quota_exceeded', 'no_capa
 /** At create or when writing the task's files: the task's own input is wrong (never retried). */
 const TASK_INPUT_ERRORS: ReadonlySet<ErrorCode> = new Set(['invalid_request', 'not_found', 'invalid_layer', 'invalid_archive', 'payload_too_large', 'forbidden']);
 const TTL_MARGIN_SEC = 300;
+/** How long a rollout's outcome is read again while Redis fails over. */
+const OUTCOME_RETRY_MS = 60_000;
 
 export interface TaskRun {
   batchId: string;
@@ -200,12 +202,13 @@ export async function runTask(deps: TaskDeps, run: TaskRun): Promise<TaskOutcome
       const commandId = agentCommandIdOf(run.batchId, attempt);
       const started = resumed && (await deps.execs.commandLog(acting, agentSandboxId, 1000)).some((c) => c.commandId === commandId);
       const { env } = started ? { env: {} } : await prepareRollout(deps.rollouts, { tenant: run.tenant, job: task.model.job, batchId: run.batchId, customId: run.customId, attempt, taskSandboxId: sandboxId, agentSandboxId, agent: task.agent, limits: task.limits, ttlSeconds, now: deps.now(), envWaits });
-      const r = await runAgentCommand(deps.execs, acting, agentSandboxId, task.agent, env, commandId);
+      // Sent again with the same command id, the agent's command is waited on, not run twice.
+      const r = await throughRedisFailover(() => runAgentCommand(deps.execs, acting, agentSandboxId!, task.agent!, env, commandId), Date.now() + task.agent.timeoutMs, run.signal);
       const agentEndedAtMs = deps.now();
       // An agent whose sandbox the cancel deleted did not exit on its own: the rollout ended at the cancel.
       if (run.signal.aborted) return await aborted(agentEndedAtMs);
       line.agent = stepOf(r);
-      line.rollout = rollout = await rolloutOutcome(deps.rollouts, rolloutId, agentEndedAtMs);
+      line.rollout = rollout = await throughRedisFailover(() => rolloutOutcome(deps.rollouts, rolloutId!, agentEndedAtMs), Date.now() + OUTCOME_RETRY_MS, run.signal);
       if (r.timedOut || r.exitCode !== 0) line.status = r.timedOut ? 'timeout' : 'failed';
     }
     const grade = task.grade;
