@@ -97,7 +97,7 @@ export class SandboxService {
     const node = routed.node;
     if (!node) throw this.noNode(placement, `no worker host in pool ${placement.pool} can reserve ${placement.memoryMiB} MiB of memory and ${placement.diskMiB} MiB of disk now`);
     // A pool's claimed sandbox counts on its host too (a placement counted itself already).
-    directory.assume(node, id, placement);
+    if (claimed) directory.assume(node, id, placement);
 
     const nowMs = this.deps.now();
     const record: Sandbox = { id, tenant: principal.tenant, state: 'pending', node, spec: request, layerDigests, createdAt: new Date(nowMs).toISOString(), oomKills: 0, ...(claimed ? { pool: claimed.pool } : {}), ...(lineage ? { lineage } : {}) };
@@ -142,8 +142,8 @@ export class SandboxService {
     run?: RunOnce,
   ): Promise<{ kind: 'started'; sandbox: Sandbox; ran?: Ran } | { kind: 'exhausted'; detail: string } | { kind: 'timeout' } | { kind: 'lost' }> {
     const { registry, config, directory } = this.deps;
+    // Each node tried is counted as assumed load where it was chosen (place, or a pool's claim).
     for (let attempt = 0, node = firstNode; ; attempt++) {
-      directory.assume(node, id, placement);
       const requestId = `${requestPrefix}${attempt}`;
       const targetNode = node;
       const job = { sandboxId: id, attempt, requestId, ...(run ? { run } : {}) };

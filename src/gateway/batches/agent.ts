@@ -1,5 +1,5 @@
-import { SANDBOX_GATEWAY_URL, type BatchTask, type ExecResult, type NetworkPolicy, type RolloutOutcome } from '../../api/index.ts';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { SANDBOX_GATEWAY_URL, type BatchTask, type ExecResult, type NetworkPolicy, type RolloutOutcome } from '../../api/index.ts';
 import type { Principal, RolloutKeyStore } from '../../iam/index.ts';
 import { isRedisUnavailable } from '../../redis/index.ts';
 import type { RolloutRecords } from '../../registry/index.ts';
