@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { connectRedis } from '../src/redis/index.ts';
 import { NodeDirectory, idleHeartbeat } from '../src/queues/index.ts';
 import { keys } from '../src/registry/index.ts';
 import { useScratchRedis } from './support/scratch-redis.ts';
@@ -37,6 +38,25 @@ describe('node directory', () => {
     expect(directory.isSilent('node-a', 5000)).toBe(true);
     expect(directory.silentNodes(5000)).toEqual(['node-a']);
     expect(directory.isSilent('node-gone', 5000)).toBe(true);
+    await scratch.redis.del(keys.nodes);
+  });
+
+  it('does not count silence while Redis held its reads: after a stall (a failover) each host gets its full lost time', async () => {
+    const directory = new NodeDirectory(scratch.redis, { refreshMs: 200, now: Date.now });
+    await scratch.redis.hset(keys.nodes, 'node-c', JSON.stringify(idleHeartbeat('node-c', 'local', CAPACITY, 1)));
+    await directory.refresh();
+    // Redis answers no one for 1.5 s (as through a failover): the host's beats are held up too.
+    const pauser = connectRedis(scratch.url);
+    await pauser.call('CLIENT', 'PAUSE', '1500', 'ALL');
+    await directory.refresh();
+    await pauser.quit();
+    // Read again at once: the heartbeat is 1.5 s unchanged, but the directory saw none of that time.
+    await directory.refresh();
+    expect(directory.isSilent('node-c', 1000)).toBe(false);
+    // Silence it could see counts: unchanged for more than the lost time after reads came back.
+    await new Promise((r) => setTimeout(r, 1200));
+    await directory.refresh();
+    expect(directory.isSilent('node-c', 1000)).toBe(true);
     await scratch.redis.del(keys.nodes);
   });
 

@@ -26,6 +26,12 @@ const ASSUMPTION_MAX_AGE_MS = 120_000;
  * nothing newer, and must not take its own lateness for the hosts' silence (it had failed
  * most of such a burst, each create "refused" by a host that had stopped heartbeating, and
  * its janitor could have declared live hosts lost).
+ *
+ * Nor is silence counted while the directory could not see: a read that failed, or took
+ * longer than a refresh interval (Redis failing over: ioredis retries for up to 15 s), hid
+ * the heartbeats from it, and the hosts' own writes were most likely held up the same way.
+ * Each host gets its full lost time from the moment reads come back (a failover had made
+ * the janitor declare a live host lost: the CI flake of redis-cluster-failover).
  */
 export class NodeDirectory {
   private observed = new Map<string, Observed>();
@@ -34,6 +40,10 @@ export class NodeDirectory {
   private readonly assumedSums = new Map<string, AssumedLoad>();
   /** Local time at which the last completed refresh read the heartbeats. */
   private readAtMs = 0;
+  /** Local time from which reads have come back promptly, without a gap; silence before it is not counted. */
+  private seeingSinceMs = 0;
+  /** The last read failed (or none was made yet): the next good one starts a new `seeingSinceMs`. */
+  private blind = true;
   private refreshing: Promise<void> | undefined;
   private timer: NodeJS.Timeout | undefined;
 
@@ -60,7 +70,16 @@ export class NodeDirectory {
 
   private async read(): Promise<void> {
     const readAtMs = this.options.now();
-    const raw = await this.redis.hgetall(keys.nodes);
+    let raw: Record<string, string>;
+    try {
+      raw = await this.redis.hgetall(keys.nodes);
+    } catch (err) {
+      this.blind = true;
+      throw err;
+    }
+    const answeredAtMs = this.options.now();
+    if (this.blind || answeredAtMs - readAtMs > this.options.refreshMs) this.seeingSinceMs = answeredAtMs;
+    this.blind = false;
     const next = new Map<string, Observed>();
     for (const [nodeId, json] of Object.entries(raw)) {
       const parsed = NodeHeartbeat.safeParse(safeJson(json));
@@ -94,9 +113,9 @@ export class NodeDirectory {
     this.assumedSums.set(nodeId, sumAssumed(list));
   }
 
-  /** How long before the last read the node's heartbeat last changed. */
+  /** How long before the last read the node's heartbeat last changed, counting only time the directory could see. */
   private ageOf(observed: Observed): number {
-    return Math.max(0, this.readAtMs - observed.changedAtMs);
+    return Math.max(0, this.readAtMs - Math.max(observed.changedAtMs, this.seeingSinceMs));
   }
 
   candidates(): PlacementCandidate[] {
