@@ -194,9 +194,16 @@ try {
     return hostedTimes(lines);
   };
 
-  // Progress: the model calls the upstream answered.
+  // Progress: each rollout's turns as the upstream first sees them (a call held through the
+  // outage reaches it again when it is back, and counts once).
   let bar: ProgressBar | undefined;
-  upstream.onRequest = async () => bar?.tick();
+  const turnsSeen = new Set<string>();
+  upstream.onRequest = async (r) => {
+    const turn = `${rolloutOfRequest(r.body)}:${r.turn}`;
+    if (turnsSeen.has(turn)) return;
+    turnsSeen.add(turn);
+    bar?.tick();
+  };
   const tagsOf = (prefix: string, count: number) => Array.from({ length: count }, (_, k) => `${prefix}${k}`);
 
   process.stderr.write('warm-up (both arms)...\n');

@@ -1,21 +1,24 @@
 /**
  * bench:scale — the control plane against many worker hosts: N hollow hosts (the real
- * worker host code over a runtime that starts nothing, src/workers/hollow) in one child
- * process, one gateway (`rollbox gateway`, its own process) and Redis (one redis-server, or
- * a Redis Cluster of 3 primaries with a replica each with --cluster), all on this machine.
+ * worker host code over a runtime that starts nothing, src/workers/hollow) in child
+ * processes, a real worker host beside them (runc containers, in the same host pool, with
+ * room for a few sandboxes: it takes its share of creates through the same placement),
+ * G gateways (`rollbox gateway`, each its own process; the bench's requests go round them)
+ * and Redis (one redis-server, or a Redis Cluster of 3 primaries with a replica each with
+ * --cluster), all on this machine.
  *
  * Phases: background (nothing asked), fill (M live sandboxes created at a fixed
  * concurrency: steady creates), a burst (B creates of one training job sent at once), a
  * steady exec load. Per operation: Redis calls (INFO commandstats of every primary),
  * Redis CPU (INFO cpu of every server, replicas included), gateway and worker-process CPU
- * (/proc), each less the background measured over the same length of time; creates/s a
+ * (/proc; gateways summed), each less the background measured over the same length of time; creates/s a
  * Redis core and a gateway core would carry at that cost; create-to-running and exec
  * latency against Kubernetes' SLOs; placement quality under the burst; Redis memory per
  * live sandbox. Figures per operation do not depend on the counts: scale them with the flags.
  *
- *   npm run bench:scale -- [--hosts 50] [--hosts-per-process 100] [--live 2000] [--burst 1000] [--execs 2000] [--concurrency 32] [--cluster]
- *   (or BENCH_HOSTS, BENCH_HOSTS_PER_PROCESS, BENCH_LIVE, BENCH_BURST, BENCH_EXECS, BENCH_CONCURRENCY, BENCH_REDIS_CLUSTER=1;
- *   BENCH_PROFILE_DIR=dir: a CPU profile of the gateway)
+ *   npm run bench:scale -- [--hosts 50] [--hosts-per-process 100] [--gateways 2] [--real-hosts 1] [--live 2000] [--burst 1000] [--execs 2000] [--concurrency 32] [--cluster]
+ *   (or BENCH_HOSTS, BENCH_HOSTS_PER_PROCESS, BENCH_GATEWAYS, BENCH_REAL_HOSTS, BENCH_LIVE, BENCH_BURST, BENCH_EXECS, BENCH_CONCURRENCY, BENCH_REDIS_CLUSTER=1;
+ *   BENCH_PROFILE_DIR=dir: a CPU profile of each gateway)
  *
  * Progress on stderr; one JSON line last on stdout.
  */
@@ -36,12 +39,16 @@ import { processCpuSeconds } from './support/proc-cpu.ts';
 import { redisCallsByCommand } from './support/redis-calls.ts';
 
 const { values: flags } = parseArgs({
-  options: { hosts: { type: 'string' }, 'hosts-per-process': { type: 'string' }, live: { type: 'string' }, burst: { type: 'string' }, execs: { type: 'string' }, concurrency: { type: 'string' }, cluster: { type: 'boolean' } },
+  options: { hosts: { type: 'string' }, 'hosts-per-process': { type: 'string' }, gateways: { type: 'string' }, 'real-hosts': { type: 'string' }, live: { type: 'string' }, burst: { type: 'string' }, execs: { type: 'string' }, concurrency: { type: 'string' }, cluster: { type: 'boolean' } },
 });
 const numberOf = (flag: string | undefined, env: string, fallback: number) => Number(flag ?? process.env[env] ?? fallback);
 const HOSTS = numberOf(flags.hosts, 'BENCH_HOSTS', 50);
 /** Hollow hosts share a process (one event loop) this many at most: more processes spread them over the cores. */
 const HOSTS_PER_PROCESS = numberOf(flags['hosts-per-process'], 'BENCH_HOSTS_PER_PROCESS', 100);
+const GATEWAYS = Math.max(1, numberOf(flags.gateways, 'BENCH_GATEWAYS', 2));
+/** Real worker hosts (runc) beside the hollow ones, each with room for REAL_HOST_SANDBOXES. */
+const REAL_HOSTS = numberOf(flags['real-hosts'], 'BENCH_REAL_HOSTS', 1);
+const REAL_HOST_SANDBOXES = 8;
 const LIVE = numberOf(flags.live, 'BENCH_LIVE', 2000);
 const BURST = numberOf(flags.burst, 'BENCH_BURST', 1000);
 const EXECS = numberOf(flags.execs, 'BENCH_EXECS', 2000);
@@ -111,7 +118,7 @@ process.once('SIGINT', () => void cleanup().finally(() => process.exit(130)));
 
 try {
   // --- Redis, base layer, gateway, hollow hosts
-  log(`starting ${CLUSTER ? 'a Redis Cluster (3 primaries + 3 replicas)' : 'one redis-server'}, a gateway and ${HOSTS} hollow worker hosts`);
+  log(`starting ${CLUSTER ? 'a Redis Cluster (3 primaries + 3 replicas)' : 'one redis-server'}, ${GATEWAYS} gateway(s), ${HOSTS} hollow worker hosts and ${REAL_HOSTS} real one(s)`);
   let redisUrl: string;
   if (CLUSTER) {
     const cluster = await startRedisCluster({ dataDir: path.join(rootDir, 'redis') });
@@ -128,7 +135,7 @@ try {
   }
   const maxSandboxes = Math.ceil(((LIVE + BURST) / HOSTS) * HEADROOM);
   const capacity = { maxSandboxes, memoryMiB: maxSandboxes * SANDBOX.memoryMiB, cpuMillis: maxSandboxes * SANDBOX.cpuMillis, maxStarting: 16 };
-  const port = await freePort();
+  const ports = await Promise.all(Array.from({ length: GATEWAYS }, freePort));
   const env: Record<string, string> = {
     ROLLBOX_POOL: 'hollow',
     ROLLBOX_LOG_LEVEL: 'warn',
@@ -140,13 +147,33 @@ try {
   const config = loadConfig({}, { ...env, ROLLBOX_DATA_DIR: path.join(rootDir, 'bench') });
   await ensureBaseLayer(config, redisUrl);
   // Children log to stderr: stdout carries the one JSON line.
-  // BENCH_PROFILE_DIR=dir: the gateway writes a CPU profile there when the bench ends.
+  // BENCH_PROFILE_DIR=dir: each gateway writes a CPU profile there when the bench ends.
   const profile = process.env.BENCH_PROFILE_DIR ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_PROFILE_DIR}`] : [];
-  const gateway = spawn(process.execPath, [...profile, path.join(REPO, 'bin/rollbox.js'), 'gateway', '--data-dir', path.join(rootDir, 'gateway')], {
-    env: { ...process.env, ...env, ROLLBOX_PORT: String(port) },
-    stdio: ['ignore', 2, 'inherit'],
+  const gateways = ports.map((port, k) => {
+    const gateway = spawn(process.execPath, [...profile, path.join(REPO, 'bin/rollbox.js'), 'gateway', '--data-dir', path.join(rootDir, `gateway-${k}`)], {
+      env: { ...process.env, ...env, ROLLBOX_PORT: String(port) },
+      stdio: ['ignore', 2, 'inherit'],
+    });
+    children.push(gateway);
+    return gateway;
   });
-  children.push(gateway);
+  const urls = ports.map((port) => `http://127.0.0.1:${port}`);
+  // Real hosts: in the hollow hosts' pool, so placement weighs them together; their sandboxes go with them (--destroy-on-exit).
+  const realHostIds = Array.from({ length: REAL_HOSTS }, (_, k) => `real-${k}`);
+  for (const nodeId of realHostIds) {
+    const child = spawn(process.execPath, [path.join(REPO, 'bin/rollbox.js'), 'worker', '--data-dir', path.join(rootDir, nodeId), '--node-id', nodeId, '--destroy-on-exit'], {
+      env: {
+        ...process.env,
+        ...env,
+        ROLLBOX_NODE_MAX_SANDBOXES: String(REAL_HOST_SANDBOXES),
+        ROLLBOX_NODE_MEMORY_MIB: String(REAL_HOST_SANDBOXES * SANDBOX.memoryMiB),
+        ROLLBOX_NODE_CPU_MILLIS: String(REAL_HOST_SANDBOXES * SANDBOX.cpuMillis),
+        ROLLBOX_SANDBOX_GATEWAY_URL: urls[0]!,
+      },
+      stdio: ['ignore', 2, 'inherit'],
+    });
+    children.push(child);
+  }
   // The hosts' processes: their entry script is under bench/, the only place hollow hosts start.
   const processes = Math.ceil(HOSTS / HOSTS_PER_PROCESS);
   const hollows = Array.from({ length: processes }, (_, k) => {
@@ -178,18 +205,29 @@ try {
   };
   const startedAt = performance.now();
   await Promise.all(hollows.map((h) => fromHollow(h, 'ready')));
-  const url = `http://127.0.0.1:${port}`;
   const issuer = createTokenIssuer(config.jwt);
-  const admin = jsonClient(url, await issuer.issue({ tenant: 'bench-admin', scopes: ['admin'], ttlSeconds: 3600 }), 4);
-  await until(`${HOSTS} hollow hosts in the gateway's view`, async () => {
-    const r = await admin('GET', '/v1/nodes');
-    return r.status === 200 && r.body.nodes.filter((n: any) => n.pool === 'hollow' && n.healthy && n.ready).length >= HOSTS;
-  }, 120_000);
+  const adminToken = await issuer.issue({ tenant: 'bench-admin', scopes: ['admin'], ttlSeconds: 3600 });
+  const admins = urls.map((url) => jsonClient(url, adminToken, 4));
+  const admin = admins[0]!;
+  await until(`${HOSTS} hollow hosts and ${REAL_HOSTS} real one(s) in every gateway's view`, async () => {
+    for (const a of admins) {
+      const r = await a('GET', '/v1/nodes');
+      const up = r.status === 200 ? r.body.nodes.filter((n: any) => n.pool === 'hollow' && n.healthy && n.ready !== false) : [];
+      if (up.length < HOSTS + REAL_HOSTS || !realHostIds.every((id) => up.some((n: any) => n.nodeId === id))) return false;
+    }
+    return true;
+  }, 180_000);
   log(`up in ${Math.round(performance.now() - startedAt)} ms; each host admits ${maxSandboxes} sandboxes`);
   const benchToken = await issuer.issue({ tenant: 'bench', scopes: ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete'], ttlSeconds: 3600 });
   // A fresh client (its own keep-alive sockets) per phase: a socket left idle past the
   // gateway's keep-alive timeout between phases would be closed under a new request.
-  let client = jsonClient(url, benchToken, CONCURRENCY);
+  /** Requests go round the gateways, each with its own keep-alive sockets. */
+  const clientOf = (concurrency: number) => {
+    const perGateway = urls.map((url) => jsonClient(url, benchToken, Math.ceil(concurrency / GATEWAYS)));
+    let next = 0;
+    return (method: string, route: string, body?: unknown) => perGateway[next++ % perGateway.length]!(method, route, body);
+  };
+  let client = clientOf(CONCURRENCY);
 
   // --- Meters
   const sumInfo = async (redises: Redis[], section: string, fields: string[]) => {
@@ -208,7 +246,7 @@ try {
       redisCalls: [...byCommand.values()].reduce((a, b) => a + b, 0),
       byCommand,
       redisCpuS: await sumInfo(servers.all, 'cpu', ['used_cpu_sys', 'used_cpu_user']),
-      gatewayCpuS: processCpuSeconds(gateway.pid!),
+      gatewayCpuS: gateways.reduce((sum, g) => sum + processCpuSeconds(g.pid!), 0),
       workerCpuS: hollows.reduce((sum, h) => sum + processCpuSeconds(h.pid!), 0),
     };
   };
@@ -228,10 +266,17 @@ try {
   };
   const pct = (cores: number) => `${Math.round(cores * 100)}%`;
   const refusalsSoFar = async () => {
-    const text = (await admin('GET', '/metrics')).body as string;
     let total = 0;
-    for (const m of text.matchAll(/^rollbox_placement_refusals_total\{[^}]*\} (\d+)/gm)) total += Number(m[1]);
+    for (const a of admins) {
+      const text = (await a('GET', '/metrics')).body as string;
+      for (const m of text.matchAll(/^rollbox_placement_refusals_total\{[^}]*\} (\d+)/gm)) total += Number(m[1]);
+    }
     return total;
+  };
+  /** What each real host's heartbeat says it holds. */
+  const realHostLoads = async (): Promise<Map<string, number>> => {
+    const nodes = (await admin('GET', '/v1/nodes')).body.nodes as { nodeId: string; sandboxes: number }[];
+    return new Map(realHostIds.map((id) => [id, nodes.find((n) => n.nodeId === id)?.sandboxes ?? -1]));
   };
   const redisMemoryBytes = () => sumInfo(servers.primaries, 'memory', ['used_memory']);
 
@@ -289,11 +334,12 @@ try {
     return figures;
   };
 
-  const created: { id: string; job: string }[] = [];
+  const created: { id: string; job: string; node: string; ms: number }[] = [];
   const create = (job: string) => async (): Promise<string> => {
+    const t = performance.now();
     const r = await client('POST', '/v1/sandboxes', { resources: SANDBOX, job });
     if (r.status === 201 && r.body.state === 'running') {
-      created.push({ id: r.body.id, job });
+      created.push({ id: r.body.id, job, node: r.body.node, ms: performance.now() - t });
       return 'running';
     }
     return r.body?.error?.code ?? `http_${r.status}`;
@@ -311,10 +357,14 @@ try {
   // --- Burst: one job asks for BURST sandboxes at once
   const loadsBefore = await loads();
   const refusalsBefore = await refusalsSoFar();
-  client = jsonClient(url, benchToken, BURST);
+  client = clientOf(BURST);
   const burst = await phase(`burst (${BURST} creates of one job at once)`, BURST, BURST, idleFull, create('burst-job'));
   const refusals = (await refusalsSoFar()) - refusalsBefore;
   const loadsAfter = await loads();
+  // The real hosts' heartbeats, once they have counted the burst's last creates.
+  await new Promise((r) => setTimeout(r, 2 * config.node.heartbeatMs));
+  const realHeld = await realHostLoads();
+  const realAcknowledged = (id: string) => created.filter((c) => c.node === id);
   const burstLoads = [...loadsAfter].map(([node, held]) => held.length - (loadsBefore.get(node)?.length ?? 0));
   const totalLoads = [...loadsAfter.values()].map((held) => held.length);
   const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length);
@@ -322,7 +372,7 @@ try {
   // Each sandbox on one host at most; every acknowledged one still on its host (a host declared lost would drop them).
   const hostsOf = new Map<string, number>();
   for (const held of loadsAfter.values()) for (const id of held) hostsOf.set(id, (hostsOf.get(id) ?? 0) + 1);
-  const acknowledged = new Set(created.map((c) => c.id));
+  const acknowledged = new Set(created.filter((c) => !realHostIds.includes(c.node)).map((c) => c.id));
   const placement = {
     hosts: loadsAfter.size,
     admissionLimit: maxSandboxes,
@@ -336,11 +386,14 @@ try {
     onTwoHosts: [...hostsOf.values()].filter((n) => n > 1).length,
     acknowledgedNotHeld: [...acknowledged].filter((id) => !hostsOf.has(id)).length,
     heldNotAcknowledged: [...hostsOf.keys()].filter((id) => !acknowledged.has(id)).length,
+    /** Each real host: what its heartbeat says it holds, what the creates placed there were answered, and those creates' latency. */
+    realHosts: realHostIds.map((id) => ({ node: id, admissionLimit: REAL_HOST_SANDBOXES, held: realHeld.get(id), acknowledged: realAcknowledged(id).length, createLatency: summarize(realAcknowledged(id).map((c) => c.ms)) })),
   };
   const burstChecks = {
     everyOneRunningOrCoded: Object.keys(burst.outcomes).every((o) => o === 'running' || o === 'no_capacity' || o === 'admission_exhausted'),
-    noneTwice: acknowledged.size === created.length && placement.onTwoHosts === 0,
-    noHostPastLimit: placement.maxHostLoad <= maxSandboxes,
+    noneTwice: new Set(created.map((c) => c.id)).size === created.length && placement.onTwoHosts === 0,
+    noHostPastLimit: placement.maxHostLoad <= maxSandboxes && placement.realHosts.every((h) => h.acknowledged <= REAL_HOST_SANDBOXES),
+    realHostsHoldWhatTheyAcknowledged: placement.realHosts.every((h) => h.held === h.acknowledged),
     // Placement balances each host's whole load (what it held before the burst counts), so the check is on that.
     maxLoadWithin1_25xMean: placement.totalMaxOverMean <= 1.25,
   };
@@ -348,7 +401,7 @@ try {
 
   // --- Steady execs over the live sandboxes
   const live = created.map((c) => c.id);
-  client = jsonClient(url, benchToken, CONCURRENCY);
+  client = clientOf(CONCURRENCY);
   const exec = await phase(`execs (${EXECS}, ${CONCURRENCY} at once, over ${live.length} sandboxes)`, EXECS, CONCURRENCY, idleFull, async (i) => {
     const r = await client('POST', `/v1/sandboxes/${live[i % live.length]}/exec`, { argv: ['echo', String(i)] });
     if (r.status === 200 && r.body.stdout === `${i}\n`) return 'ok';
@@ -360,6 +413,8 @@ try {
     bench: 'scale',
     redis: CLUSTER ? 'cluster-3x2' : 'single',
     hosts: HOSTS,
+    realHosts: REAL_HOSTS,
+    gateways: GATEWAYS,
     liveSandboxes: created.length,
     background: { noSandboxes: roundAll(idleEmpty), withLive: roundAll(idleFull) },
     creates: fill,
