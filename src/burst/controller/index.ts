@@ -79,6 +79,7 @@ export class BurstController {
   async stop(): Promise<void> {
     clearInterval(this.timer);
     while (this.ticking) await new Promise((r) => setTimeout(r, 20));
+    await this.router.flushCounts();
     await Promise.all(this.terminations);
     await this.lease.release().catch(() => {});
   }
@@ -88,6 +89,7 @@ export class BurstController {
     this.ticking = true;
     try {
       const { redis } = this.deps;
+      await this.router.flushCounts();
       const [policyJson = null, stateJson = null] = await redis.mget(keys.burstPolicy, keys.burstState);
       this.policy = parseStored(policyJson, BurstPolicy, this.policy);
       this.state = parseStored(stateJson, SharedState, this.state);
@@ -230,6 +232,7 @@ export class BurstController {
   }
 
   async status(): Promise<BurstStatus> {
+    await this.router.flushCounts();
     const counts = await this.deps.redis.hgetall(keys.burstCounts);
     const n = (field: string) => Number(counts[field] ?? 0);
     const reasons: BurstDecisionReason[] = ['not_diverting', 'stay_local', 'layers_not_synced', 'share', 'diverted'];
