@@ -264,6 +264,23 @@ try {
     log(`background (${label}): ${Math.round(rate.redisCalls)} Redis calls/s (${top.join(', ')}), Redis ${pct(rate.redisCpuS)}, gateway ${pct(rate.gatewayCpuS)}, hosts ${pct(rate.workerCpuS)} of a core`);
     return rate;
   };
+  /**
+   * Waits until Redis sees no new connections (at most a minute): hosts report ready before
+   * all their connections are open, and at 500 hosts the rest (HELLO, CLUSTER INFO: hundreds
+   * a second, and the hosts' CPU with them) would count in the idle background, which the
+   * fill's figures are measured against.
+   */
+  const settled = async () => {
+    const connections = () => sumInfo(servers.all, 'stats', ['total_connections_received']);
+    let before = await connections();
+    for (const deadline = Date.now() + 60_000; Date.now() < deadline; ) {
+      await new Promise((r) => setTimeout(r, BACKGROUND_WINDOW_MS));
+      const now = await connections();
+      if (now === before) return;
+      log(`waiting for the hosts' start-up: ${now - before} new Redis connections in the last ${BACKGROUND_WINDOW_MS / 1000} s`);
+      before = now;
+    }
+  };
   const pct = (cores: number) => `${Math.round(cores * 100)}%`;
   const refusalsSoFar = async () => {
     let total = 0;
@@ -346,7 +363,7 @@ try {
   };
 
   // --- Background (once the hosts' start-up has settled), fill, background again
-  await new Promise((r) => setTimeout(r, BACKGROUND_WINDOW_MS));
+  await settled();
   const idleEmpty = await background('no sandboxes');
   const memoryBefore = await redisMemoryBytes();
   const fill = await phase(`fill (${LIVE} creates, ${CONCURRENCY} at once)`, LIVE, CONCURRENCY, idleEmpty, create('fill'));
