@@ -20,7 +20,8 @@
  *   (or BENCH_HOSTS, BENCH_HOSTS_PER_PROCESS, BENCH_GATEWAYS, BENCH_REAL_HOSTS, BENCH_LIVE, BENCH_BURST, BENCH_EXECS, BENCH_CONCURRENCY, BENCH_REDIS_CLUSTER=1;
  *   BENCH_PROFILE_DIR=dir: a CPU profile of each gateway)
  *
- * Progress on stderr; one JSON line last on stdout.
+ * Progress on stderr; one JSON line last on stdout. One file, longer than most: its phases
+ * share the processes it starts and the meters it reads them with.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs/promises';
