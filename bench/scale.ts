@@ -33,7 +33,7 @@ import { Redis } from 'ioredis';
 import { loadConfig } from '../src/config/index.ts';
 import { createTokenIssuer } from '../src/iam/index.ts';
 import { startRedisCluster, startRedisServer } from '../src/redis/index.ts';
-import { summarize } from '../src/report/index.ts';
+import { lineChartsSvg, summarize, writeCdfChart, writeSvg } from '../src/report/index.ts';
 import { ensureBaseLayer } from '../src/roles/index.ts';
 import { jsonClient } from './support/http.ts';
 import { processCpuSeconds } from './support/proc-cpu.ts';
@@ -60,6 +60,7 @@ const HEADROOM = 1.5;
 const SANDBOX = { memoryMiB: 64, cpuMillis: 100 };
 const BACKGROUND_WINDOW_MS = 5000;
 const REPO = path.resolve(import.meta.dirname, '..');
+const CHARTS_DIR = path.join(import.meta.dirname, 'out');
 /** Kubernetes' published SLOs: pod startup p99 (stateless, image pulled) and mutating API calls p99. */
 const SLO = { podStartupP99Ms: 5000, apiCallP99Ms: 1000 };
 
@@ -299,8 +300,11 @@ try {
   const redisMemoryBytes = () => sumInfo(servers.primaries, 'memory', ['used_memory']);
 
   /** `n` operations, `concurrency` at a time: latencies, outcomes, and costs per operation less the background. */
+  /** Each phase's latencies, for the chart. */
+  const samplesOf = new Map<string, number[]>();
   const phase = async (label: string, n: number, concurrency: number, idle: Rates, op: (i: number) => Promise<string>) => {
     const samplesMs: number[] = [];
+    samplesOf.set(label, samplesMs);
     const outcomes: Record<string, number> = {};
     let done = 0;
     let next = 0;
@@ -426,6 +430,19 @@ try {
     return r.body?.error?.code ?? `http_${r.status}`;
   });
 
+  // Charts: the latency distributions, and each host's load after the burst (how evenly placement spread it).
+  const charts = {
+    latency: writeCdfChart(path.join(CHARTS_DIR, 'scale-latency.svg'), `bench:scale: ${HOSTS} hollow hosts, ${created.length} live sandboxes`, [...samplesOf].map(([label, samplesMs]) => ({ label, samplesMs }))),
+    placement: writeSvg(
+      path.join(CHARTS_DIR, 'scale-placement.svg'),
+      lineChartsSvg(`Each hollow host's sandboxes after the burst, hosts sorted (admission limit ${maxSandboxes})`, 'hosts, least to most loaded', [
+        { title: 'whole load', yLabel: 'sandboxes', series: [{ label: 'held', points: [...totalLoads].sort((a, b) => a - b).map((y, x) => ({ x, y })) }] },
+        { title: "the burst's share", yLabel: 'sandboxes', series: [{ label: 'created by the burst', points: [...burstLoads].sort((a, b) => a - b).map((y, x) => ({ x, y })) }] },
+      ]),
+    ),
+  };
+  log(`charts: ${charts.latency} ${charts.placement}`);
+
   const perCore = (us: number) => (us > 0 ? Math.round(1e6 / us) : null);
   const result = {
     bench: 'scale',
@@ -449,6 +466,7 @@ try {
       execP99OverApiCall: round(exec.latency.p99Ms / SLO.apiCallP99Ms, 3),
     },
     redisMemoryBytesPerLiveSandbox: Math.round((memoryAfterFill - memoryBefore) / Math.max(1, liveAfterFill)),
+    charts,
   };
   await cleanup();
   console.log(JSON.stringify(result));

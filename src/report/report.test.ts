@@ -24,4 +24,13 @@ describe('report', () => {
     expect(lines.match(/<circle/g)).toHaveLength(2);
     expect(lines.trim().endsWith('</svg>')).toBe(true);
   });
+
+  it('draws a CDF of 200,000 samples (more than a spread call takes) from at most 2,000 points, labelled with the true count', () => {
+    const samplesMs = Array.from({ length: 200_000 }, (_, i) => 1 + (i % 1000));
+    const cdf = cdfChartSvg('many', [{ label: 'creates', samplesMs }]);
+    expect(cdf).toContain('creates (n=200000)');
+    expect(cdf).not.toMatch(/NaN|Infinity/);
+    const points = /<polyline[^>]* points="([^"]*)"/.exec(cdf)![1]!.trim().split(/\s+/);
+    expect(points).toHaveLength(2000);
+  });
 });
