@@ -299,9 +299,9 @@ try {
   };
   const redisMemoryBytes = () => sumInfo(servers.primaries, 'memory', ['used_memory']);
 
-  /** `n` operations, `concurrency` at a time: latencies, outcomes, and costs per operation less the background. */
   /** Each phase's latencies, for the chart. */
   const samplesOf = new Map<string, number[]>();
+  /** `n` operations, `concurrency` at a time: latencies, outcomes, and costs per operation less the background. */
   const phase = async (label: string, n: number, concurrency: number, idle: Rates, op: (i: number) => Promise<string>) => {
     const samplesMs: number[] = [];
     samplesOf.set(label, samplesMs);
