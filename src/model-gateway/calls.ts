@@ -1,5 +1,5 @@
 import type { Redis } from 'ioredis';
-import { LuaScript, isRedisUnavailable } from '../redis/index.ts';
+import { LuaScript } from '../redis/index.ts';
 import { modelKeys } from './keys.ts';
 
 const joinScript = new LuaScript(import.meta.dirname, 'join');
@@ -138,18 +138,3 @@ export function coalesce(entries: readonly CallEntry[]): CallEntry[] {
   return out;
 }
 
-/**
- * Runs `step` again while Redis is unavailable (a failover takes seconds, and nothing was
- * acknowledged to the agent meanwhile), backing off to 2 s, until `untilMs`.
- */
-export async function whileRedisAway<T>(step: () => Promise<T>, o: { untilMs: number; now: () => number; stopped: () => boolean; onWait: (err: Error) => void }): Promise<T> {
-  for (let waitMs = 100; ; waitMs = Math.min(2000, waitMs * 2)) {
-    try {
-      return await step();
-    } catch (err) {
-      if (!isRedisUnavailable(err) || o.stopped() || o.now() + waitMs > o.untilMs) throw err;
-      o.onWait(err as Error);
-      await new Promise((r) => setTimeout(r, waitMs));
-    }
-  }
-}

@@ -1,9 +1,9 @@
 import type { Logger } from 'pino';
-import { isRedisUnavailable } from '../redis/index.ts';
+import { isRedisUnavailable, whileRedisAway } from '../redis/index.ts';
 import { RollboxError, httpStatusOf, type ErrorCode, type ModelAttempt, type ModelCallRecord, type ModelUpstream } from '../api/index.ts';
 import { needsStrip, readBody, readStream, type AttemptEnd } from './attempt.ts';
 import { scrub, secretsOf, type ModelBindings, type StoredBinding } from './bindings.ts';
-import { coalesce, whileRedisAway, type CallEntry, type CallStore, type HoldReason } from './calls.ts';
+import { coalesce, type CallEntry, type CallStore, type HoldReason } from './calls.ts';
 import { TokenAcc, errorBody, errorOf, parsed, type Asked, type Json } from './dialects/index.ts';
 import { CallFeed } from './feed.ts';
 import { iso, recordOf, type Answer } from './record.ts';

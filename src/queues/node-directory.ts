@@ -40,10 +40,11 @@ export class NodeDirectory {
   private readonly assumedSums = new Map<string, AssumedLoad>();
   /** Local time at which the last completed refresh read the heartbeats. */
   private readAtMs = 0;
-  /** Local time from which reads have come back promptly, without a gap; silence before it is not counted. */
-  private seeingSinceMs = 0;
-  /** The last read failed (or none was made yet): the next good one starts a new `seeingSinceMs`. */
-  private blind = true;
+  /**
+   * Local time from which reads have come back promptly, without a gap: silence before it is
+   * not counted. Infinity while the last read failed (or before the first): nothing is silent.
+   */
+  private seeingSinceMs = Infinity;
   private refreshing: Promise<void> | undefined;
   private timer: NodeJS.Timeout | undefined;
 
@@ -74,12 +75,11 @@ export class NodeDirectory {
     try {
       raw = await this.redis.hgetall(keys.nodes);
     } catch (err) {
-      this.blind = true;
+      this.seeingSinceMs = Infinity;
       throw err;
     }
     const answeredAtMs = this.options.now();
-    if (this.blind || answeredAtMs - readAtMs > this.options.refreshMs) this.seeingSinceMs = answeredAtMs;
-    this.blind = false;
+    if (this.seeingSinceMs === Infinity || answeredAtMs - readAtMs > this.options.refreshMs) this.seeingSinceMs = answeredAtMs;
     const next = new Map<string, Observed>();
     for (const [nodeId, json] of Object.entries(raw)) {
       const parsed = NodeHeartbeat.safeParse(safeJson(json));

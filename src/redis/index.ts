@@ -6,5 +6,5 @@ export { connectRedis, parseRedisTarget } from './connect.ts';
 export type { RedisTarget } from './connect.ts';
 export { BlockingPool } from './blocking-pool.ts';
 export { LuaScript } from './lua.ts';
-export { RedisRefusedError, isRedisUnavailable, redactedRedisUrl, waitForRedis } from './wait.ts';
+export { RedisRefusedError, isRedisUnavailable, redactedRedisUrl, waitForRedis, whileRedisAway } from './wait.ts';
 export type { RedisWaitState } from './wait.ts';

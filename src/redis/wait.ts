@@ -190,3 +190,22 @@ export function isRedisUnavailable(err: unknown): boolean {
   if (['MaxRetriesPerRequestError', 'ClusterAllFailedError'].includes(err.name)) return true;
   return /^(CLUSTERDOWN|TRYAGAIN|LOADING|READONLY|MASTERDOWN)\b|^Connection is closed|^Too many Cluster redirections|^Failed to refresh slots cache|^None of startup nodes is available|ECONNREFUSED|ECONNRESET/.test(err.message);
 }
+
+/**
+ * Runs `step` again while Redis is unavailable (a failover takes seconds), backing off to
+ * 2 s, until `untilMs` or `stopped()`. For steps that are safe to repeat: a model call's
+ * record (nothing was acknowledged to the agent meanwhile), a hosted rollout's wait on its
+ * agent's command by id and its outcome read (failing the attempt instead would delete its
+ * sandboxes, and the rollout would start over under a new id).
+ */
+export async function whileRedisAway<T>(step: () => Promise<T>, o: { untilMs: number; now: () => number; stopped: () => boolean; onWait: (err: Error) => void }): Promise<T> {
+  for (let waitMs = 100; ; waitMs = Math.min(2000, waitMs * 2)) {
+    try {
+      return await step();
+    } catch (err) {
+      if (!isRedisUnavailable(err) || o.stopped() || o.now() + waitMs > o.untilMs) throw err;
+      o.onWait(err as Error);
+      await new Promise((r) => setTimeout(r, waitMs));
+    }
+  }
+}

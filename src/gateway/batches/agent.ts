@@ -1,7 +1,5 @@
-import { setTimeout as sleep } from 'node:timers/promises';
 import { SANDBOX_GATEWAY_URL, type BatchTask, type ExecResult, type NetworkPolicy, type RolloutOutcome } from '../../api/index.ts';
 import type { Principal, RolloutKeyStore } from '../../iam/index.ts';
-import { isRedisUnavailable } from '../../redis/index.ts';
 import type { RolloutRecords } from '../../registry/index.ts';
 import { agentEnv, type RolloutService, type Span } from '../../rollouts/index.ts';
 import type { ExecService } from '../exec-service.ts';
@@ -47,25 +45,6 @@ export async function prepareRollout(
  */
 export function runAgentCommand(execs: Pick<ExecService, 'exec'>, acting: Principal, agentSandboxId: string, agent: Agent, env: Record<string, string>, commandId: string): Promise<ExecResult> {
   return execs.exec(acting, agentSandboxId, { ...(agent.argv ? { argv: agent.argv } : { cmd: agent.cmd! }), env, timeoutMs: agent.timeoutMs, background: false, commandId });
-}
-
-/** Between two tries of a step that Redis failing over interrupted. */
-const REDIS_RETRY_MS = 500;
-
-/**
- * A step of a hosted rollout that only waits or reads (the agent's command by its id, its
- * outcome), tried again while Redis fails over, until `untilMs`. Failing the attempt instead
- * would delete its sandboxes, and the rollout would start over under a new id.
- */
-export async function throughRedisFailover<T>(step: () => Promise<T>, untilMs: number, signal: AbortSignal): Promise<T> {
-  for (;;) {
-    try {
-      return await step();
-    } catch (err) {
-      if (!isRedisUnavailable(err) || signal.aborted || Date.now() >= untilMs) throw err;
-      await sleep(REDIS_RETRY_MS);
-    }
-  }
 }
 
 /** What the attempt's model calls came to and where its time went (its agent exited at `endedAtMs`), for its result line. */

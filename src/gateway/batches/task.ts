@@ -1,9 +1,10 @@
 import path from 'node:path';
 import { FILES_BYTES_TYPE, RollboxError, type BatchOptions, type BatchTask, type ErrorCode, type ExecResult, type RolloutOutcome, type StepResult } from '../../api/index.ts';
 import type { Principal } from '../../iam/index.ts';
+import { whileRedisAway } from '../../redis/index.ts';
 import type { AttemptSandboxes, BatchStore, ResultLineInput } from '../../registry/index.ts';
 import type { Span } from '../../rollouts/index.ts';
-import { AGENT_NETWORK, agentCommandIdOf, prepareRollout, rolloutIdOf, rolloutOutcome, runAgentCommand, throughRedisFailover, type RolloutDeps } from './agent.ts';
+import { AGENT_NETWORK, agentCommandIdOf, prepareRollout, rolloutIdOf, rolloutOutcome, runAgentCommand, type RolloutDeps } from './agent.ts';
 import { gradeInFreshSandbox, gradeInPlace, type GradeDeps } from './grade.ts';
 
 export interface TaskDeps extends GradeDeps {
@@ -138,6 +139,8 @@ export async function runTask(deps: TaskDeps, run: TaskRun): Promise<TaskOutcome
     if (run.signal.aborted) throw run.signal.reason;
     return sandbox.id;
   };
+  /** A step that only waits or reads, tried again while Redis fails over (failing the attempt would delete its sandboxes), until `untilMs` or the task is stopped. */
+  const throughFailover = (untilMs: number) => ({ untilMs, now: deps.now, stopped: () => run.signal.aborted, onWait: () => undefined });
   /** When the task was stopped from outside: a cancelled rollout ended then. */
   let abortedAtMs: number | undefined;
   const onAbort = () => {
@@ -203,12 +206,12 @@ export async function runTask(deps: TaskDeps, run: TaskRun): Promise<TaskOutcome
       const started = resumed && (await deps.execs.commandLog(acting, agentSandboxId, 1000)).some((c) => c.commandId === commandId);
       const { env } = started ? { env: {} } : await prepareRollout(deps.rollouts, { tenant: run.tenant, job: task.model.job, batchId: run.batchId, customId: run.customId, attempt, taskSandboxId: sandboxId, agentSandboxId, agent: task.agent, limits: task.limits, ttlSeconds, now: deps.now(), envWaits });
       // Sent again with the same command id, the agent's command is waited on, not run twice.
-      const r = await throughRedisFailover(() => runAgentCommand(deps.execs, acting, agentSandboxId!, task.agent!, env, commandId), Date.now() + task.agent.timeoutMs, run.signal);
+      const r = await whileRedisAway(() => runAgentCommand(deps.execs, acting, agentSandboxId!, task.agent!, env, commandId), throughFailover(deps.now() + task.agent.timeoutMs));
       const agentEndedAtMs = deps.now();
       // An agent whose sandbox the cancel deleted did not exit on its own: the rollout ended at the cancel.
       if (run.signal.aborted) return await aborted(agentEndedAtMs);
       line.agent = stepOf(r);
-      line.rollout = rollout = await throughRedisFailover(() => rolloutOutcome(deps.rollouts, rolloutId!, agentEndedAtMs), Date.now() + OUTCOME_RETRY_MS, run.signal);
+      line.rollout = rollout = await whileRedisAway(() => rolloutOutcome(deps.rollouts, rolloutId!, agentEndedAtMs), throughFailover(deps.now() + OUTCOME_RETRY_MS));
       if (r.timedOut || r.exitCode !== 0) line.status = r.timedOut ? 'timeout' : 'failed';
     }
     const grade = task.grade;
