@@ -8,7 +8,7 @@ import { promisify } from 'node:util';
 import type { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { RollboxError, type Image } from '../api/index.ts';
-import { readMountInfo, splitFilesIn, storeTreeAsLayer, unmount, type LayerStore } from '../layers/index.ts';
+import { HOSTS_FILE, readMountInfo, splitFilesIn, storeTreeAsLayer, unmount, type LayerStore } from '../layers/index.ts';
 import { CLUSTER_OWNER, OPERATOR, keys, type ImageRegistry, type LayerRegistry } from '../registry/index.ts';
 
 /** What E2B's `base` has that its SDK's examples use (and pip, which Dockerfiles on it use). */
@@ -197,7 +197,7 @@ export class BaseTemplate {
     this.step('leaving out caches and docs');
     for (const dir of ['var/cache/apt/archives', 'var/lib/apt/lists', 'usr/share/doc', 'usr/share/man', 'usr/share/info', 'usr/share/locale']) await run('find', [path.join(root, dir), '-mindepth', '1', '-not', '-name', 'partial', '-not', '-name', 'lock', '-delete']).catch(() => undefined);
     // What the host put there while building is not the sandbox's; the runtime's mount target as in the busybox base.
-    for (const [file, content] of [['etc/resolv.conf', ''], ['etc/hostname', 'sandbox\n'], ['etc/hosts', '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n']] as const) {
+    for (const [file, content] of [['etc/resolv.conf', ''], ['etc/hostname', 'sandbox\n'], ['etc/hosts', HOSTS_FILE]] as const) {
       await rm(path.join(root, file), { force: true });
       await writeFile(path.join(root, file), content);
     }

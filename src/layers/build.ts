@@ -95,7 +95,8 @@ export interface BusyboxBaseOptions {
 
 const PASSWD = 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n';
 const GROUP = 'root:x:0:\nnobody:x:65534:\n';
-const HOSTS = '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n';
+/** A sandbox's /etc/hosts as images built here ship it (an agent sandbox's gets the gateway's name added). */
+export const HOSTS_FILE = '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n';
 
 /**
  * The minimal base: busybox and a symlink per applet, plus the few files programs expect.
@@ -138,7 +139,7 @@ export async function busyboxBaseTar(busyboxPath = '/bin/busybox'): Promise<{ ta
   for (const a of applets) pack.entry({ name: a, type: 'symlink', linkname: '/bin/busybox', mode: 0o777, mtime: at, uid: 0, gid: 0 });
   file('etc/passwd', PASSWD);
   file('etc/group', GROUP);
-  file('etc/hosts', HOSTS);
+  file('etc/hosts', HOSTS_FILE);
   file('etc/resolv.conf', '');
   file('etc/hostname', 'sandbox\n');
   // Mount target for the runtime's read-only busybox bind (the container init), so runc

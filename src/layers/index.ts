@@ -1,6 +1,6 @@
 export { LayerStore } from './store.ts';
 export type { StoredLayer, LayerFiles, SplitPaths } from './store.ts';
-export { buildLayerFromTar, buildBusyboxBase, busyboxBaseTar, splitFilesIn, storeTreeAsLayer, DEFAULT_MAX_ENTRIES } from './build.ts';
+export { HOSTS_FILE, buildLayerFromTar, buildBusyboxBase, busyboxBaseTar, splitFilesIn, storeTreeAsLayer, DEFAULT_MAX_ENTRIES } from './build.ts';
 export { LAYER_CHUNK_BYTES, chunkCountOf, chunkRange, chunkTableOf, parseChunkTable } from './split.ts';
 export type { LayerBuilder } from './build.ts';
 export type { BuildLayerOptions, BusyboxBaseOptions, LayerBuildMode } from './build.ts';

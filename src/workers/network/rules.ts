@@ -132,7 +132,7 @@ export interface SandboxRulesInput {
   blocked: readonly [number, number][];
   /** The host end of the veth: the sandbox's gateway and DNS resolver. */
   hostAddress: string;
-  /** The port on the host end relaying to the rollbox gateway (`gateway: true`), else none. */
+  /** The port on the host end that the host's kernel forwards to a rollbox gateway (`gateway: true`), else none. */
   gatewayPort?: number;
 }
 
@@ -190,7 +190,7 @@ export interface HostBaseInput {
   table: string;
   poolCidr: string;
   blocked: readonly [number, number][];
-  /** The port on each veth's host end that relays to the gateway, open to the veths in `gateway_veths`. */
+  /** The port on each veth's host end that reaches the gateway (see renderGatewayDnat), open to the veths in `gateway_veths`. */
   gatewayPort: number;
 }
 
@@ -198,12 +198,13 @@ export interface HostBaseInput {
  * The worker's own table on the host (`inet rollbox-<nodeId>`; several workers may share a
  * machine): sandbox traffic leaving its veth is dispatched by interface name to that
  * sandbox's egress chain (see renderHostSandboxChain); nothing from a rollbox veth
- * reaches the host itself except DNS to the platform resolver; replies come back only on
- * established flows; NAT to the outside. Idempotent: re-running it leaves the per-sandbox
+ * reaches the host itself except DNS to the platform resolver and, from agent sandboxes, the
+ * gateway; replies come back only on established flows; NAT to the outside. Idempotent: re-running it leaves the per-sandbox
  * chains and map elements alone.
  */
 export function renderHostBase(input: HostBaseInput): string {
   const t = `inet ${input.table}`;
+  const toGateway = gatewayFlow(input.poolCidr, input.gatewayPort);
   return [
     `add table ${t}`,
     `add set ${t} veths { type ifname; }`,
@@ -218,6 +219,8 @@ export function renderHostBase(input: HostBaseInput): string {
     `add rule ${t} refuse reject with icmpx type admin-prohibited`,
     `add chain ${t} forward { type filter hook forward priority 0; policy accept; }`,
     `flush chain ${t} forward`,
+    // An agent sandbox's connection to the gateway, sent by gateway_dnat to a gateway on another machine.
+    `add rule ${t} forward iifname @gateway_veths ${toGateway} accept`,
     `add rule ${t} forward iifname vmap @egress`,
     // A veth of ours with no chain (being set up or torn down): nothing passes.
     `add rule ${t} forward iifname @veths drop`,
@@ -226,8 +229,14 @@ export function renderHostBase(input: HostBaseInput): string {
     `add chain ${t} input { type filter hook input priority 0; policy accept; }`,
     `flush chain ${t} input`,
     `add rule ${t} input iifname @veths ip daddr ${input.poolCidr} udp dport 53 accept`,
-    `add rule ${t} input iifname @gateway_veths ip daddr ${input.poolCidr} tcp dport ${input.gatewayPort} accept`,
+    // The same connection to a gateway on this machine (loopback included: the veth has route_localnet).
+    // Matched by where the sandbox sent it, so nothing else of the host opens: a packet the
+    // sandbox sends to 127.0.0.1 itself is dropped below.
+    `add rule ${t} input iifname @gateway_veths ${toGateway} accept`,
     `add rule ${t} input iifname @veths drop`,
+    // Its rule is gateway_dnat's alone (renderGatewayDnat): not flushed here, so a restarted
+    // worker's base leaves its agent sandboxes' reach to the gateway as it was.
+    `add chain ${t} gateway_dnat { type nat hook prerouting priority dstnat; policy accept; }`,
     `add chain ${t} postrouting { type nat hook postrouting priority srcnat; policy accept; }`,
     `flush chain ${t} postrouting`,
     `add rule ${t} postrouting ip saddr ${input.poolCidr} oifname != @veths masquerade`,
@@ -268,4 +277,25 @@ export function renderHostSandboxChain(table: string, veth: string, sandboxAddre
 export function renderHostSandboxRemoval(table: string, veth: string): string {
   const t = `inet ${table}`;
   return [`delete element ${t} egress { "${veth}" }`, `delete element ${t} veths { "${veth}" }`, `add element ${t} gateway_veths { "${veth}" }`, `delete element ${t} gateway_veths { "${veth}" }`, `delete chain ${t} ${egressChainOf(veth)}`, ''].join('\n');
+}
+
+/** Packets of a connection a sandbox opened to a veth host end's gateway port, before and after gateway_dnat. */
+function gatewayFlow(poolCidr: string, gatewayPort: number): string {
+  return `meta l4proto tcp ct original ip daddr ${poolCidr} ct original proto-dst ${gatewayPort}`;
+}
+
+/**
+ * Where agent sandboxes' `gateway.rollbox.internal:9180` goes: one DNAT rule, replaced whole
+ * when the worker's probe finds the gateway it named gone. The kernel holds it, so agents
+ * reach the gateway while their worker host is down (killed, restarting, upgraded); only a
+ * change of gateway waits for the worker. With no target, connections are refused (nothing
+ * listens on the host end) and the agents' SDKs retry.
+ */
+export function renderGatewayDnat(table: string, poolCidr: string, gatewayPort: number, target?: { address: string; port: number }): string {
+  const t = `inet ${table}`;
+  return [
+    `flush chain ${t} gateway_dnat`,
+    ...(target ? [`add rule ${t} gateway_dnat iifname @gateway_veths ip daddr ${poolCidr} tcp dport ${gatewayPort} dnat ip to ${target.address}:${target.port}`] : []),
+    '',
+  ].join('\n');
 }

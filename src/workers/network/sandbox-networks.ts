@@ -1,11 +1,11 @@
-// Longer than most: one host's sandbox networks (attach, stage changes, the gateway relay,
+// Longer than most: one host's sandbox networks (attach, stage changes, the gateway's reach,
 // release, reconcile after a restart) share the leases and the nftables table they keep.
 import { createHash } from 'node:crypto';
 import { writeFile } from 'node:fs/promises';
 import { RollboxError, SANDBOX_GATEWAY, hasNetwork, type NetworkPolicy } from '../../api/index.ts';
 import { runTool, runToolOk } from '../../proc/index.ts';
 import { DnsResponder } from './dns.ts';
-import { GatewayRelay, type HostPort } from './gateway-relay.ts';
+import { firstLiveGateway, type GatewayAddress, type HostPort } from './gateway-reach.ts';
 import { HostFirewall, type NetworkLogger } from './host-firewall.ts';
 import { AddressLeases } from './leases.ts';
 import { blockedRanges, resolvePolicy } from './resolve.ts';
@@ -14,6 +14,7 @@ import {
   ipv4Range,
   normalizeCidr,
   poolSlots,
+  renderGatewayDnat,
   renderHostBase,
   renderHostSandboxChain,
   renderHostSandboxRemoval,
@@ -33,7 +34,7 @@ export interface SandboxNetworksDeps {
   blockedCidrs?: readonly string[];
   /** Resolves an allowlisted hostname to IPv4 addresses (the platform's resolver). */
   resolveHost: (name: string) => Promise<string[]>;
-  /** Where the relay of a sandbox with `gateway: true` connects: the gateways as this host reaches them, tried in turn (asked at each connection). */
+  /** Where a sandbox with `gateway: true` reaches the gateway: the gateways as this host reaches them, the first that answers (asked at each probe). */
   gatewayTargets?: () => HostPort[];
   logger?: NetworkLogger;
 }
@@ -44,8 +45,8 @@ interface Attached {
   /** The sandbox's network namespace (`/proc/<init pid>/ns/net`). */
   netns: string;
   dns: DnsResponder;
-  /** The gateway's reach (`gateway: true`), listening on the veth's host end. */
-  relay?: GatewayRelay;
+  /** Whether it reaches the gateway (`gateway: true`): its veth is in gateway_veths. */
+  gateway?: boolean;
   /** A microVM's network: the sandbox end is a port of this bridge in the namespace (see ApplyOptions). */
   bridge?: string;
 }
@@ -65,6 +66,9 @@ export interface ApplyOptions {
 /** A sandbox's network namespace: its init's pid, or a namespace path (the self-test's probe). */
 export type NetnsRef = number | string;
 const netnsPath = (ref: NetnsRef) => (typeof ref === 'number' ? `/proc/${ref}/ns/net` : ref);
+
+/** How often the worker checks that agent sandboxes' gateway still answers, while it has any. */
+const GATEWAY_PROBE_INTERVAL_MS = 1000;
 
 /** nft listings grow with the sandboxes on the host: keep all of it. */
 const NFT_OUTPUT_CAP_BYTES = 16 * 1024 * 1024;
@@ -98,6 +102,10 @@ export class SandboxNetworks {
   private baseReady: Promise<string[]> | undefined;
   /** Whether this process began to set the host up (forwarding, table, rules): its reconcile then removes all of it. */
   private hostTouched = false;
+  /** The gateway the DNAT rule names (undefined: none yet, since this worker started or the table was made). */
+  private gatewayTarget: GatewayAddress | undefined;
+  private gatewayPointing: Promise<void> | undefined;
+  private gatewayProbe: NodeJS.Timeout | undefined;
   private readonly leases: AddressLeases;
   private readonly firewall: HostFirewall;
   private readonly log: NetworkLogger | undefined;
@@ -151,18 +159,46 @@ export class SandboxNetworks {
       const open = await must('nsenter', [`--net=${ns}`, '--', 'sh', '-c', 'nft -f - && ss -tnH state established'], renderSandboxRuleset({ rules, blocked, hostAddress: net.slot.hostAddress, ...(gateway ? { gatewayPort: SANDBOX_GATEWAY.port } : {}) }));
       await this.cutDisallowedFlows(ns, open, (ip, port) => allows(rules, blocked, ip, port, 'tcp') || (gateway && ip === net!.slot.hostAddress && port === SANDBOX_GATEWAY.port));
     }
-    await this.setRelay(sandboxId, net, gateway);
+    await this.setGatewayReach(sandboxId, net, gateway);
     net.dns.setNames(gateway ? new Map([...names, [SANDBOX_GATEWAY.host, [net.slot.hostAddress]]]) : names);
   }
 
-  /** The gateway relay up (listening on the veth's host end) or down, as the policy says. */
-  private async setRelay(sandboxId: string, net: Attached, gateway: boolean): Promise<void> {
-    if (!gateway) {
-      net.relay?.close();
-      delete net.relay;
-      return;
-    }
-    net.relay ??= await GatewayRelay.start({ host: net.slot.hostAddress, port: SANDBOX_GATEWAY.port }, this.deps.gatewayTargets!, (err) => this.log?.warn({ sandboxId, err: String(err) }, 'gateway relay error'));
+  /**
+   * The sandbox's reach to the gateway (`gateway: true`), on or off. Its veth takes packets
+   * to loopback (route_localnet: a gateway on 127.0.0.1 is reached through the DNAT rule; the
+   * host's input chain still drops anything else), and the probe keeps the DNAT rule on a
+   * live gateway while any agent sandbox is here.
+   */
+  private async setGatewayReach(sandboxId: string, net: Attached, gateway: boolean): Promise<void> {
+    await writeFile(`/proc/sys/net/ipv4/conf/${net.veth}/route_localnet`, gateway ? '1' : '0');
+    net.gateway = gateway;
+    if (!gateway) return;
+    if (this.gatewayTarget === undefined) await this.pointGatewayDnat();
+    this.gatewayProbe ??= setInterval(() => {
+      if (![...this.attached.values()].some((n) => n.gateway)) {
+        clearInterval(this.gatewayProbe);
+        this.gatewayProbe = undefined;
+        return;
+      }
+      this.pointGatewayDnat().catch((err: unknown) => this.log?.warn({ sandboxId, err: String(err) }, 'could not point agent sandboxes at a live gateway'));
+    }, GATEWAY_PROBE_INTERVAL_MS).unref();
+  }
+
+  /**
+   * The DNAT rule on the first configured gateway that answers now; left as it is when none
+   * answers (the last one may come back, and nothing else would serve). One probe at a time.
+   */
+  private pointGatewayDnat(): Promise<void> {
+    this.gatewayPointing ??= (async () => {
+      const live = await firstLiveGateway(this.deps.gatewayTargets?.() ?? []);
+      if (!live || (live.address === this.gatewayTarget?.address && live.port === this.gatewayTarget.port)) return;
+      await this.nft(renderGatewayDnat(this.table, this.poolCidr, SANDBOX_GATEWAY.port, live));
+      if (this.gatewayTarget) this.log?.warn({ from: this.gatewayTarget, to: live }, 'agent sandboxes now reach another gateway');
+      this.gatewayTarget = live;
+    })().finally(() => {
+      this.gatewayPointing = undefined;
+    });
+    return this.gatewayPointing;
   }
 
   /**
@@ -238,7 +274,6 @@ export class SandboxNetworks {
     const net = this.attached.get(sandboxId);
     this.attached.delete(sandboxId);
     net?.dns.close();
-    net?.relay?.close();
     const index = (await this.leases.all()).get(sandboxId);
     // No lease: the sandbox never had a network here (mode none), nothing to remove.
     if (index === undefined) return;
@@ -294,6 +329,7 @@ export class SandboxNetworks {
       if (this.attached.size === 0) {
         await run('nft', ['delete', 'table', 'inet', this.table]);
         this.baseReady = undefined;
+        this.gatewayTarget = undefined;
       }
     }
     // A worker that has no table or lease here and has not set the host up yet (a new node's

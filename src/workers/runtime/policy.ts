@@ -1,7 +1,8 @@
 import { existsSync, writeFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import path from 'node:path';
-import { RollboxError, hasNetwork, type NetworkPolicy } from '../../api/index.ts';
+import { RollboxError, SANDBOX_GATEWAY, hasNetwork, type NetworkPolicy } from '../../api/index.ts';
+import { HOSTS_FILE } from '../../layers/index.ts';
 import { setFreezerState } from './cgroups.ts';
 import type { RuntimeContext } from './context.ts';
 import { inMountNamespace, mountPointsOf, type MountNsOp } from './mountns.ts';
@@ -25,16 +26,23 @@ export async function readPolicy(ctx: RuntimeContext, id: string): Promise<Sandb
   return { network: NO_NETWORK, hiddenPaths: masked.filter((p) => !(MASKED_PATHS as readonly string[]).includes(p)) };
 }
 
-/** Network rules, then the sandbox's resolv.conf pointing at the platform's resolver. */
+/**
+ * Network rules, then the sandbox's resolv.conf pointing at the platform's resolver and, for
+ * an agent sandbox, the gateway's name in its /etc/hosts (as Docker writes a container's):
+ * the resolver lives in the worker process, the name must resolve while the worker is down.
+ */
 export async function applyNetwork(ctx: RuntimeContext, id: string, pid: number, network: NetworkPolicy): Promise<void> {
   if (hasNetwork(network) && !ctx.network) throw new RollboxError('invalid_request', 'a sandbox network (allowlist, gateway) is not available on this worker host');
   if (!ctx.network) return;
   await ctx.network.apply(id, pid, network);
   const resolver = ctx.network.resolverOf(id);
-  // Best effort: an agent that replaced its resolv.conf with something else only loses DNS.
-  if (resolver) {
-    await inMountNamespace(pid, [{ op: 'write', path: '/etc/resolv.conf' }], `nameserver ${resolver}\n`, ctx.perlBinary).catch((err: unknown) =>
-      ctx.log?.warn({ sandboxId: id, err: String(err) }, 'could not point resolv.conf at the platform resolver'),
+  if (!resolver) return;
+  const files: [string, string][] = [['/etc/resolv.conf', `nameserver ${resolver}\n`]];
+  if (network.gateway) files.push(['/etc/hosts', `${HOSTS_FILE}${resolver}\t${SANDBOX_GATEWAY.host}\n`]);
+  for (const [file, content] of files) {
+    // Best effort: an agent that replaced the file with something else only loses the names in it.
+    await inMountNamespace(pid, [{ op: 'write', path: file }], content, ctx.perlBinary).catch((err: unknown) =>
+      ctx.log?.warn({ sandboxId: id, file, err: String(err) }, 'could not write the platform\'s names into the sandbox'),
     );
   }
 }

@@ -1,0 +1,133 @@
+import type { ChildProcess } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
+import dgram from 'node:dgram';
+import fs from 'node:fs';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { NodeHeartbeat } from '../src/api/index.ts';
+import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
+
+// An agent sandbox's reach to the gateway (`network: {gateway: true}`, a hosted rollout's agent)
+// is held by the host's kernel, not by its worker host's process: a DNAT rule to the first
+// configured gateway that answers, and the gateway's name in the sandbox's /etc/hosts. So it
+// goes on while the worker host is SIGKILLed and down, and moves to the next gateway when
+// the first dies. And the veth's route_localnet (a gateway on loopback) opens nothing else of
+// the host's loopback, even to a sandbox whose own rules are gone. Real gateway processes, a
+// real worker host process, runc and nftables.
+const NODE = 'node-reach';
+/** Seconds, as the sandbox's `date +%s` prints them. */
+const nowSeconds = () => Math.floor(Date.now() / 1000);
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+let cluster: TestCluster;
+let token: string;
+let gateways: { child: ChildProcess; url: string }[];
+let worker: ChildProcess;
+
+async function startWorker(): Promise<void> {
+  const startedAfterMs = Date.now();
+  worker = await cluster.spawnWorker({ nodeId: NODE, env: { ROLLBOX_SANDBOX_GATEWAY_URL: gateways.map((g) => g.url).join(',') } });
+  const admin = await cluster.token('ops', ['admin']);
+  await waitFor(
+    `${NODE} ready`,
+    async () => (await api<{ nodes: NodeHeartbeat[] }>(cluster, admin, 'GET', '/v1/nodes')).body.nodes.some((n) => n.nodeId === NODE && n.ready !== false && n.healthy && n.atMs >= startedAfterMs),
+    60_000,
+  );
+}
+
+beforeAll(async () => {
+  cluster = await startTestCluster({ env: { ROLLBOX_HEARTBEAT_MS: '300', ROLLBOX_NODE_LOST_AFTER_MS: '60000' } });
+  gateways = await Promise.all([cluster.spawnGateway({ name: 'gw-a' }), cluster.spawnGateway({ name: 'gw-b' })]);
+  await startWorker();
+  token = await cluster.token('team-reach', ['sandbox:create', 'sandbox:read', 'sandbox:exec', 'sandbox:delete']);
+}, 180_000);
+afterAll(async () => {
+  await cluster?.stop();
+}, 120_000);
+
+async function sh(id: string, cmd: string, timeoutMs = 30_000): Promise<string> {
+  const r = await api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, { cmd, timeoutMs });
+  expect(r.status, JSON.stringify(r.body)).toBe(200);
+  return r.body.stdout as string;
+}
+
+/** The prober's log: `<second> ok|fail` per attempt. */
+async function probes(id: string): Promise<{ at: number; ok: boolean }[]> {
+  return (await sh(id, 'cat /tmp/reach.log'))
+    .trim()
+    .split('\n')
+    .filter(Boolean)
+    .map((line) => ({ at: Number(line.split(' ')[0]), ok: line.endsWith(' ok') }));
+}
+
+describe("an agent sandbox's reach to the gateway", () => {
+  it('holds while its worker host is down, and moves to the next gateway when the first dies', async () => {
+    const created = await api(cluster, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64 }, ttlSeconds: 300, network: { gateway: true } });
+    expect(created.status, JSON.stringify(created.body)).toBe(201);
+    const id = created.body.id as string;
+    // By name, as an agent's SDK does; each attempt a new connection.
+    const loop = 'for i in $(seq 400); do t=$(date +%s); if timeout 2 wget -q -O /dev/null http://gateway.rollbox.internal:9180/healthz; then echo "$t ok"; else echo "$t fail"; fi; sleep 0.2; done > /tmp/reach.log 2>&1';
+    expect((await api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, { cmd: loop, background: true, timeoutMs: 300_000 })).status).toBe(202);
+    await waitFor('the prober through gw-a', async () => (await probes(id)).filter((p) => p.ok).length >= 3, 30_000).catch(async (e: unknown) => {
+      throw new Error(`${String(e)}: ${await sh(id, 'tail -3 /tmp/reach.log; cat /etc/hosts')} ${execFileSync('nft', ['list', 'chain', 'inet', `rollbox-${NODE}`, 'gateway_dnat'], { encoding: 'utf8' })}`);
+    });
+    expect((await sh(id, 'cat /etc/hosts')).split('\n')).toContainEqual(expect.stringMatching(/^10\.\d+\.\d+\.\d+\tgateway\.rollbox\.internal$/));
+
+    // gw-a dies: within the worker's probe (1 s) and the loop's own pace, gw-b answers.
+    gateways[0]!.child.kill('SIGKILL');
+    const gwDeadAt = nowSeconds();
+    await sleep(5000);
+
+    // The worker host dies and stays down a while: the agent's reach is the kernel's.
+    const exited = new Promise((resolve) => worker.once('exit', resolve));
+    worker.kill('SIGKILL');
+    await exited;
+    const workerDeadAt = nowSeconds();
+    await sleep(6000);
+    const workerBackAt = nowSeconds();
+    await startWorker();
+
+    const log = await probes(id);
+    const onGwB = log.filter((p) => p.at >= gwDeadAt + 3 && p.at < workerDeadAt);
+    const withoutWorker = log.filter((p) => p.at > workerDeadAt && p.at < workerBackAt);
+    expect(onGwB.length, JSON.stringify(log)).toBeGreaterThanOrEqual(3);
+    expect(onGwB.every((p) => p.ok), JSON.stringify(log)).toBe(true);
+    expect(withoutWorker.length, JSON.stringify(log)).toBeGreaterThanOrEqual(10);
+    expect(withoutWorker.every((p) => p.ok), JSON.stringify(log)).toBe(true);
+    expect((await api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`)).status).toBe(200);
+  }, 180_000);
+
+  it("opens nothing else of the host's loopback to it, even with its own rules gone", async () => {
+    const created = await api(cluster, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64 }, ttlSeconds: 120, network: { gateway: true } });
+    expect(created.status, JSON.stringify(created.body)).toBe(201);
+    const { id, node } = created.body as { id: string; node: string };
+    const hostAddress = (await sh(id, "ip route | awk '/default/ {print $3}'")).trim();
+    const { init_process_pid: pid } = JSON.parse(fs.readFileSync(`${cluster.rootDir}/${node}/worker/runc/rb-${id}/state.json`, 'utf8')) as { init_process_pid: number };
+    // As an agent with CAP_NET_ADMIN could (it has not: the test does it from the host, in the
+    // sandbox's namespace): its ruleset gone, the host's loopback routed through eth0.
+    const netns = ['nsenter', `--net=/proc/${pid}/ns/net`, '--'];
+    execFileSync(netns[0]!, [...netns.slice(1), 'sh', '-c', [
+      'nft delete table inet rollbox',
+      'echo 1 > /proc/sys/net/ipv4/conf/eth0/route_localnet',
+      'ip route del local 127.0.0.1 dev lo table local',
+      'ip route del local 127.0.0.0/8 dev lo table local',
+      `ip route add 127.0.0.0/8 via ${hostAddress} dev eth0 onlink`,
+    ].join(' && ')]);
+    // The gateway's door still opens.
+    const door = execFileSync(netns[0]!, [...netns.slice(1), 'busybox', 'timeout', '5', 'busybox', 'wget', '-q', '-O', '-', `http://${hostAddress}:9180/healthz`], { encoding: 'utf8' });
+    expect(door).toContain('"ok":true');
+    // A service on the host's loopback (UDP: it needs no answer to be reached) hears nothing from it.
+    const listener = dgram.createSocket('udp4');
+    const heard: string[] = [];
+    listener.on('message', (m) => heard.push(String(m)));
+    await new Promise<void>((resolve) => listener.bind(0, '127.0.0.1', resolve));
+    try {
+      const send = `const s = require('dgram').createSocket('udp4'); let n = 0; const next = () => (n++ < 5 ? s.send('injected', ${listener.address().port}, '127.0.0.1', () => setTimeout(next, 100)) : s.close()); next();`;
+      execFileSync(netns[0]!, [...netns.slice(1), process.execPath, '-e', send]);
+      await sleep(1000);
+      expect(heard).toEqual([]);
+    } finally {
+      listener.close();
+    }
+    expect((await api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`)).status).toBe(200);
+  }, 120_000);
+});
