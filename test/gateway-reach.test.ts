@@ -4,7 +4,9 @@ import dgram from 'node:dgram';
 import fs from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { NodeHeartbeat } from '../src/api/index.ts';
+import { inHostOrder } from '../src/workers/network/sandbox-networks.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
+import { dnatTargetOf } from './support/gateway-dnat.ts';
 
 // An agent sandbox's reach to the gateway (`network: {gateway: true}`, a hosted rollout's agent)
 // is held by the host's kernel, not by its worker host's process: a DNAT rule to the first
@@ -67,15 +69,20 @@ describe("an agent sandbox's reach to the gateway", () => {
     // By name, as an agent's SDK does; each attempt a new connection.
     const loop = 'for i in $(seq 400); do t=$(date +%s); if timeout 2 wget -q -O /dev/null http://gateway.rollbox.internal:9180/healthz; then echo "$t ok"; else echo "$t fail"; fi; sleep 0.2; done > /tmp/reach.log 2>&1';
     expect((await api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, { cmd: loop, background: true, timeoutMs: 300_000 })).status).toBe(202);
-    await waitFor('the prober through gw-a', async () => (await probes(id)).filter((p) => p.ok).length >= 3, 30_000).catch(async (e: unknown) => {
-      throw new Error(`${String(e)}: ${await sh(id, 'tail -3 /tmp/reach.log; cat /etc/hosts')} ${execFileSync('nft', ['list', 'chain', 'inet', `rollbox-${NODE}`, 'gateway_dnat'], { encoding: 'utf8' })}`);
+    // This host's first gateway (its order, rotated by node id), then the other.
+    const [first, second] = inHostOrder(gateways, NODE).map((g) => ({ ...g, port: Number(new URL(g.url).port) }));
+    await waitFor('the prober through the first gateway', async () => (await probes(id)).filter((p) => p.ok).length >= 3, 30_000).catch(async (e: unknown) => {
+      throw new Error(`${String(e)}: ${await sh(id, 'tail -3 /tmp/reach.log; cat /etc/hosts')} DNAT to ${JSON.stringify(dnatTargetOf(NODE))}`);
     });
     expect((await sh(id, 'cat /etc/hosts')).split('\n')).toContainEqual(expect.stringMatching(/^10\.\d+\.\d+\.\d+\tgateway\.rollbox\.internal$/));
 
-    // gw-a dies: within the worker's probe (1 s) and the loop's own pace, gw-b answers.
-    gateways[0]!.child.kill('SIGKILL');
+    expect(dnatTargetOf(NODE)).toEqual({ address: '127.0.0.1', port: first!.port });
+
+    // The first dies: within the worker's probe (1 s) and the loop's own pace, the second answers.
+    first!.child.kill('SIGKILL');
     const gwDeadAt = nowSeconds();
     await sleep(5000);
+    expect(dnatTargetOf(NODE)).toEqual({ address: '127.0.0.1', port: second!.port });
 
     // The worker host dies and stays down a while: the agent's reach is the kernel's.
     const exited = new Promise((resolve) => worker.once('exit', resolve));
@@ -87,10 +94,10 @@ describe("an agent sandbox's reach to the gateway", () => {
     await startWorker();
 
     const log = await probes(id);
-    const onGwB = log.filter((p) => p.at >= gwDeadAt + 3 && p.at < workerDeadAt);
+    const onSecond = log.filter((p) => p.at >= gwDeadAt + 3 && p.at < workerDeadAt);
     const withoutWorker = log.filter((p) => p.at > workerDeadAt && p.at < workerBackAt);
-    expect(onGwB.length, JSON.stringify(log)).toBeGreaterThanOrEqual(3);
-    expect(onGwB.every((p) => p.ok), JSON.stringify(log)).toBe(true);
+    expect(onSecond.length, JSON.stringify(log)).toBeGreaterThanOrEqual(3);
+    expect(onSecond.every((p) => p.ok), JSON.stringify(log)).toBe(true);
     expect(withoutWorker.length, JSON.stringify(log)).toBeGreaterThanOrEqual(10);
     expect(withoutWorker.every((p) => p.ok), JSON.stringify(log)).toBe(true);
     expect((await api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`)).status).toBe(200);

@@ -4,10 +4,12 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Batch, FollowedRollout, ModelCallRecord, NodeHeartbeat } from '../src/api/index.ts';
 import { RollboxClient, RolloutsClient } from '../src/client/index.ts';
+import { inHostOrder } from '../src/workers/network/sandbox-networks.ts';
 import { agentLayerTar } from './support/agent-layer.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { chatTurn } from './support/model-script.ts';
 import { ScriptedUpstream, type ScriptTurn } from './support/model-upstream.ts';
+import { dnatTargetOf } from './support/gateway-dnat.ts';
 import { startTcpFailover } from './support/tcp-failover.ts';
 
 // Hosted rollouts survive their parts (issue 39 point 7, and the trainer's restart of point 6):
@@ -65,7 +67,7 @@ beforeAll(async () => {
   [cluster, upstream] = await Promise.all([startTestCluster({ env: CLUSTER_ENV }), ScriptedUpstream.start({ script: SCRIPT })]);
   // Two gateways of their own (this process's takes the trainer's calls and runs no task): each runs batch tasks and serves model calls.
   gateways = await Promise.all([cluster.spawnGateway({ name: 'gw-a', env: RUNNER_ENV }), cluster.spawnGateway({ name: 'gw-b', env: RUNNER_ENV })]);
-  // The worker host relays its agent sandboxes to both, gw-a first.
+  // The worker host sends its agent sandboxes to both: gw-a first (this node id's order, inHostOrder), gw-b when gw-a dies.
   workerEnv = { ROLLBOX_SANDBOX_GATEWAY_URL: gateways.map((g) => g.url).join(',') };
   await startWorker();
   token = await cluster.token('team-faults', ['rollout:submit', 'batch:submit', 'layer:write', 'sandbox:read']);
@@ -134,17 +136,20 @@ describe('hosted rollouts through their parts\' deaths', () => {
     let cli = cliFollower(batch.id);
 
     try {
-      // gw-a serves every call (the relay's first choice while it answers): it dies with a call of the first turns in flight.
-      const killedAt = { requests: 0 };
+      // gw-a serves every call (the host's first gateway while it answers): it dies with a call of the first turns in flight.
+      const killedAt = { requests: 0, reached: undefined as number | undefined };
       upstream.onRequest = async () => {
         if (upstream.received.length < ROLLOUTS + 2 || killedAt.requests) return;
         killedAt.requests = upstream.received.length;
+        killedAt.reached = dnatTargetOf(NODE)?.port;
         gateways[0]!.child.kill('SIGKILL');
       };
       await waitFor('gw-a SIGKILLed mid-call', async () => killedAt.requests > 0, 240_000).catch(async (err: Error) => {
         throw new Error(`${err.message}: ${await diagnose(batch.id)}`);
       });
       upstream.onRequest = undefined;
+      expect(killedAt.reached).toBe(hostPort(gateways[0]!.url).port);
+      expect(inHostOrder(gateways, NODE)[0]).toBe(gateways[0]);
       // The agents go on through gw-b; then their worker host dies, with calls and commands in flight, and comes back.
       await waitFor('the rollouts moving through gw-b', async () => upstream.received.length >= killedAt.requests + ROLLOUTS, 180_000);
       const exited = new Promise((resolve) => worker.once('exit', resolve));

@@ -34,7 +34,7 @@ export interface SandboxNetworksDeps {
   blockedCidrs?: readonly string[];
   /** Resolves an allowlisted hostname to IPv4 addresses (the platform's resolver). */
   resolveHost: (name: string) => Promise<string[]>;
-  /** Where a sandbox with `gateway: true` reaches the gateway: the gateways as this host reaches them, the first that answers (asked at each probe). */
+  /** Where a sandbox with `gateway: true` reaches the gateway: the gateways as this host reaches them (asked at each probe), the first that answers in this host's order (inHostOrder). */
   gatewayTargets?: () => HostPort[];
   logger?: NetworkLogger;
 }
@@ -74,6 +74,17 @@ const GATEWAY_PROBE_INTERVAL_MS = 1000;
 const NFT_OUTPUT_CAP_BYTES = 16 * 1024 * 1024;
 const run = (file: string, args: readonly string[], input?: string) => runTool(file, args, { input, capBytes: NFT_OUTPUT_CAP_BYTES });
 const must = async (file: string, args: readonly string[], input?: string) => (await runToolOk(file, args, { input, capBytes: NFT_OUTPUT_CAP_BYTES })).stdout;
+
+/**
+ * The configured gateways in this host's order of preference: the list rotated by a hash of
+ * the node id, so the agents of many hosts spread over the gateways (each host's on one,
+ * the next in the list its fallback) instead of all landing on the first.
+ */
+export function inHostOrder<T>(targets: readonly T[], nodeId: string): T[] {
+  if (targets.length < 2) return [...targets];
+  const start = createHash('sha256').update(nodeId).digest().readUInt32BE(0) % targets.length;
+  return [...targets.slice(start), ...targets.slice(0, start)];
+}
 
 /** The host end of a sandbox's veth: `rb` + 13 hex of its id's hash (interface names stop at 15 chars). */
 export function vethOf(sandboxId: string): string {
@@ -185,12 +196,12 @@ export class SandboxNetworks {
   }
 
   /**
-   * The DNAT rule on the first configured gateway that answers now; left as it is when none
+   * The DNAT rule on the first gateway that answers now, in this host's order; left as it is when none
    * answers (the last one may come back, and nothing else would serve). One probe at a time.
    */
   private pointGatewayDnat(): Promise<void> {
     this.gatewayPointing ??= (async () => {
-      const live = await firstLiveGateway(this.deps.gatewayTargets?.() ?? []);
+      const live = await firstLiveGateway(inHostOrder(this.deps.gatewayTargets?.() ?? [], this.deps.nodeId));
       if (!live || (live.address === this.gatewayTarget?.address && live.port === this.gatewayTarget.port)) return;
       await this.nft(renderGatewayDnat(this.table, this.poolCidr, SANDBOX_GATEWAY.port, live));
       if (this.gatewayTarget) this.log?.warn({ from: this.gatewayTarget, to: live }, 'agent sandboxes now reach another gateway');
