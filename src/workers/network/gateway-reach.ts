@@ -34,7 +34,9 @@ function accepts(target: GatewayAddress, timeoutMs: number): Promise<boolean> {
   });
 }
 
+/** Where the kernel can send packets for `host`: an unspecified address (a gateway listening on all of them, as in the Docker image) is this machine's loopback. */
 async function ipv4Of(host: string): Promise<string | undefined> {
+  if (host === '0.0.0.0' || host === '::' || host === '[::]') return '127.0.0.1';
   if (net.isIPv4(host)) return host;
   return lookup(host, { family: 4 }).then(
     (r) => r.address,
