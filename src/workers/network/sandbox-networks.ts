@@ -170,7 +170,7 @@ export class SandboxNetworks {
       const open = await must('nsenter', [`--net=${ns}`, '--', 'sh', '-c', 'nft -f - && ss -tnH state established'], renderSandboxRuleset({ rules, blocked, hostAddress: net.slot.hostAddress, ...(gateway ? { gatewayPort: SANDBOX_GATEWAY.port } : {}) }));
       await this.cutDisallowedFlows(ns, open, (ip, port) => allows(rules, blocked, ip, port, 'tcp') || (gateway && ip === net!.slot.hostAddress && port === SANDBOX_GATEWAY.port));
     }
-    await this.setGatewayReach(sandboxId, net, gateway);
+    await this.setGatewayReach(net, gateway);
     net.dns.setNames(gateway ? new Map([...names, [SANDBOX_GATEWAY.host, [net.slot.hostAddress]]]) : names);
   }
 
@@ -180,8 +180,8 @@ export class SandboxNetworks {
    * host's input chain still drops anything else), and the probe keeps the DNAT rule on a
    * live gateway while any agent sandbox is here.
    */
-  private async setGatewayReach(sandboxId: string, net: Attached, gateway: boolean): Promise<void> {
-    await writeFile(`/proc/sys/net/ipv4/conf/${net.veth}/route_localnet`, gateway ? '1' : '0');
+  private async setGatewayReach(net: Attached, gateway: boolean): Promise<void> {
+    if ((net.gateway ?? false) !== gateway) await writeFile(`/proc/sys/net/ipv4/conf/${net.veth}/route_localnet`, gateway ? '1' : '0');
     net.gateway = gateway;
     if (!gateway) return;
     if (this.gatewayTarget === undefined) await this.pointGatewayDnat();
@@ -191,7 +191,7 @@ export class SandboxNetworks {
         this.gatewayProbe = undefined;
         return;
       }
-      this.pointGatewayDnat().catch((err: unknown) => this.log?.warn({ sandboxId, err: String(err) }, 'could not point agent sandboxes at a live gateway'));
+      this.pointGatewayDnat().catch((err: unknown) => this.log?.warn({ err: String(err) }, 'could not point agent sandboxes at a live gateway'));
     }, GATEWAY_PROBE_INTERVAL_MS).unref();
   }
 

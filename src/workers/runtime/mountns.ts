@@ -5,7 +5,7 @@ import { runTool } from '../../proc/index.ts';
 /**
  * Changes inside a running sandbox's mount namespace, made from the host (the agent has no
  * mount rights): hide a path (an empty read-only tmpfs over a directory, /dev/null over a
- * file), reveal one rollbox hid (unmount), write a file (resolv.conf).
+ * file), reveal one rollbox hid (unmount), write a file (resolv.conf, hosts).
  *
  * Why perl and not `nsenter -m mount ...`: after entering the sandbox's mount namespace,
  * nsenter would exec `mount` from the sandbox's own filesystem, a binary the agent
@@ -20,7 +20,8 @@ use Fcntl qw(O_RDONLY O_WRONLY O_CREAT O_NOFOLLOW O_NONBLOCK O_NOCTTY);
 my ($SYS_setns, $SYS_mount, $SYS_umount2, $pid, @ops) = @ARGV;
 my ($MS_RDONLY, $MS_NOSUID, $MS_NODEV, $MS_NOEXEC, $MS_REMOUNT, $MS_BIND) = (1, 2, 4, 8, 32, 4096);
 my $UMOUNT_NOFOLLOW = 8;
-my $input = do { local $/; <STDIN> } // '';
+# The contents of the write ops, in their order, NUL-separated (text files hold no NUL).
+my @contents = split /\0/, (do { local $/; <STDIN> } // ''), -1;
 sysopen(my $ns, "/proc/$pid/ns/mnt", O_RDONLY) or die "open mount namespace of $pid: $!\n";
 syscall($SYS_setns, fileno($ns), 0x00020000) == 0 or die "setns: $!\n";
 chdir('/') or die "chdir: $!\n";
@@ -51,7 +52,8 @@ while (@ops) {
     sysopen(my $f, $path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY, 0644) or die "open $path: $!\n";
     die "$path is not a regular file\n" unless -f $f;
     truncate($f, 0) or die "truncate $path: $!\n";
-    defined syswrite($f, $input) or die "write $path: $!\n";
+    my $content = shift(@contents) // '';
+    defined syswrite($f, $content) or die "write $path: $!\n";
     close($f);
   } else {
     die "unknown op $op\n";
@@ -64,14 +66,15 @@ const SYSCALLS: Partial<Record<NodeJS.Architecture, { setns: number; mount: numb
   arm64: { setns: 268, mount: 40, umount2: 39 },
 };
 
-export type MountNsOp = { op: 'hide' | 'reveal'; path: string } | { op: 'write'; path: string };
+export type MountNsOp = { op: 'hide' | 'reveal'; path: string } | { op: 'write'; path: string; content: string };
 
-/** Runs `ops` in order inside the mount namespace of process `pid`; `input` is the content for `write`. */
-export async function inMountNamespace(pid: number, ops: readonly MountNsOp[], input = '', perlBinary = 'perl'): Promise<void> {
+/** Runs `ops` in order inside the mount namespace of process `pid`, in one process. */
+export async function inMountNamespace(pid: number, ops: readonly MountNsOp[], perlBinary = 'perl'): Promise<void> {
   if (ops.length === 0) return;
   const nr = SYSCALLS[process.arch];
   if (!nr) throw new RollboxError('internal', `mount namespace changes are not supported on ${process.arch}`);
   const args = ['-e', SCRIPT, String(nr.setns), String(nr.mount), String(nr.umount2), String(pid), ...ops.flatMap((o) => [o.op, o.path])];
+  const input = ops.flatMap((o) => (o.op === 'write' ? [o.content] : [])).join('\0');
   const r = await runTool(perlBinary, args, { input });
   const stderr = r.code === 0 ? '' : r.stderr.trim() || `exit ${r.code}`;
   if (stderr) throw new RollboxError('invalid_request', stderr.slice(0, 500));

@@ -37,14 +37,13 @@ export async function applyNetwork(ctx: RuntimeContext, id: string, pid: number,
   await ctx.network.apply(id, pid, network);
   const resolver = ctx.network.resolverOf(id);
   if (!resolver) return;
-  const files: [string, string][] = [['/etc/resolv.conf', `nameserver ${resolver}\n`]];
-  if (network.gateway) files.push(['/etc/hosts', `${HOSTS_FILE}${resolver}\t${SANDBOX_GATEWAY.host}\n`]);
-  for (const [file, content] of files) {
-    // Best effort: an agent that replaced the file with something else only loses the names in it.
-    await inMountNamespace(pid, [{ op: 'write', path: file }], content, ctx.perlBinary).catch((err: unknown) =>
-      ctx.log?.warn({ sandboxId: id, file, err: String(err) }, 'could not write the platform\'s names into the sandbox'),
-    );
-  }
+  // The gateway's name first: an agent sandbox needs it more than its resolver.
+  const writes: MountNsOp[] = [
+    ...(network.gateway ? [{ op: 'write' as const, path: '/etc/hosts', content: `${HOSTS_FILE}${resolver}\t${SANDBOX_GATEWAY.host}\n` }] : []),
+    { op: 'write', path: '/etc/resolv.conf', content: `nameserver ${resolver}\n` },
+  ];
+  // Best effort: an agent that replaced a file with something else only loses the names in it.
+  await inMountNamespace(pid, writes, ctx.perlBinary).catch((err: unknown) => ctx.log?.warn({ sandboxId: id, err: String(err) }, 'could not write the platform\'s names into the sandbox'));
 }
 
 /**
@@ -93,7 +92,7 @@ async function changeHiddenPaths(ctx: RuntimeContext, id: string, pid: number, f
     // Reveal only what is a mount point at exactly that path (what we or runc mounted).
     const mounted = await mountPointsOf(pid);
     const ops: MountNsOp[] = [...reveal.filter((p) => mounted.has(p)).map((p) => ({ op: 'reveal' as const, path: p })), ...hide.map((p) => ({ op: 'hide' as const, path: p }))];
-    await inMountNamespace(pid, ops, '', ctx.perlBinary);
+    await inMountNamespace(pid, ops, ctx.perlBinary);
   } finally {
     if (!wasFrozen) await setFreezerState(stateFile, 'THAWED');
   }
