@@ -19,6 +19,7 @@ const NODE = 'node-reach';
 /** Seconds, as the sandbox's `date +%s` prints them. */
 const nowSeconds = () => Math.floor(Date.now() / 1000);
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+const ALLOWED_NAME = 'allowed.reach.test';
 
 let cluster: TestCluster;
 let token: string;
@@ -27,7 +28,8 @@ let worker: ChildProcess;
 
 async function startWorker(): Promise<void> {
   const startedAfterMs = Date.now();
-  worker = await cluster.spawnWorker({ nodeId: NODE, env: { ROLLBOX_SANDBOX_GATEWAY_URL: gateways.map((g) => g.url).join(',') } });
+  // An allowlisted name (on loopback: its rules refuse it, which is enough to see it resolve).
+  worker = await cluster.spawnWorker({ nodeId: NODE, env: { ROLLBOX_SANDBOX_GATEWAY_URL: gateways.map((g) => g.url).join(','), ROLLBOX_NET_STATIC_HOSTS: `${ALLOWED_NAME}=127.0.0.2` } });
   const admin = await cluster.token('ops', ['admin']);
   await waitFor(
     `${NODE} ready`,
@@ -52,29 +54,37 @@ async function sh(id: string, cmd: string, timeoutMs = 30_000): Promise<string> 
   return r.body.stdout as string;
 }
 
-/** The prober's log: `<second> ok|fail` per attempt. */
-async function probes(id: string): Promise<{ at: number; ok: boolean }[]> {
+/** The prober's log: `<second> ok|fail resolved|unresolved` per attempt. */
+async function probes(id: string): Promise<{ at: number; ok: boolean; resolved: boolean }[]> {
   return (await sh(id, 'cat /tmp/reach.log'))
     .trim()
     .split('\n')
-    .filter(Boolean)
-    .map((line) => ({ at: Number(line.split(' ')[0]), ok: line.endsWith(' ok') }));
+    .filter((line) => /^\d+ (ok|fail) (un)?resolved$/.test(line))
+    .map((line) => line.split(' '))
+    .map(([at, gateway, name]) => ({ at: Number(at), ok: gateway === 'ok', resolved: name === 'resolved' }));
 }
 
 describe("an agent sandbox's reach to the gateway", () => {
-  it('holds while its worker host is down, and moves to the next gateway when the first dies', async () => {
-    const created = await api(cluster, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64 }, ttlSeconds: 300, network: { gateway: true } });
+  it('holds while its worker host is down, and moves to the next gateway when the first dies; allowlisted names resolve meanwhile', async () => {
+    const network = { mode: 'allowlist', allow: [{ host: ALLOWED_NAME, ports: [1] }], gateway: true };
+    const created = await api(cluster, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64 }, ttlSeconds: 300, network });
     expect(created.status, JSON.stringify(created.body)).toBe(201);
     const id = created.body.id as string;
-    // By name, as an agent's SDK does; each attempt a new connection.
-    const loop = 'for i in $(seq 400); do t=$(date +%s); if timeout 2 wget -q -O /dev/null http://gateway.rollbox.internal:9180/healthz; then echo "$t ok"; else echo "$t fail"; fi; sleep 0.2; done > /tmp/reach.log 2>&1';
+    // By name, as an agent's SDK does; each attempt a new connection. And the allowlisted name
+    // resolves (its connection refused by the rules) or not ("bad address").
+    const loop = [
+      'for i in $(seq 400); do t=$(date +%s)',
+      'if timeout 2 wget -q -O /dev/null http://gateway.rollbox.internal:9180/healthz 2>/dev/null; then g=ok; else g=fail; fi',
+      `case "$(timeout 2 wget -q -O /dev/null http://${ALLOWED_NAME}:1/ 2>&1)" in *"bad address"*) n=unresolved;; *) n=resolved;; esac`,
+      'echo "$t $g $n"; sleep 0.2; done > /tmp/reach.log 2>&1',
+    ].join('; ');
     expect((await api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, { cmd: loop, background: true, timeoutMs: 300_000 })).status).toBe(202);
     // This host's first gateway (its order, rotated by node id), then the other.
     const [first, second] = inHostOrder(gateways, NODE).map((g) => ({ ...g, port: Number(new URL(g.url).port) }));
     await waitFor('the prober through the first gateway', async () => (await probes(id)).filter((p) => p.ok).length >= 3, 30_000).catch(async (e: unknown) => {
       throw new Error(`${String(e)}: ${await sh(id, 'tail -3 /tmp/reach.log; cat /etc/hosts')} DNAT to ${JSON.stringify(dnatTargetOf(NODE))}`);
     });
-    expect((await sh(id, 'cat /etc/hosts')).split('\n')).toContainEqual(expect.stringMatching(/^10\.\d+\.\d+\.\d+\tgateway\.rollbox\.internal$/));
+    expect((await sh(id, 'cat /etc/hosts')).split('\n')).toEqual(expect.arrayContaining([expect.stringMatching(/^10\.\d+\.\d+\.\d+\tgateway\.rollbox\.internal$/), `127.0.0.2\t${ALLOWED_NAME}`]));
 
     expect(dnatTargetOf(NODE)).toEqual({ address: '127.0.0.1', port: first!.port });
 
@@ -99,7 +109,7 @@ describe("an agent sandbox's reach to the gateway", () => {
     expect(onSecond.length, JSON.stringify(log)).toBeGreaterThanOrEqual(3);
     expect(onSecond.every((p) => p.ok), JSON.stringify(log)).toBe(true);
     expect(withoutWorker.length, JSON.stringify(log)).toBeGreaterThanOrEqual(10);
-    expect(withoutWorker.every((p) => p.ok), JSON.stringify(log)).toBe(true);
+    expect(withoutWorker.every((p) => p.ok && p.resolved), JSON.stringify(log)).toBe(true);
     expect((await api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`)).status).toBe(200);
   }, 180_000);
 

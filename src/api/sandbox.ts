@@ -110,13 +110,13 @@ export const NetworkPolicy = z.strictObject({
   allow: z.array(NetworkAllowRule).max(256).default([]),
   /**
    * Also reach the rollbox gateway at `http://gateway.rollbox.internal:9180` (a hosted
-   * rollout's agent sandbox): relayed by its worker host to the gateway, whatever `mode` allows.
+   * rollout's agent sandbox): its worker host's kernel sends it on to a gateway, whatever `mode` allows.
    */
   gateway: z.boolean().optional(),
 });
 export type NetworkPolicy = z.infer<typeof NetworkPolicy>;
 
-/** Where a sandbox whose network has `gateway: true` reaches the gateway (its worker host relays it). */
+/** Where a sandbox whose network has `gateway: true` reaches the gateway (its worker host's kernel sends it on). */
 export const SANDBOX_GATEWAY = { host: 'gateway.rollbox.internal', port: 9180 } as const;
 export const SANDBOX_GATEWAY_URL = `http://${SANDBOX_GATEWAY.host}:${SANDBOX_GATEWAY.port}`;
 

@@ -45,6 +45,8 @@ interface Attached {
   /** The sandbox's network namespace (`/proc/<init pid>/ns/net`). */
   netns: string;
   dns: DnsResponder;
+  /** The names the sandbox may resolve and their addresses (its allowlist's, the gateway's): what its DNS responder answers and its /etc/hosts lists. */
+  names?: ReadonlyMap<string, readonly string[]>;
   /** Whether it reaches the gateway (`gateway: true`): its veth is in gateway_veths. */
   gateway?: boolean;
   /** A microVM's network: the sandbox end is a port of this bridge in the namespace (see ApplyOptions). */
@@ -171,7 +173,13 @@ export class SandboxNetworks {
       await this.cutDisallowedFlows(ns, open, (ip, port) => allows(rules, blocked, ip, port, 'tcp') || (gateway && ip === net!.slot.hostAddress && port === SANDBOX_GATEWAY.port));
     }
     await this.setGatewayReach(net, gateway);
-    net.dns.setNames(gateway ? new Map([...names, [SANDBOX_GATEWAY.host, [net.slot.hostAddress]]]) : names);
+    net.names = gateway ? new Map([...names, [SANDBOX_GATEWAY.host, [net.slot.hostAddress]]]) : names;
+    net.dns.setNames(net.names);
+  }
+
+  /** The names the sandbox may resolve, with the addresses its rules let through (empty without a network). */
+  namesOf(sandboxId: string): ReadonlyMap<string, readonly string[]> {
+    return this.attached.get(sandboxId)?.names ?? new Map();
   }
 
   /**

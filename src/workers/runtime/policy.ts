@@ -1,7 +1,7 @@
 import { existsSync, writeFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import path from 'node:path';
-import { RollboxError, SANDBOX_GATEWAY, hasNetwork, type NetworkPolicy } from '../../api/index.ts';
+import { RollboxError, hasNetwork, type NetworkPolicy } from '../../api/index.ts';
 import { HOSTS_FILE } from '../../layers/index.ts';
 import { setFreezerState } from './cgroups.ts';
 import type { RuntimeContext } from './context.ts';
@@ -27,9 +27,11 @@ export async function readPolicy(ctx: RuntimeContext, id: string): Promise<Sandb
 }
 
 /**
- * Network rules, then the sandbox's resolv.conf pointing at the platform's resolver and, for
- * an agent sandbox, the gateway's name in its /etc/hosts (as Docker writes a container's):
- * the resolver lives in the worker process, the name must resolve while the worker is down.
+ * Network rules, then the sandbox's resolv.conf pointing at the platform's resolver, and the
+ * names it may resolve (its allowlist's, the gateway's for an agent sandbox) in its
+ * /etc/hosts, as Docker writes a container's: the resolver lives in the worker process, and
+ * a command that outlives its worker must still resolve them. The addresses are the ones the
+ * rules let through, as the resolver answers.
  */
 export async function applyNetwork(ctx: RuntimeContext, id: string, pid: number, network: NetworkPolicy): Promise<void> {
   if (hasNetwork(network) && !ctx.network) throw new RollboxError('invalid_request', 'a sandbox network (allowlist, gateway) is not available on this worker host');
@@ -37,12 +39,13 @@ export async function applyNetwork(ctx: RuntimeContext, id: string, pid: number,
   await ctx.network.apply(id, pid, network);
   const resolver = ctx.network.resolverOf(id);
   if (!resolver) return;
-  // The gateway's name first: an agent sandbox needs it more than its resolver.
+  const hosts = [...ctx.network.namesOf(id)].flatMap(([name, addresses]) => addresses.map((address) => `${address}\t${name}\n`));
   const writes: MountNsOp[] = [
-    ...(network.gateway ? [{ op: 'write' as const, path: '/etc/hosts', content: `${HOSTS_FILE}${resolver}\t${SANDBOX_GATEWAY.host}\n` }] : []),
     { op: 'write', path: '/etc/resolv.conf', content: `nameserver ${resolver}\n` },
+    { op: 'write', path: '/etc/hosts', content: HOSTS_FILE + hosts.join('') },
   ];
-  // Best effort: an agent that replaced a file with something else only loses the names in it.
+  // Best effort: an agent that replaced a file with something else (or a stage that hid it)
+  // loses the names from there on.
   await inMountNamespace(pid, writes, ctx.perlBinary).catch((err: unknown) => ctx.log?.warn({ sandboxId: id, err: String(err) }, 'could not write the platform\'s names into the sandbox'));
 }
 
