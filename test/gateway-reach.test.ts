@@ -54,6 +54,12 @@ async function sh(id: string, cmd: string, timeoutMs = 30_000): Promise<string> 
   return r.body.stdout as string;
 }
 
+/** Where the host's heartbeat says its agent sandboxes reach the gateway. */
+async function reachOf(): Promise<NonNullable<NodeHeartbeat['network']>['gateway']> {
+  const admin = await cluster.token('ops', ['admin']);
+  return (await api<{ nodes: NodeHeartbeat[] }>(cluster, admin, 'GET', '/v1/nodes')).body.nodes.find((n) => n.nodeId === NODE)?.network?.gateway;
+}
+
 /** The prober's log: `<second> ok|fail resolved|unresolved` per attempt. */
 async function probes(id: string): Promise<{ at: number; ok: boolean; resolved: boolean }[]> {
   return (await sh(id, 'cat /tmp/reach.log'))
@@ -87,12 +93,16 @@ describe("an agent sandbox's reach to the gateway", () => {
     expect((await sh(id, 'cat /etc/hosts')).split('\n')).toEqual(expect.arrayContaining([expect.stringMatching(/^10\.\d+\.\d+\.\d+\tgateway\.rollbox\.internal$/), `127.0.0.2\t${ALLOWED_NAME}`]));
 
     expect(dnatTargetOf(NODE)).toEqual({ address: '127.0.0.1', port: first!.port });
+    // Operators see it in the host's heartbeat.
+    await waitFor('the heartbeat naming the first gateway', async () => (await reachOf())?.target === `127.0.0.1:${first!.port}`, 10_000);
+    expect(await reachOf()).toMatchObject({ answering: true });
 
     // The first dies: within the worker's probe (1 s) and the loop's own pace, the second answers.
     first!.child.kill('SIGKILL');
     const gwDeadAt = nowSeconds();
     await sleep(5000);
     expect(dnatTargetOf(NODE)).toEqual({ address: '127.0.0.1', port: second!.port });
+    expect(await reachOf()).toMatchObject({ target: `127.0.0.1:${second!.port}`, answering: true });
 
     // The worker host dies and stays down a while: the agent's reach is the kernel's.
     const exited = new Promise((resolve) => worker.once('exit', resolve));

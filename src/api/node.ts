@@ -39,6 +39,12 @@ export const NodeHeartbeat = z.object({
       firewall: z.array(z.string()),
       /** Where those rules were gone (flushed by the rule set's owner) and were put back before the last round. */
       putBack: z.array(z.string()).optional(),
+      /**
+       * While the host has agent sandboxes (`network.gateway`): the gateway their kernel DNAT
+       * rule names (`address:port`; absent before any answered) and whether the last probe
+       * (each second) found one of the configured gateways answering.
+       */
+      gateway: z.object({ target: z.string().optional(), answering: z.boolean(), checkedAtMs: z.number() }).optional(),
     })
     .optional(),
   /** The sandbox tiers beyond `container` this host runs, with the accelerator its microVMs use (chosen at its start). */

@@ -91,6 +91,7 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
     tmpDir: path.join(workerDir, 'tmp'),
     logger,
     syncLayers: config.node.syncLayers.length ? layerSyncOf(config, redis, store, path.join(workerDir, 'tmp'), source.lazy) : undefined,
+    gatewayReach: () => network.gatewayReach(),
     networkSelfTest: new NetworkSelfTest({ networks: network, nodeId, probeCidr: config.network.probeCidr, intervalMs: config.network.selfTestIntervalMs }),
   });
   // The gate first: an adopted sandbox's lazy layers are its.

@@ -52,6 +52,8 @@ export interface WorkerHostDeps {
   tiers?: NodeHeartbeat['tiers'];
   /** The network self-test, ticked at start and every few seconds (see NetworkSelfTest.tick); without it no health is reported. */
   networkSelfTest?: { tick(): Promise<NetworkHealth | undefined>; settled(): Promise<void> };
+  /** Where its agent sandboxes reach the gateway, while it has any (SandboxNetworks.gatewayReach), for the heartbeat. */
+  gatewayReach?: () => NonNullable<NodeHeartbeat['network']>['gateway'];
 }
 
 /** What the worker host's parts (create handling, op handling, the host itself) share. */

@@ -266,6 +266,7 @@ export class WorkerHost {
 
   private async heartbeat(): Promise<void> {
     const { ctx } = this;
+    const gatewayReach = this.deps.gatewayReach?.();
     const heartbeat = heartbeatOf({
       nodeId: this.nodeId,
       config: this.deps.config,
@@ -276,7 +277,7 @@ export class WorkerHost {
       local: ctx.local,
       diskCapacityMiB: ctx.diskSpace().capacityMiB,
       cachedLayers: this.deps.runtime.mountedLayers(),
-      network: ctx.networkHealth,
+      network: ctx.networkHealth && { ...ctx.networkHealth, ...(gatewayReach ? { gateway: gatewayReach } : {}) },
       pools: this.pools.status(),
       tiers: this.deps.tiers,
       portRelay: this.portRelay,

@@ -119,6 +119,8 @@ export class SandboxNetworks {
   private gatewayTarget: GatewayAddress | undefined;
   private gatewayPointing: Promise<void> | undefined;
   private gatewayProbe: NodeJS.Timeout | undefined;
+  /** The last probe's finding, while this host has agent sandboxes (for its heartbeat). */
+  private gatewayProbed: { answering: boolean; checkedAtMs: number } | undefined;
   private readonly leases: AddressLeases;
   private readonly firewall: HostFirewall;
   private readonly log: NetworkLogger | undefined;
@@ -177,6 +179,12 @@ export class SandboxNetworks {
     net.dns.setNames(net.names);
   }
 
+  /** Where this host's agent sandboxes reach the gateway, while it has any (its heartbeat's `network.gateway`). */
+  gatewayReach(): { target?: string; answering: boolean; checkedAtMs: number } | undefined {
+    const target = this.gatewayTarget;
+    return this.gatewayProbed && { ...(target ? { target: `${target.address}:${target.port}` } : {}), ...this.gatewayProbed };
+  }
+
   /** The names the sandbox may resolve, with the addresses its rules let through (empty without a network). */
   namesOf(sandboxId: string): ReadonlyMap<string, readonly string[]> {
     return this.attached.get(sandboxId)?.names ?? new Map();
@@ -197,6 +205,7 @@ export class SandboxNetworks {
       if (![...this.attached.values()].some((n) => n.gateway)) {
         clearInterval(this.gatewayProbe);
         this.gatewayProbe = undefined;
+        this.gatewayProbed = undefined;
         return;
       }
       this.pointGatewayDnat().catch((err: unknown) => this.log?.warn({ err: String(err) }, 'could not point agent sandboxes at a live gateway'));
@@ -210,6 +219,7 @@ export class SandboxNetworks {
   private pointGatewayDnat(): Promise<void> {
     this.gatewayPointing ??= (async () => {
       const live = await firstLiveGateway(inHostOrder(this.deps.gatewayTargets?.() ?? [], this.deps.nodeId));
+      this.gatewayProbed = { answering: live !== undefined, checkedAtMs: Date.now() };
       if (!live || (live.address === this.gatewayTarget?.address && live.port === this.gatewayTarget.port)) return;
       await this.nft(renderGatewayDnat(this.table, this.poolCidr, SANDBOX_GATEWAY.port, live));
       if (this.gatewayTarget) this.log?.warn({ from: this.gatewayTarget, to: live }, 'agent sandboxes now reach another gateway');
