@@ -5,7 +5,7 @@ import fs from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { NodeHeartbeat } from '../src/api/index.ts';
 import { inHostOrder } from '../src/workers/network/sandbox-networks.ts';
-import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
+import { api, spawnReadyWorker, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { dnatTargetOf } from './support/gateway-dnat.ts';
 
 // An agent sandbox's reach to the gateway (`network: {gateway: true}`, a hosted rollout's agent)
@@ -27,15 +27,8 @@ let gateways: { child: ChildProcess; url: string }[];
 let worker: ChildProcess;
 
 async function startWorker(): Promise<void> {
-  const startedAfterMs = Date.now();
   // An allowlisted name (on loopback: its rules refuse it, which is enough to see it resolve).
-  worker = await cluster.spawnWorker({ nodeId: NODE, env: { ROLLBOX_SANDBOX_GATEWAY_URL: gateways.map((g) => g.url).join(','), ROLLBOX_NET_STATIC_HOSTS: `${ALLOWED_NAME}=127.0.0.2` } });
-  const admin = await cluster.token('ops', ['admin']);
-  await waitFor(
-    `${NODE} ready`,
-    async () => (await api<{ nodes: NodeHeartbeat[] }>(cluster, admin, 'GET', '/v1/nodes')).body.nodes.some((n) => n.nodeId === NODE && n.ready !== false && n.healthy && n.atMs >= startedAfterMs),
-    60_000,
-  );
+  worker = await spawnReadyWorker(cluster, { nodeId: NODE, env: { ROLLBOX_SANDBOX_GATEWAY_URL: gateways.map((g) => g.url).join(','), ROLLBOX_NET_STATIC_HOSTS: `${ALLOWED_NAME}=127.0.0.2` } });
 }
 
 beforeAll(async () => {

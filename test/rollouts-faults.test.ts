@@ -2,11 +2,11 @@ import type { ChildProcess } from 'node:child_process';
 import { spawn } from 'node:child_process';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { Batch, FollowedRollout, ModelCallRecord, NodeHeartbeat } from '../src/api/index.ts';
+import type { Batch, FollowedRollout, ModelCallRecord} from '../src/api/index.ts';
 import { RollboxClient, RolloutsClient } from '../src/client/index.ts';
 import { inHostOrder } from '../src/workers/network/sandbox-networks.ts';
 import { agentLayerTar } from './support/agent-layer.ts';
-import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
+import { api, spawnReadyWorker, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { chatTurn } from './support/model-script.ts';
 import { ScriptedUpstream, type ScriptTurn } from './support/model-upstream.ts';
 import { dnatTargetOf } from './support/gateway-dnat.ts';
@@ -52,14 +52,7 @@ let workerEnv: Record<string, string>;
 const children: ChildProcess[] = [];
 
 async function startWorker(): Promise<void> {
-  const startedAfterMs = Date.now();
-  worker = await cluster.spawnWorker({ nodeId: NODE, env: workerEnv });
-  const admin = await cluster.token('ops', ['admin']);
-  await waitFor(
-    `${NODE} ready`,
-    async () => (await api<{ nodes: NodeHeartbeat[] }>(cluster, admin, 'GET', '/v1/nodes')).body.nodes.some((n) => n.nodeId === NODE && n.ready !== false && n.healthy && n.atMs >= startedAfterMs),
-    60_000,
-  );
+  worker = await spawnReadyWorker(cluster, { nodeId: NODE, env: workerEnv });
 }
 
 beforeAll(async () => {

@@ -5,7 +5,7 @@ import path from 'node:path';
 import pino from 'pino';
 import { loadConfig, type Config } from '../../src/config/index.ts';
 import { createTokenIssuer } from '../../src/iam/index.ts';
-import type { Scope } from '../../src/api/index.ts';
+import type { NodeHeartbeat, Scope } from '../../src/api/index.ts';
 import { ensureBaseLayer, startGatewayRole, startWorkerRole, type GatewayHandle, type WorkerHandle } from '../../src/roles/index.ts';
 import { startRedisCluster, startRedisServer, type RedisClusterHandle, type RedisServerHandle } from '../../src/redis/index.ts';
 
@@ -203,6 +203,19 @@ export async function api<T = any>(cluster: Pick<TestCluster, 'url'>, token: str
 /** Until `count` worker hosts heartbeat healthy (the token needs `admin`). */
 export async function nodesUp(c: Pick<TestCluster, 'url'>, token: string, count: number): Promise<void> {
   await waitFor(`${count} nodes`, async () => (await api(c, token, 'GET', '/v1/nodes')).body.nodes?.filter((n: { healthy: boolean }) => n.healthy).length >= count, 30_000);
+}
+
+/** A worker host as its own process (`spawnWorker`), once its heartbeat says ready since it started (a restart's, not its predecessor's). */
+export async function spawnReadyWorker(cluster: TestCluster, options: SpawnedWorkerOptions): Promise<ChildProcess> {
+  const startedAfterMs = Date.now();
+  const child = await cluster.spawnWorker(options);
+  const admin = await cluster.token('ops', ['admin']);
+  await waitFor(
+    `${options.nodeId} ready`,
+    async () => (await api<{ nodes: NodeHeartbeat[] }>(cluster, admin, 'GET', '/v1/nodes')).body.nodes.some((n) => n.nodeId === options.nodeId && n.ready !== false && n.healthy && n.atMs >= startedAfterMs),
+    60_000,
+  );
+  return child;
 }
 
 /** A worker host's env for a host under memory pressure: its heartbeat looks fine, its admission refuses every create. */
