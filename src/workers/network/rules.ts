@@ -198,9 +198,9 @@ export interface HostBaseInput {
  * The worker's own table on the host (`inet rollbox-<nodeId>`; several workers may share a
  * machine): sandbox traffic leaving its veth is dispatched by interface name to that
  * sandbox's egress chain (see renderHostSandboxChain); nothing from a rollbox veth
- * reaches the host itself except DNS to the platform resolver and, from agent sandboxes, the
- * gateway; replies come back only on established flows; NAT to the outside. Idempotent: re-running it leaves the per-sandbox
- * chains and map elements alone.
+ * reaches the host itself except DNS to the platform resolver and, from agent sandboxes,
+ * the gateway; replies come back only on established flows; NAT to the outside.
+ * Idempotent: re-running it leaves the per-sandbox chains and map elements alone.
  */
 export function renderHostBase(input: HostBaseInput): string {
   const t = `inet ${input.table}`;
