@@ -64,6 +64,36 @@ async function probes(id: string): Promise<{ at: number; ok: boolean; resolved: 
 }
 
 describe("an agent sandbox's reach to the gateway", () => {
+  it('resets a connection still being opened to a gateway whose machine stops answering, so the retry reaches the next', async () => {
+    const created = await api(cluster, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64 }, ttlSeconds: 120, network: { gateway: true } });
+    expect(created.status, JSON.stringify(created.body)).toBe(201);
+    const id = created.body.id as string;
+    const [first] = inHostOrder(gateways, NODE).map((g) => Number(new URL(g.url).port));
+    // Each attempt's time, with a connect bound longer than the test: one left hanging shows.
+    const loop = 'for i in $(seq 300); do s=$(date +%s); timeout 30 wget -q -O /dev/null http://gateway.rollbox.internal:9180/healthz 2>/dev/null; echo "$(( $(date +%s) - s ))"; sleep 0.2; done > /tmp/connect.log';
+    expect((await api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, { cmd: loop, background: true, timeoutMs: 120_000 })).status).toBe(202);
+    await waitFor('attempts through the first gateway', async () => Number(await sh(id, 'wc -l < /tmp/connect.log')) >= 3 && dnatTargetOf(NODE)?.port === first, 30_000);
+    // Its machine gone, as far as packets tell: nothing comes back from it, no reset either.
+    // (Its answers are dropped, not what is sent to it: the connection is then tracked, as
+    // one to a gateway on another machine is once it leaves this host.)
+    const table = `rollbox-test-blackhole-${process.pid}`;
+    execFileSync('nft', ['-f', '-'], { input: `table inet ${table} {\n chain output {\n type filter hook output priority -10; policy accept;\n tcp sport ${first} drop\n }\n}\n` });
+    try {
+      await waitFor('the rule moved to the second gateway', async () => dnatTargetOf(NODE)?.port !== first, 15_000);
+      await sleep(8000);
+      const seconds = (await sh(id, 'cat /tmp/connect.log')).trim().split('\n').map(Number);
+      // An attempt begun in the second or two before the move was reset then, not left for its 30 s.
+      expect(Math.max(...seconds), JSON.stringify(seconds)).toBeLessThan(8);
+      // And the attempts went on (a hanging one would have stopped the loop: about 4 a second).
+      expect(seconds.length, JSON.stringify(seconds)).toBeGreaterThanOrEqual(15);
+    } finally {
+      execFileSync('nft', ['delete', 'table', 'inet', table]);
+    }
+    // Back: the host returns to its first gateway.
+    await waitFor('the rule back on the first gateway', async () => dnatTargetOf(NODE)?.port === first, 15_000);
+    expect((await api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`)).status).toBe(200);
+  }, 120_000);
+
   it('holds while its worker host is down, and moves to the next gateway when the first dies; allowlisted names resolve meanwhile', async () => {
     const network = { mode: 'allowlist', allow: [{ host: ALLOWED_NAME, ports: [1] }], gateway: true };
     const created = await api(cluster, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64 }, ttlSeconds: 300, network });

@@ -222,8 +222,18 @@ export class SandboxNetworks {
       this.gatewayProbed = { answering: live !== undefined, checkedAtMs: Date.now() };
       if (!live || (live.address === this.gatewayTarget?.address && live.port === this.gatewayTarget.port)) return;
       await this.nft(renderGatewayDnat(this.table, this.poolCidr, SANDBOX_GATEWAY.port, live));
-      if (this.gatewayTarget) this.log?.warn({ from: this.gatewayTarget, to: live }, 'agent sandboxes now reach another gateway');
+      const from = this.gatewayTarget;
       this.gatewayTarget = live;
+      if (!from) return;
+      this.log?.warn({ from, to: live }, 'agent sandboxes now reach another gateway');
+      // A connection still being opened keeps the old gateway (its conntrack entry): when that
+      // gateway's machine is gone, its SYNs go unanswered for minutes. Reset, the agent's
+      // client fails at once and its retry takes the new rule. Open connections are left alone.
+      for (const net of this.attached.values()) {
+        if (!net.gateway) continue;
+        const reset = await run('nsenter', [`--net=${net.netns}`, '--', 'ss', '-K', '-tnH', 'state', 'syn-sent', 'dst', net.slot.hostAddress, 'dport', '=', `:${SANDBOX_GATEWAY.port}`]);
+        if (reset.code !== 0) this.log?.warn({ veth: net.veth, stderr: reset.stderr.trim() }, 'could not reset connections being opened to the old gateway');
+      }
     })().finally(() => {
       this.gatewayPointing = undefined;
     });
