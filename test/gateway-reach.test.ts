@@ -4,7 +4,7 @@ import dgram from 'node:dgram';
 import fs from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { NodeHeartbeat } from '../src/api/index.ts';
-import { inHostOrder } from '../src/workers/network/sandbox-networks.ts';
+import { inHostOrder } from '../src/workers/network/gateway-reach.ts';
 import { api, spawnReadyWorker, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { dnatTargetOf } from './support/gateway-dnat.ts';
 

@@ -4,7 +4,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Batch, FollowedRollout, ModelCallRecord} from '../src/api/index.ts';
 import { RollboxClient, RolloutsClient } from '../src/client/index.ts';
-import { inHostOrder } from '../src/workers/network/sandbox-networks.ts';
+import { inHostOrder } from '../src/workers/network/gateway-reach.ts';
 import { agentLayerTar } from './support/agent-layer.ts';
 import { api, spawnReadyWorker, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
 import { chatTurn } from './support/model-script.ts';

@@ -1,5 +1,7 @@
+import { createHash } from 'node:crypto';
 import { lookup } from 'node:dns/promises';
 import net from 'node:net';
+import type { NetworkLogger } from './host-firewall.ts';
 
 /** A gateway as configured (`ROLLBOX_SANDBOX_GATEWAY_URL`): a host name or address, and a port. */
 export interface HostPort {
@@ -58,4 +60,89 @@ export async function firstLiveGateway(targets: readonly HostPort[], timeoutMs =
     }),
   );
   return probed.find((t) => t !== undefined);
+}
+
+/**
+ * The configured gateways in this host's order of preference: the list rotated by a hash of
+ * the node id, so the agents of many hosts spread over the gateways (each host's on one,
+ * the next in the list its fallback) instead of all landing on the first.
+ */
+export function inHostOrder<T>(targets: readonly T[], nodeId: string): T[] {
+  if (targets.length < 2) return [...targets];
+  const start = createHash('sha256').update(nodeId).digest().readUInt32BE(0) % targets.length;
+  return [...targets.slice(start), ...targets.slice(0, start)];
+}
+
+/** How often the worker checks that agent sandboxes' gateway still answers, while it has any. */
+const PROBE_INTERVAL_MS = 1000;
+
+export interface GatewayReachDeps {
+  nodeId: string;
+  /** The gateways as this host reaches them (asked at each probe). */
+  targets: () => HostPort[];
+  /** Whether the host has agent sandboxes now (the probe stops when it has none). */
+  inUse: () => boolean;
+  /** Points the kernel's DNAT rule at `target` (renderGatewayDnat). */
+  point: (target: GatewayAddress) => Promise<void>;
+  /** After a move: resets the agent sandboxes' connections still being opened to the old gateway. */
+  resetOpening: () => Promise<void>;
+  log?: NetworkLogger;
+}
+
+/**
+ * Which gateway one host's agent sandboxes reach: probed each second while it has any, the
+ * DNAT rule pointed at the first of `targets` (in the host's order) that answers, and left as
+ * it is when none does (the last one may come back, and nothing else would serve).
+ */
+export class GatewayReach {
+  /** The gateway the rule names (undefined: none yet, since this worker started or its table was made). */
+  private target: GatewayAddress | undefined;
+  private probed: { answering: boolean; checkedAtMs: number } | undefined;
+  private pointing: Promise<void> | undefined;
+  private timer: NodeJS.Timeout | undefined;
+
+  constructor(private readonly deps: GatewayReachDeps) {}
+
+  /** An agent sandbox is here: the rule in place (probed now if it names none yet), and the probe running. */
+  async ensure(): Promise<void> {
+    if (this.target === undefined) await this.probe();
+    this.timer ??= setInterval(() => {
+      if (!this.deps.inUse()) {
+        clearInterval(this.timer);
+        this.timer = undefined;
+        this.probed = undefined;
+        return;
+      }
+      this.probe().catch((err: unknown) => this.deps.log?.warn({ err: String(err) }, 'could not point agent sandboxes at a live gateway'));
+    }, PROBE_INTERVAL_MS).unref();
+  }
+
+  /** The host's table was removed: the rule with it. */
+  forget(): void {
+    this.target = undefined;
+  }
+
+  /** For the heartbeat (`network.gateway`), while the host has agent sandboxes. */
+  status(): { target?: string; answering: boolean; checkedAtMs: number } | undefined {
+    const { target } = this;
+    return this.probed && { ...(target ? { target: `${target.address}:${target.port}` } : {}), ...this.probed };
+  }
+
+  /** One probe at a time. */
+  private probe(): Promise<void> {
+    this.pointing ??= (async () => {
+      const live = await firstLiveGateway(inHostOrder(this.deps.targets(), this.deps.nodeId));
+      this.probed = { answering: live !== undefined, checkedAtMs: Date.now() };
+      if (!live || (live.address === this.target?.address && live.port === this.target.port)) return;
+      await this.deps.point(live);
+      const from = this.target;
+      this.target = live;
+      if (!from) return;
+      this.deps.log?.warn({ from, to: live }, 'agent sandboxes now reach another gateway');
+      await this.deps.resetOpening();
+    })().finally(() => {
+      this.pointing = undefined;
+    });
+    return this.pointing;
+  }
 }

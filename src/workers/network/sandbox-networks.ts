@@ -5,7 +5,7 @@ import { writeFile } from 'node:fs/promises';
 import { RollboxError, SANDBOX_GATEWAY, hasNetwork, type NetworkPolicy } from '../../api/index.ts';
 import { runTool, runToolOk } from '../../proc/index.ts';
 import { DnsResponder } from './dns.ts';
-import { firstLiveGateway, type GatewayAddress, type HostPort } from './gateway-reach.ts';
+import { GatewayReach, type HostPort } from './gateway-reach.ts';
 import { HostFirewall, type NetworkLogger } from './host-firewall.ts';
 import { AddressLeases } from './leases.ts';
 import { blockedRanges, resolvePolicy } from './resolve.ts';
@@ -34,7 +34,7 @@ export interface SandboxNetworksDeps {
   blockedCidrs?: readonly string[];
   /** Resolves an allowlisted hostname to IPv4 addresses (the platform's resolver). */
   resolveHost: (name: string) => Promise<string[]>;
-  /** Where a sandbox with `gateway: true` reaches the gateway: the gateways as this host reaches them (asked at each probe), the first that answers in this host's order (inHostOrder). */
+  /** Where a sandbox with `gateway: true` reaches the gateway: the gateways as this host reaches them (asked at each probe), the first that answers in this host's order (gateway-reach.ts). */
   gatewayTargets?: () => HostPort[];
   logger?: NetworkLogger;
 }
@@ -69,24 +69,10 @@ export interface ApplyOptions {
 export type NetnsRef = number | string;
 const netnsPath = (ref: NetnsRef) => (typeof ref === 'number' ? `/proc/${ref}/ns/net` : ref);
 
-/** How often the worker checks that agent sandboxes' gateway still answers, while it has any. */
-const GATEWAY_PROBE_INTERVAL_MS = 1000;
-
 /** nft listings grow with the sandboxes on the host: keep all of it. */
 const NFT_OUTPUT_CAP_BYTES = 16 * 1024 * 1024;
 const run = (file: string, args: readonly string[], input?: string) => runTool(file, args, { input, capBytes: NFT_OUTPUT_CAP_BYTES });
 const must = async (file: string, args: readonly string[], input?: string) => (await runToolOk(file, args, { input, capBytes: NFT_OUTPUT_CAP_BYTES })).stdout;
-
-/**
- * The configured gateways in this host's order of preference: the list rotated by a hash of
- * the node id, so the agents of many hosts spread over the gateways (each host's on one,
- * the next in the list its fallback) instead of all landing on the first.
- */
-export function inHostOrder<T>(targets: readonly T[], nodeId: string): T[] {
-  if (targets.length < 2) return [...targets];
-  const start = createHash('sha256').update(nodeId).digest().readUInt32BE(0) % targets.length;
-  return [...targets.slice(start), ...targets.slice(0, start)];
-}
 
 /** The host end of a sandbox's veth: `rb` + 13 hex of its id's hash (interface names stop at 15 chars). */
 export function vethOf(sandboxId: string): string {
@@ -115,12 +101,8 @@ export class SandboxNetworks {
   private baseReady: Promise<string[]> | undefined;
   /** Whether this process began to set the host up (forwarding, table, rules): its reconcile then removes all of it. */
   private hostTouched = false;
-  /** The gateway the DNAT rule names (undefined: none yet, since this worker started or the table was made). */
-  private gatewayTarget: GatewayAddress | undefined;
-  private gatewayPointing: Promise<void> | undefined;
-  private gatewayProbe: NodeJS.Timeout | undefined;
-  /** The last probe's finding, while this host has agent sandboxes (for its heartbeat). */
-  private gatewayProbed: { answering: boolean; checkedAtMs: number } | undefined;
+  /** Which gateway this host's agent sandboxes reach (the DNAT rule and its probe). */
+  private readonly reach: GatewayReach;
   private readonly leases: AddressLeases;
   private readonly firewall: HostFirewall;
   private readonly log: NetworkLogger | undefined;
@@ -140,6 +122,14 @@ export class SandboxNetworks {
     this.log = deps.logger;
     this.leases = new AddressLeases(this.leaseDir, deps.nodeId);
     this.firewall = new HostFirewall({ nodeId: deps.nodeId, poolCidr: this.poolCidr, stateDir: this.leaseDir, log: deps.logger });
+    this.reach = new GatewayReach({
+      nodeId: deps.nodeId,
+      targets: () => deps.gatewayTargets?.() ?? [],
+      inUse: () => [...this.attached.values()].some((n) => n.gateway),
+      point: (target) => this.nft(renderGatewayDnat(this.table, this.poolCidr, SANDBOX_GATEWAY.port, target)),
+      resetOpening: () => this.resetOpeningToGateway(),
+      ...(deps.logger ? { log: deps.logger } : {}),
+    });
   }
 
   /** The host address a sandbox's DNS queries go to (its resolv.conf), when it has a network. */
@@ -180,9 +170,8 @@ export class SandboxNetworks {
   }
 
   /** Where this host's agent sandboxes reach the gateway, while it has any (its heartbeat's `network.gateway`). */
-  gatewayReach(): { target?: string; answering: boolean; checkedAtMs: number } | undefined {
-    const target = this.gatewayTarget;
-    return this.gatewayProbed && { ...(target ? { target: `${target.address}:${target.port}` } : {}), ...this.gatewayProbed };
+  gatewayReach(): ReturnType<GatewayReach['status']> {
+    return this.reach.status();
   }
 
   /** The names the sandbox may resolve, with the addresses its rules let through (empty without a network). */
@@ -199,45 +188,21 @@ export class SandboxNetworks {
   private async setGatewayReach(net: Attached, gateway: boolean): Promise<void> {
     if ((net.gateway ?? false) !== gateway) await writeFile(`/proc/sys/net/ipv4/conf/${net.veth}/route_localnet`, gateway ? '1' : '0');
     net.gateway = gateway;
-    if (!gateway) return;
-    if (this.gatewayTarget === undefined) await this.pointGatewayDnat();
-    this.gatewayProbe ??= setInterval(() => {
-      if (![...this.attached.values()].some((n) => n.gateway)) {
-        clearInterval(this.gatewayProbe);
-        this.gatewayProbe = undefined;
-        this.gatewayProbed = undefined;
-        return;
-      }
-      this.pointGatewayDnat().catch((err: unknown) => this.log?.warn({ err: String(err) }, 'could not point agent sandboxes at a live gateway'));
-    }, GATEWAY_PROBE_INTERVAL_MS).unref();
+    if (gateway) await this.reach.ensure();
   }
 
   /**
-   * The DNAT rule on the first gateway that answers now, in this host's order; left as it is when none
-   * answers (the last one may come back, and nothing else would serve). One probe at a time.
+   * After the DNAT rule moved: a connection still being opened keeps the old gateway (its
+   * conntrack entry), and when that gateway's machine is gone its SYNs go unanswered for
+   * minutes. Reset, the agent's client fails at once and its retry takes the new rule. Open
+   * connections are left alone.
    */
-  private pointGatewayDnat(): Promise<void> {
-    this.gatewayPointing ??= (async () => {
-      const live = await firstLiveGateway(inHostOrder(this.deps.gatewayTargets?.() ?? [], this.deps.nodeId));
-      this.gatewayProbed = { answering: live !== undefined, checkedAtMs: Date.now() };
-      if (!live || (live.address === this.gatewayTarget?.address && live.port === this.gatewayTarget.port)) return;
-      await this.nft(renderGatewayDnat(this.table, this.poolCidr, SANDBOX_GATEWAY.port, live));
-      const from = this.gatewayTarget;
-      this.gatewayTarget = live;
-      if (!from) return;
-      this.log?.warn({ from, to: live }, 'agent sandboxes now reach another gateway');
-      // A connection still being opened keeps the old gateway (its conntrack entry): when that
-      // gateway's machine is gone, its SYNs go unanswered for minutes. Reset, the agent's
-      // client fails at once and its retry takes the new rule. Open connections are left alone.
-      for (const net of this.attached.values()) {
-        if (!net.gateway) continue;
-        const reset = await run('nsenter', [`--net=${net.netns}`, '--', 'ss', '-K', '-tnH', 'state', 'syn-sent', 'dst', net.slot.hostAddress, 'dport', '=', `:${SANDBOX_GATEWAY.port}`]);
-        if (reset.code !== 0) this.log?.warn({ veth: net.veth, stderr: reset.stderr.trim() }, 'could not reset connections being opened to the old gateway');
-      }
-    })().finally(() => {
-      this.gatewayPointing = undefined;
-    });
-    return this.gatewayPointing;
+  private async resetOpeningToGateway(): Promise<void> {
+    for (const net of this.attached.values()) {
+      if (!net.gateway) continue;
+      const reset = await run('nsenter', [`--net=${net.netns}`, '--', 'ss', '-K', '-tnH', 'state', 'syn-sent', 'dst', net.slot.hostAddress, 'dport', '=', `:${SANDBOX_GATEWAY.port}`]);
+      if (reset.code !== 0) this.log?.warn({ veth: net.veth, stderr: reset.stderr.trim() }, 'could not reset connections being opened to the old gateway');
+    }
   }
 
   /**
@@ -368,7 +333,7 @@ export class SandboxNetworks {
       if (this.attached.size === 0) {
         await run('nft', ['delete', 'table', 'inet', this.table]);
         this.baseReady = undefined;
-        this.gatewayTarget = undefined;
+        this.reach.forget();
       }
     }
     // A worker that has no table or lease here and has not set the host up yet (a new node's
