@@ -55,8 +55,9 @@ export function cdfChartSvg(title: string, series: readonly LatencySeries[]): st
   series.forEach((s, i) => {
     const sorted = sortedSeries[i]!;
     // At most CDF_POINTS points a line, evenly through the sorted samples: the shape is the same, the file stays small.
-    const step = Math.max(1, (sorted.length - 1) / (CDF_POINTS - 1));
-    const at = sorted.length <= CDF_POINTS ? sorted.map((_, j) => j) : Array.from({ length: CDF_POINTS }, (_, k) => Math.round(k * step));
+    const count = Math.min(sorted.length, CDF_POINTS);
+    const step = (sorted.length - 1) / Math.max(1, count - 1);
+    const at = Array.from({ length: count }, (_, k) => Math.round(k * step));
     parts.push(polyline(colorOf(i), at.map((j) => ({ x: x(sorted[j]!), y: y((j + 1) / sorted.length) }))));
     parts.push(...legendItem(colorOf(i), margin.left + legend[i]!.x, plotBottom + 60 + legend[i]!.row * LEGEND_ROW_PX, `${s.label} (n=${sorted.length})`));
   });

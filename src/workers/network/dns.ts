@@ -87,7 +87,8 @@ export function answer(msg: Buffer, names: ReadonlyMap<string, readonly string[]
 
 /** A responder bound to `address:53` that answers only `client`. */
 export class DnsResponder {
-  private names: ReadonlyMap<string, readonly string[]> = new Map();
+  /** The names it answers, with their addresses (the sandbox's /etc/hosts lists the same); replaced whole when the policy changes. */
+  names: ReadonlyMap<string, readonly string[]> = new Map();
   private constructor(private readonly socket: dgram.Socket) {}
 
   static async start(address: string, client: string, onError: (err: Error) => void): Promise<DnsResponder> {
@@ -109,10 +110,6 @@ export class DnsResponder {
     });
     socket.unref();
     return responder;
-  }
-
-  setNames(names: ReadonlyMap<string, readonly string[]>): void {
-    this.names = names;
   }
 
   close(): void {

@@ -45,8 +45,6 @@ interface Attached {
   /** The sandbox's network namespace (`/proc/<init pid>/ns/net`). */
   netns: string;
   dns: DnsResponder;
-  /** The names the sandbox may resolve and their addresses (its allowlist's, the gateway's): what its DNS responder answers and its /etc/hosts lists. */
-  names?: ReadonlyMap<string, readonly string[]>;
   /** Whether it reaches the gateway (`gateway: true`): its veth is in gateway_veths. */
   gateway?: boolean;
   /** A microVM's network: the sandbox end is a port of this bridge in the namespace (see ApplyOptions). */
@@ -165,8 +163,7 @@ export class SandboxNetworks {
       await this.cutDisallowedFlows(ns, open, (ip, port) => allows(rules, blocked, ip, port, 'tcp') || (gateway && ip === net!.slot.hostAddress && port === SANDBOX_GATEWAY.port));
     }
     await this.setGatewayReach(net, gateway);
-    net.names = gateway ? new Map([...names, [SANDBOX_GATEWAY.host, [net.slot.hostAddress]]]) : names;
-    net.dns.setNames(net.names);
+    net.dns.names = gateway ? new Map([...names, [SANDBOX_GATEWAY.host, [net.slot.hostAddress]]]) : names;
   }
 
   /** Where this host's agent sandboxes reach the gateway, while it has any (its heartbeat's `network.gateway`). */
@@ -176,7 +173,7 @@ export class SandboxNetworks {
 
   /** The names the sandbox may resolve, with the addresses its rules let through (empty without a network). */
   namesOf(sandboxId: string): ReadonlyMap<string, readonly string[]> {
-    return this.attached.get(sandboxId)?.names ?? new Map();
+    return this.attached.get(sandboxId)?.dns.names ?? new Map();
   }
 
   /**
