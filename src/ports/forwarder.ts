@@ -1,4 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process';
+import dns from 'node:dns/promises';
 import fs from 'node:fs/promises';
 import net from 'node:net';
 import path from 'node:path';
@@ -9,6 +10,8 @@ export const DEFAULT_PORTFWD_BINARY = path.resolve(import.meta.dirname, '../../b
 /** The helper's start and its answer to one connection (it connects on loopback: refused or taken at once). */
 const HELPER_START_TIMEOUT_MS = 5000;
 const ANSWER_TIMEOUT_MS = 10_000;
+/** A relay helper that died is started again after this long (on the port it had). */
+const HELPER_RESTART_MS = 200;
 const MAX_ANSWER_BYTES = 512;
 
 /** What a connection into a sandbox's port failed on: nothing listens there, or the sandbox's network is gone. */
@@ -25,13 +28,18 @@ export class PortConnectError extends Error {
  * Connections to TCP ports inside sandboxes' network namespaces (a sandbox without a
  * network has only its loopback: nothing on the host can reach it by address). Node
  * cannot make a socket in another namespace, so one small helper process per worker
- * (rollbox-portfwd) does: it is started on first use and again if it died, listens on a
- * unix socket in the worker's own directory, and forks per connection into the
- * sandbox's namespace; the socket this answers is a plain byte stream to the port.
+ * (rollbox-portfwd) does: it listens on a unix socket in the worker's own directory, and
+ * forks per connection into the sandbox's namespace; the socket `open` answers is a plain
+ * byte stream to the port. With `listenRelay` the same helper is also the worker's port
+ * relay (relay.ts), started at once and again whenever it dies (on the port it had);
+ * otherwise it is started on first use and again by the next use after it died.
  */
 export class PortForwarder {
   private helper: Promise<ChildProcess> | undefined;
   private child: ChildProcess | undefined;
+  /** The relay's arguments (address, port, control socket) once `listenRelay` was called. */
+  private relay: [string, string, string] | undefined;
+  private stopped = false;
   readonly socketPath: string;
 
   constructor(
@@ -61,40 +69,63 @@ export class PortForwarder {
     }
   }
 
+  /**
+   * Makes the helper the port relay too: it listens on TCP at `host:port` (port 0: any free
+   * one) and asks on `controlPath` whether each connection's ticket opens a port. Answers
+   * the port it listens on.
+   */
+  async listenRelay(host: string, port: number, controlPath: string): Promise<number> {
+    const address = net.isIP(host) ? host : (await dns.lookup(host)).address;
+    this.relay = [address, String(port), controlPath];
+    const running = this.helper;
+    this.helper = undefined;
+    this.child = undefined;
+    void running?.then((child) => child.kill('SIGKILL'), () => undefined);
+    const { relayPort } = await this.ensureHelper();
+    // A helper started again takes the same port: gateways know it from the heartbeat.
+    this.relay[1] = String(relayPort);
+    return relayPort;
+  }
+
   stop(): void {
+    this.stopped = true;
     const helper = this.helper;
     this.helper = undefined;
     this.child = undefined;
     void helper?.then((child) => child.kill('SIGKILL'), () => undefined);
   }
 
-  private ensureHelper(): Promise<ChildProcess> {
+  private ensureHelper(): Promise<ChildProcess & { relayPort: number }> {
     this.helper ??= this.startHelper().catch((err: unknown) => {
       this.helper = undefined;
       throw err;
     });
-    return this.helper;
+    return this.helper as Promise<ChildProcess & { relayPort: number }>;
   }
 
-  private async startHelper(): Promise<ChildProcess> {
+  private async startHelper(): Promise<ChildProcess & { relayPort: number }> {
     await fs.mkdir(this.options.dir, { recursive: true, mode: 0o700 });
     const binary = this.options.binary ?? DEFAULT_PORTFWD_BINARY;
-    const child = spawn(binary, [this.socketPath], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(binary, [this.socketPath, ...(this.relay ?? [])], { stdio: ['ignore', 'pipe', 'pipe'] });
     let stderr = '';
     child.stderr!.on('data', (chunk: Buffer) => (stderr = (stderr + chunk.toString()).slice(-2000)));
     this.child = child;
-    // A helper that dies is started again by the next connection.
     child.once('exit', () => {
       if (this.child !== child) return;
       this.child = undefined;
       this.helper = undefined;
+      // The relay is a door gateways dial at any time: it opens again at once.
+      if (this.relay && !this.stopped) setTimeout(() => void this.ensureHelper().catch(() => undefined), HELPER_RESTART_MS).unref();
     });
+    let relayPort: number;
     try {
       const ready = await Promise.race([
         readLine(child.stdout!, HELPER_START_TIMEOUT_MS, 64),
         new Promise<never>((_, reject) => child.once('error', reject)),
       ]);
-      if (ready !== 'ready') throw new Error(`said ${ready}`);
+      const m = /^ready (\d+)$/.exec(ready);
+      if (!m) throw new Error(`said ${ready}`);
+      relayPort = Number(m[1]);
     } catch (err) {
       child.kill('SIGKILL');
       throw new RollboxError('internal', `rollbox-portfwd did not start: ${stderr.trim() || (err instanceof Error ? err.message : String(err))} (build it with scripts/build-portfwd.sh)`);
@@ -103,7 +134,7 @@ export class PortForwarder {
     // It must not keep the worker's process alive (it dies with it: PR_SET_PDEATHSIG).
     for (const pipe of [child.stdout, child.stderr] as net.Socket[]) pipe.unref();
     child.unref();
-    return child;
+    return Object.assign(child, { relayPort });
   }
 }
 

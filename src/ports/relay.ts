@@ -1,92 +1,91 @@
+import fs from 'node:fs/promises';
 import net from 'node:net';
+import path from 'node:path';
 import type { Logger } from 'pino';
 import { RollboxError } from '../api/index.ts';
-import { PortConnectError, readLine, type PortForwarder } from './forwarder.ts';
+import type { PortForwarder } from './forwarder.ts';
 import type { PortTickets } from './tickets.ts';
 
-/** A ticket is the first thing a gateway sends: short, and at once. */
-const TICKET_TIMEOUT_MS = 5000;
+/** The C side refuses longer ones before it asks. */
 const MAX_TICKET_BYTES = 256;
 
 export interface PortRelayDeps {
   tickets: Pick<PortTickets, 'verify'>;
-  forwarder: Pick<PortForwarder, 'open'>;
+  forwarder: Pick<PortForwarder, 'listenRelay' | 'stop'>;
   /** The pid whose network namespace is the sandbox's (its init), for a sandbox running on this host; else a coded error. */
   netnsOf: (sandboxId: string) => Promise<number>;
+  /** Where the unix socket rollbox-portfwd asks on is made (a directory only root reads). */
+  controlPath: string;
   logger?: Pick<Logger, 'debug' | 'warn'>;
 }
 
 /**
- * A worker host's door for traffic into its sandboxes' ports: a TCP listener gateways
- * dial (its address is in the host's heartbeat). Each connection starts with a ticket line
+ * A worker host's door for traffic into its sandboxes' ports: a TCP listener gateways dial
+ * (its address is in the host's heartbeat). Each connection starts with a ticket line
  * (tickets.ts) naming one sandbox and port; the relay answers `ok` and from then on the
  * connection is a byte stream to that port, or answers `err {code, message}` and closes.
  * Whatever a gateway speaks over it (HTTP, a WebSocket after its upgrade) passes as is.
+ *
+ * The listener and the bytes are rollbox-portfwd's (forwarder.ts): a child of it per
+ * connection copies them between the gateway and the sandbox. What is decided here, on a
+ * unix socket it asks for each connection, is whether the ticket opens a port of a sandbox
+ * running on this host (its signature, its expiry, the sandbox's state): the answer is
+ * `ok <netns pid> <port> <sandbox id>` or the coded refusal the gateway gets.
  */
 export class PortRelay {
-  private server: net.Server | undefined;
-  private readonly open = new Set<net.Socket>();
+  private control: net.Server | undefined;
 
   constructor(private readonly deps: PortRelayDeps) {}
 
-  /** Listens; answers the address it listens at (`host:port`). */
+  /** Listens (`port` 0: any free one); answers the address it listens at (`host:port`). */
   async listen(host: string, port: number): Promise<string> {
-    const server = net.createServer({ allowHalfOpen: true, noDelay: true }, (socket) => void this.serve(socket));
+    await fs.mkdir(path.dirname(this.deps.controlPath), { recursive: true, mode: 0o700 });
+    // A worker process that was killed left its socket behind.
+    await fs.rm(this.deps.controlPath, { force: true });
+    const control = net.createServer((socket) => void this.answer(socket));
     await new Promise<void>((resolve, reject) => {
-      server.once('error', reject);
-      server.listen({ host, port, backlog: 1024 }, () => resolve());
+      control.once('error', reject);
+      control.listen({ path: this.deps.controlPath, backlog: 1024 }, () => resolve());
     });
-    this.server = server;
-    const address = server.address() as net.AddressInfo;
-    return `${host.includes(':') ? `[${host}]` : host}:${address.port}`;
+    this.control = control;
+    const bound = await this.deps.forwarder.listenRelay(host, port, this.deps.controlPath);
+    return `${host.includes(':') ? `[${host}]` : host}:${bound}`;
   }
 
+  /** Closes the door: the helper goes, and with it every connection it relays. */
   async stop(): Promise<void> {
-    const server = this.server;
-    this.server = undefined;
-    for (const socket of this.open) socket.destroy();
-    if (server) await new Promise<void>((resolve) => server.close(() => resolve()));
+    this.deps.forwarder.stop();
+    const control = this.control;
+    this.control = undefined;
+    if (control) await new Promise<void>((resolve) => control.close(() => resolve()));
   }
 
-  private async serve(socket: net.Socket): Promise<void> {
-    this.open.add(socket);
-    socket.setNoDelay(true);
-    socket.once('close', () => this.open.delete(socket));
+  /**
+   * One connection of rollbox-portfwd's, made before the gateway's connection it serves came
+   * (so it waits, without a bound, for its ticket): the ticket in, the verdict out.
+   */
+  private answer(socket: net.Socket): void {
     socket.on('error', () => socket.destroy());
-    let upstream: net.Socket;
+    let held = '';
+    const onData = (chunk: Buffer) => {
+      held += chunk.toString('latin1');
+      const newline = held.indexOf('\n');
+      if (newline < 0 && held.length <= MAX_TICKET_BYTES) return;
+      socket.off('data', onData);
+      void this.verdictOn(newline < 0 ? undefined : held.slice(0, newline)).then((verdict) => socket.end(`${verdict}\n`));
+    };
+    socket.on('data', onData);
+  }
+
+  private async verdictOn(ticket: string | undefined): Promise<string> {
     try {
-      const ticket = await readLine(socket, TICKET_TIMEOUT_MS, MAX_TICKET_BYTES).catch((err: Error) => {
-        throw new RollboxError('invalid_request', `port relay: ${err.message}`);
-      });
+      if (ticket === undefined) throw new RollboxError('invalid_request', `port relay: line longer than ${MAX_TICKET_BYTES} bytes`);
       const { sandboxId, port } = await this.deps.tickets.verify(ticket);
-      const pid = await this.deps.netnsOf(sandboxId);
-      upstream = await this.deps.forwarder.open(pid, port).catch((err: unknown) => {
-        throw err instanceof PortConnectError ? portError(sandboxId, port, err) : err;
-      });
+      return `ok ${await this.deps.netnsOf(sandboxId)} ${port} ${sandboxId}`;
     } catch (err) {
       const { code, message } = err instanceof RollboxError ? err : new RollboxError('internal', err instanceof Error ? err.message : String(err));
       this.deps.logger?.debug({ code, message }, 'port relay refused a connection');
-      socket.end(`err ${JSON.stringify({ code, message })}\n`);
-      return;
+      return `err ${JSON.stringify({ code, message })}`;
     }
-    this.open.add(upstream);
-    upstream.once('close', () => this.open.delete(upstream));
-    upstream.setNoDelay(true);
-    socket.write('ok\n');
-    // Either side's end is passed on as a half-close; an error ends both.
-    upstream.on('error', () => socket.destroy());
-    socket.on('error', () => upstream.destroy());
-    socket.once('close', () => upstream.destroy());
-    upstream.once('close', () => socket.destroy());
-    socket.pipe(upstream);
-    upstream.pipe(socket);
-    socket.resume();
   }
-}
-
-function portError(sandboxId: string, port: number, err: PortConnectError): RollboxError {
-  if (err.errno === 'ECONNREFUSED') return new RollboxError('port_closed', `nothing listens on port ${port} in sandbox ${sandboxId} (a server there must listen on 0.0.0.0 or 127.0.0.1)`);
-  if (err.errno === 'ENOENT') return new RollboxError('invalid_state', `sandbox ${sandboxId} is not running on this worker host`);
-  if (err.errno === 'ETIMEDOUT') return new RollboxError('timeout', `connecting to port ${port} in sandbox ${sandboxId} timed out (is it paused?)`);
-  return new RollboxError('internal', `connecting to port ${port} in sandbox ${sandboxId}: ${err.message}`);
 }

@@ -99,8 +99,9 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
   const housekeeping = source.lazy && setInterval(() => void source.lazy!.collect().then(() => source.lazy!.enforceLimit()).catch((err: unknown) => logger.warn({ err }, 'lazy layer housekeeping failed')), config.layerGc.intervalMs).unref();
   hostRef.current = host;
   // Traffic into its sandboxes' ports, told to gateways by the first heartbeat.
-  const forwarder = new PortForwarder({ dir: path.join(workerDir, 'ports') });
-  const relay = new PortRelay({ tickets: new PortTickets(redis), forwarder, netnsOf: (id) => host.portNetnsOf(id), logger });
+  const portsDir = path.join(workerDir, 'ports');
+  const forwarder = new PortForwarder({ dir: portsDir });
+  const relay = new PortRelay({ tickets: new PortTickets(redis), forwarder, netnsOf: (id) => host.portNetnsOf(id), controlPath: path.join(portsDir, 'relay-control.sock'), logger });
   host.portRelay = await listenPortRelay(relay, config.portRelay);
   await host.start();
   return {
@@ -109,7 +110,6 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
     async stop(options = { destroySandboxes: false }) {
       clearInterval(housekeeping);
       await relay.stop();
-      forwarder.stop();
       await host.stop(options);
       // Nothing is mounted any more after a destroying stop: the gate can end with it.
       await source.lazy?.stop({ shutdownGate: options.destroySandboxes });
