@@ -64,7 +64,19 @@ async function probes(id: string): Promise<{ at: number; ok: boolean; resolved: 
 }
 
 describe("an agent sandbox's reach to the gateway", () => {
-  it('resets a connection still being opened to a gateway whose machine stops answering, so the retry reaches the next', async () => {
+  /**
+   * Opens a connection to the gateway from sandbox `id` and begins a request on it (a call
+   * in progress); when the connection ends, the seconds it lasted go to /tmp/held-NAME.
+   */
+  const holdConnection = async (id: string, name: string) => {
+    const hold = `mkfifo /tmp/in-${name}; (printf 'GET /healthz HTTP/1.1\\r\\n'; sleep 60) > /tmp/in-${name} & s=$(date +%s); timeout 60 nc gateway.rollbox.internal 9180 < /tmp/in-${name}; echo $(( $(date +%s) - s )) > /tmp/held-${name}`;
+    expect((await api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, { cmd: hold, background: true, timeoutMs: 90_000 })).status).toBe(202);
+    // A gateway that answers accepts it at once; one that refused would have ended it.
+    await sleep(1000);
+    expect(await sh(id, `cat /tmp/held-${name} 2>/dev/null || echo open`)).toBe('open\n');
+  };
+
+  it('resets the connections to a gateway whose machine stops answering (being opened, or open and silent), so the retries reach the next; a live one keeps its own', async () => {
     const created = await api(cluster, token, 'POST', '/v1/sandboxes', { resources: { memoryMiB: 64 }, ttlSeconds: 120, network: { gateway: true } });
     expect(created.status, JSON.stringify(created.body)).toBe(201);
     const id = created.body.id as string;
@@ -73,6 +85,8 @@ describe("an agent sandbox's reach to the gateway", () => {
     const loop = 'for i in $(seq 300); do s=$(date +%s); timeout 30 wget -q -O /dev/null http://gateway.rollbox.internal:9180/healthz 2>/dev/null; echo "$(( $(date +%s) - s ))"; sleep 0.2; done > /tmp/connect.log';
     expect((await api(cluster, token, 'POST', `/v1/sandboxes/${id}/exec`, { cmd: loop, background: true, timeoutMs: 120_000 })).status).toBe(202);
     await waitFor('attempts through the first gateway', async () => Number(await sh(id, 'wc -l < /tmp/connect.log')) >= 3 && dnatTargetOf(NODE)?.port === first, 30_000);
+    // A call in progress on it: a connection open, a request begun, nothing more to send for now.
+    await holdConnection(id, 'first');
     // Its machine gone, as far as packets tell: nothing comes back from it, no reset either.
     // (Its answers are dropped, not what is sent to it: the connection is then tracked, as
     // one to a gateway on another machine is once it leaves this host.)
@@ -80,6 +94,10 @@ describe("an agent sandbox's reach to the gateway", () => {
     execFileSync('nft', ['-f', '-'], { input: `table inet ${table} {\n chain output {\n type filter hook output priority -10; policy accept;\n tcp sport ${first} drop\n }\n}\n` });
     try {
       await waitFor('the rule moved to the second gateway', async () => dnatTargetOf(NODE)?.port !== first, 15_000);
+      // The open one was reset with the move, not left silent until its client gives up (60 s here).
+      await waitFor('the call open on the first gateway reset', async () => (await sh(id, 'cat /tmp/held-first 2>/dev/null')).trim() !== '', 5000);
+      // One open on the second, which stays up while the host moves back to its first.
+      await holdConnection(id, 'second');
       await sleep(8000);
       const seconds = (await sh(id, 'cat /tmp/connect.log')).trim().split('\n').map(Number);
       // An attempt begun in the second or two before the move was reset then, not left for its 30 s.
@@ -91,6 +109,8 @@ describe("an agent sandbox's reach to the gateway", () => {
     }
     // Back: the host returns to its first gateway.
     await waitFor('the rule back on the first gateway', async () => dnatTargetOf(NODE)?.port === first, 15_000);
+    await sleep(1500);
+    expect(await sh(id, 'cat /tmp/held-second 2>/dev/null || echo open'), 'the call open on the second gateway, which answers, is left alone').toBe('open\n');
     expect((await api(cluster, token, 'DELETE', `/v1/sandboxes/${id}`)).status).toBe(200);
   }, 120_000);
 

@@ -47,11 +47,10 @@ async function ipv4Of(host: string): Promise<string | undefined> {
 }
 
 /**
- * The gateway an agent sandbox's `gateway.rollbox.internal:9180` should reach now: the first
- * of `targets`, in their configured order, that accepts a connection (all probed at once).
- * Undefined when none does.
+ * The gateways that accept a connection now (all probed at once), in the order of
+ * `targets`: the first is where an agent sandbox's `gateway.rollbox.internal:9180` should go.
  */
-export async function firstLiveGateway(targets: readonly HostPort[], timeoutMs = PROBE_TIMEOUT_MS): Promise<GatewayAddress | undefined> {
+export async function liveGateways(targets: readonly HostPort[], timeoutMs = PROBE_TIMEOUT_MS): Promise<GatewayAddress[]> {
   const probed = await Promise.all(
     targets.map(async (t) => {
       const address = await ipv4Of(t.host);
@@ -59,8 +58,10 @@ export async function firstLiveGateway(targets: readonly HostPort[], timeoutMs =
       return target && (await accepts(target, timeoutMs)) ? target : undefined;
     }),
   );
-  return probed.find((t) => t !== undefined);
+  return probed.filter((t) => t !== undefined);
 }
+
+const sameGateway = (a: GatewayAddress, b: GatewayAddress | undefined) => a.address === b?.address && a.port === b.port;
 
 /**
  * The configured gateways in this host's order of preference: the list rotated by a hash of
@@ -84,8 +85,11 @@ export interface GatewayReachDeps {
   inUse: () => boolean;
   /** Points the kernel's DNAT rule at `target` (renderGatewayDnat). */
   point: (target: GatewayAddress) => Promise<void>;
-  /** After a move: resets the agent sandboxes' connections still being opened to the old gateway. */
-  resetOpening: () => Promise<void>;
+  /**
+   * After a move, resets the agent sandboxes' connections to the old gateway: those still
+   * being opened (`opening`), or, when the old gateway stopped answering, all of them (`all`).
+   */
+  resetConnections: (which: 'opening' | 'all') => Promise<void>;
   log?: NetworkLogger;
 }
 
@@ -131,15 +135,21 @@ export class GatewayReach {
   /** One probe at a time. */
   private probe(): Promise<void> {
     this.pointing ??= (async () => {
-      const live = await firstLiveGateway(inHostOrder(this.deps.targets(), this.deps.nodeId));
+      const answering = await liveGateways(inHostOrder(this.deps.targets(), this.deps.nodeId));
+      const live = answering[0];
       this.probed = { answering: live !== undefined, checkedAtMs: Date.now() };
-      if (!live || (live.address === this.target?.address && live.port === this.target.port)) return;
+      if (!live || sameGateway(live, this.target)) return;
       await this.deps.point(live);
       const from = this.target;
       this.target = live;
       if (!from) return;
-      this.deps.log?.warn({ from, to: live }, 'agent sandboxes now reach another gateway');
-      await this.deps.resetOpening();
+      // A gateway that went away leaves its calls' connections silent (its machine answers
+      // nothing, not even a reset) until the agents' SDKs time out, minutes later: reset, they
+      // retry at once through the new rule and join their calls there. One that still answers
+      // (the host moving back to its first) keeps the calls it serves.
+      const gone = !answering.some((g) => sameGateway(g, from));
+      this.deps.log?.warn({ from, to: live, fromAnswering: !gone }, 'agent sandboxes now reach another gateway');
+      await this.deps.resetConnections(gone ? 'all' : 'opening');
     })().finally(() => {
       this.pointing = undefined;
     });

@@ -125,7 +125,7 @@ export class SandboxNetworks {
       targets: () => deps.gatewayTargets?.() ?? [],
       inUse: () => [...this.attached.values()].some((n) => n.gateway),
       point: (target) => this.nft(renderGatewayDnat(this.table, this.poolCidr, SANDBOX_GATEWAY.port, target)),
-      resetOpening: () => this.resetOpeningToGateway(),
+      resetConnections: (which) => this.resetConnectionsToGateway(which),
       ...(deps.logger ? { log: deps.logger } : {}),
     });
   }
@@ -189,16 +189,17 @@ export class SandboxNetworks {
   }
 
   /**
-   * After the DNAT rule moved: a connection still being opened keeps the old gateway (its
-   * conntrack entry), and when that gateway's machine is gone its SYNs go unanswered for
-   * minutes. Reset, the agent's client fails at once and its retry takes the new rule. Open
-   * connections are left alone.
+   * After the DNAT rule moved: a connection already tracked keeps the old gateway (its
+   * conntrack entry), and when that gateway's machine is gone its packets go unanswered for
+   * minutes. Reset, the agent's client fails at once and its retry takes the new rule:
+   * connections still being opened (`opening`), or every one (`all`, the old gateway stopped
+   * answering, so the calls open on it wait for nothing).
    */
-  private async resetOpeningToGateway(): Promise<void> {
+  private async resetConnectionsToGateway(which: 'opening' | 'all'): Promise<void> {
     for (const net of this.attached.values()) {
       if (!net.gateway) continue;
-      const reset = await run('nsenter', [`--net=${net.netns}`, '--', 'ss', '-K', '-tnH', 'state', 'syn-sent', 'dst', net.slot.hostAddress, 'dport', '=', `:${SANDBOX_GATEWAY.port}`]);
-      if (reset.code !== 0) this.log?.warn({ veth: net.veth, stderr: reset.stderr.trim() }, 'could not reset connections being opened to the old gateway');
+      const reset = await run('nsenter', [`--net=${net.netns}`, '--', 'ss', '-K', '-tnH', 'state', which === 'all' ? 'connected' : 'syn-sent', 'dst', net.slot.hostAddress, 'dport', '=', `:${SANDBOX_GATEWAY.port}`]);
+      if (reset.code !== 0) this.log?.warn({ veth: net.veth, stderr: reset.stderr.trim() }, 'could not reset connections to the old gateway');
     }
   }
 
