@@ -20,7 +20,7 @@ export const ERROR_CODES = {
   internal: { status: 500, meaning: 'A failure of rollbox itself (the message says which); retrying with the same Idempotency-Key or commandId is safe.' },
   admission_exhausted: { status: 503, meaning: 'Every worker host that could take the create refused it (Retry-After).' },
   no_capacity: { status: 503, meaning: 'No worker host has room for the request now (Retry-After).' },
-  network_unavailable: { status: 503, meaning: 'The request needs an allowlist network and no worker host that could take it passes its network self-test; the message names each host\'s cause (Retry-After).' },
+  network_unavailable: { status: 503, meaning: 'The request needs an allowlist network and no worker host that could take it passes its network self-test, or it is an agent sandbox (`network.gateway`) and no such host\'s probe finds a gateway answering; the message names each host\'s cause (Retry-After).' },
   unavailable: { status: 503, meaning: 'A dependency (Redis, a gateway shutting down) is not available (Retry-After).' },
   timeout: { status: 504, meaning: 'The operation did not finish in time; the command log or the sandbox record says what became of it.' },
   node_lost: { status: 502, meaning: 'The worker host stopped heartbeating while the request was on it.' },

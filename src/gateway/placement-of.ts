@@ -3,7 +3,7 @@ import type { PlacementCandidate, PlacementRequest } from '../queues/index.ts';
 
 /** What placement needs of a sandbox's spec: what it reserves, and whether it has a network. */
 export function placementOf(spec: Pick<CreateSandboxRequest, 'resources' | 'network' | 'tier'>): Omit<PlacementRequest, 'pool' | 'exclude'> {
-  return { ...reservationOf(spec.resources), network: hasNetwork(spec.network), ...(spec.tier === 'microvm' ? { microvm: true } : {}) };
+  return { ...reservationOf(spec.resources), network: hasNetwork(spec.network), ...(spec.network.gateway ? { gateway: true } : {}), ...(spec.tier === 'microvm' ? { microvm: true } : {}) };
 }
 
 /**
@@ -28,14 +28,18 @@ export function withDefaultRequests<R extends Pick<Resources, 'cpuMillis' | 'mem
 }
 
 /**
- * For an allowlist request no node took where one would have taken it without the
- * network: the hosts' failing self-tests are why, and the caller is told their causes.
+ * For a request no node took where one would have taken it without its network: the
+ * hosts' failing self-tests (an allowlist network), or their probes finding no gateway
+ * answering (an agent sandbox's `network.gateway`), are why, and the caller is told so.
  */
 export function networkUnavailable(placement: PlacementRequest, candidates: readonly PlacementCandidate[], place: (p: PlacementRequest) => string | undefined): RollboxError | undefined {
-  if (!placement.network || !place({ ...placement, network: false })) return undefined;
-  const failing = candidates
-    .filter((c) => c.heartbeat.pool === placement.pool && c.heartbeat.network?.allowlist === 'failing')
-    .map((c) => `${c.heartbeat.nodeId}: ${c.heartbeat.network!.detail ?? 'self-test failing'}`);
+  if (!placement.network || !place({ ...placement, network: false, gateway: false })) return undefined;
+  const inPool = candidates.filter((c) => c.heartbeat.pool === placement.pool);
+  const failing = inPool.filter((c) => c.heartbeat.network?.allowlist === 'failing').map((c) => `${c.heartbeat.nodeId}: ${c.heartbeat.network!.detail ?? 'self-test failing'}`);
+  if (placement.gateway && place({ ...placement, gateway: false })) {
+    const cut = inPool.filter((c) => c.heartbeat.network?.gateway?.answering === false).map((c) => `${c.heartbeat.nodeId}: none of its gateways answered at ${new Date(c.heartbeat.network!.gateway!.checkedAtMs).toISOString()}${c.heartbeat.network!.gateway!.target ? ` (its rule still names ${c.heartbeat.network!.gateway!.target})` : ''}`);
+    return new RollboxError('network_unavailable', `no worker host in pool ${placement.pool} reaches a gateway for an agent sandbox (network.gateway) now; their probes find none answering (${cut.join(' | ')})`, 5);
+  }
   return new RollboxError('network_unavailable', `no worker host in pool ${placement.pool} can give a sandbox an allowlist network now; their network self-tests fail (${failing.join(' | ')})`, 30);
 }
 

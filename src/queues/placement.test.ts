@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import type { NodeHeartbeat } from '../api/index.ts';
-import { chooseNode, idleHeartbeat, type PlacementCandidate } from './placement.ts';
+import { networkUnavailable } from '../gateway/placement-of.ts';
+import { chooseNode, idleHeartbeat, type PlacementCandidate, type PlacementRequest } from './placement.ts';
 
 function node(nodeId: string, usedMemoryMiB: number, extra: Partial<NodeHeartbeat> = {}): PlacementCandidate {
   return {
@@ -45,6 +46,21 @@ describe('chooseNode', () => {
     expect(chooseNode([failing], { ...request, network: true }, options)).toBeUndefined();
     expect(chooseNode([failing], request, options)?.heartbeat.nodeId).toBe('failing');
     expect(chooseNode([node('unreported', 0)], { ...request, network: true }, options)?.heartbeat.nodeId).toBe('unreported');
+  });
+
+  it("places an agent sandbox (network.gateway) only on nodes whose probe finds a gateway answering (or that report none yet), and explains when none does", () => {
+    const ok = { allowlist: 'ok' as const, checkedAtMs: 1, firewall: [] };
+    const cut = node('cut', 0, { network: { ...ok, gateway: { target: '10.0.0.9:9180', answering: false, checkedAtMs: 1_700_000_000_000 } } });
+    const reaching = node('reaching', 5_000, { network: { ...ok, gateway: { target: '10.0.0.8:9180', answering: true, checkedAtMs: 1 } } });
+    const agent = { ...request, network: true, gateway: true };
+    for (let i = 0; i < 20; i++) expect(chooseNode([cut, reaching], agent, options)?.heartbeat.nodeId).toBe('reaching');
+    expect(chooseNode([node('unprobed', 0, { network: ok })], agent, options)?.heartbeat.nodeId).toBe('unprobed');
+    // Other sandboxes still go there: its own network works.
+    expect(chooseNode([cut], { ...request, network: true }, options)?.heartbeat.nodeId).toBe('cut');
+    const place = (p: PlacementRequest) => chooseNode([cut], p, options)?.heartbeat.nodeId;
+    expect(place(agent)).toBeUndefined();
+    const why = networkUnavailable(agent, [cut], place);
+    expect(why).toMatchObject({ code: 'network_unavailable', message: expect.stringContaining('cut: none of its gateways answered at 2023-11-14T22:13:20.000Z (its rule still names 10.0.0.9:9180)') });
   });
 
   it('filters unhealthy, stale, excluded, wrong-pool and full nodes', () => {

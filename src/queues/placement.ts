@@ -44,6 +44,8 @@ export interface PlacementRequest {
   requiredLayers?: readonly string[];
   /** An allowlist network: only nodes whose network self-test passes (or that report none). */
   network?: boolean;
+  /** An agent sandbox (`network.gateway`): not on nodes whose last probe found no gateway answering (heartbeat `network.gateway`). */
+  gateway?: boolean;
   /** Only nodes that run the microVM tier (heartbeat `tiers.microvm`). */
   microvm?: boolean;
   /** Only this node (a fork's child whose disk is cloned from a fork point there). */
@@ -83,6 +85,7 @@ export function eligibleNodes(candidates: readonly PlacementCandidate[], request
     if (!hb.healthy || c.ageMs > staleAfterMs || hb.pool !== request.pool || request.exclude.has(hb.nodeId)) return false;
     if (hb.ready === false || request.avoid?.has(hb.nodeId) || !holdsLayers(hb, request.requiredLayers)) return false;
     if (request.network && hb.network && hb.network.allowlist !== 'ok') return false;
+    if (request.gateway && hb.network?.gateway?.answering === false) return false;
     if (request.microvm && !hb.tiers?.microvm) return false;
     if (request.only !== undefined && hb.nodeId !== request.only) return false;
     const memoryFree = hb.capacity.memoryMiB - hb.used.memoryMiB - c.assumed.memoryMiB;
