@@ -99,9 +99,13 @@ struct direction {
 };
 
 /* Both directions, non-blocking: one side that stops reading never stalls the other. */
-static void relay(int a, int b) {
+static void relay(int a, int b, const char *pending, size_t pending_len) {
   static struct direction dirs[2];
   dirs[0] = (struct direction){.from = a, .to = b};
+  /* What `a` sent before the relay began goes to `b` first, as any read would (so a server
+   * that writes before it reads is read from meanwhile). */
+  if (pending_len > 0) memcpy(dirs[0].buf, pending, pending_len);
+  dirs[0].len = pending_len;
   dirs[1] = (struct direction){.from = b, .to = a};
   fcntl(a, F_SETFL, fcntl(a, F_GETFL) | O_NONBLOCK);
   fcntl(b, F_SETFL, fcntl(b, F_GETFL) | O_NONBLOCK);
@@ -182,7 +186,7 @@ static void serve(int client) {
   int upstream = connect_into(pid, port, &what);
   if (upstream < 0) { fail(client, errno, what); return; }
   answer(client, "ok\n");
-  relay(client, upstream);
+  relay(client, upstream, NULL, 0);
 }
 
 static void write_all(int fd, const char *bytes, size_t len) {
@@ -301,9 +305,7 @@ static void serve_relay(int client, int control) {
     return;
   }
   answer(client, "ok\n");
-  size_t behind = len - (size_t)(newline + 1 - held);
-  if (behind > 0) write_all(upstream, newline + 1, behind);
-  relay(client, upstream);
+  relay(client, upstream, newline + 1, len - (size_t)(newline + 1 - held));
 }
 
 static int listen_unix(const char *path) {
