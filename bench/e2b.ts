@@ -2,7 +2,8 @@
  * bench:e2b — `commands.run('true')` through the official E2B SDK (e2b 2.51, its Connect
  * stream to envd at the gateway) beside rollbox's own TypeScript client's exec of the same
  * command in the same sandbox, interleaved one by one in the same run, so both see the
- * same host. The native client is the floor; the target is at most 1.5x. Also the SDK's
+ * same host, from a client process of their own (bench/support/exec-arm.ts), as a
+ * harness is. The native client is the floor; the target is at most 1.5x. Also the SDK's
  * create beside the native create, and a pty arm: keystroke to echo on a terminal through
  * the SDK's `pty` (sendInput, then its Connect stream) and through rollbox's own pty API
  * (stdin, then the command's event stream), each as a ratio to the exec floor of the same
@@ -23,6 +24,7 @@ import { runTool } from '../src/proc/index.ts';
 import { E2bKeyStore } from '../src/iam/index.ts';
 import { progressBar, summarize, writeCdfChart } from '../src/report/index.ts';
 import { api, startTestCluster } from '../test/support/cluster.ts';
+import { runExecArm } from './support/exec-arm.ts';
 import { runPortArm, type PortArmSamples } from './support/port-arm.ts';
 import { sandboxPaths, timed } from './support/runc-floor.ts';
 
@@ -46,7 +48,8 @@ process.once('SIGINT', () => void cluster.stop().finally(() => process.exit(130)
 const redis = new Redis(cluster.redisUrl);
 try {
   const scopes = ['sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete'] as const;
-  const native = new RollboxClient({ baseUrl: cluster.url, token: await cluster.token('bench', [...scopes]) });
+  const nativeToken = await cluster.token('bench', [...scopes]);
+  const native = new RollboxClient({ baseUrl: cluster.url, token: nativeToken });
   const { key } = await new E2bKeyStore(redis).issue({ tenant: 'bench', scopes });
   Object.assign(process.env, { E2B_API_URL: cluster.url, E2B_SANDBOX_URL: cluster.url, E2B_API_KEY: key });
 
@@ -62,30 +65,13 @@ try {
 
   const sbx = await Sandbox.create({ timeoutMs: 600_000 });
   created.push(sbx.sandboxId);
-  const viaSdk = async () => {
-    const r = await sbx.commands.run('true');
-    if (r.exitCode !== 0) throw new Error(`exit ${r.exitCode}`);
-  };
+  // The command arm, from a client process of its own (bench/support/exec-arm.ts).
+  const { e2b, floor, nativeStream } = await runExecArm({ runs: RUNS, gatewayUrl: cluster.url, e2bKey: key, token: nativeToken, sandboxId: sbx.sandboxId });
+  /** The pty arm's floor: rollbox's own exec, from this process as its terminals are. */
   const viaNative = async () => {
     const r = await native.exec(sbx.sandboxId, { cmd: 'true' });
     if (r.exitCode !== 0) throw new Error(`exit ${r.exitCode}`);
   };
-  /** Context, not the floor: the native client's streaming exec (SSE), the path an E2B command takes inside rollbox. */
-  const viaNativeStream = async () => {
-    for await (const ev of native.streamExec(sbx.sandboxId, { cmd: 'true' })) if (ev.type === 'exit' && ev.result.exitCode !== 0) throw new Error(`exit ${ev.result.exitCode}`);
-  };
-  for (let i = 0; i < 20; i++) await Promise.all([viaSdk(), viaNative(), viaNativeStream()]);
-  const e2b: number[] = [];
-  const floor: number[] = [];
-  const nativeStream: number[] = [];
-  const bar = progressBar("commands.run('true'), SDK then native", { total: RUNS });
-  for (let i = 0; i < RUNS; i++) {
-    e2b.push(await timed(viaSdk));
-    floor.push(await timed(viaNative));
-    nativeStream.push(await timed(viaNativeStream));
-    bar.tick();
-  }
-  bar.done();
 
   // Keystroke to echo: one key typed at the shell's prompt, timed until the terminal shows
   // it. Both terminals in the same sandbox.

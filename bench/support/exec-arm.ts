@@ -1,0 +1,78 @@
+/**
+ * bench:e2b's command arm, run as its own process (`runExecArm` spawns this file), as a
+ * harness is: an E2B harness and a rollbox client run in the trainer's process, never in the
+ * stack's, and a client in the bench's process (which holds the gateway and the worker host)
+ * would take its CPU turns from their event loop and lengthen the very path it times; the
+ * E2B SDK's client side (Connect, protobuf, fetch) costs more CPU than rollbox's own client,
+ * so it would lengthen its own arm most. Interleaved one by one, in the same sandbox:
+ * - `commands.run('true')` through the official E2B SDK (its Connect stream to envd at the gateway);
+ * - the floor: rollbox's own TypeScript client's `exec` of the same command;
+ * - context: that client's streaming exec (SSE), the path an E2B command takes inside rollbox.
+ * Progress on stderr; the samples as one JSON line on stdout.
+ */
+import { spawn } from 'node:child_process';
+import { Sandbox } from 'e2b';
+import { RollboxClient } from '../../src/client/index.ts';
+import { progressBar } from '../../src/report/index.ts';
+import { timed } from './runc-floor.ts';
+
+export interface ExecArmInput {
+  runs: number;
+  /** The gateway (E2B's API and sandbox URL too), an E2B key and a rollbox token of the same tenant. */
+  gatewayUrl: string;
+  e2bKey: string;
+  token: string;
+  sandboxId: string;
+}
+
+export interface ExecArmSamples {
+  e2b: number[];
+  floor: number[];
+  nativeStream: number[];
+}
+
+/** Runs the arm in a process of its own; resolves with its samples. */
+export async function runExecArm(input: ExecArmInput): Promise<ExecArmSamples> {
+  const child = spawn(process.execPath, ['--import', 'tsx', import.meta.filename], { stdio: ['pipe', 'pipe', 'inherit'] });
+  child.stdin.end(JSON.stringify(input));
+  let out = '';
+  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+  const code = await new Promise<number | null>((resolve) => child.once('close', resolve));
+  if (code !== 0) throw new Error(`the command arm exited ${code}: ${out.slice(-500)}`);
+  return JSON.parse(out.trim().split('\n').pop()!) as ExecArmSamples;
+}
+
+async function main(input: ExecArmInput): Promise<ExecArmSamples> {
+  Object.assign(process.env, { E2B_API_URL: input.gatewayUrl, E2B_SANDBOX_URL: input.gatewayUrl, E2B_API_KEY: input.e2bKey });
+  const sbx = await Sandbox.connect(input.sandboxId);
+  const native = new RollboxClient({ baseUrl: input.gatewayUrl, token: input.token });
+  const viaSdk = async () => {
+    const r = await sbx.commands.run('true');
+    if (r.exitCode !== 0) throw new Error(`exit ${r.exitCode}`);
+  };
+  const viaNative = async () => {
+    const r = await native.exec(input.sandboxId, { cmd: 'true' });
+    if (r.exitCode !== 0) throw new Error(`exit ${r.exitCode}`);
+  };
+  const viaNativeStream = async () => {
+    for await (const ev of native.streamExec(input.sandboxId, { cmd: 'true' })) if (ev.type === 'exit' && ev.result.exitCode !== 0) throw new Error(`exit ${ev.result.exitCode}`);
+  };
+  for (let i = 0; i < 20; i++) await Promise.all([viaSdk(), viaNative(), viaNativeStream()]);
+  const samples: ExecArmSamples = { e2b: [], floor: [], nativeStream: [] };
+  const bar = progressBar("commands.run('true'), SDK then native", { total: input.runs });
+  for (let i = 0; i < input.runs; i++) {
+    samples.e2b.push(await timed(viaSdk));
+    samples.floor.push(await timed(viaNative));
+    samples.nativeStream.push(await timed(viaNativeStream));
+    bar.tick();
+  }
+  bar.done();
+  return samples;
+}
+
+if (process.argv[1] === import.meta.filename) {
+  let text = '';
+  for await (const chunk of process.stdin) text += chunk;
+  process.stdout.write(`${JSON.stringify(await main(JSON.parse(text) as ExecArmInput))}\n`);
+  process.exit(0);
+}
