@@ -1,19 +1,17 @@
 /**
- * bench:e2b's command arm, run as its own process (`runExecArm` spawns this file), as a
- * harness is: an E2B harness and a rollbox client run in the trainer's process, never in the
- * stack's, and a client in the bench's process (which holds the gateway and the worker host)
- * would take its CPU turns from their event loop and lengthen the very path it times; the
+ * bench:e2b's command arm, run as its own process (client-process.ts), as a harness is; the
  * E2B SDK's client side (Connect, protobuf, fetch) costs more CPU than rollbox's own client,
- * so it would lengthen its own arm most. Interleaved one by one, in the same sandbox:
+ * so in the bench's process it would lengthen its own arm most. Interleaved one by one, in
+ * the same sandbox:
  * - `commands.run('true')` through the official E2B SDK (its Connect stream to envd at the gateway);
  * - the floor: rollbox's own TypeScript client's `exec` of the same command;
  * - context: that client's streaming exec (SSE), the path an E2B command takes inside rollbox.
  * Progress on stderr; the samples as one JSON line on stdout.
  */
-import { spawn } from 'node:child_process';
 import { Sandbox } from 'e2b';
 import { RollboxClient } from '../../src/client/index.ts';
 import { progressBar } from '../../src/report/index.ts';
+import { runInClientProcess, serveClientProcess } from './client-process.ts';
 import { timed } from './runc-floor.ts';
 
 export interface ExecArmInput {
@@ -32,14 +30,8 @@ export interface ExecArmSamples {
 }
 
 /** Runs the arm in a process of its own; resolves with its samples. */
-export async function runExecArm(input: ExecArmInput): Promise<ExecArmSamples> {
-  const child = spawn(process.execPath, ['--import', 'tsx', import.meta.filename], { stdio: ['pipe', 'pipe', 'inherit'] });
-  child.stdin.end(JSON.stringify(input));
-  let out = '';
-  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-  const code = await new Promise<number | null>((resolve) => child.once('close', resolve));
-  if (code !== 0) throw new Error(`the command arm exited ${code}: ${out.slice(-500)}`);
-  return JSON.parse(out.trim().split('\n').pop()!) as ExecArmSamples;
+export function runExecArm(input: ExecArmInput): Promise<ExecArmSamples> {
+  return runInClientProcess(import.meta.filename, 'the command arm', input);
 }
 
 async function main(input: ExecArmInput): Promise<ExecArmSamples> {
@@ -70,9 +62,4 @@ async function main(input: ExecArmInput): Promise<ExecArmSamples> {
   return samples;
 }
 
-if (process.argv[1] === import.meta.filename) {
-  let text = '';
-  for await (const chunk of process.stdin) text += chunk;
-  process.stdout.write(`${JSON.stringify(await main(JSON.parse(text) as ExecArmInput))}\n`);
-  process.exit(0);
-}
+await serveClientProcess(import.meta.filename, main);

@@ -1,5 +1,5 @@
 /**
- * bench:e2b's port arm, run as its own process (`runPortArm` spawns this file): the caller
+ * bench:e2b's port arm, run as its own process (client-process.ts): the caller
  * of a sandbox's port is a user's harness, browser or tool, never the stack's own process,
  * and a client in that process would take its CPU turns from the gateway's event loop and
  * lengthen the very path it times. Four GETs of the same busybox httpd page, interleaved,
@@ -12,7 +12,6 @@
  * - context: the host's busybox httpd on its loopback, outside any sandbox's cgroup.
  * Progress on stderr; the samples as one JSON line on stdout.
  */
-import { spawn } from 'node:child_process';
 import fs from 'node:fs/promises';
 import http from 'node:http';
 import net from 'node:net';
@@ -21,6 +20,7 @@ import path from 'node:path';
 import { Redis } from 'ioredis';
 import { PortForwarder, PortTickets } from '../../src/ports/index.ts';
 import { progressBar } from '../../src/report/index.ts';
+import { runInClientProcess, serveClientProcess } from './client-process.ts';
 import { timed } from './runc-floor.ts';
 
 export interface PortArmInput {
@@ -49,14 +49,8 @@ export interface PortArmSamples {
 }
 
 /** Runs the arm in a process of its own; resolves with its samples. */
-export async function runPortArm(input: PortArmInput): Promise<PortArmSamples> {
-  const child = spawn(process.execPath, ['--import', 'tsx', import.meta.filename], { stdio: ['pipe', 'pipe', 'inherit'] });
-  child.stdin.end(JSON.stringify(input));
-  let out = '';
-  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-  const code = await new Promise<number | null>((resolve) => child.once('close', resolve));
-  if (code !== 0) throw new Error(`the port arm exited ${code}: ${out.slice(-500)}`);
-  return JSON.parse(out.trim().split('\n').pop()!) as PortArmSamples;
+export function runPortArm(input: PortArmInput): Promise<PortArmSamples> {
+  return runInClientProcess(import.meta.filename, 'the port arm', input);
 }
 
 /** One GET of `/index.html` on a new connection (to `to` on the loopback, or over a socket); its body must be `page`. */
@@ -122,9 +116,4 @@ async function main(input: PortArmInput): Promise<PortArmSamples> {
   }
 }
 
-if (process.argv[1] === import.meta.filename) {
-  let text = '';
-  for await (const chunk of process.stdin) text += chunk;
-  process.stdout.write(`${JSON.stringify(await main(JSON.parse(text) as PortArmInput))}\n`);
-  process.exit(0);
-}
+await serveClientProcess(import.meta.filename, main);

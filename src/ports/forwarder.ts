@@ -14,6 +14,9 @@ const ANSWER_TIMEOUT_MS = 10_000;
 const HELPER_RESTART_MS = 200;
 const MAX_ANSWER_BYTES = 512;
 
+/** The running helper, and the port its relay listens on (0 without one). */
+type Helper = ChildProcess & { relayPort: number };
+
 /** What a connection into a sandbox's port failed on: nothing listens there, or the sandbox's network is gone. */
 export class PortConnectError extends Error {
   constructor(
@@ -35,7 +38,7 @@ export class PortConnectError extends Error {
  * otherwise it is started on first use and again by the next use after it died.
  */
 export class PortForwarder {
-  private helper: Promise<ChildProcess> | undefined;
+  private helper: Promise<Helper> | undefined;
   private child: ChildProcess | undefined;
   /** The relay's arguments (address, port, control socket) once `listenRelay` was called. */
   private relay: [string, string, string] | undefined;
@@ -75,12 +78,9 @@ export class PortForwarder {
    * the port it listens on.
    */
   async listenRelay(host: string, port: number, controlPath: string): Promise<number> {
+    if (this.helper) throw new Error('listenRelay must come before the helper is started');
     const address = net.isIP(host) ? host : (await dns.lookup(host)).address;
     this.relay = [address, String(port), controlPath];
-    const running = this.helper;
-    this.helper = undefined;
-    this.child = undefined;
-    void running?.then((child) => child.kill('SIGKILL'), () => undefined);
     const { relayPort } = await this.ensureHelper();
     // A helper started again takes the same port: gateways know it from the heartbeat.
     this.relay[1] = String(relayPort);
@@ -95,15 +95,15 @@ export class PortForwarder {
     void helper?.then((child) => child.kill('SIGKILL'), () => undefined);
   }
 
-  private ensureHelper(): Promise<ChildProcess & { relayPort: number }> {
+  private ensureHelper(): Promise<Helper> {
     this.helper ??= this.startHelper().catch((err: unknown) => {
       this.helper = undefined;
       throw err;
     });
-    return this.helper as Promise<ChildProcess & { relayPort: number }>;
+    return this.helper;
   }
 
-  private async startHelper(): Promise<ChildProcess & { relayPort: number }> {
+  private async startHelper(): Promise<Helper> {
     await fs.mkdir(this.options.dir, { recursive: true, mode: 0o700 });
     const binary = this.options.binary ?? DEFAULT_PORTFWD_BINARY;
     const child = spawn(binary, [this.socketPath, ...(this.relay ?? [])], { stdio: ['ignore', 'pipe', 'pipe'] });
@@ -115,7 +115,10 @@ export class PortForwarder {
       this.child = undefined;
       this.helper = undefined;
       // The relay is a door gateways dial at any time: it opens again at once.
-      if (this.relay && !this.stopped) setTimeout(() => void this.ensureHelper().catch(() => undefined), HELPER_RESTART_MS).unref();
+      const again = () => {
+        if (!this.stopped) void this.ensureHelper().catch(() => undefined);
+      };
+      if (this.relay && !this.stopped) setTimeout(again, HELPER_RESTART_MS).unref();
     });
     let relayPort: number;
     try {
