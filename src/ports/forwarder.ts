@@ -3,6 +3,7 @@ import dns from 'node:dns/promises';
 import fs from 'node:fs/promises';
 import net from 'node:net';
 import path from 'node:path';
+import type { Logger } from 'pino';
 import { RollboxError } from '../api/index.ts';
 
 /** Built from src/ports/rollbox-portfwd.c by scripts/build-portfwd.sh. */
@@ -10,8 +11,9 @@ export const DEFAULT_PORTFWD_BINARY = path.resolve(import.meta.dirname, '../../b
 /** The helper's start and its answer to one connection (it connects on loopback: refused or taken at once). */
 const HELPER_START_TIMEOUT_MS = 5000;
 const ANSWER_TIMEOUT_MS = 10_000;
-/** A relay helper that died is started again after this long (on the port it had). */
+/** A relay helper that died is started again after this long (on the port it had), twice as long after each start that failed, up to the max. */
 const HELPER_RESTART_MS = 200;
+const HELPER_RESTART_MAX_MS = 5000;
 const MAX_ANSWER_BYTES = 512;
 
 /** The running helper, and the port its relay listens on (0 without one). */
@@ -43,10 +45,11 @@ export class PortForwarder {
   /** The relay's arguments (address, port, control socket) once `listenRelay` was called. */
   private relay: [string, string, string] | undefined;
   private stopped = false;
+  private restartMs = HELPER_RESTART_MS;
   readonly socketPath: string;
 
   constructor(
-    private readonly options: { dir: string; binary?: string },
+    private readonly options: { dir: string; binary?: string; logger?: Pick<Logger, 'warn'> },
   ) {
     this.socketPath = path.join(options.dir, 'portfwd.sock');
   }
@@ -110,15 +113,18 @@ export class PortForwarder {
     let stderr = '';
     child.stderr!.on('data', (chunk: Buffer) => (stderr = (stderr + chunk.toString()).slice(-2000)));
     this.child = child;
-    child.once('exit', () => {
+    child.once('exit', (code, signal) => {
       if (this.child !== child) return;
       this.child = undefined;
       this.helper = undefined;
+      if (!this.relay || this.stopped) return;
       // The relay is a door gateways dial at any time: it opens again at once.
+      this.options.logger?.warn({ code, signal, stderr: stderr.trim() }, 'the port relay helper (rollbox-portfwd) exited; starting it again');
       const again = () => {
-        if (!this.stopped) void this.ensureHelper().catch(() => undefined);
+        if (!this.stopped) void this.ensureHelper().catch((err: unknown) => this.options.logger?.warn({ err }, 'the port relay helper did not start again'));
       };
-      if (this.relay && !this.stopped) setTimeout(again, HELPER_RESTART_MS).unref();
+      setTimeout(again, this.restartMs).unref();
+      this.restartMs = Math.min(this.restartMs * 2, HELPER_RESTART_MAX_MS);
     });
     let relayPort: number;
     try {
@@ -129,6 +135,7 @@ export class PortForwarder {
       const m = /^ready (\d+)$/.exec(ready);
       if (!m) throw new Error(`said ${ready}`);
       relayPort = Number(m[1]);
+      this.restartMs = HELPER_RESTART_MS;
     } catch (err) {
       child.kill('SIGKILL');
       throw new RollboxError('internal', `rollbox-portfwd did not start: ${stderr.trim() || (err instanceof Error ? err.message : String(err))} (build it with scripts/build-portfwd.sh)`);

@@ -100,7 +100,7 @@ export async function startWorkerRole(config: Config, redisUrl: string, logger: 
   hostRef.current = host;
   // Traffic into its sandboxes' ports, told to gateways by the first heartbeat.
   const portsDir = path.join(workerDir, 'ports');
-  const forwarder = new PortForwarder({ dir: portsDir });
+  const forwarder = new PortForwarder({ dir: portsDir, logger });
   const relay = new PortRelay({ tickets: new PortTickets(redis), forwarder, netnsOf: (id) => host.portNetnsOf(id), controlPath: path.join(portsDir, 'relay-control.sock'), logger });
   host.portRelay = await listenPortRelay(relay, config.portRelay);
   await host.start();
