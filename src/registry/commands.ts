@@ -5,8 +5,6 @@ import { LuaScript } from '../redis/index.ts';
 
 /** Commands stay replayable this long after they were queued. */
 const COMMAND_TTL_SEC = 7 * 24 * 3600;
-/** How long the copy of a claimed command's op waits for its push to the node's inbox (normally deleted at once). */
-const OP_COPY_TTL_SEC = 600;
 
 const CLAIM = new LuaScript(import.meta.dirname, 'claim-command');
 
@@ -84,15 +82,13 @@ export class CommandLog {
     const queuedAtMs = this.now();
     const fields = ['commandId', input.commandId, 'argv', JSON.stringify(input.argv), 'state', 'queued', 'requestId', input.requestId, 'replyTo', input.replyTo, 'queuedAt', new Date(queuedAtMs).toISOString()];
     if (input.pty) fields.push('pty', JSON.stringify(input.pty));
-    const opCopy = keys.commandOpCopy(input.sandboxId, input.commandId);
     const [kind, a, b, c] = (await CLAIM.run(
       this.redis,
-      [keys.sandbox(input.sandboxId), keys.command(input.sandboxId, input.commandId), keys.commandLog(input.sandboxId), opCopy],
-      [input.tenant, COMMAND_TTL_SEC, queuedAtMs, commandRef(input.sandboxId, input.commandId), input.op, OP_COPY_TTL_SEC, ...fields],
+      [keys.sandbox(input.sandboxId), keys.command(input.sandboxId, input.commandId), keys.commandLog(input.sandboxId)],
+      [input.tenant, COMMAND_TTL_SEC, queuedAtMs, commandRef(input.sandboxId, input.commandId), input.op, ...fields],
     )) as [string, string?, string?, string?];
     if (kind === 'claimed') {
       await this.redis.lpush(keys.inbox(a!, 'ops'), input.op);
-      void this.redis.del(opCopy).catch(() => {}); // it expires anyway
       return { kind, node: a! };
     }
     // Recorded by a caller that died before sending it: sent now (a command starts once).

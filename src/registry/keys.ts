@@ -17,7 +17,6 @@ export const keys = {
   /** Output of a streaming exec, as a Redis stream of chunks. */
   commandOutput: (sandboxId: string, commandId: string) => `rb:{sbx:${sandboxId}}:out:${commandId}`,
   /** A claimed command's op until it is in its node's inbox (see claim-command.lua). */
-  commandOpCopy: (sandboxId: string, commandId: string) => `rb:{sbx:${sandboxId}}:cmd:${commandId}:op`,
   /** A sandbox's commands in the order they were sent (the trajectory). */
   commandLog: (sandboxId: string) => `rb:{sbx:${sandboxId}}:cmds`,
   /** A worker host's inbox of one lane (see src/queues/inbox.ts); `<key>:taken` holds what it works on. */
