@@ -35,11 +35,11 @@ export function withDefaultRequests<R extends Pick<Resources, 'cpuMillis' | 'mem
 export function networkUnavailable(placement: PlacementRequest, candidates: readonly PlacementCandidate[], place: (p: PlacementRequest) => string | undefined): RollboxError | undefined {
   if (!placement.network || !place({ ...placement, network: false, gateway: false })) return undefined;
   const inPool = candidates.filter((c) => c.heartbeat.pool === placement.pool);
-  const failing = inPool.filter((c) => c.heartbeat.network?.allowlist === 'failing').map((c) => `${c.heartbeat.nodeId}: ${c.heartbeat.network!.detail ?? 'self-test failing'}`);
   if (placement.gateway && place({ ...placement, gateway: false })) {
     const cut = inPool.filter((c) => c.heartbeat.network?.gateway?.answering === false).map((c) => `${c.heartbeat.nodeId}: none of its gateways answered at ${new Date(c.heartbeat.network!.gateway!.checkedAtMs).toISOString()}${c.heartbeat.network!.gateway!.target ? ` (its rule still names ${c.heartbeat.network!.gateway!.target})` : ''}`);
     return new RollboxError('network_unavailable', `no worker host in pool ${placement.pool} reaches a gateway for an agent sandbox (network.gateway) now; their probes find none answering (${cut.join(' | ')})`, 5);
   }
+  const failing = inPool.filter((c) => c.heartbeat.network?.allowlist === 'failing').map((c) => `${c.heartbeat.nodeId}: ${c.heartbeat.network!.detail ?? 'self-test failing'}`);
   return new RollboxError('network_unavailable', `no worker host in pool ${placement.pool} can give a sandbox an allowlist network now; their network self-tests fail (${failing.join(' | ')})`, 30);
 }
 
