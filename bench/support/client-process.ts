@@ -5,6 +5,8 @@
  * input as JSON on stdin, writes progress on stderr and its samples as one JSON line last.
  */
 import { spawn } from 'node:child_process';
+import { progressBar } from '../../src/report/index.ts';
+import { timed } from './runc-floor.ts';
 
 /** Runs the arm in `file` in a new process; resolves with what it answered. */
 export async function runInClientProcess<I, O>(file: string, what: string, input: I): Promise<O> {
@@ -24,4 +26,17 @@ export async function serveClientProcess<I, O>(file: string, main: (input: I) =>
   for await (const chunk of process.stdin) text += chunk;
   process.stdout.write(`${JSON.stringify(await main(JSON.parse(text) as I))}\n`);
   process.exit(0);
+}
+
+/** Each of `paths` timed once per run, in turn (so all see the same host), `runs` times, with a progress bar. */
+export async function timedInTurn<K extends string>(label: string, runs: number, paths: Record<K, () => Promise<unknown>>): Promise<Record<K, number[]>> {
+  const names = Object.keys(paths) as K[];
+  const samples = Object.fromEntries(names.map((n) => [n, [] as number[]])) as Record<K, number[]>;
+  const bar = progressBar(label, { total: runs });
+  for (let i = 0; i < runs; i++) {
+    for (const name of names) samples[name].push(await timed(paths[name]));
+    bar.tick();
+  }
+  bar.done();
+  return samples;
 }

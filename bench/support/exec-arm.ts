@@ -10,9 +10,7 @@
  */
 import { Sandbox } from 'e2b';
 import { RollboxClient } from '../../src/client/index.ts';
-import { progressBar } from '../../src/report/index.ts';
-import { runInClientProcess, serveClientProcess } from './client-process.ts';
-import { timed } from './runc-floor.ts';
+import { runInClientProcess, serveClientProcess, timedInTurn } from './client-process.ts';
 
 export interface ExecArmInput {
   runs: number;
@@ -50,16 +48,7 @@ async function main(input: ExecArmInput): Promise<ExecArmSamples> {
     for await (const ev of native.streamExec(input.sandboxId, { cmd: 'true' })) if (ev.type === 'exit' && ev.result.exitCode !== 0) throw new Error(`exit ${ev.result.exitCode}`);
   };
   for (let i = 0; i < 20; i++) await Promise.all([viaSdk(), viaNative(), viaNativeStream()]);
-  const samples: ExecArmSamples = { e2b: [], floor: [], nativeStream: [] };
-  const bar = progressBar("commands.run('true'), SDK then native", { total: input.runs });
-  for (let i = 0; i < input.runs; i++) {
-    samples.e2b.push(await timed(viaSdk));
-    samples.floor.push(await timed(viaNative));
-    samples.nativeStream.push(await timed(viaNativeStream));
-    bar.tick();
-  }
-  bar.done();
-  return samples;
+  return timedInTurn("commands.run('true'), SDK then native", input.runs, { e2b: viaSdk, floor: viaNative, nativeStream: viaNativeStream });
 }
 
 await serveClientProcess(import.meta.filename, main);

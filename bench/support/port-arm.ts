@@ -19,9 +19,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { Redis } from 'ioredis';
 import { PortForwarder, PortTickets } from '../../src/ports/index.ts';
-import { progressBar } from '../../src/report/index.ts';
-import { runInClientProcess, serveClientProcess } from './client-process.ts';
-import { timed } from './runc-floor.ts';
+import { runInClientProcess, serveClientProcess, timedInTurn } from './client-process.ts';
 
 export interface PortArmInput {
   runs: number;
@@ -96,20 +94,10 @@ async function main(input: PortArmInput): Promise<PortArmSamples> {
   };
   const intoNetns = async () => get(await forwarder.open(input.initPid, input.port), inSandbox, input.page);
   const onHost = () => get(input.hostPort, `127.0.0.1:${input.hostPort}`, input.page);
-  const samples: PortArmSamples = { getHost: [], relayOnly: [], floor: [], hostLoopback: [] };
   try {
     for (let i = 0; i < 50; i++) await Promise.all([viaGetHost(), viaRelayOnly(), intoNetns(), onHost().catch(() => undefined)]);
     await onHost();
-    const bar = progressBar('GET through getHost, the relay alone, into the netns, on the host', { total: input.runs });
-    for (let i = 0; i < input.runs; i++) {
-      samples.getHost.push(await timed(viaGetHost));
-      samples.relayOnly.push(await timed(viaRelayOnly));
-      samples.floor.push(await timed(intoNetns));
-      samples.hostLoopback.push(await timed(onHost));
-      bar.tick();
-    }
-    bar.done();
-    return samples;
+    return await timedInTurn('GET through getHost, the relay alone, into the netns, on the host', input.runs, { getHost: viaGetHost, relayOnly: viaRelayOnly, floor: intoNetns, hostLoopback: onHost });
   } finally {
     forwarder.stop();
     redis.disconnect();

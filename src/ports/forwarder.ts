@@ -19,16 +19,6 @@ const MAX_ANSWER_BYTES = 512;
 /** The running helper, and the port its relay listens on (0 without one). */
 type Helper = ChildProcess & { relayPort: number };
 
-/** What a connection into a sandbox's port failed on: nothing listens there, or the sandbox's network is gone. */
-export class PortConnectError extends Error {
-  constructor(
-    readonly errno: string,
-    message: string,
-  ) {
-    super(message);
-  }
-}
-
 /**
  * Connections to TCP ports inside sandboxes' network namespaces (a sandbox without a
  * network has only its loopback: nothing on the host can reach it by address). Node
@@ -67,8 +57,8 @@ export class PortForwarder {
       const answer = await readLine(socket, ANSWER_TIMEOUT_MS, MAX_ANSWER_BYTES);
       // readLine left it paused: flowing again for whoever reads it next (in this tick: nothing is lost).
       if (answer === 'ok') return socket.resume();
-      const m = /^err (\S+) (.*)$/.exec(answer);
-      throw new PortConnectError(m?.[1] ?? 'EIO', m?.[2] ?? `unexpected answer from rollbox-portfwd: ${answer}`);
+      // "err ECODE message": nothing listens there (ECONNREFUSED), the sandbox's network is gone (ENOENT)...
+      throw new Error(answer.startsWith('err ') ? answer.slice(4) : `unexpected answer from rollbox-portfwd: ${answer}`);
     } catch (err) {
       socket.destroy();
       throw err;
