@@ -8,9 +8,9 @@
  * same for a real image pair made of this host's own Debian files (BENCH_IMPORT_REAL=0 skips
  * it): a base of its binaries and libraries, with Python's standard library on one and this
  * repository's node_modules on the other; Python and Node then run in sandboxes of them.
- * The pull arm (bench/support/pull-arm.ts; BENCH_IMPORT_PULL=0 skips it): image A pushed
- * into a loopback registry, then `skopeo copy` of it to a directory beside `rollbox image
- * pull` of it, MB/s of compressed blob bytes.
+ * The pull arm (bench/support/pull-arm.ts, alone as `npm run bench:pull`; BENCH_IMPORT_PULL=0
+ * skips it): an image of this host's files (over 1 GB in four layers), gzip and zstd, pulled
+ * from a loopback registry against `skopeo copy` plus decompressing its blobs, same run.
  *
  * The image is generated here, deterministically (seeded), and streamed to disk: a base
  * layer (~60% of the bytes, a few thousand files of 1 KB to 4 MB of text, JSON and some
@@ -21,24 +21,21 @@
  * BENCH_IMPORT_DRY=1: generate the archives and run the floor only (no cluster), then print
  * sizes and times; BENCH_IMPORT_KEEP=1 leaves the generated files in place. Progress on stderr, a chart in bench/out/import.svg, one JSON line last.
  */
-import { createHash } from 'node:crypto';
-import { createReadStream, createWriteStream } from 'node:fs';
+import { createReadStream } from 'node:fs';
 import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { Readable } from 'node:stream';
-import { pipeline } from 'node:stream/promises';
-import { createGzip } from 'node:zlib';
-import { pack, type Header, type Pack } from 'tar-stream';
 import type { Image, ImportedImage, Layer } from '../src/api/index.ts';
 import { mulberry32 } from '../src/burst/index.ts';
-import { sha256File, tap } from '../src/layers/index.ts';
+import { tap } from '../src/layers/index.ts';
 import { runToolOk } from '../src/proc/index.ts';
 import { barChartsSvg, progressBar, writeSvg } from '../src/report/index.ts';
 import { api, startTestCluster, type TestCluster } from '../test/support/cluster.ts';
-import { blobPath, imageJsonBlobs, MEDIA_TYPES, REF_NAME_ANNOTATION, type Descriptor, type ImageDef } from '../test/support/oci.ts';
-import { pullArm } from './support/pull-arm.ts';
+import { MEDIA_TYPES, type ImageDef } from '../test/support/oci.ts';
+import { gzipFile, hostTar, writeOciArchive, writeTar, type LayerBlobs } from './support/oci-archive.ts';
+import { pullArms, pullChart } from './support/pull-arm.ts';
 import { timed } from './support/runc-floor.ts';
 
 const TOTAL_BYTES = Number(process.env.BENCH_IMPORT_MB ?? 300) * 1e6;
@@ -47,8 +44,6 @@ const DRY = process.env.BENCH_IMPORT_DRY === '1';
 const KEEP = process.env.BENCH_IMPORT_KEEP === '1';
 const FLOOR_RUNS = Number(process.env.BENCH_FLOOR_RUNS ?? 3);
 const GZIP_LEVEL = Number(process.env.BENCH_IMPORT_GZIP_LEVEL ?? 6);
-/** Every file's mtime (a fixed, real-looking date: the images are the same on every run). */
-const MTIME = new Date(1_700_000_000_000);
 const IMAGE_CONFIG: ImageDef['config'] = { Env: ['PATH=/usr/local/bin:/usr/bin:/bin', 'APP_HOME=/opt/app'], WorkingDir: '/opt/app', Entrypoint: ['/usr/bin/env'], Cmd: ['sh'] };
 
 const MB = 1e6;
@@ -271,39 +266,6 @@ const contentBytes = (l: LayerSpec) => l.files.reduce((s, f) => s + f.size, 0);
 
 // ---------------------------------------------------------------- tar files on disk
 
-type AddEntry = (header: Partial<Header> & { name: string }, content?: Buffer | string) => Promise<void>;
-
-/** Streams a tar to `file` (never whole in memory); its sha256 and size. */
-async function writeTar(file: string, write: (add: AddEntry, archive: Pack) => Promise<void>): Promise<{ digest: string; bytes: number }> {
-  const archive = pack();
-  const hash = createHash('sha256');
-  let bytes = 0;
-  const hashing = tap((chunk) => {
-    hash.update(chunk);
-    bytes += chunk.length;
-  });
-  // An entry's callback comes once the pack took its bytes: awaiting it is the backpressure.
-  const add: AddEntry = (header, content = '') => new Promise((resolve, reject) => archive.entry({ mtime: MTIME, ...header }, content, (err) => (err ? reject(err) : resolve())));
-  const produce = async () => {
-    await write(add, archive);
-    archive.finalize();
-  };
-  await Promise.all([produce(), pipeline(Readable.from(archive as AsyncIterable<Buffer>), hashing, createWriteStream(file))]);
-  return { digest: `sha256:${hash.digest('hex')}`, bytes };
-}
-
-/** One tar entry whose bytes come from a file on disk. */
-async function addFileEntry(archive: Pack, name: string, file: string): Promise<void> {
-  const { size } = await fs.stat(file);
-  await new Promise<void>((resolve, reject) => {
-    const sink = archive.entry({ name, size, mode: 0o644, mtime: new Date(0) }, (err) => (err ? reject(err) : resolve()));
-    void (async () => {
-      for await (const chunk of createReadStream(file)) if (!sink.write(chunk)) await new Promise<void>((r) => sink.once('drain', () => r()));
-      sink.end(undefined);
-    })().catch(reject);
-  });
-}
-
 /** A layer tar: its directories, whiteouts and opaque markers, then its files. */
 async function writeLayerTar(layer: LayerSpec, file: string, onBytes: (n: number) => void): Promise<{ diffId: string; tarBytes: number }> {
   const { digest, bytes } = await writeTar(file, async (add) => {
@@ -318,66 +280,8 @@ async function writeLayerTar(layer: LayerSpec, file: string, onBytes: (n: number
   return { diffId: digest, tarBytes: bytes };
 }
 
-/** `file` gzip-compressed to `out`: the blob's digest and size. */
-async function gzipFile(file: string, out: string): Promise<{ digest: string; size: number }> {
-  const hash = createHash('sha256');
-  let size = 0;
-  const hashing = tap((chunk) => {
-    hash.update(chunk);
-    size += chunk.length;
-  });
-  await pipeline(createReadStream(file), createGzip({ level: GZIP_LEVEL }), hashing, createWriteStream(out));
-  return { digest: `sha256:${hash.digest('hex')}`, size };
-}
-
-interface BuiltLayer {
+interface BuiltLayer extends LayerBlobs {
   spec: LayerSpec;
-  tar: string;
-  tarBytes: number;
-  diffId: string;
-  gz: string;
-  gzDescriptor: Descriptor;
-}
-
-/**
- * An OCI image layout with gzip layers, as real tools write it: the blobs (layers, config,
- * manifest) first, then index.json and oci-layout.
- */
-/** Image A again as an OCI layout whose layers are zstd (level 3), as `zstd` writes them. */
-async function zstdArchive(layers: BuiltLayer[], file: string): Promise<string> {
-  const zstdLayers = [];
-  for (const l of layers) {
-    const zst = `${l.tar}.zst`;
-    await runToolOk('zstd', ['-q', '-f', '-3', '-T0', l.tar, '-o', zst]);
-    const bytes = await fs.readFile(zst);
-    zstdLayers.push({ gz: zst, diffId: l.diffId, gzDescriptor: { mediaType: MEDIA_TYPES.layerZstd, digest: `sha256:${createHash('sha256').update(bytes).digest('hex')}`, size: bytes.length } });
-  }
-  await writeOciArchive(file, zstdLayers, 'bench-a-zstd:latest');
-  return file;
-}
-
-async function writeOciArchive(file: string, layers: Pick<BuiltLayer, 'gz' | 'gzDescriptor' | 'diffId'>[], refName: string, imageConfig = IMAGE_CONFIG): Promise<number> {
-  const { config, manifest, configDescriptor } = imageJsonBlobs(
-    { layers: [], config: imageConfig },
-    layers.map((l) => l.gzDescriptor),
-    layers.map((l) => l.diffId),
-  );
-  const manifestDescriptor: Descriptor = { mediaType: MEDIA_TYPES.manifest, digest: `sha256:${createHash('sha256').update(manifest).digest('hex')}`, size: manifest.length, annotations: { [REF_NAME_ANNOTATION]: refName } };
-  const { bytes } = await writeTar(file, async (add, archive) => {
-    await add({ name: 'blobs/', type: 'directory', mode: 0o755, mtime: new Date(0) });
-    await add({ name: 'blobs/sha256/', type: 'directory', mode: 0o755, mtime: new Date(0) });
-    const written = new Set<string>();
-    for (const l of layers) {
-      if (written.has(l.gzDescriptor.digest)) continue;
-      written.add(l.gzDescriptor.digest);
-      await addFileEntry(archive, blobPath(l.gzDescriptor.digest), l.gz);
-    }
-    await add({ name: blobPath(configDescriptor.digest), mtime: new Date(0) }, config);
-    await add({ name: blobPath(manifestDescriptor.digest), mtime: new Date(0) }, manifest);
-    await add({ name: 'index.json', mtime: new Date(0) }, JSON.stringify({ schemaVersion: 2, mediaType: MEDIA_TYPES.index, manifests: [manifestDescriptor] }));
-    await add({ name: 'oci-layout', mtime: new Date(0) }, JSON.stringify({ imageLayoutVersion: '1.0.0' }));
-  });
-  return bytes;
 }
 
 // ---------------------------------------------------------------- a real image pair
@@ -391,22 +295,13 @@ const REAL_BASE = ['etc', 'bin', 'sbin', 'lib', 'lib64', 'usr/bin', 'usr/sbin', 
 const REAL_BASE_EXCLUDES = ['--exclude=usr/lib/x86_64-linux-gnu/libLLVM*', '--exclude=*.a', '--exclude=usr/lib/x86_64-linux-gnu/valgrind', '--exclude=usr/lib/x86_64-linux-gnu/dri'];
 const REPO = path.resolve(import.meta.dirname, '..');
 
-async function hostTar(file: string, args: string[]): Promise<Pick<BuiltLayer, 'tar' | 'tarBytes' | 'diffId' | 'gz' | 'gzDescriptor'>> {
-  // GNU tar keeps hard links, symlinks, modes and owners; --sort=name makes the bytes repeatable.
-  await runToolOk('tar', ['--sort=name', '--numeric-owner', '-cf', file, ...args]);
-  const { size } = await fs.stat(file);
-  const diffId = `sha256:${(await sha256File(file)).hex}`;
-  const { digest, size: gzSize } = await gzipFile(file, `${file}.gz`);
-  return { tar: file, tarBytes: size, diffId, gz: `${file}.gz`, gzDescriptor: { mediaType: MEDIA_TYPES.layerGzip, digest, size: gzSize } };
-}
-
 async function realPair(cluster: TestCluster, token: string, work: string): Promise<Record<string, unknown>> {
   const bar = progressBar('real pair: tar + gzip of host files', { total: 5 });
-  const base = await hostTar(path.join(work, 'real-base.tar'), ['-C', '/', ...REAL_BASE_EXCLUDES, ...REAL_BASE]);
+  const base = await hostTar(path.join(work, 'real-base.tar'), ['-C', '/', ...REAL_BASE_EXCLUDES, ...REAL_BASE], GZIP_LEVEL);
   bar.tick();
-  const python = await hostTar(path.join(work, 'real-python.tar'), ['-C', '/', 'usr/lib/python3.11', 'usr/lib/python3']);
+  const python = await hostTar(path.join(work, 'real-python.tar'), ['-C', '/', 'usr/lib/python3.11', 'usr/lib/python3'], GZIP_LEVEL);
   bar.tick();
-  const node = await hostTar(path.join(work, 'real-node.tar'), ['-C', REPO, '--transform=s,^node_modules,opt/app/node_modules,', 'node_modules']);
+  const node = await hostTar(path.join(work, 'real-node.tar'), ['-C', REPO, '--transform=s,^node_modules,opt/app/node_modules,', 'node_modules'], GZIP_LEVEL);
   bar.tick();
   const flatA = path.join(work, 'real-flat-a.tar');
   const flatB = path.join(work, 'real-flat-b.tar');
@@ -536,7 +431,7 @@ try {
       for (let l = queue.shift(); l; l = queue.shift()) {
         const t = tars.get(l)!;
         const gz = `${t.tar}.gz`;
-        const { digest, size } = await gzipFile(t.tar, gz);
+        const { digest, size } = await gzipFile(t.tar, gz, GZIP_LEVEL);
         built.set(l, { spec: l, ...t, gz, gzDescriptor: { mediaType: MEDIA_TYPES.layerGzip, digest, size } });
         gzBar.tick();
       }
@@ -547,8 +442,8 @@ try {
   const layersB = specs.b.map((l) => built.get(l)!);
   const archiveA = path.join(work, 'image-a.tar');
   const archiveB = path.join(work, 'image-b.tar');
-  const archiveABytes = await writeOciArchive(archiveA, layersA, 'bench-a:latest');
-  const archiveBBytes = await writeOciArchive(archiveB, layersB, 'bench-b:latest');
+  const archiveABytes = await writeOciArchive(archiveA, layersA, 'bench-a:latest', IMAGE_CONFIG);
+  const archiveBBytes = await writeOciArchive(archiveB, layersB, 'bench-b:latest', IMAGE_CONFIG);
   const generateMs = performance.now() - generateStarted;
 
   const tarBytesA = layersA.reduce((s, l) => s + l.tarBytes, 0);
@@ -625,10 +520,9 @@ try {
     const storedBytesFlattened = flatSizes[0]! + flatSizes[1]!;
     log(`stored: layered ${(storedBytesLayered / MiB).toFixed(1)} MiB (${distinct.size} distinct layers) vs flattened ${(storedBytesFlattened / MiB).toFixed(1)} MiB; second image: import ${(b.ms / 1000).toFixed(2)} s vs flattened upload ${(flatUploadB.ms / 1000).toFixed(2)} s`);
 
-    // 5. The pull arm: image A from a loopback registry, beside skopeo copy (BENCH_IMPORT_PULL=0 leaves it out).
-    const pull = process.env.BENCH_IMPORT_PULL === '0' ? undefined : await pullArm(archiveA, work, log);
-    // The same image with zstd layers: a pull whose decompression is no longer the floor (BENCH_IMPORT_PULL=0 leaves it out too).
-    const pullZstd = process.env.BENCH_IMPORT_PULL === '0' ? undefined : await pullArm(await zstdArchive(layersA, path.join(work, 'image-a-zstd.tar')), work, log, 'zstd');
+    // 5. The pull arm: an image of this host's files (over 1 GB) from a loopback registry, against its floor (BENCH_IMPORT_PULL=0 leaves it out).
+    const pull = process.env.BENCH_IMPORT_PULL === '0' ? undefined : await pullArms(work, GZIP_LEVEL, log);
+    const pullChartPath = pull ? pullChart(pull, path.resolve(import.meta.dirname, 'out', 'pull.svg')) : undefined;
 
     const chart = writeSvg(
       path.resolve(import.meta.dirname, 'out', 'import.svg'),
@@ -658,37 +552,6 @@ try {
             { label: 'flattened', value: storedBytesFlattened / MiB },
           ],
         },
-        ...(pull
-          ? [
-              {
-                title: 'pull from a loopback registry, MB/s of compressed blobs',
-                yLabel: 'MB/s',
-                bars: [
-                  { label: 'skopeo copy to dir:', value: pull.skopeoMBps },
-                  { label: 'rollbox client, blobs only', value: pull.transferMBps },
-                  { label: 'inflating the blobs alone', value: pull.inflateMBps },
-                  { label: 'rollbox image pull', value: pull.pullMBps },
-                  { label: 'image pull by extraction', value: round(pull.blobMB / ((pull.pullExtractMs ?? NaN) / 1000)) },
-                  ...(pullZstd
-                    ? [
-                        { label: 'zstd: skopeo copy to dir:', value: pullZstd.skopeoMBps },
-                        { label: 'zstd: decompressing alone', value: pullZstd.inflateMBps },
-                        { label: 'zstd: rollbox image pull', value: pullZstd.pullMBps },
-                      ]
-                    : []),
-                ],
-              },
-              {
-                title: 'image pull: MB written to disk',
-                yLabel: 'MB',
-                bars: [
-                  { label: 'layer store after', value: pull.storedMB },
-                  { label: 'EROFS from the stream', value: pull.diskWrittenMB },
-                  { label: 'by extraction', value: pull.diskWrittenExtractMB ?? NaN },
-                ],
-              },
-            ]
-          : []),
       ]),
     );
     log(`chart: ${chart}`);
@@ -713,9 +576,8 @@ try {
         storedBytesFlattened,
         storedRatio: round(storedBytesLayered / storedBytesFlattened),
         ...(real ? { realPair: real } : {}),
-        ...(pull ? { pull } : {}),
-        ...(pullZstd ? { pullZstd } : {}),
-        note: 'MB = 1e6 bytes of uncompressed layer tars (image A); floor = mkfs.erofs (rollbox flags) of the same layers extracted with tar -xf, same run; ratioToFloor = import MB/s / floor mkfs MB/s (ratioToExtractMkfsFloor: / tar -xf + mkfs); stored* = EROFS bytes of both images, distinct layers vs one flattened layer each; pull: MB/s of image A\'s compressed blobs from a loopback registry: skopeo copy to dir: (floor), rollbox\'s client reading the blobs (transfer), inflating them alone (zlib, a floor for gzip layers), rollbox image pull end to end (transfer + EROFS build, a fresh cluster), EROFS written from the tar stream (default) and built by extraction (ROLLBOX_LAYER_BUILD=extract, trees on a tmpfs, then mkfs.erofs); diskWritten = the gateway process\'s write_bytes during the pull (the store\'s files, and its reaped mkfs.erofs children)',
+        ...(pull ? { pull: { ...pull, chart: pullChartPath } } : {}),
+        note: 'MB = 1e6 bytes of uncompressed layer tars (image A); floor = mkfs.erofs (rollbox flags) of the same layers extracted with tar -xf, same run; ratioToFloor = import MB/s / floor mkfs MB/s (ratioToExtractMkfsFloor: / tar -xf + mkfs); stored* = EROFS bytes of both images, distinct layers vs one flattened layer each; pull: see bench:pull (bench/support/pull-arm.ts)',
         chart,
       }),
     );
