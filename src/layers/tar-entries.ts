@@ -12,8 +12,8 @@ export interface ExtractLimits {
 }
 
 /** Tar metadata (headers, padding, pax records) allowed beyond file contents. */
-const META_SLACK_BYTES = 16 * 1024 * 1024;
-const META_BYTES_PER_ENTRY = 2048;
+export const META_SLACK_BYTES = 16 * 1024 * 1024;
+export const META_BYTES_PER_ENTRY = 2048;
 
 /** What a tar reader hands each entry: its header and a metered way to take its contents. */
 export interface TarEntryVisit {

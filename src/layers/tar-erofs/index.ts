@@ -1,9 +1,12 @@
-import type { Readable } from 'node:stream';
+import type { Duplex, Readable } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
 import { sha256File } from '../digest.ts';
 import { OPAQUE_XATTR } from '../image-entries.ts';
 import { layerEntryOf, notAnEarlierFile, type EntryMeta, type LayerTarKind } from '../layer-entry.ts';
 import { chunkTableBytes } from '../split.ts';
-import { readTarEntries, type ExtractLimits } from '../tar-entries.ts';
+import { decompressed } from '../decompress.ts';
+import { toLayerError, type ExtractLimits } from '../tar-entries.ts';
+import { TarPushReader } from '../tar-push.ts';
 import { BlobWriter } from './blob.ts';
 import { writeErofsMetaImage } from './image.ts';
 import { LayerTree, NONE, type NodeMetaInit } from './tree.ts';
@@ -44,58 +47,53 @@ export async function writeErofsLayerFromTar(input: Readable, files: SplitLayerF
   const kind: LayerTarKind = options.upperDir ? 'upper' : options.imageLayer ? 'image' : 'layer';
   const excluded = (options.excludePaths ?? []).map((p) => p.split('/').filter(Boolean)).filter((c) => c.length > 0);
   const isExcluded = (comps: readonly string[]): boolean => excluded.some((x) => x.length <= comps.length && x.every((c, i) => comps[i] === c));
+  const writeToBlob = (piece: Buffer): void => blob.write(piece);
   try {
-    await readTarEntries(input, limits, options.onTarChunk, async (entry) => {
-      const e = layerEntryOf(entry.header, kind);
-      if (isExcluded(e.kind === 'opaque' ? e.dirComps : e.comps)) return entry.skip();
+    const reader = new TarPushReader(limits, options.onTarChunk, (header) => {
+      const e = layerEntryOf(header, kind);
+      if (isExcluded(e.kind === 'opaque' ? e.dirComps : e.comps)) return undefined;
       if (e.kind === 'whiteout') {
         tree.ensureDir(e.comps.slice(0, -1));
         // It hides only what lies below this layer: an entry of the same name earlier in this layer stays.
         if (tree.lookup(e.comps) === NONE) tree.place(e.comps, tree.addNode('whiteout', { mode: 0, uid: 0, gid: 0, mtimeMs: 0 }));
-        entry.skip();
-        return;
+        return undefined;
       }
       if (e.kind === 'opaque') {
         tree.ensureDir(e.dirComps);
         opaque.push(e.dirComps);
-        entry.skip();
-        return;
+        return undefined;
       }
       for (const [name, value] of e.xattrs) xattrs.push([e.comps, name, value]);
-      if (e.kind === 'none') return entry.skip();
       switch (e.kind) {
+        case 'none':
+          return undefined;
         case 'directory':
           tree.putDir(e.comps, metaOf(e.meta));
-          break;
+          return undefined;
         case 'file': {
           tree.ensureDir(e.comps.slice(0, -1));
-          const blobOffset = blob.startFile();
-          let sizeBytes = 0;
-          for await (const chunk of entry.contents()) {
-            blob.write(chunk);
-            sizeBytes += chunk.length;
-          }
-          tree.place(e.comps, tree.addNode('file', metaOf(e.meta), sizeBytes, blobOffset));
-          return;
+          // Its contents follow (the reader refuses a tar that ends before them): placed at its full size now.
+          tree.place(e.comps, tree.addNode('file', metaOf(e.meta), header.size ?? 0, blob.startFile()));
+          return writeToBlob;
         }
         case 'symlink': {
           const target = tree.addTarget(e.target);
           tree.place(e.comps, tree.addNode('symlink', { ...metaOf(e.meta), mode: 0o777 }, target.offset, target.length));
-          break;
+          return undefined;
         }
         case 'link': {
           tree.ensureDir(e.targetComps.slice(0, -1));
           const target = tree.lookup(e.targetComps);
           if (target === NONE || tree.kindOf(target) !== 'file') notAnEarlierFile(e);
           tree.place(e.comps, target);
-          break;
+          return undefined;
         }
         case 'fifo':
           tree.place(e.comps, tree.addNode('fifo', metaOf(e.meta)));
-          break;
+          return undefined;
       }
-      entry.skip();
     });
+    await readTar(input, reader);
     // As the extractor: xattrs, then opaque marks, on whatever the paths hold at the end.
     for (const [comps, name, value] of xattrs) tree.setXattr(comps, name, value);
     for (const comps of opaque) {
@@ -112,4 +110,24 @@ export async function writeErofsLayerFromTar(input: Readable, files: SplitLayerF
   }
   const meta = await sha256File(files.metaPath);
   return chunkTableBytes({ sha256: meta.hex, sizeBytes: meta.sizeBytes }, blob.chunks);
+}
+
+/** The tar (decompressed if it is gzip or zstd) through `reader`, piece by piece. */
+async function readTar(input: Readable, reader: TarPushReader): Promise<void> {
+  let stages: [Readable] | [Readable, Duplex];
+  try {
+    stages = await decompressed(input);
+  } catch (err) {
+    throw toLayerError(err);
+  }
+  const consume = async (tar: AsyncIterable<Buffer>): Promise<void> => {
+    for await (const chunk of tar) reader.push(chunk);
+    reader.end();
+  };
+  try {
+    await (stages.length === 2 ? pipeline(stages[0], stages[1], consume) : pipeline(stages[0], consume));
+  } catch (err) {
+    input.destroy();
+    throw toLayerError(err);
+  }
 }
