@@ -1,6 +1,8 @@
+import { execFile } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import fs from 'node:fs/promises';
 import path from 'node:path';
+import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ExecResult, ImageRecord } from '../src/api/index.ts';
 import { api, startTestCluster, waitFor, type TestCluster } from './support/cluster.ts';
@@ -25,6 +27,8 @@ const memoryDir = `/dev/shm/rollbox-pull-test-${process.pid}`;
 const made: string[] = [];
 
 /** A layer of its own (random bytes, so nothing else holds it) of about `bytes`. */
+const execFileAsync = promisify(execFile);
+
 async function ownLayer(tag: string, bytes = 64 * 1024): Promise<Buffer> {
   return layerTar([{ name: `srv/${tag}/`, type: 'directory' }, { name: `srv/${tag}/data.bin`, content: randomBytes(bytes) }, { name: `srv/${tag}/name`, content: `${tag}\n` }]);
 }
@@ -213,6 +217,11 @@ describe('image pull', () => {
       const started = await startPull({ url: doomed.url }, token, { ref: `${proxy.host}/t/orphan:1` });
       await waitFor('bytes of the doomed pull', async () => ((await api<ImageRecord>(cluster, token, 'GET', `/v1/images/${started.name}`)).body.pull?.progress.bytesFetched ?? 0) > 0, 20_000);
       doomed.child.kill('SIGKILL');
+      // Nothing it started outlives it: its layer decompressors (each writing into a FIFO its layer thread may not have opened yet) die with it.
+      const leftOver = () => execFileAsync('pgrep', ['-f', path.join(cluster.rootDir, 'gw-doomed')]).then((r) => r.stdout.trim(), () => '');
+      await waitFor('the doomed gateway\'s decompressors gone', async () => (await leftOver()) === '' || undefined, 5_000).catch(async (err: Error) => {
+        throw new Error(`${err.message}: ${await leftOver()}`);
+      });
       const record = (await api<ImageRecord>(cluster, token, 'GET', `/v1/images/${started.name}`)).body;
       expect(record.state).toBe('pulling');
       proxy.setRate(0);

@@ -7,12 +7,17 @@ const ZSTD_MAGIC = [0x28, 0xb5, 0x2f, 0xfd];
 /** zlib's output piece: at its 16 KiB default, inflating a layer took 3x as long (one callback per piece). */
 const GUNZIP_CHUNK_BYTES = 256 * 1024;
 
+export type Compression = 'gzip' | 'zstd';
+
 /**
- * The stream as pipeline stages, with a decompression stage when it starts with the gzip
- * or zstd magic (image layers come either way; Node 20 has no zstd, so the `zstd` tool
- * decompresses). Plain tars pass as they are.
+ * The decompression tool for each compression, reading stdin and writing stdout (a layer
+ * thread reads its output: extract-workers.ts). `gzip` exits 2 on a mere warning (trailing
+ * zeros after the data), which is not a failure.
  */
-export async function decompressed(input: Readable): Promise<[Readable] | [Readable, Duplex]> {
+export const DECOMPRESSOR_ARGV: Record<Compression, readonly string[]> = { gzip: ['gzip', '-dc'], zstd: ['zstd', '-dcq'] };
+
+/** The stream's compression, by its magic (undefined: a plain tar), and the stream to read from now on (its first bytes put back). */
+export async function sniffCompression(input: Readable): Promise<{ compression: Compression | undefined; stream: Readable }> {
   const it = input[Symbol.asyncIterator]() as AsyncIterator<Buffer>;
   let head = Buffer.alloc(0);
   let ended = false;
@@ -33,11 +38,21 @@ export async function decompressed(input: Readable): Promise<[Readable] | [Reada
       yield asBuffer(n.value);
     }
   }
-  const replayed = Readable.from(replay(), { objectMode: false });
+  const stream = Readable.from(replay(), { objectMode: false });
   const startsWith = (magic: number[]): boolean => magic.every((b, i) => head[i] === b);
-  if (startsWith(GZIP_MAGIC)) return [replayed, createGunzip({ chunkSize: GUNZIP_CHUNK_BYTES })];
-  if (startsWith(ZSTD_MAGIC)) return [replayed, zstdDecompressor()];
-  return [replayed];
+  return { compression: startsWith(GZIP_MAGIC) ? 'gzip' : startsWith(ZSTD_MAGIC) ? 'zstd' : undefined, stream };
+}
+
+/**
+ * The stream as pipeline stages, with a decompression stage when it starts with the gzip
+ * or zstd magic (image layers come either way; Node 20 has no zstd, so the `zstd` tool
+ * decompresses). Plain tars pass as they are.
+ */
+export async function decompressed(input: Readable): Promise<[Readable] | [Readable, Duplex]> {
+  const { compression, stream } = await sniffCompression(input);
+  if (compression === 'gzip') return [stream, createGunzip({ chunkSize: GUNZIP_CHUNK_BYTES })];
+  if (compression === 'zstd') return [stream, zstdDecompressor()];
+  return [stream];
 }
 
 /** A view, not a copy (Buffer.from(buffer) would copy every chunk of a multi-GB stream). */

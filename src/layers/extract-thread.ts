@@ -4,10 +4,11 @@
  * answers the sha256 of the (decompressed) tar. Chunks are acknowledged as the extraction pulls them, which is the
  * parent's backpressure.
  */
+import { closeSync, openSync } from 'node:fs';
 import { Readable } from 'node:stream';
 import { parentPort } from 'node:worker_threads';
 import { RollboxError } from '../api/index.ts';
-import { extractInThread, type FromExtractThread, type ToExtractThread } from './extract-workers.ts';
+import { extractFromFd, extractInThread, type FromExtractThread, type ToExtractThread } from './extract-workers.ts';
 
 const port = parentPort!;
 const post = (msg: FromExtractThread): void => port.postMessage(msg);
@@ -30,6 +31,24 @@ function pump(j: Job): void {
 }
 
 port.on('message', (msg: ToExtractThread) => {
+  if (msg.type === 'start' && msg.fifo !== undefined && msg.target.kind === 'erofs') {
+    const { id, fifo, target, limits, options } = msg;
+    let fd: number | undefined;
+    // Waits for the decompressor's shell to open the other end, then reads it to its end, synchronously.
+    void (async () => {
+      try {
+        fd = openSync(fifo, 'r');
+        const read = await extractFromFd(fd, target.files, limits, options);
+        post({ type: 'done', id, tarSha256: read.tarSha256, ...(read.table ? { table: new Uint8Array(read.table) } : {}) });
+      } catch (err) {
+        post({ type: 'error', id, code: err instanceof RollboxError ? err.code : 'internal', message: err instanceof Error ? err.message : String(err) });
+      } finally {
+        // Closed at once: a decompressor still writing ends (SIGPIPE).
+        if (fd !== undefined) closeSync(fd);
+      }
+    })();
+    return;
+  }
   if (msg.type === 'start') {
     const j: Job = { id: msg.id, pending: [], ended: false, wantsData: false, input: new Readable({ read: () => { j.wantsData = true; pump(j); } }) };
     job = j;

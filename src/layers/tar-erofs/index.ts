@@ -1,3 +1,4 @@
+import { readSync } from 'node:fs';
 import type { Duplex, Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { sha256File } from '../digest.ts';
@@ -40,6 +41,37 @@ const metaOf = (m: EntryMeta): NodeMetaInit => ({ mode: m.mode, uid: m.uid, gid:
  * The caller removes `files` when this fails.
  */
 export async function writeErofsLayerFromTar(input: Readable, files: SplitLayerFiles, limits: ExtractLimits, options: TarErofsOptions = {}): Promise<Buffer> {
+  return writeErofsLayer((reader) => readTar(input, reader), files, limits, options);
+}
+
+/**
+ * The same from a file descriptor that gives the (decompressed) tar, read synchronously to
+ * its end in large pieces into one buffer: for a layer thread reading a decompressor's output
+ * through a FIFO (extract-workers.ts), where nothing else runs meanwhile.
+ */
+export async function writeErofsLayerFromFd(fd: number, files: SplitLayerFiles, limits: ExtractLimits, options: TarErofsOptions = {}): Promise<Buffer> {
+  return writeErofsLayer(async (reader) => readFdInto(fd, reader), files, limits, options);
+}
+
+/** Pieces pushed to the reader from a descriptor: a pipe gives at most 64 KiB a read, so several reads fill one. */
+const FD_PIECE_BYTES = 1 << 20;
+
+function readFdInto(fd: number, reader: TarPushReader): void {
+  const buffer = Buffer.allocUnsafe(FD_PIECE_BYTES);
+  for (;;) {
+    let filled = 0;
+    let got: number;
+    do {
+      got = readSync(fd, buffer, filled, FD_PIECE_BYTES - filled, null);
+      filled += got;
+    } while (got > 0 && filled < FD_PIECE_BYTES / 2);
+    if (filled > 0) reader.push(buffer.subarray(0, filled));
+    if (got === 0) break;
+  }
+  reader.end();
+}
+
+async function writeErofsLayer(feed: (reader: TarPushReader) => Promise<void>, files: SplitLayerFiles, limits: ExtractLimits, options: TarErofsOptions): Promise<Buffer> {
   const tree = new LayerTree(`${files.metaPath}.targets`);
   const blob = new BlobWriter(files.blobPath, files.chunkSizeBytes);
   const xattrs: [string[], string, Buffer][] = [];
@@ -93,7 +125,7 @@ export async function writeErofsLayerFromTar(input: Readable, files: SplitLayerF
           return undefined;
       }
     });
-    await readTar(input, reader);
+    await feed(reader);
     // As the extractor: xattrs, then opaque marks, on whatever the paths hold at the end.
     for (const [comps, name, value] of xattrs) tree.setXattr(comps, name, value);
     for (const comps of opaque) {
