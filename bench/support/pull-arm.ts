@@ -6,8 +6,9 @@
  * decompressing every blob to a file with the fastest tool on the machine (`zstd -d`, or the
  * faster of `gzip -d` and `pigz -d`), as many at once as a pull takes layers: what any pull
  * must do before it builds anything. Then `rollbox image pull` end to end (fetch, EROFS
- * build, record) against a gateway of a fresh cluster (so every layer is built, none found
- * stored), and rollbox's registry client reading the blobs alone. Last, a create naming the
+ * build, record) against a gateway process of a fresh cluster (so every layer is built, none found
+ * stored), and rollbox's registry client reading the blobs alone; the floor again after the pull
+ * (this VM's speed drifts in a long run: the two are averaged). Last, a create naming the
  * ref on another fresh cluster (`POST /v1/run`: create, first command, delete) against the
  * pull plus the same run once the image is held. MB/s are of the compressed blob bytes.
  */
@@ -83,13 +84,16 @@ export interface PullArm {
   layers: number;
   blobMB: number;
   skopeoMs: number;
-  /** Decompressing every blob to a file, as many at once as a pull, with `decompressTool` (the fastest of those tried). */
+  /** Decompressing every blob to a file, as many at once as a pull, with `decompressTool` (the fastest of those tried; the mean of the two passes). */
   decompressMs: number;
   decompressTool: string;
   /** Every tool tried, ms. */
   decompressToolsMs: Record<string, number>;
-  /** skopeo copy + decompression: what any pull must do before it builds anything. */
+  /** skopeo copy + decompression: what any pull must do before it builds anything (the mean of the two passes). */
   floorMs: number;
+  /** The floor measured before the pull and after it. */
+  floorBeforeMs: number;
+  floorAfterMs: number;
   /** `rollbox image pull` end to end (the CLI's start and polling included). */
   pullMs: number;
   /** The pull's own start to end on the gateway (its record's timestamps). */
@@ -110,9 +114,9 @@ export interface PullArm {
   unseenRefToPullPlusHeld: number;
 }
 
-/** This process's write_bytes (bytes it and its reaped children caused to be sent to storage; not tmpfs). */
-function processWriteBytes(): number {
-  return Number(/^write_bytes: (\d+)$/m.exec(readFileSync('/proc/self/io', 'utf8'))?.[1] ?? 0);
+/** A process's write_bytes (bytes it and its reaped children caused to be sent to storage; not tmpfs). */
+function processWriteBytes(pid: number): number {
+  return Number(/^write_bytes: (\d+)$/m.exec(readFileSync(`/proc/${pid}/io`, 'utf8'))?.[1] ?? 0);
 }
 
 async function allocatedBytes(dir: string): Promise<number> {
@@ -153,19 +157,20 @@ export async function pullArm(archive: string, work: string, log: (line: string)
     const blobBytes = manifest.layers.reduce((s, l) => s + l.size, 0);
     const mbps = (ms: number) => round(blobBytes / MB / (ms / 1000));
 
-    // The floor: skopeo's copy, then the blobs decompressed to files.
-    const skopeoDir = path.join(work, `skopeo-dir-${compression}`);
-    await settleDisk();
-    const skopeoMs = await timed(() => run('skopeo', ['copy', '--quiet', '--src-tls-verify=false', `docker://${ref}`, `dir:${skopeoDir}`], { timeout: 600_000 }));
-    log(`pull arm (${compression}): skopeo copy ${(skopeoMs / 1000).toFixed(2)} s, ${mbps(skopeoMs)} MB/s`);
+    // The floor: skopeo's copy, then the blobs decompressed to files. Measured before the pull and
+    // again after it, and the two averaged: this VM's speed drifts under a long run of load.
     const tools = compression === 'zstd' ? ['zstd'] : ['gzip', ...((await hasTool('pigz')) ? ['pigz'] : [])];
-    const decompressToolsMs: Record<string, number> = {};
-    for (const tool of tools) {
-      const outDir = path.join(work, `decompressed-${compression}`);
-      await run('mkdir', ['-p', outDir]);
+    const measureFloor = async (when: string): Promise<{ skopeoMs: number; toolsMs: Record<string, number> }> => {
+      const skopeoDir = path.join(work, `skopeo-dir-${compression}`);
       await settleDisk();
-      decompressToolsMs[tool] = round(
-        await timed(async () => {
+      const skopeoMs = await timed(() => run('skopeo', ['copy', '--quiet', '--src-tls-verify=false', `docker://${ref}`, `dir:${skopeoDir}`], { timeout: 600_000 }));
+      log(`pull arm (${compression}, floor ${when}): skopeo copy ${(skopeoMs / 1000).toFixed(2)} s, ${mbps(skopeoMs)} MB/s`);
+      const toolsMs: Record<string, number> = {};
+      for (const tool of tools) {
+        const outDir = path.join(work, `decompressed-${compression}`);
+        await run('mkdir', ['-p', outDir]);
+        await settleDisk();
+        toolsMs[tool] = await timed(async () => {
           const queue = [...manifest.layers];
           const next = async (): Promise<void> => {
             for (let l = queue.shift(); l; l = queue.shift()) {
@@ -174,14 +179,14 @@ export async function pullArm(archive: string, work: string, log: (line: string)
             }
           };
           await Promise.all(Array.from({ length: LAYERS_AT_ONCE }, next));
-        }),
-      );
-      log(`pull arm (${compression}): ${tool} -d of the blobs to files ${(decompressToolsMs[tool]! / 1000).toFixed(2)} s`);
-      await rm(outDir, { recursive: true, force: true });
-    }
-    await rm(skopeoDir, { recursive: true, force: true });
-    const [decompressTool, decompressMs] = Object.entries(decompressToolsMs).sort((a, b) => a[1] - b[1])[0]!;
-    const floorMs = skopeoMs + decompressMs;
+        });
+        log(`pull arm (${compression}, floor ${when}): ${tool} -d of the blobs to files ${(toolsMs[tool]! / 1000).toFixed(2)} s`);
+        await rm(outDir, { recursive: true, force: true });
+      }
+      await rm(skopeoDir, { recursive: true, force: true });
+      return { skopeoMs, toolsMs };
+    };
+    const floorBefore = await measureFloor('before');
 
     await settleDisk();
     const transferMs = await timed(async () => {
@@ -195,14 +200,16 @@ export async function pullArm(archive: string, work: string, log: (line: string)
 
     // The pull, on a fresh cluster: every layer built.
     const clusterEnv = { ROLLBOX_REGISTRY_INSECURE: registry.host, ROLLBOX_REGISTRY_INTERNAL: registry.host };
+    // The gateway in a process of its own, as deployed (not this one, whose heap the image's making and the floor's arms have grown).
     cluster = await startTestCluster({ env: clusterEnv });
+    const pullGateway = await cluster.spawnGateway({ name: 'bench-pull-gw' });
     const pullToken = await cluster.token('bench-pull', ['layer:write']);
     let record: ImageRecord | undefined;
     await settleDisk();
-    const writtenBefore = processWriteBytes();
+    const writtenBefore = processWriteBytes(pullGateway.child.pid!);
     const pullMs = await timed(async () => {
       const child = spawn(process.execPath, [path.join(REPO, 'bin/rollbox.js'), 'image', 'pull', ref, '--name', 'bench-pulled', '--json', '--progress'], {
-        env: { ...process.env, ROLLBOX_URL: cluster!.url, ROLLBOX_TOKEN: pullToken },
+        env: { ...process.env, ROLLBOX_URL: pullGateway.url, ROLLBOX_TOKEN: pullToken },
         stdio: ['ignore', 'pipe', 'inherit'],
       });
       let out = '';
@@ -211,22 +218,29 @@ export async function pullArm(archive: string, work: string, log: (line: string)
       if (code !== 0) throw new Error(`rollbox image pull exited ${code}`);
       record = JSON.parse(out) as ImageRecord;
     });
-    // The gateway runs in this process: its write_bytes are the store's files.
-    const diskWrittenBytes = processWriteBytes() - writtenBefore;
+    const diskWrittenBytes = processWriteBytes(pullGateway.child.pid!) - writtenBefore;
     const storeBytes = await allocatedBytes(path.join(cluster.rootDir, 'layers', 'sha256'));
     const p = record!.pull!.progress;
     if (p.layersReused !== 0 || p.bytesFetched !== blobBytes) throw new Error(`the pull reused layers or fetched ${p.bytesFetched} of ${blobBytes} bytes: not a full pull`);
     const pullOnGatewayMs = Date.parse(record!.pull!.finishedAt!) - Date.parse(record!.pull!.startedAt);
-    log(`pull arm (${compression}): rollbox image pull ${(pullMs / 1000).toFixed(2)} s end to end, ${(pullOnGatewayMs / 1000).toFixed(2)} s on the gateway; floor ${(floorMs / 1000).toFixed(2)} s (skopeo + ${decompressTool} -d): ${round(pullOnGatewayMs / floorMs)}x on the gateway, ${round(pullMs / floorMs)}x end to end (target ${TARGET_RATIO})`);
+    log(`pull arm (${compression}): rollbox image pull ${(pullMs / 1000).toFixed(2)} s end to end, ${(pullOnGatewayMs / 1000).toFixed(2)} s on the gateway`);
     await cluster.stop();
     cluster = undefined;
+    const floorAfter = await measureFloor('after');
+    const skopeoMs = (floorBefore.skopeoMs + floorAfter.skopeoMs) / 2;
+    const decompressToolsMs = Object.fromEntries(tools.map((t) => [t, round((floorBefore.toolsMs[t]! + floorAfter.toolsMs[t]!) / 2)]));
+    const [decompressTool, decompressMs] = Object.entries(decompressToolsMs).sort((a, b) => a[1] - b[1])[0]!;
+    const floorMs = skopeoMs + decompressMs;
+    const floorOf = (f: typeof floorBefore) => round(f.skopeoMs + Math.min(...Object.values(f.toolsMs)));
+    log(`pull arm (${compression}): floor ${(floorMs / 1000).toFixed(2)} s (skopeo + ${decompressTool} -d; ${(floorOf(floorBefore) / 1000).toFixed(2)} s before the pull, ${(floorOf(floorAfter) / 1000).toFixed(2)} s after): the pull ${round(pullOnGatewayMs / floorMs)}x on the gateway, ${round(pullMs / floorMs)}x end to end (target ${TARGET_RATIO})`);
 
     // A create naming the ref, never seen, on a fresh cluster with a worker host; then with the image held.
     cluster = await startTestCluster({ env: clusterEnv, workers: [{ nodeId: 'bench-pull-run' }] });
+    const runGateway = await cluster.spawnGateway({ name: 'bench-run-gw' });
     const runToken = await cluster.token('bench-pull', ['layer:write', 'sandbox:create', 'sandbox:exec', 'sandbox:read', 'sandbox:delete', 'sandbox:run']);
     const runOnce = async (): Promise<number> =>
       timed(async () => {
-        const r = await api(cluster!, runToken, 'POST', '/v1/run', { image: { ref }, cmd: 'test -d /opt/app/node_modules', resources: { memoryMiB: 128, diskMiB: 256 } });
+        const r = await api(runGateway, runToken, 'POST', '/v1/run', { image: { ref }, cmd: 'test -d /opt/app/node_modules', resources: { memoryMiB: 128, diskMiB: 256 } });
         if (r.status !== 200 || r.body.status !== 'ok' || r.body.exitCode !== 0) throw new Error(`run from ${ref}: ${r.status} ${JSON.stringify(r.body).slice(0, 500)}`);
       });
     await settleDisk();
@@ -245,6 +259,8 @@ export async function pullArm(archive: string, work: string, log: (line: string)
       decompressTool,
       decompressToolsMs,
       floorMs: round(floorMs),
+      floorBeforeMs: floorOf(floorBefore),
+      floorAfterMs: floorOf(floorAfter),
       pullMs: round(pullMs),
       pullOnGatewayMs,
       pullToFloor: round(pullMs / floorMs),
