@@ -135,6 +135,16 @@ describe('TarPushReader', () => {
     }
   });
 
+  it('refuses a pax record whose size is negative (tar-stream reads on from a wrong place there)', async () => {
+    const bytes = Buffer.from(await packed([[{ name: `${'q'.repeat(120)}/${'r'.repeat(120)}` }, 'x']]));
+    expect(bytes[156]).toBe('x'.charCodeAt(0)); // the first record is the pax one
+    bytes.write('-0000000001 ', 124, 'latin1'); // its size: -1
+    let sum = 8 * 32;
+    for (let i = 0; i < 512; i++) if (i < 148 || i >= 156) sum += bytes[i]!;
+    bytes.write(`${sum.toString(8).padStart(6, '0')}\0 `, 148, 'latin1');
+    expect(viaPush(bytes, 512)).toEqual([{ error: 'malformed tar: Invalid header' }]);
+  });
+
   it('enforces the limits as readTarEntries does', async () => {
     const bytes = await packed([[{ name: 'a' }, 'x'.repeat(3000)], [{ name: 'b' }, 'y'.repeat(3000)], [{ name: 'c' }]]);
     for (const limits of [{ maxBytes: 5000, maxEntries: 10 }, { maxBytes: 1 << 20, maxEntries: 2 }]) {

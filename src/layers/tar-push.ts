@@ -108,6 +108,7 @@ export class TarPushReader {
       case 'gnu-long-link-path':
       case 'pax-global-header':
       case 'pax-header':
+        if (!(header.size! >= 0)) throw malformed('Invalid header');
         if (header.size! > MAX_LONG_HEADER_BYTES) throw malformed('Header exceeds max size');
         this.long = { type: header.type, parts: [], missing: header.size! };
         if (header.size === 0) this.endLongHeader();
