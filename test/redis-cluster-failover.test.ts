@@ -23,7 +23,9 @@ let cluster: TestCluster;
 let token: string;
 
 beforeAll(async () => {
-  cluster = await startTestCluster({ redisCluster: true, workers: [{ nodeId: 'rcf-f', env: { ROLLBOX_NODE_MAX_STARTING: '8' } }], env: { ROLLBOX_BATCH_SLOTS: '4' } });
+  // A create's own bound (ROLLBOX_CREATE_TIMEOUT_MS, 60 s by default) well inside the test's deadline: a create
+  // that meets the failover on a loaded machine ends coded `timeout` then (a full CI run saw one wait past 45 s).
+  cluster = await startTestCluster({ redisCluster: true, workers: [{ nodeId: 'rcf-f', env: { ROLLBOX_NODE_MAX_STARTING: '8' } }], env: { ROLLBOX_BATCH_SLOTS: '4', ROLLBOX_CREATE_TIMEOUT_MS: '20000' } });
   token = await cluster.token('failover', SCOPES);
 }, 120_000);
 
