@@ -96,7 +96,9 @@ interface Slot {
  * Layer tars read off the event loop: a few worker threads, each reading one tar at a
  * time (tens of thousands of small synchronous file system calls per layer would otherwise
  * stall every request the gateway serves meanwhile). The calling thread only forwards the
- * upload's chunks, with backpressure; a thread that dies fails its job and is replaced.
+ * upload's chunks, with backpressure, or, for a compressed tar bound for an EROFS layer, feeds
+ * the decompression tool whose output the thread reads from a FIFO (extractThroughTool). A
+ * thread that dies fails its job and is replaced.
  */
 export class ExtractWorkers {
   private readonly idle: Slot[] = [];
