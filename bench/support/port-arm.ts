@@ -70,7 +70,8 @@ function get(to: number | net.Socket, host: string, page: string, headers: Recor
 async function main(input: PortArmInput): Promise<PortArmSamples> {
   const redis = new Redis(input.redisUrl);
   const tickets = new PortTickets(redis);
-  const forwarder = new PortForwarder({ dir: await fs.mkdtemp(path.join(os.tmpdir(), 'rollbox-bench-portfwd-')) });
+  const forwarderDir = await fs.mkdtemp(path.join(os.tmpdir(), 'rollbox-bench-portfwd-'));
+  const forwarder = new PortForwarder({ dir: forwarderDir });
   const [relayHost, relayPort] = input.relay.split(':') as [string, string];
   const inSandbox = `localhost:${input.port}`;
   const viaGetHost = () => get(input.gatewayPort, input.getHost, input.page, { 'e2b-traffic-access-token': input.trafficToken });
@@ -101,6 +102,7 @@ async function main(input: PortArmInput): Promise<PortArmSamples> {
   } finally {
     forwarder.stop();
     redis.disconnect();
+    await fs.rm(forwarderDir, { recursive: true, force: true });
   }
 }
 
