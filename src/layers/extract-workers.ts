@@ -211,8 +211,8 @@ export class ExtractWorkers {
         (err: unknown) => ({ err }),
       );
       if ('err' in read) {
-        // The thread gave up: the rest of the input and a tool still running are not needed.
-        if (tool.exitCode === null && tool.signalCode === null) tool.kill('SIGKILL');
+        // The thread gave up: the rest of the input and a tool still running are not needed (kill does nothing to one that ended).
+        tool.kill('SIGKILL');
         input.destroy();
       }
       const [exit, inputError] = await Promise.all([exited, fed]);
@@ -224,7 +224,7 @@ export class ExtractWorkers {
       if (inputError || exit.signal !== null) throw new RollboxError('internal', `${DECOMPRESSOR_ARGV[compression][0]} ended early (${exit.signal ?? 'its input closed'})`);
       return read.ok;
     } finally {
-      if (tool && tool.exitCode === null && tool.signalCode === null) tool.kill('SIGKILL');
+      tool?.kill('SIGKILL');
       // An open of the FIFO still waiting (its thread lost) ends: O_RDWR is its reader and never waits.
       try {
         closeSync(openSync(fifo, constants.O_RDWR));

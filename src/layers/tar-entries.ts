@@ -12,8 +12,24 @@ export interface ExtractLimits {
 }
 
 /** Tar metadata (headers, padding, pax records) allowed beyond file contents. */
-export const META_SLACK_BYTES = 16 * 1024 * 1024;
-export const META_BYTES_PER_ENTRY = 2048;
+const META_SLACK_BYTES = 16 * 1024 * 1024;
+const META_BYTES_PER_ENTRY = 2048;
+
+/**
+ * The limits both tar readers (this one and tar-push.ts) enforce, as errors: tar metadata
+ * beyond the contents read so far, entries, content bytes.
+ */
+export const tarLimits = {
+  checkMetadata(rawBytes: number, contentBytes: number, entries: number): void {
+    if (rawBytes - contentBytes > META_SLACK_BYTES + META_BYTES_PER_ENTRY * (entries + 1) + 2 * 1024 * 1024) throw new RollboxError('invalid_layer', 'tar metadata exceeds the allowed size');
+  },
+  checkEntries(limits: ExtractLimits, entries: number): void {
+    if (entries > limits.maxEntries) throw new RollboxError('payload_too_large', `layer has more than ${limits.maxEntries} entries`);
+  },
+  checkContents(limits: ExtractLimits, contentBytes: number): void {
+    if (contentBytes > limits.maxBytes) throw new RollboxError('payload_too_large', `layer contents exceed ${limits.maxBytes} bytes`);
+  },
+};
 
 /** What a tar reader hands each entry: its header and a metered way to take its contents. */
 export interface TarEntryVisit {
@@ -41,8 +57,10 @@ export async function readTarEntries(input: Readable, limits: ExtractLimits, onT
     transform(chunk: Buffer, _enc, cb) {
       rawBytes += chunk.length;
       onTarChunk?.(chunk);
-      if (rawBytes - contentBytes > META_SLACK_BYTES + META_BYTES_PER_ENTRY * (entries + 1) + 2 * 1024 * 1024) {
-        cb(new RollboxError('invalid_layer', 'tar metadata exceeds the allowed size'));
+      try {
+        tarLimits.checkMetadata(rawBytes, contentBytes, entries);
+      } catch (err) {
+        cb(err as Error);
         return;
       }
       cb(null, chunk);
@@ -60,24 +78,23 @@ export async function readTarEntries(input: Readable, limits: ExtractLimits, onT
     failure ??= err;
   });
 
-  const overLimit = (): RollboxError => new RollboxError('payload_too_large', `layer contents exceed ${limits.maxBytes} bytes`);
   try {
     for await (const entry of extract) {
       if (failure) throw failure;
       entries++;
-      if (entries > limits.maxEntries) throw new RollboxError('payload_too_large', `layer has more than ${limits.maxEntries} entries`);
+      tarLimits.checkEntries(limits, entries);
       const header = entry.header;
       await visit({
         header,
         skip: () => entry.resume(),
         contents: async function* () {
           const size = header.size ?? 0;
-          if (contentBytes + size > limits.maxBytes) throw overLimit();
+          tarLimits.checkContents(limits, contentBytes + size);
           let taken = 0;
           for await (const chunk of entry as AsyncIterable<Buffer>) {
             taken += chunk.length;
             contentBytes += chunk.length;
-            if (contentBytes > limits.maxBytes) throw overLimit();
+            tarLimits.checkContents(limits, contentBytes);
             yield chunk;
           }
           if (taken !== size) throw new RollboxError('invalid_layer', `entry ${JSON.stringify(header.name)} is truncated`);

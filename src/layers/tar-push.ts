@@ -1,6 +1,6 @@
 import type tar from 'tar-stream';
 import { RollboxError } from '../api/index.ts';
-import { META_BYTES_PER_ENTRY, META_SLACK_BYTES, type ExtractLimits } from './tar-entries.ts';
+import { tarLimits, type ExtractLimits } from './tar-entries.ts';
 
 /**
  * Each entry of a TarPushReader: a sink for its contents (called with each piece, in order;
@@ -92,7 +92,7 @@ export class TarPushReader {
         }
       }
     }
-    if (this.rawBytes - this.contentBytes > META_SLACK_BYTES + META_BYTES_PER_ENTRY * (this.entries + 1) + 2 * 1024 * 1024) throw new RollboxError('invalid_layer', 'tar metadata exceeds the allowed size');
+    tarLimits.checkMetadata(this.rawBytes, this.contentBytes, this.entries);
   }
 
   /** The input ended: refuses a tar cut short. */
@@ -127,12 +127,12 @@ export class TarPushReader {
     const size = header.size!;
     if (!(size >= 0)) throw malformed('Invalid header');
     this.entries++;
-    if (this.entries > this.limits.maxEntries) throw new RollboxError('payload_too_large', `layer has more than ${this.limits.maxEntries} entries`);
+    tarLimits.checkEntries(this.limits, this.entries);
     // As tar-stream: a directory's size is never read as contents.
     const contents = header.type === 'directory' ? 0 : size;
     const sink = this.visit(header as tar.Header);
     if (contents === 0) return;
-    if (sink && this.contentBytes + contents > this.limits.maxBytes) throw new RollboxError('payload_too_large', `layer contents exceed ${this.limits.maxBytes} bytes`);
+    if (sink) tarLimits.checkContents(this.limits, this.contentBytes + contents);
     this.sink = sink;
     this.contentMissing = contents;
     this.skipMissing = padding(contents);
